@@ -1,0 +1,36 @@
+"""speedlib: PyTorch training-speed techniques, each proven equivalent to its baseline.
+
+The public names are imported lazily so that `import speedlib` (and `speedlib --help`)
+does not pay for importing torch until a technique is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "ContiguousParams": "speedlib.contiguous",
+    "FlatParameter": "speedlib.contiguous",
+    "InvalidBufferError": "speedlib.contiguous",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+if TYPE_CHECKING:
+    from speedlib.contiguous import ContiguousParams, FlatParameter, InvalidBufferError
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'speedlib' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

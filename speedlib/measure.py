@@ -1,0 +1,236 @@
+"""Everything that touches the device for measuring, and the only place that branches on it.
+
+- `device()` picks where benchmarks and tests run (one rule, used everywhere).
+- `timer()` is an asv `timer`: it waits for queued GPU work before reading the clock, so
+  asv's samples, confidence intervals and significance tests stay meaningful on GPUs.
+- `peak_memory()` resets the allocator's peak counter before running, so the number is
+  the peak of that call, not of the process so far.
+- `saved_tensor_bytes()` counts what autograd keeps for backward, exactly and on any
+  device, through `torch.autograd.graph.saved_tensors_hooks`.
+- `environment()` is the JSON-ready record that travels with every result file.
+- `copy_bandwidth()` measures the memory bandwidth that physical floors are computed from.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from importlib import metadata
+
+import torch
+
+__all__ = [
+    "device",
+    "synchronize",
+    "timer",
+    "peak_memory",
+    "saved_tensor_bytes",
+    "copy_bandwidth",
+    "environment",
+    "machine_name",
+    "cpu_model",
+]
+
+
+def device(prefer: str | None = None) -> torch.device:
+    """The device to measure on: `prefer` if given (or $SPEEDLIB_DEVICE), else CUDA when present."""
+    name = prefer or os.environ.get("SPEEDLIB_DEVICE")
+    if name:
+        dev = torch.device(name)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"device {name!r} was asked for, but torch sees no CUDA device")
+        return dev
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def synchronize(dev: torch.device | str | None = None) -> None:
+    """Wait for queued work on `dev` (all CUDA devices when None); a no-op on CPU."""
+    if dev is not None and torch.device(dev).type != "cuda":
+        return
+    # is_initialized() rather than is_available(): a CPU-only process must not pay for
+    # (or trigger) CUDA initialisation just to read a clock.
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize(dev)
+
+
+def timer() -> float:
+    """asv timer: seconds from `time.perf_counter`, read after the GPU has caught up."""
+    synchronize()
+    return time.perf_counter()
+
+
+def peak_memory(fn: Callable[[], object], dev: torch.device | str) -> int:
+    """Peak bytes allocated on the CUDA device `dev` while `fn()` runs.
+
+    The counter is reset first, so earlier allocations of the process do not count.
+    Raises NotImplementedError on other devices: asv records that as a skip.
+    """
+    dev = torch.device(dev)
+    if dev.type != "cuda":
+        raise NotImplementedError(f"peak device memory is only tracked on CUDA, not {dev.type}")
+    synchronize(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    fn()
+    synchronize(dev)
+    return int(torch.cuda.max_memory_allocated(dev))
+
+
+def saved_tensor_bytes(fn: Callable[[], object], exclude: Iterable[torch.Tensor] = ()) -> int:
+    """Bytes of distinct storage that autograd saves for backward while `fn()` runs.
+
+    Each storage counts once however many saved tensors view it. Storages of `exclude`
+    (typically the model's parameters, which backward keeps anyway) are left out, so the
+    result is the activation memory a checkpointing scheme can save.
+    """
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in skip:
+            seen[ptr] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())
+
+
+def copy_bandwidth(dev: torch.device | str, nbytes: int = 1 << 28, repeats: int = 5) -> float:
+    """Measured memory bandwidth of `dev` in bytes/s: a device-to-device copy, read + write.
+
+    The best of `repeats` copies is kept: the floor a step can approach, not a typical copy.
+    """
+    dev = torch.device(dev)
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=dev).fill_(1.0)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # first touch and any lazy allocation stay outside the timing
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize(dev)
+        start = time.perf_counter()
+        dst.copy_(src)
+        synchronize(dev)
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.numel() * src.element_size() / best
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name (from /proc/cpuinfo on Linux), else platform's guess."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cupy_version() -> str | None:
+    # CuPy ships under several distribution names (cupy, cupy-cuda12x, ...): ask the module.
+    try:
+        import cupy  # noqa: PLC0415 - optional and heavy, only imported when asked for
+    except Exception:
+        return None
+    return cupy.__version__
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.splitlines()[0].strip() if out.strip() else None
+
+
+def _gpus() -> list[dict]:
+    if not torch.cuda.is_available():
+        return []
+    gpus = []
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        gpus.append({
+            "name": props.name,
+            "memory_bytes": int(props.total_memory),
+            "compute_capability": f"{props.major}.{props.minor}",
+            "multiprocessors": props.multi_processor_count,
+        })
+    return gpus
+
+
+def environment() -> dict:
+    """What a reader needs to reproduce a number: hardware and every relevant version."""
+    gpus = _gpus()
+    nccl = None
+    if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # NCCL missing from this build
+            nccl = None
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {
+        "machine": machine_name(),
+        "gpu_model": gpus[0]["name"] if gpus else None,
+        "gpu_count": len(gpus),
+        "gpus": gpus,
+        "driver": _nvidia_driver() if gpus else None,
+        "cuda": torch.version.cuda,
+        "cudnn": cudnn,
+        "nccl": nccl,
+        "torch": torch.__version__,
+        "torchvision": _version("torchvision"),
+        "cupy": _cupy_version(),
+        "python": platform.python_version(),
+        "cpu_model": cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "os": f"{platform.system()} {platform.release()}",
+        "hostname": platform.node(),
+    }
+
+
+# Marketing names that the CUDA device name does not spell out. Memory sizes are the
+# datasheets' (NVIDIA H100 Tensor Core GPU datasheet: SXM5 80 GB HBM3, PCIe 80 GB HBM2e;
+# NVIDIA H200 datasheet: 141 GB HBM3e), which differ from what total_memory reports.
+_KNOWN_GPUS = {
+    "NVIDIA H100 80GB HBM3": "h100-sxm-80gb",
+    "NVIDIA H100 PCIe": "h100-pcie-80gb",
+    "NVIDIA H100 NVL": "h100-nvl-94gb",
+    "NVIDIA H200": "h200-141gb",
+    "NVIDIA H200 NVL": "h200-nvl-141gb",
+}
+
+
+def _gpu_slug(name: str, memory_bytes: int) -> str:
+    if name in _KNOWN_GPUS:
+        return _KNOWN_GPUS[name]
+    words = re.sub(r"^NVIDIA\s+", "", name).lower()
+    slug = re.sub(r"[^a-z0-9]+", "-", words).strip("-")
+    if not re.search(r"\d+gb", slug):
+        slug += f"-{round(memory_bytes / 2**30)}gb"
+    return slug
+
+
+def machine_name() -> str:
+    """asv machine name that says the hardware: 'h100-sxm-80gb', '8xh100-sxm-80gb', 'cpu-2core'."""
+    gpus = _gpus()
+    if not gpus:
+        return f"cpu-{os.cpu_count()}core"
+    slug = _gpu_slug(gpus[0]["name"], gpus[0]["memory_bytes"])
+    return slug if len(gpus) == 1 else f"{len(gpus)}x{slug}"
