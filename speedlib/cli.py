@@ -1,0 +1,99 @@
+"""The `speedlib` command: `run` the asv suite, print the `env` record, `report` results."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from speedlib import __version__
+
+
+def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from speedlib import suite  # noqa: PLC0415 - keeps `speedlib --help` free of torch
+
+    options = suite.RunOptions(
+        quick=args.quick,
+        commits=args.commits,
+        bench=args.bench or [],
+        machine=args.machine,
+        results_dir=Path(args.results_dir) if args.results_dir else None,
+        allow_dirty=args.allow_dirty,
+        show_stderr=args.show_stderr,
+    )
+    try:
+        suite.run(options, argv=argv)
+    except suite.SuiteError as e:
+        print(f"speedlib run: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _cmd_env(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from speedlib import measure  # noqa: PLC0415
+
+    print(json.dumps(measure.environment(), indent=2, sort_keys=True))
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from speedlib.results import load_results  # noqa: PLC0415
+
+    path = Path(args.results)
+    if not path.is_dir():
+        print(f"speedlib report: no results directory at {path}", file=sys.stderr)
+        return 2
+    loaded = load_results(path)
+    df = loaded.measured
+    if args.machine:
+        df = df[df["machine"] == args.machine]
+    for problem in loaded.problems:
+        print(f"skipped {problem}", file=sys.stderr)
+    if df.empty:
+        print("no measured results", file=sys.stderr)
+        return 1
+    table = df.assign(commit=df["commit"].str[:8])[["machine", "commit", "benchmark", "params", "value", "unit"]]
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="speedlib", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"speedlib {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the asv suite on this machine and save the results")
+    run.add_argument("--quick", action="store_true",
+                     help="smoke run: every benchmark once, results to a scratch directory (never results/)")
+    run.add_argument("--commits", metavar="RANGE",
+                     help="'A..B' runs every commit in the range (oldest first), 'REV' one commit; "
+                          "default: the checkout as it is, filed under HEAD")
+    run.add_argument("--bench", "-b", action="append", metavar="REGEX",
+                     help="only benchmarks matching REGEX (asv's --bench; repeatable)")
+    run.add_argument("--machine", help="asv machine name (default: from the hardware, e.g. h100-sxm-80gb)")
+    run.add_argument("--results-dir", help="where results go (default: asv.conf.json's results_dir)")
+    run.add_argument("--allow-dirty", action="store_true",
+                     help="run although speedlib/ or benchmarks/ have uncommitted changes")
+    run.add_argument("--show-stderr", action="store_true", help="show the benchmarks' stderr")
+    run.set_defaults(func=_cmd_run)
+
+    env = sub.add_parser("env", help="print this machine's environment record as JSON")
+    env.set_defaults(func=_cmd_env)
+
+    report = sub.add_parser("report", help="print the measured results as a table")
+    report.add_argument("--results", default="results", help="results directory (default: results)")
+    report.add_argument("--machine", help="only this machine")
+    report.set_defaults(func=_cmd_report)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    return args.func(args, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""Drive asv the way speedlib's results need it (`speedlib run`).
+
+asv with an `existing` environment (torch is preinstalled on GPU machines and cannot be
+installed per commit) saves results only with `--set-commit-hash` and refuses commit
+ranges, so this module: registers the machine under a name that says the hardware,
+records the environment beside the results, and walks commit ranges itself with one
+`git worktree` per commit, pointing the benchmark processes at that commit's library
+through ASV_PYTHONPATH while the benchmarks themselves come from the current checkout.
+`--quick` smoke runs go to a scratch directory and never touch `results/`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["RunOptions", "run", "find_root", "resolve_commits", "environment_record_path"]
+
+CONFIG = "asv.conf.json"
+
+
+class SuiteError(RuntimeError):
+    """A `speedlib run` precondition failed; the message says how to fix it."""
+
+
+@dataclass
+class RunOptions:
+    quick: bool = False
+    commits: str | None = None  # None: HEAD; "A..B": every commit in the range; "REV": one
+    bench: Sequence[str] = field(default_factory=list)
+    machine: str | None = None
+    results_dir: Path | None = None  # default: the config's results_dir
+    allow_dirty: bool = False
+    show_stderr: bool = False
+
+
+def find_root(start: Path | None = None) -> Path:
+    """The directory holding asv.conf.json, from `start` (default: cwd) upwards."""
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / CONFIG).is_file():
+            return d
+    raise SuiteError(f"no {CONFIG} in {here} or its parents: run speedlib from a speedlib checkout")
+
+
+def _git(root: Path, *args: str) -> str:
+    try:
+        out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True)
+    except subprocess.CalledProcessError as e:
+        raise SuiteError(f"git {' '.join(args)} failed: {e.stderr.strip()}") from e
+    return out.stdout.strip()
+
+
+def resolve_commits(root: Path, spec: str | None) -> list[str]:
+    """Full hashes, oldest first: HEAD, every commit of 'A..B', or one revision."""
+    if not spec:
+        return [_git(root, "rev-parse", "HEAD")]
+    if ".." in spec:
+        shas = _git(root, "rev-list", "--reverse", spec).split()
+        if not shas:
+            raise SuiteError(f"commit range {spec!r} is empty")
+        return shas
+    return [_git(root, "rev-parse", "--verify", f"{spec}^{{commit}}")]
+
+
+def _dirty(root: Path) -> list[str]:
+    out = _git(root, "status", "--porcelain", "--untracked-files=no", "--", "speedlib", "benchmarks", CONFIG)
+    return [line for line in out.splitlines() if line.strip()]
+
+
+def environment_record_path(results_dir: Path, machine: str, sha: str) -> Path:
+    """Where a run's environment record goes: beside asv's files, one JSON line per run.
+
+    Not a .json file in the machine directory, which asv would try to read as a result.
+    """
+    return results_dir / machine / "environment" / f"{sha[:8]}.jsonl"
+
+
+def _record_environment(path: Path, sha: str, env: dict, command: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "commit": sha,
+        "recorded_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join(command),
+        **env,
+    }
+    with path.open("a", encoding="utf-8") as f:  # appended: a rerun never loses the last record
+        f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def _asv(args: list[str], *, env: dict | None = None, cwd: Path) -> None:
+    cmd = [sys.executable, "-m", "asv", *args]
+    # asv's own per-benchmark progress lines stream straight through.
+    result = subprocess.run(cmd, cwd=cwd, env=env)
+    if result.returncode != 0:
+        raise SuiteError(f"asv exited with status {result.returncode}: {shlex.join(cmd)}")
+
+
+def _register_machine(conf: Path, root: Path, name: str, env: dict) -> None:
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+    _asv([
+        "machine", "--yes", "--config", str(conf), "--machine", name,
+        "--os", env["os"], "--arch", platform.machine(), "--cpu", env["cpu_model"],
+        "--num_cpu", str(env["cpu_cores"]), "--ram", str(ram),
+    ], cwd=root)
+
+
+def _write_config(root: Path, results_dir: Path, scratch: Path) -> Path:
+    """A copy of asv.conf.json with absolute paths, so asv can run from anywhere."""
+    conf = json.loads((root / CONFIG).read_text())
+    conf["repo"] = str(root)
+    conf["benchmark_dir"] = str(root / conf.get("benchmark_dir", "benchmarks"))
+    conf["results_dir"] = str(results_dir)
+    conf["html_dir"] = str(scratch / "html")
+    conf["env_dir"] = str(scratch / "env")
+    path = scratch / CONFIG
+    path.write_text(json.dumps(conf, indent=2))
+    return path
+
+
+def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ()) -> Path:
+    """Run the suite; return the results directory that received the results."""
+    from speedlib import measure  # noqa: PLC0415 - imports torch; keep `speedlib --help` fast
+
+    root = root or find_root()
+    shas = resolve_commits(root, options.commits)
+    if not options.quick and not options.allow_dirty and options.commits is None and _dirty(root):
+        raise SuiteError(
+            "uncommitted changes in speedlib/, benchmarks/ or asv.conf.json: results would be "
+            "filed under a commit that did not produce them. Commit first, use --quick for a "
+            "smoke run, or pass --allow-dirty."
+        )
+    env = measure.environment()
+    machine = options.machine or env["machine"]
+    with tempfile.TemporaryDirectory(prefix="speedlib-run-") as tmp:
+        scratch = Path(tmp)
+        if options.quick:
+            results_dir = scratch / "results"
+        else:
+            conf = json.loads((root / CONFIG).read_text())
+            results_dir = (options.results_dir or root / conf.get("results_dir", "results")).resolve()
+        conf_path = _write_config(root, results_dir, scratch)
+        _register_machine(conf_path, root, machine, env)
+        print(f"speedlib run: machine {machine}, {len(shas)} commit(s), results -> "
+              f"{'scratch (quick run, not saved)' if options.quick else results_dir}", flush=True)
+        for i, sha in enumerate(shas, 1):
+            subject = _git(root, "log", "-1", "--format=%s", sha)
+            print(f"\n[{i}/{len(shas)}] {sha[:8]} {subject}", flush=True)
+            with _library_at(root, sha, use_checkout=options.commits is None) as lib:
+                asv_args = [
+                    "run", "--config", str(conf_path), "--machine", machine,
+                    "--environment", f"existing:{sys.executable}", "--set-commit-hash", sha,
+                    "--launch-method", "spawn", "--record-samples",
+                ]
+                if options.quick:
+                    asv_args.append("--quick")
+                if options.show_stderr:
+                    asv_args.append("--show-stderr")
+                for b in options.bench:
+                    asv_args += ["--bench", b]
+                _asv(asv_args, env={**os.environ, "ASV_PYTHONPATH": str(lib)}, cwd=root)
+            _record_environment(environment_record_path(results_dir, machine, sha), sha, env,
+                                ["speedlib", "run", *argv])
+        if options.quick:
+            _print_table(results_dir, machine)
+            return results_dir
+    _print_table(results_dir, machine, shas)
+    return results_dir
+
+
+class _library_at:
+    """Context manager: a directory whose `speedlib` package is the one at commit `sha`."""
+
+    def __init__(self, root: Path, sha: str, use_checkout: bool):
+        self.root, self.sha, self.use_checkout = root, sha, use_checkout
+        self.worktree: Path | None = None
+
+    def __enter__(self) -> Path:
+        if self.use_checkout:
+            return self.root
+        self.worktree = Path(tempfile.mkdtemp(prefix=f"speedlib-{self.sha[:8]}-"))
+        _git(self.root, "worktree", "add", "--detach", "--force", str(self.worktree), self.sha)
+        return self.worktree
+
+    def __exit__(self, *exc) -> None:
+        if self.worktree is not None:
+            subprocess.run(["git", "worktree", "remove", "--force", str(self.worktree)],
+                           cwd=self.root, capture_output=True)
+            shutil.rmtree(self.worktree, ignore_errors=True)
+
+
+def _print_table(results_dir: Path, machine: str, shas: Sequence[str] | None = None) -> None:
+    from speedlib.results import load_results  # noqa: PLC0415
+
+    loaded = load_results(results_dir)
+    df = loaded.measured
+    df = df[df["machine"] == machine]
+    if shas is not None:
+        df = df[df["commit"].isin(list(shas))]
+    if df.empty:
+        print("\nno measured results to show", flush=True)
+        return
+    cols = ["commit", "benchmark", "params", "value", "unit"]
+    table = df[cols].assign(commit=df["commit"].str[:8])
+    print("\n" + table.to_string(index=False, float_format=lambda v: f"{v:.4g}"), flush=True)
+    for problem in loaded.problems:
+        print(f"skipped {problem}", flush=True)
