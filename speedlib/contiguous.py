@@ -28,6 +28,11 @@ What it fixes in the original on today's PyTorch:
 - Parameter groups, frozen parameters, several devices or dtypes, channels_last
   parameters and pre-existing gradients are handled.
 
+Not caught: conversions that give the module brand-new Parameter objects without
+registering them (`torch.__future__.set_overwrite_module_params_on_conversion(True)`, or
+moving to devices such as meta whose tensors cannot share a type with CPU ones); the old
+parameters stay valid views, so nothing can be seen from them. Convert first, then wrap.
+
 Semantics to know: a parameter that receives no gradient in a step has a zero gradient
 here (as with `zero_grad(set_to_none=False)`), so Adam's momentum and weight decay still
 move it, where a per-tensor optimizer would skip it. Optimizers that need per-tensor
@@ -250,6 +255,10 @@ class ContiguousParams:
         if not self._grouped:
             return list(self._flat_groups[0])
         return [{**g, "params": list(f)} for g, f in zip(self._groups, self._flat_groups)]
+
+    def flat_parameters(self) -> list[FlatParameter]:
+        """Every flat tensor, ungrouped: what clip_grad_norm_ takes when groups were given."""
+        return [f for flats in self._flat_groups for f in flats]
 
     def original(self) -> list[torch.Tensor] | list[dict]:
         """The wrapped (trainable) parameters, for operations that need per-tensor shapes."""

@@ -1,0 +1,451 @@
+"""speedlib.ContiguousParams: equivalence with per-tensor optimizers, and every trap of the original."""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from speedlib import ContiguousParams, FlatParameter, InvalidBufferError
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; the CPU variant of this test covers the logic")
+STEPS = 5
+
+
+def small_net() -> nn.Module:
+    """Conv (4-D weight), BatchNorm (1-D params + buffers), Linear: the shapes real models have.
+
+    No conv bias before BatchNorm: its gradient is rounding noise, which Adam normalises into
+    steps of full size, so two exact-in-theory implementations would diverge on it.
+    """
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(32, 10), nn.ReLU(), nn.Linear(10, 5),
+    )
+
+
+def twin(seed: int = 0, device: str = "cpu") -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(seed)
+    a = small_net().to(device)
+    return a, copy.deepcopy(a)
+
+
+def batches(n: int = STEPS, device: str = "cpu"):
+    gen = torch.Generator().manual_seed(1)
+    return [(torch.randn(4, 3, 6, 6, generator=gen).to(device), torch.randint(0, 5, (4,), generator=gen).to(device))
+            for _ in range(n)]
+
+
+def train(model, optimizer, clip_params=None, data=None, zero=lambda opt: opt.zero_grad(), max_norm=0.5):
+    losses = []
+    clip_params = None if clip_params is None else list(clip_params)  # a generator would run dry
+    for x, y in data or batches():
+        zero(optimizer)
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        if clip_params is not None:
+            torch.nn.utils.clip_grad_norm_(clip_params, max_norm)
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def assert_same_params(a: nn.Module, b: nn.Module, atol=1e-6, rtol=1e-5):
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(pa, pb, atol=atol, rtol=rtol, msg=lambda m: f"{name}: {m}")
+
+
+OPTIMIZERS = {
+    "sgd-momentum": lambda ps, **kw: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=1e-3, **kw),
+    "adam": lambda ps, **kw: torch.optim.Adam(ps, lr=1e-2, **kw),
+    "adamw": lambda ps, **kw: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, **kw),
+}
+
+
+@pytest.mark.parametrize("impl", [{}, {"foreach": True}, {"fused": True}], ids=["default", "foreach", "fused"])
+@pytest.mark.parametrize("name", OPTIMIZERS)
+@pytest.mark.parametrize("clip", [False, True], ids=["noclip", "clip"])
+def test_equivalent_to_per_tensor_optimizer(name, impl, clip):
+    """Same parameters and losses after N steps with the default training loop (zero_grad() sets None)."""
+    ref, flat_model = twin()
+    ref_opt = OPTIMIZERS[name](ref.parameters(), **impl)  # like for like: fused differs from for-loop
+    params = ContiguousParams(flat_model.parameters())
+    opt = OPTIMIZERS[name](params.contiguous(), **impl)
+    ref_losses = train(ref, ref_opt, ref.parameters() if clip else None)
+    losses = train(flat_model, opt, params.contiguous() if clip else None)
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    assert_same_params(ref, flat_model)
+    assert params.buffer_is_valid()
+    # it really trained: the parameters moved away from where they started
+    start, _ = twin()
+    assert not torch.allclose(next(start.parameters()), next(flat_model.parameters()))
+
+
+def test_default_zero_grad_keeps_gradients_fresh():
+    """zero_grad() (set_to_none=True) must leave the flat gradient linked and zero, not None."""
+    model, _ = twin()
+    params = ContiguousParams(model.parameters())
+    opt = torch.optim.SGD(params.contiguous(), lr=0.1)
+    nn.functional.cross_entropy(model(batches(1)[0][0]), batches(1)[0][1]).backward()
+    flat = params.contiguous()[0]
+    assert flat.grad.abs().sum() > 0
+    opt.zero_grad()
+    assert flat.grad is not None and flat.grad.abs().sum() == 0
+    assert all(p.grad is not None and p.grad.abs().sum() == 0 for p in model.parameters())
+    assert params.buffer_is_valid()
+
+
+def test_original_package_stops_training_under_default_zero_grad():
+    """Documents the trap speedlib fixes: with contiguous_params 1.0.0 the parameters stop moving."""
+    original = pytest.importorskip("contiguous_params", reason="contiguous_params is not installed")
+    model, _ = twin()
+    params = original.ContiguousParams(model.parameters())
+    opt = torch.optim.Adam(params.contiguous(), lr=1e-2)
+    train(model, opt, data=batches(1))
+    after_first = [p.detach().clone() for p in model.parameters()]
+    train(model, opt, data=batches(3))
+    assert all(torch.equal(a, p) for a, p in zip(after_first, model.parameters()))
+
+
+def test_matches_original_package_on_its_intended_loop():
+    """Drop-in: same API, same result as contiguous_params with zero_grad(set_to_none=False)."""
+    original = pytest.importorskip("contiguous_params", reason="contiguous_params is not installed")
+    ours_model, theirs_model = twin()
+    ours = ContiguousParams(ours_model.parameters())
+    theirs = original.ContiguousParams(theirs_model.parameters())
+    keep = lambda opt: opt.zero_grad(set_to_none=False)  # noqa: E731
+    train(theirs_model, torch.optim.Adam(theirs.contiguous(), lr=1e-2), theirs.contiguous(), zero=keep)
+    train(ours_model, torch.optim.Adam(ours.contiguous(), lr=1e-2), ours.contiguous(), zero=keep)
+    assert_same_params(theirs_model, ours_model)
+    for method in ("contiguous", "original", "buffer_is_valid", "assert_buffer_is_valid"):
+        assert callable(getattr(ours, method))
+
+
+# -- invalidation is caught, with a message that says what happened and how to fix it ----
+
+def wrapped(model=None):
+    model = model or small_net()
+    params = ContiguousParams(model.parameters())
+    return model, params, torch.optim.Adam(params.contiguous(), lr=1e-3)
+
+
+def one_backward(model):
+    x, y = batches(1)[0]
+    nn.functional.cross_entropy(model(x), y).backward()
+
+
+def test_model_zero_grad_is_caught():
+    model, params, opt = wrapped()
+    model.zero_grad()
+    assert not params.buffer_is_valid()
+    with pytest.raises(InvalidBufferError, match=r"model\.zero_grad\(\).*optimizer\.zero_grad\(\)"):
+        params.assert_buffer_is_valid()
+    one_backward(model)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(InvalidBufferError, match="outside the flat gradient buffer"):
+        opt.step()  # fails loudly before updating anything
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+
+
+def test_model_zero_grad_without_set_to_none_is_fine():
+    model, params, opt = wrapped()
+    one_backward(model)
+    model.zero_grad(set_to_none=False)
+    assert params.buffer_is_valid()
+    assert all(p.grad.abs().sum() == 0 for p in model.parameters())
+
+
+@pytest.mark.parametrize("convert, pattern", [
+    (lambda m: m.half(), r"dtype changed from torch\.float32 to torch\.float16.*model\.half\(\)"),
+    (lambda m: m.to(torch.float64), r"dtype changed.*float64"),
+    (lambda m: m.to(memory_format=torch.channels_last), r"strides changed.*channels_last"),
+], ids=["half", "to-dtype", "channels_last"])
+def test_conversion_after_wrapping_is_caught(convert, pattern):
+    model, params, opt = wrapped()
+    convert(model)
+    assert not params.buffer_is_valid()
+    with pytest.raises(InvalidBufferError, match=pattern) as info:
+        params.assert_buffer_is_valid()
+    assert "Convert the model first, then create ContiguousParams" in str(info.value)
+    with pytest.raises(InvalidBufferError):
+        opt.step()
+
+
+def test_noop_conversions_keep_the_buffer_valid():
+    model, params, _ = wrapped()
+    model.to("cpu").float().train()
+    assert params.buffer_is_valid()
+
+
+def test_device_move_is_diagnosed():
+    """CPU stand-in for model.cuda(): the slot remembers another device, the data moved."""
+    model, params, _ = wrapped()
+    params._slots[0].device = torch.device("cuda", 0)
+    model[0].weight.data = model[0].weight.data.clone()
+    with pytest.raises(InvalidBufferError, match=r"moved from cuda:0 to cpu.*model\.cuda\(\)"):
+        params.assert_buffer_is_valid()
+
+
+@requires_cuda
+def test_cuda_after_wrapping_is_caught():
+    model, params, opt = wrapped()
+    model.cuda()
+    with pytest.raises(InvalidBufferError, match=r"moved from cpu to cuda"):
+        params.assert_buffer_is_valid()
+
+
+def test_load_state_dict_assign_is_caught():
+    model, params, opt = wrapped()
+    model.load_state_dict(small_net().state_dict(), assign=True)
+    with pytest.raises(InvalidBufferError, match=r"assign=True.*assign=False"):
+        params.assert_buffer_is_valid()
+    with pytest.raises(InvalidBufferError):
+        opt.step()
+
+
+def test_load_state_dict_copy_keeps_buffer_and_loads_values():
+    model, params, _ = wrapped()
+    other = small_net()
+    model.load_state_dict(other.state_dict())
+    assert params.buffer_is_valid()
+    assert_same_params(other, model, atol=0, rtol=0)
+    torch.testing.assert_close(params.contiguous()[0][: other[0].weight.numel()], other[0].weight.flatten())
+
+
+def test_ddp_bucket_view_gradients_are_caught():
+    """gradient_as_bucket_view=True replaces .grad with DDP's own buffer: simulated here on one process."""
+    model, params, opt = wrapped()
+    model[0].weight.grad = torch.zeros_like(model[0].weight)  # what DDP's reducer does
+    with pytest.raises(InvalidBufferError, match="gradient_as_bucket_view=False"):
+        params.assert_buffer_is_valid()
+
+
+# -- construction: groups, frozen parameters, dtypes, bad input ---------------------------
+
+def test_parameter_groups_keep_their_options():
+    ref, model = twin()
+    groups = lambda m: [  # noqa: E731
+        {"params": list(m[0].parameters()) + list(m[1].parameters()), "lr": 1e-3, "weight_decay": 0.0},
+        {"params": list(m[5].parameters()) + list(m[7].parameters()), "lr": 1e-2, "weight_decay": 0.5},
+    ]
+    ref_opt = torch.optim.AdamW(groups(ref), foreach=False)
+    params = ContiguousParams(groups(model))
+    flat_groups = params.contiguous()
+    assert [g["lr"] for g in flat_groups] == [1e-3, 1e-2]
+    assert [g["weight_decay"] for g in flat_groups] == [0.0, 0.5]
+    assert all(isinstance(p, FlatParameter) for g in flat_groups for p in g["params"])
+    train(ref, ref_opt, ref.parameters())
+    train(model, torch.optim.AdamW(flat_groups), params.flat_parameters())
+    assert_same_params(ref, model)
+    assert len(params.param_buffers) == 1  # both groups are slices of the one float32 buffer
+    originals = params.original()
+    assert [len(g["params"]) for g in originals] == [3, 4] and originals[1]["lr"] == 1e-2
+
+
+def test_frozen_parameters_are_left_alone():
+    ref, model = twin()
+    for m in (ref, model):
+        m[0].requires_grad_(False)
+    frozen_storage = model[0].weight.data_ptr()
+    params = ContiguousParams(model.parameters())
+    assert params.num_tensors == 6
+    assert model[0].weight.data_ptr() == frozen_storage  # not copied into the buffer
+    assert all(p is not model[0].weight for p in params.original())
+    train(ref, torch.optim.Adam([p for p in ref.parameters() if p.requires_grad], lr=1e-2))
+    train(model, torch.optim.Adam(params.contiguous(), lr=1e-2))
+    assert_same_params(ref, model)
+    assert model[0].weight.grad is None
+
+
+def test_one_buffer_per_device_and_dtype():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4).double(), nn.Linear(4, 4))
+    params = ContiguousParams(model.parameters())
+    assert sorted(str(k[1]) for k in params.param_buffers) == ["torch.float32", "torch.float64"]
+    flats = params.contiguous()
+    assert len(flats) == 2 and {f.dtype for f in flats} == {torch.float32, torch.float64}
+    f32 = params.param_buffers[(torch.device("cpu"), torch.float32)]
+    for p in (*model[0].parameters(), *model[2].parameters()):
+        assert p.untyped_storage().data_ptr() == f32.untyped_storage().data_ptr()
+
+
+def test_parameters_are_aligned_and_padding_stays_zero():
+    model = nn.Sequential(nn.Linear(3, 5), nn.Linear(5, 7), nn.Linear(7, 2))  # odd sizes
+    params = ContiguousParams(model.parameters())
+    assert all(p.data_ptr() % 64 == 0 and p.grad.data_ptr() % 64 == 0 for p in model.parameters())
+    opt = torch.optim.AdamW(params.contiguous(), lr=0.1, weight_decay=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(2, 3)).sum().backward()
+        opt.step()
+    buf = params.param_buffers[(torch.device("cpu"), torch.float32)]
+    used = torch.zeros(buf.numel(), dtype=torch.bool)
+    for p in model.parameters():
+        start = (p.data_ptr() - buf.data_ptr()) // 4
+        used[start:start + p.numel()] = True
+    assert used.sum() == params.num_parameters
+    assert torch.all(buf[~used] == 0)
+
+
+def test_channels_last_model_stays_channels_last():
+    ref, model = twin()
+    for m in (ref, model):
+        m.to(memory_format=torch.channels_last)
+    params = ContiguousParams(model.parameters())
+    assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert model[0].weight.grad.stride() == model[0].weight.stride()
+    train(ref, torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9))
+    train(model, torch.optim.SGD(params.contiguous(), lr=0.1, momentum=0.9))
+    assert_same_params(ref, model)
+
+
+def test_existing_gradients_are_kept():
+    model = small_net()
+    one_backward(model)
+    grads = [p.grad.clone() for p in model.parameters()]
+    ContiguousParams(model.parameters())
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
+
+
+def test_bad_input_gives_clear_errors():
+    with pytest.raises(ValueError, match="empty parameter list"):
+        ContiguousParams([])
+    with pytest.raises(ValueError, match="empty parameter list"):
+        ContiguousParams(iter([]))
+    frozen = nn.Linear(2, 2).requires_grad_(False)
+    with pytest.raises(ValueError, match="all 2 parameters are frozen"):
+        ContiguousParams(frozen.parameters())
+    lin = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="more than once"):
+        ContiguousParams([lin.weight, lin.weight])
+    with pytest.raises(TypeError, match="single Parameter"):
+        ContiguousParams(lin.weight)
+    with pytest.raises(TypeError, match="not a tensor"):
+        ContiguousParams([lin.weight, 3])
+    params = ContiguousParams(lin.parameters())
+    with pytest.raises(ValueError, match="already belongs to another ContiguousParams"):
+        ContiguousParams(lin.parameters())
+    with pytest.raises(ValueError, match="already a flat buffer"):
+        ContiguousParams(params.contiguous())
+    with pytest.raises(ValueError, match="lazy module"):
+        ContiguousParams(nn.LazyLinear(3).parameters())
+
+
+def test_passing_the_wrapper_to_an_optimizer_is_a_clear_error():
+    params = ContiguousParams(nn.Linear(2, 2).parameters())
+    with pytest.raises(TypeError, match=r"pass params\.contiguous\(\) to the optimizer"):
+        torch.optim.Adam(params)
+
+
+def test_clip_grad_norm_on_flat_view_equals_per_parameter_clipping():
+    ref, model = twin()
+    params = ContiguousParams(model.parameters())
+    for m in (ref, model):
+        one_backward(m)
+    for norm_type in (2.0, 1.0, float("inf")):
+        ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.1, norm_type=norm_type)
+        norm = torch.nn.utils.clip_grad_norm_(params.contiguous(), 0.1, norm_type=norm_type)
+        torch.testing.assert_close(norm, ref_norm, rtol=1e-6, atol=0)
+        for pr, p in zip(ref.parameters(), model.parameters()):
+            torch.testing.assert_close(p.grad, pr.grad, rtol=1e-6, atol=1e-9)
+
+
+def test_optimizer_state_dict_round_trips():
+    """Checkpoint after 3 steps, resume in fresh objects, 3 more: same as 6 uninterrupted steps."""
+    data = batches(6)
+    straight, _ = twin()
+    p_straight = ContiguousParams(straight.parameters())
+    train(straight, torch.optim.Adam(p_straight.contiguous(), lr=1e-2), data=data)
+
+    first, _ = twin()
+    p_first = ContiguousParams(first.parameters())
+    opt_first = torch.optim.Adam(p_first.contiguous(), lr=1e-2)
+    train(first, opt_first, data=data[:3])
+    model_state, opt_state = copy.deepcopy(first.state_dict()), copy.deepcopy(opt_first.state_dict())
+
+    resumed = small_net()
+    resumed.load_state_dict(model_state)
+    p_resumed = ContiguousParams(resumed.parameters())
+    opt_resumed = torch.optim.Adam(p_resumed.contiguous(), lr=1e-2)
+    opt_resumed.load_state_dict(opt_state)
+    train(resumed, opt_resumed, data=data[3:])
+    assert_same_params(straight, resumed, atol=0, rtol=0)
+
+
+def test_flat_parameter_deepcopy_is_unlinked():
+    params = ContiguousParams(nn.Linear(2, 2).parameters())
+    flat = params.contiguous()[0]
+    clone = copy.deepcopy(flat)
+    assert isinstance(clone, FlatParameter) and torch.equal(clone, flat)
+    clone.grad = None
+    assert clone.grad is None and flat.grad is not None
+
+
+# -- DistributedDataParallel, gloo, 2 processes ---------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank: int, world: int, port: int, out: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))  # same init on every rank
+        params = ContiguousParams(model.parameters())  # after .to(device), before DDP
+        ddp = nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.Adam(params.contiguous(), lr=1e-2)
+        gen = torch.Generator().manual_seed(7)
+        for _ in range(STEPS):
+            x, y = torch.randn(8, 6, generator=gen), torch.randint(0, 3, (8,), generator=gen)
+            opt.zero_grad()
+            shard = slice(rank * 4, rank * 4 + 4)  # each rank sees half of the global batch
+            nn.functional.cross_entropy(ddp(x[shard]), y[shard]).backward()
+            torch.nn.utils.clip_grad_norm_(params.contiguous(), 0.5)
+            opt.step()
+        params.assert_buffer_is_valid()
+        out[rank] = [p.detach().clone() for p in model.parameters()]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_distributed_data_parallel_gloo_two_processes():
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_ddp_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+        results = dict(out)
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(STEPS):
+        x, y = torch.randn(8, 6, generator=gen), torch.randint(0, 3, (8,), generator=gen)
+        opt.zero_grad()
+        nn.functional.cross_entropy(ref(x), y).backward()  # the full batch, one process
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+        opt.step()
+    for rank in (0, 1):
+        for got, want in zip(results[rank], ref.parameters()):
+            torch.testing.assert_close(got, want.detach(), atol=1e-5, rtol=1e-4)
+
+
+# -- GPU ----------------------------------------------------------------------------------
+
+@requires_cuda
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_equivalent_on_gpu_with_fused_optimizer(name):
+    ref, model = twin(device="cuda")
+    data = batches(device="cuda")
+    params = ContiguousParams(model.parameters())
+    train(ref, OPTIMIZERS[name](ref.parameters(), foreach=False), ref.parameters(), data=data)
+    train(model, OPTIMIZERS[name](params.contiguous(), fused=True), params.contiguous(), data=data)
+    assert_same_params(ref, model, atol=1e-5, rtol=1e-4)
+    assert params.buffer_is_valid()
