@@ -92,7 +92,7 @@ class _Trainer:
     def adam_bandwidth(self) -> float:
         """Achieved bytes/s of Adam steps alone, back to back between two synchronisations
         (as in training, where the host runs ahead of the GPU)."""
-        steps = 20 if self.device.type == "cuda" else 3
+        steps = 50 if self.device.type == "cuda" else 3
         measure.synchronize(self.device)
         start = time.perf_counter()
         for _ in range(steps):
