@@ -186,8 +186,6 @@ class ContiguousParams:
                 _check_parameter(p, where)
                 if id(p) in seen:
                     raise ValueError(f"{where} appears more than once; each parameter may be wrapped once")
-                if p in _OWNER_OF:
-                    raise ValueError(f"{where} already belongs to another ContiguousParams")
                 seen.add(id(p))
                 if p.requires_grad:
                     trainable.append(p)
@@ -234,6 +232,8 @@ class ContiguousParams:
                 p.data = view
                 p.grad = gview
                 s.data_ptr, s.grad_ptr = p.data_ptr(), gview.data_ptr()
+                # Re-wrapping is allowed (it is the fix after a conversion): the previous
+                # wrapper, if still alive, now sees moved data and fails its next check.
                 _OWNER_OF[p] = weakref.ref(self)
 
         self._flat_groups: list[list[FlatParameter]] = []

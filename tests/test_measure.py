@@ -72,8 +72,9 @@ def test_peak_memory_resets_the_counter():
     assert (1 << 20) <= peak < (1 << 28)
 
 
-def test_copy_bandwidth_is_positive():
-    assert measure.copy_bandwidth("cpu", nbytes=1 << 20, repeats=2) > 1e6
+def test_memory_bandwidth_is_plausible():
+    bw = measure.memory_bandwidth("cpu", nbytes=1 << 22, repeats=2)
+    assert 1e8 < bw < 1e13  # between 100 MB/s and 10 TB/s
 
 
 def test_environment_record_is_json_ready():
