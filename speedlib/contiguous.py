@@ -157,11 +157,11 @@ def _check_parameter(p: Any, where: str) -> None:
 class _Slot:
     """Where one parameter lives in the buffers, and the pointers that prove it still does."""
 
-    __slots__ = ("param", "key", "offset", "numel", "dtype", "device", "stride", "data_ptr", "grad_ptr")
+    __slots__ = ("param", "key", "offset", "dtype", "device", "stride", "data_ptr", "grad_ptr")
 
     def __init__(self, param: torch.Tensor, key: tuple, offset: int, stride: tuple[int, ...]):
         self.param, self.key, self.offset, self.stride = param, key, offset, stride
-        self.numel, self.dtype, self.device = param.numel(), param.dtype, param.device
+        self.dtype, self.device = param.dtype, param.device
         self.data_ptr = self.grad_ptr = 0
 
 

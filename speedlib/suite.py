@@ -12,6 +12,7 @@ through ASV_PYTHONPATH while the benchmarks themselves come from the current che
 from __future__ import annotations
 
 import datetime as _dt
+import importlib.util
 import json
 import os
 import platform
@@ -133,6 +134,8 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
     from speedlib import measure  # noqa: PLC0415 - imports torch; keep `speedlib --help` fast
 
     root = root or find_root()
+    if importlib.util.find_spec("asv") is None or importlib.util.find_spec("asv_runner") is None:
+        raise SuiteError('asv is not installed here: python3 -m pip install -e ".[bench]"')
     shas = resolve_commits(root, options.commits)
     if not options.quick and not options.allow_dirty and options.commits is None and _dirty(root):
         raise SuiteError(
