@@ -39,7 +39,7 @@ def _cmd_env(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from speedlib.results import load_results  # noqa: PLC0415
+    from speedlib.results import format_table, load_results  # noqa: PLC0415
 
     path = Path(args.results)
     if not path.is_dir():
@@ -54,8 +54,7 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if df.empty:
         print("no measured results", file=sys.stderr)
         return 1
-    table = df.assign(commit=df["commit"].str[:8])[["machine", "commit", "benchmark", "params", "value", "unit"]]
-    print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(format_table(df))
     return 0
 
 

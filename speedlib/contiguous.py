@@ -157,11 +157,11 @@ def _check_parameter(p: Any, where: str) -> None:
 class _Slot:
     """Where one parameter lives in the buffers, and the pointers that prove it still does."""
 
-    __slots__ = ("param", "key", "offset", "dtype", "device", "stride", "data_ptr", "grad_ptr")
+    __slots__ = ("param", "key", "offset", "stride", "data_ptr", "grad_ptr")
 
-    def __init__(self, param: torch.Tensor, key: tuple, offset: int, stride: tuple[int, ...]):
-        self.param, self.key, self.offset, self.stride = param, key, offset, stride
-        self.dtype, self.device = param.dtype, param.device
+    def __init__(self, param: torch.Tensor, offset: int, stride: tuple[int, ...]):
+        self.param, self.offset, self.stride = param, offset, stride
+        self.key = (param.device, param.dtype)  # the buffer it lives in, and what it was wrapped as
         self.data_ptr = self.grad_ptr = 0
 
 
@@ -212,7 +212,7 @@ class ContiguousParams:
                 align = max(1, align_bytes // p.element_size())
                 offset = _round_up(sizes.get(key, 0), align)
                 sizes[key] = offset + p.numel()
-                self._slots.append(_Slot(p, key, offset, _dense_strides(p)))
+                self._slots.append(_Slot(p, offset, _dense_strides(p)))
                 span.setdefault(key, [offset, offset])[1] = offset + p.numel()
             spans.append(span)
 
@@ -329,10 +329,11 @@ class ContiguousParams:
     def _describe_move(self, moved: list[int]) -> str:
         s = self._slots[moved[0]]
         p = s.param
-        if p.dtype != s.dtype:
-            what = f"its dtype changed from {s.dtype} to {p.dtype} (model.half(), .float() or .to(dtype))"
-        elif p.device != s.device:
-            what = f"it moved from {s.device} to {p.device} (model.cuda(), .cpu() or .to(device))"
+        device, dtype = s.key
+        if p.dtype != dtype:
+            what = f"its dtype changed from {dtype} to {p.dtype} (model.half(), .float() or .to(dtype))"
+        elif p.device != device:
+            what = f"it moved from {device} to {p.device} (model.cuda(), .cpu() or .to(device))"
         elif tuple(p.stride()) != s.stride:
             what = (f"its strides changed from {s.stride} to {tuple(p.stride())} "
                     "(a memory-format conversion such as model.to(memory_format=torch.channels_last))")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-__all__ = ["LoadedResults", "load_results"]
+__all__ = ["LoadedResults", "load_results", "format_table"]
 
 # asv's statistics columns -> our column names
 _STATS = {
@@ -119,3 +119,9 @@ def load_results(path: str | Path) -> LoadedResults:
         return LoadedResults(empty, empty.copy(), problems)
     measured = df[df["status"] == "measured"].reset_index(drop=True)
     return LoadedResults(measured, df[df["status"] != "measured"].reset_index(drop=True), problems)
+
+
+def format_table(df: pd.DataFrame, columns: tuple[str, ...] = ("machine", "commit", "benchmark", "params", "value", "unit")) -> str:
+    """Measured rows as a plain-text table, commits shortened to 8 characters."""
+    table = df.assign(commit=df["commit"].str[:8])[list(columns)]
+    return table.to_string(index=False, float_format=lambda v: f"{v:.4g}")

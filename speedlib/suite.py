@@ -116,9 +116,9 @@ def _register_machine(conf: Path, root: Path, name: str, env: dict) -> None:
     ], cwd=root)
 
 
-def _write_config(root: Path, results_dir: Path, scratch: Path) -> Path:
+def _write_config(conf: dict, root: Path, results_dir: Path, scratch: Path) -> Path:
     """A copy of asv.conf.json with absolute paths, so asv can run from anywhere."""
-    conf = json.loads((root / CONFIG).read_text())
+    conf = dict(conf)
     conf["repo"] = str(root)
     conf["benchmark_dir"] = str(root / conf.get("benchmark_dir", "benchmarks"))
     conf["results_dir"] = str(results_dir)
@@ -147,12 +147,12 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
     machine = options.machine or env["machine"]
     with tempfile.TemporaryDirectory(prefix="speedlib-run-") as tmp:
         scratch = Path(tmp)
+        conf = json.loads((root / CONFIG).read_text())
         if options.quick:
             results_dir = scratch / "results"
         else:
-            conf = json.loads((root / CONFIG).read_text())
             results_dir = (options.results_dir or root / conf.get("results_dir", "results")).resolve()
-        conf_path = _write_config(root, results_dir, scratch)
+        conf_path = _write_config(conf, root, results_dir, scratch)
         _register_machine(conf_path, root, machine, env)
         print(f"speedlib run: machine {machine}, {len(shas)} commit(s), results -> "
               f"{'scratch (quick run, not saved)' if options.quick else results_dir}", flush=True)
@@ -203,7 +203,7 @@ class _library_at:
 
 
 def _print_table(results_dir: Path, machine: str, shas: Sequence[str] | None = None) -> None:
-    from speedlib.results import load_results  # noqa: PLC0415
+    from speedlib.results import format_table, load_results  # noqa: PLC0415
 
     loaded = load_results(results_dir)
     df = loaded.measured
@@ -213,8 +213,6 @@ def _print_table(results_dir: Path, machine: str, shas: Sequence[str] | None = N
     if df.empty:
         print("\nno measured results to show", flush=True)
         return
-    cols = ["commit", "benchmark", "params", "value", "unit"]
-    table = df[cols].assign(commit=df["commit"].str[:8])
-    print("\n" + table.to_string(index=False, float_format=lambda v: f"{v:.4g}"), flush=True)
+    print("\n" + format_table(df, ("commit", "benchmark", "params", "value", "unit")), flush=True)
     for problem in loaded.problems:
         print(f"skipped {problem}", flush=True)

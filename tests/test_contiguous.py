@@ -203,7 +203,7 @@ def test_noop_conversions_keep_the_buffer_valid():
 def test_device_move_is_diagnosed():
     """CPU stand-in for model.cuda(): the slot remembers another device, the data moved."""
     model, params, _ = wrapped()
-    params._slots[0].device = torch.device("cuda", 0)
+    params._slots[0].key = (torch.device("cuda", 0), torch.float32)
     model[0].weight.data = model[0].weight.data.clone()
     with pytest.raises(InvalidBufferError, match=r"moved from cuda:0 to cpu.*model\.cuda\(\)"):
         params.assert_buffer_is_valid()
