@@ -173,7 +173,7 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
                     asv_args += ["--bench", b]
                 _asv(asv_args, env={**os.environ, "ASV_PYTHONPATH": str(lib)}, cwd=root)
             _record_environment(environment_record_path(results_dir, machine, sha), sha, env,
-                                ["speedlib", "run", *argv])
+                                ["speedlib", *argv])
         if options.quick:
             _print_table(results_dir, machine)
             return results_dir

@@ -1,0 +1,416 @@
+"""Tables from the tidy results: speedups, memory, floors, history, GPU vs GPU, claims.
+
+Every table is a `Table`: the frame to show, plus the result rows it was computed from, so
+each export carries a provenance footer (result ID, commit, machine, GPU, driver, CUDA,
+torch, statistic and N, date, and the command that reproduces the measurement). Exports go
+to Markdown, CSV and LaTeX (`to_markdown`, `to_csv`, `to_latex`). No Streamlit import: the
+dashboard and the `speedlib report` command share this module.
+
+Ratios and their uncertainty: a speedup is baseline / variant for lower-is-better metrics
+(time, memory) and variant / baseline for higher-is-better ones (bandwidth, % of floor),
+on the same machine, commit and parameters. Its interval combines the two 99 % confidence
+intervals asv reports, worst case against best case (baseline low / variant high, and
+baseline high / variant low), so it is conservative; where asv kept no interval (track_*
+benchmarks report one value), the interquartile range is used, and where there is neither
+the ratio has no interval.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from speedlib.results import COLUMNS, higher_is_better
+
+__all__ = ["Claim", "CLAIMS", "TECHNIQUES", "Table", "speedups", "speedup_table", "memory_table",
+           "floor_table", "history", "history_table", "machine_comparison", "claims_table", "latest",
+           "param_columns", "provenance", "reproduce_command", "to_markdown", "to_csv", "to_latex",
+           "SIGNIFICANCE_FACTOR"]
+
+
+@dataclass(frozen=True)
+class Technique:
+    title: str
+    baseline: str  # the variant every other variant is compared with
+    headline: str  # the metric the overview shows
+
+
+# The baselines are what each source compared against (DESIGN.md's "baselines" column).
+TECHNIQUES = {
+    "contiguous": Technique("Flat-buffer (contiguous) parameters", "forloop", "adam_step"),
+    "transfer": Technique("Host<->GPU transfer and CPU-hosted embeddings", "pinned", "gather"),
+    "checkpoint": Technique("Activation checkpointing", "none", "step"),
+    "amp": Technique("Mixed precision", "fp32", "step"),
+    "parallel": Technique("DistributedDataParallel vs DataParallel", "dataparallel", "step"),
+    "tuning": Technique("Performance Tuning Guide knobs", "off", "step"),
+}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A source's published figure and where speedlib measures the same thing."""
+
+    technique: str
+    source: str
+    claim: str
+    claimed: float | None  # as a ratio in the direction of `measured_as`; None: no figure given
+    claimed_high: float | None
+    measured_as: str  # "speedup" (x faster) or "memory ratio" (variant / baseline)
+    metric: str
+    variant: str
+    baseline: str
+
+
+CLAIMS = (
+    Claim("contiguous", "contiguous_params README", "optimizer step 7x-100x faster", 7.0, 100.0,
+          "speedup", "adam_step", "speedlib", "forloop"),
+    Claim("transfer", "SpeedTorch README (Tesla K80, 2-core CPU)", "CuPy pinned gather 3.1x faster than PyTorch pinned",
+          3.1, None, "speedup", "gather", "cupy", "pinned"),
+    Claim("transfer", "SpeedTorch README (Tesla K80, 2-core CPU)", "CuPy pinned write-back 410x faster than PyTorch pinned",
+          410.0, None, "speedup", "scatter", "cupy", "pinned"),
+    Claim("checkpoint", "efficient DenseNet / pytorch-checkpoint (TITAN X, DenseNet-BC-100)",
+          "about -46 % memory (9.93 -> 5.38 GB)", 5.38 / 9.93, None, "memory ratio", "peak_memory", "speedlib", "none"),
+    Claim("checkpoint", "efficient DenseNet / pytorch-checkpoint (TITAN X, DenseNet-BC-100)",
+          "about +19 % step time (0.42 -> 0.50 s)", 0.42 / 0.50, None, "speedup", "step", "speedlib", "none"),
+    Claim("amp", "PyTorch Performance Tuning Guide", "mixed precision up to 3x faster", None, 3.0,
+          "speedup", "step", "bf16", "fp32"),
+    Claim("parallel", "PyTorch Tuning Guide; Lightning speed-up guide", "DistributedDataParallel much faster than DataParallel",
+          None, None, "speedup", "step", "ddp", "dataparallel"),
+)
+
+# History: a change between consecutive commits is flagged when the ratio is beyond this factor
+# (asv compare's default) and, where asv kept 99 % confidence intervals, they do not overlap.
+SIGNIFICANCE_FACTOR = 1.10
+
+
+@dataclass
+class Table:
+    """A table to show or export, and the measured rows it was computed from."""
+
+    title: str
+    frame: pd.DataFrame
+    sources: pd.DataFrame
+    notes: list[str] = field(default_factory=list)
+
+
+# Columns this module adds to the tidy frame; everything else outside COLUMNS is a parameter.
+_DERIVED = {"baseline", "baseline_value", "ratio", "ratio_low", "ratio_high", "interval", "change",
+            "significant", "direction"}
+
+
+def param_columns(df: pd.DataFrame) -> list[str]:
+    """Parameter columns other than `variant` (workload first)."""
+    return ["workload", *[c for c in df.columns if c not in COLUMNS and c not in _DERIVED]]
+
+
+def latest(df: pd.DataFrame) -> pd.DataFrame:
+    """Only each machine's most recent commit (by commit date) per benchmark."""
+    if df.empty:
+        return df
+    newest = df.groupby(["machine", "benchmark"])["commit_date"].transform("max")
+    return df[df["commit_date"] == newest]
+
+
+def _interval_bounds(df: pd.DataFrame, suffix: str = "") -> tuple[pd.Series, pd.Series, pd.Series]:
+    """(low, high, label) per row: asv's 99 % CI, else the IQR, else nothing."""
+    ci = df[f"ci99_low{suffix}"].notna() & df[f"ci99_high{suffix}"].notna()
+    low = df[f"ci99_low{suffix}"].where(ci, df[f"q25{suffix}"])
+    high = df[f"ci99_high{suffix}"].where(ci, df[f"q75{suffix}"])
+    label = pd.Series(np.where(ci, "99% CI", np.where(low.notna(), "IQR", "none")), index=df.index)
+    return low, high, label
+
+
+def speedups(df: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:
+    """Every measured row beside its baseline (same machine, commit, benchmark, parameters).
+
+    `baseline` overrides each technique's default baseline variant. Columns added:
+    baseline, baseline_value, ratio (x better: >1 means the variant wins), ratio_low,
+    ratio_high, interval ("99% CI", "IQR" or "none").
+    """
+    if df.empty or "variant" not in df:
+        return df.iloc[0:0].assign(baseline=[], baseline_value=[], ratio=[], ratio_low=[], ratio_high=[], interval=[])
+    params = [c for c in param_columns(df) if c in df]
+    rows = df.assign(**{c: df[c].fillna("") for c in params})
+    wanted = baseline if baseline is not None else rows["technique"].map(lambda t: TECHNIQUES[t].baseline if t in TECHNIQUES else None)
+    base = rows[rows["variant"] == wanted]
+    keys = ["machine", "commit", "benchmark", *params]
+    merged = rows.merge(base[[*keys, "variant", "value", "ci99_low", "ci99_high", "q25", "q75"]],
+                        on=keys, suffixes=("", "_base"))
+    low, high, label = _interval_bounds(merged)
+    blow, bhigh, blabel = _interval_bounds(merged, "_base")
+    up = merged["kind"].map(higher_is_better).astype(bool)
+    merged["ratio"] = np.where(up, merged["value"] / merged["value_base"], merged["value_base"] / merged["value"])
+    merged["ratio_low"] = np.where(up, low / bhigh, blow / high)
+    merged["ratio_high"] = np.where(up, high / blow, bhigh / low)
+    merged["interval"] = np.where(label == blabel, label, "IQR")
+    none = (label == "none") | (blabel == "none")
+    merged.loc[none, ["ratio_low", "ratio_high"]] = np.nan
+    merged.loc[none, "interval"] = "none"
+    return merged.rename(columns={"variant_base": "baseline", "value_base": "baseline_value"}).drop(
+        columns=["ci99_low_base", "ci99_high_base", "q25_base", "q75_base"])
+
+
+def _fmt_ratio(ratio: float, low: float, high: float) -> str:
+    if pd.isna(ratio):
+        return ""
+    text = f"{ratio:.3g}x"
+    return text if pd.isna(low) else f"{text} [{low:.3g}, {high:.3g}]"
+
+
+def _fmt_value(value: float, unit: str | None) -> str:
+    if pd.isna(value):
+        return ""
+    if unit == "seconds":
+        return f"{value * 1e3:.4g} ms" if value < 1 else f"{value:.4g} s"
+    if unit == "bytes":
+        return f"{value / 2**20:.4g} MiB"
+    return f"{value:.4g} {unit}" if unit else f"{value:.4g}"
+
+
+def _shown(df: pd.DataFrame, extra: list[str]) -> list[str]:
+    """Parameter columns that vary or mean something here, in a stable order."""
+    return [c for c in param_columns(df) if c in df and df[c].notna().any() and c not in extra]
+
+
+def speedup_table(df: pd.DataFrame, kind: str = "time", baseline: str | None = None) -> Table:
+    """Each variant against its baseline, per machine and commit, for one metric kind."""
+    s = speedups(df[df["kind"] == kind], baseline)
+    s = s[s["variant"] != s["baseline"]]
+    s = s.sort_values(["technique", "machine", "commit_date", "benchmark", *_shown(s, []), "variant"], kind="stable")
+    params = _shown(s, ["variant"])
+    frame = pd.DataFrame({
+        "machine": s["machine"], "GPU": s["gpu"], "commit": s["commit"].str[:8], "benchmark": s["benchmark"],
+        **{p: s[p] for p in params},
+        "variant": s["variant"], "baseline": s["baseline"],
+        "value": [_fmt_value(v, u) for v, u in zip(s["value"], s["unit"])],
+        "baseline value": [_fmt_value(v, u) for v, u in zip(s["baseline_value"], s["unit"])],
+        "speedup": [_fmt_ratio(r, lo, hi) for r, lo, hi in zip(s["ratio"], s["ratio_low"], s["ratio_high"])],
+        "interval": s["interval"], "N": s["n"],
+    })
+    notes = ["speedup = baseline / variant for time and memory, variant / baseline for bandwidth and % of floor; "
+             ">1 means the variant is better", "[low, high]: from the two 99 % confidence intervals (worst case)"]
+    return Table(f"Speedup ({kind})", frame.reset_index(drop=True), s, notes)
+
+
+def memory_table(df: pd.DataFrame, baseline: str | None = None) -> Table:
+    """Peak memory per variant, with the change against the baseline in percent."""
+    s = speedups(df[df["kind"] == "memory"], baseline)
+    s = s[s["variant"] != s["baseline"]]
+    s = s.sort_values(["technique", "machine", "commit_date", "benchmark", *_shown(s, []), "variant"], kind="stable")
+    change = (s["value"] / s["baseline_value"] - 1) * 100
+    frame = pd.DataFrame({
+        "machine": s["machine"], "GPU": s["gpu"], "commit": s["commit"].str[:8], "benchmark": s["benchmark"],
+        **{p: s[p] for p in _shown(s, ["variant"])},
+        "variant": s["variant"], "baseline": s["baseline"],
+        "peak": [_fmt_value(v, "bytes") for v in s["value"]],
+        "baseline peak": [_fmt_value(v, "bytes") for v in s["baseline_value"]],
+        "change": [f"{c:+.1f} %" for c in change], "N": s["n"],
+    })
+    return Table("Peak memory", frame.reset_index(drop=True), s, ["change = variant / baseline - 1"])
+
+
+def floor_table(df: pd.DataFrame) -> Table:
+    """Benchmarks that report their result as a fraction of a physical floor."""
+    s = df[df["kind"] == "fraction of floor"].sort_values(["technique", "machine", "commit_date", "benchmark"], kind="stable")
+    frame = pd.DataFrame({
+        "machine": s["machine"], "GPU": s["gpu"], "commit": s["commit"].str[:8], "benchmark": s["benchmark"],
+        **{p: s[p] for p in _shown(s, [])},
+        "achieved": [f"{v:.1f} %" for v in s["value"]], "of": s["unit"].str.removeprefix("% of "), "N": s["n"],
+    })
+    return Table("Fraction of the physical floor", frame.reset_index(drop=True), s,
+                 ["floor: measured in the same benchmark process (see the benchmark's docstring)"])
+
+
+def history(df: pd.DataFrame, benchmark: str | None = None) -> pd.DataFrame:
+    """Each (machine, benchmark, parameters) across commits, oldest first, with the change
+    against the previous commit and `significant` set by the rule of SIGNIFICANCE_FACTOR."""
+    h = df if benchmark is None else df[df["benchmark"] == benchmark]
+    if h.empty:
+        return h.assign(change=[], significant=[])
+    keys = ["machine", "benchmark", "params"]
+    h = h.sort_values([*keys, "commit_date", "run_date"], kind="stable").copy()
+    prev = h.groupby(keys, sort=False)[["value", "ci99_low", "ci99_high"]].shift()
+    up = h["kind"].map(higher_is_better).astype(bool)
+    ratio = h["value"] / prev["value"]
+    h["change"] = ratio - 1
+    overlap = (h["ci99_low"] <= prev["ci99_high"]) & (prev["ci99_low"] <= h["ci99_high"])
+    have_ci = h[["ci99_low", "ci99_high"]].notna().all(axis=1) & prev[["ci99_low", "ci99_high"]].notna().all(axis=1)
+    beyond = (ratio > SIGNIFICANCE_FACTOR) | (ratio < 1 / SIGNIFICANCE_FACTOR)
+    h["significant"] = beyond & ~(have_ci & overlap) & prev["value"].notna()
+    worse = np.where(up, ratio < 1, ratio > 1)
+    h["direction"] = np.where(h["significant"], np.where(worse, "regression", "improvement"), "")
+    return h.reset_index(drop=True)
+
+
+def history_table(df: pd.DataFrame, benchmark: str) -> Table:
+    h = history(df, benchmark)
+    frame = pd.DataFrame({
+        "machine": h["machine"], "commit": h["commit"].str[:8],
+        "commit date": h["commit_date"].dt.strftime("%Y-%m-%d"), "params": h["params"],
+        "value": [_fmt_value(v, u) for v, u in zip(h["value"], h["unit"])],
+        "change": [f"{c:+.1%}" if pd.notna(c) else "" for c in h["change"]],
+        "flag": h["direction"], "N": h["n"],
+    })
+    return Table(f"History of {benchmark}", frame, h,
+                 [f"flag: ratio to the previous commit beyond {SIGNIFICANCE_FACTOR:.2f}x (asv compare's default "
+                  "factor) and non-overlapping 99 % confidence intervals where asv kept them"])
+
+
+def machine_comparison(df: pd.DataFrame, machine_a: str, machine_b: str) -> Table:
+    """Each benchmark on two machines, at each machine's latest commit: B / A as a speedup."""
+    last = latest(df[df["machine"].isin([machine_a, machine_b])])
+    keys = ["benchmark", "params"]
+    a = last[last["machine"] == machine_a].drop_duplicates(keys, keep="last")
+    b = last[last["machine"] == machine_b].drop_duplicates(keys, keep="last")
+    m = a.merge(b, on=keys, suffixes=("_a", "_b"))
+    pair = pd.DataFrame({
+        "value": m["value_a"], "ci99_low": m["ci99_low_a"], "ci99_high": m["ci99_high_a"], "q25": m["q25_a"], "q75": m["q75_a"],
+        "value_base": m["value_b"], "ci99_low_base": m["ci99_low_b"], "ci99_high_base": m["ci99_high_b"],
+        "q25_base": m["q25_b"], "q75_base": m["q75_b"],
+    })
+    low, high, label = _interval_bounds(pair)
+    blow, bhigh, _ = _interval_bounds(pair, "_base")
+    up = m["kind_a"].map(higher_is_better).astype(bool)
+    ratio = np.where(up, m["value_b"] / m["value_a"], m["value_a"] / m["value_b"])
+    rlow = np.where(up, blow / high, low / bhigh)
+    rhigh = np.where(up, bhigh / low, high / blow)
+    frame = pd.DataFrame({
+        "benchmark": m["benchmark"], "params": m["params"],
+        machine_a: [_fmt_value(v, u) for v, u in zip(m["value_a"], m["unit_a"])],
+        machine_b: [_fmt_value(v, u) for v, u in zip(m["value_b"], m["unit_b"])],
+        f"{machine_b} vs {machine_a}": [_fmt_ratio(r, lo, hi) for r, lo, hi in zip(ratio, rlow, rhigh)],
+        "commits": m["commit_a"].str[:8] + " / " + m["commit_b"].str[:8],
+    })
+    sources = pd.concat([a[a.set_index(keys).index.isin(m.set_index(keys).index)],
+                         b[b.set_index(keys).index.isin(m.set_index(keys).index)]])
+    return Table(f"{machine_b} versus {machine_a}", frame, sources,
+                 [f">1: {machine_b} is better; each machine at its latest commit"])
+
+
+def claims_table(df: pd.DataFrame) -> Table:
+    """Each source's published claim beside what speedlib measured (latest commit per machine)."""
+    s = speedups(latest(df))
+    rows, used = [], []
+    for c in CLAIMS:
+        hit = s[(s["technique"] == c.technique) & (s["metric"] == c.metric)
+                & (s["variant"] == c.variant) & (s["baseline"] == c.baseline)]
+        if c.measured_as == "memory ratio":  # report variant / baseline, as the claim is stated
+            hit = hit.assign(ratio=1 / hit["ratio"], ratio_low=1 / hit["ratio_high"], ratio_high=1 / hit["ratio_low"])
+        claimed = "" if c.claimed is None and c.claimed_high is None else (
+            f"{c.claimed:.3g}x" if c.claimed_high is None else
+            f"up to {c.claimed_high:.3g}x" if c.claimed is None else f"{c.claimed:.3g}x-{c.claimed_high:.3g}x")
+        if hit.empty:
+            rows.append({"technique": c.technique, "source": c.source, "claim": c.claim, "claimed": claimed,
+                         "measured as": f"{c.metric}: {c.variant} vs {c.baseline} ({c.measured_as})",
+                         "machine": "", "workload": "", "measured": "not measured yet"})
+            continue
+        used.append(hit)
+        for _, r in hit.sort_values(["machine", "workload"], kind="stable").iterrows():
+            rows.append({"technique": c.technique, "source": c.source, "claim": c.claim, "claimed": claimed,
+                         "measured as": f"{c.metric}: {c.variant} vs {c.baseline} ({c.measured_as})",
+                         "machine": f"{r['machine']} ({r['gpu']})", "workload": r["workload"],
+                         "measured": _fmt_ratio(r["ratio"], r["ratio_low"], r["ratio_high"])})
+    sources = pd.concat(used) if used else df.iloc[0:0]
+    return Table("Claims versus measured", pd.DataFrame(rows), sources,
+                 ["measured: latest commit per machine; ratio [99 % CI bounds]"])
+
+
+# --- provenance and exports --------------------------------------------------------------
+
+def reproduce_command(commit: str, benchmarks: list[str]) -> str:
+    """The command that reruns these benchmarks with the library and suite of `commit`."""
+    names = "|".join(re.escape(b) for b in sorted(set(benchmarks)))
+    return (f'git checkout {commit} && python3 -m pip install -e ".[bench]" && '
+            f"speedlib run --bench '^({names})'")
+
+
+def _statistic(kinds: set[str], n: pd.Series) -> str:
+    stat = "median of timed samples (asv)" if kinds == {"time"} else (
+        "single value per run (asv track)" if "time" not in kinds else "median (time); single value (track)")
+    low, high = int(n.min()), int(n.max())
+    return f"{stat}; N = {low}" if low == high else f"{stat}; N = {low}-{high}"
+
+
+def provenance(sources: pd.DataFrame) -> list[dict[str, str]]:
+    """One entry per result file the table draws on, with what it takes to rerun it."""
+    entries = []
+    if sources.empty:
+        return entries
+    for rid, rows in sources.groupby("result_id", sort=True):
+        r = rows.iloc[0].map(lambda v: None if not isinstance(v, list) and pd.isna(v) else v)
+        gpu = r.get("gpu_model") or f"none (CPU: {r.get('cpu_model') or 'unknown'})"
+        entries.append({
+            "result": rid,
+            "commit": r["commit"],
+            "commit date": r["commit_date"].strftime("%Y-%m-%d") if r["commit_date"] is not None else "unknown",
+            "machine": r["machine"],
+            "GPU": gpu,
+            "driver": r.get("driver") or "n/a",
+            "CUDA": f"{r['cuda']} (torch build)" if r.get("cuda") else "n/a",
+            "torch": r.get("torch") or "unknown",
+            "statistic": _statistic(set(rows["kind"]), rows["n"]),
+            "measured": str(r.get("recorded_at") or (r["run_date"].isoformat() if r["run_date"] is not None else "unknown")),
+            "command": reproduce_command(r["commit"], list(rows["benchmark"])),
+        })
+    return entries
+
+
+def _footer_lines(table: Table) -> list[str]:
+    from speedlib import __version__  # noqa: PLC0415 - avoid an import cycle at module load
+
+    lines = [f"Note: {n}" for n in table.notes]
+    entries = provenance(table.sources)
+    if not entries:
+        lines.append("Provenance: no measured results in this table.")
+    for e in entries:
+        lines.append("Provenance: " + ", ".join(f"{k} {v}" for k, v in e.items() if k != "command"))
+        lines.append(f"Reproduce: {e['command']}")
+    lines.append(f"Exported by speedlib {__version__}; cite with CITATION.cff and the lines above.")
+    return lines
+
+
+def _cells(frame: pd.DataFrame) -> list[list[str]]:
+    return [[str(c) for c in frame.columns]] + [["" if pd.isna(v) else str(v) for v in row]
+                                               for row in frame.itertuples(index=False)]
+
+
+def to_markdown(table: Table) -> str:
+    rows = [[c.replace("|", "\\|") for c in row] for row in _cells(table.frame)]
+    out = [f"## {table.title}", "", "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    out += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    out.append("")
+    for line in _footer_lines(table):
+        kind, _, text = line.partition(": ")
+        out.append(f"- {kind}: `{text}`" if kind == "Reproduce" else f"- {line}")
+    return "\n".join(out) + "\n"
+
+
+def to_csv(table: Table) -> str:
+    """The table, then the footer as '#' comment lines (pandas: read_csv(comment='#'))."""
+    body = table.frame.to_csv(index=False, lineterminator="\n")
+    return body + "".join(f"# {line}\n" for line in _footer_lines(table))
+
+
+_LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+          "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+_LATEX_RE = re.compile("|".join(re.escape(k) for k in _LATEX))
+
+
+def _tex(text: str) -> str:
+    return _LATEX_RE.sub(lambda m: _LATEX[m.group()], text)
+
+
+def to_latex(table: Table) -> str:
+    """A plain `table` environment (no package needed) with the footer in small print."""
+    rows = _cells(table.frame)
+    out = [f"% speedlib export: {table.title}", r"\begin{table}[ht]", r"\centering", r"\footnotesize",
+           r"\begin{tabular}{" + "l" * len(rows[0]) + "}", r"\hline",
+           " & ".join(_tex(c) for c in rows[0]) + r" \\", r"\hline"]
+    out += [" & ".join(_tex(c) for c in r) + r" \\" for r in rows[1:]]
+    out += [r"\hline", r"\end{tabular}", f"\\caption{{{_tex(table.title)}}}", r"\par\scriptsize"]
+    out += [_tex(line) + r"\\" for line in _footer_lines(table)]
+    out.append(r"\end{table}")
+    return "\n".join(out) + "\n"
