@@ -1,4 +1,5 @@
-"""The `speedlib` command: `run` the asv suite, print the `env` record, `report` results."""
+"""The `speedlib` command: `run` the asv suite, print the `env` record, `report` results,
+open the `dashboard`."""
 
 from __future__ import annotations
 
@@ -58,6 +59,35 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
+def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    import importlib.util  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    app = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+    if not app.is_file():
+        print(f"speedlib dashboard: no dashboard at {app}: run it from a checkout "
+              "(python3 -m pip install -e \".[dashboard]\")", file=sys.stderr)
+        return 2
+    if importlib.util.find_spec("streamlit") is None:
+        print('speedlib dashboard: Streamlit is not installed: python3 -m pip install -e ".[dashboard]"', file=sys.stderr)
+        return 2
+    results = Path(args.results).resolve()
+    if not results.is_dir():
+        print(f"speedlib dashboard: no results directory at {results}", file=sys.stderr)
+        return 2
+    # The results directory is fixed here, at start-up, and never read from the URL.
+    env = {**os.environ, "SPEEDLIB_RESULTS": str(results)}
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", args.address,
+           "--server.port", str(args.port), "--browser.gatherUsageStats", "false",
+           "--server.headless", "true" if args.no_browser else "false"]
+    print(f"speedlib dashboard: {results} on http://{args.address}:{args.port} (Ctrl+C stops it)", flush=True)
+    try:
+        return subprocess.call(cmd, env=env)
+    except KeyboardInterrupt:
+        return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="speedlib", description=__doc__)
     parser.add_argument("--version", action="version", version=f"speedlib {__version__}")
@@ -85,6 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--results", default="results", help="results directory (default: results)")
     report.add_argument("--machine", help="only this machine")
     report.set_defaults(func=_cmd_report)
+
+    dash = sub.add_parser("dashboard", help="open the Streamlit dashboard on the results")
+    dash.add_argument("--results", default=str(Path(__file__).resolve().parents[1] / "results"),
+                      help="results directory (default: this checkout's results/)")
+    dash.add_argument("--address", default="127.0.0.1",
+                      help="address to listen on (default: 127.0.0.1, this machine only)")
+    dash.add_argument("--port", type=int, default=8501, help="port (default: 8501)")
+    dash.add_argument("--no-browser", action="store_true", help="do not open a browser window")
+    dash.set_defaults(func=_cmd_dashboard)
     return parser
 
 

@@ -26,7 +26,7 @@ import pandas as pd
 from speedlib.results import COLUMNS, higher_is_better
 
 __all__ = ["Claim", "CLAIMS", "TECHNIQUES", "Table", "speedups", "speedup_table", "memory_table",
-           "floor_table", "history", "history_table", "machine_comparison", "claims_table", "latest",
+           "floor_table", "history", "history_table", "compare_machines", "machine_comparison", "bibtex", "claims_table", "latest",
            "param_columns", "provenance", "reproduce_command", "to_markdown", "to_csv", "to_latex",
            "SIGNIFICANCE_FACTOR"]
 
@@ -259,34 +259,38 @@ def history_table(df: pd.DataFrame, benchmark: str) -> Table:
                   "factor) and non-overlapping 99 % confidence intervals where asv kept them"])
 
 
-def machine_comparison(df: pd.DataFrame, machine_a: str, machine_b: str) -> Table:
-    """Each benchmark on two machines, at each machine's latest commit: B / A as a speedup."""
+def compare_machines(df: pd.DataFrame, machine_a: str, machine_b: str) -> pd.DataFrame:
+    """Each benchmark and parameter set on two machines, each at its latest commit, with
+    ratio = how much better B is than A (and its interval, as for speedups)."""
     last = latest(df[df["machine"].isin([machine_a, machine_b])])
     keys = ["benchmark", "params"]
     a = last[last["machine"] == machine_a].drop_duplicates(keys, keep="last")
     b = last[last["machine"] == machine_b].drop_duplicates(keys, keep="last")
-    m = a.merge(b, on=keys, suffixes=("_a", "_b"))
-    pair = pd.DataFrame({
-        "value": m["value_a"], "ci99_low": m["ci99_low_a"], "ci99_high": m["ci99_high_a"], "q25": m["q25_a"], "q75": m["q75_a"],
-        "value_base": m["value_b"], "ci99_low_base": m["ci99_low_b"], "ci99_high_base": m["ci99_high_b"],
-        "q25_base": m["q25_b"], "q75_base": m["q75_b"],
-    })
-    low, high, label = _interval_bounds(pair)
-    blow, bhigh, _ = _interval_bounds(pair, "_base")
-    up = m["kind_a"].map(higher_is_better).astype(bool)
-    ratio = np.where(up, m["value_b"] / m["value_a"], m["value_a"] / m["value_b"])
-    rlow = np.where(up, blow / high, low / bhigh)
-    rhigh = np.where(up, bhigh / low, high / blow)
+    m = a.merge(b, on=keys, suffixes=("", "_base"))  # B plays the baseline's part in _interval_bounds
+    low, high, label = _interval_bounds(m)
+    blow, bhigh, blabel = _interval_bounds(m, "_base")
+    up = m["kind"].map(higher_is_better).astype(bool)
+    m["ratio"] = np.where(up, m["value_base"] / m["value"], m["value"] / m["value_base"])
+    m["ratio_low"] = np.where(up, blow / high, low / bhigh)
+    m["ratio_high"] = np.where(up, bhigh / low, high / blow)
+    none = (label == "none") | (blabel == "none")
+    m.loc[none, ["ratio_low", "ratio_high"]] = np.nan
+    return m
+
+
+def machine_comparison(df: pd.DataFrame, machine_a: str, machine_b: str) -> Table:
+    """`compare_machines` as a table: B / A as a speedup (>1: B is better)."""
+    m = compare_machines(df, machine_a, machine_b)
     frame = pd.DataFrame({
         "benchmark": m["benchmark"], "params": m["params"],
-        machine_a: [_fmt_value(v, u) for v, u in zip(m["value_a"], m["unit_a"])],
-        machine_b: [_fmt_value(v, u) for v, u in zip(m["value_b"], m["unit_b"])],
-        f"{machine_b} vs {machine_a}": [_fmt_ratio(r, lo, hi) for r, lo, hi in zip(ratio, rlow, rhigh)],
-        "commits": m["commit_a"].str[:8] + " / " + m["commit_b"].str[:8],
+        machine_a: [_fmt_value(v, u) for v, u in zip(m["value"], m["unit"])],
+        machine_b: [_fmt_value(v, u) for v, u in zip(m["value_base"], m["unit"])],
+        f"{machine_b} vs {machine_a}": [_fmt_ratio(r, lo, hi) for r, lo, hi in zip(m["ratio"], m["ratio_low"], m["ratio_high"])],
+        "commits": m["commit"].str[:8] + " / " + m["commit_base"].str[:8],
     })
-    sources = pd.concat([a[a.set_index(keys).index.isin(m.set_index(keys).index)],
-                         b[b.set_index(keys).index.isin(m.set_index(keys).index)]])
-    return Table(f"{machine_b} versus {machine_a}", frame, sources,
+    last = latest(df[df["machine"].isin([machine_a, machine_b])])
+    used = last.set_index(["benchmark", "params"]).index.isin(m.set_index(["benchmark", "params"]).index)
+    return Table(f"{machine_b} versus {machine_a}", frame, last[used],
                  [f">1: {machine_b} is better; each machine at its latest commit"])
 
 
@@ -414,3 +418,23 @@ def to_latex(table: Table) -> str:
     out += [_tex(line) + r"\\" for line in _footer_lines(table)]
     out.append(r"\end{table}")
     return "\n".join(out) + "\n"
+
+
+def bibtex(cff_text: str) -> str:
+    """A BibTeX @software entry from the text of CITATION.cff (yaml.safe_load: no code runs)."""
+    import yaml  # noqa: PLC0415 - only the dashboard needs it
+
+    meta = yaml.safe_load(cff_text) or {}
+    names = []
+    for a in meta.get("authors") or []:
+        if a.get("name"):
+            names.append("{" + a["name"] + "}")  # an organisation: braces keep BibTeX from splitting it
+        else:
+            names.append(f"{a.get('family-names', '')}, {a.get('given-names', '')}".strip(", "))
+    year = str(meta.get("date-released", ""))[:4]
+    fields = {"author": " and ".join(names), "title": meta.get("title"), "version": meta.get("version"),
+              "year": year, "url": meta.get("repository-code") or meta.get("url"), "license": meta.get("license"),
+              "note": meta.get("message")}
+    key = f"speedlib{year}"
+    body = ",\n".join(f"  {k} = {{{v}}}" for k, v in fields.items() if v)
+    return f"@software{{{key},\n{body}\n}}\n"

@@ -1,0 +1,98 @@
+"""The page every technique gets: time, memory and floor tables for one machine and commit,
+charts that show every sample, and what was not measured."""
+
+from __future__ import annotations
+
+import html
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from _view import pick, pick_many, ratio_chart, results, show_problems, spread_chart, table
+from speedlib import report
+
+
+def technique_page(name: str) -> None:
+    technique = report.TECHNIQUES[name]
+    st.title(technique.title)
+    data = results()
+    show_problems(data)
+    df = data["measured"]
+    rows = df[df["technique"] == name]
+    if rows.empty:
+        st.info(f"No measured results for this technique yet. They come from benchmarks/bench_{name}.py: "
+                f"`speedlib run --bench bench_{name}` on a machine, then commit results/.")
+        _not_measured(data, name)
+        return
+    c1, c2, c3, c4 = st.columns(4)
+    with c1:
+        machine = pick("Machine", sorted(rows["machine"].unique()), key="machine")
+    rows = rows[rows["machine"] == machine]
+    commits = list(rows.sort_values("commit_date", ascending=False)["commit"].str[:8].unique())
+    with c2:
+        commit = pick("Commit (newest first)", commits, key="commit")
+    rows = rows[rows["commit"].str[:8] == commit]
+    with c3:
+        workloads = pick_many("Workloads", sorted(rows["workload"].dropna().unique()), key="workload")
+    rows = rows[rows["workload"].isin(workloads) | rows["workload"].isna()]
+    with c4:
+        baseline = pick("Baseline", sorted(rows["variant"].dropna().unique()), key="baseline", default=technique.baseline)
+    first = rows.iloc[0]
+    st.text(f"{machine}: {first['gpu']} | commit {first['commit']} ({first['commit_date']:%Y-%m-%d}) | "
+            f"torch {first['torch']} | CUDA {first['cuda']} | driver {first['driver']}")
+
+    time_tab, memory_tab, floor_tab, missing_tab = st.tabs(["Time", "Memory", "Bandwidth and floor", "Not measured"])
+    with time_tab:
+        timed = rows[rows["kind"] == "time"]
+        if timed.empty:
+            st.info("No timing benchmarks measured here.")
+        else:
+            metric = pick("Timed metric", sorted(timed["metric"].unique()), key="metric", default=technique.headline)
+            timed = timed[timed["metric"] == metric]
+            table(report.speedup_table(timed, "time", baseline))
+            st.plotly_chart(spread_chart(timed, f"{metric}: every sample"))
+            s = report.speedups(timed, baseline)
+            st.plotly_chart(ratio_chart(s[s["variant"] != baseline], "variant", "workload", f"{metric}: speedup over {baseline}"))
+    with memory_tab:
+        memory = rows[rows["kind"] == "memory"]
+        if memory.empty:
+            st.info("No memory results here (peak GPU memory is measured on GPU machines only; "
+                    "see 'Not measured').")
+        else:
+            table(report.memory_table(memory, baseline))
+            st.plotly_chart(_bars(memory, 2**-20, "peak memory (MiB)"))
+    with floor_tab:
+        floors = rows[rows["kind"] == "fraction of floor"]
+        bandwidth = rows[rows["kind"] == "bandwidth"]
+        if floors.empty and bandwidth.empty:
+            st.info("No bandwidth or floor results here.")
+        if not floors.empty:
+            table(report.floor_table(floors))
+            st.plotly_chart(_bars(floors, 1.0, html.escape(str(floors["unit"].iloc[0]))))
+        if not bandwidth.empty:
+            table(report.speedup_table(bandwidth, "bandwidth", baseline))
+    with missing_tab:
+        _not_measured(data, name, machine)
+
+
+def _bars(rows, scale: float, title: str) -> go.Figure:
+    fig = go.Figure()
+    for workload, g in rows.groupby("workload", sort=True):
+        fig.add_trace(go.Bar(x=[html.escape(str(v)) for v in g["variant"]], y=g["value"] * scale,
+                             name=html.escape(str(workload))))
+    fig.update_layout(barmode="group", height=380, yaxis_title=title, margin={"t": 30})
+    return fig
+
+
+def _not_measured(data: dict, name: str, machine: str | None = None) -> None:
+    rows = data["not_measured"]
+    rows = rows[rows["technique"] == name]
+    if machine is not None:
+        rows = rows[rows["machine"] == machine]
+    if rows.empty:
+        st.caption("Nothing was skipped or failed.")
+        return
+    st.caption("skipped: the benchmark does not apply here (no GPU, package missing); failed: it raised; "
+               "outdated: measured with an older version of the benchmark, so not comparable.")
+    st.dataframe(rows.assign(commit=rows["commit"].str[:8])[["machine", "commit", "benchmark", "params", "status"]],
+                 hide_index=True)

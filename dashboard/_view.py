@@ -1,0 +1,119 @@
+"""What every page shares: the results (fixed at start-up, cached), URL-bound filters, the
+problems banner, and the plotly charts. All numbers come from `speedlib.report`.
+
+Safety: the results directory comes from `SPEEDLIB_RESULTS` (set by `speedlib dashboard`
+when the server starts) or the repository's `results/`, never from the URL; text from result
+files is shown through st.dataframe / st.text / st.code (escaped) and plotly labels are
+HTML-escaped, so nothing from a file is rendered as HTML.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from pathlib import Path
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from speedlib import report
+from speedlib.results import load_results
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = Path(os.environ.get("SPEEDLIB_RESULTS") or ROOT / "results").resolve()
+
+
+def _signature(path: Path) -> tuple:
+    """Changes whenever a file under `path` changes, so new results show without a restart."""
+    if not path.is_dir():
+        return ()
+    return tuple(sorted((str(p.relative_to(path)), s.st_mtime_ns, s.st_size)
+                        for p in path.rglob("*") if p.is_file() for s in [p.stat()]))
+
+
+@st.cache_data(show_spinner="Reading the asv result files...")
+def _load(path: str, signature: tuple) -> dict:
+    loaded = load_results(path)
+    return {"measured": loaded.measured, "not_measured": loaded.not_measured,
+            "problems": [(p.path, p.reason) for p in loaded.problems]}
+
+
+def results() -> dict:
+    return _load(str(RESULTS), _signature(RESULTS))
+
+
+def show_problems(data: dict) -> None:
+    """Files that were skipped, one line each, behind a warning (never a traceback)."""
+    problems = data["problems"]
+    if not problems:
+        return
+    st.warning(f"{len(problems)} problem(s) while reading {RESULTS}: the affected files or results were skipped.")
+    with st.expander("What was skipped, and why"):
+        st.text("\n".join(f"{path}: {reason}" for path, reason in problems))
+
+
+def require_results(data: dict) -> pd.DataFrame | None:
+    """The measured rows, or None after saying clearly why there are none."""
+    df = data["measured"]
+    if df.empty:
+        st.info(f"No measured results in {RESULTS}. Produce some with `speedlib run` (see the README), "
+                "or start the dashboard on another directory with `speedlib dashboard --results DIR`.")
+        return None
+    return df
+
+
+def note_missing_gpu(df: pd.DataFrame) -> None:
+    if not (df["gpu"].ne("CPU only") & df["gpu"].ne("unknown")).any():
+        st.info("No GPU run is committed yet: every number here comes from a CPU machine. "
+                "GPU results appear once `speedlib run` has run on an H100 or H200 and its results/ are committed.")
+
+
+def pick(label: str, options: list, key: str, default=None):
+    """A selectbox bound to the URL (`?key=value`), so a link reproduces the view."""
+    options = list(options)
+    index = options.index(default) if default in options else 0
+    return st.selectbox(label, options, index=index, key=key, bind="query-params")
+
+
+def pick_many(label: str, options: list, key: str) -> list:
+    """A multiselect bound to the URL; empty means all."""
+    chosen = st.multiselect(label, list(options), key=key, bind="query-params", placeholder="all")
+    return chosen or list(options)
+
+
+def esc(values) -> list[str]:
+    return [html.escape(str(v)) for v in values]
+
+
+def spread_chart(rows: pd.DataFrame, title: str) -> go.Figure:
+    """Every timed sample per variant (box + points), so the spread is visible, not just a bar."""
+    fig = go.Figure()
+    for (workload, variant), g in rows.groupby(["workload", "variant"], sort=True):
+        samples = [s for lst in g["samples"] for s in lst] or list(g["value"])
+        scale, unit = (1e3, "ms") if (g["unit"] == "seconds").all() else (1.0, str(g["unit"].iloc[0]))
+        fig.add_trace(go.Box(y=[s * scale for s in samples], x=esc([workload] * len(samples)),
+                             name=html.escape(str(variant)), boxpoints="all", jitter=0.3))
+        fig.update_yaxes(title_text=html.escape(unit))
+    fig.update_layout(title=html.escape(title), boxmode="group", height=420, margin={"t": 50})
+    return fig
+
+
+def ratio_chart(s: pd.DataFrame, x: str, color: str, title: str) -> go.Figure:
+    """Ratios with their interval as error bars; the dashed line at 1 is the baseline."""
+    fig = go.Figure()
+    for name, g in s.groupby(color, sort=True):
+        fig.add_trace(go.Bar(
+            x=esc(g[x]), y=g["ratio"], name=html.escape(str(name)),
+            error_y={"type": "data", "symmetric": False, "array": (g["ratio_high"] - g["ratio"]).fillna(0),
+                     "arrayminus": (g["ratio"] - g["ratio_low"]).fillna(0)}))
+    fig.add_hline(y=1.0, line_dash="dash")
+    fig.update_layout(title=html.escape(title), barmode="group", height=420, yaxis_title="x better than baseline",
+                      margin={"t": 50})
+    return fig
+
+
+def table(t: report.Table) -> None:
+    st.dataframe(t.frame, hide_index=True)
+    for n in t.notes:
+        st.caption(n)

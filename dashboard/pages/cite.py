@@ -1,0 +1,45 @@
+"""Cite and export: a table as Markdown, CSV or LaTeX with its provenance footer, and BibTeX."""
+
+import streamlit as st
+
+from _view import ROOT, pick, pick_many, require_results, results, show_problems
+from speedlib import report
+
+st.title("Cite and export")
+data = results()
+show_problems(data)
+df = require_results(data)
+if df is None:
+    st.stop()
+KINDS = {"speedup": "Speedup (time)", "memory": "Peak memory", "floor": "Fraction of the floor", "claims": "Claims vs measured"}
+c1, c2, c3 = st.columns(3)
+with c1:
+    kind = pick("Table", list(KINDS), key="table")
+with c2:
+    machines = pick_many("Machines", sorted(df["machine"].unique()), key="machine")
+with c3:
+    techniques = pick_many("Techniques", sorted(df["technique"].unique()), key="technique")
+commits = pick("Commits", ["latest", "all"], key="commits")
+rows = df[df["machine"].isin(machines) & df["technique"].isin(techniques)]
+if commits == "latest":
+    rows = report.latest(rows)
+build = {"speedup": report.speedup_table, "memory": report.memory_table, "floor": report.floor_table,
+         "claims": report.claims_table}[kind]
+t = build(rows)
+st.subheader(KINDS[kind])
+if t.frame.empty:
+    st.info("This selection has no rows for this table (memory is measured on GPU machines only).")
+st.dataframe(t.frame, hide_index=True)
+markdown = report.to_markdown(t)
+st.caption("Each export ends with this footer: enough to rerun every number in it.")
+st.code(markdown[markdown.index("\n- ") + 1:] if "\n- " in markdown else markdown, language="markdown")
+d1, d2, d3 = st.columns(3)
+d1.download_button("Download Markdown", markdown, file_name=f"speedlib-{kind}.md", mime="text/markdown")
+d2.download_button("Download CSV", report.to_csv(t), file_name=f"speedlib-{kind}.csv", mime="text/csv")
+d3.download_button("Download LaTeX", report.to_latex(t), file_name=f"speedlib-{kind}.tex", mime="application/x-tex")
+st.subheader("BibTeX")
+cff = ROOT / "CITATION.cff"
+if cff.is_file():
+    st.code(report.bibtex(cff.read_text(encoding="utf-8")), language="bibtex")
+else:
+    st.info(f"No CITATION.cff at {cff}.")

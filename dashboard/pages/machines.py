@@ -1,0 +1,36 @@
+"""Machine comparison: the environment of every machine, and one GPU against another."""
+
+import streamlit as st
+
+from _view import pick, ratio_chart, require_results, results, show_problems, table
+from speedlib import report
+
+st.title("Machine comparison")
+data = results()
+show_problems(data)
+df = require_results(data)
+if df is None:
+    st.stop()
+newest = df.sort_values("commit_date").groupby("machine").tail(1)
+st.subheader("Machines")
+st.dataframe(newest.assign(commits=newest["machine"].map(df.groupby("machine")["commit"].nunique()),
+                           latest=newest["commit"].str[:8])[
+    ["machine", "gpu", "driver", "cuda", "torch", "cpu_model", "commits", "latest"]], hide_index=True)
+machines = sorted(df["machine"].unique())
+if len(machines) < 2:
+    st.info(f"Only {machines[0]} has results: a comparison needs a second machine "
+            "(the H100 and H200 runs come from `speedlib run` on those GPUs).")
+    st.stop()
+c1, c2 = st.columns(2)
+with c1:
+    a = pick("Machine A", machines, key="a")
+with c2:
+    b = pick("Machine B", [m for m in machines if m != a], key="b")
+t = report.machine_comparison(df, a, b)
+if t.frame.empty:
+    st.info(f"{a} and {b} share no benchmark.")
+    st.stop()
+table(t)
+ratios = report.compare_machines(df, a, b)
+st.plotly_chart(ratio_chart(ratios.assign(case=ratios["benchmark"].str.split(".").str[-1] + " " + ratios["params"],
+                                          pair=f"{b} vs {a}"), "case", "pair", f"{b} against {a} (>1: {b} better)"))

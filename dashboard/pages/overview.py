@@ -1,0 +1,41 @@
+"""Overview: the headline speedup of every technique per GPU, and the sources' claims beside them."""
+
+import streamlit as st
+
+from _view import note_missing_gpu, pick_many, ratio_chart, require_results, results, show_problems, table
+from speedlib import report
+
+st.title("speedlib: which PyTorch speed tricks pay off")
+st.caption("Each number is a median over asv's timed samples on one machine and commit, against the "
+           "technique's baseline; brackets give the 99 % interval. Every page's filters live in the URL.")
+data = results()
+show_problems(data)
+df = require_results(data)
+if df is None:
+    st.stop()
+note_missing_gpu(df)
+
+c1, c2, c3 = st.columns(3)
+c1.metric("Machines", df["machine"].nunique())
+c2.metric("Commits", df["commit"].nunique())
+c3.metric("Measured values", len(df))
+
+machines = pick_many("Machines", sorted(df["machine"].unique()), key="machine")
+last = report.latest(df[df["machine"].isin(machines)])
+st.subheader("Headline speedups (latest commit per machine)")
+shown = False
+for name, technique in report.TECHNIQUES.items():
+    rows = last[(last["technique"] == name) & (last["metric"] == technique.headline)]
+    s = report.speedups(rows)
+    s = s[s["variant"] != s["baseline"]]
+    if s.empty:
+        continue
+    shown = True
+    st.markdown(f"**{technique.title}**: `{technique.headline}`, against `{technique.baseline}`")
+    s = s.assign(label=s["machine"] + " (" + s["gpu"] + ")", case=s["workload"].fillna("") + " / " + s["variant"])
+    st.plotly_chart(ratio_chart(s, "case", "label", f"{technique.headline}: x faster than {technique.baseline}"))
+    table(report.speedup_table(rows))
+if not shown:
+    st.info("None of the selected machines has a headline result yet.")
+st.subheader("Claims of the sources versus measured")
+table(report.claims_table(df[df["machine"].isin(machines)]))

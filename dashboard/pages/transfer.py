@@ -1,0 +1,5 @@
+"""Technique page: transfer (time, memory and floor tables, with the spread of every sample)."""
+
+from _technique import technique_page
+
+technique_page("transfer")
