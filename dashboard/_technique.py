@@ -39,7 +39,7 @@ def technique_page(name: str) -> None:
         baseline = pick("Baseline", sorted(rows["variant"].dropna().unique()), key="baseline", default=technique.baseline)
     first = rows.iloc[0]
     st.text(f"{machine}: {first['gpu']} | commit {first['commit']} ({first['commit_date']:%Y-%m-%d}) | "
-            f"torch {first['torch']} | CUDA {first['cuda']} | driver {first['driver']}")
+            f"torch {first['torch']} | CUDA {first['cuda']} (torch build) | driver {first['driver'] or 'n/a'}")
 
     time_tab, memory_tab, floor_tab, missing_tab = st.tabs(["Time", "Memory", "Bandwidth and floor", "Not measured"])
     with time_tab:

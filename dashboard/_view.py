@@ -87,15 +87,19 @@ def esc(values) -> list[str]:
 
 
 def spread_chart(rows: pd.DataFrame, title: str) -> go.Figure:
-    """Every timed sample per variant (box + points), so the spread is visible, not just a bar."""
+    """Every timed sample per variant (box + points), so the spread is visible, not just a bar.
+    Log scale: workloads differ by orders of magnitude."""
     fig = go.Figure()
-    for (workload, variant), g in rows.groupby(["workload", "variant"], sort=True):
-        samples = [s for lst in g["samples"] for s in lst] or list(g["value"])
-        scale, unit = (1e3, "ms") if (g["unit"] == "seconds").all() else (1.0, str(g["unit"].iloc[0]))
-        fig.add_trace(go.Box(y=[s * scale for s in samples], x=esc([workload] * len(samples)),
-                             name=html.escape(str(variant)), boxpoints="all", jitter=0.3))
-        fig.update_yaxes(title_text=html.escape(unit))
-    fig.update_layout(title=html.escape(title), boxmode="group", height=420, margin={"t": 50})
+    scale, unit = (1e3, "ms") if (rows["unit"] == "seconds").all() else (1.0, str(rows["unit"].iloc[0]))
+    for variant, g in rows.groupby("variant", sort=True):
+        xs, ys = [], []
+        for workload, samples, value in zip(g["workload"], g["samples"], g["value"]):
+            samples = samples or [value]
+            xs += [workload] * len(samples)
+            ys += [v * scale for v in samples]
+        fig.add_trace(go.Box(x=esc(xs), y=ys, name=html.escape(str(variant)), boxpoints="all", jitter=0.3))
+    fig.update_layout(title=html.escape(title), boxmode="group", height=420, margin={"t": 50},
+                      yaxis={"type": "log", "title": html.escape(unit)})
     return fig
 
 

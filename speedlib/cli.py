@@ -40,6 +40,7 @@ def _cmd_env(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from speedlib import report  # noqa: PLC0415
     from speedlib.results import format_table, load_results  # noqa: PLC0415
 
     path = Path(args.results)
@@ -55,7 +56,20 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if df.empty:
         print("no measured results", file=sys.stderr)
         return 1
-    print(format_table(df))
+    if args.table == "results":
+        print(format_table(df))
+        return 0
+    if args.table == "history":
+        if args.benchmark not in set(df["benchmark"]):
+            print(f"speedlib report: --benchmark must name one of: {', '.join(sorted(set(df['benchmark'])))}",
+                  file=sys.stderr)
+            return 2
+        table = report.history_table(df, args.benchmark)
+    else:
+        rows = df if args.all_commits else report.latest(df)
+        table = {"speedup": report.speedup_table, "memory": report.memory_table, "floor": report.floor_table,
+                 "claims": report.claims_table}[args.table](rows)
+    print({"md": report.to_markdown, "csv": report.to_csv, "tex": report.to_latex}[args.format](table), end="")
     return 0
 
 
@@ -111,9 +125,17 @@ def build_parser() -> argparse.ArgumentParser:
     env = sub.add_parser("env", help="print this machine's environment record as JSON")
     env.set_defaults(func=_cmd_env)
 
-    report = sub.add_parser("report", help="print the measured results as a table")
+    report = sub.add_parser("report", help="print a results table (with its provenance footer)")
     report.add_argument("--results", default="results", help="results directory (default: results)")
     report.add_argument("--machine", help="only this machine")
+    report.add_argument("--table", default="results",
+                        choices=["results", "speedup", "memory", "floor", "claims", "history"],
+                        help="results: every measured value; the others as in the dashboard (default: results)")
+    report.add_argument("--format", default="md", choices=["md", "csv", "tex"],
+                        help="export format for every table but 'results' (default: md)")
+    report.add_argument("--benchmark", help="the benchmark whose history to show (--table history)")
+    report.add_argument("--all-commits", action="store_true",
+                        help="every commit, not only each machine's latest")
     report.set_defaults(func=_cmd_report)
 
     dash = sub.add_parser("dashboard", help="open the Streamlit dashboard on the results")

@@ -18,6 +18,6 @@ def test_ci_runs_the_readme_test_command():
     assert test_command in (ROOT / ".ci" / "run").read_text()
 
 
-def test_first_command_installs_and_runs_the_main_job():
+def test_first_command_installs_and_opens_the_dashboard():
     main_job = readme_commands()[0]
-    assert "pip install" in main_job and "speedlib run" in main_job
+    assert 'pip install -e ".[dashboard]"' in main_job and main_job.endswith("speedlib dashboard")

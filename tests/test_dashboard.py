@@ -1,0 +1,195 @@
+"""The Streamlit dashboard: every page under AppTest (committed, synthetic, empty and broken
+results), and one end-to-end run in a real headless Chromium driven by Playwright.
+
+The browser test needs Debian's `chromium` (never a downloaded browser) and the `playwright`
+package; `.ci/run` installs both and sets SPEEDLIB_REQUIRE_BROWSER=1, so in CI a missing
+browser fails the test instead of skipping it.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+pytest.importorskip("streamlit", reason="the dashboard extra is not installed (pip install -e '.[dashboard]')")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from speedlib import report, synthetic  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "dashboard" / "app.py"
+PAGES = ["pages/overview.py", "pages/history.py", "pages/machines.py", "pages/cite.py",
+         *[f"pages/{name}.py" for name in report.TECHNIQUES]]
+
+
+@pytest.fixture(scope="module")
+def synthetic_tree(tmp_path_factory) -> Path:
+    tree = tmp_path_factory.mktemp("results")
+    synthetic.write_results(tree, commits=3, machines=3)
+    return tree
+
+
+def app_on(results: Path, page: str, monkeypatch, **query) -> AppTest:
+    """Run `page` of the app on `results` (fixed at start-up, like `speedlib dashboard`)."""
+    monkeypatch.setenv("SPEEDLIB_RESULTS", str(results))
+    for module in ("_view", "_technique"):  # re-read the start-up setting
+        sys.modules.pop(module, None)
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.switch_page(page)  # before the first run, so no other page's widgets hold state (pages use no url_path)
+    for key, value in query.items():
+        at.query_params[key] = value
+    return at.run()
+
+
+def texts(at: AppTest) -> str:
+    parts = [e.value for kind in ("info", "warning", "markdown", "text", "caption", "title", "subheader", "code")
+             for e in getattr(at, kind)]
+    return "\n".join(str(p) for p in parts)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_on_committed_results(page, monkeypatch):
+    at = app_on(ROOT / "results", page, monkeypatch)
+    assert not at.exception, at.exception
+    assert at.title, "every page has a title"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_on_synthetic_results_with_several_gpus(page, synthetic_tree, monkeypatch):
+    at = app_on(synthetic_tree, page, monkeypatch)
+    assert not at.exception, at.exception
+    assert not at.warning  # nothing was skipped
+    if page in ("pages/overview.py", "pages/contiguous.py", "pages/machines.py", "pages/cite.py"):
+        assert at.dataframe, "the page shows a table"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_empty_results_say_so(page, tmp_path, monkeypatch):
+    at = app_on(tmp_path, page, monkeypatch)
+    assert not at.exception, at.exception
+    assert "No measured results" in texts(at)
+
+
+def test_bad_files_are_reported_not_raised(synthetic_tree, tmp_path, monkeypatch):
+    tree = tmp_path / "results"
+    shutil.copytree(synthetic_tree, tree)
+    bad = sorted((tree / "synthetic-h100").glob("*-existing-*.json"))[0]
+    bad.write_text(bad.read_text()[:300])
+    at = app_on(tree, "pages/overview.py", monkeypatch)
+    assert not at.exception
+    assert "1 problem(s)" in at.warning[0].value
+    assert bad.name in at.text[0].value and "not valid JSON" in at.text[0].value
+
+
+def test_missing_gpu_run_is_explained(monkeypatch):
+    at = app_on(ROOT / "results", "pages/overview.py", monkeypatch)
+    assert "No GPU run is committed yet" in texts(at)
+
+
+def test_filter_from_the_url(synthetic_tree, monkeypatch):
+    at = app_on(synthetic_tree, "pages/contiguous.py", monkeypatch, machine="synthetic-h200", workload="mlp")
+    shown = at.dataframe[0].value
+    assert set(shown["machine"]) == {"synthetic-h200"} and set(shown["workload"]) == {"mlp"}
+    at = app_on(synthetic_tree, "pages/cite.py", monkeypatch, machine="synthetic-h200")
+    assert set(at.dataframe[0].value["machine"]) == {"synthetic-h200"}
+
+
+def test_a_filter_value_that_does_not_exist_is_ignored(synthetic_tree, monkeypatch):
+    at = app_on(synthetic_tree, "pages/contiguous.py", monkeypatch, machine="<script>alert(1)</script>")
+    assert not at.exception and set(at.dataframe[0].value["machine"]) == {"synthetic-cpu"}
+
+
+def test_cite_page_offers_three_exports_and_bibtex(synthetic_tree, monkeypatch):
+    at = app_on(synthetic_tree, "pages/cite.py", monkeypatch, table="memory")
+    assert "Peak memory" in texts(at)
+    assert "@software{speedlib2026" in texts(at) and "Reproduce:" in texts(at)
+    assert set(at.dataframe[0].value["machine"]) <= {"synthetic-h100", "synthetic-h200"}  # memory: GPUs only
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def served(synthetic_tree, tmp_path):
+    """`speedlib dashboard` serving the synthetic results on a free localhost port."""
+    port = free_port()
+    log = (tmp_path / "streamlit.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "speedlib.cli", "dashboard", "--results", str(synthetic_tree),
+                             "--port", str(port), "--no-browser"], stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "HOME": str(tmp_path)}, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "streamlit.log").read_text()
+            time.sleep(0.3)
+        yield url
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)
+
+
+def _browser():
+    chromium = shutil.which("chromium")
+    try:
+        from playwright.sync_api import sync_playwright  # noqa: PLC0415
+    except ImportError:
+        sync_playwright = None
+    if chromium is None or sync_playwright is None:
+        why = "Debian's chromium (apt-get install chromium) and playwright are needed for the browser test"
+        if os.environ.get("SPEEDLIB_REQUIRE_BROWSER"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return chromium, sync_playwright
+
+
+def test_browser_end_to_end(served, tmp_path):
+    """Open the app, switch pages, filter through the URL, download a CSV and read it back."""
+    chromium, sync_playwright = _browser()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        try:
+            page = browser.new_page(accept_downloads=True)
+            page.goto(served)
+            page.get_by_text("Headline speedups (latest commit per machine)").wait_for(timeout=60_000)
+            page.get_by_role("link", name="History across commits").click()
+            page.get_by_role("heading", name="History across commits").wait_for(timeout=30_000)
+            assert page.url.rstrip("/").endswith("/history")
+
+            page.goto(f"{served}/contiguous?machine=synthetic-h200&workload=mlp")  # a selectbox and a multiselect
+            page.get_by_text("synthetic-h200: NVIDIA H200 (synthetic)").wait_for(timeout=60_000)
+
+            page.goto(f"{served}/cite?table=speedup&machine=synthetic-h200")
+            page.get_by_role("heading", name="Speedup (time)").wait_for(timeout=60_000)
+            with page.expect_download(timeout=30_000) as download:
+                page.get_by_role("button", name="Download CSV").click()
+            path = tmp_path / "export.csv"
+            download.value.save_as(path)
+        finally:
+            browser.close()
+    text = path.read_text()
+    table = pd.read_csv(io.StringIO(text), comment="#")
+    assert len(table) == 4 and set(table["machine"]) == {"synthetic-h200"}  # 2 workloads x 2 non-baseline variants
+    assert set(table["variant"]) == {"fused", "speedlib"} and table["speedup"].str.contains("x").all()
+    footer = [line for line in text.splitlines() if line.startswith("# ")]
+    assert any("machine synthetic-h200" in line and "GPU NVIDIA H200" in line for line in footer)
+    assert any(line.startswith("# Reproduce: git checkout ") for line in footer)

@@ -1,0 +1,208 @@
+"""speedlib.results: every asv result file -> one tidy frame; bad files skipped and reported."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from speedlib import synthetic
+from speedlib.results import COLUMNS, load_results, metric_kind
+
+ROOT = Path(__file__).resolve().parents[1]
+TIME = "bench_contiguous.OptimizerStep.time_adam_step"
+
+
+@pytest.fixture
+def tree(tmp_path) -> Path:
+    synthetic.write_results(tmp_path, commits=2, machines=2)
+    return tmp_path
+
+
+def first_result(tree: Path) -> Path:
+    return sorted((tree / "synthetic-h100").glob("*-existing-*.json"))[0]
+
+
+def edit(path: Path, change) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def snapshot(tree: Path) -> dict:
+    return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in tree.rglob("*") if p.is_file()}
+
+
+def test_tidy_frame_has_one_row_per_parameter_set(tree):
+    loaded = load_results(tree)
+    assert loaded.problems == []
+    df = loaded.measured
+    assert set(COLUMNS) <= set(df.columns)
+    # 2 machines x 2 commits x 3 benchmarks x (2 workloads x 3 variants)
+    assert len(df) == 2 * 2 * 3 * 6 and loaded.not_measured.empty
+    row = df[(df["benchmark"] == TIME) & (df["workload"] == "mlp") & (df["variant"] == "fused")].iloc[0]
+    assert row["technique"] == "contiguous" and row["suite"] == "OptimizerStep" and row["metric"] == "adam_step"
+    assert row["kind"] == "time" and row["unit"] == "seconds" and row["params"] == "workload=mlp, variant=fused"
+    assert row["n"] == 10 and len(row["samples"]) == 10
+    assert row["iqr"] == pytest.approx(row["q75"] - row["q25"])
+    assert row["ci99_low"] <= row["value"] <= row["ci99_high"]
+    assert row["gpu"].startswith("NVIDIA H100") and row["torch"] == "2.11.0+cu128" and row["driver"] == "550.54.15"
+    assert row["result_id"].startswith("synthetic-h100/") and row["commit_date"].year == 2026
+    track = df[df["kind"] == "memory"].iloc[0]
+    assert track["n"] == 1 and math.isnan(track["ci99_low"])
+
+
+def test_metric_kinds():
+    assert metric_kind("time", "seconds") == "time"
+    assert metric_kind("track", "bytes") == "memory"
+    assert metric_kind("track", "GB/s") == "bandwidth"
+    assert metric_kind("track", "samples/s") == "throughput"
+    assert metric_kind("track", "% of memory bandwidth") == "fraction of floor"
+
+
+def test_committed_results_load(tmp_path):
+    loaded = load_results(ROOT / "results")
+    df = loaded.measured
+    assert not df.empty and set(df["machine"]) >= {"cpu-2core"}
+    assert set(df["technique"]) >= {"contiguous"} and df["torch"].notna().all()
+    # peak GPU memory is skipped on a CPU machine, kept apart from the measured rows
+    skipped = loaded.not_measured
+    assert (skipped[skipped["metric"] == "peak_memory"]["status"] == "skipped").all()
+
+
+def test_loader_never_writes(tree):
+    first_result(tree).write_text("{ truncated")
+    before = snapshot(tree)
+    load_results(tree)
+    assert snapshot(tree) == before
+
+
+def test_truncated_json_is_skipped_and_reported(tree):
+    bad = first_result(tree)
+    bad.write_text(bad.read_text()[:500])
+    loaded = load_results(tree)
+    assert [p.path for p in loaded.problems] == [str(bad)]
+    assert "not valid JSON" in loaded.problems[0].reason
+    assert str(bad) not in set(loaded.measured["file"])
+    assert len(loaded.measured) == 4 * 18 - 18  # one file of 18 rows gone, the other three intact
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda d: d.update(results=[1, 2]), "'results' missing or not a dict"),
+    (lambda d: d.update(version=1), "format version 1"),
+    (lambda d: d["results"][TIME].__setitem__(0, "fast"), "neither a number nor null"),
+    (lambda d: d["results"][TIME].__setitem__(0, [1.0, 2.0]), "2 results for 6 parameter sets"),
+    (lambda d: d["results"][TIME].__setitem__(1, "mlp"), "'params' is not a list"),
+    (lambda d: d["results"][TIME].__setitem__(5, {"a": 1}), "'stats_ci_99_a' is not a list"),
+])
+def test_wrong_types_skip_the_file(tree, change, reason):
+    bad = first_result(tree)
+    edit(bad, change)
+    loaded = load_results(tree)
+    assert len(loaded.problems) == 1 and loaded.problems[0].path == str(bad)
+    assert reason in loaded.problems[0].reason
+    assert str(bad) not in set(loaded.measured["file"])
+
+
+def test_top_level_not_an_object(tree):
+    bad = first_result(tree)
+    bad.write_text("[1, 2, 3]")
+    assert "top level is list" in load_results(tree).problems[0].reason
+
+
+def test_unknown_benchmark_is_skipped_the_rest_of_the_file_kept(tree):
+    bad = first_result(tree)
+    edit(bad, lambda d: d["results"].__setitem__("bench_gone.Old.time_x", d["results"][TIME]))
+    loaded = load_results(tree)
+    assert len(loaded.problems) == 1 and "bench_gone.Old.time_x" in loaded.problems[0].reason
+    assert "not in benchmarks.json" in loaded.problems[0].reason
+    assert (loaded.measured["file"] == str(bad)).sum() == 18
+
+
+def test_missing_benchmarks_json(tree):
+    (tree / "benchmarks.json").unlink()
+    loaded = load_results(tree)
+    assert loaded.measured.empty and set(COLUMNS) <= set(loaded.measured.columns)
+    assert "benchmarks.json" in loaded.problems[0].path and "missing" in loaded.problems[0].reason
+
+
+def test_unreadable_benchmarks_json(tree):
+    (tree / "benchmarks.json").write_text("{")
+    loaded = load_results(tree)
+    assert loaded.measured.empty and "unreadable" in loaded.problems[0].reason
+
+
+def test_nan_and_null_results_are_kept_apart(tree):
+    bad = first_result(tree)
+
+    def change(d):
+        d["results"][TIME][0][0] = float("nan")  # json writes NaN, as asv does for a skip
+        d["results"][TIME][0][1] = None
+    edit(bad, change)
+    loaded = load_results(tree)
+    assert loaded.problems == []
+    apart = loaded.not_measured.set_index("params")["status"].to_dict()
+    assert apart == {"workload=mlp, variant=forloop": "skipped", "workload=mlp, variant=fused": "failed"}
+    assert loaded.measured["value"].notna().all() and len(loaded.measured) == 72 - 2
+
+
+def test_whole_benchmark_failed(tree):
+    edit(first_result(tree), lambda d: d["results"][TIME].__setitem__(0, None))
+    loaded = load_results(tree)
+    assert (loaded.not_measured["status"] == "failed").sum() == 6
+
+
+def test_older_benchmark_version_is_set_aside(tree):
+    bad = first_result(tree)
+    edit(bad, lambda d: d["results"][TIME].__setitem__(2, "0" * 64))
+    loaded = load_results(tree)
+    assert "older version" in loaded.problems[0].reason and TIME in loaded.problems[0].reason
+    outdated = loaded.not_measured
+    assert len(outdated) == 6 and (outdated["status"] == "outdated").all() and outdated["value"].notna().all()
+    assert not ((loaded.measured["file"] == str(bad)) & (loaded.measured["benchmark"] == TIME)).any()
+
+
+def test_not_a_machine_directory(tree):
+    stray = tree / "stray"
+    stray.mkdir()
+    (stray / "x.json").write_text("{}")
+    loaded = load_results(tree)
+    assert [p.path for p in loaded.problems] == [str(stray)] and len(loaded.measured) == 72
+
+
+def test_missing_directory_and_empty_directory(tmp_path):
+    assert "no results directory" in load_results(tmp_path / "nope").problems[0].reason
+    loaded = load_results(tmp_path)
+    assert loaded.measured.empty and loaded.not_measured.empty
+
+
+def test_environment_record_of_the_run_that_produced_the_result(tree):
+    """A rerun appends a second record; each result gets the record written after it started."""
+    result = first_result(tree)
+    sha = json.loads(result.read_text())["commit_hash"]
+    env_file = tree / "synthetic-h100" / "environment" / f"{sha[:8]}.jsonl"
+    first = json.loads(env_file.read_text())
+    later = {**first, "recorded_at": "2030-01-01T00:00:00+00:00", "torch": "9.9.9", "driver": "999.1"}
+    with env_file.open("a") as f:
+        f.write(json.dumps(later) + "\n")
+    df = load_results(tree).measured
+    assert set(df[df["file"] == str(result)]["torch"]) == {"2.11.0+cu128"}  # not the later run's
+    edit(result, lambda d: d["results"][TIME].__setitem__(3, 1_893_456_000_000 + 1))  # started in 2030
+    df = load_results(tree).measured
+    mine = df[df["file"] == str(result)]
+    assert set(mine[mine["benchmark"] == TIME]["torch"]) == {"9.9.9"}
+    assert set(mine[mine["benchmark"] != TIME]["torch"]) == {"2.11.0+cu128"}
+
+
+def test_missing_or_bad_environment_record(tree):
+    env_dir = tree / "synthetic-h100" / "environment"
+    files = sorted(env_dir.glob("*.jsonl"))
+    files[0].unlink()
+    files[1].write_text("not json\n" + files[1].read_text())
+    loaded = load_results(tree)
+    reasons = [p.reason for p in loaded.problems]
+    assert any("no environment record" in r for r in reasons)
+    assert any("environment record skipped" in r for r in reasons)
+    assert (loaded.measured["gpu"] == "unknown").sum() == 18
