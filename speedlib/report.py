@@ -123,6 +123,21 @@ def _interval_bounds(df: pd.DataFrame, suffix: str = "") -> tuple[pd.Series, pd.
     return low, high, label
 
 
+def _with_ratio(m: pd.DataFrame) -> None:
+    """Add ratio (how much better the unsuffixed side is than the `_base` side), its
+    interval and the interval's kind, as the module docstring describes."""
+    low, high, label = _interval_bounds(m)
+    blow, bhigh, blabel = _interval_bounds(m, "_base")
+    up = m["kind"].map(higher_is_better).astype(bool)
+    m["ratio"] = np.where(up, m["value"] / m["value_base"], m["value_base"] / m["value"])
+    m["ratio_low"] = np.where(up, low / bhigh, blow / high)
+    m["ratio_high"] = np.where(up, high / blow, bhigh / low)
+    m["interval"] = np.where(label == blabel, label, "IQR")
+    none = (label == "none") | (blabel == "none")
+    m.loc[none, ["ratio_low", "ratio_high"]] = np.nan
+    m.loc[none, "interval"] = "none"
+
+
 def speedups(df: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:
     """Every measured row beside its baseline (same machine, commit, benchmark, parameters).
 
@@ -139,16 +154,7 @@ def speedups(df: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:
     keys = ["machine", "commit", "benchmark", *params]
     merged = rows.merge(base[[*keys, "variant", "value", "ci99_low", "ci99_high", "q25", "q75"]],
                         on=keys, suffixes=("", "_base"))
-    low, high, label = _interval_bounds(merged)
-    blow, bhigh, blabel = _interval_bounds(merged, "_base")
-    up = merged["kind"].map(higher_is_better).astype(bool)
-    merged["ratio"] = np.where(up, merged["value"] / merged["value_base"], merged["value_base"] / merged["value"])
-    merged["ratio_low"] = np.where(up, low / bhigh, blow / high)
-    merged["ratio_high"] = np.where(up, high / blow, bhigh / low)
-    merged["interval"] = np.where(label == blabel, label, "IQR")
-    none = (label == "none") | (blabel == "none")
-    merged.loc[none, ["ratio_low", "ratio_high"]] = np.nan
-    merged.loc[none, "interval"] = "none"
+    _with_ratio(merged)
     return merged.rename(columns={"variant_base": "baseline", "value_base": "baseline_value"}).drop(
         columns=["ci99_low_base", "ci99_high_base", "q25_base", "q75_base"])
 
@@ -266,15 +272,8 @@ def compare_machines(df: pd.DataFrame, machine_a: str, machine_b: str) -> pd.Dat
     keys = ["benchmark", "params"]
     a = last[last["machine"] == machine_a].drop_duplicates(keys, keep="last")
     b = last[last["machine"] == machine_b].drop_duplicates(keys, keep="last")
-    m = a.merge(b, on=keys, suffixes=("", "_base"))  # B plays the baseline's part in _interval_bounds
-    low, high, label = _interval_bounds(m)
-    blow, bhigh, blabel = _interval_bounds(m, "_base")
-    up = m["kind"].map(higher_is_better).astype(bool)
-    m["ratio"] = np.where(up, m["value_base"] / m["value"], m["value"] / m["value_base"])
-    m["ratio_low"] = np.where(up, blow / high, low / bhigh)
-    m["ratio_high"] = np.where(up, bhigh / low, high / blow)
-    none = (label == "none") | (blabel == "none")
-    m.loc[none, ["ratio_low", "ratio_high"]] = np.nan
+    m = b.merge(a, on=keys, suffixes=("", "_base"))  # A is the reference, like a baseline
+    _with_ratio(m)
     return m
 
 
@@ -283,10 +282,10 @@ def machine_comparison(df: pd.DataFrame, machine_a: str, machine_b: str) -> Tabl
     m = compare_machines(df, machine_a, machine_b)
     frame = pd.DataFrame({
         "benchmark": m["benchmark"], "params": m["params"],
-        machine_a: [_fmt_value(v, u) for v, u in zip(m["value"], m["unit"])],
-        machine_b: [_fmt_value(v, u) for v, u in zip(m["value_base"], m["unit"])],
+        machine_a: [_fmt_value(v, u) for v, u in zip(m["value_base"], m["unit"])],
+        machine_b: [_fmt_value(v, u) for v, u in zip(m["value"], m["unit"])],
         f"{machine_b} vs {machine_a}": [_fmt_ratio(r, lo, hi) for r, lo, hi in zip(m["ratio"], m["ratio_low"], m["ratio_high"])],
-        "commits": m["commit"].str[:8] + " / " + m["commit_base"].str[:8],
+        "commits": m["commit_base"].str[:8] + " / " + m["commit"].str[:8],
     })
     last = latest(df[df["machine"].isin([machine_a, machine_b])])
     used = last.set_index(["benchmark", "params"]).index.isin(m.set_index(["benchmark", "params"]).index)

@@ -5,16 +5,19 @@ The end-to-end tests run real asv on one small benchmark, so they take tens of s
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
-from speedlib import cli, suite
+from speedlib import cli, suite, synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_BENCH = r"OptimizerStep.time_step\('mlp', '(speedlib|fused)'\)"
@@ -84,6 +87,24 @@ def test_report_on_missing_directory(tmp_path, capsys):
     assert "no results directory" in capsys.readouterr().err
 
 
+def test_report_tables_and_formats(tmp_path, capsys):
+    synthetic.write_results(tmp_path, commits=2, machines=2)
+    assert cli.main(["report", "--results", str(tmp_path), "--table", "speedup", "--format", "csv"]) == 0
+    out = capsys.readouterr().out
+    table = pd.read_csv(io.StringIO(out), comment="#")
+    assert set(table["machine"]) == {"synthetic-h100", "synthetic-h200"} and len(table) == 8  # latest commit only
+    assert "# Reproduce: git checkout " in out
+    assert cli.main(["report", "--results", str(tmp_path), "--table", "claims", "--format", "tex"]) == 0
+    assert r"\begin{tabular}" in capsys.readouterr().out
+    assert cli.main(["report", "--results", str(tmp_path), "--table", "history", "--benchmark", "nope"]) == 2
+    assert "--benchmark must name one of" in capsys.readouterr().err
+
+
+def test_dashboard_refuses_a_missing_results_directory(tmp_path, capsys):
+    assert cli.main(["dashboard", "--results", str(tmp_path / "nope")]) == 2
+    assert "no results directory" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_quick_run_never_writes_results(scratch_repo, tmp_path):
     out = run_cli("run", "--quick", "--bench", ONE_BENCH, cwd=scratch_repo, home=tmp_path)
@@ -122,7 +143,9 @@ def test_commit_range_results_are_read_by_asv_publish_and_compare(scratch_repo, 
     for sha in shas:
         lines = suite.environment_record_path(scratch_repo / "results", machine_dir.name, sha).read_text().splitlines()
         record = json.loads(lines[-1])
-        assert record["commit"] == sha and record["command"].startswith("speedlib run")
+        command = shlex.split(record["command"])  # the command as typed, each word once
+        assert record["commit"] == sha and command[:3] == ["speedlib", "run", "--commits"]
+        assert command[3].startswith("HEAD~1") and command[4:] == ["--bench", ONE_BENCH]
 
     env = {**os.environ, "HOME": str(tmp_path)}
     asv = [sys.executable, "-m", "asv"]

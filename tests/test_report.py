@@ -99,7 +99,8 @@ def test_history_flags_only_large_changes_outside_the_interval():
 def test_machine_comparison(df):
     m = report.compare_machines(df, "synthetic-h100", "synthetic-h200")
     r = one(m, benchmark=TIME, params="workload=resnet50, variant=fused")
-    assert r["ratio"] == pytest.approx(r["value"] / r["value_base"]) and r["ratio"] > 1  # the H200 rows are faster
+    assert r["machine"] == "synthetic-h200" and r["machine_base"] == "synthetic-h100"
+    assert r["ratio"] == pytest.approx(r["value_base"] / r["value"]) and r["ratio"] > 1  # the H200 rows are faster
     t = report.machine_comparison(df, "synthetic-h100", "synthetic-h200")
     assert len(t.frame) == 18 and set(t.sources["machine"]) == {"synthetic-h100", "synthetic-h200"}
 
