@@ -48,7 +48,7 @@ def show_problems(data: dict) -> None:
     problems = data["problems"]
     if not problems:
         return
-    st.warning(f"{len(problems)} problem(s) while reading {RESULTS}: the affected files or results were skipped.")
+    st.warning(f"{len(problems)} problem(s) while reading the results: the affected files or results were skipped.")
     with st.expander("What was skipped, and why"):
         st.text("\n".join(f"{path}: {reason}" for path, reason in problems))
 
@@ -57,8 +57,9 @@ def require_results(data: dict) -> pd.DataFrame | None:
     """The measured rows, or None after saying clearly why there are none."""
     df = data["measured"]
     if df.empty:
-        st.info(f"No measured results in {RESULTS}. Produce some with `speedlib run` (see the README), "
-                "or start the dashboard on another directory with `speedlib dashboard --results DIR`.")
+        st.info("No measured results in the results directory below. Produce some with `speedlib run` "
+                "(see the README), or start the dashboard on another one with `speedlib dashboard --results DIR`.")
+        st.code(str(RESULTS), language=None)
         return None
     return df
 

@@ -91,6 +91,23 @@ def test_bad_files_are_reported_not_raised(synthetic_tree, tmp_path, monkeypatch
     assert bad.name in at.text[0].value and "not valid JSON" in at.text[0].value
 
 
+EVIL = "[x](javascript:alert(1))<img src=x onerror=alert(2)>"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_nothing_from_a_result_file_reaches_markdown(page, tmp_path, monkeypatch):
+    """A machine or GPU name that is Markdown or HTML is shown as text, never rendered."""
+    synthetic.write_results(tmp_path, commits=2, machines=1)
+    (tmp_path / "synthetic-h100").rename(tmp_path / EVIL)
+    for record in (tmp_path / EVIL / "environment").glob("*.jsonl"):
+        record.write_text(record.read_text().replace("NVIDIA H100 80GB HBM3 (synthetic)", EVIL))
+    at = app_on(tmp_path, page, monkeypatch)
+    assert not at.exception
+    rendered = [e.value for kind in ("markdown", "info", "warning", "caption", "title", "subheader", "error")
+                for e in getattr(at, kind)]
+    assert not any("javascript:" in str(v) or "<img" in str(v) for v in rendered)
+
+
 def test_missing_gpu_run_is_explained(monkeypatch):
     at = app_on(ROOT / "results", "pages/overview.py", monkeypatch)
     assert "No GPU run is committed yet" in texts(at)

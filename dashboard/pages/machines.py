@@ -18,7 +18,7 @@ st.dataframe(newest.assign(commits=newest["machine"].map(df.groupby("machine")["
     ["machine", "gpu", "driver", "cuda", "torch", "cpu_model", "commits", "latest"]], hide_index=True)
 machines = sorted(df["machine"].unique())
 if len(machines) < 2:
-    st.info(f"Only {machines[0]} has results: a comparison needs a second machine "
+    st.info("Only one machine has results (listed above): a comparison needs a second machine "
             "(the H100 and H200 runs come from `speedlib run` on those GPUs).")
     st.stop()
 c1, c2 = st.columns(2)
@@ -28,7 +28,7 @@ with c2:
     b = pick("Machine B", [m for m in machines if m != a], key="b")
 t = report.machine_comparison(df, a, b)
 if t.frame.empty:
-    st.info(f"{a} and {b} share no benchmark.")
+    st.info("These two machines share no benchmark.")
     st.stop()
 table(t)
 ratios = report.compare_machines(df, a, b)
