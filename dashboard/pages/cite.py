@@ -32,7 +32,7 @@ if t.frame.empty:
 st.dataframe(t.frame, hide_index=True)
 markdown = report.to_markdown(t)
 st.caption("Each export ends with this footer: enough to rerun every number in it.")
-st.code(markdown[markdown.index("\n- ") + 1:] if "\n- " in markdown else markdown, language="markdown")
+st.code(markdown[markdown.index("\n- ") + 1:] if "\n- " in markdown else markdown, language="markdown", wrap_lines=True)
 d1, d2, d3 = st.columns(3)
 d1.download_button("Download Markdown", markdown, file_name=f"speedlib-{kind}.md", mime="text/markdown")
 d2.download_button("Download CSV", report.to_csv(t), file_name=f"speedlib-{kind}.csv", mime="text/csv")
@@ -40,6 +40,6 @@ d3.download_button("Download LaTeX", report.to_latex(t), file_name=f"speedlib-{k
 st.subheader("BibTeX")
 cff = ROOT / "CITATION.cff"
 if cff.is_file():
-    st.code(report.bibtex(cff.read_text(encoding="utf-8")), language="bibtex")
+    st.code(report.bibtex(cff.read_text(encoding="utf-8")), language="bibtex", wrap_lines=True)
 else:
     st.info(f"No CITATION.cff at {cff}.")
