@@ -64,6 +64,16 @@ def require_results(data: dict) -> pd.DataFrame | None:
     return df
 
 
+def page_data() -> pd.DataFrame:
+    """The measured rows, with problems shown; stops the page when there are none."""
+    data = results()
+    show_problems(data)
+    df = require_results(data)
+    if df is None:
+        st.stop()
+    return df
+
+
 def note_missing_gpu(df: pd.DataFrame) -> None:
     if not (df["gpu"].ne("CPU only") & df["gpu"].ne("unknown")).any():
         st.info("No GPU run is committed yet: every number here comes from a CPU machine. "

@@ -2,15 +2,11 @@
 
 import streamlit as st
 
-from _view import ROOT, pick, pick_many, require_results, results, show_problems
+from _view import ROOT, page_data, pick, pick_many
 from speedlib import report
 
 st.title("Cite and export")
-data = results()
-show_problems(data)
-df = require_results(data)
-if df is None:
-    st.stop()
+df = page_data()
 KINDS = {"speedup": "Speedup (time)", "memory": "Peak memory", "floor": "Fraction of the floor", "claims": "Claims vs measured"}
 c1, c2, c3 = st.columns(3)
 with c1:

@@ -5,15 +5,11 @@ import html
 import plotly.graph_objects as go
 import streamlit as st
 
-from _view import pick, pick_many, require_results, results, show_problems, table
+from _view import page_data, pick, pick_many, table
 from speedlib import report
 
 st.title("History across commits")
-data = results()
-show_problems(data)
-df = require_results(data)
-if df is None:
-    st.stop()
+df = page_data()
 timed = sorted(df[df["kind"] == "time"]["benchmark"].unique())  # a timing is the usual question
 benchmark = pick("Benchmark", sorted(df["benchmark"].unique()), key="benchmark", default=timed[0] if timed else None)
 rows = df[df["benchmark"] == benchmark]

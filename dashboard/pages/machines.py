@@ -2,15 +2,11 @@
 
 import streamlit as st
 
-from _view import pick, ratio_chart, require_results, results, show_problems, table
+from _view import page_data, pick, ratio_chart, table
 from speedlib import report
 
 st.title("Machine comparison")
-data = results()
-show_problems(data)
-df = require_results(data)
-if df is None:
-    st.stop()
+df = page_data()
 newest = df.sort_values("commit_date").groupby("machine").tail(1)
 st.subheader("Machines")
 st.dataframe(newest.assign(commits=newest["machine"].map(df.groupby("machine")["commit"].nunique()),

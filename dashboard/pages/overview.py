@@ -2,17 +2,13 @@
 
 import streamlit as st
 
-from _view import note_missing_gpu, pick_many, ratio_chart, require_results, results, show_problems, table
+from _view import note_missing_gpu, page_data, pick_many, ratio_chart, table
 from speedlib import report
 
 st.title("speedlib: which PyTorch speed tricks pay off")
 st.caption("Each number is a median over asv's timed samples on one machine and commit, against the "
            "technique's baseline; brackets give the 99 % interval. Every page's filters live in the URL.")
-data = results()
-show_problems(data)
-df = require_results(data)
-if df is None:
-    st.stop()
+df = page_data()
 note_missing_gpu(df)
 
 c1, c2, c3 = st.columns(3)
