@@ -49,10 +49,10 @@ def technique_page(name: str) -> None:
         else:
             metric = pick("Timed metric", sorted(timed["metric"].unique()), key="metric", default=technique.headline)
             timed = timed[timed["metric"] == metric]
-            table(report.speedup_table(timed, "time", baseline))
+            speedup = report.speedup_table(timed, "time", baseline)
+            table(speedup)
             st.plotly_chart(spread_chart(timed, f"{metric}: every sample"))
-            s = report.speedups(timed, baseline)
-            st.plotly_chart(ratio_chart(s[s["variant"] != baseline], "variant", "workload", f"{metric}: speedup over {baseline}"))
+            st.plotly_chart(ratio_chart(speedup.sources, "variant", "workload", f"{metric}: speedup over {baseline}"))
     with memory_tab:
         memory = rows[rows["kind"] == "memory"]
         if memory.empty:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+import speedlib
 from speedlib.results import COLUMNS, higher_is_better
 
 __all__ = ["Claim", "CLAIMS", "TECHNIQUES", "Table", "speedups", "speedup_table", "memory_table",
@@ -176,20 +177,29 @@ def _fmt_value(value: float, unit: str | None) -> str:
     return f"{value:.4g} {unit}" if unit else f"{value:.4g}"
 
 
-def _shown(df: pd.DataFrame, extra: list[str]) -> list[str]:
-    """Parameter columns that vary or mean something here, in a stable order."""
-    return [c for c in param_columns(df) if c in df and df[c].notna().any() and c not in extra]
+def _shown(df: pd.DataFrame) -> list[str]:
+    """Parameter columns (not `variant`) that hold a value here, in a stable order."""
+    return [c for c in param_columns(df) if c in df and df[c].notna().any()]
+
+
+def _against_baseline(df: pd.DataFrame, kind: str, baseline: str | None) -> pd.DataFrame:
+    """Speedups of one metric kind without the baseline's own rows, in table order."""
+    s = speedups(df[df["kind"] == kind], baseline)
+    s = s[s["variant"] != s["baseline"]]
+    return s.sort_values(["technique", "machine", "commit_date", "benchmark", *_shown(s), "variant"], kind="stable")
+
+
+def _identity(s: pd.DataFrame) -> dict:
+    """The leading columns every per-result table shows: where and what was measured."""
+    return {"machine": s["machine"], "GPU": s["gpu"], "commit": s["commit"].str[:8], "benchmark": s["benchmark"],
+            **{p: s[p] for p in _shown(s)}}
 
 
 def speedup_table(df: pd.DataFrame, kind: str = "time", baseline: str | None = None) -> Table:
     """Each variant against its baseline, per machine and commit, for one metric kind."""
-    s = speedups(df[df["kind"] == kind], baseline)
-    s = s[s["variant"] != s["baseline"]]
-    s = s.sort_values(["technique", "machine", "commit_date", "benchmark", *_shown(s, []), "variant"], kind="stable")
-    params = _shown(s, ["variant"])
+    s = _against_baseline(df, kind, baseline)
     frame = pd.DataFrame({
-        "machine": s["machine"], "GPU": s["gpu"], "commit": s["commit"].str[:8], "benchmark": s["benchmark"],
-        **{p: s[p] for p in params},
+        **_identity(s),
         "variant": s["variant"], "baseline": s["baseline"],
         "value": [_fmt_value(v, u) for v, u in zip(s["value"], s["unit"])],
         "baseline value": [_fmt_value(v, u) for v, u in zip(s["baseline_value"], s["unit"])],
@@ -203,13 +213,10 @@ def speedup_table(df: pd.DataFrame, kind: str = "time", baseline: str | None = N
 
 def memory_table(df: pd.DataFrame, baseline: str | None = None) -> Table:
     """Peak memory per variant, with the change against the baseline in percent."""
-    s = speedups(df[df["kind"] == "memory"], baseline)
-    s = s[s["variant"] != s["baseline"]]
-    s = s.sort_values(["technique", "machine", "commit_date", "benchmark", *_shown(s, []), "variant"], kind="stable")
+    s = _against_baseline(df, "memory", baseline)
     change = (s["value"] / s["baseline_value"] - 1) * 100
     frame = pd.DataFrame({
-        "machine": s["machine"], "GPU": s["gpu"], "commit": s["commit"].str[:8], "benchmark": s["benchmark"],
-        **{p: s[p] for p in _shown(s, ["variant"])},
+        **_identity(s),
         "variant": s["variant"], "baseline": s["baseline"],
         "peak": [_fmt_value(v, "bytes") for v in s["value"]],
         "baseline peak": [_fmt_value(v, "bytes") for v in s["baseline_value"]],
@@ -222,8 +229,7 @@ def floor_table(df: pd.DataFrame) -> Table:
     """Benchmarks that report their result as a fraction of a physical floor."""
     s = df[df["kind"] == "fraction of floor"].sort_values(["technique", "machine", "commit_date", "benchmark"], kind="stable")
     frame = pd.DataFrame({
-        "machine": s["machine"], "GPU": s["gpu"], "commit": s["commit"].str[:8], "benchmark": s["benchmark"],
-        **{p: s[p] for p in _shown(s, [])},
+        **_identity(s), **({"variant": s["variant"]} if "variant" in s else {}),
         "achieved": [f"{v:.1f} %" for v in s["value"]], "of": s["unit"].str.removeprefix("% of "), "N": s["n"],
     })
     return Table("Fraction of the physical floor", frame.reset_index(drop=True), s,
@@ -362,8 +368,6 @@ def provenance(sources: pd.DataFrame) -> list[dict[str, str]]:
 
 
 def _footer_lines(table: Table) -> list[str]:
-    from speedlib import __version__  # noqa: PLC0415 - avoid an import cycle at module load
-
     lines = [f"Note: {n}" for n in table.notes]
     entries = provenance(table.sources)
     if not entries:
@@ -371,7 +375,7 @@ def _footer_lines(table: Table) -> list[str]:
     for e in entries:
         lines.append("Provenance: " + ", ".join(f"{k} {v}" for k, v in e.items() if k != "command"))
         lines.append(f"Reproduce: {e['command']}")
-    lines.append(f"Exported by speedlib {__version__}; cite with CITATION.cff and the lines above.")
+    lines.append(f"Exported by speedlib {speedlib.__version__}; cite with CITATION.cff and the lines above.")
     return lines
 
 

@@ -184,7 +184,7 @@ def _rows_of(path: Path, data: dict, machine: str, benchmarks: dict, problems: l
                 "kind": kind,
                 "params": ", ".join(f"{n}={_strip(v)}" for n, v in zip(names, combo)),
                 **{n: _strip(v) for n, v in zip(names, combo)},
-                "value": float(value) if status in ("measured", "outdated") and value is not None and not math.isnan(value) else math.nan,
+                "value": math.nan if value is None else float(value),  # skipped is NaN already
                 "unit": meta.get("unit"),
                 "q25": q25, "q75": q75, "iqr": q75 - q25,
                 "ci99_low": _stat(record, "stats_ci_99_a", i),

@@ -74,6 +74,7 @@ def test_tables_leave_out_the_baseline_row(df):
     assert m.frame["change"].str.endswith("%").all() and m.frame["peak"].str.endswith("MiB").all()
     f = report.floor_table(df)
     assert set(f.frame["of"]) == {"memory bandwidth"}
+    assert set(f.frame["variant"]) == {"forloop", "fused", "speedlib"}  # rows tell their variant apart
 
 
 def _history_rows(values, ci_halfwidth):

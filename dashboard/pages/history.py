@@ -19,7 +19,8 @@ with c1:
 with c2:
     params = pick_many("Parameters", sorted(rows["params"].unique()), key="params")
 rows = rows[rows["machine"].isin(machines) & rows["params"].isin(params)]
-h = report.history(rows)
+history = report.history_table(rows, benchmark)
+h = history.sources  # the rows with their change and flag
 if h["commit"].nunique() < 2:
     st.info("Only one commit is measured for this selection: a history needs two or more "
             "(`speedlib run --commits A..B` measures a range).")
@@ -36,4 +37,4 @@ for (machine, label), g in h.groupby(["machine", "params"], sort=True):
 fig.update_layout(height=460, xaxis_title="commit date", yaxis_title=html.escape(unit), margin={"t": 30})
 st.plotly_chart(fig)
 st.caption("x markers: significant change against the previous commit. Error bars: asv's 99 % confidence interval.")
-table(report.history_table(rows, benchmark))
+table(history)

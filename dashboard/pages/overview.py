@@ -22,15 +22,15 @@ st.subheader("Headline speedups (latest commit per machine)")
 shown = False
 for name, technique in report.TECHNIQUES.items():
     rows = last[(last["technique"] == name) & (last["metric"] == technique.headline)]
-    s = report.speedups(rows)
-    s = s[s["variant"] != s["baseline"]]
+    speedup = report.speedup_table(rows)
+    s = speedup.sources  # the ratios behind the table, without the baseline's own rows
     if s.empty:
         continue
     shown = True
     st.markdown(f"**{technique.title}**: `{technique.headline}`, against `{technique.baseline}`")
     s = s.assign(label=s["machine"] + " (" + s["gpu"] + ")", case=s["workload"].fillna("") + " / " + s["variant"])
     st.plotly_chart(ratio_chart(s, "case", "label", f"{technique.headline}: x faster than {technique.baseline}"))
-    table(report.speedup_table(rows))
+    table(speedup)
 if not shown:
     st.info("None of the selected machines has a headline result yet.")
 st.subheader("Claims of the sources versus measured")
