@@ -63,10 +63,12 @@ def timer() -> float:
     return time.perf_counter()
 
 
-def peak_memory(fn: Callable[[], object], dev: torch.device | str) -> int:
+def peak_memory(fn: Callable[[], object], dev: torch.device | str, above_start: bool = False) -> int:
     """Peak bytes allocated on the CUDA device `dev` while `fn()` runs.
 
     The counter is reset first, so earlier allocations of the process do not count.
+    above_start: subtract what was allocated when `fn` started (parameters, optimizer
+    state, ...), leaving the memory `fn` itself needed at its peak.
     Raises NotImplementedError on other devices: asv records that as a skip.
     """
     dev = torch.device(dev)
@@ -74,9 +76,10 @@ def peak_memory(fn: Callable[[], object], dev: torch.device | str) -> int:
         raise NotImplementedError(f"peak device memory is only tracked on CUDA, not {dev.type}")
     synchronize(dev)
     torch.cuda.reset_peak_memory_stats(dev)
+    start = torch.cuda.memory_allocated(dev) if above_start else 0
     fn()
     synchronize(dev)
-    return int(torch.cuda.max_memory_allocated(dev))
+    return int(torch.cuda.max_memory_allocated(dev)) - start
 
 
 def saved_tensor_bytes(fn: Callable[[], object], exclude: Iterable[torch.Tensor] = ()) -> int:

@@ -9,13 +9,18 @@ only the batch that forward and backward see is smaller.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-__all__ = ["Workload", "WORKLOADS", "get", "default_size", "mlp", "resnet50"]
+from speedlib import checkpoint as cp
+
+__all__ = ["Workload", "WORKLOADS", "get", "default_size", "mlp", "resnet50", "densenet_bc", "densenet121",
+           "transformer", "set_checkpointing", "CHECKPOINT_VARIANTS"]
 
 SIZES = ("small", "full")
 
@@ -43,6 +48,12 @@ class Workload:
         x = torch.randn(self.input_shape, generator=gen)
         y = torch.randint(0, self.num_classes, (self.input_shape[0],), generator=gen)
         return x.to(device), y.to(device)
+
+    def with_batch(self, batch: int) -> Workload:
+        """The same workload at another batch size."""
+        if batch < 1:
+            raise ValueError(f"batch must be positive, got {batch}")
+        return dataclasses.replace(self, input_shape=(batch, *self.input_shape[1:]))
 
     @staticmethod
     def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -80,7 +91,157 @@ def resnet50(size: str = "full") -> Workload:
     return Workload("resnet50", size, _resnet50_model, shape, 1000)
 
 
-WORKLOADS: dict[str, Callable[[str], Workload]] = {"mlp": mlp, "resnet50": resnet50}
+# --- DenseNets and a transformer: the checkpointing workloads ---------------------------
+#
+# Every checkpointable piece carries a `checkpoint_variant` attribute that
+# `set_checkpointing` sets, so one model object runs every variant of the checkpoint
+# benchmark and the state_dict never depends on the variant.
+
+CHECKPOINT_VARIANTS = ("none", *cp.SEGMENT_VARIANTS[1:], "sequential")
+
+
+@functools.cache
+def _dense_layer_class() -> type[nn.Module]:
+    # Built on first use: torchvision is heavy. torchvision's layer already separates the
+    # bottleneck (concatenation + BN + ReLU + 1x1 conv) that efficient DenseNet checkpoints;
+    # this subclass only chooses which checkpoint runs it.
+    from torchvision.models import densenet  # noqa: PLC0415
+
+    class DenseLayer(densenet._DenseLayer):
+        checkpoint_variant = "none"
+
+        def call_checkpoint_bottleneck(self, inputs: list[torch.Tensor]) -> torch.Tensor:
+            params = (*self.norm1.parameters(), *self.conv1.parameters())
+            return cp.run_segment(self.checkpoint_variant, lambda *f: self.bn_function(list(f)), *inputs,
+                                  params=params)
+
+    return DenseLayer
+
+
+def _densenet_for_checkpointing(model: nn.Module) -> nn.Module:
+    """Make a torchvision DenseNet's layers and feature stack checkpointable, in place."""
+    layer_cls = _dense_layer_class()
+    for m in model.modules():
+        if type(m).__name__ == "_DenseLayer":
+            m.__class__ = layer_cls
+    model.features.__class__ = cp.CheckpointedSequential
+    # speedlib's BatchNorm: each step counted once whichever checkpoint reruns the layer.
+    return cp.convert_batchnorm(model)
+
+
+def _densenet_bc_model(depth: int, growth_rate: int, efficient: bool) -> nn.Module:
+    import torchvision  # noqa: PLC0415
+
+    layers = (depth - 4) // 6  # 3 blocks of bottleneck layers (2 convs each) + 4 other layers
+    model = torchvision.models.DenseNet(growth_rate=growth_rate, block_config=(layers,) * 3,
+                                        num_init_features=2 * growth_rate, bn_size=4, drop_rate=0.0,
+                                        num_classes=10)
+    # The CIFAR stem of DenseNet-BC: one 3x3 convolution at full resolution, no pooling.
+    model.features.conv0 = nn.Conv2d(3, 2 * growth_rate, kernel_size=3, padding=1, bias=False)
+    nn.init.kaiming_normal_(model.features.conv0.weight)
+    del model.features.norm0, model.features.relu0, model.features.pool0
+    _densenet_for_checkpointing(model)
+    return set_checkpointing(model, "speedlib" if efficient else "none")
+
+
+def _densenet121_model() -> nn.Module:
+    import torchvision  # noqa: PLC0415
+
+    return _densenet_for_checkpointing(torchvision.models.densenet121(weights=None))
+
+
+class TransformerBlock(nn.TransformerEncoderLayer):
+    """A pre-norm encoder block whose forward runs under its `checkpoint_variant`."""
+
+    checkpoint_variant = "none"
+
+    def forward(self, src: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        if self.checkpoint_variant == "none" or not torch.is_grad_enabled():
+            return super().forward(src)
+        return cp.run_segment(self.checkpoint_variant, super().forward, src, params=tuple(self.parameters()))
+
+
+class _MeanPoolClassifier(nn.Module):
+    def __init__(self, width: int, num_classes: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.fc = nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.norm(x.mean(dim=1)))
+
+
+def _transformer_model(layers: int = 6, width: int = 512, heads: int = 8) -> nn.Module:
+    blocks = [TransformerBlock(width, heads, 4 * width, dropout=0.1, batch_first=True, norm_first=True)
+              for _ in range(layers)]
+    # The input projection makes the first block's input require grad, as a token
+    # embedding would: reentrant checkpoint drops the gradients of a segment whose inputs
+    # do not (it warns "None of the inputs have requires_grad=True").
+    return cp.CheckpointedSequential(nn.Linear(width, width), *blocks, _MeanPoolClassifier(width, 10))
+
+
+def densenet_bc(size: str = "full", *, depth: int = 100, growth_rate: int = 12, efficient: bool = False) -> Workload:
+    """The CIFAR DenseNet-BC of the efficient-DenseNet tables (depth 100, k = 12: 0.77M parameters).
+
+    efficient=True checkpoints each layer's bottleneck (concatenation + BN + ReLU + 1x1
+    conv) with speedlib's checkpoint; both settings have one state_dict layout, and
+    `set_checkpointing` switches an existing model. full: batch 64 at 32 x 32 (the source's
+    tables also use 256: `with_batch`); small: batch 16.
+    """
+    _check_size(size)
+    if depth < 10 or (depth - 4) % 6:
+        raise ValueError(f"DenseNet-BC depth must be 6n + 4 (n >= 1), got {depth}")
+    if growth_rate < 1:
+        raise ValueError(f"growth_rate must be positive, got {growth_rate}")
+    shape = (64, 3, 32, 32) if size == "full" else (16, 3, 32, 32)
+    build = functools.partial(_densenet_bc_model, depth, growth_rate, efficient)
+    return Workload("densenet_bc", size, build, shape, 10)
+
+
+def densenet121(size: str = "full") -> Workload:
+    """torchvision DenseNet-121 (8.0M parameters). full: batch 64 at 224 x 224; small: batch 4 at 64 x 64."""
+    _check_size(size)
+    shape = (64, 3, 224, 224) if size == "full" else (4, 3, 64, 64)
+    return Workload("densenet121", size, _densenet121_model, shape, 1000)
+
+
+def transformer(size: str = "full") -> Workload:
+    """An input projection and 6 pre-norm encoder blocks, width 512, 8 heads, dropout 0.1
+    (19.2M parameters), on random embeddings. full: batch 32 x 256 tokens; small: batch 4 x 32 tokens."""
+    _check_size(size)
+    shape = (32, 256, 512) if size == "full" else (4, 32, 512)
+    return Workload("transformer", size, _transformer_model, shape, 10)
+
+
+def set_checkpointing(model: nn.Module, variant: str) -> nn.Module:
+    """Switch a workload model to one checkpoint variant (in place; returns `model`).
+
+    none: nothing rerun. reentrant / non_reentrant: torch.utils.checkpoint per layer
+    (DenseNet: each bottleneck; transformer: each block). speedlib: speedlib.checkpoint on
+    the same segments. sequential: torch.utils.checkpoint.checkpoint_sequential over the
+    model's feature stack in ceil(sqrt(n)) segments.
+    """
+    if variant not in CHECKPOINT_VARIANTS:
+        raise ValueError(f"unknown checkpoint variant {variant!r}; expected one of {CHECKPOINT_VARIANTS}")
+    found = False
+    for m in model.modules():
+        if isinstance(m, cp.CheckpointedSequential):
+            m.checkpoint_variant = variant if variant == "sequential" else "none"
+            found = True
+        elif hasattr(m, "checkpoint_variant"):
+            m.checkpoint_variant = "none" if variant == "sequential" else variant
+            if hasattr(m, "memory_efficient"):  # torchvision's DenseNet layer only checkpoints when set
+                m.memory_efficient = m.checkpoint_variant != "none"
+            found = True
+    if not found:
+        raise ValueError(f"{type(model).__name__} has no checkpointable parts; use a densenet or transformer workload")
+    return model
+
+
+WORKLOADS: dict[str, Callable[[str], Workload]] = {
+    "mlp": mlp, "resnet50": resnet50, "densenet_bc": densenet_bc, "densenet121": densenet121,
+    "transformer": transformer,
+}
 
 
 def _check_size(size: str) -> None:

@@ -55,3 +55,47 @@ def test_bad_names_are_clear_errors():
         workloads.get("vgg")
     with pytest.raises(ValueError, match="unknown workload size 'huge'"):
         workloads.resnet50("huge")
+
+
+def test_densenet_bc_100_is_the_papers_model_and_efficient_shares_its_layout():
+    plain, efficient = workloads.densenet_bc("small"), workloads.densenet_bc("small", efficient=True)
+    a, b = plain.model(seed=1), efficient.model(seed=1)
+    # DenseNet-BC (L=100, k=12): 0.8M parameters in Huang et al.'s table.
+    assert sum(p.numel() for p in a.parameters()) == 769_162
+    assert a.state_dict().keys() == b.state_dict().keys()
+    assert all(torch.equal(a.state_dict()[k], b.state_dict()[k]) for k in a.state_dict())
+    b.load_state_dict(a.state_dict())  # weights move between the two settings
+    layers = [m for m in b.modules() if hasattr(m, "memory_efficient")]
+    assert len(layers) == 48 and all(m.memory_efficient and m.checkpoint_variant == "speedlib" for m in layers)
+    assert a.features.conv0.kernel_size == (3, 3) and not hasattr(a.features, "pool0")  # CIFAR stem
+
+
+def test_densenet_bc_validates_its_shape():
+    with pytest.raises(ValueError, match="6n \\+ 4"):
+        workloads.densenet_bc(depth=50)
+    with pytest.raises(ValueError, match="growth_rate"):
+        workloads.densenet_bc(growth_rate=0)
+    small = workloads.densenet_bc("small", depth=16, growth_rate=4)
+    assert sum(1 for m in small.model().modules() if hasattr(m, "memory_efficient")) == 6
+
+
+def test_densenet121_and_transformer_sizes():
+    assert sum(p.numel() for p in workloads.densenet121("small").model().parameters()) == 7_978_856
+    full, small = workloads.transformer("full"), workloads.transformer("small")
+    assert full.input_shape == (32, 256, 512) and small.input_shape[0] < 32
+    assert sum(p.numel() for p in small.model().parameters()) == 19_183_114
+    assert full.with_batch(8).input_shape == (8, 256, 512)
+    with pytest.raises(ValueError, match="batch must be positive"):
+        full.with_batch(0)
+
+
+def test_set_checkpointing_switches_and_rejects():
+    model = workloads.transformer("small").model()
+    workloads.set_checkpointing(model, "sequential")
+    assert model.checkpoint_variant == "sequential" and model[1].checkpoint_variant == "none"
+    workloads.set_checkpointing(model, "reentrant")
+    assert model.checkpoint_variant == "none" and model[1].checkpoint_variant == "reentrant"
+    with pytest.raises(ValueError, match="unknown checkpoint variant 'magic'"):
+        workloads.set_checkpointing(model, "magic")
+    with pytest.raises(ValueError, match="no checkpointable parts"):
+        workloads.set_checkpointing(workloads.mlp().model(), "speedlib")

@@ -1,0 +1,303 @@
+"""speedlib.checkpoint: every variant trains exactly like no checkpointing.
+
+Bitwise equality is expected and asserted on CPU: a rerun executes the same kernels on the
+same inputs with the same random numbers, and each gradient is computed by the same
+backward kernel whichever checkpoint asked for it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
+
+from speedlib import measure, workloads
+from speedlib.checkpoint import (BatchNorm2d, ForgottenParameterError, checkpoint, convert_batchnorm, in_backward,
+                                 run_segment)
+
+STEPS = 3
+CHECKPOINTED = [v for v in workloads.CHECKPOINT_VARIANTS if v != "none"]
+
+
+def _train(workload: str, variant: str, steps: int = STEPS, batch: int | None = None):
+    """Train `steps` SGD steps with a fixed seed; the final state_dict and last gradients."""
+    wl = workloads.get(workload, "cpu")
+    if batch:
+        wl = wl.with_batch(batch)
+    model = workloads.set_checkpointing(wl.model(seed=0), variant)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    torch.manual_seed(1)  # dropout draws from here
+    for step in range(steps):
+        x, y = wl.batch(seed=step)
+        opt.zero_grad()
+        wl.loss(model(x), y).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        opt.step()
+    return model.state_dict(), grads
+
+
+def _assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{k} differs by {(a[k].double() - b[k].double()).abs().max().item()}"
+
+
+@pytest.fixture(scope="module")
+def baselines():
+    return {}
+
+
+@pytest.mark.parametrize("variant", CHECKPOINTED)
+@pytest.mark.parametrize("workload, batch", [("densenet_bc", 4), ("densenet121", 2), ("transformer", None)])
+def test_variants_train_exactly_like_no_checkpointing(baselines, workload, batch, variant):
+    """Parameters, gradients and BatchNorm running mean, var and num_batches_tracked after
+    N steps (state_dict holds them all). The transformer has dropout 0.1, so this is the
+    dropout-equality test for every variant as well."""
+    if workload not in baselines:
+        baselines[workload] = _train(workload, "none", batch=batch)
+    state, grads = _train(workload, variant, batch=batch)
+    _assert_same(baselines[workload][1], grads)
+    _assert_same(baselines[workload][0], state)
+    counters = [v for k, v in state.items() if k.endswith("num_batches_tracked")]
+    assert all(int(c) == STEPS for c in counters)  # once per step, also under torch's checkpoints
+    assert bool(counters) == workload.startswith("densenet")  # the transformer has no BatchNorm
+
+
+def _bn_net() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 1))
+
+
+def _bn_steps(run, convert: bool, input_requires_grad: bool = True, steps: int = STEPS) -> nn.Module:
+    net = _bn_net()
+    if convert:
+        convert_batchnorm(net)
+    for i in range(steps):
+        x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(i), requires_grad=input_requires_grad)
+        run(net, x).sum().backward()
+    return net
+
+
+TORCH_VARIANTS = {
+    "reentrant": lambda m, x: torch_checkpoint(m, x, use_reentrant=True),
+    "non_reentrant": lambda m, x: torch_checkpoint(m, x, use_reentrant=False),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(TORCH_VARIANTS))
+def test_pytorch_checkpoint_updates_plain_batchnorm_twice(variant):
+    """Documents the open PyTorch bug speedlib works around: a plain nn.BatchNorm under
+    torch.utils.checkpoint counts every step twice and moves its running stats twice.
+    If this starts failing, PyTorch fixed it: update speedlib/checkpoint.py's docstring."""
+    plain = _bn_steps(lambda m, x: m(x), convert=False)[1]
+    twice = _bn_steps(TORCH_VARIANTS[variant], convert=False)[1]
+    assert int(plain.num_batches_tracked) == STEPS
+    assert int(twice.num_batches_tracked) == 2 * STEPS
+    assert not torch.allclose(plain.running_mean, twice.running_mean)
+
+
+@pytest.mark.parametrize("variant", [*sorted(TORCH_VARIANTS), "speedlib"])
+@pytest.mark.parametrize("input_requires_grad", [True, False])
+def test_speedlib_batchnorm_updates_once_under_every_checkpoint(variant, input_requires_grad):
+    if variant == "reentrant" and not input_requires_grad:
+        pytest.skip("reentrant checkpoint computes no gradients at all when no input requires grad")
+    run = TORCH_VARIANTS.get(variant, lambda m, x: checkpoint(m, x))
+    plain = _bn_steps(lambda m, x: m(x), convert=False, input_requires_grad=input_requires_grad)[1]
+    once = _bn_steps(run, convert=True, input_requires_grad=input_requires_grad)[1]
+    assert isinstance(once, BatchNorm2d)
+    assert int(once.num_batches_tracked) == STEPS
+    assert torch.equal(plain.running_mean, once.running_mean) and torch.equal(plain.running_var, once.running_var)
+
+
+def test_speedlib_batchnorm_with_momentum_none_and_eval_mode():
+    """Cumulative averages (momentum=None) depend on the count, so a double count would show."""
+    plain, once = nn.BatchNorm1d(3, momentum=None), convert_batchnorm(nn.BatchNorm1d(3, momentum=None))
+    for i in range(STEPS):
+        x = torch.randn(5, 3, generator=torch.Generator().manual_seed(i), requires_grad=True)
+        plain(x).sum().backward()
+        checkpoint(once, x).sum().backward()
+    assert torch.equal(plain.running_mean, once.running_mean) and int(once.num_batches_tracked) == STEPS
+    once.eval()
+    x = torch.randn(4, 3)
+    assert torch.equal(plain.eval()(x), once(x))
+
+
+def test_convert_batchnorm_keeps_parameters_and_state_dict():
+    net = _bn_net()
+    weight, keys = net[1].weight, net.state_dict().keys()
+    assert convert_batchnorm(net) is net
+    assert type(net[1]) is BatchNorm2d and net[1].weight is weight and net.state_dict().keys() == keys
+
+
+def test_in_backward_is_true_only_during_backward():
+    seen = []
+    x = torch.ones(2, requires_grad=True)
+    y = x * 2
+    y.register_hook(lambda g: seen.append(in_backward()))
+    assert not in_backward()
+    y.sum().backward()
+    assert seen == [True] and not in_backward()
+
+
+def _dropout_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 8), nn.Dropout(0.5))
+
+
+def _grads(run, preserve: bool = True) -> list[torch.Tensor]:
+    net = _dropout_net()
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    torch.manual_seed(2)
+    run(net, x, preserve).sum().backward()
+    return [x.grad, *(p.grad for p in net.parameters())]
+
+
+def test_dropout_sees_the_same_mask_on_the_rerun():
+    plain = _grads(lambda m, x, _: m(x))
+    same = _grads(lambda m, x, keep: checkpoint(m, x, preserve_rng_state=keep))
+    assert all(torch.equal(a, b) for a, b in zip(plain, same))
+    # The check can fail: without restoring the RNG state the rerun draws a new mask.
+    other = _grads(lambda m, x, keep: checkpoint(m, x, preserve_rng_state=keep), preserve=False)
+    assert not all(torch.equal(a, b) for a, b in zip(plain, other))
+
+
+def test_multiple_outputs_inputs_without_grad_and_non_tensor_inputs():
+    lin = nn.Linear(4, 4)
+
+    def segment(x, mask, scale, label):
+        assert label == "tag"
+        h = lin(x) * mask * scale
+        return h.relu(), h.sum(dim=1), torch.argmax(h, dim=1)
+
+    x = torch.randn(3, 4, requires_grad=True)
+    mask = torch.tensor([1.0, 0.0, 1.0, 1.0])  # requires no grad
+    a, s, idx = segment(x, mask, 2.0, "tag")
+    ((a ** 2).sum() + s.sum()).backward()
+    expected = [x.grad.clone(), lin.weight.grad.clone(), lin.bias.grad.clone()]
+    x.grad = lin.weight.grad = lin.bias.grad = None
+
+    a2, s2, idx2 = checkpoint(segment, x, mask, 2.0, "tag", params=lin.parameters())
+    assert torch.equal(a, a2) and torch.equal(s, s2) and torch.equal(idx, idx2) and not idx2.requires_grad
+    ((a2 ** 2).sum() + s2.sum()).backward()
+    assert all(torch.equal(e, g) for e, g in zip(expected, [x.grad, lin.weight.grad, lin.bias.grad]))
+    assert mask.grad is None
+
+
+def test_an_unused_output_gets_no_gradient_and_breaks_nothing():
+    lin = nn.Linear(4, 4)
+    x = torch.randn(3, 4, requires_grad=True)
+    used, _unused = checkpoint(lambda t: (lin(t), lin(t) * 3), x, params=lin.parameters())
+    used.sum().backward()
+    assert torch.equal(lin.weight.grad, x.sum(0).expand(4, 4))
+
+
+def test_a_forgotten_parameter_is_an_error_not_a_missing_gradient():
+    lin = nn.Linear(4, 4)
+    x = torch.randn(3, 4, requires_grad=True)
+    out = checkpoint(lambda t: lin(t), x, params=())
+    with pytest.raises(ForgottenParameterError, match="requires grad but was passed neither"):
+        out.sum().backward()
+    # A module names what was left out.
+    out = checkpoint(lin, x, params=[lin.weight])
+    with pytest.raises(ForgottenParameterError, match="parameter 'bias'"):
+        out.sum().backward()
+
+
+def test_bad_calls_are_clear_errors():
+    with pytest.raises(TypeError, match="pass params="):
+        checkpoint(lambda t: t * 2, torch.ones(2, requires_grad=True))
+    with pytest.raises(TypeError, match="params must be tensors"):
+        checkpoint(lambda t: t, torch.ones(2), params=[3])
+    with pytest.raises(TypeError, match="tensor or a tuple of tensors"):
+        checkpoint(lambda t: (t, "text"), torch.ones(2, requires_grad=True), params=())
+    with pytest.raises(ValueError, match="unknown segment checkpoint variant"):
+        run_segment("magic", lambda t: t, torch.ones(1), params=())
+
+
+def test_a_parameter_changed_in_place_before_backward_is_caught():
+    lin = nn.Linear(4, 4)
+    out = checkpoint(lin, torch.randn(2, 4))
+    with torch.no_grad():
+        lin.weight.add_(1.0)  # an optimizer step between forward and backward
+    with pytest.raises(RuntimeError, match="modified in place"):
+        out.sum().backward()
+
+
+def test_gradients_survive_saved_tensor_offloading():
+    """Saved-tensor hooks (here an identity pair, like torch's save_on_cpu) hand back
+    copies of what was saved; the gradients must still reach the real parameters."""
+    lin = nn.Linear(4, 4)
+    x = torch.randn(3, 4, requires_grad=True)
+    lin(x).sum().backward()
+    expected = lin.weight.grad.clone()
+    lin.weight.grad = None
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
+        checkpoint(lin, x).sum().backward()
+    assert torch.equal(expected, lin.weight.grad)
+
+
+def test_autocast_state_is_used_for_the_rerun():
+    lin = nn.Linear(8, 8)
+    x = torch.randn(4, 8, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = lin(x)
+    plain.float().sum().backward()
+    expected = lin.weight.grad.clone()
+    lin.weight.grad = None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = checkpoint(lin, x)
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()  # backward outside autocast: the rerun must re-enter it
+    assert torch.equal(expected, lin.weight.grad)
+
+
+def test_checkpointing_keeps_only_the_segment_inputs():
+    """The point of it all, exactly: a checkpointed stack saves its input, nothing inside."""
+    net = nn.Sequential(*(nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(4)))
+    x = torch.randn(32, 64, requires_grad=True)
+    params = list(net.parameters())
+    full = measure.saved_tensor_bytes(lambda: net(x).sum(), exclude=params)
+    saved = measure.saved_tensor_bytes(lambda: checkpoint(net, x).sum(), exclude=params)
+    assert saved == x.numel() * 4
+    # The input and the four ReLU outputs (each also the next Linear's saved input).
+    assert full == 5 * x.numel() * 4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; the CPU dropout test covers the logic")
+def test_cuda_rng_and_gradients_match_on_gpu():
+    net = _dropout_net().cuda()
+    x = torch.randn(64, 8, device="cuda", requires_grad=True)
+    torch.manual_seed(3)
+    net(x).sum().backward()
+    expected = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    torch.manual_seed(3)
+    checkpoint(net, x).sum().backward()
+    assert all(torch.equal(e, p.grad) for e, p in zip(expected, net.parameters()))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DataParallel needs two GPUs; DDP (gloo) is tested on CPU")
+def test_data_parallel_replicas_get_gradients():
+    wl = workloads.densenet_bc("small", depth=16).with_batch(8)
+    grads = {}
+    for variant in ("none", "speedlib"):
+        model = workloads.set_checkpointing(wl.model("cuda"), variant)
+        x, y = wl.batch("cuda")
+        wl.loss(nn.DataParallel(model)(x), y).backward()
+        grads[variant] = [p.grad for p in model.parameters()]
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(grads["none"], grads["speedlib"]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["speedlib", "reentrant"])
+def test_distributed_data_parallel_two_processes_match(variant):
+    """DDP with gloo, 2 processes, through the benchmark's own runner: the checkpointed
+    model ends bitwise equal to the uncheckpointed one (parameters and BN statistics)."""
+    from benchmarks.bench_checkpoint import ddp_run  # noqa: PLC0415
+
+    none = ddp_run(2, "densenet_bc", "none", 8, steps=2, device_type="cpu")
+    other = ddp_run(2, "densenet_bc", variant, 8, steps=2, device_type="cpu")
+    assert len(other["times"]) == 2
+    _assert_same(none["state"], other["state"])
+    assert int(other["state"]["features.denseblock1.denselayer1.norm1.num_batches_tracked"]) == 3
