@@ -301,3 +301,18 @@ def test_distributed_data_parallel_two_processes_match(variant):
     assert len(other["times"]) == 2
     _assert_same(none["state"], other["state"])
     assert int(other["state"]["features.denseblock1.denselayer1.norm1.num_batches_tracked"]) == 3
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU behaviour of the benchmark")
+def test_benchmark_skips_gpu_only_metrics_in_setup_on_cpu():
+    """asv records NotImplementedError from setup as a skip but from the body as a failure."""
+    from benchmarks import bench_checkpoint as bench  # noqa: PLC0415
+
+    assert bench.BATCHES == [4, 16]
+    for cls, args in [(bench.PeakMemory, ("densenet_bc", "none", 4)), (bench.DataParallelStep, ("none", 64)),
+                      (bench.DistributedStep, ("none", 64))]:
+        with pytest.raises(NotImplementedError):
+            cls().setup(*args)
+    saved = bench.ActivationMemory()
+    saved.setup("transformer", "speedlib", 4)
+    assert saved.track_saved_activations("transformer", "speedlib", 4) > 0

@@ -182,3 +182,19 @@ def test_golden_files_come_from_synthetic_results_only():
         machines = set(re.findall(r"machine (\S+?),", golden.read_text()))
         assert machines and all(m.startswith("synthetic-") for m in machines), golden
     assert json.loads(json.dumps(synthetic.BENCHMARKS))  # the fixture's benchmarks are plain data
+
+
+def test_claims_keep_to_the_claims_model_and_show_the_batch(df):
+    """The checkpoint claims are DenseNet-BC figures: other models get no row, and each
+    batch size gets its own row saying which it is."""
+    rows = df[(df["machine"] == "synthetic-h100") & (df["benchmark"] == TIME)
+              & df["variant"].isin(["forloop", "speedlib"])].copy()
+    rows["technique"], rows["metric"] = "checkpoint", "step"
+    rows["variant"] = rows["variant"].replace({"forloop": "none"})
+    rows["workload"] = rows["workload"].replace({"mlp": "densenet_bc"})  # resnet50 stays: not the claim's model
+    rows = pd.concat([rows.assign(batch="64"), rows.assign(batch="256")])
+    frame = report.claims_table(rows).frame
+    hit = frame[(frame["technique"] == "checkpoint") & frame["claim"].str.contains("step time")]
+    assert sorted(hit["workload"]) == ["densenet_bc (batch=256)", "densenet_bc (batch=64)"]
+    memory = frame[(frame["technique"] == "checkpoint") & frame["claim"].str.contains("memory")]
+    assert list(memory["measured"]) == ["not measured yet"]
