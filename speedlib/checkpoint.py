@@ -70,7 +70,7 @@ class _Checkpoint(torch.autograd.Function):
     def forward(ctx, run_function, n_inputs, preserve_rng, check_params, meta, *args):
         inputs, params = args[:n_inputs], args[n_inputs:]
         ctx.run_function, ctx.check_params, ctx.names = run_function, check_params, meta["names"]
-        ctx.n_inputs, ctx.n_params = n_inputs, len(params)
+        ctx.n_inputs = n_inputs
         ctx.preserve_rng = preserve_rng
         ctx.autocast = _autocast_state()
         # Tensors go through save_for_backward (so in-place changes after this are caught);
