@@ -29,6 +29,7 @@ segments; the decision does not depend on whether the input requires grad.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+import contextlib
 import math
 from typing import Any
 
@@ -70,7 +71,6 @@ class _Checkpoint(torch.autograd.Function):
     def forward(ctx, run_function, n_inputs, preserve_rng, check_params, meta, *args):
         inputs, params = args[:n_inputs], args[n_inputs:]
         ctx.run_function, ctx.check_params, ctx.names = run_function, check_params, meta["names"]
-        ctx.n_inputs = n_inputs
         ctx.preserve_rng = preserve_rng
         ctx.autocast = _autocast_state()
         # Tensors go through save_for_backward (so in-place changes after this are caught);
@@ -116,7 +116,9 @@ class _Checkpoint(torch.autograd.Function):
                 torch.set_rng_state(ctx.cpu_rng)
                 for dev, state in zip(ctx.cuda_devices, ctx.cuda_rng):
                     torch.cuda.set_rng_state(state, dev)
-            with torch.enable_grad(), _autocast(ctx.autocast):
+            with torch.enable_grad(), contextlib.ExitStack() as stack:
+                for device_type, enabled, dtype in ctx.autocast:  # re-enter the first run's autocast state
+                    stack.enter_context(torch.autocast(device_type, enabled=enabled, dtype=dtype))
                 outputs = ctx.run_function(*inputs)
         outputs = (outputs,) if torch.is_tensor(outputs) else tuple(outputs)
 
@@ -126,25 +128,9 @@ class _Checkpoint(torch.autograd.Function):
             _check_no_forgotten(ctx, [o for o, _ in pairs], wrt)
         grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True)
                      if pairs and wrt else [None] * len(wrt))
-        input_grads = [next(grads) if i in ctx.tensor_at and ctx.input_grad[i] else None
-                       for i in range(ctx.n_inputs)]
+        input_grads = [next(grads) if needs else None for needs in ctx.input_grad]
         param_grads = [next(grads) if p.requires_grad else None for p in params]
         return (None, None, None, None, None, *input_grads, *param_grads)
-
-
-class _autocast:
-    """Re-enter the autocast state recorded at the first run (one context per device type)."""
-
-    def __init__(self, state):
-        self.contexts = [torch.autocast(d, enabled=on, dtype=dtype) for d, on, dtype in state]
-
-    def __enter__(self):
-        for c in self.contexts:
-            c.__enter__()
-
-    def __exit__(self, *exc):
-        for c in reversed(self.contexts):
-            c.__exit__(*exc)
 
 
 def _check_no_forgotten(ctx, outputs: list[torch.Tensor], known: list[torch.Tensor]) -> None:

@@ -122,7 +122,7 @@ def _densenet_for_checkpointing(model: nn.Module) -> nn.Module:
     """Make a torchvision DenseNet's layers and feature stack checkpointable, in place."""
     layer_cls = _dense_layer_class()
     for m in model.modules():
-        if type(m).__name__ == "_DenseLayer":
+        if type(m) is layer_cls.__base__:  # torchvision's own layer
             m.__class__ = layer_cls
     model.features.__class__ = cp.CheckpointedSequential
     # speedlib's BatchNorm: each step counted once whichever checkpoint reruns the layer.
