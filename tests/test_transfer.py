@@ -1,0 +1,433 @@
+"""Host tables and CPU-hosted embeddings: every backend against plain indexing, and training
+against PyTorch's own embeddings and optimizers.
+
+The GPU backends (pinned, cupy, uva, device) are skipped without a GPU; what they share with
+'pageable' (index checks, the duplicate rule, shapes, dtypes, the embedding's update logic)
+runs on every machine through 'pageable'.
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+from speedlib.transfer import BACKENDS, HostEmbedding, HostTable, last_write_wins
+
+HAS_CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="this backend moves rows to a CUDA device; this machine has none")
+GPU_BACKENDS = [b for b in BACKENDS if b != "pageable"]
+
+
+def _cupy_ok() -> bool:
+    try:
+        import cupy  # noqa: F401, PLC0415
+    except ImportError:
+        return False
+    return True
+
+
+def _backend_params(backends):
+    """Each backend as a pytest param, skipped with its reason where this machine cannot run it."""
+    out = []
+    for b in backends:
+        marks = []
+        if b != "pageable":
+            marks.append(needs_cuda)
+        if b == "cupy" and not _cupy_ok():
+            marks.append(pytest.mark.skip(reason="CuPy is not installed"))
+        out.append(pytest.param(b, marks=marks, id=b))
+    return out
+
+
+ALL = _backend_params(BACKENDS)
+
+
+def _device(backend: str) -> torch.device:
+    return torch.device("cpu") if backend == "pageable" and not HAS_CUDA else torch.device("cuda" if HAS_CUDA else "cpu")
+
+
+def _reference(rows=1000, dim=16, dtype=torch.float32, seed=0):
+    return torch.randn(rows, dim, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+# --- the duplicate rule -------------------------------------------------------------------
+
+def _last_wins_by_loop(table: torch.Tensor, idx: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    out = table.clone()
+    for i, v in zip(idx.tolist(), values):
+        out[i] = v  # Python assignment order: the last occurrence stays
+    return out
+
+
+def test_last_write_wins_keeps_the_last_occurrence():
+    idx = torch.tensor([5, 2, 5, 7, 2, 5])
+    values = torch.arange(6.0).unsqueeze(1)
+    rows, vals = last_write_wins(idx, values)
+    assert rows.tolist() == [2, 2, 5, 5, 5, 7]
+    assert vals.squeeze(1).tolist() == [4.0, 4.0, 5.0, 5.0, 5.0, 3.0]
+
+
+def test_last_write_wins_matches_sequential_assignment_on_random_input():
+    gen = torch.Generator().manual_seed(1)
+    idx = torch.randint(0, 50, (2000,), generator=gen)
+    values = torch.randn(2000, 3, generator=gen)
+    rows, vals = last_write_wins(idx, values)
+    got = torch.zeros(50, 3).index_copy_(0, rows, vals)
+    assert torch.equal(got, _last_wins_by_loop(torch.zeros(50, 3), idx, values))
+
+
+def test_last_write_wins_passes_tiny_inputs_through():
+    for n in (0, 1):
+        idx, values = torch.arange(n), torch.ones(n, 2)
+        rows, vals = last_write_wins(idx, values)
+        assert rows is idx and vals is values
+
+
+# --- every backend against plain indexing ---------------------------------------------------
+
+@pytest.mark.parametrize("backend", ALL)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_gather_equals_plain_indexing(backend, dtype):
+    if backend == "cupy" and dtype == torch.bfloat16:
+        pytest.skip("NumPy (and so the cupy backend) has no bfloat16; the constructor's TypeError is tested")
+    dev = _device(backend)
+    ref = _reference(dtype=dtype)
+    table = HostTable.from_tensor(ref, backend=backend, device=dev)
+    gen = torch.Generator().manual_seed(2)
+    idx = torch.randint(0, 1000, (7, 33), generator=gen)
+    for indices in (idx, idx.to(torch.int32), idx.to(dev), idx.sort(dim=1).values):
+        out = table.gather(indices)
+        assert out.device == dev and out.dtype == dtype and out.shape == (7, 33, 16)
+        assert torch.equal(out.cpu(), ref[indices.cpu().long()])
+
+
+@pytest.mark.parametrize("backend", ALL)
+def test_scatter_writes_rows_and_the_last_duplicate_wins(backend):
+    dev = _device(backend)
+    ref = _reference()
+    table = HostTable.from_tensor(ref, backend=backend, device=dev)
+    gen = torch.Generator().manual_seed(3)
+    idx = torch.randint(0, 1000, (4096,), generator=gen)  # about 1,800 of them are repeats
+    values = torch.randn(4096, 16, generator=gen)
+    table.scatter_(idx, values.to(dev))
+    assert torch.equal(table.cpu().cpu(), _last_wins_by_loop(ref, idx, values))
+    # ...and from host values, with indices of another shape.
+    table.scatter_(idx.reshape(64, 64), values.reshape(64, 64, 16))
+    assert torch.equal(table.gather(torch.arange(1000)).cpu(), _last_wins_by_loop(ref, idx, values))
+
+
+@pytest.mark.parametrize("backend", ALL)
+def test_empty_index_gathers_nothing_and_writes_nothing(backend):
+    dev = _device(backend)
+    table = HostTable.from_tensor(_reference(), backend=backend, device=dev)
+    assert table.gather(torch.zeros(0, dtype=torch.long)).shape == (0, 16)
+    table.scatter_(torch.zeros(0, dtype=torch.long), torch.zeros(0, 16))
+    assert torch.equal(table.cpu().cpu(), _reference())
+
+
+@pytest.mark.parametrize("backend", ALL)
+@pytest.mark.parametrize("bad", [-1, 1000, 10**9])
+def test_out_of_range_raises_index_error_before_writing(backend, bad):
+    dev = _device(backend)
+    table = HostTable.from_tensor(_reference(), backend=backend, device=dev)
+    idx = torch.tensor([0, 1, bad, 2])
+    with pytest.raises(IndexError, match=f"index {bad} is out of range for a table of 1000 rows"):
+        table.gather(idx)
+    with pytest.raises(IndexError, match="out of range"):
+        table.scatter_(idx, torch.zeros(4, 16))
+    with pytest.raises(IndexError, match="out of range"):
+        table.scatter_(idx.to(dev), torch.zeros(4, 16, device=dev))
+    assert torch.equal(table.cpu().cpu(), _reference())  # rows 0, 1, 2 were not written either
+
+
+def test_bad_input_gives_clear_errors():
+    table = HostTable.from_tensor(_reference(), backend="pageable", device="cpu")
+    with pytest.raises(TypeError, match="int32 or int64, got torch.float32"):
+        table.gather(torch.tensor([1.0, 2.0]))
+    with pytest.raises(TypeError, match="int32 or int64, got torch.bool"):
+        table.gather(torch.tensor([True]))
+    with pytest.raises(TypeError, match="holds torch.float32, got torch.float64 values"):
+        table.scatter_(torch.tensor([1]), torch.zeros(1, 16, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"must have shape \(2, 16\), got \(2, 8\)"):
+        table.scatter_(torch.tensor([1, 2]), torch.zeros(2, 8))
+    with pytest.raises(TypeError, match="values must be a tensor"):
+        table.scatter_(torch.tensor([1]), [[0.0] * 16])
+    with pytest.raises(TypeError, match="cast explicitly"):
+        table.copy_(torch.zeros(2, 16, dtype=torch.float16))
+    with pytest.raises(ValueError, match="cannot copy"):
+        table.copy_(torch.zeros(2, 16), start=999)
+    assert torch.equal(table.cpu(), _reference())
+
+
+def test_constructor_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="unknown backend 'gpu'"):
+        HostTable(10, 4, backend="gpu", device="cpu")
+    with pytest.raises(ValueError, match="rows must be a positive int"):
+        HostTable(0, 4, backend="pageable", device="cpu")
+    with pytest.raises(ValueError, match="dim must be a positive int"):
+        HostTable(10, 2.5, backend="pageable", device="cpu")
+    with pytest.raises(TypeError, match="not torch.int64"):
+        HostTable(10, 4, dtype=torch.int64, backend="pageable", device="cpu")
+    for backend in GPU_BACKENDS:
+        with pytest.raises(ValueError, match="use 'pageable' on CPUs"):
+            HostTable(10, 4, backend=backend, device="cpu")
+    with pytest.raises(ValueError, match="2-D"):
+        HostTable.from_tensor(torch.zeros(3), backend="pageable", device="cpu")
+
+
+@needs_cuda
+def test_indices_on_another_gpu_are_refused():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    table = HostTable(10, 4, backend="device", device="cuda:0")
+    with pytest.raises(ValueError, match="indices are on cuda:1"):
+        table.gather(torch.tensor([1], device="cuda:1"))
+
+
+@pytest.mark.skipif(not _cupy_ok(), reason="CuPy is not installed")
+@needs_cuda
+def test_cupy_backend_refuses_bfloat16():
+    with pytest.raises(TypeError, match="NumPy has no torch.bfloat16"):
+        HostTable(10, 4, dtype=torch.bfloat16, backend="cupy")
+
+
+def test_mapped_host_describes_the_table_bytes_in_place():
+    from speedlib.transfer import _MappedHost  # noqa: PLC0415 - the uva backend's CPU-side logic
+
+    host = torch.zeros(6, 5, dtype=torch.bfloat16)
+    cai = _MappedHost(host).__cuda_array_interface__
+    assert cai["data"] == (host.data_ptr(), False)
+    assert cai["shape"] == (6, 10) and cai["typestr"] == "|u1" and cai["strides"] is None
+
+
+def test_a_table_refuses_pickling_with_advice():
+    table = HostTable(10, 4, backend="pageable", device="cpu")
+    with pytest.raises(TypeError, match="send indices to worker processes"):
+        pickle.dumps(table)
+
+
+# --- processes: DataLoader workers and interpreter exit -------------------------------------
+
+class _RowsDataset(torch.utils.data.Dataset):
+    def __init__(self, table: HostTable):
+        self.table = table
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.table.cpu()[i * 7 % 1000].clone()  # host rows: no CUDA in the worker
+
+
+@pytest.mark.parametrize("backend", ALL)
+def test_dataloader_workers_read_the_table_and_leave_it_working(backend):
+    dev = _device(backend)
+    ref = _reference()
+    table = HostTable.from_tensor(ref, backend=backend, device=dev)
+    table.gather(torch.tensor([1, 2]))  # CUDA (where used) is initialised before the workers fork
+    loader = torch.utils.data.DataLoader(_RowsDataset(table), batch_size=16, num_workers=2)
+    rows = torch.cat(list(loader))
+    assert torch.equal(rows, ref[torch.arange(64) * 7 % 1000])
+    assert torch.equal(table.gather(torch.arange(1000)).cpu(), ref)  # still usable after the workers exit
+
+
+_EXIT_SCRIPT = textwrap.dedent("""
+    import torch
+    from speedlib.transfer import HostEmbedding, HostTable
+    import functools
+    tables = [HostTable.from_tensor(torch.ones(100, 8), backend=b) for b in {backends!r}]
+    for t in tables:
+        t.scatter_(torch.tensor([1, 1]), torch.zeros(2, 8, device=t.device))
+        assert t.gather(torch.tensor([1])).sum().item() == 0
+    emb = HostEmbedding(100, 8, functools.partial(torch.optim.Adam, lr=0.1), backend={backends[0]!r})
+    emb(torch.tensor([3, 4])).sum().backward()
+    emb.step()
+    print("done")
+""")
+
+
+def _exit_cleanly(backends: list[str]) -> None:
+    proc = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT.format(backends=backends)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "done"
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+
+
+def test_interpreter_exits_cleanly_with_a_pageable_table():
+    _exit_cleanly(["pageable"])
+
+
+@needs_cuda
+def test_interpreter_exits_cleanly_with_every_gpu_backend():
+    _exit_cleanly([b for b in GPU_BACKENDS if b != "cupy" or _cupy_ok()])
+
+
+# --- CPU-hosted embedding training ---------------------------------------------------------
+
+ROWS, DIM = 40, 6
+
+
+def _batches(steps=5, coverage="partial", seed=0):
+    """(indices, target) per step; partial coverage touches few rows, with repeats."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        if coverage == "full":
+            idx = torch.cat([torch.randperm(ROWS, generator=gen), torch.randint(0, ROWS, (8,), generator=gen)]).reshape(-1, 4)
+        else:
+            idx = torch.randint(0, ROWS // 2, (6, 4), generator=gen)  # rows >= 20 never touched
+        out.append((idx, torch.randn(*idx.shape, DIM, generator=gen)))
+    return out
+
+
+def _loss(out, target):
+    return ((out - target) ** 2).sum() / out.shape[0]
+
+
+def _train_reference(weight, make_opt, batches, sparse=False):
+    emb = nn.Embedding(ROWS, DIM, sparse=sparse, _weight=weight.clone())
+    opt = make_opt(emb.parameters())
+    outs = []
+    for idx, target in batches:
+        opt.zero_grad()
+        out = emb(idx)
+        outs.append(out.detach().clone())
+        _loss(out, target).backward()
+        opt.step()
+    return emb.weight.detach(), outs
+
+
+def _train_host(weight, make_opt, batches, backend="pageable"):
+    emb = HostEmbedding(ROWS, DIM, make_opt, backend=backend, device=_device(backend), weight=weight)
+    outs = []
+    for idx, target in batches:
+        out = emb(idx)
+        outs.append(out.detach().cpu().clone())
+        _loss(out, target.to(out.device)).backward()
+        emb.step()
+    return emb, outs
+
+
+def test_embedding_with_sgd_equals_nn_embedding_exactly():
+    w = _reference(ROWS, DIM)
+    make = functools.partial(torch.optim.SGD, lr=0.1)
+    ref_w, ref_outs = _train_reference(w, make, _batches())
+    emb, outs = _train_host(w, make, _batches())
+    assert all(torch.equal(a, b) for a, b in zip(outs, ref_outs))
+    assert torch.equal(emb.table.cpu(), ref_w)
+    assert torch.equal(emb.table.cpu()[ROWS // 2:], w[ROWS // 2:])  # untouched rows stay
+
+
+def test_embedding_with_adam_equals_sparse_adam():
+    w = _reference(ROWS, DIM)
+    ref_w, _ = _train_reference(w, functools.partial(torch.optim.SparseAdam, lr=0.05), _batches(), sparse=True)
+    emb, _ = _train_host(w, functools.partial(torch.optim.Adam, lr=0.05), _batches())
+    # Not bitwise: SparseAdam adds eps before dividing by the bias correction, Adam after.
+    torch.testing.assert_close(emb.table.cpu(), ref_w, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(emb.table.cpu(), w)
+
+
+def test_embedding_with_adagrad_equals_sparse_adagrad():
+    w = _reference(ROWS, DIM)
+    make = functools.partial(torch.optim.Adagrad, lr=0.1, initial_accumulator_value=0.3)
+    ref_w, _ = _train_reference(w, make, _batches(), sparse=True)
+    emb, _ = _train_host(w, make, _batches())
+    torch.testing.assert_close(emb.table.cpu(), ref_w, rtol=1e-6, atol=1e-7)
+    # Untouched rows keep the initial accumulator, as in a fresh Adagrad.
+    assert torch.equal(emb._state_tables["sum"].cpu()[ROWS // 2:], torch.full((ROWS // 2, DIM), 0.3))
+
+
+@pytest.mark.parametrize("make", [
+    functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9, weight_decay=0.01),
+    functools.partial(torch.optim.Adam, lr=0.05),
+    functools.partial(torch.optim.AdamW, lr=0.05, weight_decay=0.1),
+    functools.partial(torch.optim.RMSprop, lr=0.01, momentum=0.5, centered=True),
+    functools.partial(torch.optim.Adagrad, lr=0.1),
+], ids=["sgd-momentum", "adam", "adamw", "rmsprop", "adagrad"])
+def test_embedding_touching_every_row_equals_dense_training(make):
+    """When each step touches every row, touched-rows updates are dense updates."""
+    w = _reference(ROWS, DIM)
+    ref_w, ref_outs = _train_reference(w, make, _batches(coverage="full"))
+    emb, outs = _train_host(w, make, _batches(coverage="full"))
+    torch.testing.assert_close(emb.table.cpu(), ref_w, rtol=1e-6, atol=1e-6)
+    for a, b in zip(outs, ref_outs):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_weight_decay_and_momentum_leave_untouched_rows_alone():
+    w = _reference(ROWS, DIM)
+    emb, _ = _train_host(w, functools.partial(torch.optim.AdamW, lr=0.05, weight_decay=0.5), _batches())
+    assert torch.equal(emb.table.cpu()[ROWS // 2:], w[ROWS // 2:])
+    for table in emb._state_tables.values():
+        assert not table.cpu()[ROWS // 2:].any()
+
+
+def test_embedding_state_dict_round_trip_continues_identically():
+    w = _reference(ROWS, DIM)
+    make = functools.partial(torch.optim.Adam, lr=0.05)
+    batches = _batches(steps=4)
+    first, _ = _train_host(w, make, batches[:2])
+    saved = {k: v.clone() for k, v in nn.Sequential(first).state_dict().items()}
+    assert set(saved) == {"0.weight", "0.optimizer.step", "0.optimizer.exp_avg", "0.optimizer.exp_avg_sq"}
+    restored = nn.Sequential(HostEmbedding(ROWS, DIM, make, backend="pageable", device="cpu"))
+    restored.load_state_dict(saved)
+    for model in (first, restored[0]):
+        for idx, target in batches[2:]:
+            _loss(model(idx), target).backward()
+            model.step()
+    assert torch.equal(first.table.cpu(), restored[0].table.cpu())
+    with pytest.raises(RuntimeError, match="Missing key"):
+        nn.Sequential(HostEmbedding(ROWS, DIM, make, backend="pageable", device="cpu")).load_state_dict({})
+
+
+def test_embedding_misuse_is_explained():
+    make = functools.partial(torch.optim.SGD, lr=0.1)
+    emb = HostEmbedding(ROWS, DIM, make, backend="pageable", device="cpu")
+    with pytest.raises(RuntimeError, match="needs a forward pass"):
+        emb.step()
+    emb(torch.tensor([1]))
+    with pytest.raises(RuntimeError, match="forward twice without step"):
+        emb(torch.tensor([2]))
+    emb.step()  # no backward ran: nothing changes, and the next forward is allowed
+    with torch.no_grad():
+        assert torch.equal(emb(torch.tensor([[1, 2]])), emb.table.cpu()[torch.tensor([[1, 2]])])
+    with pytest.raises(IndexError):
+        emb(torch.tensor([ROWS]))
+    with pytest.raises(TypeError, match="callable"):
+        HostEmbedding(ROWS, DIM, torch.optim.SGD([torch.zeros(1, requires_grad=True)]), backend="pageable", device="cpu")
+    with pytest.raises(TypeError, match="must return a torch.optim.Optimizer"):
+        HostEmbedding(ROWS, DIM, lambda params: params, backend="pageable", device="cpu")
+    with pytest.raises(ValueError, match="weight must have shape"):
+        HostEmbedding(ROWS, DIM, make, backend="pageable", device="cpu", weight=torch.zeros(3, 3))
+
+
+def test_embedding_rows_are_not_model_parameters():
+    """A model optimizer built from model.parameters() must not update the rows a second time."""
+    model = nn.Sequential(HostEmbedding(ROWS, DIM, functools.partial(torch.optim.SGD, lr=0.1), backend="pageable",
+                                        device="cpu"), nn.Linear(DIM, 1))
+    assert [p.shape for p in model.parameters()] == [torch.Size([1, DIM]), torch.Size([1])]
+
+
+def test_lr_scheduler_keys_do_not_break_new_state():
+    emb = HostEmbedding(ROWS, DIM, functools.partial(torch.optim.Adam, lr=0.05), backend="pageable", device="cpu")
+    torch.optim.lr_scheduler.StepLR(emb.optimizer, step_size=1)  # adds initial_lr to the group
+    emb(torch.tensor([1, 2])).sum().backward()
+    emb.step()
+    assert set(emb._state_tables) == {"exp_avg", "exp_avg_sq"}
+
+
+@pytest.mark.parametrize("backend", [p for p in _backend_params(GPU_BACKENDS)])
+def test_embedding_on_gpu_backends_equals_pageable(backend):
+    w = _reference(ROWS, DIM)
+    make = functools.partial(torch.optim.Adam, lr=0.05)
+    host, _ = _train_host(w, make, _batches())
+    gpu, _ = _train_host(w, make, _batches(), backend=backend)
+    torch.testing.assert_close(gpu.table.cpu().cpu(), host.table.cpu(), rtol=1e-5, atol=1e-6)
