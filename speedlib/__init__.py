@@ -16,12 +16,15 @@ _EXPORTS = {
     "ContiguousParams": "speedlib.contiguous",
     "FlatParameter": "speedlib.contiguous",
     "InvalidBufferError": "speedlib.contiguous",
+    "HostTable": "speedlib.transfer",
+    "HostEmbedding": "speedlib.transfer",
 }
 
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
     from speedlib.contiguous import ContiguousParams, FlatParameter, InvalidBufferError
+    from speedlib.transfer import HostEmbedding, HostTable
 
 
 def __getattr__(name: str):

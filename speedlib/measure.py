@@ -8,7 +8,9 @@
 - `saved_tensor_bytes()` counts what autograd keeps for backward, exactly and on any
   device, through `torch.autograd.graph.saved_tensors_hooks`.
 - `environment()` is the JSON-ready record that travels with every result file.
-- `memory_bandwidth()` measures the bandwidth that physical floors are computed from.
+- `memory_bandwidth()` measures the bandwidth that physical floors are computed from, and
+  `host_copy_bandwidth()` the bus's: bulk pinned or pageable copies between host and GPU.
+- `host_memory()` and `device_memory_in_use()` read the footprints that tables leave.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ __all__ = [
     "peak_memory",
     "saved_tensor_bytes",
     "memory_bandwidth",
+    "host_copy_bandwidth",
+    "host_memory",
+    "device_memory_in_use",
     "environment",
     "machine_name",
     "cpu_model",
@@ -124,6 +129,53 @@ def memory_bandwidth(dev: torch.device | str, nbytes: int = 1 << 28, repeats: in
         synchronize(dev)
         best = min(best, time.perf_counter() - start)
     return 3 * a.numel() * a.element_size() / best
+
+
+def host_copy_bandwidth(dev: torch.device | str, direction: str = "h2d", pinned: bool = True,
+                        nbytes: int = 1 << 28, repeats: int = 5) -> float:
+    """Bulk copy bandwidth between host memory and the CUDA device `dev`, in bytes/s.
+
+    direction: "h2d" (host to device) or "d2h". pinned: page-locked host memory, which the
+    GPU's copy engines read directly; pageable memory goes through the driver's own staging.
+    One large copy, best of `repeats`: the floor that indexed transfers are measured against.
+    Raises NotImplementedError off CUDA (asv records a skip).
+    """
+    dev = torch.device(dev)
+    if dev.type != "cuda":
+        raise NotImplementedError(f"host<->device copies need a CUDA device, not {dev.type}")
+    if direction not in ("h2d", "d2h"):
+        raise ValueError(f"direction must be 'h2d' or 'd2h', got {direction!r}")
+    host = torch.ones(nbytes, dtype=torch.uint8, pin_memory=pinned)  # every page touched before timing
+    gpu = torch.ones(nbytes, dtype=torch.uint8, device=dev)
+    src, dst = (host, gpu) if direction == "h2d" else (gpu, host)
+    dst.copy_(src, non_blocking=pinned)
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize(dev)
+        start = time.perf_counter()
+        dst.copy_(src, non_blocking=pinned)
+        synchronize(dev)
+        best = min(best, time.perf_counter() - start)
+    return nbytes / best
+
+
+def host_memory() -> int:
+    """Resident host memory of this process in bytes (Linux; pinned pages are resident too)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            resident_pages = int(f.read().split()[1])
+    except OSError as e:
+        raise NotImplementedError("resident memory is read from /proc/self/statm (Linux only)") from e
+    return resident_pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def device_memory_in_use(dev: torch.device | str) -> int:
+    """Bytes in use on the CUDA device `dev` by anyone (torch, CuPy, contexts), from the driver."""
+    dev = torch.device(dev)
+    if dev.type != "cuda":
+        raise NotImplementedError(f"device memory is only read on CUDA, not {dev.type}")
+    free, total = torch.cuda.mem_get_info(dev)
+    return int(total - free)
 
 
 def cpu_model() -> str:

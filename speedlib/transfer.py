@@ -215,7 +215,7 @@ class _Cupy:
     def _stream(self):
         """torch's current stream as a CuPy stream: CuPy's kernels queue behind torch's work."""
         stream = torch.cuda.current_stream(self.device)
-        if hasattr(self.cupy.cuda.Stream, "from_external"):  # CuPy >= 14
+        if hasattr(self.cupy.cuda.Stream, "from_external") and hasattr(stream, "__cuda_stream__"):  # CuPy >= 14
             return self.cupy.cuda.Stream.from_external(stream)
         return self.cupy.cuda.ExternalStream(stream.cuda_stream, self.device.index)
 
@@ -247,6 +247,7 @@ class _Device:
         self.table.index_copy_(0, idx.to(self.device, non_blocking=True), values.to(self.device, non_blocking=True))
 
 
+_GPU_INDEXED = ("cupy", "uva", "device")
 _IMPLS = {"pageable": _Pageable, "pinned": _Pinned, "cupy": _Cupy, "uva": _Uva, "device": _Device}
 
 
@@ -450,6 +451,8 @@ class HostEmbedding(nn.Module):
         if self._rows is not None:
             raise RuntimeError("HostEmbedding ran forward twice without step(): call step() after each backward "
                                "(to accumulate several batches, concatenate their indices)")
+        if self.table.backend in _GPU_INDEXED:  # these index on the GPU: find the distinct rows there too
+            idx = idx.to(self.table.device, non_blocking=True)
         rows, inverse = torch.unique(idx.reshape(-1), sorted=True, return_inverse=True)
         self._swap_rows_weight(self.table.gather(rows).requires_grad_())
         self._rows = rows

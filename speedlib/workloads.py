@@ -20,7 +20,7 @@ from torch import nn
 from speedlib import checkpoint as cp
 
 __all__ = ["Workload", "WORKLOADS", "get", "default_size", "mlp", "resnet50", "densenet_bc", "densenet121",
-           "transformer", "set_checkpointing", "CHECKPOINT_VARIANTS"]
+           "transformer", "set_checkpointing", "CHECKPOINT_VARIANTS", "EmbeddingBatch", "embedding"]
 
 SIZES = ("small", "full")
 
@@ -236,6 +236,29 @@ def set_checkpointing(model: nn.Module, variant: str) -> nn.Module:
     if not found:
         raise ValueError(f"{type(model).__name__} has no checkpointable parts; use a densenet or transformer workload")
     return model
+
+
+@dataclass(frozen=True)
+class EmbeddingBatch:
+    """A batch of row indices into a large embedding table (SpeedTorch's benchmark shape)."""
+
+    rows: int
+    dim: int
+    batch: int
+
+    def indices(self, order: str = "random", seed: int = 0) -> torch.Tensor:
+        """`batch` int64 row indices on the CPU, drawn with repeats; 'sorted' sorts the same draw."""
+        if order not in ("random", "sorted"):
+            raise ValueError(f"order must be 'random' or 'sorted', got {order!r}")
+        idx = torch.randint(0, self.rows, (self.batch,), generator=torch.Generator().manual_seed(seed))
+        return idx.sort().values if order == "sorted" else idx
+
+
+def embedding(size: str = "full") -> EmbeddingBatch:
+    """131072 x 128 float32 rows from a 10M-row table (5.1 GB); 1M rows (512 MB) when small,
+    still far larger than any CPU cache, so random rows still miss."""
+    _check_size(size)
+    return EmbeddingBatch(rows=10_000_000 if size == "full" else 1_000_000, dim=128, batch=131072)
 
 
 WORKLOADS: dict[str, Callable[[str], Workload]] = {

@@ -102,3 +102,26 @@ def test_machine_name_on_cpu():
 ])
 def test_gpu_machine_names(name, mem, slug):
     assert measure._gpu_slug(name, mem) == slug
+
+
+def test_host_memory_grows_with_touched_memory():
+    before = measure.host_memory()
+    block = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MiB, every page written
+    assert measure.host_memory() - before >= 48 << 20
+    del block
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU behaviour")
+def test_host_copy_floors_are_skips_without_a_gpu():
+    with pytest.raises(NotImplementedError):
+        measure.host_copy_bandwidth("cpu")
+    with pytest.raises(NotImplementedError):
+        measure.device_memory_in_use("cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_host_copy_bandwidth_is_positive_on_gpu():
+    for direction in ("h2d", "d2h"):
+        assert measure.host_copy_bandwidth("cuda", direction, pinned=True, nbytes=1 << 24) > 0
+    with pytest.raises(ValueError, match="direction"):
+        measure.host_copy_bandwidth("cuda", "sideways")

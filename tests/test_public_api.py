@@ -9,7 +9,8 @@ import speedlib
 
 
 def test_public_names_are_pinned():
-    assert sorted(speedlib.__all__) == sorted(["__version__", "ContiguousParams", "FlatParameter", "InvalidBufferError"])
+    assert sorted(speedlib.__all__) == sorted(["__version__", "ContiguousParams", "FlatParameter", "InvalidBufferError",
+                                                "HostTable", "HostEmbedding"])
     for name in speedlib.__all__:
         assert getattr(speedlib, name) is not None
 

@@ -216,26 +216,41 @@ def test_a_table_refuses_pickling_with_advice():
 # --- processes: DataLoader workers and interpreter exit -------------------------------------
 
 class _RowsDataset(torch.utils.data.Dataset):
-    def __init__(self, table: HostTable):
+    """Items are indices, or (with a table) host rows read in the worker."""
+
+    def __init__(self, table: HostTable | None = None):
         self.table = table
 
     def __len__(self) -> int:
         return 64
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        return self.table.cpu()[i * 7 % 1000].clone()  # host rows: no CUDA in the worker
+        idx = i * 7 % 1000
+        return torch.tensor(idx) if self.table is None else self.table.cpu()[idx].clone()
 
 
 @pytest.mark.parametrize("backend", ALL)
-def test_dataloader_workers_read_the_table_and_leave_it_working(backend):
+def test_dataloader_workers_leave_the_table_working(backend):
+    """Workers fork after CUDA is up; the table must work while and after they run."""
     dev = _device(backend)
     ref = _reference()
     table = HostTable.from_tensor(ref, backend=backend, device=dev)
     table.gather(torch.tensor([1, 2]))  # CUDA (where used) is initialised before the workers fork
+    loader = torch.utils.data.DataLoader(_RowsDataset(), batch_size=16, num_workers=2)
+    rows = torch.cat([table.gather(idx) for idx in loader])
+    assert torch.equal(rows.cpu(), ref[torch.arange(64) * 7 % 1000])
+    assert torch.equal(table.gather(torch.arange(1000)).cpu(), ref)
+
+
+@pytest.mark.parametrize("backend", _backend_params(["pageable", "pinned"]))
+def test_dataloader_workers_read_rows_of_a_table_in_plain_memory(backend):
+    """pageable and pinned keep the table in ordinary memory, which forked workers can read."""
+    ref = _reference()
+    table = HostTable.from_tensor(ref, backend=backend, device=_device(backend))
+    table.gather(torch.tensor([1, 2]))
     loader = torch.utils.data.DataLoader(_RowsDataset(table), batch_size=16, num_workers=2)
-    rows = torch.cat(list(loader))
-    assert torch.equal(rows, ref[torch.arange(64) * 7 % 1000])
-    assert torch.equal(table.gather(torch.arange(1000)).cpu(), ref)  # still usable after the workers exit
+    assert torch.equal(torch.cat(list(loader)), ref[torch.arange(64) * 7 % 1000])
+    assert torch.equal(table.gather(torch.arange(1000)).cpu(), ref)
 
 
 _EXIT_SCRIPT = textwrap.dedent("""
@@ -431,3 +446,16 @@ def test_embedding_on_gpu_backends_equals_pageable(backend):
     host, _ = _train_host(w, make, _batches())
     gpu, _ = _train_host(w, make, _batches(), backend=backend)
     torch.testing.assert_close(gpu.table.cpu().cpu(), host.table.cpu(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU behaviour of the benchmark")
+def test_benchmark_skips_what_a_cpu_cannot_run_in_setup():
+    """asv records NotImplementedError from setup as a skip but from the body as a failure."""
+    from benchmarks import bench_transfer as bench  # noqa: PLC0415
+
+    for cls, args in [(bench.Transfer, ("pinned", "random")), (bench.Transfer, ("uva", "sorted")),
+                      (bench.Bandwidth, ("cupy",)), (bench.FractionOfFloor, ("pageable",)),
+                      (bench.CopyBandwidth, ("h2d", "pinned")), (bench.Footprint, ("device",)),
+                      (bench.DeviceFootprint, ("pageable",)), (bench.EmbeddingStep, ("uva",))]:
+        with pytest.raises(NotImplementedError):
+            cls().setup(*args)

@@ -99,3 +99,14 @@ def test_set_checkpointing_switches_and_rejects():
         workloads.set_checkpointing(model, "magic")
     with pytest.raises(ValueError, match="no checkpointable parts"):
         workloads.set_checkpointing(workloads.mlp().model(), "speedlib")
+
+
+def test_embedding_batch_sizes_and_orders():
+    full, small = workloads.embedding("full"), workloads.embedding("small")
+    assert (full.rows, full.dim, full.batch) == (10_000_000, 128, 131072)
+    assert small.rows < full.rows and (small.dim, small.batch) == (128, 131072)
+    idx = small.indices("random")
+    assert idx.dtype == torch.int64 and idx.shape == (131072,) and 0 <= int(idx.min()) and int(idx.max()) < small.rows
+    assert torch.equal(small.indices("sorted"), idx.sort().values)
+    with pytest.raises(ValueError, match="order"):
+        small.indices("reversed")
