@@ -17,7 +17,7 @@ machines), as from a DataLoader with pin_memory=True; moving them is part of the
 
 Metrics:
   time_gather / time_scatter          one gather of the batch / writing it back
-  track_gather_bandwidth / _scatter_  the batch's bytes over the median time, GB/s
+  track_gather_bandwidth / _scatter_  the batch's bytes over the median of 20 calls, GB/s
   track_*_fraction_of_floor           that bandwidth over the machine's bulk pinned copy
                                       bandwidth in the same direction, measured in the same
                                       process (measure.host_copy_bandwidth); GPUs only
@@ -96,9 +96,12 @@ class _Bench:
         # The rows gathered from these indices, written back: the table never changes.
         self.table.scatter_(self.indices[order], self.values[order])
 
-    def bandwidth(self, op: str, samples: int = 10) -> float:
-        """The batch's bytes over the median of `samples` timed calls, bytes/s."""
+    def bandwidth(self, op: str, samples: int = 20) -> float:
+        """The batch's bytes over the median of `samples` timed calls after three untimed ones
+        (as asv warms up a time benchmark), bytes/s."""
         fn = self.gather if op == "gather" else self.scatter
+        for _ in range(3):
+            fn("random")
         times = []
         for _ in range(samples):
             measure.synchronize(self.device)
