@@ -204,7 +204,7 @@ class _Cupy:
     def _view(self, ptr: int, shape: tuple[int, ...], dtype: torch.dtype, owner: object):
         """A CuPy array over memory someone else owns: no copy, no CuPy allocation."""
         np_dtype = self._numpy[dtype]
-        nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+        nbytes = int(torch.Size(shape).numel()) * dtype.itemsize
         mem = self.cupy.cuda.UnownedMemory(ptr, nbytes, owner, self.device.index)
         return self.cupy.ndarray(shape, dtype=np_dtype, memptr=self.cupy.cuda.MemoryPointer(mem, 0))
 
@@ -300,13 +300,18 @@ class HostTable:
 
     @property
     def nbytes(self) -> int:
-        return self.shape[0] * self.shape[1] * torch.empty((), dtype=self.dtype).element_size()
+        return self.shape[0] * self.shape[1] * self.dtype.itemsize
 
     def cpu(self) -> torch.Tensor:
         """The table on the host: a view of its memory for host backends (after queued GPU writes
         to it have finished), a copy for 'device'."""
+        return self._storage().cpu()
+
+    def _storage(self) -> torch.Tensor:
+        """The tensor holding the rows (host memory, or the GPU for 'device'), safe to touch
+        from the host once queued GPU work on it has finished."""
         _sync(self.device)
-        return self._impl.host if self._impl.host is not None else self._impl.table.cpu()
+        return self._impl.host if self._impl.host is not None else self._impl.table
 
     def copy_(self, src: torch.Tensor, start: int = 0) -> HostTable:
         """Write the 2-D `src` into rows start .. start + len(src)."""
@@ -314,16 +319,13 @@ class HostTable:
             raise ValueError(f"cannot copy a {tuple(src.shape)} tensor into rows {start}.. of a {self.shape} table")
         if src.dtype != self.dtype:
             raise TypeError(f"the table holds {self.dtype}, got {src.dtype}: cast explicitly")
-        _sync(self.device)
-        target = self._impl.host if self._impl.host is not None else self._impl.table
-        target[start:start + src.shape[0]].copy_(src)
+        self._storage()[start:start + src.shape[0]].copy_(src)
         return self
 
     def fill_(self, row: torch.Tensor) -> HostTable:
         """Set every row to `row` (dim values)."""
         row = row.reshape(1, self.shape[1]).to(self.dtype)
-        _sync(self.device)
-        target = self._impl.host if self._impl.host is not None else self._impl.table
+        target = self._storage()
         target.copy_(row.to(target.device).expand(self.shape))
         return self
 
