@@ -1,0 +1,157 @@
+"""Precision policies: each one's loss curve against strict fp32, the scaler's overflow skip,
+and padding that leaves the model's outputs unchanged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from speedlib.amp import POLICIES, Precision, pad_linear, pad_to_multiple, tf32
+
+HAS_CUDA = torch.cuda.is_available()
+STEPS = 15
+# Largest relative deviation of any step's loss from strict fp32 over STEPS steps. bfloat16
+# keeps 8 mantissa bits, float16 11; a tf32 product keeps 10 (CUDA only: on CPUs the TF32
+# flags change nothing, so tf32 must equal fp32 bitwise there).
+TOLERANCE = {"cpu": {"tf32": 0.0, "fp16": 5e-3, "bf16": 2e-2},
+             "cuda": {"tf32": 5e-3, "fp16": 5e-3, "bf16": 2e-2}}
+
+
+def _model() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(256, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def _loss_curve(policy: str, device: str) -> list[float]:
+    torch.manual_seed(0)
+    model = _model().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(32, 3, 16, 16, generator=gen).to(device)
+    y = torch.randint(0, 10, (32,), generator=gen).to(device)
+    precision = Precision(policy, device)
+    return [precision.step(model, opt, F.cross_entropy, x, y).float().item() for _ in range(STEPS)]
+
+
+def _check_curves(device: str) -> None:
+    reference = _loss_curve("fp32", device)
+    assert reference[-1] < 0.7 * reference[0], "the fp32 model must actually learn for the comparison to mean anything"
+    for policy, tol in TOLERANCE[device].items():
+        curve = _loss_curve(policy, device)
+        worst = max(abs(a - b) / abs(b) for a, b in zip(curve, reference))
+        assert worst <= tol, f"{policy}: loss deviates {worst:.2e} from fp32 (tolerance {tol:.0e})"
+
+
+def test_loss_curves_stay_near_fp32_on_cpu():
+    _check_curves("cpu")
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU; the CPU curves are checked above")
+def test_loss_curves_stay_near_fp32_on_gpu():
+    _check_curves("cuda")
+
+
+def _fp16_setup(device: str = "cpu"):
+    torch.manual_seed(0)
+    model = nn.Linear(8, 4).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, 8, device=device), torch.randn(16, 4, device=device)
+    return model, opt, x, y
+
+
+def test_fp16_skips_a_step_with_overflowed_gradients_and_lowers_the_scale():
+    model, opt, x, y = _fp16_setup()
+    precision = Precision("fp16", "cpu", init_scale=1024.0)
+    before = [p.detach().clone() for p in model.parameters()]
+    precision.step(model, opt, lambda out, t: F.mse_loss(out, t) * float("inf"), x, y)
+    assert precision.last_step_skipped()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert precision.scaler.get_scale() == 512.0
+    precision.step(model, opt, F.mse_loss, x, y)
+    assert not precision.last_step_skipped()
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_fp16_step_equals_unscaled_fp16_autocast_step():
+    """The scaler multiplies and divides by a power of two: the update is the plain one."""
+    model, opt, x, y = _fp16_setup()
+    ref_model, ref_opt, _, _ = _fp16_setup()
+    Precision("fp16", "cpu").step(model, opt, F.mse_loss, x, y)
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = F.mse_loss(ref_model(x), y)
+    loss.backward()
+    ref_opt.step()
+    for a, b in zip(model.parameters(), ref_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_scaler_state_round_trips():
+    model, opt, x, y = _fp16_setup()
+    precision = Precision("fp16", "cpu", init_scale=64.0)
+    precision.step(model, opt, lambda out, t: F.mse_loss(out, t) * float("inf"), x, y)
+    restored = Precision("fp16", "cpu")
+    restored.load_state_dict(precision.state_dict())
+    assert restored.scaler.get_scale() == 32.0
+    with pytest.raises(ValueError, match="cannot load into 'bf16'"):
+        Precision("bf16", "cpu").load_state_dict(precision.state_dict())
+
+
+def test_policies_without_a_scaler_never_report_skips():
+    for policy in ("fp32", "tf32", "bf16"):
+        model, opt, x, y = _fp16_setup()
+        precision = Precision(policy, "cpu")
+        assert precision.scaler is None
+        precision.step(model, opt, F.mse_loss, x, y)
+        assert not precision.last_step_skipped()
+
+
+def test_context_sets_autocast_and_tf32_as_the_policy_says():
+    lin = nn.Linear(4, 4)
+    for policy, dtype in (("fp32", torch.float32), ("tf32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        with Precision(policy, "cpu").context():
+            assert lin(torch.randn(2, 4)).dtype == dtype
+            assert torch.backends.cuda.matmul.allow_tf32 == (policy == "tf32")
+            assert torch.backends.cudnn.allow_tf32 == (policy == "tf32")
+
+
+def test_tf32_context_restores_the_flags_even_on_error():
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    with pytest.raises(RuntimeError):
+        with tf32(not saved[0]):
+            raise RuntimeError("boom")
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == saved
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="unknown precision policy 'fp8'"):
+        Precision("fp8", "cpu")
+    with pytest.raises(ValueError, match="device_type"):
+        Precision("bf16", "mps")
+    assert set(POLICIES) == {"fp32", "tf32", "fp16", "bf16"}
+
+
+def test_pad_to_multiple():
+    assert [pad_to_multiple(n) for n in (0, 1, 8, 9, 50257)] == [0, 8, 8, 16, 50264]
+    assert pad_to_multiple(10, 64) == 64
+    with pytest.raises(ValueError):
+        pad_to_multiple(-1)
+    with pytest.raises(ValueError):
+        pad_to_multiple(5, 0)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_pad_linear_computes_the_same_outputs_and_gradients(bias):
+    torch.manual_seed(0)
+    linear = nn.Linear(13, 37, bias=bias)
+    padded = pad_linear(linear)
+    assert (padded.in_features, padded.out_features) == (16, 40)
+    x = torch.randn(5, 13)
+    out = linear(x)
+    out_padded = padded(F.pad(x, (0, 3)))[:, :37]
+    torch.testing.assert_close(out_padded, out, rtol=1e-6, atol=1e-6)
+    out.square().sum().backward()
+    out_padded.square().sum().backward()
+    torch.testing.assert_close(padded.weight.grad[:37, :13], linear.weight.grad, rtol=1e-5, atol=1e-6)
+    assert not padded.weight.grad[37:].any() and not padded.weight.grad[:, 13:].any()
