@@ -155,3 +155,14 @@ def test_pad_linear_computes_the_same_outputs_and_gradients(bias):
     out_padded.square().sum().backward()
     torch.testing.assert_close(padded.weight.grad[:37, :13], linear.weight.grad, rtol=1e-5, atol=1e-6)
     assert not padded.weight.grad[37:].any() and not padded.weight.grad[:, 13:].any()
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU behaviour of the benchmark")
+def test_benchmark_skips_in_setup_what_cannot_run():
+    """asv records NotImplementedError from setup as a skip but from the body as a failure."""
+    from benchmarks import bench_amp as bench  # noqa: PLC0415
+
+    with pytest.raises(NotImplementedError, match="GPUs only"):
+        bench.PeakMemory().setup("resnet50", "fp32")
+    with pytest.raises(NotImplementedError, match="4-D activations"):
+        bench.TrainingStep().setup("transformer", "bf16_channels_last")
