@@ -109,6 +109,18 @@ def saved_tensor_bytes(fn: Callable[[], object], exclude: Iterable[torch.Tensor]
     return sum(seen.values())
 
 
+def _best_seconds(fn: Callable[[], object], dev: torch.device, repeats: int) -> float:
+    """The fastest of `repeats` calls of `fn`, each timed between two synchronisations."""
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize(dev)
+        start = time.perf_counter()
+        fn()
+        synchronize(dev)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def memory_bandwidth(dev: torch.device | str, nbytes: int = 1 << 28, repeats: int = 5) -> float:
     """Measured streaming bandwidth of `dev` in bytes/s, from an in-place `a += b`.
 
@@ -121,14 +133,7 @@ def memory_bandwidth(dev: torch.device | str, nbytes: int = 1 << 28, repeats: in
     a = torch.zeros(nbytes // 4, dtype=torch.float32, device=dev)
     b = torch.ones_like(a)
     a.add_(b)  # first touch and any lazy allocation stay outside the timing
-    best = float("inf")
-    for _ in range(repeats):
-        synchronize(dev)
-        start = time.perf_counter()
-        a.add_(b)
-        synchronize(dev)
-        best = min(best, time.perf_counter() - start)
-    return 3 * a.numel() * a.element_size() / best
+    return 3 * a.numel() * a.element_size() / _best_seconds(lambda: a.add_(b), dev, repeats)
 
 
 def host_copy_bandwidth(dev: torch.device | str, direction: str = "h2d", pinned: bool = True,
@@ -149,14 +154,7 @@ def host_copy_bandwidth(dev: torch.device | str, direction: str = "h2d", pinned:
     gpu = torch.ones(nbytes, dtype=torch.uint8, device=dev)
     src, dst = (host, gpu) if direction == "h2d" else (gpu, host)
     dst.copy_(src, non_blocking=pinned)
-    best = float("inf")
-    for _ in range(repeats):
-        synchronize(dev)
-        start = time.perf_counter()
-        dst.copy_(src, non_blocking=pinned)
-        synchronize(dev)
-        best = min(best, time.perf_counter() - start)
-    return nbytes / best
+    return nbytes / _best_seconds(lambda: dst.copy_(src, non_blocking=pinned), dev, repeats)
 
 
 def host_memory() -> int:

@@ -439,7 +439,7 @@ def test_lr_scheduler_keys_do_not_break_new_state():
     assert set(emb._state_tables) == {"exp_avg", "exp_avg_sq"}
 
 
-@pytest.mark.parametrize("backend", [p for p in _backend_params(GPU_BACKENDS)])
+@pytest.mark.parametrize("backend", _backend_params(GPU_BACKENDS))
 def test_embedding_on_gpu_backends_equals_pageable(backend):
     w = _reference(ROWS, DIM)
     make = functools.partial(torch.optim.Adam, lr=0.05)
