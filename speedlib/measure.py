@@ -6,7 +6,10 @@
 - `peak_memory()` resets the allocator's peak counter before running, so the number is
   the peak of that call, not of the process so far.
 - `saved_tensor_bytes()` counts what autograd keeps for backward, exactly and on any
-  device, through `torch.autograd.graph.saved_tensors_hooks`.
+  device, through `torch.autograd.graph.saved_tensors_hooks` (or what it still keeps
+  afterwards: a leaked graph).
+- `count_syncs()` counts host-device synchronisations (torch's sync debug mode), and
+  `allocator_segments()` the caching allocator's cudaMalloc calls.
 - `environment()` is the JSON-ready record that travels with every result file.
 - `memory_bandwidth()` measures the bandwidth that physical floors are computed from, and
   `host_copy_bandwidth()` the bus's: bulk pinned or pageable copies between host and GPU.
@@ -15,11 +18,14 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import platform
 import re
 import subprocess
 import time
+import warnings
+import weakref
 from collections.abc import Callable, Iterable
 from importlib import metadata
 
@@ -31,6 +37,10 @@ __all__ = [
     "timer",
     "peak_memory",
     "saved_tensor_bytes",
+    "count_syncs",
+    "allocator_segments",
+    "release_cached_memory",
+    "best_seconds",
     "memory_bandwidth",
     "host_copy_bandwidth",
     "host_memory",
@@ -87,29 +97,81 @@ def peak_memory(fn: Callable[[], object], dev: torch.device | str, above_start: 
     return int(torch.cuda.max_memory_allocated(dev)) - start
 
 
-def saved_tensor_bytes(fn: Callable[[], object], exclude: Iterable[torch.Tensor] = ()) -> int:
+def saved_tensor_bytes(fn: Callable[[], object], exclude: Iterable[torch.Tensor] = (), alive_after: bool = False) -> int:
     """Bytes of distinct storage that autograd saves for backward while `fn()` runs.
 
     Each storage counts once however many saved tensors view it. Storages of `exclude`
     (typically the model's parameters, which backward keeps anyway) are left out, so the
     result is the activation memory a checkpointing scheme can save.
+    alive_after: count only the saved storages still alive once `fn` has returned (and the
+    garbage collector has run): the memory that something outside `fn` keeps holding, such
+    as an autograd graph that was never freed by a backward pass.
     """
     skip = {t.untyped_storage().data_ptr() for t in exclude}
-    seen: dict[int, int] = {}
+    seen: dict[int, tuple[int, weakref.ref]] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
+        # Saving `t` itself would make an output saved by its own grad_fn (ReLU's, say) a
+        # reference cycle through C++ that no garbage collector frees; a detached alias of
+        # the same storage has no grad_fn, so the graph is the only thing holding it.
+        saved = t.detach()
+        storage = saved.untyped_storage()
         ptr = storage.data_ptr()
-        if ptr not in skip:
-            seen[ptr] = storage.nbytes()
-        return t
+        if ptr not in skip and (ptr not in seen or seen[ptr][1]() is None):
+            seen[ptr] = storage.nbytes(), weakref.ref(saved)
+        return saved
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn()
-    return sum(seen.values())
+    if not alive_after:
+        return sum(n for n, _ in seen.values())
+    gc.collect()
+    return sum(n for n, ref in seen.values() if ref() is not None)
 
 
-def _best_seconds(fn: Callable[[], object], dev: torch.device, repeats: int) -> float:
+# The text of torch's sync debug mode warning (c10/cuda/CUDAFunctions.cpp).
+SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
+def count_syncs(fn: Callable[[], object]) -> int:
+    """How many times `fn()` makes the host wait for a CUDA device, per torch's sync debug
+    mode (`.item()`, `.cpu()`, `nonzero`, boolean indexing, `print` of a CUDA tensor, ...).
+
+    The mode sees the synchronisations that go through torch's stream sync and blocking
+    copies; `torch.cuda.synchronize()` itself is not counted. Raises NotImplementedError
+    without CUDA: a CPU never waits for itself.
+    """
+    if not torch.cuda.is_available():
+        raise NotImplementedError("synchronisations are counted on CUDA devices only")
+    saved = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # torch warns at the same place every step
+            fn()
+    finally:
+        torch.cuda.set_sync_debug_mode(saved)
+    return sum(SYNC_WARNING in str(w.message) for w in caught)
+
+
+def allocator_segments(dev: torch.device | str) -> int:
+    """How many memory segments the caching allocator has requested from the driver
+    (cudaMalloc calls) so far on the CUDA device `dev`; a rise means it found no cached block."""
+    dev = torch.device(dev)
+    if dev.type != "cuda":
+        raise NotImplementedError(f"allocator segments are counted on CUDA only, not {dev.type}")
+    return int(torch.cuda.memory_stats(dev).get("segment.all.allocated", 0))
+
+
+def release_cached_memory(dev: torch.device | str) -> None:
+    """Free what Python still references and hand the allocator's cached blocks back, so an
+    out-of-memory error leaves room for what runs next. A no-op beyond gc on CPU."""
+    gc.collect()
+    if torch.device(dev).type == "cuda" and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def best_seconds(fn: Callable[[], object], dev: torch.device, repeats: int) -> float:
     """The fastest of `repeats` calls of `fn`, each timed between two synchronisations."""
     best = float("inf")
     for _ in range(repeats):
@@ -133,7 +195,7 @@ def memory_bandwidth(dev: torch.device | str, nbytes: int = 1 << 28, repeats: in
     a = torch.zeros(nbytes // 4, dtype=torch.float32, device=dev)
     b = torch.ones_like(a)
     a.add_(b)  # first touch and any lazy allocation stay outside the timing
-    return 3 * a.numel() * a.element_size() / _best_seconds(lambda: a.add_(b), dev, repeats)
+    return 3 * a.numel() * a.element_size() / best_seconds(lambda: a.add_(b), dev, repeats)
 
 
 def host_copy_bandwidth(dev: torch.device | str, direction: str = "h2d", pinned: bool = True,
@@ -154,7 +216,7 @@ def host_copy_bandwidth(dev: torch.device | str, direction: str = "h2d", pinned:
     gpu = torch.ones(nbytes, dtype=torch.uint8, device=dev)
     src, dst = (host, gpu) if direction == "h2d" else (gpu, host)
     dst.copy_(src, non_blocking=pinned)
-    return nbytes / _best_seconds(lambda: dst.copy_(src, non_blocking=pinned), dev, repeats)
+    return nbytes / best_seconds(lambda: dst.copy_(src, non_blocking=pinned), dev, repeats)
 
 
 def host_memory() -> int:
