@@ -527,3 +527,26 @@ def test_a_real_gpu_out_of_memory_ends_the_curve():
     curve = tuning.batch_size_curve(make_step, [1, 2, 8], "cuda", repeats=1)
     assert [p.status for p in curve] == ["ok", "ok", "oom"]
     assert torch.cuda.memory_allocated() < total // 4, "the failed batch's memory was released"
+
+
+# --- the benchmark -----------------------------------------------------------------------
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU behaviour of the benchmark")
+def test_benchmark_skips_in_setup_what_needs_a_gpu():
+    """asv records NotImplementedError from setup as a skip but from the body as a failure."""
+    from benchmarks import bench_tuning as bench  # noqa: PLC0415
+
+    for make in (lambda: bench.PeakMemory().setup("accumulation", "on"), lambda: bench.InferenceMemory().setup("off"),
+                 lambda: bench.TrainingStep().setup("cudnn_benchmark", "on"), lambda: bench.DataLoading().setup("pin_memory"),
+                 lambda: bench.SyncCount().setup("off"), lambda: bench.CreateOnDevice().setup("on"),
+                 lambda: bench.PreallocateSegments().setup("on")):
+        with pytest.raises(NotImplementedError):
+            make()
+
+
+def test_benchmark_off_model_has_a_bias_before_every_norm():
+    from benchmarks import bench_tuning as bench  # noqa: PLC0415
+
+    model = bench._add_conv_bias(nn.Sequential(nn.Conv2d(3, 4, 1, bias=False), nn.BatchNorm2d(4)))
+    assert model[0].bias is not None and not model[0].bias.any()
+    assert tuning.remove_conv_bias(model) == ["0"]
