@@ -335,12 +335,13 @@ def preallocate(model: nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.T
 
 
 def accumulation_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callable, x: torch.Tensor,
-                      y: torch.Tensor, micro_batches: int = 1) -> torch.Tensor:
+                      y: torch.Tensor, micro_batches: int = 1, no_sync: bool = True) -> torch.Tensor:
     """One optimizer step on the batch (x, y), in `micro_batches` chunks ("off": 1).
 
     Each chunk's loss is weighted by its share of the batch, so uneven chunks still average
     to the full batch's mean loss. Under DistributedDataParallel the first chunks run in
-    `no_sync()`, so gradients are all-reduced once per step, not once per chunk. Returns the
+    `no_sync()`, so gradients are all-reduced once per step, not once per chunk (no_sync=False
+    all-reduces after every chunk: the same result, for measuring the saving). Returns the
     batch's loss (detached; no synchronisation). BatchNorm sees micro-batch statistics, so
     only models without batch-dependent layers give the full batch's result exactly.
     """
@@ -351,7 +352,8 @@ def accumulation_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_f
     total = x.new_zeros((), dtype=torch.float32)
     for i, (xc, yc) in enumerate(chunks):
         last = i == len(chunks) - 1
-        context = model.no_sync() if (not last and hasattr(model, "no_sync")) else contextlib.nullcontext()
+        skip = no_sync and not last and hasattr(model, "no_sync")
+        context = model.no_sync() if skip else contextlib.nullcontext()
         with context:
             loss = loss_fn(model(xc), yc) * (xc.shape[0] / x.shape[0])
             loss.backward()

@@ -1,0 +1,165 @@
+"""DistributedDataParallel (gloo, 2 processes) against one process on the same global batch,
+no_sync accumulation, the DDP options, flat-buffer parameters, and failing ranks."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from speedlib import parallel
+from speedlib.parallel import RunConfig, RunFailed, RunResult, RunTimedOut
+
+HAS_CUDA = torch.cuda.is_available()
+# Small but real: the 100-layer MLP of the contiguous benchmark at a global batch of 16.
+BASE = {"workload": "mlp", "batch": 16, "steps": 3, "warmup": 1}
+
+
+def _run(**kw) -> RunResult:
+    return parallel.run(RunConfig(**{**BASE, **kw}), timeout=180)
+
+
+@pytest.fixture(scope="module")
+def single() -> RunResult:
+    return _run(mode="single")
+
+
+def _assert_same_parameters(a: RunResult, b: RunResult) -> None:
+    # The all-reduce sums the two shards' gradients in another order than one process does.
+    assert a.state_dict.keys() == b.state_dict.keys()
+    for k in a.state_dict:
+        torch.testing.assert_close(b.state_dict[k], a.state_dict[k], rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def _moved(result: RunResult) -> bool:
+    """Training did something: the weights differ from their initial values."""
+    from speedlib import workloads  # noqa: PLC0415
+
+    start = workloads.get(result.config.workload).model(seed=result.config.seed).state_dict()
+    return any(not torch.equal(start[k], v) for k, v in result.state_dict.items())
+
+
+def test_ddp_on_two_processes_equals_one_process(single):
+    ddp = _run(mode="ddp", world_size=2, count_allreduces=True)
+    assert _moved(single)
+    _assert_same_parameters(single, ddp)
+    assert len(ddp.step_times) == 2 and all(len(t) == 3 and min(t) > 0 for t in ddp.step_times)
+    assert ddp.allreduces[0] == ddp.allreduces[1] > 0 and ddp.allreduces[0] % 3 == 0, "the same buckets every step"
+
+
+def test_torchrun_launcher_gives_the_same_run(single):
+    _assert_same_parameters(single, parallel.run(RunConfig(**BASE, mode="ddp", world_size=2), launcher="torchrun",
+                                                 timeout=180))
+
+
+def test_no_sync_accumulation_same_result_fewer_all_reduces(single):
+    synced = _run(mode="ddp", world_size=2, micro_batches=4, no_sync=False, count_allreduces=True)
+    skipped = _run(mode="ddp", world_size=2, micro_batches=4, no_sync=True, count_allreduces=True)
+    _assert_same_parameters(single, skipped)
+    _assert_same_parameters(single, synced)
+    assert synced.allreduces[0] == 4 * skipped.allreduces[0], "one all-reduce per micro-batch without no_sync"
+
+
+def test_ddp_options_and_flat_buffers_keep_the_result(single):
+    for options in ({"gradient_as_bucket_view": True, "static_graph": True}, {"find_unused_parameters": True},
+                    {"contiguous": True}):
+        _assert_same_parameters(single, _run(mode="ddp", world_size=2, **options))
+
+
+def test_flat_buffers_refuse_gradient_bucket_views():
+    """DDP's bucket views would take the gradients out of the flat buffer: a loud error."""
+    with pytest.raises(RunFailed, match="gradient_as_bucket_view=False"):
+        _run(mode="ddp", world_size=2, contiguous=True, gradient_as_bucket_view=True)
+
+
+def _gone(pids: list[int]) -> bool:
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    return not any(alive(p) for p in pids)
+
+
+@pytest.mark.parametrize("fault,error,message", [("raise", RunFailed, "rank 1 raised"),
+                                                 ("kill", RunFailed, "rank 1 died.*SIGKILL")])
+def test_a_failing_rank_ends_the_run(fault, error, message):
+    start = time.monotonic()
+    with pytest.raises(error, match=message) as info:
+        parallel.run(RunConfig(**BASE, mode="ddp", world_size=2, fault=fault), timeout=120)
+    assert time.monotonic() - start < 60, "the peer waiting in all-reduce must be stopped, not waited for"
+    assert info.value.pids and _gone(info.value.pids)
+    if fault == "raise":
+        assert "fault injected on rank 1 at step 1" in str(info.value)
+
+
+def test_a_hung_rank_times_out_and_leaves_no_process():
+    with pytest.raises(RunTimedOut, match="did not finish within 25 s") as info:
+        parallel.run(RunConfig(**BASE, mode="ddp", world_size=2, fault="hang"), timeout=25)
+    assert isinstance(info.value, TimeoutError) and _gone(info.value.pids)
+
+
+def test_a_hung_torchrun_is_killed_with_its_workers(tmp_path):
+    with pytest.raises(RunTimedOut, match="torchrun did not finish") as info:
+        parallel.run(RunConfig(**BASE, mode="ddp", world_size=2, fault="hang"), launcher="torchrun", timeout=25)
+    assert _gone(info.value.pids)
+    marker = '"fault": "hang"'
+    leftovers = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    leftovers.append(pid)
+        except OSError:
+            continue
+    assert not leftovers, f"worker processes survived: {leftovers}"
+
+
+def test_step_time_is_the_slowest_ranks_median():
+    result = RunResult(RunConfig(mode="ddp", world_size=2, batch=8), [[1.0, 3.0, 2.0], [2.0, 1.0, 5.0]], None, [], {})
+    assert result.step_seconds == 3.0  # steps end at max(1, 2), max(3, 1), max(2, 5)
+    assert result.samples_per_second == 8 / 3.0
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"mode": "pipeline"}, "unknown mode"),
+    ({"mode": "single", "world_size": 2}, "world_size"),
+    ({"mode": "dataparallel"}, "CUDA devices"),
+    ({"mode": "ddp", "world_size": 3, "batch": 16}, "split evenly"),
+    ({"mode": "ddp", "world_size": 2, "micro_batches": 3, "batch": 16}, "split evenly"),
+    ({"mode": "ddp", "fault": "segfault"}, "unknown fault"),
+    ({"device": "tpu"}, "device"),
+])
+def test_bad_configs_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RunConfig(**kwargs)
+
+
+def test_bad_launches_are_refused():
+    with pytest.raises(ValueError, match="launcher"):
+        parallel.run(RunConfig(mode="single"), launcher="slurm")
+    with pytest.raises(ValueError, match="DDP ranks only"):
+        parallel.run(RunConfig(mode="single", fault="raise"))
+    if not HAS_CUDA:
+        with pytest.raises(ValueError, match="needs 1 CUDA devices; this machine has 0"):
+            parallel.run(RunConfig(mode="ddp", device="cuda"))
+
+
+def test_the_torchrun_entry_point_needs_torchrun(monkeypatch, capsys):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(SystemExit):
+        parallel.main(["--config", "{}", "--out", "x"])
+    assert "start this module with torchrun" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU; DDP's equivalence is tested on CPU with gloo above")
+def test_dataparallel_and_nccl_ddp_on_one_gpu_equal_one_process():
+    base = {**BASE, "device": "cuda"}
+    single_gpu = parallel.run(RunConfig(**base, mode="single"))
+    for mode in ("dataparallel", "ddp"):
+        _assert_same_parameters(single_gpu, parallel.run(RunConfig(**base, mode=mode, world_size=1), timeout=180))
