@@ -20,7 +20,8 @@ Metrics:
   PeakMemory.track_peak_memory peak GPU memory of a whole step (the source's "Memory")
   track_peak_activation_memory the same minus what was allocated before the step
                                (parameters, optimizer state, last step's gradients)
-  DataParallelStep / DistributedStep: two or more GPUs only, the source's 2-GPU rows.
+  DataParallelStep / DistributedStep: two or more GPUs only, the source's 2-GPU rows
+                               (DistributedStep runs speedlib.parallel: SGD, momentum 0.9).
 
 Batch sizes are parameters: 64 and 256 on GPUs (the source's table), 4 and 16 on CPUs
 (DenseNet-BC-100 at 16 already takes about a second a step on two cores). Nothing here touches
@@ -29,10 +30,6 @@ CUDA at import time.
 
 from __future__ import annotations
 
-import os
-import statistics
-import tempfile
-import time
 
 import torch
 
@@ -196,7 +193,8 @@ class DataParallelStep:
 
 
 class DistributedStep:
-    """DistributedDataParallel, one process per GPU (NCCL): median step time of rank 0."""
+    """DistributedDataParallel, one process per GPU (NCCL), through speedlib.parallel: the
+    median step time of the slowest rank."""
 
     params = (VARIANTS, PARALLEL_BATCHES)
     param_names = ["variant", "batch"]
@@ -205,66 +203,15 @@ class DistributedStep:
     def setup(self, variant: str, batch: int) -> None:
         self.world = _need_gpus()
         _check_variant(variant)
+        try:
+            from speedlib import parallel  # noqa: PLC0415
+        except ImportError as e:  # a commit before the launcher existed
+            raise NotImplementedError(f"speedlib has no parallel module here: {e}") from e
+        self.parallel = parallel
 
     def track_step_time(self, variant: str, batch: int) -> float:
-        out = ddp_run(self.world, PARALLEL_WORKLOAD, variant, batch, steps=10, device_type="cuda")
-        return statistics.median(out["times"])
+        return self.parallel.run(self.parallel.RunConfig(
+            mode="ddp", world_size=self.world, workload=PARALLEL_WORKLOAD, batch=batch, checkpoint=variant,
+            steps=10, warmup=1, device="cuda")).step_seconds
 
     track_step_time.unit = "seconds"
-
-
-def _ddp_worker(rank: int, world: int, init_file: str, out_dir: str, workload: str, variant: str,
-                batch: int, steps: int, device_type: str) -> None:
-    import torch.distributed as dist  # noqa: PLC0415
-
-    backend = "nccl" if device_type == "cuda" else "gloo"
-    dev = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
-    if device_type == "cuda":
-        torch.cuda.set_device(dev)
-    else:
-        torch.set_num_threads(1)  # the ranks share the host's cores
-    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        wl = workloads.get(workload, dev).with_batch(batch // world)
-        model = workloads.set_checkpointing(wl.model(dev), variant)  # same seed: same weights on every rank
-        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank] if device_type == "cuda" else None)
-        optimizer = _optimizer(ddp)
-        x, y = wl.batch(dev, seed=rank)  # each rank its own shard of the global batch
-        times = []
-        for i in range(steps + 1):  # the first step warms up and is not timed
-            measure.synchronize(dev)
-            start = time.perf_counter()
-            optimizer.zero_grad()
-            wl.loss(ddp(x), y).backward()
-            optimizer.step()
-            measure.synchronize(dev)
-            if i:
-                times.append(time.perf_counter() - start)
-        if rank == 0:
-            state = {k: v.cpu() for k, v in model.state_dict().items()}
-            torch.save({"times": times, "state": state}, os.path.join(out_dir, "rank0.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
-def ddp_run(world: int, workload: str, variant: str, batch: int, steps: int, device_type: str,
-            timeout: float = 600.0) -> dict:
-    """Train `steps` DDP steps in `world` spawned processes; rank 0's step times and final state.
-
-    The global `batch` is split evenly across ranks. A rank that raises ends the run with
-    its error; one that hangs past `timeout` seconds gets every rank terminated.
-    """
-    import torch.multiprocessing as mp  # noqa: PLC0415
-
-    if batch % world:
-        raise ValueError(f"global batch {batch} does not split evenly over {world} processes")
-    with tempfile.TemporaryDirectory(prefix="speedlib-ddp-") as tmp:
-        args = (world, os.path.join(tmp, "rendezvous"), tmp, workload, variant, batch, steps, device_type)
-        ctx = mp.start_processes(_ddp_worker, args=args, nprocs=world, join=False, start_method="spawn")
-        deadline = time.monotonic() + timeout
-        while not ctx.join(timeout=1.0):  # raises ProcessRaisedException if a rank failed
-            if time.monotonic() > deadline:
-                for p in ctx.processes:
-                    p.kill()
-                raise TimeoutError(f"DDP run did not finish within {timeout:.0f} s; all ranks killed")
-        return torch.load(os.path.join(tmp, "rank0.pt"))

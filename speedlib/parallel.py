@@ -68,6 +68,7 @@ class RunConfig:
     static_graph: bool = False
     find_unused_parameters: bool = False
     contiguous: bool = False  # the optimizer steps speedlib.ContiguousParams' flat buffers
+    checkpoint: str = "none"  # a speedlib.workloads.CHECKPOINT_VARIANTS entry (DenseNets, transformer)
     device: str = "cpu"  # "cpu" or "cuda"
     lr: float = 0.01
     seed: int = 0
@@ -90,6 +91,8 @@ class RunConfig:
                              f"{self.micro_batches} micro-batches (unequal shards would weight samples unequally)")
         if self.steps < 1 or self.warmup < 0:
             raise ValueError(f"need steps >= 1 and warmup >= 0, got {self.steps}, {self.warmup}")
+        if self.checkpoint not in workloads.CHECKPOINT_VARIANTS:
+            raise ValueError(f"unknown checkpoint variant {self.checkpoint!r}; choose one of {workloads.CHECKPOINT_VARIANTS}")
         if self.fault is not None and self.fault not in FAULTS:
             raise ValueError(f"unknown fault {self.fault!r}; choose one of {FAULTS}")
 
@@ -163,6 +166,8 @@ def train(config: RunConfig, rank: int = 0, local_rank: int = 0) -> dict:
     world = config.world_size if config.mode == "ddp" else 1
     wl = workloads.get(config.workload, dev).with_batch(config.batch)
     model = wl.model(dev, seed=config.seed)  # the same initial weights on every rank
+    if config.checkpoint != "none":
+        workloads.set_checkpointing(model, config.checkpoint)
     x, y = wl.batch("cpu", seed=config.seed)  # the global batch; each rank takes its shard
     x, y = x.tensor_split(world)[rank].to(dev), y.tensor_split(world)[rank].to(dev)
     flat = None

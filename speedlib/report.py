@@ -37,6 +37,13 @@ class Technique:
     title: str
     baseline: str  # the variant every other variant is compared with
     headline: str  # the metric the overview shows
+    # Baselines for benchmarks that have no `baseline` variant, in order of preference
+    # (DataParallel does not run on CPUs; some benchmarks switch one option off and on).
+    fallbacks: tuple[str, ...] = ()
+
+    @property
+    def baselines(self) -> tuple[str, ...]:
+        return (self.baseline, *self.fallbacks)
 
 
 # The baselines are what each source compared against (DESIGN.md's "baselines" column).
@@ -45,7 +52,7 @@ TECHNIQUES = {
     "transfer": Technique("Host<->GPU transfer and CPU-hosted embeddings", "pinned", "gather"),
     "checkpoint": Technique("Activation checkpointing", "none", "step"),
     "amp": Technique("Mixed precision", "fp32", "step"),
-    "parallel": Technique("DistributedDataParallel vs DataParallel", "dataparallel", "step"),
+    "parallel": Technique("DistributedDataParallel vs DataParallel", "dataparallel", "step", ("single", "off")),
     "tuning": Technique("Performance Tuning Guide knobs", "off", "step"),
 }
 
@@ -155,9 +162,15 @@ def speedups(df: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:
         return df.iloc[0:0].assign(baseline=[], baseline_value=[], ratio=[], ratio_low=[], ratio_high=[], interval=[])
     params = [c for c in param_columns(df) if c in df]
     rows = df.assign(**{c: df[c].fillna("") for c in params})
-    wanted = baseline if baseline is not None else rows["technique"].map(lambda t: TECHNIQUES[t].baseline if t in TECHNIQUES else None)
-    base = rows[rows["variant"] == wanted]
     keys = ["machine", "commit", "benchmark", *params]
+    # Each row's preference for being the baseline (lower is preferred; NaN: not a baseline),
+    # then per comparison group the most preferred baseline present.
+    chains = {t: (baseline,) if baseline is not None else TECHNIQUES[t].baselines if t in TECHNIQUES else ()
+              for t in rows["technique"].unique()}
+    rank = np.array([chains[t].index(v) if v in chains[t] else np.nan for t, v in zip(rows["technique"], rows["variant"])],
+                    dtype=float)
+    usable = ~np.isnan(rank)
+    base = rows[usable].assign(_rank=rank[usable]).sort_values("_rank", kind="stable").drop_duplicates(keys)
     merged = rows.merge(base[[*keys, "variant", "value", "ci99_low", "ci99_high", "q25", "q75"]],
                         on=keys, suffixes=("", "_base"))
     _with_ratio(merged)

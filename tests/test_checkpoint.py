@@ -7,6 +7,8 @@ backward kernel whichever checkpoint asked for it.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -292,15 +294,16 @@ def test_data_parallel_replicas_get_gradients():
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["speedlib", "reentrant"])
 def test_distributed_data_parallel_two_processes_match(variant):
-    """DDP with gloo, 2 processes, through the benchmark's own runner: the checkpointed
+    """DDP with gloo, 2 processes, through speedlib.parallel: the checkpointed
     model ends bitwise equal to the uncheckpointed one (parameters and BN statistics)."""
-    from benchmarks.bench_checkpoint import ddp_run  # noqa: PLC0415
+    from speedlib.parallel import RunConfig, run  # noqa: PLC0415
 
-    none = ddp_run(2, "densenet_bc", "none", 8, steps=2, device_type="cpu")
-    other = ddp_run(2, "densenet_bc", variant, 8, steps=2, device_type="cpu")
-    assert len(other["times"]) == 2
-    _assert_same(none["state"], other["state"])
-    assert int(other["state"]["features.denseblock1.denselayer1.norm1.num_batches_tracked"]) == 3
+    config = RunConfig(mode="ddp", world_size=2, workload="densenet_bc", batch=8, steps=2, warmup=1)
+    none = run(config)
+    other = run(dataclasses.replace(config, checkpoint=variant))
+    assert len(other.step_times[0]) == 2
+    _assert_same(none.state_dict, other.state_dict)
+    assert int(other.state_dict["features.denseblock1.denselayer1.norm1.num_batches_tracked"]) == 3
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU behaviour of the benchmark")

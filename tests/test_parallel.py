@@ -133,6 +133,7 @@ def test_step_time_is_the_slowest_ranks_median():
     ({"mode": "ddp", "world_size": 2, "micro_batches": 3, "batch": 16}, "split evenly"),
     ({"mode": "ddp", "fault": "segfault"}, "unknown fault"),
     ({"device": "tpu"}, "device"),
+    ({"checkpoint": "everything"}, "unknown checkpoint variant"),
 ])
 def test_bad_configs_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -163,3 +164,20 @@ def test_dataparallel_and_nccl_ddp_on_one_gpu_equal_one_process():
     single_gpu = parallel.run(RunConfig(**base, mode="single"))
     for mode in ("dataparallel", "ddp"):
         _assert_same_parameters(single_gpu, parallel.run(RunConfig(**base, mode=mode, world_size=1), timeout=180))
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU behaviour of the benchmark")
+def test_benchmark_skips_in_setup_what_this_machine_cannot_run(monkeypatch):
+    """asv records NotImplementedError from setup as a skip but from the body as a failure."""
+    from benchmarks import bench_parallel as bench  # noqa: PLC0415
+
+    with pytest.raises(NotImplementedError, match="DataParallel"):
+        bench.Step().setup(1, "dataparallel")
+    with pytest.raises(NotImplementedError, match="world size 1"):
+        bench.Throughput().setup(2, "single")
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    with pytest.raises(NotImplementedError, match="needs 2 cores; this machine has 1"):
+        bench.NoSync().setup("on")
+    step = bench.Step()
+    step.setup(1, "ddp")
+    assert step.config.batch == bench._SETUP["per_rank"] and step.config.device == "cpu"

@@ -67,6 +67,25 @@ def test_baseline_can_be_chosen(df):
     assert (s[s["variant"] == "fused"]["ratio"] == 1).all()
 
 
+def test_a_missing_baseline_falls_back_in_order():
+    """parallel compares with DataParallel, else one process (DataParallel needs GPUs),
+    else an option's "off"; each (machine, commit, benchmark, parameters) group separately."""
+    def row(variant, value, world="1", benchmark="bench_parallel.Step.track_step", machine="m"):
+        return {"machine": machine, "commit": "c" * 40, "benchmark": benchmark, "technique": "parallel", "kind": "time",
+                "unit": "seconds", "variant": variant, "workload": None, "world": world, "value": value,
+                "ci99_low": value, "ci99_high": value, "q25": value, "q75": value, "n": 1}
+
+    rows = pd.DataFrame([row("single", 2.0), row("ddp", 1.0), row("single", 2.0, machine="gpu"),
+                         row("dataparallel", 4.0, machine="gpu"), row("ddp", 1.0, machine="gpu"),
+                         row("off", 3.0, None, "bench_parallel.NoSync.track_step"),
+                         row("on", 1.5, None, "bench_parallel.NoSync.track_step")])
+    s = report.speedups(rows).set_index(["machine", "benchmark", "variant"])
+    assert s.loc[("m", "bench_parallel.Step.track_step", "ddp"), ["baseline", "ratio"]].tolist() == ["single", 2.0]
+    assert s.loc[("gpu", "bench_parallel.Step.track_step", "ddp"), ["baseline", "ratio"]].tolist() == ["dataparallel", 4.0]
+    assert s.loc[("m", "bench_parallel.NoSync.track_step", "on"), ["baseline", "ratio"]].tolist() == ["off", 2.0]
+    assert len(s) == 7, "every row has exactly one baseline"
+
+
 def test_tables_leave_out_the_baseline_row(df):
     t = report.speedup_table(df)
     assert "forloop" not in set(t.frame["variant"]) and t.frame["speedup"].str.endswith("]").all()
