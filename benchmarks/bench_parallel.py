@@ -58,7 +58,9 @@ def _run(config):
     return parallel.run(config, timeout=_TIMEOUT)
 
 
-class Step:
+class _Launch:
+    """One launch per measurement; the grid is world size x mode."""
+
     params = (WORLDS, MODES)
     param_names = ["world", "variant"]
     timeout = 900
@@ -67,21 +69,15 @@ class Step:
     def setup(self, world: int, variant: str) -> None:
         self.config = _config(variant, world)
 
+
+class Step(_Launch):
     def track_step(self, world: int, variant: str) -> float:
         return _run(self.config).step_seconds
 
     track_step.unit = "seconds"
 
 
-class Throughput:
-    params = (WORLDS, MODES)
-    param_names = ["world", "variant"]
-    timeout = 900
-    rounds = 1
-
-    def setup(self, world: int, variant: str) -> None:
-        self.config = _config(variant, world)
-
+class Throughput(_Launch):
     def track_samples_per_second(self, world: int, variant: str) -> float:
         return _run(self.config).samples_per_second
 

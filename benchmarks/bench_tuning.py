@@ -113,13 +113,19 @@ def _cached(key: tuple, build):
     return _cache[key]
 
 
-class TrainingStep:
+class _Timed:
+    """asv settings shared by the time_* benchmarks (a base class without benchmarks of its own)."""
+
+    timer = staticmethod(measure.timer)  # waits for the GPU before reading the clock
+    timeout = 600
+    warmup_time = 0  # setup has warmed up already
+    repeat, rounds = _TIMING["repeat"], _TIMING["rounds"]
+
+
+class TrainingStep(_Timed):
     params = (STEP_KNOBS, ON_OFF)
     param_names = ["knob", "variant"]
-    timer = staticmethod(measure.timer)
     timeout = 900
-    warmup_time = 0
-    repeat, rounds = _TIMING["repeat"], _TIMING["rounds"]
 
     def setup(self, knob: str, variant: str) -> None:
         self.trainer = _cached(("step", knob, variant), lambda: _Trainer(knob, variant))
@@ -156,13 +162,9 @@ def _eval_model():
     return model, x
 
 
-class Inference:
+class Inference(_Timed):
     params = INFERENCE
     param_names = ["variant"]
-    timer = staticmethod(measure.timer)
-    timeout = 600
-    warmup_time = 0
-    repeat, rounds = _TIMING["repeat"], _TIMING["rounds"]
 
     def setup(self, variant: str) -> None:
         self.tuning = _tuning()
@@ -200,12 +202,9 @@ _IMAGES = {"n": 32, "size": 256, "crop": 224, "length": 128 if _ON_GPU else 64, 
 WORKERS = min(8, os.cpu_count() or 1)
 
 
-class DataLoading:
+class DataLoading(_Timed):
     params = ["off", "workers", "pin_memory", "workers_pin_memory"]
     param_names = ["variant"]
-    timer = staticmethod(measure.timer)
-    timeout = 600
-    warmup_time = 0
     repeat, rounds = (3, 10, 30.0), 1
 
     def setup(self, variant: str) -> None:
@@ -234,13 +233,9 @@ class DataLoading:
 _GELU_SIZE = 1 << 26 if _ON_GPU else 1 << 22
 
 
-class FusedPointwise:
+class FusedPointwise(_Timed):
     params = ["off", "torchscript", "compile"]
     param_names = ["variant"]
-    timer = staticmethod(measure.timer)
-    timeout = 600
-    warmup_time = 0
-    repeat, rounds = _TIMING["repeat"], _TIMING["rounds"]
 
     def setup(self, variant: str) -> None:
         tuning = _tuning()
@@ -312,13 +307,9 @@ def _mlp_epoch(mode: str):
 _METER = {"off": "item", "on": "device"}
 
 
-class Sync:
+class Sync(_Timed):
     params = ON_OFF
     param_names = ["variant"]
-    timer = staticmethod(measure.timer)
-    timeout = 600
-    warmup_time = 0
-    repeat, rounds = _TIMING["repeat"], _TIMING["rounds"]
 
     def setup(self, variant: str) -> None:
         self.epoch = _cached(("sync", variant), lambda: _mlp_epoch(_METER[variant]))
@@ -344,13 +335,9 @@ class SyncCount:
     track_syncs.unit = "syncs"
 
 
-class CreateOnDevice:
+class CreateOnDevice(_Timed):
     params = ON_OFF
     param_names = ["variant"]
-    timer = staticmethod(measure.timer)
-    timeout = 600
-    warmup_time = 0
-    repeat, rounds = _TIMING["repeat"], _TIMING["rounds"]
 
     def setup(self, variant: str) -> None:
         self.tuning = _tuning()
@@ -389,12 +376,9 @@ class _VariableLengthTraining:
             self.optimizer.step()
 
 
-class Preallocate:
+class Preallocate(_Timed):
     params = ON_OFF
     param_names = ["variant"]
-    timer = staticmethod(measure.timer)
-    timeout = 600
-    warmup_time = 0
     repeat, rounds = (2, 6, 20.0), 1
 
     def setup(self, variant: str) -> None:
