@@ -27,7 +27,7 @@ import speedlib
 from speedlib.results import COLUMNS, higher_is_better
 
 __all__ = ["Claim", "CLAIMS", "TECHNIQUES", "Table", "speedups", "speedup_table", "memory_table",
-           "floor_table", "history", "history_table", "compare_machines", "machine_comparison", "bibtex", "claims_table", "latest",
+           "floor_table", "case_label", "history", "history_table", "compare_machines", "machine_comparison", "bibtex", "claims_table", "latest",
            "param_columns", "provenance", "reproduce_command", "to_markdown", "to_csv", "to_latex",
            "SIGNIFICANCE_FACTOR"]
 
@@ -149,6 +149,18 @@ def _with_ratio(m: pd.DataFrame) -> None:
     none = (label == "none") | (blabel == "none")
     m.loc[none, ["ratio_low", "ratio_high"]] = np.nan
     m.loc[none, "interval"] = "none"
+
+
+def case_label(df: pd.DataFrame) -> pd.Series:
+    """What tells a row apart within a technique on one machine: its workload, its other
+    parameters as name=value, then its variant ("mlp / speedlib", "knob=conv_bias / on")."""
+    def label(params: str, workload, variant) -> str:
+        parts = [p for p in (params or "").split(", ") if p and not p.startswith(("variant=", "workload="))]
+        head = [workload] if isinstance(workload, str) and workload else []
+        return " / ".join([", ".join(head + parts), variant if isinstance(variant, str) else ""]).strip(" /")
+
+    return pd.Series([label(p, w, v) for p, w, v in zip(df["params"], df["workload"], df["variant"])],
+                     index=df.index, dtype=object)
 
 
 def speedups(df: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:

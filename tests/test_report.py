@@ -86,6 +86,12 @@ def test_a_missing_baseline_falls_back_in_order():
     assert len(s) == 7, "every row has exactly one baseline"
 
 
+def test_case_labels_tell_rows_apart():
+    rows = pd.DataFrame({"params": ["workload=mlp, variant=speedlib", "knob=conv_bias, variant=on", "batch=8", "world=2, variant=ddp"],
+                         "workload": ["mlp", None, None, None], "variant": ["speedlib", "on", None, "ddp"]})
+    assert report.case_label(rows).tolist() == ["mlp / speedlib", "knob=conv_bias / on", "batch=8", "world=2 / ddp"]
+
+
 def test_tables_leave_out_the_baseline_row(df):
     t = report.speedup_table(df)
     assert "forloop" not in set(t.frame["variant"]) and t.frame["speedup"].str.endswith("]").all()

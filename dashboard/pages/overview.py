@@ -27,9 +27,10 @@ for name, technique in report.TECHNIQUES.items():
     if s.empty:
         continue
     shown = True
-    st.markdown(f"**{technique.title}**: `{technique.headline}`, against `{technique.baseline}`")
-    s = s.assign(label=s["machine"] + " (" + s["gpu"] + ")", case=s["workload"].fillna("") + " / " + s["variant"])
-    st.plotly_chart(ratio_chart(s, "case", "label", f"{technique.headline}: x faster than {technique.baseline}"))
+    against = ", ".join(f"`{b}`" for b in technique.baselines if b in set(s["baseline"]))  # fallbacks where the baseline did not run
+    st.markdown(f"**{technique.title}**: `{technique.headline}`, against {against}")
+    s = s.assign(label=s["machine"] + " (" + s["gpu"] + ")", case=report.case_label(s))
+    st.plotly_chart(ratio_chart(s, "case", "label", f"{technique.headline}: x faster than the baseline"))
     table(speedup)
 if not shown:
     st.info("None of the selected machines has a headline result yet.")
