@@ -23,6 +23,7 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         results_dir=Path(args.results_dir) if args.results_dir else None,
         allow_dirty=args.allow_dirty,
         show_stderr=args.show_stderr,
+        archive=Path(args.archive) if args.archive else None,
     )
     try:
         suite.run(options, argv=argv)
@@ -120,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--allow-dirty", action="store_true",
                      help="run although speedlib/ or benchmarks/ have uncommitted changes")
     run.add_argument("--show-stderr", action="store_true", help="show the benchmarks' stderr")
+    run.add_argument("--archive", metavar="FILE.tar.gz",
+                     help="also pack the run's results (result files, environment records, machine.json, "
+                          "benchmarks.json) into one archive, to carry them off a GPU machine")
     run.set_defaults(func=_cmd_run)
 
     env = sub.add_parser("env", help="print this machine's environment record as JSON")

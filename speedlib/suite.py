@@ -20,12 +20,13 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["RunOptions", "run", "find_root", "resolve_commits", "environment_record_path"]
+__all__ = ["RunOptions", "run", "find_root", "resolve_commits", "environment_record_path", "pack_results"]
 
 CONFIG = "asv.conf.json"
 
@@ -43,6 +44,7 @@ class RunOptions:
     results_dir: Path | None = None  # default: the config's results_dir
     allow_dirty: bool = False
     show_stderr: bool = False
+    archive: Path | None = None  # also pack what the run wrote into this .tar.gz
 
 
 def find_root(start: Path | None = None) -> Path:
@@ -136,6 +138,8 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
     root = root or find_root()
     if importlib.util.find_spec("asv") is None or importlib.util.find_spec("asv_runner") is None:
         raise SuiteError('asv is not installed here: python3 -m pip install -e ".[bench]"')
+    if options.quick and options.archive is not None:
+        raise SuiteError("--archive packs saved results, and a --quick run saves none")
     shas = resolve_commits(root, options.commits)
     if not options.quick and not options.allow_dirty and options.commits is None and _dirty(root):
         raise SuiteError(
@@ -178,7 +182,31 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
             _print_table(results_dir, machine)
             return results_dir
     _print_table(results_dir, machine, shas)
+    if options.archive is not None:
+        packed = pack_results(results_dir, machine, shas, options.archive)
+        print(f"\nspeedlib run: packed {packed}: unpack it in a checkout's root and commit results/", flush=True)
     return results_dir
+
+
+def pack_results(results_dir: Path, machine: str, shas: Sequence[str], dest: Path) -> Path:
+    """One .tar.gz of what a run wrote, laid out as `results/...` so that unpacking it in a
+    checkout's root adds it there: the machine's result files and environment records for
+    `shas`, its machine.json, and benchmarks.json (the benchmark versions asv compares)."""
+    results_dir, dest = Path(results_dir), Path(dest)
+    machine_dir = results_dir / machine
+    files = [results_dir / "benchmarks.json", machine_dir / "machine.json"]
+    for sha in shas:
+        files += sorted(machine_dir.glob(f"{sha[:8]}-*.json"))
+        files.append(environment_record_path(results_dir, machine, sha))
+    missing = [str(f) for f in files[:2] if not f.is_file()]
+    if missing or len(files) == 2 + len(shas):
+        raise SuiteError(f"nothing to pack for {machine} in {results_dir}: missing {missing or 'result files'}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(dest, "w:gz") as tar:
+        for f in files:
+            if f.is_file():
+                tar.add(f, arcname=str(Path("results") / f.relative_to(results_dir)))
+    return dest
 
 
 class _library_at:

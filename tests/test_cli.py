@@ -12,6 +12,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pandas as pd
@@ -133,9 +134,17 @@ def test_commit_range_results_are_read_by_asv_publish_and_compare(scratch_repo, 
     assert out.returncode == 0, out.stdout + out.stderr
     shas = [git(scratch_repo, "rev-parse", "HEAD")]
     assert "[1/1]" in out.stdout
-    out = run_cli("run", "--commits", "HEAD~1", "--bench", ONE_BENCH, cwd=scratch_repo, home=tmp_path)
+    archive = tmp_path / "out" / "run.tar.gz"
+    out = run_cli("run", "--commits", "HEAD~1", "--bench", ONE_BENCH, "--archive", str(archive),
+                  cwd=scratch_repo, home=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     shas.insert(0, git(scratch_repo, "rev-parse", "HEAD~1"))
+    with tarfile.open(archive) as tar:  # only this run's commit, laid out to unpack in a checkout
+        names = tar.getnames()
+    machine = next((scratch_repo / "results").glob("cpu-*core")).name
+    assert "results/benchmarks.json" in names and f"results/{machine}/machine.json" in names
+    assert f"results/{machine}/environment/{shas[0][:8]}.jsonl" in names
+    assert [n for n in names if n.endswith(".json") and shas[0][:8] in n] and not [n for n in names if shas[1][:8] in n]
 
     machine_dir = next((scratch_repo / "results").glob("cpu-*core"))
     result_files = [p for p in machine_dir.glob("*.json") if p.name != "machine.json"]
@@ -145,7 +154,8 @@ def test_commit_range_results_are_read_by_asv_publish_and_compare(scratch_repo, 
         record = json.loads(lines[-1])
         command = shlex.split(record["command"])  # the command as typed, each word once
         assert record["commit"] == sha and command[:3] == ["speedlib", "run", "--commits"]
-        assert command[3].startswith("HEAD~1") and command[4:] == ["--bench", ONE_BENCH]
+        assert command[3].startswith("HEAD~1") and command[4:6] == ["--bench", ONE_BENCH]
+        assert command[6:] == (["--archive", str(archive)] if sha == shas[0] else [])
 
     env = {**os.environ, "HOME": str(tmp_path)}
     asv = [sys.executable, "-m", "asv"]
@@ -159,3 +169,15 @@ def test_commit_range_results_are_read_by_asv_publish_and_compare(scratch_repo, 
 
     report = run_cli("report", "--results", "results", cwd=scratch_repo, home=tmp_path)
     assert report.returncode == 0 and "variant=fused" in report.stdout
+
+
+def test_pack_results_refuses_an_empty_run_and_quick_archives(tmp_path):
+    with pytest.raises(suite.SuiteError, match="nothing to pack"):
+        suite.pack_results(tmp_path, "cpu-2core", ["a" * 40], tmp_path / "x.tar.gz")
+    (tmp_path / "cpu-2core").mkdir()
+    (tmp_path / "benchmarks.json").write_text("{}")
+    (tmp_path / "cpu-2core" / "machine.json").write_text("{}")
+    with pytest.raises(suite.SuiteError, match="result files"):
+        suite.pack_results(tmp_path, "cpu-2core", ["a" * 40], tmp_path / "x.tar.gz")
+    with pytest.raises(suite.SuiteError, match="a --quick run saves none"):
+        suite.run(suite.RunOptions(quick=True, archive=tmp_path / "x.tar.gz"), root=ROOT)
