@@ -60,7 +60,18 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.table == "results":
         print(format_table(df))
         return 0
-    if args.table == "history":
+    if args.table == "noise":
+        if not args.against or not Path(args.against).is_dir():
+            print("speedlib report: --table noise needs --against DIR, the results of a second run of the same "
+                  "commit on the same machine", file=sys.stderr)
+            return 2
+        second = load_results(Path(args.against)).measured
+        table = report.noise_table(df, second[second["machine"] == args.machine] if args.machine else second)
+        if table.frame.empty:
+            print("speedlib report: no time benchmark was measured in both runs (same machine, commit and "
+                  "parameters)", file=sys.stderr)
+            return 1
+    elif args.table == "history":
         if args.benchmark not in set(df["benchmark"]):
             print(f"speedlib report: --benchmark must name one of: {', '.join(sorted(set(df['benchmark'])))}",
                   file=sys.stderr)
@@ -133,11 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--results", default="results", help="results directory (default: results)")
     report.add_argument("--machine", help="only this machine")
     report.add_argument("--table", default="results",
-                        choices=["results", "speedup", "memory", "floor", "claims", "history"],
+                        choices=["results", "speedup", "memory", "floor", "claims", "history", "noise"],
                         help="results: every measured value; the others as in the dashboard (default: results)")
     report.add_argument("--format", default="md", choices=["md", "csv", "tex"],
                         help="export format for every table but 'results' (default: md)")
     report.add_argument("--benchmark", help="the benchmark whose history to show (--table history)")
+    report.add_argument("--against", metavar="DIR",
+                        help="--table noise: results of a second run of the same commit (speedlib run --results-dir DIR)")
     report.add_argument("--all-commits", action="store_true",
                         help="every commit, not only each machine's latest")
     report.set_defaults(func=_cmd_report)

@@ -27,7 +27,7 @@ import speedlib
 from speedlib.results import COLUMNS, higher_is_better
 
 __all__ = ["Claim", "CLAIMS", "TECHNIQUES", "Table", "speedups", "speedup_table", "memory_table",
-           "floor_table", "case_label", "history", "history_table", "compare_machines", "machine_comparison", "bibtex", "claims_table", "latest",
+           "floor_table", "noise", "noise_table", "NOISE_TARGET", "case_label", "history", "history_table", "compare_machines", "machine_comparison", "bibtex", "claims_table", "latest",
            "param_columns", "provenance", "reproduce_command", "to_markdown", "to_csv", "to_latex",
            "SIGNIFICANCE_FACTOR"]
 
@@ -253,6 +253,44 @@ def memory_table(df: pd.DataFrame, baseline: str | None = None) -> Table:
         "change": [f"{c:+.1f} %" for c in change], "N": s["n"],
     })
     return Table("Peak memory", frame.reset_index(drop=True), s, ["change = variant / baseline - 1"])
+
+
+# DESIGN.md / issue 8: a time benchmark rerun on the same machine and commit must land
+# within 3 % of the first run.
+NOISE_TARGET = 0.03
+
+
+def noise(first: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame:
+    """Every time benchmark measured in both runs of the same machine and commit.
+
+    Columns added: value_second, run_to_run (|second - first| over the smaller of the two),
+    spread (the larger of the two runs' interquartile range over median) and
+    within_target (run_to_run <= NOISE_TARGET). Sorted noisiest first.
+    """
+    keys = ["machine", "commit", "benchmark", "params"]
+    a, b = (d[d["kind"] == "time"] for d in (first, second))
+    m = a.merge(b[[*keys, "value", "iqr"]], on=keys, suffixes=("", "_second"))
+    m["run_to_run"] = (m["value_second"] - m["value"]).abs() / np.minimum(m["value"], m["value_second"])
+    m["spread"] = np.fmax(m["iqr"] / m["value"], m["iqr_second"] / m["value_second"])
+    m["within_target"] = m["run_to_run"] <= NOISE_TARGET
+    return m.sort_values("run_to_run", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def noise_table(first: pd.DataFrame, second: pd.DataFrame) -> Table:
+    """The same commit measured twice on one machine: how far each time benchmark moved."""
+    m = noise(first, second)
+    frame = pd.DataFrame({
+        "machine": m["machine"], "commit": m["commit"].str[:8], "benchmark": m["benchmark"], "params": m["params"],
+        "first": [_fmt_value(v, u) for v, u in zip(m["value"], m["unit"])],
+        "second": [_fmt_value(v, u) for v, u in zip(m["value_second"], m["unit"])],
+        "run to run": [f"{r * 100:.1f} %" for r in m["run_to_run"]],
+        "IQR / median": [f"{x * 100:.1f} %" if pd.notna(x) else "" for x in m["spread"]],
+        "within 3 %": np.where(m["within_target"], "yes", "NO"),
+    })
+    held = int(m["within_target"].sum())
+    notes = [f"{held} of {len(m)} time benchmarks within {NOISE_TARGET:.0%} run to run (target: all)",
+             "run to run = |second - first| / min(first, second); IQR / median: the larger of the two runs'"]
+    return Table("Run-to-run noise", frame, m, notes)
 
 
 def floor_table(df: pd.DataFrame) -> Table:

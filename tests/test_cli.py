@@ -101,6 +101,18 @@ def test_report_tables_and_formats(tmp_path, capsys):
     assert "--benchmark must name one of" in capsys.readouterr().err
 
 
+def test_report_noise_between_two_runs_of_one_commit(tmp_path, capsys):
+    first, second = tmp_path / "a", tmp_path / "b"
+    synthetic.write_results(first, commits=1, machines=1, seed=0)
+    synthetic.write_results(second, commits=1, machines=1, seed=1)
+    assert cli.main(["report", "--results", str(first), "--table", "noise", "--against", str(second),
+                     "--format", "csv"]) == 0
+    table = pd.read_csv(io.StringIO(capsys.readouterr().out), comment="#")
+    assert len(table) == 6 and table["run to run"].str.endswith(" %").all()  # 2 time benchmarks x 3 variants
+    assert cli.main(["report", "--results", str(first), "--table", "noise"]) == 2
+    assert "needs --against DIR" in capsys.readouterr().err
+
+
 def test_dashboard_refuses_a_missing_results_directory(tmp_path, capsys):
     assert cli.main(["dashboard", "--results", str(tmp_path / "nope")]) == 2
     assert "no results directory" in capsys.readouterr().err

@@ -92,6 +92,21 @@ def test_case_labels_tell_rows_apart():
     assert report.case_label(rows).tolist() == ["mlp / speedlib", "knob=conv_bias / on", "batch=8", "world=2 / ddp"]
 
 
+def test_noise_compares_the_same_commit_across_two_runs():
+    def run(values, iqr):
+        return pd.DataFrame({"machine": "m", "commit": "c" * 40, "benchmark": ["b.S.time_x", "b.S.time_y", "b.S.track_z"],
+                             "params": "", "kind": ["time", "time", "memory"], "unit": ["seconds", "seconds", "bytes"],
+                             "value": values, "iqr": iqr})
+
+    n = report.noise(run([1.0, 2.0, 5.0], [0.01, 0.2, 0.0]), run([1.02, 2.2, 9.0], [0.03, 0.1, 0.0]))
+    assert list(n["benchmark"]) == ["b.S.time_y", "b.S.time_x"], "time benchmarks only, noisiest first"
+    assert n["run_to_run"].tolist() == pytest.approx([0.1, 0.02])
+    assert n["spread"].tolist() == pytest.approx([0.1, 0.03 / 1.02])
+    assert n["within_target"].tolist() == [False, True]
+    t = report.noise_table(run([1.0, 2.0, 5.0], [0.01, 0.2, 0.0]), run([1.02, 2.2, 9.0], [0.03, 0.1, 0.0]))
+    assert t.frame["within 3 %"].tolist() == ["NO", "yes"] and "1 of 2 time benchmarks" in t.notes[0]
+
+
 def test_tables_leave_out_the_baseline_row(df):
     t = report.speedup_table(df)
     assert "forloop" not in set(t.frame["variant"]) and t.frame["speedup"].str.endswith("]").all()
