@@ -4,7 +4,9 @@ Every variant "off" is the baseline; everything not being measured stays at PyTo
 defaults (cuDNN autotuner off, NCHW, gradients set to None, float32 with cuDNN's default
 TF32), so each comparison changes one thing.
 
-  TrainingStep.time_step, PeakMemory.track_peak_memory (GPUs): a ResNet-50 training step
+  TrainingStep.time_step, PeakMemory.track_peak_memory (GPUs), PairedStep.track_speedup
+  (off and on taking turns in one process: the ratio, immune to drift between processes):
+  a ResNet-50 training step
       conv_bias        off: a bias on every convolution before BatchNorm; on: none (torchvision)
       zero_grad        off: zero-filled gradients; on: grad = None
       channels_last    off: NCHW; on: NHWC model and input
@@ -34,6 +36,7 @@ Nothing here touches CUDA at import time.
 from __future__ import annotations
 
 import os
+import statistics
 
 import torch
 from torch import nn
@@ -87,13 +90,15 @@ class _Trainer:
         self.loss_fn = wl.loss
         self.clear = "off" if knob == "zero_grad" and not on else "on"
         self.micro = MICRO_BATCHES if knob == "accumulation" and on else 1
-        torch.backends.cudnn.benchmark = knob == "cudnn_benchmark" and on
+        self.autotune = knob == "cudnn_benchmark" and on
         for _ in range(_TIMING["warm"]):  # autotuning, optimizer state, allocator pools
             self.step()
         measure.synchronize(dev)
 
     def step(self) -> None:
         tuning = _tuning()
+        # Set per step, so that two trainers can take turns in one process (PairedStep).
+        torch.backends.cudnn.benchmark = self.autotune
         if self.micro > 1:
             tuning.accumulation_step(self.model, self.optimizer, self.loss_fn, self.x, self.y, self.micro)
             return
@@ -132,6 +137,34 @@ class TrainingStep(_Timed):
 
     def time_step(self, knob: str, variant: str) -> None:
         self.trainer.step()
+
+
+PAIRS = 20 if _ON_GPU else 10
+
+
+class PairedStep:
+    """A knob's off and on trainers in one process, taking turns step by step (off first on
+    even rounds, on first on odd ones), so drift of a shared machine between processes and
+    over time hits both alike: the speedup is median(off) / median(on) of those steps."""
+
+    params = STEP_KNOBS
+    param_names = ["knob"]
+    timeout = 900
+    rounds = 1
+
+    def setup(self, knob: str) -> None:
+        self.pair = _cached(("paired", knob), lambda: {v: _Trainer(knob, v) for v in ON_OFF})
+
+    def track_speedup(self, knob: str) -> float:
+        times: dict[str, list[float]] = {v: [] for v in ON_OFF}
+        for i in range(PAIRS):
+            for variant in (ON_OFF if i % 2 == 0 else ON_OFF[::-1]):
+                start = measure.timer()
+                self.pair[variant].step()
+                times[variant].append(measure.timer() - start)
+        return statistics.median(times["off"]) / statistics.median(times["on"])
+
+    track_speedup.unit = "x"
 
 
 class PeakMemory:

@@ -550,3 +550,25 @@ def test_benchmark_off_model_has_a_bias_before_every_norm():
     model = bench._add_conv_bias(nn.Sequential(nn.Conv2d(3, 4, 1, bias=False), nn.BatchNorm2d(4)))
     assert model[0].bias is not None and not model[0].bias.any()
     assert tuning.remove_conv_bias(model) == ["0"]
+
+
+def test_paired_step_alternates_and_takes_the_ratio_of_medians(monkeypatch):
+    """The pairing logic with a stand-in clock: off steps take 2 s, on steps 1 s."""
+    from benchmarks import bench_tuning as bench  # noqa: PLC0415
+
+    clock, order = [0.0], []
+
+    class Fake:
+        def __init__(self, variant, cost):
+            self.variant, self.cost = variant, cost
+
+        def step(self):
+            order.append(self.variant)
+            clock[0] += self.cost
+
+    monkeypatch.setattr(measure, "timer", lambda: clock[0])
+    monkeypatch.setitem(bench._cache, ("paired", "zero_grad"), {"off": Fake("off", 2.0), "on": Fake("on", 1.0)})
+    paired = bench.PairedStep()
+    paired.setup("zero_grad")
+    assert paired.track_speedup("zero_grad") == 2.0
+    assert order[:4] == ["off", "on", "on", "off"] and len(order) == 2 * bench.PAIRS
