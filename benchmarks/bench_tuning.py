@@ -72,7 +72,7 @@ class _Trainer:
     """A ResNet-50 (or `workload`) training step with one knob set; the rest at defaults."""
 
     def __init__(self, knob: str, variant: str, workload: str = "resnet50", batch: int | None = None):
-        tuning = _tuning()
+        tuning = self.tuning = _tuning()
         dev = self.device = measure.device()
         on = variant == "on"
         if knob == "cudnn_benchmark" and not _ON_GPU:
@@ -96,7 +96,7 @@ class _Trainer:
         measure.synchronize(dev)
 
     def step(self) -> None:
-        tuning = _tuning()
+        tuning = self.tuning
         # Set per step, so that two trainers can take turns in one process (PairedStep).
         torch.backends.cudnn.benchmark = self.autotune
         if self.micro > 1:
@@ -397,16 +397,24 @@ class _VariableLengthTraining:
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         self.x, self.y = self.wl.batch(dev)  # the longest batch; shorter ones are prefixes
         self.lengths = _lengths(self.x.shape[1])
+        self.tuning = _tuning()
 
-    def epoch(self, variant: str) -> None:
-        """Train over the lengths from an emptied allocator cache (pre-allocating first when "on")."""
+    def prepare(self, variant: str) -> None:
+        """Empty the allocator cache, then pre-allocate when "on"."""
         measure.release_cached_memory(self.device)
         if variant == "on":
-            _tuning().preallocate(self.model, self.wl.loss, self.x, self.y)
+            self.tuning.preallocate(self.model, self.wl.loss, self.x, self.y)
+
+    def train(self) -> None:
         for n in self.lengths:
             self.optimizer.zero_grad()
             self.wl.loss(self.model(self.x[:, :n]), self.y).backward()
             self.optimizer.step()
+
+    def epoch(self, variant: str) -> None:
+        """Train over the lengths from an emptied allocator cache (pre-allocating first when "on")."""
+        self.prepare(variant)
+        self.train()
 
 
 class Preallocate(_Timed):
@@ -438,16 +446,10 @@ class PreallocateSegments:
 
     def track_new_segments(self, variant: str) -> int:
         """cudaMalloc calls after the pre-allocation pass (or from the start when "off")."""
-        training, dev = self.training, self.training.device
-        measure.release_cached_memory(dev)
-        if variant == "on":
-            _tuning().preallocate(training.model, training.wl.loss, training.x, training.y)
-        before = measure.allocator_segments(dev)
-        for n in training.lengths:
-            training.optimizer.zero_grad()
-            training.wl.loss(training.model(training.x[:, :n]), training.y).backward()
-            training.optimizer.step()
-        return measure.allocator_segments(dev) - before
+        self.training.prepare(variant)
+        before = measure.allocator_segments(self.training.device)
+        self.training.train()
+        return measure.allocator_segments(self.training.device) - before
 
     track_new_segments.unit = "segments"
 
