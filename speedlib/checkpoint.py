@@ -1,6 +1,6 @@
 """Activation checkpointing with explicit parameters, and BatchNorm that counts a step once.
 
-`checkpoint(fn, *inputs, params=...)` runs `fn` without keeping its activations and reruns
+`checkpoint(fn, *args, params=..., **kwargs)` runs `fn` without keeping its activations and reruns
 it in backward. Unlike `torch.utils.checkpoint(use_reentrant=True)` it never starts a
 nested backward pass: the rerun's gradients come out of one `torch.autograd.grad` call and
 are returned as the gradients of `inputs` and `params`, which are inputs of the autograd
@@ -13,9 +13,15 @@ What the original `CheckpointFunction` got wrong, fixed here:
 
 - the RNG state (CPU and every CUDA device the inputs live on) is saved before the first
   run and restored for the rerun, so dropout draws the same mask twice;
-- any number of tensor outputs, inputs that do not require grad, and non-tensor inputs;
-- a tensor that needs a gradient but reaches the segment neither as an input nor through
+- arguments and results of any structure: nested lists, tuples and dicts of tensors (the
+  list of feature maps an efficient DenseNet layer takes), keyword arguments, inputs that
+  do not require grad, and non-tensors (None, ints, strings) next to tensors;
+- double backward: under `create_graph=True` (a gradient penalty) the rerun and its
+  gradients are recorded, so second-order gradients reach inputs and parameters as
+  without checkpointing (equal up to summation order) instead of being dropped;
+- a tensor that needs a gradient but reaches the segment neither as an argument nor through
   `params` (a forgotten parameter) is an error in backward, not a silently missing gradient;
+  a parameter listed twice (tied weights) counts once instead of getting its gradient twice;
 - the autocast state of the first run is used for the rerun.
 
 BatchNorm: both `torch.utils.checkpoint` variants (and any checkpoint) run a segment's
@@ -36,6 +42,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F
+# torch's own checkpoint and torch.compile flatten arguments with it; there is no public twin.
+from torch.utils import _pytree as pytree
 
 __all__ = ["checkpoint", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "convert_batchnorm",
            "in_backward", "ForgottenParameterError", "SEGMENT_VARIANTS", "run_segment", "CheckpointedSequential"]
@@ -63,27 +71,69 @@ def _autocast_state() -> list[tuple[str, bool, torch.dtype]]:
     return [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in types]
 
 
+class _Segment:
+    """The user's function seen through flat argument and result lists.
+
+    Arguments and results may be nested lists, tuples and dicts (any structure torch's
+    pytree knows) holding tensors and other objects. autograd.Function only tracks tensors
+    passed as its own arguments, so both sides are flattened: every tensor anywhere in the
+    arguments becomes an input of the node (its gradient flows back to whatever produced
+    it, which a list hidden from the node would silently cut), and every tensor anywhere
+    in the result becomes an output.
+    """
+
+    def __init__(self, function: Callable[..., Any], args: tuple, kwargs: dict, names: dict[int, str]):
+        self.function, self.names = function, names
+        self.leaves, self.in_spec = pytree.tree_flatten((args, kwargs))
+        self.out_spec: pytree.TreeSpec | None = None
+        self.out_leaves: list[Any] = []  # the first run's flat result; tensors are replaced in rebuild
+
+    def call(self, leaves: list[Any]) -> list[torch.Tensor]:
+        """Run the function on `leaves`; return the tensors of its result, in order."""
+        args, kwargs = pytree.tree_unflatten(leaves, self.in_spec)
+        result = self.function(*args, **kwargs)
+        if result is None:
+            raise TypeError("speedlib.checkpoint: the function returned None; a checkpointed function must "
+                            "return its output (a tensor, or a structure holding tensors)")
+        flat, spec = pytree.tree_flatten(result)
+        tensors = [o for o in flat if torch.is_tensor(o)]
+        if self.out_spec is None:  # the first run fixes the structure
+            if not tensors:
+                raise TypeError(f"speedlib.checkpoint: the function returned no tensor (got {type(result).__name__}); "
+                                "there is nothing to differentiate, so there is nothing to checkpoint")
+            self.out_spec, self.out_leaves = spec, flat
+        elif spec != self.out_spec or [torch.is_tensor(o) for o in flat] != [torch.is_tensor(o) for o in self.out_leaves]:
+            raise RuntimeError("speedlib.checkpoint: the rerun in backward returned a different structure than "
+                               "the first run; a checkpointed function must return the same structure each time")
+        return tensors
+
+    def rebuild(self, tensors: tuple[torch.Tensor, ...]) -> Any:
+        """The first run's result, with the node's outputs in place of its tensors."""
+        it = iter(tensors)
+        return pytree.tree_unflatten([next(it) if torch.is_tensor(o) else o for o in self.out_leaves], self.out_spec)
+
+
 class _Checkpoint(torch.autograd.Function):
-    # Arguments: run_function, n_inputs, preserve_rng, check_params, meta, *inputs, *params.
-    # `meta` carries parameter names in and whether the function returned a bare tensor out.
+    # Arguments: segment, n_leaves, preserve_rng, check_params, *leaves, *params.
 
     @staticmethod
-    def forward(ctx, run_function, n_inputs, preserve_rng, check_params, meta, *args):
-        inputs, params = args[:n_inputs], args[n_inputs:]
-        ctx.run_function, ctx.check_params, ctx.names = run_function, check_params, meta["names"]
-        ctx.preserve_rng = preserve_rng
+    def forward(ctx, segment, n_leaves, preserve_rng, check_params, *args):
+        leaves, params = args[:n_leaves], args[n_leaves:]
+        ctx.segment, ctx.check_params, ctx.preserve_rng = segment, check_params, preserve_rng
         ctx.autocast = _autocast_state()
+        # Unused outputs get None instead of a zero tensor: no backward work for them.
+        ctx.set_materialize_grads(False)
         # Tensors go through save_for_backward (so in-place changes after this are caught);
         # everything else is kept as is.
-        ctx.tensor_at = [i for i, a in enumerate(inputs) if torch.is_tensor(a)]
-        ctx.others = [None if torch.is_tensor(a) else a for a in inputs]
-        ctx.input_grad = [torch.is_tensor(a) and a.requires_grad for a in inputs]
+        ctx.tensor_at = [i for i, a in enumerate(leaves) if torch.is_tensor(a)]
+        ctx.others = [None if torch.is_tensor(a) else a for a in leaves]
+        ctx.input_grad = [torch.is_tensor(a) and a.requires_grad for a in leaves]
         ctx.cuda_devices = []
         if preserve_rng:
             ctx.cpu_rng = torch.get_rng_state()
             ctx.cuda_devices = _cuda_devices(a for a in args if torch.is_tensor(a))
             ctx.cuda_rng = [torch.cuda.get_rng_state(d) for d in ctx.cuda_devices]
-        ctx.save_for_backward(*(inputs[i] for i in ctx.tensor_at))
+        ctx.save_for_backward(*(leaves[i] for i in ctx.tensor_at))
         # Parameters are kept as the objects themselves, not through save_for_backward: the
         # rerun uses the module's own Parameter objects, and saved-tensor hooks (offloading
         # such as torch.autograd.graph.save_on_cpu) would hand back copies, whose gradients
@@ -92,21 +142,28 @@ class _Checkpoint(torch.autograd.Function):
         ctx.params = params
         ctx.param_versions = [p._version for p in params]
         with torch.no_grad():
-            outputs = run_function(*inputs)
-        meta["single"] = torch.is_tensor(outputs)
-        outputs = (outputs,) if meta["single"] else tuple(outputs)
-        if not all(torch.is_tensor(o) for o in outputs):
-            raise TypeError("speedlib.checkpoint: the function must return a tensor or a tuple of tensors, "
-                            f"got {[type(o).__name__ for o in outputs]}")
+            outputs = segment.call(list(leaves))
         ctx.mark_non_differentiable(*(o for o in outputs if not (o.is_floating_point() or o.is_complex())))
-        return outputs
+        return tuple(outputs)
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        inputs = list(ctx.others)
+        # Grad mode is on here only when the outer backward was asked for create_graph=True
+        # (a gradient penalty, double backward): the gradients returned must then be
+        # differentiable functions of the inputs and parameters, so the rerun is recorded
+        # from the real inputs and autograd.grad keeps its graph. Otherwise the rerun starts
+        # from detached leaves and its graph is freed as soon as the gradients exist.
+        create_graph = torch.is_grad_enabled()
+        leaves = list(ctx.others)
         for i, t in zip(ctx.tensor_at, ctx.saved_tensors):
-            # A fresh leaf per input: the rerun's graph starts here and stops here.
-            inputs[i] = t.detach().requires_grad_(ctx.input_grad[i])
+            if create_graph and ctx.input_grad[i]:
+                # An alias per position: autograd.grad then reports each position's own
+                # gradient even when one tensor is passed twice (a leaf listed twice would
+                # get the total twice, and the outer pass would add it twice).
+                leaves[i] = t.view_as(t)
+            else:
+                # A fresh leaf per input: the rerun's graph starts here and stops here.
+                leaves[i] = t.detach().requires_grad_(ctx.input_grad[i])
         params = ctx.params
         if [p._version for p in params] != ctx.param_versions:
             raise RuntimeError("speedlib.checkpoint: a parameter of the segment was modified in place between "
@@ -119,21 +176,21 @@ class _Checkpoint(torch.autograd.Function):
             with torch.enable_grad(), contextlib.ExitStack() as stack:
                 for device_type, enabled, dtype in ctx.autocast:  # re-enter the first run's autocast state
                     stack.enter_context(torch.autocast(device_type, enabled=enabled, dtype=dtype))
-                outputs = ctx.run_function(*inputs)
-        outputs = (outputs,) if torch.is_tensor(outputs) else tuple(outputs)
+                outputs = ctx.segment.call(leaves)
 
-        wrt = [inputs[i] for i in ctx.tensor_at if ctx.input_grad[i]] + [p for p in params if p.requires_grad]
+        wrt = [leaves[i] for i in ctx.tensor_at if ctx.input_grad[i]] + [p for p in params if p.requires_grad]
         pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if o.requires_grad and g is not None]
         if ctx.check_params and pairs:
-            _check_no_forgotten(ctx, [o for o, _ in pairs], wrt)
-        grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True)
+            _check_no_forgotten(ctx.segment.names, [o for o, _ in pairs], wrt)
+        grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True,
+                                         create_graph=create_graph)
                      if pairs and wrt else [None] * len(wrt))
         input_grads = [next(grads) if needs else None for needs in ctx.input_grad]
         param_grads = [next(grads) if p.requires_grad else None for p in params]
-        return (None, None, None, None, None, *input_grads, *param_grads)
+        return (None, None, None, None, *input_grads, *param_grads)
 
 
-def _check_no_forgotten(ctx, outputs: list[torch.Tensor], known: list[torch.Tensor]) -> None:
+def _check_no_forgotten(names: dict[int, str], outputs: list[torch.Tensor], known: list[torch.Tensor]) -> None:
     """Walk the rerun's graph from `outputs`; every path must end at a `known` tensor.
 
     A leaf that requires grad and is not known is a forgotten parameter: autograd.grad
@@ -141,7 +198,7 @@ def _check_no_forgotten(ctx, outputs: list[torch.Tensor], known: list[torch.Tens
     known tensors, so it never leaves the segment unless something was forgotten.
     """
     known_leaves = {id(t) for t in known if t.grad_fn is None}
-    known_nodes = {t.grad_fn for t in known if t.grad_fn is not None}  # non-leaf params (DataParallel replicas)
+    known_nodes = {t.grad_fn for t in known if t.grad_fn is not None}  # aliases, non-leaf params (DataParallel replicas)
     stack = [o.grad_fn for o in outputs if o.grad_fn is not None]
     seen = set()
     while stack:
@@ -151,7 +208,7 @@ def _check_no_forgotten(ctx, outputs: list[torch.Tensor], known: list[torch.Tens
         seen.add(node)
         variable = getattr(node, "variable", None)  # AccumulateGrad nodes hold their leaf
         if variable is not None and id(variable) not in known_leaves:
-            name = ctx.names.get(id(variable), f"a tensor of shape {tuple(variable.shape)}")
+            name = names.get(id(variable), f"a tensor of shape {tuple(variable.shape)}")
             raise ForgottenParameterError(
                 f"speedlib.checkpoint: the segment uses {name}, which requires grad but was passed neither "
                 "as an input nor in params=; its gradient would be lost. Add it to params= "
@@ -159,32 +216,60 @@ def _check_no_forgotten(ctx, outputs: list[torch.Tensor], known: list[torch.Tens
         stack.extend(next_node for next_node, _ in node.next_functions)
 
 
-def checkpoint(function: Callable[..., Any], *inputs: Any, params: Iterable[torch.Tensor] | None = None,
-               preserve_rng_state: bool = True, check_params: bool = True) -> Any:
-    """Run `function(*inputs)` without keeping its activations; rerun it in backward.
-
-    params: every tensor requiring grad that `function` uses besides `inputs` (its
-        parameters). Defaults to `function.parameters()` when `function` is an
-        `nn.Module`; any other callable must list them (an empty tuple if it has none).
-    preserve_rng_state: restore the RNG state for the rerun (dropout sees the same mask).
-    check_params: raise ForgottenParameterError in backward when the rerun reaches a tensor
-        requiring grad that is in neither `inputs` nor `params`.
-
-    Returns what `function` returns: a tensor or a tuple of tensors.
-    """
+def _explicit_params(function: Callable[..., Any], params: Any) -> tuple[torch.Tensor, ...]:
+    """`params` as a tuple of distinct tensors, or a clear error for what cannot be meant."""
     if params is None:
         if not isinstance(function, nn.Module):
             raise TypeError("speedlib.checkpoint: pass params= (the tensors requiring grad that the function uses "
                             "besides its inputs; () if none); only an nn.Module's can be found automatically")
         params = function.parameters()
-    params = tuple(params)
+    if torch.is_tensor(params):
+        # Iterating a tensor yields its rows: views that are not the parameter, whose
+        # gradients would never reach it.
+        raise TypeError("speedlib.checkpoint: params= takes an iterable of tensors (params=[weight] or "
+                        "params=module.parameters()), not a single tensor")
+    if isinstance(params, (str, bytes)) or not isinstance(params, Iterable):
+        raise TypeError(f"speedlib.checkpoint: params= takes an iterable of tensors, got {type(params).__name__}")
+    unique: dict[int, torch.Tensor] = {}
     for p in params:
+        if isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str):  # module.named_parameters()
+            p = p[1]
         if not torch.is_tensor(p):
             raise TypeError(f"speedlib.checkpoint: params must be tensors, got {type(p).__name__}")
+        # A tensor listed twice (tied weights reached through two modules) would be an input
+        # of the node twice, and the outer backward would add its gradient twice.
+        unique.setdefault(id(p), p)
+    return tuple(unique.values())
+
+
+def checkpoint(function: Callable[..., Any], *args: Any, params: Iterable[torch.Tensor] | None = None,
+               preserve_rng_state: bool = True, check_params: bool = True, **kwargs: Any) -> Any:
+    """Run `function(*args, **kwargs)` without keeping its activations; rerun it in backward.
+
+    args, kwargs: passed to `function`. They may be nested lists, tuples and dicts: every
+        tensor anywhere in them gets its gradient (a DenseNet layer's list of feature maps).
+        A keyword argument of the function named like one of this call's own (params,
+        preserve_rng_state, check_params) must go through a lambda.
+    params: every tensor requiring grad that `function` uses besides `args` and `kwargs`
+        (its parameters). Defaults to `function.parameters()` when `function` is an
+        `nn.Module`; any other callable must list them (an empty tuple if it has none).
+        `module.named_parameters()` is accepted too; a tensor listed twice counts once.
+    preserve_rng_state: restore the RNG state for the rerun (dropout sees the same mask).
+    check_params: raise ForgottenParameterError in backward when the rerun reaches a tensor
+        requiring grad that is in neither the arguments nor `params`.
+
+    Returns what `function` returns, with the same structure: tensors, and non-tensors
+    (None, ints, strings) next to them. Higher-order gradients (backward or autograd.grad
+    with create_graph=True, as in a gradient penalty) equal those without checkpointing.
+    """
+    if not callable(function):
+        raise TypeError(f"speedlib.checkpoint: the function to checkpoint must be callable, got {type(function).__name__}")
+    params = _explicit_params(function, params)
     named = function.named_parameters() if check_params and isinstance(function, nn.Module) else ()
-    meta = {"names": {id(p): f"parameter {n!r}" for n, p in named}}
-    outputs = _Checkpoint.apply(function, len(inputs), preserve_rng_state, check_params, meta, *inputs, *params)
-    return outputs[0] if meta["single"] else outputs
+    segment = _Segment(function, args, kwargs, {id(p): f"parameter {n!r}" for n, p in named})
+    outputs = _Checkpoint.apply(segment, len(segment.leaves), preserve_rng_state, check_params,
+                                *segment.leaves, *params)
+    return segment.rebuild(outputs)
 
 
 # --- the variants the benchmark compares ------------------------------------------------

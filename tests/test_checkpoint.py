@@ -211,10 +211,180 @@ def test_bad_calls_are_clear_errors():
         checkpoint(lambda t: t * 2, torch.ones(2, requires_grad=True))
     with pytest.raises(TypeError, match="params must be tensors"):
         checkpoint(lambda t: t, torch.ones(2), params=[3])
-    with pytest.raises(TypeError, match="tensor or a tuple of tensors"):
-        checkpoint(lambda t: (t, "text"), torch.ones(2, requires_grad=True), params=())
+    with pytest.raises(TypeError, match="must be callable, got Tensor"):
+        checkpoint(torch.ones(2), nn.Linear(2, 2), params=())  # arguments swapped
+    with pytest.raises(TypeError, match="must be callable, got str"):
+        checkpoint("relu", torch.ones(2), params=())
+    with pytest.raises(TypeError, match="returned None.*must return its output"):
+        checkpoint(lambda t: None, torch.ones(2, requires_grad=True), params=())
+    with pytest.raises(TypeError, match="returned no tensor"):
+        checkpoint(lambda t: ("text", 3), torch.ones(2, requires_grad=True), params=())
+    with pytest.raises(TypeError, match="not a single tensor"):
+        checkpoint(lambda t: t, torch.ones(2), params=nn.Linear(2, 2).weight)
+    with pytest.raises(TypeError, match="iterable of tensors, got int"):
+        checkpoint(lambda t: t, torch.ones(2), params=3)
     with pytest.raises(ValueError, match="unknown segment checkpoint variant"):
         run_segment("magic", lambda t: t, torch.ones(1), params=())
+
+
+# --- what users of the originals and of torch.utils.checkpoint do -----------------------
+
+def _penalty_net() -> nn.Module:
+    # Tanh and Softplus have non-zero second derivatives, so every parameter gets a
+    # second-order term; Dropout checks that the rerun sees the first run's mask here too.
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Dropout(0.3), nn.Linear(8, 8), nn.Softplus(),
+                         nn.Linear(8, 1)).double()
+
+
+def _penalty_step(net: nn.Module, run, penalty: str) -> list[torch.Tensor]:
+    x = torch.randn(5, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64, requires_grad=True)
+    params = list(net.parameters())
+    torch.manual_seed(2)
+    out = run(net, x)
+    if penalty == "input":  # WGAN-GP style: the norm of d out / d input
+        grads = torch.autograd.grad(out.sum(), x, create_graph=True)
+    elif penalty == "params":  # gradient-norm regularisation
+        grads = torch.autograd.grad(out.sum(), params, create_graph=True)
+    else:  # backward(create_graph=True), then a function of the .grad fields
+        out.sum().backward(create_graph=True)
+        grads = [p.grad for p in params]
+        for p in params:
+            p.grad = None
+        x.grad = None
+    (out.mean() + sum((g ** 2).sum() for g in grads)).backward()
+    return [x.grad, *(p.grad for p in params)]
+
+
+@pytest.mark.parametrize("penalty", ["input", "params", "backward_create_graph"])
+def test_double_backward_matches_no_checkpointing(penalty):
+    """A gradient penalty differentiates through the checkpoint's backward. The gradients
+    are equal up to float64 rounding, not bitwise: the outer pass adds the first- and
+    second-order contributions of each parameter in another order."""
+    expected = _penalty_step(_penalty_net(), lambda m, x: m(x), penalty)
+    got = _penalty_step(_penalty_net(), lambda m, x: checkpoint(m, x), penalty)
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-14)
+    assert all(p.abs().sum() > 0 for p in got)
+
+
+def test_double_backward_of_a_tensor_passed_twice_counts_it_once():
+    w = torch.randn(4, 4, dtype=torch.float64)
+
+    def f(a, b):
+        return torch.tanh(a @ w) * b
+
+    results = []
+    for run in (f, lambda a, b: checkpoint(f, a, b, params=())):
+        x = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        gx, = torch.autograd.grad(run(x, x).sum(), x, create_graph=True)
+        (gx ** 2).sum().backward()
+        results.append(x.grad)
+    torch.testing.assert_close(results[1], results[0], rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("check_params", [True, False])
+def test_densenet_layer_takes_its_list_of_feature_maps(check_params):
+    """Efficient DenseNet checkpoints the bottleneck on the list of all earlier feature maps:
+    each map must get its gradient, and through it whatever produced it."""
+    from torchvision.models.densenet import _DenseLayer  # noqa: PLC0415
+
+    def step(checkpointed: bool):
+        torch.manual_seed(0)
+        stem = nn.Conv2d(3, 8, 3, padding=1)
+        layers = [_DenseLayer(8 + 4 * i, growth_rate=4, bn_size=2, drop_rate=0.0) for i in range(3)]
+        x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(1))
+        features = [stem(x)]
+        for layer in layers:
+            if checkpointed:
+                params = (*layer.norm1.parameters(), *layer.conv1.parameters())
+                bottleneck = checkpoint(layer.bn_function, features, params=params, check_params=check_params)
+            else:
+                bottleneck = layer.bn_function(features)
+            features.append(layer.conv2(layer.relu2(layer.norm2(bottleneck))))
+        torch.cat(features, 1).square().sum().backward()
+        return [p.grad for m in (stem, *layers) for p in m.parameters()]
+
+    expected, got = step(False), step(True)
+    assert len(got) == len(expected) and all(g is not None for g in got)
+    assert all(torch.equal(e, g) for e, g in zip(expected, got))
+
+
+def test_dict_tuple_nested_and_keyword_arguments_get_their_gradients():
+    lin = nn.Linear(4, 4)
+
+    def segment(batch, pair, *, scale, shift=None, tag="x"):
+        assert tag == "named" and shift is None
+        h = lin(batch["a"]) * pair[0] + pair[1][0]
+        return h * scale
+
+    def grads(run):
+        torch.manual_seed(0)
+        leaves = [torch.randn(3, 4, requires_grad=True) for _ in range(4)]
+        a, b, c, s = leaves
+        run(segment, {"a": a}, (b, [c]), scale=s, tag="named").square().sum().backward()
+        return [t.grad for t in leaves] + [p.grad.clone() for p in lin.parameters()]
+
+    expected = grads(lambda f, *a, **k: f(*a, **k))
+    lin.zero_grad()
+    got = grads(lambda f, *a, **k: checkpoint(f, *a, params=lin.parameters(), **k))
+    assert all(g is not None and torch.equal(e, g) for e, g in zip(expected, got))
+
+
+def test_results_with_non_tensors_keep_their_structure():
+    lin = nn.Linear(4, 4)
+
+    def segment(x):
+        h = lin(x)
+        return {"out": h.relu(), "aux": (h.sum(), None, 3, [h.argmax(1), "tag"])}
+
+    x = torch.randn(3, 4, requires_grad=True)
+    plain = segment(x)
+    (plain["out"].sum() + plain["aux"][0]).backward()
+    expected = [x.grad.clone(), *(p.grad.clone() for p in lin.parameters())]
+    x.grad = None
+    lin.zero_grad()
+    got = checkpoint(segment, x, params=lin.parameters())
+    assert got.keys() == plain.keys() and got["aux"][1:3] == (None, 3) and got["aux"][3][1] == "tag"
+    assert torch.equal(got["out"], plain["out"]) and torch.equal(got["aux"][3][0], plain["aux"][3][0])
+    (got["out"].sum() + got["aux"][0]).backward()
+    assert all(torch.equal(e, g) for e, g in zip(expected, [x.grad, *(p.grad for p in lin.parameters())]))
+
+
+def test_a_parameter_listed_twice_gets_its_gradient_once():
+    """Tied weights reached through two modules' parameters() appear twice in params=."""
+    enc, dec = nn.Linear(4, 4, bias=False), nn.Linear(4, 4, bias=False)
+    dec.weight = enc.weight
+    x = torch.randn(3, 4)
+    dec(enc(x)).sum().backward()
+    expected = enc.weight.grad.clone()
+    enc.weight.grad = None
+    both = [*enc.parameters(), *dec.parameters()]
+    assert len(both) == 2
+    checkpoint(lambda t: dec(enc(t)), x, params=both).sum().backward()
+    assert torch.equal(expected, enc.weight.grad)
+
+
+def test_named_parameters_are_accepted_as_params():
+    lin = nn.Linear(4, 4)
+    x = torch.randn(3, 4)
+    lin(x).sum().backward()
+    expected = [p.grad.clone() for p in lin.parameters()]
+    lin.zero_grad()
+    checkpoint(lambda t: lin(t), x, params=lin.named_parameters()).sum().backward()
+    assert all(torch.equal(e, p.grad) for e, p in zip(expected, lin.parameters()))
+
+
+def test_a_rerun_with_another_structure_is_an_error():
+    calls = []
+
+    def fickle(x):
+        calls.append(1)
+        return x * 2 if len(calls) == 1 else (x * 2, x)
+
+    out = checkpoint(fickle, torch.ones(2, requires_grad=True), params=())
+    with pytest.raises(RuntimeError, match="different structure"):
+        out.sum().backward()
 
 
 def test_a_parameter_changed_in_place_before_backward_is_caught():
