@@ -27,6 +27,18 @@ What it fixes in the original on today's PyTorch:
   training), so training fails loudly instead of silently stopping.
 - Parameter groups, frozen parameters, several devices or dtypes, channels_last
   parameters and pre-existing gradients are handled.
+- `model.named_parameters()` is accepted, alone or inside group dicts, as torch.optim
+  accepts it; the original fails on the pairs. The names are only used to say which
+  parameter a message is about: `contiguous()` and `original()` return tensors, which
+  every optimizer and `clip_grad_norm_` take (a flat tensor has no one name).
+- `backward(create_graph=True)` (double backward, gradient penalties) is named as the
+  cause when it replaces gradients: it builds them out of place, as tensors connected to
+  the graph, so they cannot live in the flat buffer.
+- `_param_buffer` and `_grad_buffer`, the original's attributes its README has users
+  inspect or `zero_()`, still work (read-only) while there is one (device, dtype).
+
+What else differs from the original, and what replaces its attributes:
+docs/contiguous-params-migration.md.
 
 Not caught: conversions that give the module brand-new Parameter objects without
 registering them (`torch.__future__.set_overwrite_module_params_on_conversion(True)`, or
@@ -141,6 +153,20 @@ def _normalise_groups(parameters: Any) -> tuple[list[dict], bool]:
     return [{"params": items}], False
 
 
+def _split_names(params: list, where: str) -> tuple[list, list[str | None]]:
+    """Tensors and their names from what model.parameters() or model.named_parameters() yields."""
+    named = [isinstance(p, tuple) for p in params]
+    if not any(named):
+        return params, [None] * len(params)
+    if not all(named):
+        raise TypeError(f"{where} mixes (name, parameter) pairs with bare parameters; pass "
+                        "model.named_parameters() or model.parameters(), not both")
+    for p in params:
+        if len(p) != 2 or not isinstance(p[0], str):
+            raise TypeError(f"{where} has a tuple that is not a (name, parameter) pair")
+    return [p for _, p in params], [n for n, _ in params]
+
+
 def _check_parameter(p: Any, where: str) -> None:
     if not isinstance(p, torch.Tensor):
         raise TypeError(f"{where} is a {type(p).__name__}, not a tensor")
@@ -157,10 +183,10 @@ def _check_parameter(p: Any, where: str) -> None:
 class _Slot:
     """Where one parameter lives in the buffers, and the pointers that prove it still does."""
 
-    __slots__ = ("param", "key", "offset", "stride", "data_ptr", "grad_ptr")
+    __slots__ = ("param", "name", "key", "offset", "stride", "data_ptr", "grad_ptr")
 
-    def __init__(self, param: torch.Tensor, offset: int, stride: tuple[int, ...]):
-        self.param, self.offset, self.stride = param, offset, stride
+    def __init__(self, param: torch.Tensor, name: str | None, offset: int, stride: tuple[int, ...]):
+        self.param, self.name, self.offset, self.stride = param, name, offset, stride
         self.key = (param.device, param.dtype)  # the buffer it lives in, and what it was wrapped as
         self.data_ptr = self.grad_ptr = 0
 
@@ -168,27 +194,33 @@ class _Slot:
 class ContiguousParams:
     """Keep trainable parameters and their gradients in one flat buffer per (device, dtype).
 
-    `parameters` is what an optimizer takes: an iterable of parameters or of group dicts
-    (per-group options such as lr and weight_decay are carried over to `contiguous()`).
+    `parameters` is what an optimizer takes: an iterable of parameters, of (name, parameter)
+    pairs, or of group dicts holding either (per-group options such as lr and weight_decay
+    are carried over to `contiguous()`).
     Parameters with `requires_grad=False` are left where they are.
     """
 
-    def __init__(self, parameters: Iterable[torch.Tensor] | Iterable[dict], *, align_bytes: int = ALIGN_BYTES):
+    def __init__(self, parameters: Iterable[torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | Iterable[dict],
+                 *, align_bytes: int = ALIGN_BYTES):
         groups, self._grouped = _normalise_groups(parameters)
         _install_hooks()
         seen: set[int] = set()
         self._groups: list[dict] = []  # original options + the trainable parameters
         self._frozen = 0
+        names: list[str | None] = []  # of the trainable parameters, in slot order
         for gi, group in enumerate(groups):
+            tensors, group_names = _split_names(
+                group["params"], f"parameter group {gi}" if self._grouped else "the parameter list")
             trainable = []
-            for pi, p in enumerate(group["params"]):
-                where = f"parameter {pi} of group {gi}"
+            for pi, (p, name) in enumerate(zip(tensors, group_names)):
+                where = f"parameter {name!r}" if name else f"parameter {pi} of group {gi}"
                 _check_parameter(p, where)
                 if id(p) in seen:
                     raise ValueError(f"{where} appears more than once; each parameter may be wrapped once")
                 seen.add(id(p))
                 if p.requires_grad:
                     trainable.append(p)
+                    names.append(name)
                 else:
                     self._frozen += 1
             self._groups.append({**group, "params": trainable})
@@ -197,11 +229,12 @@ class ContiguousParams:
         if not self.num_tensors:
             raise ValueError(f"all {self._frozen} parameters are frozen (requires_grad=False); nothing to optimise")
         self._replaced: str | None = None
-        self._build(align_bytes)
+        self._build(align_bytes, names)
 
     # -- construction ------------------------------------------------------------------
 
-    def _build(self, align_bytes: int) -> None:
+    def _build(self, align_bytes: int, names: list[str | None]) -> None:
+        names_in_order = iter(names)
         sizes: dict[tuple, int] = {}
         self._slots: list[_Slot] = []
         spans: list[dict[tuple, list[int]]] = []  # per group: key -> [start, end)
@@ -212,7 +245,7 @@ class ContiguousParams:
                 align = max(1, align_bytes // p.element_size())
                 offset = _round_up(sizes.get(key, 0), align)
                 sizes[key] = offset + p.numel()
-                self._slots.append(_Slot(p, offset, _dense_strides(p)))
+                self._slots.append(_Slot(p, next(names_in_order), offset, _dense_strides(p)))
                 span.setdefault(key, [offset, offset])[1] = offset + p.numel()
             spans.append(span)
 
@@ -276,6 +309,25 @@ class ContiguousParams:
         if problem is not None:
             raise InvalidBufferError(problem)
 
+    # contiguous_params kept its one buffer pair in these private attributes, and its README
+    # has users check that the gradient buffer is non-zero or zero_() it by hand. Read-only
+    # aliases keep that code working; the original refused more than one (device, dtype).
+    @property
+    def _param_buffer(self) -> torch.Tensor:
+        return self._only_buffer(self.param_buffers, "param_buffers")
+
+    @property
+    def _grad_buffer(self) -> torch.Tensor:
+        return self._only_buffer(self.grad_buffers, "grad_buffers")
+
+    def _only_buffer(self, buffers: dict[tuple, torch.Tensor], attribute: str) -> torch.Tensor:
+        if len(buffers) != 1:
+            keys = ", ".join(f"({d}, {t})" for d, t in buffers)
+            raise AttributeError(
+                f"there are {len(buffers)} flat buffers, one per (device, dtype): {keys}; pick one "
+                f"with params.{attribute}[(device, dtype)] (contiguous_params allowed only one)")
+        return next(iter(buffers.values()))
+
     # -- diagnosis -------------------------------------------------------------------
 
     @property
@@ -291,7 +343,7 @@ class ContiguousParams:
         """None while the buffers are valid, else what went wrong and how to fix it."""
         if self._replaced is not None:
             return self._replaced
-        moved, no_grad, new_grad = [], [], []
+        moved, no_grad, new_grad, graph_grad = [], [], [], []
         for i, s in enumerate(self._slots):
             p = s.param
             if p.data_ptr() != s.data_ptr:
@@ -300,7 +352,11 @@ class ContiguousParams:
             if g is None:
                 no_grad.append(i)
             elif g.data_ptr() != s.grad_ptr:
-                new_grad.append(i)
+                # backward(create_graph=True) accumulates out of place, and the new gradient
+                # is part of the graph wherever it depends on a tensor that requires grad (a
+                # trainable layer after it, or a loss that is not linear in its output): that
+                # gives it away. Where it does not, the generic message still lists create_graph.
+                (graph_grad if g.requires_grad else new_grad).append(i)
         if moved:
             return self._describe_move(moved)
         if no_grad:
@@ -311,20 +367,31 @@ class ContiguousParams:
                 "on the optimizer built from contiguous() (either set_to_none), or with "
                 "model.zero_grad(set_to_none=False)."
             )
+        if graph_grad:
+            return (
+                f"the .grad of {len(graph_grad)} wrapped parameters was replaced by a tensor that is "
+                f"part of the autograd graph (first: {self._name(graph_grad[0])}): "
+                "backward(create_graph=True) builds gradients as new graph-connected tensors instead of accumulating in place, so "
+                "they cannot live in the flat gradient buffer. For a gradient penalty, take the "
+                "gradients with torch.autograd.grad(..., create_graph=True) and call backward() without "
+                "create_graph; an optimizer that needs graph-connected gradients (a Hessian-based one) "
+                "must be a per-tensor optimizer on params.original(), not on the flat buffer."
+            )
         if new_grad:
             return (
                 f"the .grad of {len(new_grad)} wrapped parameters is a new tensor outside the flat "
                 f"gradient buffer (first: {self._name(new_grad[0])}), as a backward pass after "
-                "model.zero_grad() or p.grad = None, p.grad = tensor, or "
+                "model.zero_grad() or p.grad = None, backward(create_graph=True), p.grad = tensor, or "
                 "DistributedDataParallel(gradient_as_bucket_view=True) leave it. Zero gradients with "
-                "optimizer.zero_grad(), update them in place, and use gradient_as_bucket_view=False "
-                "with DistributedDataParallel."
+                "optimizer.zero_grad(), update them in place, backward without create_graph, and use "
+                "gradient_as_bucket_view=False with DistributedDataParallel."
             )
         return None
 
     def _name(self, i: int) -> str:
         s = self._slots[i]
-        return f"parameter #{i}, shape {tuple(s.param.shape)}"
+        label = f"parameter {s.name!r}" if s.name else f"parameter #{i}"
+        return f"{label}, shape {tuple(s.param.shape)}"
 
     def _describe_move(self, moved: list[int]) -> str:
         s = self._slots[moved[0]]

@@ -127,6 +127,56 @@ def test_matches_original_package_on_its_intended_loop():
         assert callable(getattr(ours, method))
 
 
+@pytest.mark.parametrize("impl", ["speedlib", "contiguous_params"])
+def test_original_readme_buffer_inspection_idiom(impl):
+    """The original README's advice: check that the gradient buffer is non-zero, zero_() it by hand."""
+    if impl == "speedlib":
+        wrapper = ContiguousParams
+    else:
+        wrapper = pytest.importorskip("contiguous_params", reason="contiguous_params is not installed").ContiguousParams
+    model = small_net()
+    params = wrapper(model.parameters())
+    one_backward(model)
+    assert params._grad_buffer.abs().sum() > 0
+    torch.testing.assert_close(params._grad_buffer.sum(), sum(p.grad.sum() for p in model.parameters()))
+    torch.testing.assert_close(params._param_buffer.sum(), sum(p.sum() for p in model.parameters()))
+    params._grad_buffer.zero_()
+    assert all(p.grad.abs().sum() == 0 for p in model.parameters())
+    params.assert_buffer_is_valid()
+
+
+def test_original_buffer_attributes_are_read_only_and_need_one_buffer():
+    params = ContiguousParams(nn.Linear(2, 2).parameters())
+    with pytest.raises(AttributeError):
+        params._grad_buffer = torch.zeros(6)
+    two = ContiguousParams(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4).double()).parameters())
+    with pytest.raises(AttributeError, match=r"2 flat buffers.*params\.grad_buffers\[\(device, dtype\)\]"):
+        _ = two._grad_buffer
+    with pytest.raises(AttributeError, match=r"params\.param_buffers\["):
+        _ = two._param_buffer
+
+
+def test_optimizer_checkpoint_of_the_original_resumes_with_align_bytes_1():
+    """Without alignment padding the flat layout is the original's, so its optimizer state loads."""
+    original = pytest.importorskip("contiguous_params", reason="contiguous_params is not installed")
+    keep = lambda opt: opt.zero_grad(set_to_none=False)  # noqa: E731
+    data = batches(6)
+    theirs, _ = twin()
+    theirs_params = original.ContiguousParams(theirs.parameters())
+    theirs_opt = torch.optim.Adam(theirs_params.contiguous(), lr=1e-2)
+    train(theirs, theirs_opt, data=data[:3], zero=keep)
+    model_state, opt_state = copy.deepcopy(theirs.state_dict()), copy.deepcopy(theirs_opt.state_dict())
+    train(theirs, theirs_opt, data=data[3:], zero=keep)
+
+    ours = small_net()
+    ours.load_state_dict(model_state)
+    params = ContiguousParams(ours.parameters(), align_bytes=1)
+    opt = torch.optim.Adam(params.contiguous(), lr=1e-2)
+    opt.load_state_dict(opt_state)
+    train(ours, opt, data=data[3:])
+    assert_same_params(theirs, ours, atol=0, rtol=0)
+
+
 # -- invalidation is caught, with a message that says what happened and how to fix it ----
 
 def wrapped(model=None):
@@ -243,6 +293,52 @@ def test_ddp_bucket_view_gradients_are_caught():
         params.assert_buffer_is_valid()
 
 
+CREATE_GRAPH_WARNING = "ignore:Using backward\\(\\) with create_graph=True:UserWarning"
+
+
+@pytest.mark.filterwarnings(CREATE_GRAPH_WARNING)
+def test_create_graph_backward_is_named_as_the_cause():
+    """backward(create_graph=True) replaces every .grad with a new graph-connected tensor."""
+    model, params, opt = wrapped()
+    x, y = batches(1)[0]
+    nn.functional.cross_entropy(model(x), y).backward(create_graph=True)
+    assert not params.buffer_is_valid()
+    assert "torch.autograd.grad(..., create_graph=True)" in params.problem()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(InvalidBufferError, match=r"backward\(create_graph=True\) builds gradients as new graph-connected"):
+        opt.step()
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+
+
+@pytest.mark.filterwarnings(CREATE_GRAPH_WARNING)
+def test_create_graph_is_listed_when_the_new_gradients_are_not_graph_connected():
+    """A loss linear in a layer's output leaves plain new gradients: create_graph is still named."""
+    model = nn.Linear(3, 2)
+    params = ContiguousParams(model.parameters())
+    model(torch.randn(4, 3)).sum().backward(create_graph=True)
+    assert not any(p.grad.requires_grad for p in model.parameters())  # so no graph to recognise it by
+    with pytest.raises(InvalidBufferError, match=r"outside the flat gradient buffer.*backward\(create_graph=True\)"):
+        params.assert_buffer_is_valid()
+
+
+def test_gradient_penalty_as_the_create_graph_message_advises_trains_correctly():
+    """The advice: torch.autograd.grad(..., create_graph=True) for the penalty, backward() without it."""
+    def penalised(model, opt):
+        for x, y in batches():
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            grads = torch.autograd.grad(loss, list(model.parameters()), create_graph=True)
+            (loss + 0.1 * sum(g.pow(2).sum() for g in grads)).backward()
+            opt.step()
+
+    ref, model = twin()
+    params = ContiguousParams(model.parameters())
+    penalised(ref, torch.optim.Adam(ref.parameters(), lr=1e-2))
+    penalised(model, torch.optim.Adam(params.contiguous(), lr=1e-2))
+    assert params.buffer_is_valid()
+    assert_same_params(ref, model)
+
+
 # -- construction: groups, frozen parameters, dtypes, bad input ---------------------------
 
 def test_parameter_groups_keep_their_options():
@@ -263,6 +359,50 @@ def test_parameter_groups_keep_their_options():
     assert len(params.param_buffers) == 1  # both groups are slices of the one float32 buffer
     originals = params.original()
     assert [len(g["params"]) for g in originals] == [3, 4] and originals[1]["lr"] == 1e-2
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["list", "groups"])
+def test_named_parameters_train_exactly_like_parameters(grouped):
+    """model.named_parameters(), a generator read once, alone or in group dicts, as torch.optim takes it."""
+    def wrap(model, get):
+        if not grouped:
+            return ContiguousParams(get(model))
+        return ContiguousParams([{"params": get(model[0]), "lr": 1e-3},
+                                 {"params": get(model[5]), "lr": 1e-2, "weight_decay": 0.5}])
+
+    plain_model, named_model = twin()
+    plain = wrap(plain_model, nn.Module.parameters)
+    named = wrap(named_model, nn.Module.named_parameters)
+    assert named.num_tensors == plain.num_tensors
+    originals = named.original() if not grouped else [p for g in named.original() for p in g["params"]]
+    wanted = list(named_model.parameters()) if not grouped else [*named_model[0].parameters(), *named_model[5].parameters()]
+    assert len(originals) == len(wanted) and all(a is b for a, b in zip(originals, wanted))
+    plain_losses = train(plain_model, torch.optim.AdamW(plain.contiguous()), plain.flat_parameters())
+    named_losses = train(named_model, torch.optim.AdamW(named.contiguous()), named.flat_parameters())
+    assert named_losses == plain_losses
+    assert_same_params(plain_model, named_model, atol=0, rtol=0)
+
+
+def test_messages_use_the_names_from_named_parameters():
+    model = small_net()
+    params = ContiguousParams(model.named_parameters())
+    model.zero_grad()
+    assert "(first: parameter '0.weight', shape (8, 3, 3, 3))" in params.problem()
+    model[5].bias.data = model[5].bias.data.clone()
+    assert "(first: parameter '5.bias', shape (10,))" in params.problem()
+    with pytest.raises(ValueError, match="parameter 'weight' is uninitialised"):
+        ContiguousParams(nn.LazyLinear(3).named_parameters())
+
+
+def test_mixing_named_and_plain_parameters_is_a_clear_error():
+    lin = nn.Linear(2, 2)
+    other = nn.Linear(2, 2)
+    with pytest.raises(TypeError, match=r"the parameter list mixes \(name, parameter\) pairs with bare parameters"):
+        ContiguousParams([("weight", lin.weight), lin.bias])
+    with pytest.raises(TypeError, match="parameter group 1 mixes"):
+        ContiguousParams([{"params": lin.named_parameters()}, {"params": [other.weight, ("bias", other.bias)]}])
+    with pytest.raises(TypeError, match=r"not a \(name, parameter\) pair"):
+        ContiguousParams([(lin.weight, "weight")])
 
 
 def test_frozen_parameters_are_left_alone():
