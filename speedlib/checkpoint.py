@@ -97,10 +97,7 @@ class _Segment:
                             "return its output (a tensor, or a structure holding tensors)")
         flat, spec = pytree.tree_flatten(result)
         tensors = [o for o in flat if torch.is_tensor(o)]
-        if self.out_spec is None:  # the first run fixes the structure
-            if not tensors:
-                raise TypeError(f"speedlib.checkpoint: the function returned no tensor (got {type(result).__name__}); "
-                                "there is nothing to differentiate, so there is nothing to checkpoint")
+        if self.out_spec is None:  # the first run fixes the structure (no tensor at all is fine: no rerun)
             self.out_spec, self.out_leaves = spec, flat
         elif spec != self.out_spec or [torch.is_tensor(o) for o in flat] != [torch.is_tensor(o) for o in self.out_leaves]:
             raise RuntimeError("speedlib.checkpoint: the rerun in backward returned a different structure than "

@@ -217,8 +217,6 @@ def test_bad_calls_are_clear_errors():
         checkpoint("relu", torch.ones(2), params=())
     with pytest.raises(TypeError, match="returned None.*must return its output"):
         checkpoint(lambda t: None, torch.ones(2, requires_grad=True), params=())
-    with pytest.raises(TypeError, match="returned no tensor"):
-        checkpoint(lambda t: ("text", 3), torch.ones(2, requires_grad=True), params=())
     with pytest.raises(TypeError, match="not a single tensor"):
         checkpoint(lambda t: t, torch.ones(2), params=nn.Linear(2, 2).weight)
     with pytest.raises(TypeError, match="iterable of tensors, got int"):
@@ -349,6 +347,8 @@ def test_results_with_non_tensors_keep_their_structure():
     assert torch.equal(got["out"], plain["out"]) and torch.equal(got["aux"][3][0], plain["aux"][3][0])
     (got["out"].sum() + got["aux"][0]).backward()
     assert all(torch.equal(e, g) for e, g in zip(expected, [x.grad, *(p.grad for p in lin.parameters())]))
+    # A result without any tensor comes back as it is (torch's checkpoint allows it too).
+    assert checkpoint(lambda a, n: (a * n, "tag"), 0.5, 4, params=()) == (2.0, "tag")
 
 
 def test_a_parameter_listed_twice_gets_its_gradient_once():
