@@ -24,6 +24,11 @@ backend first makes duplicates carry the same row (`last_write_wins`). Bad input
 before anything is written: out-of-range indices raise `IndexError`, non-integer indices or
 values of another dtype `TypeError`, a shape or device mismatch `ValueError`.
 
+`HostTable.from_file(path)` maps a 2-D `.npy` file instead of allocating (the 'pageable' and
+'pinned' backends, which index on the CPU): a table larger than RAM, as SpeedTorch users
+loaded embeddings with `numpy.load(..., mmap_mode=...)`. Rows are paged in on demand and
+writes land in the file through the page cache; `flush()` forces them to disk.
+
 `HostEmbedding` trains such a table with any dense `torch.optim` optimizer; see its docstring.
 """
 
@@ -31,6 +36,8 @@ from __future__ import annotations
 
 import atexit
 import inspect
+import os
+import warnings
 import weakref
 from collections.abc import Callable
 
@@ -77,9 +84,9 @@ def _sync(device: torch.device) -> None:
 
 
 class _Pageable:
-    def __init__(self, rows: int, dim: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, rows: int, dim: int, dtype: torch.dtype, device: torch.device, host: torch.Tensor | None = None):
         self.device = device
-        self.host = torch.zeros(rows, dim, dtype=dtype)
+        self.host = torch.zeros(rows, dim, dtype=dtype) if host is None else host
 
     def gather(self, idx: torch.Tensor) -> torch.Tensor:
         return self.host.index_select(0, idx.cpu()).to(self.device)
@@ -95,8 +102,8 @@ class _Pinned(_Pageable):
     copy of the previous one; an event per buffer says when its copy has finished reading it.
     """
 
-    def __init__(self, rows: int, dim: int, dtype: torch.dtype, device: torch.device):
-        super().__init__(rows, dim, dtype, device)
+    def __init__(self, rows: int, dim: int, dtype: torch.dtype, device: torch.device, host: torch.Tensor | None = None):
+        super().__init__(rows, dim, dtype, device, host)
         self._stages: list[torch.Tensor | None] = [None, None]
         self._events: list[torch.cuda.Event | None] = [None, None]
         self._turn = 0
@@ -249,6 +256,9 @@ class _Device:
 
 _GPU_INDEXED = ("cupy", "uva", "device")
 _IMPLS = {"pageable": _Pageable, "pinned": _Pinned, "cupy": _Cupy, "uva": _Uva, "device": _Device}
+# The backends whose table is an ordinary CPU tensor indexed by the CPU, so it can be any
+# host memory, a file mapping included; the others need pinned or GPU memory of their own.
+_MAPPABLE = ("pageable", "pinned")
 
 
 class HostTable:
@@ -256,10 +266,11 @@ class HostTable:
 
     device: where `gather` delivers rows (default: the current CUDA device, else the CPU).
     Every backend but 'pageable' needs a CUDA device. The table starts as zeros.
+    `writable` is False for a table mapped read-only from a file (`from_file(mode="r")`).
     """
 
     def __init__(self, rows: int, dim: int, *, dtype: torch.dtype = torch.float32, backend: str = "pinned",
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, _host: torch.Tensor | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         for name, n in (("rows", rows), ("dim", dim)):
@@ -277,7 +288,8 @@ class HostTable:
                 dev = torch.device("cuda", torch.cuda.current_device())
         self.backend, self.device, self.dtype = backend, dev, dtype
         self.shape = (rows, dim)
-        self._impl = _IMPLS[backend](rows, dim, dtype, dev)
+        self.writable, self.file, self._mmap = True, None, None
+        self._impl = _IMPLS[backend](rows, dim, dtype, dev, *(() if _host is None else (_host,)))
 
     @classmethod
     def from_tensor(cls, weight: torch.Tensor, *, backend: str = "pinned",
@@ -289,8 +301,71 @@ class HostTable:
         table.copy_(weight)
         return table
 
+    @classmethod
+    def from_file(cls, file, *, mode: str = "r+", backend: str = "pinned",
+                  device: torch.device | str | None = None) -> HostTable:
+        """A table that *is* a 2-D `.npy` file, memory-mapped rather than read into RAM.
+
+        file: a path, or a `numpy.memmap` already open (`numpy.load(path, mmap_mode="r+")`;
+        `mode` is then the array's own). mode "r+": training writes go to the file; "r": a
+        read-only table (lookups only; writes raise). Only 'pageable' and 'pinned' can map a
+        file: they index it on the CPU, so the kernel pages in just the rows a batch needs.
+        Written rows reach the file through the page cache (other processes mapping it see
+        them at once); the OS writes them to disk in its own time, and at the latest when the
+        mapping closes: call `flush()` to force that (before copying the file, say). Create a
+        new file with `numpy.lib.format.open_memmap(path, mode="w+", dtype=..., shape=(rows, dim))`.
+        """
+        import numpy as np  # noqa: PLC0415 - only file-backed tables need it
+
+        if backend in BACKENDS and backend not in _MAPPABLE:
+            raise ValueError(f"backend {backend!r} keeps the table in memory of its own; only "
+                             f"{' and '.join(map(repr, _MAPPABLE))} can map a file")
+        if isinstance(file, np.memmap):
+            array, name = file, getattr(file, "filename", None) or "the memmap"
+        elif isinstance(file, (str, os.PathLike)):
+            if mode not in ("r", "r+"):
+                raise ValueError(f"mode must be 'r+' (train, writing to the file) or 'r' (read-only), got {mode!r}")
+            name = os.fspath(file)
+            if not os.path.isfile(name):
+                raise FileNotFoundError(f"no file {name!r}; create one with numpy.lib.format.open_memmap("
+                                        "path, mode='w+', dtype=numpy.float32, shape=(rows, dim))")
+            try:
+                array = np.load(name, mmap_mode=mode, allow_pickle=False)
+            except ValueError as e:
+                raise ValueError(f"{name!r} is not a .npy array of numbers: {e}") from e
+            if not isinstance(array, np.memmap):
+                raise ValueError(f"{name!r} is not a single .npy array (an .npz archive holds several)")
+        else:
+            raise TypeError(f"file must be a path to a .npy file or a numpy.memmap, got {type(file).__name__}")
+        if array.ndim != 2:
+            raise ValueError(f"{name}: a table is 2-D (rows x dim), got shape {array.shape}")
+        if not array.flags.c_contiguous:  # rows must be contiguous to be read and written as rows
+            raise ValueError(f"{name}: the array must be C-contiguous (row-major), not Fortran-ordered or strided")
+        if array.dtype not in (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)):  # native byte order
+            raise TypeError(f"{name}: a table holds native-endian float16, float32 or float64, not {array.dtype}")
+        with warnings.catch_warnings():
+            # torch warns that writing to a read-only array is undefined: writable=False
+            # below makes every write path refuse instead.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            host = torch.from_numpy(array)
+        table = cls(*array.shape, dtype=host.dtype, backend=backend, device=device, _host=host)
+        table.writable, table.file, table._mmap = bool(array.flags.writeable), name, array
+        return table
+
+    def flush(self) -> None:
+        """Write the changed pages of a file-backed table to disk now (msync); otherwise nothing."""
+        if self._mmap is not None and self.writable:
+            _sync(self.device)
+            self._mmap.flush()
+
+    def _check_writable(self) -> None:
+        if not self.writable:
+            raise ValueError(f"this table maps {self.file!r} read-only: open it with mode 'r+' to write to it")
+
     def __repr__(self) -> str:
-        return f"HostTable(rows={self.shape[0]}, dim={self.shape[1]}, dtype={self.dtype}, backend={self.backend!r}, device={self.device})"
+        file = "" if self.file is None else f", file={self.file!r}{'' if self.writable else ' (read-only)'}"
+        return (f"HostTable(rows={self.shape[0]}, dim={self.shape[1]}, dtype={self.dtype}, backend={self.backend!r}, "
+                f"device={self.device}{file})")
 
     def __reduce__(self):
         # Pickling would copy gigabytes (and CUDA views cannot travel at all): DataLoader
@@ -319,12 +394,14 @@ class HostTable:
             raise ValueError(f"cannot copy a {tuple(src.shape)} tensor into rows {start}.. of a {self.shape} table")
         if src.dtype != self.dtype:
             raise TypeError(f"the table holds {self.dtype}, got {src.dtype}: cast explicitly")
+        self._check_writable()
         self._storage()[start:start + src.shape[0]].copy_(src)
         return self
 
     def fill_(self, row: torch.Tensor) -> HostTable:
         """Set every row to `row` (dim values)."""
         row = row.reshape(1, self.shape[1]).to(self.dtype)
+        self._check_writable()
         target = self._storage()
         target.copy_(row.to(target.device).expand(self.shape))
         return self
@@ -361,6 +438,7 @@ class HostTable:
                              f"{(*idx.shape, self.shape[1])}, got {tuple(values.shape)}")
         if values.device.type != "cpu" and values.device != self.device:
             raise ValueError(f"values are on {values.device}; a table on {self.device} takes CPU or {self.device} values")
+        self._check_writable()
         flat = values.reshape(-1, self.shape[1])
         rows, flat = last_write_wins(idx.reshape(-1).to(flat.device), flat)
         self._impl.write(rows, flat)
@@ -368,7 +446,14 @@ class HostTable:
 
     def _write_unique(self, rows: torch.Tensor, values: torch.Tensor) -> None:
         """scatter_ for rows known to be distinct and in range (HostEmbedding's own writes)."""
+        self._check_writable()
         self._impl.write(rows, values)
+
+
+def _world_size() -> int:
+    """The default process group's size, 1 when torch.distributed is not in use."""
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 class HostEmbedding(nn.Module):
@@ -377,54 +462,169 @@ class HostEmbedding(nn.Module):
 
     optimizer: called with a list of one tensor, returns the optimizer, e.g.
     `functools.partial(torch.optim.Adam, lr=1e-3)`; reach it as `.optimizer` (for LR schedulers).
+    weight: a tensor to copy into the table, or a `HostTable` to train in place (no copy,
+    e.g. `HostTable.from_file`; it brings its own backend, device and dtype, so leave those
+    unset). Without one, rows start N(0, 1) as in `nn.Embedding`.
 
-    A training step is `out = emb(indices)`, backward, `emb.step()`:
-      1. forward gathers the distinct rows the batch uses (sorted) onto the device, as one
-         dense tensor the optimizer owns;
-      2. autograd sums the gradients of duplicate indices into that tensor's rows;
+    A training step is any number of lookups, backward, `emb.step()`:
+      1. each forward gathers the distinct rows its indices use onto the device as a leaf
+         tensor of its own, so lookups of one step need not know about each other;
+      2. when backward reaches a leaf, its gradient is added by row into the step's
+         gradient (a post-accumulate-grad hook), so a row several lookups share gets the sum
+         of their gradients, as `nn.Embedding` would;
       3. step() gathers the same rows of every optimizer state tensor, runs the optimizer's
-         own step on them, and writes rows and state back to the host.
-    **Update semantics: only the rows a batch touched change, with their own state**, as in
-    `torch.optim.SparseAdam`; scalar state (Adam's step count) is shared by all rows, also as
-    in SparseAdam. So SGD without momentum or weight decay equals `nn.Embedding` + SGD
+         own step on them (each touched row updated once), and writes rows and state back.
+    Word2vec's `emb(pos)`, `emb(neg)`, one backward, one step() is therefore one step.
+    **Update semantics: only rows that received a gradient change, with their own state**, as
+    in `torch.optim.SparseAdam`; scalar state (Adam's step count) is shared by all rows, also
+    as in SparseAdam. So SGD without momentum or weight decay equals `nn.Embedding` + SGD
     exactly; Adam equals SparseAdam up to where eps enters (SparseAdam adds it before the
     bias correction); momentum and weight decay act on touched rows only (lazy updates).
     A row's state starts as what the optimizer's step leaves after a zero gradient: the
     initial state for SGD, Adam, AdamW, RMSprop, Adagrad (its initial_accumulator_value),
-    Adadelta and Adamax. One forward per step: accumulate over several batches by
-    concatenating their indices.
+    Adadelta and Adamax.
+
+    Lookups that never see a backward (evaluation without `torch.no_grad()`, a loss that is
+    dropped) touch nothing: no gradient reaches their rows, so step() leaves those rows and
+    their state alone, and their leaves are freed with their outputs. step() with no gradient
+    at all changes nothing; it raises only if no lookup tracked gradients since the last
+    step (a forward under no_grad followed by step() is a bug). `zero_grad()` drops the
+    gradients gathered so far without applying them. A gradient that arrives after step()
+    (from an output looked up before it) is applied at the next step() to the rows' current
+    values, as a dense parameter's would be.
+
+    padding_idx: as in `nn.Embedding` (negative values count from the end): lookups return
+    that row, it gets no gradient and is never written, not even by momentum or weight
+    decay; random initialisation sets it to zeros. freeze=True: lookups return rows that do
+    not require grad, and step() writes nothing (it drops pending gradients); the setter
+    `emb.freeze = False` unfreezes. See `from_pretrained`.
+
+    Gradient clipping: `emb.touched_rows()` after the last backward returns the dense tensor
+    holding this step's rows, whose `.grad` is their summed gradient, so
+    `clip_grad_norm_([*model.parameters(), emb.touched_rows()], max_norm)` then `emb.step()`
+    clips as for `nn.Embedding` (rows no lookup touched have zero gradient and add nothing
+    to the norm). The same holds for any code that reads or scales gradients before step().
+
+    DistributedDataParallel: the table holds no `nn.Parameter`, so DDP never sees it; this
+    module does the part DDP would. With `process_group` (default: the default group when
+    torch.distributed is initialised with more than one rank at construction), construction
+    makes every rank's table equal to rank 0's (rows that differ are copied from it, as DDP
+    broadcasts parameters), and step() (or touched_rows()) all-gathers every rank's rows
+    and gradients, sums them by row, divides by the world size like DDP's averaging, and
+    every rank applies the same update to the union of rows: one process on the global
+    batch, when the loss is a mean over the local batch. Both are collectives: call them on
+    every rank. Gloo communicates CPU tensors, NCCL CUDA tensors. An embedding built before
+    init_process_group refuses to step on more than one rank; pass a single-rank group
+    (`dist.new_group([rank])`) to train each rank's table on its own.
+
+    Memory-mapped tables: train a `HostTable.from_file` table (or pass a `.npy` path or
+    `numpy.memmap` to `from_pretrained`) and its rows are updated in the file. Optimizer
+    state tables are ordinary RAM, the size of the table each (Adam: two), and are saved
+    through `state_dict()`.
 
     `state_dict()` holds the table (`weight`) and optimizer state (`optimizer.<name>`) as host
     tensors; hyper-parameters belong to the optimizer factory. Device placement is fixed at
     construction: `.to()` on the module does not move the table.
     """
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
-                 *, backend: str = "pinned", device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
-                 weight: torch.Tensor | None = None):
+    def __init__(self, num_embeddings: int, embedding_dim: int,
+                 optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None,
+                 *, backend: str | None = None, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                 weight: torch.Tensor | HostTable | None = None, padding_idx: int | None = None, freeze: bool = False,
+                 process_group=None):
         super().__init__()
-        if not callable(optimizer):
+        if optimizer is None:
+            if not freeze:
+                raise ValueError("optimizer=None is for frozen embeddings only (freeze=True): training needs an optimizer")
+        elif not callable(optimizer):
             raise TypeError("optimizer must be a callable taking a list of tensors, e.g. functools.partial(torch.optim.Adam, lr=1e-3)")
-        self.table = HostTable(num_embeddings, embedding_dim, dtype=dtype, backend=backend, device=device)
-        if weight is not None:
-            if tuple(weight.shape) != self.table.shape:
-                raise ValueError(f"weight must have shape {self.table.shape}, got {tuple(weight.shape)}")
-            self.table.copy_(weight)
+        pad = self._padding_index(padding_idx, num_embeddings)
+        if isinstance(weight, HostTable):
+            if (backend, device, dtype) != (None, None, None):
+                raise ValueError("a HostTable weight brings its own backend, device and dtype: leave those unset")
+            if weight.shape != (num_embeddings, embedding_dim):
+                raise ValueError(f"weight must have shape {(num_embeddings, embedding_dim)}, got {weight.shape}")
+            self.table = weight
         else:
-            self._init_normal()
+            if weight is not None and tuple(weight.shape) != (num_embeddings, embedding_dim):
+                raise ValueError(f"weight must have shape {(num_embeddings, embedding_dim)}, got {tuple(weight.shape)}")
+            self.table = HostTable(num_embeddings, embedding_dim, dtype=dtype or torch.float32,
+                                   backend=backend or "pinned", device=device)
+            if weight is not None:
+                self.table.copy_(weight)
+            else:
+                self._init_normal()
+                if pad is not None:  # as nn.Embedding's reset_parameters does
+                    self.table.copy_(torch.zeros(1, embedding_dim, dtype=self.table.dtype), pad)
+        self.padding_idx = pad
         # The rows of the current step. A plain tensor, not an nn.Parameter, so that a model
         # optimizer built from model.parameters() does not update them a second time.
-        self._rows_weight = torch.empty(0, embedding_dim, dtype=dtype, device=self.table.device, requires_grad=True)
-        self.optimizer = optimizer([self._rows_weight])
-        if not isinstance(self.optimizer, torch.optim.Optimizer):
+        self._rows_weight = torch.empty(0, embedding_dim, dtype=self.table.dtype, device=self.table.device,
+                                        requires_grad=True)
+        self.optimizer = None if optimizer is None else optimizer([self._rows_weight])
+        if optimizer is not None and not isinstance(self.optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer(...) must return a torch.optim.Optimizer, got {type(self.optimizer).__name__}")
+        self._freeze = False
+        self.freeze = freeze  # the setter checks that the table can be trained
         self._state_tables: dict[str, HostTable] = {}
-        self._rows: torch.Tensor | None = None
+        self._rows: torch.Tensor | None = None  # the rows holding gradient this step (sorted, distinct)
+        self._tracked = False  # a lookup tracked gradients since the last step
+        self._generation = 0  # counts steps: a lookup's rows are stale once the table has changed
+        self._combined = False  # this step's gradients are already summed over the ranks
         # Some optimizers (Adagrad) create their state in the constructor, shaped like the
         # empty rows tensor: give those their tables now, before a step needs them.
-        for key, value in self.optimizer.state.get(self._rows_weight, {}).items():
+        for key, value in (self.optimizer.state.get(self._rows_weight, {}) if self.optimizer else {}).items():
             if isinstance(value, torch.Tensor) and value.shape == self._rows_weight.shape:
                 self._state_tables[key] = self._new_state_table(key)
+        self._group_given = process_group is not None
+        if process_group is None and _world_size() > 1:
+            process_group = torch.distributed.group.WORLD
+        self._group = None
+        if process_group is not None and torch.distributed.get_world_size(process_group) > 1:
+            self._group = process_group
+            self._copy_rank0_table()
+
+    @classmethod
+    def from_pretrained(cls, embeddings, optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None = None,
+                        *, freeze: bool = True, padding_idx: int | None = None, backend: str | None = None,
+                        device: torch.device | str | None = None, process_group=None) -> HostEmbedding:
+        """An embedding holding `embeddings`, like `nn.Embedding.from_pretrained` (frozen by default).
+
+        embeddings: a 2-D tensor or NumPy array, copied into a table of `backend` (default
+        'pinned') with its dtype; a `HostTable`, used as is; or a `.npy` path or
+        `numpy.memmap`, mapped rather than copied (`HostTable.from_file`: 'pageable' or
+        'pinned'; a path opens read-only when frozen, read-write otherwise).
+        The padding row keeps its pretrained value, as in nn.Embedding.
+        """
+        import numpy as np  # noqa: PLC0415 - torch needs it for from_numpy anyway
+
+        if isinstance(embeddings, (str, os.PathLike, np.memmap)):
+            embeddings = HostTable.from_file(embeddings, mode="r" if freeze else "r+", backend=backend or "pinned",
+                                             device=device)
+            backend = device = None
+        elif isinstance(embeddings, np.ndarray):
+            embeddings = torch.from_numpy(embeddings)
+        if isinstance(embeddings, HostTable):
+            shape, dtype = embeddings.shape, None
+        elif isinstance(embeddings, torch.Tensor):
+            if embeddings.dim() != 2:
+                raise ValueError(f"embeddings must be 2-D (rows x dim), got shape {tuple(embeddings.shape)}")
+            shape, dtype = tuple(embeddings.shape), embeddings.dtype
+        else:
+            raise TypeError("embeddings must be a tensor, a NumPy array, a HostTable, or a .npy path / numpy.memmap, "
+                            f"got {type(embeddings).__name__}")
+        return cls(*shape, optimizer, backend=backend, device=device, dtype=dtype, weight=embeddings,
+                   padding_idx=padding_idx, freeze=freeze, process_group=process_group)
+
+    @staticmethod
+    def _padding_index(padding_idx, rows: int) -> int | None:
+        if padding_idx is None:
+            return None
+        if not isinstance(padding_idx, int) or isinstance(padding_idx, bool):
+            raise TypeError(f"padding_idx must be an int or None, got {padding_idx!r}")
+        if not -rows <= padding_idx < rows:
+            raise ValueError(f"padding_idx must be within num_embeddings: -{rows} <= padding_idx < {rows}, got {padding_idx}")
+        return padding_idx % rows  # negative counts from the end, as in nn.Embedding
 
     def _init_normal(self, chunk: int = 1 << 20) -> None:
         # N(0, 1) like nn.Embedding, generated a chunk at a time: a 10M-row table needs no
@@ -442,32 +642,100 @@ class HostEmbedding(nn.Module):
     def embedding_dim(self) -> int:
         return self.table.shape[1]
 
+    @property
+    def freeze(self) -> bool:
+        """True: lookups only (no gradients), step() writes nothing."""
+        return self._freeze
+
+    @freeze.setter
+    def freeze(self, value: bool) -> None:
+        if not value and self.optimizer is None:
+            raise ValueError("this embedding was built without an optimizer (optimizer=None), so it can only be frozen")
+        if not value and not self.table.writable:
+            raise ValueError(f"the table maps {self.table.file!r} read-only and cannot be trained: "
+                             "open it with mode 'r+' (numpy.load(path, mmap_mode='r+'))")
+        self._freeze = bool(value)
+
     def extra_repr(self) -> str:
-        return (f"{self.num_embeddings}, {self.embedding_dim}, backend={self.table.backend!r}, "
-                f"device={self.table.device}, optimizer={type(self.optimizer).__name__}")
+        extra = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
+        extra += ", freeze=True" if self.freeze else ""
+        return (f"{self.num_embeddings}, {self.embedding_dim}{extra}, backend={self.table.backend!r}, "
+                f"device={self.table.device}, optimizer={type(self.optimizer).__name__ if self.optimizer else None}")
 
     def forward(self, indices) -> torch.Tensor:
         idx = self.table._indices(indices)
-        if not torch.is_grad_enabled():
+        if self.freeze or not torch.is_grad_enabled():
             return self.table.gather(idx)
-        if self._rows is not None:
-            raise RuntimeError("HostEmbedding ran forward twice without step(): call step() after each backward "
-                               "(to accumulate several batches, concatenate their indices)")
+        self._tracked = True
         if self.table.backend in _GPU_INDEXED:  # these index on the GPU: find the distinct rows there too
             idx = idx.to(self.table.device, non_blocking=True)
         rows, inverse = torch.unique(idx.reshape(-1), sorted=True, return_inverse=True)
-        self._swap_rows_weight(self.table.gather(rows).requires_grad_())
-        self._rows = rows
+        leaf = self.table.gather(rows).requires_grad_()
+        # Nothing here keeps the leaf: a lookup that never sees a backward is freed with its
+        # output. One that does hands its gradient over in the hook.
+        generation = self._generation
+        leaf.register_post_accumulate_grad_hook(lambda t: self._accumulate(rows, t, generation))
         inverse = inverse.to(self.table.device, non_blocking=True).reshape(idx.shape)
-        return F.embedding(inverse, self._rows_weight)
+        return F.embedding(inverse, leaf)
+
+    def _accumulate(self, rows: torch.Tensor, leaf: torch.Tensor, generation: int) -> None:
+        """Add a lookup's gradient into the step's rows (union) and gradient (summed by row)."""
+        if self._combined:
+            raise RuntimeError("a backward reached HostEmbedding after touched_rows() combined this step's "
+                               "gradients over the ranks: call touched_rows() after the last backward")
+        grad, leaf.grad = leaf.grad, None  # taken over: a second backward adds only its own
+        values = leaf.detach()
+        if self.padding_idx is not None:  # the padding row never trains: it is not a touched row
+            keep = rows != self.padding_idx
+            rows, keep = rows[keep], keep.to(grad.device)
+            grad, values = grad[keep], values[keep]
+        if generation != self._generation:  # step() ran since the lookup: use the current rows
+            values = self.table.gather(rows)
+        if self._rows is not None:
+            old = self._rows_weight
+            n = self._rows.numel()
+            rows, where = torch.unique(torch.cat([self._rows, rows]), sorted=True, return_inverse=True)
+            where = where.to(grad.device)
+            # Positions are distinct within each index_add_, so the sums are deterministic
+            # on GPUs too: (0 + old) + new, in lookup order.
+            values = values.new_empty(rows.numel(), self.embedding_dim).index_copy_(0, where[:n], old.detach()) \
+                .index_copy_(0, where[n:], values)
+            grad = torch.zeros_like(values).index_add_(0, where[:n], old.grad).index_add_(0, where[n:], grad)
+        self._rows = rows
+        weight = values.requires_grad_()
+        weight.grad = grad
+        self._swap_rows_weight(weight)
+
+    def touched_rows(self) -> torch.Tensor:
+        """This step's rows as a dense tensor whose `.grad` is their gradient (None before
+        any backward), for gradient clipping: `clip_grad_norm_([*params, emb.touched_rows()])`.
+
+        Call it after the last backward of the step; step() applies the `.grad` as it then
+        is. Distributed, this combines the ranks' gradients (a collective: every rank calls it).
+        """
+        if self.freeze:
+            return self._rows_weight
+        group = self._process_group()
+        if group is not None and not self._combined:
+            self._combine(group)
+        return self._rows_weight
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop the gradients gathered since the last step() without applying them."""
+        self._rows, self._combined = None, False
+        self._swap_rows_weight(self._rows_weight.detach().new_empty(0, self.embedding_dim).requires_grad_())
 
     def step(self) -> None:
-        """Update the rows the last forward touched, and their optimizer state, on the host."""
-        if self._rows is None:
+        """Update the rows that received gradients since the last step, and their optimizer state."""
+        if self.freeze:
+            self.zero_grad()
+            return
+        if self._rows is None and not self._tracked and self._group is None:
             raise RuntimeError("step() needs a forward pass that tracked gradients first")
-        rows, w = self._rows, self._rows_weight
-        self._rows = None
-        if w.grad is not None:
+        w = self.touched_rows()
+        rows = self._rows
+        self._rows, self._tracked, self._combined = None, False, False
+        if rows is not None and rows.numel():
             state = self.optimizer.state.get(w)
             if state:
                 for key, table in self._state_tables.items():
@@ -482,16 +750,98 @@ class HostEmbedding(nn.Module):
                         self._state_tables[key]._write_unique(rows, value)
                         # The rows are on the host now; free the device copy until next step.
                         self.optimizer.state[w][key] = value.new_empty(0, self.embedding_dim)
-        self._swap_rows_weight(w.detach().new_empty(0, self.embedding_dim).requires_grad_())
+            self._generation += 1
+        self.zero_grad()
 
     def _swap_rows_weight(self, new: torch.Tensor) -> None:
-        # A fresh leaf per step (autograd caches a leaf's shape, so resizing one in place
-        # fails); the optimizer's param entry and state move over to it.
+        # A fresh leaf whenever the rows change (autograd caches a leaf's shape, so resizing
+        # one in place fails); the optimizer's param entry and state move over to it.
         old = self._rows_weight
-        self.optimizer.param_groups[0]["params"][0] = new
-        if old in self.optimizer.state:
-            self.optimizer.state[new] = self.optimizer.state.pop(old)
+        if self.optimizer is not None:
+            self.optimizer.param_groups[0]["params"][0] = new
+            if old in self.optimizer.state:
+                self.optimizer.state[new] = self.optimizer.state.pop(old)
         self._rows_weight = new
+
+    # --- several processes ------------------------------------------------------------
+
+    def _process_group(self):
+        if self._group is None and not self._group_given and _world_size() > 1:
+            raise RuntimeError("torch.distributed was initialised after this HostEmbedding was built, so its ranks "
+                               "would train diverging tables: build it after init_process_group (or pass "
+                               "process_group=dist.new_group([rank]) to train each rank's table on its own)")
+        return self._group
+
+    def _comm_device(self) -> torch.device:
+        """Where collectives take tensors: the GPU for NCCL, the CPU for gloo."""
+        backend = str(torch.distributed.get_backend(self._group))
+        if "nccl" not in backend:
+            return torch.device("cpu")
+        if self.table.device.type == "cuda":
+            return self.table.device
+        return torch.device("cpu") if "gloo" in backend else torch.device("cuda", torch.cuda.current_device())
+
+    def _combine(self, group) -> None:
+        """Replace this rank's rows and gradient by the union of every rank's, the gradients
+        summed by row and divided by the world size (DDP's average)."""
+        dist = torch.distributed
+        comm, world, dim = self._comm_device(), dist.get_world_size(group), self.embedding_dim
+        w = self._rows_weight
+        rows = self._rows.to(comm, torch.int64) if self._rows is not None else torch.empty(0, dtype=torch.int64, device=comm)
+        grad = w.grad.to(comm) if w.grad is not None else torch.zeros(0, dim, dtype=w.dtype, device=comm)
+        # all_gather needs one size on every rank: share the counts, pad to the largest.
+        counts = [torch.zeros(1, dtype=torch.int64, device=comm) for _ in range(world)]
+        dist.all_gather(counts, torch.tensor([rows.numel()], device=comm), group=group)
+        counts = [int(c) for c in counts]
+        most = max(counts)
+        rows = torch.cat([rows, rows.new_zeros(most - rows.numel())])
+        grad = torch.cat([grad, grad.new_zeros(most - grad.shape[0], dim)])
+        all_rows = [torch.empty_like(rows) for _ in range(world)]
+        all_grads = [torch.empty_like(grad) for _ in range(world)]
+        dist.all_gather(all_rows, rows, group=group)
+        dist.all_gather(all_grads, grad, group=group)
+        all_rows = [r[:n] for r, n in zip(all_rows, counts)]
+        union, where = torch.unique(torch.cat(all_rows), sorted=True, return_inverse=True)
+        summed = torch.zeros(union.numel(), dim, dtype=grad.dtype, device=comm)
+        start = 0
+        for r, g in zip(all_rows, all_grads):  # rank by rank, in the same order on every rank
+            summed.index_add_(0, where[start:start + r.numel()], g[:r.numel()])
+            start += r.numel()
+        summed.div_(world)
+        self._combined = True
+        if not union.numel():
+            self.zero_grad()
+            self._combined = True
+            return
+        self._rows = union.to(self.table.device if self.table.backend in _GPU_INDEXED else "cpu")
+        weight = self.table.gather(self._rows).requires_grad_()  # this rank may not have looked these rows up
+        weight.grad = summed.to(weight.device)
+        self._swap_rows_weight(weight)
+
+    def _copy_rank0_table(self, chunk_bytes: int = 64 << 20) -> None:
+        """Make this rank's table equal to rank 0's, as DDP broadcasts parameters; only the
+        chunks that differ are written, so ranks mapping one file write nothing."""
+        dist = torch.distributed
+        comm, (rows, dim) = self._comm_device(), self.table.shape
+        chunk = max(1, chunk_bytes // (dim * self.table.dtype.itemsize))
+        src = dist.get_global_rank(self._group, 0)
+        differs = torch.zeros(1, device=comm)
+        for start in range(0, rows, chunk):
+            idx = torch.arange(start, min(rows, start + chunk))
+            mine = self.table.gather(idx)
+            theirs = mine.to(comm, copy=True)
+            dist.broadcast(theirs, src=src, group=self._group)
+            theirs = theirs.to(mine.device)
+            if not torch.equal(theirs, mine):
+                if self.table.writable:
+                    self.table._write_unique(idx, theirs)
+                else:
+                    differs.fill_(1)
+        dist.all_reduce(differs, op=dist.ReduceOp.MAX, group=self._group)  # every rank raises, or none
+        if differs.item():
+            raise ValueError("the ranks' read-only tables differ from rank 0's: map the same file on every rank")
+
+    # --- state ------------------------------------------------------------------------
 
     def _new_state_table(self, key: str) -> HostTable:
         """A state table whose rows start where the optimizer's state starts (see the class doc)."""
@@ -511,7 +861,7 @@ class HostEmbedding(nn.Module):
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         destination[prefix + "weight"] = self.table.cpu()
-        for key, value in self.optimizer.state.get(self._rows_weight, {}).items():
+        for key, value in (self.optimizer.state.get(self._rows_weight, {}) if self.optimizer else {}).items():
             table = self._state_tables.get(key)
             destination[prefix + "optimizer." + key] = table.cpu() if table is not None else value
 
@@ -525,9 +875,10 @@ class HostEmbedding(nn.Module):
         except (ValueError, TypeError) as e:
             error_msgs.append(f"{prefix}weight: {e}")
             return
+        self._generation += 1  # rows gathered before the load are stale
         state = {}
         for name, value in mine.items():
-            if not name.startswith("optimizer."):
+            if not name.startswith("optimizer.") or self.optimizer is None:
                 unexpected_keys.append(prefix + name)
                 continue
             key = name.removeprefix("optimizer.")

@@ -17,6 +17,7 @@ import textwrap
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from speedlib.transfer import BACKENDS, HostEmbedding, HostTable, last_write_wins
 
@@ -307,8 +308,8 @@ def _loss(out, target):
     return ((out - target) ** 2).sum() / out.shape[0]
 
 
-def _train_reference(weight, make_opt, batches, sparse=False):
-    emb = nn.Embedding(ROWS, DIM, sparse=sparse, _weight=weight.clone())
+def _train_reference(weight, make_opt, batches, sparse=False, padding_idx=None):
+    emb = nn.Embedding(ROWS, DIM, sparse=sparse, _weight=weight.clone(), padding_idx=padding_idx)
     opt = make_opt(emb.parameters())
     outs = []
     for idx, target in batches:
@@ -320,8 +321,10 @@ def _train_reference(weight, make_opt, batches, sparse=False):
     return emb.weight.detach(), outs
 
 
-def _train_host(weight, make_opt, batches, backend="pageable"):
-    emb = HostEmbedding(ROWS, DIM, make_opt, backend=backend, device=_device(backend), weight=weight)
+def _train_host(weight, make_opt, batches, backend="pageable", emb=None, **kwargs):
+    """Train a HostEmbedding built from `weight` (or `emb`, built by the caller) on `batches`."""
+    if emb is None:
+        emb = HostEmbedding(ROWS, DIM, make_opt, backend=backend, device=_device(backend), weight=weight, **kwargs)
     outs = []
     for idx, target in batches:
         out = emb(idx)
@@ -409,8 +412,7 @@ def test_embedding_misuse_is_explained():
     with pytest.raises(RuntimeError, match="needs a forward pass"):
         emb.step()
     emb(torch.tensor([1]))
-    with pytest.raises(RuntimeError, match="forward twice without step"):
-        emb(torch.tensor([2]))
+    emb(torch.tensor([2]))  # a second lookup in one step is fine (word2vec's positives and negatives)
     emb.step()  # no backward ran: nothing changes, and the next forward is allowed
     with torch.no_grad():
         assert torch.equal(emb(torch.tensor([[1, 2]])), emb.table.cpu()[torch.tensor([[1, 2]])])
@@ -459,3 +461,275 @@ def test_benchmark_skips_what_a_cpu_cannot_run_in_setup():
                       (bench.DeviceFootprint, ("pageable",)), (bench.EmbeddingStep, ("uva",))]:
         with pytest.raises(NotImplementedError):
             cls().setup(*args)
+
+
+# --- several lookups per step, lookups without backward ------------------------------------
+
+def _sgns_batches(steps=4, batch=8, negatives=3, seed=5):
+    """(centre, positive, negatives) word indices; contexts use rows < 20 only, so they repeat."""
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randint(0, ROWS, (batch,), generator=gen), torch.randint(0, ROWS // 2, (batch,), generator=gen),
+             torch.randint(0, ROWS // 2, (batch, negatives), generator=gen)) for _ in range(steps)]
+
+
+def _sgns_loss(centre, pos, neg):
+    """Skip-gram with negative sampling: the positive context scores high, the negatives low."""
+    return -(F.logsigmoid((centre * pos).sum(-1)) + F.logsigmoid(-(centre.unsqueeze(1) * neg).sum(-1)).sum(-1)).mean()
+
+
+def _sgns_reference(w_in, w_out, make_opt, batches, shared, sparse=False):
+    emb_in = nn.Embedding.from_pretrained(w_in.clone(), freeze=False, sparse=sparse)
+    emb_out = emb_in if shared else nn.Embedding.from_pretrained(w_out.clone(), freeze=False, sparse=sparse)
+    opt = make_opt(list(emb_in.parameters()) + ([] if shared else list(emb_out.parameters())))
+    for centre, pos, neg in batches:
+        opt.zero_grad()
+        _sgns_loss(emb_in(centre), emb_out(pos), emb_out(neg)).backward()
+        opt.step()
+    return emb_in.weight.detach(), emb_out.weight.detach()
+
+
+def _sgns_host(w_in, w_out, make_opt, batches, shared):
+    emb_in = HostEmbedding(ROWS, DIM, make_opt, backend="pageable", device="cpu", weight=w_in)
+    emb_out = emb_in if shared else HostEmbedding(ROWS, DIM, make_opt, backend="pageable", device="cpu", weight=w_out)
+    for centre, pos, neg in batches:
+        _sgns_loss(emb_in(centre), emb_out(pos), emb_out(neg)).backward()  # emb_out: two lookups, one step
+        for emb in {emb_in, emb_out}:
+            emb.step()
+    return emb_in.table.cpu(), emb_out.table.cpu()
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["in-and-out-tables", "one-table"])
+def test_word2vec_lookups_in_one_step_with_sgd_equal_nn_embedding(shared):
+    """Positives and negatives looked up separately, one backward, one step: the gradients of a
+    row used by both lookups add up, and every touched row moves once, as with nn.Embedding."""
+    w_in, w_out, make = _reference(ROWS, DIM, seed=1), _reference(ROWS, DIM, seed=2), functools.partial(torch.optim.SGD, lr=0.5)
+    batches = _sgns_batches()
+    got, want = _sgns_host(w_in, w_out, make, batches, shared), _sgns_reference(w_in, w_out, make, batches, shared)
+    if shared:  # three lookups of one row: autograd may add the three gradients in another order
+        torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-7)
+    else:  # two lookups: a + b == b + a, so the sums are bitwise those of nn.Embedding
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert not torch.equal(got[1], w_out if not shared else w_in)
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["in-and-out-tables", "one-table"])
+def test_word2vec_lookups_in_one_step_with_adam_equal_sparse_adam(shared):
+    """Adam's state makes a row updated twice in a step, or a gradient split over two updates,
+    visibly different from SparseAdam's one update with the summed gradient."""
+    w_in, w_out = _reference(ROWS, DIM, seed=1), _reference(ROWS, DIM, seed=2)
+    batches = _sgns_batches()
+    # eps enters SparseAdam before the bias correction and Adam after it. Here gradients that
+    # nearly cancel make it matter (2e-4 apart with the default 1e-8), so both get an eps
+    # too small to count; what remains is rounding (1e-7).
+    got = _sgns_host(w_in, w_out, functools.partial(torch.optim.Adam, lr=0.05, eps=1e-12), batches, shared)
+    want = _sgns_reference(w_in, w_out, functools.partial(torch.optim.SparseAdam, lr=0.05, eps=1e-12), batches, shared,
+                           sparse=True)
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
+
+
+def test_lookups_without_backward_touch_nothing():
+    """Lookups whose outputs never reach a backward, before the training lookup, after it, or
+    between backward and step(), leave the table and state as if they had not happened.
+    AdamW's weight decay would move any row counted as touched, even with a zero gradient."""
+    w = _reference(ROWS, DIM)
+    make = functools.partial(torch.optim.AdamW, lr=0.05, weight_decay=0.5)
+    plain, _ = _train_host(w, make, _batches())
+    emb = HostEmbedding(ROWS, DIM, make, backend="pageable", device="cpu", weight=w)
+    unused = torch.arange(ROWS // 2, ROWS).reshape(4, -1)  # rows no training batch uses
+    emb(unused[0])
+    emb.step()  # only lookups without backward since the last step: nothing changes, no error
+    assert torch.equal(emb.table.cpu(), w)
+    for idx, target in _batches():
+        emb(unused[1])  # evaluation without torch.no_grad(), result dropped
+        out = emb(idx)
+        dropped = _loss(emb(unused[2]), torch.zeros(DIM))  # a loss never backpropagated
+        _loss(out, target).backward()
+        emb(unused[3])  # between backward and step
+        emb.step()
+        del dropped
+    assert torch.equal(emb.table.cpu(), plain.table.cpu())
+    assert torch.equal(emb.table.cpu()[ROWS // 2:], w[ROWS // 2:])
+    for key, table in emb._state_tables.items():
+        assert torch.equal(table.cpu(), plain._state_tables[key].cpu()), key
+
+
+def test_a_gradient_arriving_after_step_updates_the_current_rows():
+    """An output looked up before step() and backpropagated after it: its gradient is applied
+    at the next step() to the rows as they are then, as nn.Embedding + SGD does."""
+    w, a, b = _reference(ROWS, DIM), torch.tensor([1, 2, 3]), torch.tensor([3, 4])  # row 3 in both
+    target = torch.randn(3, DIM, generator=torch.Generator().manual_seed(9))
+    ref = nn.Embedding.from_pretrained(w.clone(), freeze=False)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    emb = HostEmbedding(ROWS, DIM, functools.partial(torch.optim.SGD, lr=0.5), backend="pageable", device="cpu", weight=w)
+    for model, step in ((ref, opt.step), (emb, emb.step)):
+        late = _loss(model(a), target)
+        _loss(model(b), target[:2]).backward()
+        step()
+        opt.zero_grad()
+        late.backward()
+        step()
+    assert torch.equal(emb.table.cpu(), ref.weight.detach())
+
+
+def test_zero_grad_drops_gathered_gradients():
+    w = _reference(ROWS, DIM)
+    emb = HostEmbedding(ROWS, DIM, functools.partial(torch.optim.SGD, lr=0.5), backend="pageable", device="cpu", weight=w)
+    emb(torch.tensor([1, 2])).sum().backward()
+    emb.zero_grad()
+    emb.step()
+    assert torch.equal(emb.table.cpu(), w)
+
+
+# --- padding_idx, from_pretrained, clipping -------------------------------------------------
+
+def _with_padding(batches, pad):
+    out = []
+    for idx, target in batches:
+        idx = idx.clone()
+        idx[:, 0] = pad  # a padded position in every sample
+        out.append((idx, target))
+    return out
+
+
+@pytest.mark.parametrize("pad", [3, -1], ids=["pad-3", "pad-minus-1"])
+def test_padding_idx_equals_nn_embedding(pad):
+    w = _reference(ROWS, DIM)
+    make = functools.partial(torch.optim.SGD, lr=0.1)
+    batches = _with_padding(_batches(), pad % ROWS)
+    ref_w, ref_outs = _train_reference(w, make, batches, padding_idx=pad)
+    emb, outs = _train_host(w, make, batches, padding_idx=pad)
+    assert emb.padding_idx == pad % ROWS
+    assert all(torch.equal(a, b) for a, b in zip(outs, ref_outs))  # lookups return the padding row's value
+    assert torch.equal(emb.table.cpu(), ref_w)
+    assert torch.equal(emb.table.cpu()[pad], w[pad])
+
+
+def test_padding_row_is_never_written_not_even_by_weight_decay_or_momentum():
+    """The padding row is not a touched row: no update, no optimizer state, whatever the optimizer."""
+    w, pad = _reference(ROWS, DIM), 3
+    batches = _with_padding(_batches(), pad)
+    for make in (functools.partial(torch.optim.AdamW, lr=0.05, weight_decay=0.5),
+                 functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9, weight_decay=0.1)):
+        emb, _ = _train_host(w, make, batches, padding_idx=pad)
+        assert torch.equal(emb.table.cpu()[pad], w[pad])
+        assert emb._state_tables and all(not t.cpu()[pad].any() for t in emb._state_tables.values())
+    # ...and the other rows train as with SparseAdam on nn.Embedding(padding_idx=...).
+    ref_w, _ = _train_reference(w, functools.partial(torch.optim.SparseAdam, lr=0.05), batches, sparse=True, padding_idx=pad)
+    emb, _ = _train_host(w, functools.partial(torch.optim.Adam, lr=0.05), batches, padding_idx=pad)
+    torch.testing.assert_close(emb.table.cpu(), ref_w, rtol=1e-5, atol=1e-6)
+
+
+def test_padding_row_starts_as_zeros_with_random_init_as_in_nn_embedding():
+    torch.manual_seed(0)
+    emb = HostEmbedding(ROWS, DIM, functools.partial(torch.optim.SGD, lr=0.1), backend="pageable", device="cpu",
+                        padding_idx=-2)
+    assert emb.padding_idx == ROWS - 2 == nn.Embedding(ROWS, DIM, padding_idx=-2).padding_idx
+    table = emb.table.cpu()
+    assert not table[ROWS - 2].any() and table[ROWS - 1].all()
+    # A given weight keeps its padding row, as nn.Embedding's _weight and from_pretrained do.
+    w = _reference(ROWS, DIM)
+    kept = HostEmbedding(ROWS, DIM, None, freeze=True, backend="pageable", device="cpu", weight=w, padding_idx=0)
+    assert torch.equal(kept.table.cpu()[0], w[0])
+
+
+@pytest.mark.parametrize("pad,error,message", [
+    (ROWS, ValueError, "padding_idx must be within num_embeddings"),
+    (-ROWS - 1, ValueError, "padding_idx must be within num_embeddings"),
+    (1.5, TypeError, "padding_idx must be an int"),
+    (True, TypeError, "padding_idx must be an int"),
+])
+def test_bad_padding_idx_is_refused(pad, error, message):
+    with pytest.raises(error, match=message):
+        HostEmbedding(ROWS, DIM, functools.partial(torch.optim.SGD, lr=0.1), backend="pageable", device="cpu",
+                      padding_idx=pad)
+
+
+def test_from_pretrained_frozen_looks_up_only():
+    w = _reference(ROWS, DIM, dtype=torch.float64)
+    emb = HostEmbedding.from_pretrained(w, backend="pageable", device="cpu")  # frozen, no optimizer needed
+    ref = nn.Embedding.from_pretrained(w)
+    idx = torch.tensor([[1, 2], [2, 7]])
+    out = emb(idx)
+    assert emb.freeze and emb.table.dtype == torch.float64
+    assert torch.equal(out, ref(idx)) and not out.requires_grad and not ref(idx).requires_grad
+    emb.step()  # a frozen table's step() writes nothing
+    w.add_(1.0)  # the table holds a copy
+    assert torch.equal(emb.table.cpu(), w - 1.0)
+    with pytest.raises(ValueError, match="without an optimizer"):
+        emb.freeze = False
+
+
+def test_from_pretrained_unfrozen_trains_as_nn_embedding_from_pretrained():
+    w, pad = _reference(ROWS, DIM), 2
+    make = functools.partial(torch.optim.SGD, lr=0.1)
+    batches = _with_padding(_batches(), pad)
+    ref = nn.Embedding.from_pretrained(w.clone(), freeze=False, padding_idx=pad)
+    opt = make(ref.parameters())
+    for idx, target in batches:
+        opt.zero_grad()
+        _loss(ref(idx), target).backward()
+        opt.step()
+    emb = HostEmbedding.from_pretrained(w, make, freeze=True, padding_idx=pad, backend="pageable", device="cpu")
+    assert not emb(batches[0][0]).requires_grad  # frozen: no gradient anywhere...
+    emb.step()
+    assert torch.equal(emb.table.cpu(), w)
+    emb.freeze = False  # ...until unfrozen
+    emb, _ = _train_host(None, None, batches, emb=emb)
+    assert emb.padding_idx == pad and torch.equal(emb.table.cpu(), ref.weight.detach())
+
+
+def test_from_pretrained_and_new_arguments_refuse_bad_input():
+    make = functools.partial(torch.optim.SGD, lr=0.1)
+    with pytest.raises(ValueError, match="must be 2-D"):
+        HostEmbedding.from_pretrained(torch.zeros(5), backend="pageable", device="cpu")
+    with pytest.raises(TypeError, match="embeddings must be a tensor"):
+        HostEmbedding.from_pretrained([[1.0, 2.0]], backend="pageable", device="cpu")
+    with pytest.raises(ValueError, match="optimizer=None is for frozen embeddings only"):
+        HostEmbedding.from_pretrained(torch.zeros(5, 2), freeze=False, backend="pageable", device="cpu")
+    table = HostTable(ROWS, DIM, backend="pageable", device="cpu")
+    with pytest.raises(ValueError, match="brings its own backend"):
+        HostEmbedding(ROWS, DIM, make, weight=table, backend="pageable")
+    with pytest.raises(ValueError, match="weight must have shape"):
+        HostEmbedding(ROWS + 1, DIM, make, weight=table)
+    # A HostTable weight is trained in place.
+    emb = HostEmbedding.from_pretrained(table, make, freeze=False)
+    assert emb.table is table
+
+
+def test_touched_rows_clip_like_nn_embedding():
+    """clip_grad_norm_ over the model's parameters and touched_rows() clips exactly what it
+    clips with nn.Embedding: rows no lookup used have zero gradient and add nothing to the
+    norm. Two overlapping lookups per step: the norm is of their summed gradient."""
+    w, max_norm = _reference(ROWS, DIM), 0.5
+    gen = torch.Generator().manual_seed(4)
+    steps = [(torch.randint(0, 10, (6,), generator=gen), torch.randint(5, 15, (6,), generator=gen)) for _ in range(4)]
+    torch.manual_seed(0)
+    head = nn.Linear(DIM, 1)
+    results = []
+    for host in (False, True):
+        lin = nn.Linear(DIM, 1)
+        lin.load_state_dict(head.state_dict())
+        if host:
+            emb = HostEmbedding(ROWS, DIM, functools.partial(torch.optim.SGD, lr=0.5), backend="pageable", device="cpu",
+                                weight=w)
+            assert emb.touched_rows().grad is None  # before any backward: nothing to clip
+            opt = torch.optim.SGD(lin.parameters(), lr=0.5)
+        else:
+            emb = nn.Embedding.from_pretrained(w.clone(), freeze=False)
+            opt = torch.optim.SGD([*lin.parameters(), emb.weight], lr=0.5)
+        norms = []
+        for a, b in steps:
+            opt.zero_grad()
+            (lin(emb(a)).square().mean() + lin(emb(b)).square().mean()).backward()
+            params = [*lin.parameters(), emb.touched_rows() if host else emb.weight]
+            norms.append(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            opt.step()
+            if host:
+                emb.step()
+        results.append((torch.stack(norms), emb.table.cpu() if host else emb.weight.detach(), lin.weight.detach()))
+    (ref_norms, ref_w, ref_lin), (norms, got_w, got_lin) = results
+    assert (ref_norms > max_norm).all()  # every step was clipped
+    torch.testing.assert_close(norms, ref_norms, rtol=1e-6, atol=0)
+    torch.testing.assert_close(got_w, ref_w, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(got_lin, ref_lin, rtol=1e-6, atol=1e-7)
