@@ -82,11 +82,15 @@ class _Segment:
     in the result becomes an output.
     """
 
-    def __init__(self, function: Callable[..., Any], args: tuple, kwargs: dict, names: dict[int, str]):
-        self.function, self.names = function, names
-        self.leaves, self.in_spec = pytree.tree_flatten((args, kwargs))
+    # The autograd node holds this object, and the node is held by its outputs: a tensor
+    # kept here would make a cycle that only the garbage collector frees, keeping the
+    # segment's inputs and outputs (GPU memory) alive until it runs. Only structure is kept.
+    _TENSOR = object()  # where a tensor stood in the first run's result
+
+    def __init__(self, function: Callable[..., Any], in_spec: pytree.TreeSpec, names: dict[int, str]):
+        self.function, self.in_spec, self.names = function, in_spec, names
         self.out_spec: pytree.TreeSpec | None = None
-        self.out_leaves: list[Any] = []  # the first run's flat result; tensors are replaced in rebuild
+        self.out_leaves: list[Any] = []  # the first run's flat result, tensors replaced by _TENSOR
 
     def call(self, leaves: list[Any]) -> list[torch.Tensor]:
         """Run the function on `leaves`; return the tensors of its result, in order."""
@@ -97,9 +101,10 @@ class _Segment:
                             "return its output (a tensor, or a structure holding tensors)")
         flat, spec = pytree.tree_flatten(result)
         tensors = [o for o in flat if torch.is_tensor(o)]
+        shape = [self._TENSOR if torch.is_tensor(o) else o for o in flat]
         if self.out_spec is None:  # the first run fixes the structure (no tensor at all is fine: no rerun)
-            self.out_spec, self.out_leaves = spec, flat
-        elif spec != self.out_spec or [torch.is_tensor(o) for o in flat] != [torch.is_tensor(o) for o in self.out_leaves]:
+            self.out_spec, self.out_leaves = spec, shape
+        elif spec != self.out_spec or [o is self._TENSOR for o in shape] != [o is self._TENSOR for o in self.out_leaves]:
             raise RuntimeError("speedlib.checkpoint: the rerun in backward returned a different structure than "
                                "the first run; a checkpointed function must return the same structure each time")
         return tensors
@@ -107,7 +112,7 @@ class _Segment:
     def rebuild(self, tensors: tuple[torch.Tensor, ...]) -> Any:
         """The first run's result, with the node's outputs in place of its tensors."""
         it = iter(tensors)
-        return pytree.tree_unflatten([next(it) if torch.is_tensor(o) else o for o in self.out_leaves], self.out_spec)
+        return pytree.tree_unflatten([next(it) if o is self._TENSOR else o for o in self.out_leaves], self.out_spec)
 
 
 class _Checkpoint(torch.autograd.Function):
@@ -263,9 +268,9 @@ def checkpoint(function: Callable[..., Any], *args: Any, params: Iterable[torch.
         raise TypeError(f"speedlib.checkpoint: the function to checkpoint must be callable, got {type(function).__name__}")
     params = _explicit_params(function, params)
     named = function.named_parameters() if check_params and isinstance(function, nn.Module) else ()
-    segment = _Segment(function, args, kwargs, {id(p): f"parameter {n!r}" for n, p in named})
-    outputs = _Checkpoint.apply(segment, len(segment.leaves), preserve_rng_state, check_params,
-                                *segment.leaves, *params)
+    leaves, in_spec = pytree.tree_flatten((args, kwargs))
+    segment = _Segment(function, in_spec, {id(p): f"parameter {n!r}" for n, p in named})
+    outputs = _Checkpoint.apply(segment, len(leaves), preserve_rng_state, check_params, *leaves, *params)
     return segment.rebuild(outputs)
 
 

@@ -8,6 +8,8 @@ backward kernel whichever checkpoint asked for it.
 from __future__ import annotations
 
 import dataclasses
+import gc
+import weakref
 
 import pytest
 import torch
@@ -349,6 +351,26 @@ def test_results_with_non_tensors_keep_their_structure():
     assert all(torch.equal(e, g) for e, g in zip(expected, [x.grad, *(p.grad for p in lin.parameters())]))
     # A result without any tensor comes back as it is (torch's checkpoint allows it too).
     assert checkpoint(lambda a, n: (a * n, "tag"), 0.5, 4, params=()) == (2.0, "tag")
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_inputs_and_outputs_are_freed_without_the_garbage_collector(backward):
+    """The node must not hold its own inputs or outputs in Python attributes: that makes a
+    cycle through autograd that only gc.collect() breaks, and on a GPU the segment's memory
+    would stay allocated until it happens to run."""
+    lin = nn.Linear(4, 4)
+    x = torch.randn(3, 4, requires_grad=True)
+    gc.disable()
+    try:
+        h = x * 2
+        out = checkpoint(lambda t: {"y": lin(t), "n": 1}, h, params=lin.parameters())["y"]
+        if backward:
+            out.sum().backward()
+        refs = [weakref.ref(out), weakref.ref(h)]
+        del out, h
+        assert [r() for r in refs] == [None, None]
+    finally:
+        gc.enable()
 
 
 def test_a_parameter_listed_twice_gets_its_gradient_once():
