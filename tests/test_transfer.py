@@ -9,11 +9,13 @@ runs on every machine through 'pageable'.
 from __future__ import annotations
 
 import functools
+import os
 import pickle
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -816,3 +818,99 @@ def test_ddp_ranks_train_one_table_as_one_process_on_the_global_batch(tmp_path):
         assert got["norms"] == pytest.approx(norms, rel=1e-6)
     # The ranks apply the same update to the same rows: their tables are bitwise equal.
     assert torch.equal(ranks[0]["table"], ranks[1]["table"]) and torch.equal(ranks[0]["momentum"], ranks[1]["momentum"])
+
+
+# --- memory-mapped tables -------------------------------------------------------------------
+
+def _in_file_mapping(address: int, path) -> bool:
+    """Whether `address` lies in a mapping of `path` in this process (Linux's /proc/self/maps):
+    true of a memory-mapped table, false of any copy of it in ordinary memory."""
+    target = os.path.realpath(path)
+    with open("/proc/self/maps", encoding="utf-8") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].strip() == target:
+                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                if lo <= address < hi:
+                    return True
+    return False
+
+
+needs_proc_maps = pytest.mark.skipif(not os.path.exists("/proc/self/maps"),
+                                     reason="tells a file mapping from a copy through Linux's /proc/self/maps")
+
+
+@needs_proc_maps
+def test_memory_mapped_table_trains_in_the_file(tmp_path):
+    w, path = _reference(ROWS, DIM), tmp_path / "emb.npy"
+    np.save(path, w.numpy())
+    make = functools.partial(torch.optim.Adam, lr=0.05)
+    in_ram, _ = _train_host(w, make, _batches())
+    emb = HostEmbedding.from_pretrained(path, make, freeze=False, backend="pageable", device="cpu")
+    assert emb.table.file == str(path) and emb.table.writable
+    assert _in_file_mapping(emb.table.cpu().data_ptr(), path)  # mapped, not read into RAM
+    emb, _ = _train_host(None, None, _batches(), emb=emb)
+    assert torch.equal(emb.table.cpu(), in_ram.table.cpu())
+    assert _in_file_mapping(emb.table.cpu().data_ptr(), path)  # still the file after training
+    emb.table.flush()
+    on_disk = torch.from_numpy(np.load(path))  # read afresh, not mapped
+    assert torch.equal(on_disk, in_ram.table.cpu()) and not torch.equal(on_disk, w)
+
+
+def test_from_file_takes_an_open_memmap_without_copying(tmp_path):
+    path = tmp_path / "emb.npy"
+    np.save(path, _reference(ROWS, DIM).numpy())
+    mapped = np.load(path, mmap_mode="r+")
+    table = HostTable.from_file(mapped, backend="pageable", device="cpu")
+    table.scatter_(torch.tensor([3, 3]), torch.stack([torch.zeros(DIM), torch.ones(DIM)]))
+    assert (mapped[3] == 1).all()  # the write went into the caller's mapping itself
+    assert torch.equal(table.gather(torch.tensor([3])), torch.ones(1, DIM))
+    assert "file=" in repr(table)
+
+
+def test_read_only_mapping_looks_up_but_never_writes(tmp_path):
+    w, path = _reference(ROWS, DIM), tmp_path / "emb.npy"
+    np.save(path, w.numpy())
+    make = functools.partial(torch.optim.SGD, lr=0.1)
+    frozen = HostEmbedding.from_pretrained(path, make, backend="pageable", device="cpu")  # frozen: opened read-only
+    assert not frozen.table.writable and "read-only" in repr(frozen.table)
+    assert torch.equal(frozen(torch.tensor([1, 5])), w[[1, 5]])
+    frozen.step()  # nothing to write
+    with pytest.raises(ValueError, match="read-only and cannot be trained"):
+        frozen.freeze = False
+    with pytest.raises(ValueError, match="read-only: open it with mode 'r\\+'"):
+        frozen.table.scatter_(torch.tensor([1]), torch.zeros(1, DIM))
+    with pytest.raises(ValueError, match="read-only"):
+        frozen.table.copy_(torch.zeros(1, DIM))
+    with pytest.raises(ValueError, match="read-only and cannot be trained"):
+        HostEmbedding.from_pretrained(np.load(path, mmap_mode="r"), make, freeze=False, backend="pageable", device="cpu")
+    assert torch.equal(torch.from_numpy(np.load(path)), w)
+
+
+def test_from_file_refuses_bad_files_and_backends(tmp_path):
+    good = tmp_path / "good.npy"
+    np.save(good, np.zeros((4, 3), dtype=np.float32))
+    cases = [
+        (tmp_path / "missing.npy", {}, FileNotFoundError, "no file .*open_memmap"),
+        (np.zeros((4, 3), dtype=np.int64), {}, TypeError, "path to a .npy file or a numpy.memmap"),
+        (good, {"mode": "w+"}, ValueError, "mode must be 'r\\+'"),
+        (good, {"backend": "uva"}, ValueError, "only 'pageable' and 'pinned' can map a file"),
+        (good, {"backend": "device"}, ValueError, "only 'pageable' and 'pinned' can map a file"),
+    ]
+    for name, array in [("ints", np.zeros((4, 3), dtype=np.int64)), ("cube", np.zeros((2, 2, 2), dtype=np.float32)),
+                        ("fortran", np.asfortranarray(np.zeros((4, 3), dtype=np.float32))),
+                        ("bigendian", np.zeros((4, 3), dtype=">f4")), ("objects", np.array([[None]], dtype=object))]:
+        np.save(tmp_path / f"{name}.npy", array)
+    np.savez(tmp_path / "two.npz", a=np.zeros((2, 2)), b=np.zeros((2, 2)))
+    cases += [
+        (tmp_path / "ints.npy", {}, TypeError, "holds native-endian float16, float32 or float64, not int64"),
+        (tmp_path / "bigendian.npy", {}, TypeError, "native-endian"),
+        (tmp_path / "cube.npy", {}, ValueError, "2-D"),
+        (tmp_path / "fortran.npy", {}, ValueError, "C-contiguous"),
+        (tmp_path / "objects.npy", {}, ValueError, "not a .npy array of numbers"),
+        (tmp_path / "two.npz", {}, ValueError, "not a single .npy array"),
+    ]
+    for file, kwargs, error, message in cases:
+        with pytest.raises(error, match=message):
+            HostTable.from_file(file, **{"backend": "pageable", "device": "cpu", **kwargs})
+    assert HostTable.from_file(good, backend="pageable", device="cpu").shape == (4, 3)
