@@ -487,9 +487,9 @@ class HostEmbedding(nn.Module):
     Lookups that never see a backward (evaluation without `torch.no_grad()`, a loss that is
     dropped) touch nothing: no gradient reaches their rows, so step() leaves those rows and
     their state alone, and their leaves are freed with their outputs. step() with no gradient
-    at all changes nothing; it raises only if no lookup tracked gradients since the last
-    step (a forward under no_grad followed by step() is a bug). `zero_grad()` drops the
-    gradients gathered so far without applying them. A gradient that arrives after step()
+    at all changes nothing; in one process it raises if no lookup tracked gradients since
+    the last step (a forward under no_grad followed by step() is a bug). `zero_grad()`
+    drops the gradients gathered so far without applying them. A gradient that arrives after step()
     (from an output looked up before it) is applied at the next step() to the rows' current
     values, as a dense parameter's would be.
 
@@ -508,12 +508,12 @@ class HostEmbedding(nn.Module):
     DistributedDataParallel: the table holds no `nn.Parameter`, so DDP never sees it; this
     module does the part DDP would. With `process_group` (default: the default group when
     torch.distributed is initialised with more than one rank at construction), construction
-    makes every rank's table equal to rank 0's (rows that differ are copied from it, as DDP
-    broadcasts parameters), and step() (or touched_rows()) all-gathers every rank's rows
+    makes every rank's table equal to rank 0's (chunks that differ are copied from it, as
+    DDP broadcasts parameters), and step() (or touched_rows()) all-gathers every rank's rows
     and gradients, sums them by row, divides by the world size like DDP's averaging, and
     every rank applies the same update to the union of rows: one process on the global
-    batch, when the loss is a mean over the local batch. Both are collectives: call them on
-    every rank. Gloo communicates CPU tensors, NCCL CUDA tensors. An embedding built before
+    batch, when the loss is a mean over the local batch. Construction, step() and
+    touched_rows() are collectives then: call them on every rank. Gloo communicates CPU tensors, NCCL CUDA tensors. An embedding built before
     init_process_group refuses to step on more than one rank; pass a single-rank group
     (`dist.new_group([rank])`) to train each rank's table on its own.
 
@@ -721,7 +721,8 @@ class HostEmbedding(nn.Module):
         return self._rows_weight
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drop the gradients gathered since the last step() without applying them."""
+        """Drop the gradients gathered since the last step() without applying them (a parent
+        module's zero_grad() does not reach here: it only visits parameters)."""
         self._rows, self._combined = None, False
         self._swap_rows_weight(self._rows_weight.detach().new_empty(0, self.embedding_dim).requires_grad_())
 
@@ -730,6 +731,7 @@ class HostEmbedding(nn.Module):
         if self.freeze:
             self.zero_grad()
             return
+        # Distributed, a rank without lookups still joins its peers' collective: no error there.
         if self._rows is None and not self._tracked and self._group is None:
             raise RuntimeError("step() needs a forward pass that tracked gradients first")
         w = self.touched_rows()
@@ -794,6 +796,10 @@ class HostEmbedding(nn.Module):
         dist.all_gather(counts, torch.tensor([rows.numel()], device=comm), group=group)
         counts = [int(c) for c in counts]
         most = max(counts)
+        if most == 0:  # no rank has a gradient: nothing to gather, nothing to update
+            self.zero_grad()
+            self._combined = True
+            return
         rows = torch.cat([rows, rows.new_zeros(most - rows.numel())])
         grad = torch.cat([grad, grad.new_zeros(most - grad.shape[0], dim)])
         all_rows = [torch.empty_like(rows) for _ in range(world)]
@@ -809,10 +815,6 @@ class HostEmbedding(nn.Module):
             start += r.numel()
         summed.div_(world)
         self._combined = True
-        if not union.numel():
-            self.zero_grad()
-            self._combined = True
-            return
         self._rows = union.to(self.table.device if self.table.backend in _GPU_INDEXED else "cpu")
         weight = self.table.gather(self._rows).requires_grad_()  # this rank may not have looked these rows up
         weight.grad = summed.to(weight.device)

@@ -1,5 +1,6 @@
 """Host tables and CPU-hosted embeddings: every backend against plain indexing, and training
-against PyTorch's own embeddings and optimizers.
+against PyTorch's own embeddings and optimizers (several lookups per step, padding_idx,
+from_pretrained, clipping), on two gloo ranks against one process, and in memory-mapped files.
 
 The GPU backends (pinned, cupy, uva, device) are skipped without a GPU; what they share with
 'pageable' (index checks, the duplicate rule, shapes, dtypes, the embedding's update logic)
