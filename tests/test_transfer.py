@@ -491,14 +491,17 @@ def _sgns_reference(w_in, w_out, make_opt, batches, shared, sparse=False):
     return emb_in.weight.detach(), emb_out.weight.detach()
 
 
-def _sgns_host(w_in, w_out, make_opt, batches, shared):
-    emb_in = HostEmbedding(ROWS, DIM, make_opt, backend="pageable", device="cpu", weight=w_in)
-    emb_out = emb_in if shared else HostEmbedding(ROWS, DIM, make_opt, backend="pageable", device="cpu", weight=w_out)
+def _sgns_host(w_in, w_out, make_opt, batches, shared, backend="pageable", **kwargs):
+    def build(w):
+        return HostEmbedding(ROWS, DIM, make_opt, backend=backend, device=_device(backend), weight=w, **kwargs)
+
+    emb_in = build(w_in)
+    emb_out = emb_in if shared else build(w_out)
     for centre, pos, neg in batches:
         _sgns_loss(emb_in(centre), emb_out(pos), emb_out(neg)).backward()  # emb_out: two lookups, one step
         for emb in {emb_in, emb_out}:
             emb.step()
-    return emb_in.table.cpu(), emb_out.table.cpu()
+    return emb_in.table.cpu().cpu(), emb_out.table.cpu().cpu()  # 'device' tables: .cpu() is a copy
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["in-and-out-tables", "one-table"])
@@ -529,6 +532,17 @@ def test_word2vec_lookups_in_one_step_with_adam_equal_sparse_adam(shared):
                            sparse=True)
     for g, r in zip(got, want):
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", _backend_params(GPU_BACKENDS))
+def test_several_lookups_with_padding_on_gpu_backends_equal_pageable(backend):
+    """The GPU-indexed backends find distinct rows and merge lookups on the GPU."""
+    w_in, w_out, make = _reference(ROWS, DIM, seed=1), _reference(ROWS, DIM, seed=2), functools.partial(torch.optim.Adam, lr=0.05)
+    host = _sgns_host(w_in, w_out, make, _sgns_batches(), False, padding_idx=1)
+    gpu = _sgns_host(w_in, w_out, make, _sgns_batches(), False, backend=backend, padding_idx=1)
+    for g, h in zip(gpu, host):
+        torch.testing.assert_close(g, h, rtol=1e-5, atol=1e-6)
+    assert torch.equal(gpu[1][1], w_out[1])
 
 
 def test_lookups_without_backward_touch_nothing():
@@ -759,8 +773,8 @@ _DDP_RANK = textwrap.dedent("""
         result["early"] = str(e)
     torch.manual_seed(rank)  # different random tables: construction makes them rank 0's
     result["seeded"] = HostEmbedding(50, 3, make, backend="pageable", device="cpu").table.cpu().clone()
-    alone = HostEmbedding(8, 2, make, backend="pageable", device="cpu", process_group=dist.new_group([0]) if rank == 0
-                          else dist.new_group([1]))  # every rank must create every group
+    singles = [dist.new_group([0]), dist.new_group([1])]  # every rank creates every group, in one order
+    alone = HostEmbedding(8, 2, make, backend="pageable", device="cpu", process_group=singles[rank])
     emb = HostEmbedding(w.shape[0], w.shape[1], make, backend="pageable", device="cpu", weight=w)
     for step, (idx, target) in enumerate(batches):
         idx, target = idx.tensor_split(2)[rank], target.tensor_split(2)[rank]
@@ -856,6 +870,20 @@ def test_memory_mapped_table_trains_in_the_file(tmp_path):
     emb.table.flush()
     on_disk = torch.from_numpy(np.load(path))  # read afresh, not mapped
     assert torch.equal(on_disk, in_ram.table.cpu()) and not torch.equal(on_disk, w)
+
+
+@needs_cuda
+def test_memory_mapped_table_trains_on_the_pinned_backend(tmp_path):
+    """'pinned' indexes the mapped file on the CPU into its pinned staging buffers."""
+    w, path = _reference(ROWS, DIM), tmp_path / "emb.npy"
+    np.save(path, w.numpy())
+    make = functools.partial(torch.optim.Adam, lr=0.05)
+    in_ram, _ = _train_host(w, make, _batches())
+    emb = HostEmbedding.from_pretrained(path, make, freeze=False, backend="pinned")
+    emb, _ = _train_host(None, None, _batches(), emb=emb)
+    torch.testing.assert_close(emb.table.cpu(), in_ram.table.cpu(), rtol=1e-5, atol=1e-6)
+    emb.table.flush()
+    torch.testing.assert_close(torch.from_numpy(np.load(path)), in_ram.table.cpu(), rtol=1e-5, atol=1e-6)
 
 
 def test_from_file_takes_an_open_memmap_without_copying(tmp_path):
