@@ -115,6 +115,33 @@ class _Segment:
         return pytree.tree_unflatten([next(it) if o is self._TENSOR else o for o in self.out_leaves], self.out_spec)
 
 
+class _Gate:
+    """Closed while a segment computes its own gradients (see _Bridge)."""
+
+    closed = False
+
+
+class _Bridge(torch.autograd.Function):
+    """Identity from a segment input to the rerun, for double backward only.
+
+    Under create_graph the rerun must start from the real input (the second-order pass has
+    to reach whatever produced it), yet the segment's gradients must be partial ones: a
+    parameter in params= that also produced the input (a layer applied twice, tied
+    weights) would otherwise get the input's path in its own gradient and then again
+    through the input's gradient in the outer pass. While the gate is closed, no gradient
+    crosses the bridge upstream; afterwards, for the second-order pass, it is the identity.
+    """
+
+    @staticmethod
+    def forward(ctx, x, gate):
+        ctx.gate = gate
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (None if ctx.gate.closed else grad), None
+
+
 class _Checkpoint(torch.autograd.Function):
     # Arguments: segment, n_leaves, preserve_rng, check_params, *leaves, *params.
 
@@ -156,13 +183,14 @@ class _Checkpoint(torch.autograd.Function):
         # from the real inputs and autograd.grad keeps its graph. Otherwise the rerun starts
         # from detached leaves and its graph is freed as soon as the gradients exist.
         create_graph = torch.is_grad_enabled()
+        gate = _Gate()
         leaves = list(ctx.others)
         for i, t in zip(ctx.tensor_at, ctx.saved_tensors):
             if create_graph and ctx.input_grad[i]:
-                # An alias per position: autograd.grad then reports each position's own
+                # A bridge per position: autograd.grad then reports each position's own
                 # gradient even when one tensor is passed twice (a leaf listed twice would
                 # get the total twice, and the outer pass would add it twice).
-                leaves[i] = t.view_as(t)
+                leaves[i] = _Bridge.apply(t, gate)
             else:
                 # A fresh leaf per input: the rerun's graph starts here and stops here.
                 leaves[i] = t.detach().requires_grad_(ctx.input_grad[i])
@@ -184,9 +212,13 @@ class _Checkpoint(torch.autograd.Function):
         pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if o.requires_grad and g is not None]
         if ctx.check_params and pairs:
             _check_no_forgotten(ctx.segment.names, [o for o, _ in pairs], wrt)
-        grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True,
-                                         create_graph=create_graph)
-                     if pairs and wrt else [None] * len(wrt))
+        gate.closed = True
+        try:
+            grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True,
+                                             create_graph=create_graph)
+                         if pairs and wrt else [None] * len(wrt))
+        finally:
+            gate.closed = False
         input_grads = [next(grads) if needs else None for needs in ctx.input_grad]
         param_grads = [next(grads) if p.requires_grad else None for p in params]
         return (None, None, None, None, *input_grads, *param_grads)
@@ -211,10 +243,17 @@ def _check_no_forgotten(names: dict[int, str], outputs: list[torch.Tensor], know
         variable = getattr(node, "variable", None)  # AccumulateGrad nodes hold their leaf
         if variable is not None and id(variable) not in known_leaves:
             name = names.get(id(variable), f"a tensor of shape {tuple(variable.shape)}")
+            # The walk cannot tell a parameter used inside the segment from one reached through
+            # an activation the segment closes over, so the message names both fixes.
+            hint = "" if isinstance(variable, nn.Parameter) else (
+                " It is not an nn.Parameter: a tensor made inside the segment by code that trains outside "
+                "autograd's accumulation (a HostEmbedding lookup) must be made outside it and passed in.")
             raise ForgottenParameterError(
                 f"speedlib.checkpoint: the segment uses {name}, which requires grad but was passed neither "
-                "as an input nor in params=; its gradient would be lost. Add it to params= "
-                "(for a module: params=module.parameters()).")
+                "as an argument nor in params=; its gradient would be lost. If the segment uses it directly, "
+                "add it to params= (for a module: params=module.parameters()); if it reaches the segment "
+                "through a tensor computed outside it (a closure over an activation), pass that tensor as an "
+                "argument instead." + hint)
         stack.extend(next_node for next_node, _ in node.next_functions)
 
 
@@ -264,6 +303,9 @@ def checkpoint(function: Callable[..., Any], *args: Any, params: Iterable[torch.
     (None, ints, strings) next to them. Higher-order gradients (backward or autograd.grad
     with create_graph=True, as in a gradient penalty) equal those without checkpointing.
     """
+    if "use_reentrant" in kwargs:  # a torch.utils.checkpoint habit; it would reach the function
+        raise TypeError("speedlib.checkpoint has no use_reentrant: it is neither of torch's variants; drop the "
+                        "argument (a function that takes use_reentrant itself must be wrapped in a lambda)")
     if not callable(function):
         raise TypeError(f"speedlib.checkpoint: the function to checkpoint must be callable, got {type(function).__name__}")
     params = _explicit_params(function, params)

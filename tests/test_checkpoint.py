@@ -206,6 +206,11 @@ def test_a_forgotten_parameter_is_an_error_not_a_missing_gradient():
     out = checkpoint(lin, x, params=[lin.weight])
     with pytest.raises(ForgottenParameterError, match="parameter 'bias'"):
         out.sum().backward()
+    # Reached through an activation computed outside the segment: the fix is an argument.
+    h = lin(x)
+    out = checkpoint(lambda t: t * h, x, params=())
+    with pytest.raises(ForgottenParameterError, match="pass that tensor as an argument"):
+        out.sum().backward()
 
 
 def test_bad_calls_are_clear_errors():
@@ -223,6 +228,8 @@ def test_bad_calls_are_clear_errors():
         checkpoint(lambda t: t, torch.ones(2), params=nn.Linear(2, 2).weight)
     with pytest.raises(TypeError, match="iterable of tensors, got int"):
         checkpoint(lambda t: t, torch.ones(2), params=3)
+    with pytest.raises(TypeError, match="has no use_reentrant"):
+        checkpoint(nn.Linear(2, 2), torch.ones(2), use_reentrant=False)
     with pytest.raises(ValueError, match="unknown segment checkpoint variant"):
         run_segment("magic", lambda t: t, torch.ones(1), params=())
 
@@ -281,6 +288,28 @@ def test_double_backward_of_a_tensor_passed_twice_counts_it_once():
         (gx ** 2).sum().backward()
         results.append(x.grad)
     torch.testing.assert_close(results[1], results[0], rtol=1e-12, atol=1e-14)
+
+
+def test_double_backward_when_a_parameter_also_produced_the_input():
+    """One layer applied three times (ALBERT-style sharing, RNN steps): each segment's input
+    comes from the same weights the segment lists in params=. Its gradients must be partial
+    ones, or the input's path is counted in the weight's gradient and again through the
+    input's gradient."""
+    def penalised(run):
+        torch.manual_seed(0)
+        layer = nn.Sequential(nn.Linear(4, 4), nn.Tanh()).double()
+        h = torch.randn(5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        for _ in range(3):
+            h = run(layer, h)
+        loss = h.square().sum()
+        grads = torch.autograd.grad(loss, list(layer.parameters()), create_graph=True)
+        (loss + sum(g.square().sum() for g in grads)).backward()
+        return [*grads, *(p.grad for p in layer.parameters())]
+
+    expected = penalised(lambda m, h: m(h))
+    got = penalised(lambda m, h: checkpoint(m, h))
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("check_params", [True, False])
