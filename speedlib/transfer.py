@@ -22,7 +22,8 @@ rows back. **Duplicate indices: the last occurrence wins**, as in Python and Num
 assignment; `index_copy_` alone leaves the winner unspecified on both CPU and GPU, so every
 backend first makes duplicates carry the same row (`last_write_wins`). Bad input fails
 before anything is written: out-of-range indices raise `IndexError`, non-integer indices or
-values of another dtype `TypeError`, a shape or device mismatch `ValueError`.
+values of another dtype `TypeError`, a shape or device mismatch `ValueError`. Indices may be
+int32 or int64 everywhere.
 
 `HostTable.from_file(path)` maps a 2-D `.npy` file instead of allocating (the 'pageable' and
 'pinned' backends, which index on the CPU): a table larger than RAM, as SpeedTorch users
@@ -289,6 +290,7 @@ class HostTable:
         self.backend, self.device, self.dtype = backend, dev, dtype
         self.shape = (rows, dim)
         self.writable, self.file, self._mmap = True, None, None
+        self._trainer: weakref.ref | None = None  # the HostEmbedding training this table, if any
         self._impl = _IMPLS[backend](rows, dim, dtype, dev, *(() if _host is None else (_host,)))
 
     @classmethod
@@ -419,7 +421,9 @@ class HostTable:
             if lo < 0 or hi >= self.shape[0]:
                 bad = lo if lo < 0 else hi
                 raise IndexError(f"index {bad} is out of range for a table of {self.shape[0]} rows")
-        return idx
+        # int64 from here on: index_copy_ (every backend's write, CPU and CUDA) takes no int32,
+        # and HostEmbedding's rows come from these indices, so its step() would fail too.
+        return idx.to(torch.int64)
 
     def gather(self, indices) -> torch.Tensor:
         """Rows `indices` (any shape, int32/int64, on the CPU or `device`), on `device`."""
@@ -456,15 +460,34 @@ def _world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
+def _only_from_step(emb_ref: weakref.ref):
+    """An optimizer step pre-hook refusing steps that HostEmbedding.step() did not start: the
+    optimizer's parameter is a copy of the rows, which only step() gathers and writes back.
+    A weak reference, so the module is not kept alive by its own optimizer's hook."""
+    def hook(optimizer, args, kwargs):
+        emb = emb_ref()
+        if emb is None or not emb._stepping:
+            raise RuntimeError("a HostEmbedding's optimizer is stepped by emb.step() only: optimizer.step() alone "
+                               "would update a copy of the rows and leave the table unchanged (and a following "
+                               "emb.step() would apply the update twice). Call emb.step() instead, and leave "
+                               "emb.optimizer out of loops that step every optimizer")
+    return hook
+
+
 class HostEmbedding(nn.Module):
     """An embedding whose table and optimizer state live in a `HostTable`, trained with any
     dense `torch.optim` optimizer.
 
     optimizer: called with a list of one tensor, returns the optimizer, e.g.
     `functools.partial(torch.optim.Adam, lr=1e-3)`; reach it as `.optimizer` (for LR schedulers).
+    Only `emb.step()` may step it: `emb.optimizer.step()` called directly (a loop stepping
+    every optimizer) raises RuntimeError, since it would update a copy of the rows and leave
+    the table unchanged.
     weight: a tensor to copy into the table, or a `HostTable` to train in place (no copy,
     e.g. `HostTable.from_file`; it brings its own backend, device and dtype, so leave those
-    unset). Without one, rows start N(0, 1) as in `nn.Embedding`.
+    unset). Without one, rows start N(0, 1) as in `nn.Embedding`. A table is trained by one
+    non-frozen HostEmbedding at a time (a second one raises ValueError); frozen ones may
+    share it. For tied weights, look one HostEmbedding up several times per step.
 
     A training step is any number of lookups, backward, `emb.step()`:
       1. each forward gathers the distinct rows its indices use onto the device as a leaf
@@ -523,8 +546,11 @@ class HostEmbedding(nn.Module):
     through `state_dict()`.
 
     `state_dict()` holds the table (`weight`) and optimizer state (`optimizer.<name>`) as host
-    tensors; hyper-parameters belong to the optimizer factory. Device placement is fixed at
-    construction: `.to()` on the module does not move the table.
+    tensors; hyper-parameters belong to the optimizer factory. Loading replaces the optimizer
+    state with the loaded one, an entry absent (a state saved before the first step) with
+    its fresh value. An embedding without an optimizer (frozen, for inference) loads the
+    weight and ignores `optimizer.*` entries. Device placement is fixed at construction:
+    `.to()` on the module does not move the table.
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int,
@@ -564,6 +590,9 @@ class HostEmbedding(nn.Module):
         self.optimizer = None if optimizer is None else optimizer([self._rows_weight])
         if optimizer is not None and not isinstance(self.optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer(...) must return a torch.optim.Optimizer, got {type(self.optimizer).__name__}")
+        self._stepping = False  # step() is running the optimizer
+        if self.optimizer is not None:
+            self.optimizer.register_step_pre_hook(_only_from_step(weakref.ref(self)))
         self._freeze = False
         self.freeze = freeze  # the setter checks that the table can be trained
         self._state_tables: dict[str, HostTable] = {}
@@ -573,9 +602,12 @@ class HostEmbedding(nn.Module):
         self._combined = False  # this step's gradients are already summed over the ranks
         # Some optimizers (Adagrad) create their state in the constructor, shaped like the
         # empty rows tensor: give those their tables now, before a step needs them.
-        for key, value in (self.optimizer.state.get(self._rows_weight, {}) if self.optimizer else {}).items():
+        fresh = self.optimizer.state.get(self._rows_weight, {}) if self.optimizer else {}
+        for key, value in fresh.items():
             if isinstance(value, torch.Tensor) and value.shape == self._rows_weight.shape:
                 self._state_tables[key] = self._new_state_table(key)
+        # What load_state_dict restores for entries a state_dict lacks.
+        self._fresh_state = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in fresh.items()}
         self._group_given = process_group is not None
         if process_group is None and _world_size() > 1:
             process_group = torch.distributed.group.WORLD
@@ -654,6 +686,15 @@ class HostEmbedding(nn.Module):
         if not value and not self.table.writable:
             raise ValueError(f"the table maps {self.table.file!r} read-only and cannot be trained: "
                              "open it with mode 'r+' (numpy.load(path, mmap_mode='r+'))")
+        if not value:
+            # Two trainers of one table would each write back rows gathered before the
+            # other's step(), silently losing its update.
+            other = self.table._trainer() if self.table._trainer is not None else None
+            if other is not None and other is not self and not other.freeze:
+                raise ValueError("this HostTable is already trained by another HostEmbedding, and two would each "
+                                 "overwrite the other's updates: look one HostEmbedding up several times per step "
+                                 "(emb(a), emb(b), one backward, one emb.step()), or freeze the other first")
+            self.table._trainer = weakref.ref(self)
         self._freeze = bool(value)
 
     def extra_repr(self) -> str:
@@ -742,7 +783,11 @@ class HostEmbedding(nn.Module):
             if state:
                 for key, table in self._state_tables.items():
                     state[key] = table.gather(rows)
-            self.optimizer.step()
+            self._stepping = True
+            try:
+                self.optimizer.step()
+            finally:
+                self._stepping = False
             with torch.no_grad():
                 self.table._write_unique(rows, w)
                 for key, value in self.optimizer.state[w].items():
@@ -878,16 +923,26 @@ class HostEmbedding(nn.Module):
             error_msgs.append(f"{prefix}weight: {e}")
             return
         self._generation += 1  # rows gathered before the load are stale
-        state = {}
+        loaded = {}
         for name, value in mine.items():
-            if not name.startswith("optimizer.") or self.optimizer is None:
+            if not name.startswith("optimizer."):
                 unexpected_keys.append(prefix + name)
-                continue
-            key = name.removeprefix("optimizer.")
+            elif self.optimizer is not None:  # without one (inference), training state is ignored
+                loaded[name.removeprefix("optimizer.")] = value
+        if self.optimizer is None:
+            return
+        # The loaded state replaces this embedding's whole state, absent entries by their fresh
+        # values: keeping ours (Adam's step count, momentum rows) would make training continue
+        # differently from the source.
+        self._state_tables, state = {}, {}
+        for key, value in {**self._fresh_state, **loaded}.items():
             if isinstance(value, torch.Tensor) and tuple(value.shape) == self.table.shape:
                 self._state_tables[key] = HostTable.from_tensor(value, backend=self.table.backend, device=self.table.device)
-                state[key] = value.new_empty(0, self.embedding_dim).to(self.table.device)
-            else:
-                state[key] = value.clone() if isinstance(value, torch.Tensor) else value
+                value = value.new_empty(0, self.embedding_dim).to(self.table.device)
+            elif isinstance(value, torch.Tensor) and tuple(value.shape) == (0, self.embedding_dim):  # fresh per-row state
+                self._state_tables[key] = self._new_state_table(key)
+            state[key] = value.clone() if isinstance(value, torch.Tensor) else value
         if state:
             self.optimizer.state[self._rows_weight] = state
+        else:
+            self.optimizer.state.pop(self._rows_weight, None)

@@ -1,6 +1,8 @@
 """Host tables and CPU-hosted embeddings: every backend against plain indexing, and training
 against PyTorch's own embeddings and optimizers (several lookups per step, padding_idx,
-from_pretrained, clipping), on two gloo ranks against one process, and in memory-mapped files.
+from_pretrained, clipping, int32 indices, loading checkpoints), on two gloo ranks against one
+process, and in memory-mapped files; and the misuses refused (a second trainer of one table,
+stepping the embedding's optimizer directly).
 
 The GPU backends (pinned, cupy, uva, device) are skipped without a GPU; what they share with
 'pageable' (index checks, the duplicate rule, shapes, dtypes, the embedding's update logic)
@@ -10,11 +12,13 @@ runs on every machine through 'pageable'.
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import pickle
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -125,6 +129,20 @@ def test_scatter_writes_rows_and_the_last_duplicate_wins(backend):
     # ...and from host values, with indices of another shape.
     table.scatter_(idx.reshape(64, 64), values.reshape(64, 64, 16))
     assert torch.equal(table.gather(torch.arange(1000)).cpu(), _last_wins_by_loop(ref, idx, values))
+
+
+@pytest.mark.parametrize("backend", ALL)
+def test_scatter_takes_int32_indices_like_int64(backend):
+    """gather accepts int32 indices; every write path must too (index_copy_ takes only int64)."""
+    dev = _device(backend)
+    gen = torch.Generator().manual_seed(4)
+    idx = torch.randint(0, 1000, (8, 16), generator=gen)  # with repeats
+    values = torch.randn(8, 16, 16, generator=gen)
+    want = _last_wins_by_loop(_reference(), idx.reshape(-1), values.reshape(-1, 16))
+    for indices in (idx.to(torch.int32), idx.to(torch.int32).to(dev)):
+        table = HostTable.from_tensor(_reference(), backend=backend, device=dev)
+        table.scatter_(indices, values)
+        assert torch.equal(table.cpu().cpu(), want)
 
 
 @pytest.mark.parametrize("backend", ALL)
@@ -407,6 +425,101 @@ def test_embedding_state_dict_round_trip_continues_identically():
     assert torch.equal(first.table.cpu(), restored[0].table.cpu())
     with pytest.raises(RuntimeError, match="Missing key"):
         nn.Sequential(HostEmbedding(ROWS, DIM, make, backend="pageable", device="cpu")).load_state_dict({})
+
+
+@pytest.mark.parametrize("backend", ALL)
+def test_embedding_trains_on_int32_indices_as_on_int64(backend):
+    """int32 lookups train like int64 ones (step() writes rows found from those indices)."""
+    w, make = _reference(ROWS, DIM), functools.partial(torch.optim.Adam, lr=0.05)
+    want, _ = _train_host(w, make, _batches(), backend=backend)
+    got, _ = _train_host(w, make, [(idx.to(torch.int32), t) for idx, t in _batches()], backend=backend)
+    assert torch.equal(got.table.cpu().cpu(), want.table.cpu().cpu())
+    assert not torch.equal(got.table.cpu().cpu(), w)
+
+
+def _assert_same_state(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]) if isinstance(a[key], torch.Tensor) else a[key] == b[key], key
+
+
+@pytest.mark.parametrize("make", [
+    functools.partial(torch.optim.Adam, lr=0.05),
+    functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9),
+    functools.partial(torch.optim.Adagrad, lr=0.1, initial_accumulator_value=0.3),  # has state before any step
+], ids=["adam", "sgd-momentum", "adagrad"])
+def test_loading_a_state_saved_before_any_step_starts_the_optimizer_afresh(make):
+    """A state without optimizer entries (saved before the first step, or only the weight)
+    must not leave the target's own optimizer state (Adam's step count, momentum) in place."""
+    w, batches = _reference(ROWS, DIM), _batches(steps=6)
+    source = HostEmbedding(ROWS, DIM, make, backend="pageable", device="cpu", weight=w)
+    tables = []
+    for saved in (source.state_dict(), {"weight": w.clone()}):
+        target, _ = _train_host(_reference(ROWS, DIM, seed=3), make, batches[:3])
+        target.load_state_dict(saved)
+        _assert_same_state(target.state_dict(), source.state_dict())
+        tables.append(_train_host(None, None, batches[3:], emb=target)[0].table.cpu())
+    _train_host(None, None, batches[3:], emb=source)
+    assert all(torch.equal(t, source.table.cpu()) for t in tables)
+
+
+def test_a_frozen_embedding_without_optimizer_loads_a_trained_checkpoint():
+    """Inference loads a trained checkpoint, optimizer entries and all, as with nn.Embedding."""
+    trained, _ = _train_host(_reference(ROWS, DIM), functools.partial(torch.optim.Adam, lr=0.05), _batches(steps=2))
+    frozen = HostEmbedding.from_pretrained(torch.zeros(ROWS, DIM), backend="pageable", device="cpu")
+    frozen.load_state_dict(trained.state_dict())  # strict
+    assert torch.equal(frozen.table.cpu(), trained.table.cpu())
+    with pytest.raises(RuntimeError, match='Unexpected key.*"bias"'):  # other keys are still unexpected
+        frozen.load_state_dict({**trained.state_dict(), "bias": torch.zeros(1)})
+
+
+def test_a_table_has_one_trainer_at_a_time():
+    """Two trainers would each write back rows gathered before the other's step(): refused."""
+    make = functools.partial(torch.optim.SGD, lr=0.1)
+    table = HostTable.from_tensor(_reference(ROWS, DIM), backend="pageable", device="cpu")
+    trainer = HostEmbedding(ROWS, DIM, make, weight=table)
+    with pytest.raises(ValueError, match="already trained by another HostEmbedding.*several times per step"):
+        HostEmbedding(ROWS, DIM, make, weight=table)
+    reader = HostEmbedding(ROWS, DIM, make, weight=table, freeze=True)  # frozen ones share the table
+    _loss(trainer(torch.tensor([1, 2])), torch.zeros(2, DIM)).backward()
+    trainer.step()
+    assert torch.equal(reader(torch.tensor([1, 2])), table.cpu()[[1, 2]])  # and see the trainer's writes
+    with pytest.raises(ValueError, match="already trained"):
+        reader.freeze = False
+    trainer.freeze = True  # training passes to another once the trainer is frozen...
+    reader.freeze = False
+    with pytest.raises(ValueError, match="already trained"):
+        trainer.freeze = False
+    del reader
+    gc.collect()
+    trainer.freeze = False  # ...or gone
+
+
+def test_only_step_steps_the_optimizer_and_lr_schedulers_still_work():
+    """emb.optimizer.step() alone would leave the table unchanged, and a following
+    emb.step() would apply the update twice: it is refused. LR schedulers, which wrap
+    optimizer.step to count calls, keep working through emb.step()."""
+    w, make = _reference(ROWS, DIM), functools.partial(torch.optim.SGD, lr=0.1)
+    emb = HostEmbedding(ROWS, DIM, make, backend="pageable", device="cpu", weight=w)
+    ref = nn.Embedding.from_pretrained(w.clone(), freeze=False)
+    ref_opt = make(ref.parameters())
+    scheds = [torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5) for opt in (emb.optimizer, ref_opt)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step, (idx, target) in enumerate(_batches(steps=3)):
+            _loss(emb(idx), target).backward()
+            if step == 0:
+                with pytest.raises(RuntimeError, match="stepped by emb.step\\(\\) only"):
+                    emb.optimizer.step()
+            emb.step()
+            ref_opt.zero_grad()
+            _loss(ref(idx), target).backward()
+            ref_opt.step()
+            for sched in scheds:
+                sched.step()
+    assert not [c for c in caught if "lr_scheduler" in str(c.message)]  # the schedulers saw the optimizer steps
+    assert emb.optimizer.param_groups[0]["lr"] == 0.1 * 0.5 ** 3
+    assert torch.equal(emb.table.cpu(), ref.weight.detach())
 
 
 def test_embedding_misuse_is_explained():
