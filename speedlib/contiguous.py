@@ -24,9 +24,20 @@ What it fixes in the original on today's PyTorch:
   message that says what happened and how to fix it: by `buffer_is_valid()`, and by a
   check that runs before every step of an optimizer holding these buffers (O(tensors)
   host work, about 30 us for ResNet-50 on a slow CPU, overlapped with GPU work in
-  training), so training fails loudly instead of silently stopping.
+  training; a frozen parameter adds one attribute read), so training fails loudly
+  instead of silently stopping.
 - Parameter groups, frozen parameters, several devices or dtypes, channels_last
   parameters and pre-existing gradients are handled.
+- A parameter that is frozen (requires_grad=False) when it is wrapped stays out of the
+  buffer, so the optimizer never updates it; it is still owned by the wrapper. Unfreezing
+  it later (gradual unfreezing) is caught by the same checks, naming it, instead of
+  leaving it silently untrained (the original's optimizer does train it). The fixes:
+  build ContiguousParams and the optimizer again after unfreezing (the new wrapper takes
+  over the parameters given to it), or wrap just the unfrozen parameters in a new
+  ContiguousParams and add its contiguous() with `optimizer.add_param_group` (the other
+  parameters keep their optimizer state), or keep such parameters out of ContiguousParams
+  and give them to a per-tensor optimizer. (The original copies frozen parameters into its
+  buffer, so weight decay moves them there even while they are frozen.)
 - `model.named_parameters()` is accepted, alone or inside group dicts, as torch.optim
   accepts it; the original fails on the pairs. The names are only used to say which
   parameter a message is about: `contiguous()` and `original()` return tensors, which
@@ -44,11 +55,20 @@ Not caught: conversions that give the module brand-new Parameter objects without
 registering them (`torch.__future__.set_overwrite_module_params_on_conversion(True)`, or
 moving to devices such as meta whose tensors cannot share a type with CPU ones); the old
 parameters stay valid views, so nothing can be seen from them. Convert first, then wrap.
+Nor is a frozen parameter that is swapped for a new Parameter (`load_state_dict(...,
+assign=True)`) and then unfrozen: the wrapper never saw the new one.
 
 Semantics to know: a parameter that receives no gradient in a step has a zero gradient
 here (as with `zero_grad(set_to_none=False)`), so Adam's momentum and weight decay still
-move it, where a per-tensor optimizer would skip it. Optimizers that need per-tensor
-shapes or norms (LAMB, LARS, Adafactor, Shampoo) must use `original()`.
+move it, where a per-tensor optimizer would skip it. That includes a parameter that was
+trainable when it was wrapped and is frozen later with requires_grad_(False): it stays in
+the buffer with a zero gradient, so Adam's momentum keeps moving it until it decays, and
+weight decay for as long as it is frozen. This is not reported: freezing for a while (a
+GAN's discriminator during the generator's step) is legitimate, and a per-tensor optimizer
+does the same under `zero_grad(set_to_none=False)`. To stop it moving, build
+ContiguousParams and the optimizer again after freezing; the new wrapper leaves it out.
+Optimizers that need per-tensor shapes or norms (LAMB, LARS, Adafactor, Shampoo) must use
+`original()`.
 """
 
 from __future__ import annotations
@@ -207,6 +227,10 @@ class ContiguousParams:
         seen: set[int] = set()
         self._groups: list[dict] = []  # original options + the trainable parameters
         self._frozen = 0
+        # Frozen when wrapped, and how to name each: owned, though not in the buffer.
+        self._frozen_params: list[torch.Tensor] = []
+        self._frozen_labels: list[str] = []
+        self._ref = weakref.ref(self)
         names: list[str | None] = []  # of the trainable parameters, in slot order
         for gi, group in enumerate(groups):
             tensors, group_names = _split_names(
@@ -223,6 +247,10 @@ class ContiguousParams:
                     names.append(name)
                 else:
                     self._frozen += 1
+                    label = (f"parameter {name!r}" if name else
+                             f"parameter {pi} of group {gi}" if self._grouped else f"parameter {pi} of the list")
+                    self._frozen_params.append(p)
+                    self._frozen_labels.append(label)
             self._groups.append({**group, "params": trainable})
         if not seen:
             raise ValueError("ContiguousParams got an empty parameter list")
@@ -230,6 +258,10 @@ class ContiguousParams:
             raise ValueError(f"all {self._frozen} parameters are frozen (requires_grad=False); nothing to optimise")
         self._replaced: str | None = None
         self._build(align_bytes, names)
+        # Only now, once nothing can fail: this wrapper takes over every parameter handed to
+        # it, so a previous wrapper stops reporting its frozen ones when they are unfrozen.
+        for p in self._frozen_params:
+            _FROZEN_IN[p] = self._ref
 
     # -- construction ------------------------------------------------------------------
 
@@ -267,7 +299,8 @@ class ContiguousParams:
                 s.data_ptr, s.grad_ptr = p.data_ptr(), gview.data_ptr()
                 # Re-wrapping is allowed (it is the fix after a conversion): the previous
                 # wrapper, if still alive, now sees moved data and fails its next check.
-                _OWNER_OF[p] = weakref.ref(self)
+                _OWNER_OF[p] = self._ref
+                _FROZEN_IN.pop(p, None)
 
         self._flat_groups: list[list[FlatParameter]] = []
         for span in spans:
@@ -359,6 +392,9 @@ class ContiguousParams:
                 (graph_grad if g.requires_grad else new_grad).append(i)
         if moved:
             return self._describe_move(moved)
+        unfrozen = self._unfrozen()
+        if unfrozen is not None:
+            return unfrozen
         if no_grad:
             return (
                 f"the .grad of {len(no_grad)} of {len(self._slots)} wrapped parameters was set to None "
@@ -387,6 +423,33 @@ class ContiguousParams:
                 "gradient_as_bucket_view=False with DistributedDataParallel."
             )
         return None
+
+    def _unfrozen(self) -> str | None:
+        # Runs before every step: one attribute read per frozen parameter, nothing allocated,
+        # while none of them requires grad.
+        for p in self._frozen_params:
+            if p.requires_grad:
+                break
+        else:
+            return None
+        first, count = None, 0
+        for p, label in zip(self._frozen_params, self._frozen_labels):
+            if p.requires_grad and _FROZEN_IN.get(p) is self._ref:  # not taken over by a newer wrapper
+                count += 1
+                if first is None:
+                    first = f"{label}, shape {tuple(p.shape)}"
+        if first is None:
+            return None
+        return (
+            f"{count} of {self._frozen} parameters that were frozen (requires_grad=False) when "
+            f"ContiguousParams was built now require grad (first: {first}). They are not in the flat "
+            "buffer, so the optimizer built from contiguous() would never update them. After unfreezing, "
+            "build ContiguousParams and the optimizer again (the new wrapper takes over the parameters "
+            "given to it; the optimizer state starts afresh), or wrap just the unfrozen parameters in a "
+            "new ContiguousParams and pass its contiguous() to optimizer.add_param_group (the state of the "
+            "others is kept); or keep such parameters out of ContiguousParams and give them to a "
+            "per-tensor optimizer."
+        )
 
     def _name(self, i: int) -> str:
         s = self._slots[i]
@@ -440,6 +503,9 @@ class ContiguousParams:
 # that never touch a flat buffer beyond a dictionary lookup.
 
 _OWNER_OF: WeakIdKeyDictionary = WeakIdKeyDictionary()  # wrapped param -> weakref(owner)
+# Parameter that was frozen when it was last wrapped -> weakref(that wrapper). A wrapper
+# reports such a parameter once it requires grad, unless a later wrapper took it over.
+_FROZEN_IN: WeakIdKeyDictionary = WeakIdKeyDictionary()
 _OWNERS_BY_OPTIMIZER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _hooks_installed = False
 

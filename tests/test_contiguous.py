@@ -420,6 +420,105 @@ def test_frozen_parameters_are_left_alone():
     assert model[0].weight.grad is None
 
 
+def frozen_first_layer(model: nn.Module) -> nn.Module:
+    model[0].requires_grad_(False)  # the conv (the "backbone"); BatchNorm and the head train
+    return model
+
+
+def test_unfreezing_a_parameter_wrapped_as_frozen_is_caught_by_name():
+    """Gradual unfreezing: the unfrozen parameter is not in the buffer, so step() must not go on silently."""
+    model = frozen_first_layer(small_net())
+    model[1].requires_grad_(False)  # BatchNorm frozen too, and it stays frozen
+    params = ContiguousParams(model.named_parameters())
+    opt = torch.optim.Adam(params.contiguous(), lr=1e-2)
+    train(model, opt, data=batches(2))
+    model[0].requires_grad_(True)
+    assert not params.buffer_is_valid()
+    one_backward(model)
+    assert model[0].weight.grad is not None  # autograd gives it a gradient no optimizer reads
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(InvalidBufferError, match=(
+            r"1 of 3 parameters that were frozen .* now require grad \(first: parameter '0\.weight', "
+            r"shape \(8, 3, 3, 3\)\).*build ContiguousParams and the optimizer again.*per-tensor optimizer")):
+        opt.step()
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    unnamed_model = frozen_first_layer(small_net())
+    unnamed = ContiguousParams(unnamed_model.parameters())
+    unnamed_model[0].requires_grad_(True)
+    assert "(first: parameter 0 of the list, shape (8, 3, 3, 3))" in unnamed.problem()
+
+
+def test_after_unfreezing_a_new_wrapper_trains_like_a_per_tensor_optimizer():
+    """The message's first fix: ContiguousParams and optimizer built again take over, bit for bit."""
+    model = frozen_first_layer(small_net())
+    old = ContiguousParams(model.parameters())
+    old_opt = torch.optim.Adam(old.contiguous(), lr=1e-2)
+    train(model, old_opt, data=batches(2))
+    model[0].requires_grad_(True)
+    with pytest.raises(InvalidBufferError, match="now require grad"):
+        train(model, old_opt, data=batches(1))
+    ref = small_net()
+    ref.load_state_dict(model.state_dict())  # the same point, for a per-tensor optimizer from here on
+    unfrozen_at = model[0].weight.detach().clone()
+    new = ContiguousParams(model.parameters())
+    assert new.num_tensors == 7 and new.buffer_is_valid()
+    data = batches(4)
+    train(ref, torch.optim.Adam(ref.parameters(), lr=1e-2), data=data)
+    train(model, torch.optim.Adam(new.contiguous(), lr=1e-2), data=data)
+    assert_same_params(ref, model, atol=0, rtol=0)
+    assert not torch.equal(unfrozen_at, model[0].weight)  # the unfrozen conv did train
+    with pytest.raises(InvalidBufferError, match="no longer live in the flat buffer"):
+        old_opt.step()  # the old wrapper's parameters moved to the new one
+
+
+def test_unfrozen_parameters_added_as_a_new_wrapper_are_taken_over():
+    """Wrapping only the unfrozen parameters and add_param_group: the first wrapper stops reporting them."""
+    model = frozen_first_layer(small_net())
+    head = ContiguousParams(model.parameters())
+    opt = torch.optim.Adam(head.contiguous(), lr=1e-2)
+    train(model, opt, data=batches(2))
+    model[0].requires_grad_(True)
+    backbone = ContiguousParams(model[0].parameters())
+    opt.add_param_group({"params": backbone.contiguous()})
+    assert head.buffer_is_valid() and backbone.buffer_is_valid()
+    start = model[0].weight.detach().clone()
+    train(model, opt, data=batches(2))
+    assert not torch.equal(start, model[0].weight)
+
+
+def test_parameters_that_stay_frozen_cause_no_error():
+    """Frozen at wrapping and at every step: valid, never moved, never given a gradient."""
+    model = frozen_first_layer(small_net())
+    params = ContiguousParams(model.named_parameters())
+    opt = torch.optim.AdamW(params.contiguous(), lr=1e-2, weight_decay=0.5)
+    start = model[0].weight.detach().clone()
+    train(model, opt)
+    model[0].requires_grad_(True)  # unfrozen for a moment between steps, frozen again before the next
+    model[0].requires_grad_(False)
+    train(model, opt, data=batches(2))
+    params.assert_buffer_is_valid()
+    assert torch.equal(start, model[0].weight) and model[0].weight.grad is None
+
+
+def test_freezing_a_wrapped_parameter_is_not_reported_and_rewrapping_leaves_it_out():
+    """Documented: frozen after wrapping, it stays in the buffer with a zero gradient, so AdamW's
+    momentum and weight decay keep moving it; a new wrapper built after freezing leaves it out."""
+    model = small_net()
+    params = ContiguousParams(model.parameters())
+    opt = torch.optim.AdamW(params.contiguous(), lr=1e-2, weight_decay=0.5)
+    train(model, opt, data=batches(2))
+    model[0].requires_grad_(False)
+    frozen = model[0].weight.detach().clone()
+    train(model, opt, data=batches(2))
+    assert params.buffer_is_valid()
+    assert not torch.equal(frozen, model[0].weight)  # moved although frozen: momentum and decay
+    new = ContiguousParams(model.parameters())
+    assert new.num_tensors == 6
+    frozen = model[0].weight.detach().clone()
+    train(model, torch.optim.AdamW(new.contiguous(), lr=1e-2, weight_decay=0.5), data=batches(2))
+    assert torch.equal(frozen, model[0].weight)
+
+
 def test_one_buffer_per_device_and_dtype():
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4).double(), nn.Linear(4, 4))
     params = ContiguousParams(model.parameters())
