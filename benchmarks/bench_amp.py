@@ -12,7 +12,7 @@ activations only, so the transformer skips those variants. cuDNN's autotuner is 
 variant (it is measured on its own in bench_tuning). A step is zero_grad + forward + loss
 under the policy + backward + SGD step (momentum 0.9).
 
-Metrics: `time_step`; `PeakMemory.track_peak_memory` (GPUs). Target (DESIGN.md):
+Metrics: `time_step`; `PeakMemory.track_peak_memory` (GPUs). The project's target:
 bf16_channels_last >= 3x fp32 on ResNet-50 on H100/H200.
 """
 

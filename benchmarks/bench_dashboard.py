@@ -1,4 +1,4 @@
-"""The dashboard's first view on 500 result files (DESIGN.md: <= 3 s).
+"""The dashboard's first view on 500 result files (the project's target: <= 3 s).
 
 `setup_cache` writes 500 labelled synthetic asv result files (5 machines x 100 commits,
 environment records included) once per run. Each timed sample is a cold first view: the

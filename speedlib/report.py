@@ -46,7 +46,7 @@ class Technique:
         return (self.baseline, *self.fallbacks)
 
 
-# The baselines are what each source compared against (DESIGN.md's "baselines" column).
+# The baselines are what each technique's source write-up compared against.
 TECHNIQUES = {
     "contiguous": Technique("Flat-buffer (contiguous) parameters", "forloop", "adam_step"),
     "transfer": Technique("Host<->GPU transfer and CPU-hosted embeddings", "pinned", "gather"),
@@ -255,7 +255,7 @@ def memory_table(df: pd.DataFrame, baseline: str | None = None) -> Table:
     return Table("Peak memory", frame.reset_index(drop=True), s, ["change = variant / baseline - 1"])
 
 
-# DESIGN.md / issue 8: a time benchmark rerun on the same machine and commit must land
+# The project's repeatability target: a time benchmark rerun on the same machine and commit must land
 # within 3 % of the first run.
 NOISE_TARGET = 0.03
 
