@@ -10,7 +10,7 @@ TF32), so each comparison changes one thing.
       conv_bias        off: a bias on every convolution before BatchNorm; on: none (torchvision)
       zero_grad        off: zero-filled gradients; on: grad = None
       channels_last    off: NCHW; on: NHWC model and input
-      cudnn_benchmark  off/on: cuDNN's autotuner (GPUs only)
+      cudnn_benchmark  off/on: cuDNN's autotuner (GPUs only; not in PairedStep, see there)
       accumulation     off: one batch; on: the same batch in 4 micro-batches (2 on CPUs)
   Inference.time_forward, InferenceMemory.track_peak_memory (GPUs): ResNet-50 evaluation
       with autograd on ("off"), under no_grad, under inference_mode
@@ -27,8 +27,9 @@ TF32), so each comparison changes one thing.
       max-length pre-allocation pass (its cost included in the time)
   RetainedGraph.track_retained_bytes: activation bytes still alive after 8 evaluation
       steps (4 on GPUs) that sum `loss` ("off") rather than a detached value (any device, exact)
-  BatchSize.track_throughput: samples/s of a ResNet-50 training step per batch size; an
-      out-of-memory batch is skipped with that reason: the end of the curve
+  BatchSize.track_throughput: samples/s of a ResNet-50 training step per batch size; a
+      batch whose allocations fail (torch's out-of-memory error, or cuDNN's, cuBLAS's, ...
+      own) is skipped with the error's short text: the end of the curve
 
 Nothing here touches CUDA at import time.
 """
@@ -97,7 +98,7 @@ class _Trainer:
 
     def step(self) -> None:
         tuning = self.tuning
-        # Set per step, so that two trainers can take turns in one process (PairedStep).
+        # Set per step, so that the flag of whatever ran before in this process does not leak in.
         torch.backends.cudnn.benchmark = self.autotune
         if self.micro > 1:
             tuning.accumulation_step(self.model, self.optimizer, self.loss_fn, self.x, self.y, self.micro)
@@ -140,14 +141,24 @@ class TrainingStep(_Timed):
 
 
 PAIRS = 20 if _ON_GPU else 10
+PAIRED_KNOBS = [k for k in STEP_KNOBS if k != "cudnn_benchmark"]
 
 
 class PairedStep:
     """A knob's off and on trainers in one process, taking turns step by step (off first on
     even rounds, on first on odd ones), so drift of a shared machine between processes and
-    over time hits both alike: the speedup is median(off) / median(on) of those steps."""
+    over time hits both alike: the speedup is median(off) / median(on) of those steps.
 
-    params = STEP_KNOBS
+    cudnn_benchmark is not paired: PyTorch caches each convolution's cuDNN plan per process
+    (per thread), keyed by shapes, layout, dtype, deterministic and TF32 but not by the
+    autotuner flag, and looks the cache up before reading the flag. Whichever trainer meets
+    a shape first fixes the plan for both: "off", built first, caches the heuristics' plans
+    and "on" never autotunes (built the other way round, "off" would run autotuned plans),
+    so the ratio would be 1 by construction. TrainingStep and PeakMemory run each variant in
+    a process of its own, where the flag decides.
+    """
+
+    params = PAIRED_KNOBS
     param_names = ["knob"]
     timeout = 900
     rounds = 1
@@ -497,7 +508,7 @@ class BatchSize:
 
         point = _cached(("batch", batch), lambda: tuning.batch_size_curve(make_step, [batch], dev, repeats=3)[0])
         if point.status == "oom":
-            raise NotImplementedError(f"out of memory at batch {batch}: the end of the curve on this device")
+            raise NotImplementedError(f"batch {batch} does not fit, the end of the curve here: {point.reason}")
         self.point = point
 
     def track_throughput(self, batch: int) -> float:
