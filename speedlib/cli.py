@@ -11,6 +11,16 @@ from pathlib import Path
 
 from speedlib import __version__
 
+# Not 2 (the run stopped early), so that a script can tell that the run finished and its
+# results and archive are there to collect.
+BENCHMARKS_FAILED = 3
+RUN_EXIT_STATUS = """exit status:
+  0  no benchmark failed
+  2  the run stopped: a precondition or asv itself failed (the message says which); commits
+     already walked keep their results
+  3  some benchmarks failed, listed at the end; every other result, the environment records
+     and the --archive were written"""
+
 
 def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from speedlib import suite  # noqa: PLC0415 - keeps `speedlib --help` free of torch
@@ -26,11 +36,11 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         archive=Path(args.archive) if args.archive else None,
     )
     try:
-        suite.run(options, argv=argv)
+        result = suite.run(options, argv=argv)
     except suite.SuiteError as e:
         print(f"speedlib run: {e}", file=sys.stderr)
         return 2
-    return 0
+    return BENCHMARKS_FAILED if result.failed else 0
 
 
 def _cmd_env(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -119,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"speedlib {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run the asv suite on this machine and save the results")
+    run = sub.add_parser("run", help="run the asv suite on this machine and save the results",
+                         epilog=RUN_EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("--quick", action="store_true",
                      help="smoke run: every benchmark once, results to a scratch directory (never results/)")
     run.add_argument("--commits", metavar="RANGE",

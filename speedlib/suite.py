@@ -7,12 +7,15 @@ records the environment beside the results, and walks commit ranges itself with 
 `git worktree` per commit, pointing the benchmark processes at that commit's library
 through ASV_PYTHONPATH while the benchmarks themselves come from the current checkout.
 `--quick` smoke runs go to a scratch directory and never touch `results/`.
+A benchmark that fails does not stop the run: the other results, the environment records
+and the archive are still written, and the failures are listed at the end (`RunResult.failed`).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import importlib.util
+import itertools
 import json
 import os
 import platform
@@ -22,11 +25,13 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["RunOptions", "run", "find_root", "resolve_commits", "environment_record_path", "pack_results"]
+__all__ = ["RunOptions", "RunResult", "run", "failed_benchmarks", "find_root", "resolve_commits",
+           "environment_record_path", "pack_results"]
 
 CONFIG = "asv.conf.json"
 
@@ -45,6 +50,13 @@ class RunOptions:
     allow_dirty: bool = False
     show_stderr: bool = False
     archive: Path | None = None  # also pack what the run wrote into this .tar.gz
+
+
+@dataclass
+class RunResult:
+    results_dir: Path
+    machine: str
+    failed: list[str]  # one printable line per benchmark that failed: "<commit> <name> ..."
 
 
 def find_root(start: Path | None = None) -> Path:
@@ -101,12 +113,49 @@ def _record_environment(path: Path, sha: str, env: dict, command: list[str]) -> 
         f.write(json.dumps(record, sort_keys=True) + "\n")
 
 
-def _asv(args: list[str], *, env: dict | None = None, cwd: Path) -> None:
+def _asv(args: list[str], *, env: dict | None = None, cwd: Path, failures_ok: bool = False) -> int:
+    """asv's exit status: 0, or 2 when `failures_ok` (`asv run`: some benchmark failed, the
+    results were saved). Any other status means asv itself failed, and raises."""
     cmd = [sys.executable, "-m", "asv", *args]
     # asv's own per-benchmark progress lines stream straight through.
     result = subprocess.run(cmd, cwd=cwd, env=env)
-    if result.returncode != 0:
+    if result.returncode != 0 and not (failures_ok and result.returncode == 2):
         raise SuiteError(f"asv exited with status {result.returncode}: {shlex.join(cmd)}")
+    return result.returncode
+
+
+def _printable(text: str) -> str:
+    """Names and parameter reprs come from benchmark code: escape what could move the cursor,
+    colour the terminal or start a new line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def failed_benchmarks(results_dir: Path, machine: str, sha: str, since_ms: int = 0) -> list[str]:
+    """One printable line per benchmark of `sha` that asv recorded as failed (result null)
+    and that started at `since_ms` or later: the result file keeps earlier runs' entries of
+    the commit, and a failure from one of those is not this run's."""
+    lines = []
+    for path in sorted((Path(results_dir) / machine).glob(f"{sha[:8]}-*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("commit_hash") != sha:
+            continue
+        for name, entry in sorted(data.get("results", {}).items()):
+            record = dict(zip(data["result_columns"], entry))
+            if not isinstance(record.get("started_at"), (int, float)) or record["started_at"] < since_ms:
+                continue
+            params = record.get("params") or []
+            combos = list(itertools.product(*params))  # a benchmark without parameters has one, ()
+            values = record.get("result")
+            values = values if isinstance(values, list) else [values] * len(combos)
+            bad = [c for c, v in zip(combos, values) if v is None]
+            if not bad:
+                continue
+            line = f"{sha[:8]} {name}"
+            if params:  # which parameter sets, as asv prints them (reprs)
+                line += f" for {len(bad)} of {len(combos)} parameter sets: " + "; ".join(
+                    f"({', '.join(c)})" for c in bad)
+            lines.append(_printable(line))
+    return lines
 
 
 def _register_machine(conf: Path, root: Path, name: str, env: dict) -> None:
@@ -131,8 +180,10 @@ def _write_config(conf: dict, root: Path, results_dir: Path, scratch: Path) -> P
     return path
 
 
-def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ()) -> Path:
-    """Run the suite; return the results directory that received the results."""
+def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ()) -> RunResult:
+    """Run the suite; return where the results went and which benchmarks failed.
+
+    A failed benchmark is reported, not raised: the rest of the run is worth keeping."""
     from speedlib import measure  # noqa: PLC0415 - imports torch; keep `speedlib --help` fast
 
     root = root or find_root()
@@ -160,6 +211,7 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
         _register_machine(conf_path, root, machine, env)
         print(f"speedlib run: machine {machine}, {len(shas)} commit(s), results -> "
               f"{'scratch (quick run, not saved)' if options.quick else results_dir}", flush=True)
+        failed: list[str] = []
         for i, sha in enumerate(shas, 1):
             subject = _git(root, "log", "-1", "--format=%s", sha)
             print(f"\n[{i}/{len(shas)}] {sha[:8]} {subject}", flush=True)
@@ -175,17 +227,36 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
                     asv_args.append("--show-stderr")
                 for b in options.bench:
                     asv_args += ["--bench", b]
-                _asv(asv_args, env={**os.environ, "ASV_PYTHONPATH": str(lib)}, cwd=root)
+                started_ms = int(time.time() * 1000)
+                status = _asv(asv_args, env={**os.environ, "ASV_PYTHONPATH": str(lib)}, cwd=root,
+                              failures_ok=True)
+            if status == 2:
+                # asv also exits 2 on errors of its own (a bad argument): then it saved no failure.
+                found = failed_benchmarks(results_dir, machine, sha, started_ms)
+                if not found:
+                    raise SuiteError(f"asv exited with status 2 at {sha[:8]} but recorded no failed benchmark: "
+                                     "see its output above")
+                failed += found
             _record_environment(environment_record_path(results_dir, machine, sha), sha, env,
                                 ["speedlib", *argv])
         if options.quick:
             _print_table(results_dir, machine)
-            return results_dir
+            _print_failed(failed)
+            return RunResult(results_dir, machine, failed)
     _print_table(results_dir, machine, shas)
     if options.archive is not None:
         packed = pack_results(results_dir, machine, shas, options.archive)
         print(f"\nspeedlib run: packed {packed}: unpack it in a checkout's root and commit results/", flush=True)
-    return results_dir
+    _print_failed(failed)
+    return RunResult(results_dir, machine, failed)
+
+
+def _print_failed(failed: Sequence[str]) -> None:
+    if failed:  # last, so that asv's long output above does not bury it
+        print(f"\nspeedlib run: {len(failed)} benchmark(s) failed "
+              "(asv's output above says why):", file=sys.stderr, flush=True)
+        for line in failed:
+            print(f"  FAILED {line}", file=sys.stderr, flush=True)
 
 
 def pack_results(results_dir: Path, machine: str, shas: Sequence[str], dest: Path) -> Path:

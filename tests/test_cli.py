@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ import pandas as pd
 import pytest
 
 from speedlib import cli, suite, synthetic
+from speedlib.results import load_results
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_BENCH = r"OptimizerStep.time_step\('mlp', '(speedlib|fused)'\)"
@@ -34,19 +36,63 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
 
 
-@pytest.fixture(scope="module")
-def scratch_repo(tmp_path_factory) -> Path:
-    """A two-commit copy of this project, so runs never touch the real results/."""
-    repo = tmp_path_factory.mktemp("repo")
+def registered_machine(out: subprocess.CompletedProcess) -> str:
+    """The asv machine name the run announced: it depends on the hardware (cpu-2core, h100-sxm-80gb)."""
+    return re.search(r"^speedlib run: machine (\S+), ", out.stdout, flags=re.M).group(1)
+
+
+def copy_project(repo: Path) -> None:
     for name in ("speedlib", "benchmarks"):
         shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "asv.conf.json", repo)
     git(repo, "init", "-q", "-b", "main")
+
+
+def commit_all(repo: Path, message: str) -> None:
     git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
-    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message)
+
+
+@pytest.fixture(scope="module")
+def scratch_repo(tmp_path_factory) -> Path:
+    """A two-commit copy of this project, so runs never touch the real results/."""
+    repo = tmp_path_factory.mktemp("repo")
+    copy_project(repo)
+    commit_all(repo, "first")
     (repo / "speedlib" / "NOTE.txt").write_text("second commit\n")
-    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
-    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "second")
+    commit_all(repo, "second")
+    return repo
+
+
+# Fails at a commit whose library has no speedlib/NOTE.txt: the benchmarks come from the
+# checkout, the library from each commit (ASV_PYTHONPATH). track_* benchmarks run in seconds.
+PLANTED = '''
+from pathlib import Path
+
+import speedlib
+
+
+class Planted:
+    def track_ok(self):
+        return 1
+
+    def track_note(self):
+        return len((Path(speedlib.__file__).parent / "NOTE.txt").read_text())
+'''
+
+
+@pytest.fixture(scope="module")
+def failing_repo(tmp_path_factory) -> Path:
+    """This project plus bench_planted.py, in three commits; the middle one lacks NOTE.txt."""
+    repo = tmp_path_factory.mktemp("failing")
+    copy_project(repo)
+    (repo / "benchmarks" / "bench_planted.py").write_text(PLANTED)
+    (repo / "speedlib" / "NOTE.txt").write_text("note\n")
+    commit_all(repo, "first")
+    (repo / "speedlib" / "NOTE.txt").unlink()
+    commit_all(repo, "no note: track_note fails")
+    (repo / "speedlib" / "NOTE.txt").write_text("note\n")
+    commit_all(repo, "note again")
     return repo
 
 
@@ -56,7 +102,8 @@ def test_help_and_version(capsys):
     assert e.value.code == 0 and "speedlib" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         cli.main(["run", "--help"])
-    assert "--quick" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "--quick" in out and "exit status:" in out and "  3  some benchmarks failed" in out
 
 
 def test_env_prints_the_record(capsys):
@@ -153,12 +200,12 @@ def test_commit_range_results_are_read_by_asv_publish_and_compare(scratch_repo, 
     shas.insert(0, git(scratch_repo, "rev-parse", "HEAD~1"))
     with tarfile.open(archive) as tar:  # only this run's commit, laid out to unpack in a checkout
         names = tar.getnames()
-    machine = next((scratch_repo / "results").glob("cpu-*core")).name
+    machine = registered_machine(out)
     assert "results/benchmarks.json" in names and f"results/{machine}/machine.json" in names
     assert f"results/{machine}/environment/{shas[0][:8]}.jsonl" in names
     assert [n for n in names if n.endswith(".json") and shas[0][:8] in n] and not [n for n in names if shas[1][:8] in n]
 
-    machine_dir = next((scratch_repo / "results").glob("cpu-*core"))
+    machine_dir = scratch_repo / "results" / machine
     result_files = [p for p in machine_dir.glob("*.json") if p.name != "machine.json"]
     assert {json.loads(p.read_text())["commit_hash"] for p in result_files} == set(shas)
     for sha in shas:
@@ -181,6 +228,46 @@ def test_commit_range_results_are_read_by_asv_publish_and_compare(scratch_repo, 
 
     report = run_cli("report", "--results", "results", cwd=scratch_repo, home=tmp_path)
     assert report.returncode == 0 and "variant=fused" in report.stdout
+
+
+@pytest.mark.slow
+def test_a_failing_benchmark_keeps_the_rest_of_the_run(failing_repo, tmp_path):
+    archive = tmp_path / "run.tar.gz"
+    out = run_cli("run", "--commits", "HEAD~2..HEAD", "--bench", "Planted", "--archive", str(archive),
+                  cwd=failing_repo, home=tmp_path)
+    assert out.returncode == cli.BENCHMARKS_FAILED, out.stdout + out.stderr
+    broken, fixed = git(failing_repo, "rev-parse", "HEAD~1"), git(failing_repo, "rev-parse", "HEAD")
+    assert "[2/2]" in out.stdout  # the failure at the first commit did not stop the walk
+    # Named once, at the commit where it failed.
+    failures = [line for line in out.stderr.splitlines() if line.startswith("  FAILED ")]
+    assert failures == [f"  FAILED {broken[:8]} bench_planted.Planted.track_note"], out.stderr
+
+    machine = registered_machine(out)
+    results = failing_repo / "results"
+    loaded = load_results(results)
+    measured = loaded.measured[loaded.measured["machine"] == machine]
+    assert sorted(zip(measured["commit"], measured["benchmark"])) == sorted([
+        (broken, "bench_planted.Planted.track_ok"), (fixed, "bench_planted.Planted.track_note"),
+        (fixed, "bench_planted.Planted.track_ok")])
+    failed = loaded.not_measured[loaded.not_measured["status"] == "failed"]
+    assert list(zip(failed["commit"], failed["benchmark"])) == [(broken, "bench_planted.Planted.track_note")]
+    assert not loaded.problems  # every result file has its environment record
+    for sha in (broken, fixed):
+        assert suite.environment_record_path(results, machine, sha).is_file()
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    assert {"results/benchmarks.json", f"results/{machine}/machine.json",
+            f"results/{machine}/environment/{broken[:8]}.jsonl"} <= names
+    assert [n for n in names if re.fullmatch(rf"results/{re.escape(machine)}/{broken[:8]}-.*\.json", n)]
+    assert "packed" in out.stdout and "bench_planted.Planted.track_ok" in out.stdout  # the table
+
+
+def test_asv_status_2_without_a_recorded_failure_is_an_error(scratch_repo, tmp_path, monkeypatch):
+    # asv also exits 2 on a bad argument, having saved nothing: that must not pass for a benchmark failure.
+    monkeypatch.setattr(suite, "_asv", lambda args, failures_ok=False, **kw: 2 if failures_ok else 0)
+    with pytest.raises(suite.SuiteError, match="recorded no failed benchmark"):
+        suite.run(suite.RunOptions(results_dir=tmp_path / "results"), root=scratch_repo)
+    assert not (tmp_path / "results").exists()
 
 
 def test_pack_results_refuses_an_empty_run_and_quick_archives(tmp_path):
