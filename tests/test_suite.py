@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
+import speedlib
 from speedlib import suite
 
 SHA = "0123456789abcdef" * 2 + "01234567"
@@ -39,3 +43,13 @@ def test_failed_benchmark_names_are_escaped(tmp_path):
     (line,) = suite.failed_benchmarks(tmp_path, "m", SHA)
     assert line == f"{SHA[:8]} b.S.track_\\x1b[2J for 1 of 1 parameter sets: ('a\\nb')"
     assert line.isprintable()
+
+
+def test_python_dash_m_runs_the_cli_without_a_console_script(tmp_path):
+    """An offline GPU host may have the source tree on PYTHONPATH and no installed script."""
+    root = Path(__file__).resolve().parents[1]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root), "HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "speedlib", "--version"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert speedlib.__version__ in out.stdout
