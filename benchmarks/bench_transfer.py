@@ -5,10 +5,10 @@ Variants are speedlib.transfer backends:
   pinned    CPU index_select into a pinned staging buffer, then a non_blocking copy
             (the PyTorch path every other variant is compared with)
   cupy      CuPy kernels index pinned host memory from the GPU (SpeedTorch's approach)
-  uva       torch's own kernels index pinned host memory from the GPU (zero-copy)
+  uva       torch's own kernels index registered (page-locked) host memory from the GPU (zero-copy)
   device    the table in GPU memory: the upper bound
 EmbeddingStep adds `sparse_adam`: nn.Embedding(sparse=True) + torch.optim.SparseAdam with
-the table on the device, PyTorch's built-in answer.
+the table on the device, PyTorch's built-in answer; its step copies the host indices there.
 
 The batch is workloads.embedding(): 131072 x 128 float32 rows (64 MiB) from a 10M-row table
 (5.1 GB) on GPU machines, a 1M-row table on CPUs. Indices arrive on the host (pinned on GPU
@@ -24,7 +24,9 @@ Metrics:
   track_copy_bandwidth                that floor itself, pinned and pageable, each direction
   track_host_footprint / DeviceFootprint.track_device_footprint
                                       memory a table of the batch's size holds after a gather
-                                      and a scatter (SpeedTorch's memory table)
+                                      and a scatter (SpeedTorch's memory table). Host: resident
+                                      bytes, locked or not: 'uva' locks exactly the table's
+                                      bytes, 'pinned' only its staging buffers
   EmbeddingStep.time_step             an Adam training step of a CPU-hosted embedding
 Nothing here touches CUDA at import time; a variant this machine cannot run is a skip.
 """
@@ -268,7 +270,9 @@ class _EmbeddingTrainer:
 
             def step() -> None:
                 opt.zero_grad()
-                (emb(self.idx) * self.target).sum().backward()
+                # The table is on the device, so its lookup needs the indices there: they are
+                # copied each step, as the host-table variants move theirs inside the step.
+                (emb(self.idx.to(dev, non_blocking=True)) * self.target).sum().backward()
                 opt.step()
         else:
             import functools  # noqa: PLC0415

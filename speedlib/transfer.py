@@ -11,9 +11,11 @@ moves rows between it and `device`:
   cupy      CuPy pinned memory, indexed by CuPy kernels running on the GPU: SpeedTorch's
             approach. Pinned memory is mapped into the GPU's address space (unified
             addressing), so the kernel reads and writes host rows over the bus: no CPU indexing.
-  uva       the same zero-copy idea without CuPy: a pinned torch tensor is described to torch
-            as CUDA memory (the CUDA array interface), and torch's own `index_select` and
-            `index_copy_` kernels read and write it in place.
+  uva       the same zero-copy idea without CuPy: ordinary host memory, page-locked in place
+            with cudaHostRegister (exactly the table's bytes: torch's pinned allocator rounds
+            up to a power of two, 8 GiB for a 5.1 GB table), is described to torch as CUDA
+            memory (the CUDA array interface), and torch's own `index_select` and
+            `index_copy_` kernels read and write it in place. Unlocked when the table is freed.
   device    the whole table in GPU memory: the upper bound, when it fits.
 
 `gather(indices)` returns a tensor on `device` shaped `indices.shape + (dim,)`, ordered on
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import atexit
 import inspect
+import mmap
 import os
 import warnings
 import weakref
@@ -155,13 +158,50 @@ class _MappedHost:
         }
 
 
+# cudaHostRegisterPortable | cudaHostRegisterMapped: locked for every CUDA context, and mapped
+# into the devices' address space so kernels can dereference it (zero-copy).
+_HOST_REGISTER_FLAGS = 1 | 2
+
+
+def _cuda_call(result, what: str) -> None:
+    if int(result) != 0:  # cudaSuccess
+        raise RuntimeError(f"{what} failed with cudaError {int(result)}")
+
+
+def _unregister_host(ptr: int, device: torch.device, pid: int) -> None:
+    if os.getpid() != pid:  # a forked child's copy: the registration belongs to the parent
+        return
+    _sync(device)  # GPU kernels queued on the mapped rows finish before the pages are unlocked
+    _cuda_call(torch.cuda.cudart().cudaHostUnregister(ptr), "cudaHostUnregister")
+
+
+def _locked_zeros(rows: int, dim: int, dtype: torch.dtype, device: torch.device, owner: object) -> torch.Tensor:
+    """A zeroed rows x dim host tensor, page-locked with cudaHostRegister until `owner` is freed
+    (or the interpreter exits, while CUDA is still up: weakref.finalize runs at exit).
+
+    torch's pinned allocator rounds every allocation up to a power of two; registering
+    memory of our own locks exactly rows * dim * itemsize bytes. The memory is an anonymous
+    shared mapping: page-aligned, so no neighbour's page is locked with it, and not
+    copy-on-write, so a fork (DataLoader workers) cannot move a page away from the one the
+    GPU holds locked.
+    """
+    nbytes = rows * dim * dtype.itemsize
+    # Zeros already (a fresh mapping), and registering faults every page in: no memset needed.
+    host = torch.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_SHARED), dtype=dtype).view(rows, dim)
+    cudart = torch.cuda.cudart()
+    with torch.cuda.device(device):  # CUDA records the current device as the memory's, which torch.as_tensor reads
+        _cuda_call(cudart.cudaHostRegister(host.data_ptr(), nbytes, _HOST_REGISTER_FLAGS), "cudaHostRegister")
+    weakref.finalize(owner, _unregister_host, host.data_ptr(), device, os.getpid())
+    return host
+
+
 class _Uva:
     def __init__(self, rows: int, dim: int, dtype: torch.dtype, device: torch.device):
         self.device = device
-        self.host = torch.zeros(rows, dim, dtype=dtype, pin_memory=True)
+        self.host = _locked_zeros(rows, dim, dtype, device, owner=self)
         view = torch.as_tensor(_MappedHost(self.host)).view(dtype)
         if view.device != device or view.data_ptr() != self.host.data_ptr():
-            raise RuntimeError(f"the pinned table was not mapped in place onto {device} (got {view.device}); "
+            raise RuntimeError(f"the registered table was not mapped in place onto {device} (got {view.device}); "
                                "zero-copy access needs unified addressing")
         self.view = view
 
@@ -182,19 +222,28 @@ def _import_cupy():
 
 
 # CuPy frees pinned memory in finalizers; at interpreter exit those can run after the CUDA
-# runtime has shut down (SpeedTorch crashed there). Release CuPy tables while CUDA is alive.
+# runtime has shut down (SpeedTorch crashed there). Release CuPy tables while CUDA is alive,
+# then the blocks CuPy's pools keep cached (a released table's pinned memory lands there).
 _CUPY_TABLES: weakref.WeakSet = weakref.WeakSet()
+# CuPy once a table has used it. Pools of a CuPy that no table used are left alone: freeing
+# them would make CUDA calls at exit in a process that may never have initialised CUDA.
+_cupy = None
 
 
 @atexit.register
 def _release_cupy_tables() -> None:
     for table in list(_CUPY_TABLES):
         table.array = table.pinned = table.host = None
+    if _cupy is not None:
+        _cupy.get_default_pinned_memory_pool().free_all_blocks()
+        _cupy.get_default_memory_pool().free_all_blocks()  # temporaries of CuPy's indexing kernels
 
 
 class _Cupy:
     def __init__(self, rows: int, dim: int, dtype: torch.dtype, device: torch.device):
+        global _cupy  # noqa: PLW0603 - the exit hook frees its pools
         cupy, cupyx = _import_cupy()
+        _cupy = cupy
         import numpy  # noqa: PLC0415
 
         self.cupy, self.device = cupy, device

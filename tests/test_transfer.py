@@ -11,14 +11,18 @@ runs on every machine through 'pageable'.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
+import mmap
 import os
 import pickle
 import subprocess
 import sys
 import textwrap
+import types
 import warnings
+import weakref
 
 import numpy as np
 import pytest
@@ -59,6 +63,14 @@ ALL = _backend_params(BACKENDS)
 
 def _device(backend: str) -> torch.device:
     return torch.device("cpu") if backend == "pageable" and not HAS_CUDA else torch.device("cuda" if HAS_CUDA else "cpu")
+
+
+def _train_device(backend: str) -> torch.device:
+    """Where an embedding trained against a CPU reference runs: the CPU for 'pageable' even on
+    GPU machines, so that comparisons with nn.Embedding and torch.optim on the CPU can be
+    bitwise (GPU kernels round differently) and its outputs meet CPU targets. Training on a
+    GPU is compared with a tolerance in the *_on_gpu_backends_* tests, 'pageable' included."""
+    return torch.device("cpu") if backend == "pageable" else _device(backend)
 
 
 def _reference(rows=1000, dim=16, dtype=torch.float32, seed=0):
@@ -229,6 +241,97 @@ def test_mapped_host_describes_the_table_bytes_in_place():
     assert cai["shape"] == (6, 10) and cai["typestr"] == "|u1" and cai["strides"] is None
 
 
+class _FakeCudart:
+    """torch.cuda.cudart() stood in: records each call and the device current during it."""
+
+    def __init__(self, calls: list, current: list, result: int = 0):
+        self.calls, self.current, self.result = calls, current, result
+
+    def cudaHostRegister(self, ptr, nbytes, flags):  # noqa: N802 - CUDA's name
+        self.calls.append(("register", ptr, nbytes, flags, self.current[-1]))
+        return self.result
+
+    def cudaHostUnregister(self, ptr):  # noqa: N802
+        self.calls.append(("unregister", ptr))
+        return 0
+
+
+class _Owner:
+    """What a registration's lifetime is tied to (a _Uva table)."""
+
+
+def test_uva_memory_is_locked_exactly_and_unlocked_when_its_owner_is_freed(monkeypatch):
+    """The uva table's memory, on CPU with CUDA's runtime stood in: one registration of exactly
+    rows * dim * itemsize bytes (torch's pinned allocator would lock the next power of two),
+    mapped and portable, under the table's device (CUDA records it as the memory's, and
+    torch.as_tensor reads it back); page-aligned and shared, so no neighbour's page is locked
+    and a fork copies no page; unregistered when the owner is freed, the memory still valid."""
+    from speedlib import transfer  # noqa: PLC0415
+
+    calls, current = [], [None]
+
+    class Device:  # torch.cuda.device stood in
+        def __init__(self, dev):
+            self.dev = torch.device(dev)
+
+        def __enter__(self):
+            current.append(self.dev)
+
+        def __exit__(self, *exc):
+            current.pop()
+
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: _FakeCudart(calls, current))
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    owner, dev = _Owner(), torch.device("cuda", 1)
+    rows, dim = 1000, 3  # 6000 bytes of bfloat16: neither a power of two nor whole pages
+    host = transfer._locked_zeros(rows, dim, torch.bfloat16, dev, owner)
+    assert host.shape == (rows, dim) and host.dtype == torch.bfloat16 and not host.any()
+    assert calls == [("register", host.data_ptr(), rows * dim * 2, 1 | 2, dev)]  # Portable | Mapped
+    assert host.data_ptr() % mmap.PAGESIZE == 0 and host.untyped_storage().nbytes() == rows * dim * 2
+    if os.path.exists("/proc/self/maps"):
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            perms = [line.split()[1] for line in maps if int(line.split("-")[0], 16) == host.data_ptr()]
+        assert perms == ["rw-s"]  # shared: not copy-on-write in forked DataLoader workers
+    del owner
+    gc.collect()
+    assert calls[1:] == [("unregister", host.data_ptr())]
+    host[0] = 1.0  # views of table.cpu() outlive the lock: plain memory, still mapped
+    assert host[0].float().sum() == dim
+    # A failed registration raises, and leaves nothing to unregister later.
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: _FakeCudart(calls, current, result=2))
+    owner = _Owner()
+    with pytest.raises(RuntimeError, match="cudaHostRegister failed with cudaError 2"):
+        transfer._locked_zeros(rows, dim, torch.float32, dev, owner)
+    del owner
+    gc.collect()
+    assert [c[0] for c in calls] == ["register", "unregister", "register"]
+
+
+@needs_cuda
+def test_uva_table_locks_its_own_bytes_and_equals_pageable():
+    """On a GPU: gather and scatter equal 'pageable'; the table is exactly rows * dim * itemsize
+    bytes, none of them from torch's pinned allocator, locked while the table lives."""
+    rows, dim = 150_001, 5  # 3,000,020 bytes: torch's pinned allocator would lock 4 MiB
+    ref = _reference(rows, dim)
+    allocs = torch.cuda.host_memory_stats()["num_host_alloc"]
+    uva = HostTable.from_tensor(ref, backend="uva")
+    plain = HostTable.from_tensor(ref, backend="pageable", device=uva.device)
+    gen = torch.Generator().manual_seed(6)
+    idx = torch.randint(0, rows, (5000,), generator=gen)
+    values = torch.randn(5000, dim, generator=gen)
+    uva.scatter_(idx.to(uva.device), values.to(uva.device))
+    plain.scatter_(idx.to(uva.device), values.to(uva.device))
+    assert torch.equal(uva.gather(idx).cpu(), plain.gather(idx).cpu())
+    host = uva.cpu()  # the table's memory itself, no copy
+    assert torch.equal(host, plain.cpu())
+    assert host.untyped_storage().nbytes() == rows * dim * 4 and host.is_pinned()
+    assert torch.cuda.host_memory_stats()["num_host_alloc"] == allocs
+    del uva
+    gc.collect()
+    assert not host.is_pinned()  # unregistered with the table; the rows stay readable
+    assert torch.equal(host, plain.cpu())
+
+
 def test_a_table_refuses_pickling_with_advice():
     table = HostTable(10, 4, backend="pageable", device="cpu")
     with pytest.raises(TypeError, match="send indices to worker processes"):
@@ -307,6 +410,44 @@ def test_interpreter_exits_cleanly_with_every_gpu_backend():
     _exit_cleanly([b for b in GPU_BACKENDS if b != "cupy" or _cupy_ok()])
 
 
+def test_exit_releases_cupy_tables_then_the_blocks_cupys_pools_cache(monkeypatch):
+    """The cupy backend and its atexit hook, with CuPy stood in (NumPy memory for pinned):
+    tables drop their memory first (a block in use cannot be freed), then the pinned and
+    device pools of the CuPy the tables used free their cached blocks while CUDA is alive.
+    A CuPy that no table used is left alone: its pools could make CUDA calls at exit."""
+    from speedlib import transfer  # noqa: PLC0415
+
+    events = []
+
+    class Pool:
+        def __init__(self, name):
+            self.name = name
+
+        def free_all_blocks(self):
+            events.append((self.name, table.pinned is None))
+
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace(Device=lambda index: contextlib.nullcontext(),
+                                      UnownedMemory=lambda ptr, nbytes, owner, device: owner,
+                                      MemoryPointer=lambda mem, offset: mem)
+    cupy.ndarray = lambda shape, dtype=None, memptr=None: ("a CuPy view of", memptr)
+    cupy.get_default_pinned_memory_pool = lambda: Pool("pinned pool")
+    cupy.get_default_memory_pool = lambda: Pool("device pool")
+    cupyx = types.ModuleType("cupyx")
+    cupyx.empty_pinned = lambda shape, dtype: np.empty(shape, dtype)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setitem(sys.modules, "cupyx", cupyx)
+    monkeypatch.setattr(transfer, "_cupy", None)
+    monkeypatch.setattr(transfer, "_CUPY_TABLES", weakref.WeakSet())
+    transfer._release_cupy_tables()  # CuPy imported, no table used it
+    assert events == []
+    table = transfer._Cupy(4, 3, torch.float32, torch.device("cuda", 0))
+    assert list(transfer._CUPY_TABLES) == [table] and table.array[1] is table.pinned and not table.host.any()
+    transfer._release_cupy_tables()
+    assert table.array is None and table.pinned is None and table.host is None
+    assert events == [("pinned pool", True), ("device pool", True)]  # after the table let go
+
+
 # --- CPU-hosted embedding training ---------------------------------------------------------
 
 ROWS, DIM = 40, 6
@@ -342,10 +483,11 @@ def _train_reference(weight, make_opt, batches, sparse=False, padding_idx=None):
     return emb.weight.detach(), outs
 
 
-def _train_host(weight, make_opt, batches, backend="pageable", emb=None, **kwargs):
+def _train_host(weight, make_opt, batches, backend="pageable", emb=None, device=None, **kwargs):
     """Train a HostEmbedding built from `weight` (or `emb`, built by the caller) on `batches`."""
     if emb is None:
-        emb = HostEmbedding(ROWS, DIM, make_opt, backend=backend, device=_device(backend), weight=weight, **kwargs)
+        emb = HostEmbedding(ROWS, DIM, make_opt, backend=backend, device=device or _train_device(backend), weight=weight,
+                            **kwargs)
     outs = []
     for idx, target in batches:
         out = emb(idx)
@@ -557,12 +699,19 @@ def test_lr_scheduler_keys_do_not_break_new_state():
     assert set(emb._state_tables) == {"exp_avg", "exp_avg_sq"}
 
 
-@pytest.mark.parametrize("backend", _backend_params(GPU_BACKENDS))
+# Training on the GPU, every backend including 'pageable' delivering rows there.
+ON_GPU = [pytest.param("pageable", marks=needs_cuda, id="pageable-to-cuda"), *_backend_params(GPU_BACKENDS)]
+
+
+@pytest.mark.parametrize("backend", ON_GPU)
 def test_embedding_on_gpu_backends_equals_pageable(backend):
+    """Against 'pageable' trained on the CPU: Adam's GPU kernels round differently from the
+    CPU's, so equal to a tolerance, not bitwise."""
     w = _reference(ROWS, DIM)
     make = functools.partial(torch.optim.Adam, lr=0.05)
     host, _ = _train_host(w, make, _batches())
-    gpu, _ = _train_host(w, make, _batches(), backend=backend)
+    gpu, _ = _train_host(w, make, _batches(), backend=backend, device="cuda")
+    assert host.table.device.type == "cpu" and gpu.table.device.type == "cuda"
     torch.testing.assert_close(gpu.table.cpu().cpu(), host.table.cpu(), rtol=1e-5, atol=1e-6)
 
 
@@ -577,6 +726,27 @@ def test_benchmark_skips_what_a_cpu_cannot_run_in_setup():
                       (bench.DeviceFootprint, ("pageable",)), (bench.EmbeddingStep, ("uva",))]:
         with pytest.raises(NotImplementedError):
             cls().setup(*args)
+
+
+def test_benchmark_looks_up_sparse_adam_indices_on_the_tables_device(monkeypatch):
+    """sparse_adam's nn.Embedding is on the GPU and the indices arrive pinned on the host, as
+    on a GPU machine. Without a GPU, fake tensors stand in: FakeTensorMode gives tensors a
+    CUDA device without memory and refuses an op mixing devices, as CUDA kernels do. Autograd
+    would start its CUDA worker (which needs a GPU), so backward is a no-op: the lookup is
+    where devices meet."""
+    from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC0415
+
+    from benchmarks import bench_transfer as bench  # noqa: PLC0415
+
+    monkeypatch.setattr(bench, "_ON_GPU", True)
+    monkeypatch.setattr(bench.measure, "device", lambda prefer=None: torch.device("cuda", 0))
+    monkeypatch.setattr(bench.measure, "synchronize", lambda dev=None: None)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *args, **kwargs: self)  # fake tensors cannot pin
+    monkeypatch.setattr(torch.Tensor, "backward", lambda self, *args, **kwargs: None)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        trainer = bench._EmbeddingTrainer("sparse_adam")  # two warm-up steps
+        trainer.step()
+    assert trainer.idx.device.type == "cpu"  # the indices still arrive on the host: moving them is timed
 
 
 # --- several lookups per step, lookups without backward ------------------------------------
@@ -604,9 +774,10 @@ def _sgns_reference(w_in, w_out, make_opt, batches, shared, sparse=False):
     return emb_in.weight.detach(), emb_out.weight.detach()
 
 
-def _sgns_host(w_in, w_out, make_opt, batches, shared, backend="pageable", **kwargs):
+def _sgns_host(w_in, w_out, make_opt, batches, shared, backend="pageable", device=None, **kwargs):
     def build(w):
-        return HostEmbedding(ROWS, DIM, make_opt, backend=backend, device=_device(backend), weight=w, **kwargs)
+        return HostEmbedding(ROWS, DIM, make_opt, backend=backend, device=device or _train_device(backend), weight=w,
+                             **kwargs)
 
     emb_in = build(w_in)
     emb_out = emb_in if shared else build(w_out)
@@ -647,12 +818,13 @@ def test_word2vec_lookups_in_one_step_with_adam_equal_sparse_adam(shared):
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("backend", _backend_params(GPU_BACKENDS))
+@pytest.mark.parametrize("backend", ON_GPU)
 def test_several_lookups_with_padding_on_gpu_backends_equal_pageable(backend):
-    """The GPU-indexed backends find distinct rows and merge lookups on the GPU."""
+    """The GPU-indexed backends find distinct rows and merge lookups on the GPU; compared with
+    'pageable' on the CPU to a tolerance, as GPU kernels round differently."""
     w_in, w_out, make = _reference(ROWS, DIM, seed=1), _reference(ROWS, DIM, seed=2), functools.partial(torch.optim.Adam, lr=0.05)
     host = _sgns_host(w_in, w_out, make, _sgns_batches(), False, padding_idx=1)
-    gpu = _sgns_host(w_in, w_out, make, _sgns_batches(), False, backend=backend, padding_idx=1)
+    gpu = _sgns_host(w_in, w_out, make, _sgns_batches(), False, backend=backend, device="cuda", padding_idx=1)
     for g, h in zip(gpu, host):
         torch.testing.assert_close(g, h, rtol=1e-5, atol=1e-6)
     assert torch.equal(gpu[1][1], w_out[1])
