@@ -34,13 +34,48 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         allow_dirty=args.allow_dirty,
         show_stderr=args.show_stderr,
         archive=Path(args.archive) if args.archive else None,
+        chunks=args.chunk or (),
+        budget_minutes=args.budget_minutes,
     )
+    if args.plan:
+        return _print_plan(options)
     try:
         result = suite.run(options, argv=argv)
     except suite.SuiteError as e:
         print(f"speedlib run: {e}", file=sys.stderr)
         return 2
     return BENCHMARKS_FAILED if result.failed else 0
+
+
+def _print_plan(options) -> int:
+    from speedlib import plan, suite  # noqa: PLC0415
+
+    try:
+        root = suite.find_root()
+        chunks = plan.select_chunks(plan.load_chunks(root), list(options.chunks) or ["all"])
+    except (suite.SuiteError, plan.PlanError) as e:
+        print(f"speedlib run: {e}", file=sys.stderr)
+        return 2
+    results_dir = options.results_dir or root / "results"
+    if options.machine is None:
+        from speedlib import measure  # noqa: PLC0415 - imports torch, only to name this machine
+
+        options.machine = measure.machine_name()
+    listing = results_dir / "benchmarks.json"
+    if not listing.is_file():
+        print(f"speedlib run: no {listing} to count the benchmarks from; run the suite once", file=sys.stderr)
+        return 2
+    names = plan.combinations(listing)
+    durations = plan.recorded_durations(results_dir, options.machine)
+    print(f"chunks on {options.machine} (cost: recorded durations where this machine has them, else "
+          f"{plan.SECONDS_PER_COMBINATION:.0f} s per parameter combination)")
+    total = 0.0
+    for chunk in chunks:
+        seconds, combos, recorded = plan.estimate_seconds(chunk, names, durations)
+        total += seconds
+        print(f"  {chunk.name:20s} {combos:4d} combinations ({recorded} recorded)  {seconds / 60:6.1f} min  {chunk.about}")
+    print(f"  {'all':20s} {'':4s} {'':26s}{total / 60:6.1f} min")
+    return 0
 
 
 def _cmd_env(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -146,6 +181,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--archive", metavar="FILE.tar.gz",
                      help="also pack the run's results (result files, environment records, machine.json, "
                           "benchmarks.json) into one archive, to carry them off a GPU machine")
+    run.add_argument("--chunk", action="append", metavar="NAME",
+                     help="run this chunk of the suite (benchmarks/chunks.py; repeatable; 'all': every chunk, "
+                          "headline first); each chunk is archived as it finishes")
+    run.add_argument("--budget-minutes", type=float, metavar="M",
+                     help="with --chunk: start only chunks whose cost (this machine's recorded durations, else "
+                          "an estimate) fits in what is left of M minutes")
+    run.add_argument("--plan", action="store_true",
+                     help="print the chunks and what each should cost here, and run nothing")
     run.set_defaults(func=_cmd_run)
 
     env = sub.add_parser("env", help="print this machine's environment record as JSON")

@@ -50,6 +50,8 @@ class RunOptions:
     allow_dirty: bool = False
     show_stderr: bool = False
     archive: Path | None = None  # also pack what the run wrote into this .tar.gz
+    chunks: Sequence[str] = ()  # benchmarks/chunks.py names (or "all"), run in suite order
+    budget_minutes: float | None = None  # with chunks: start no chunk that would not fit
 
 
 @dataclass
@@ -57,6 +59,7 @@ class RunResult:
     results_dir: Path
     machine: str
     failed: list[str]  # one printable line per benchmark that failed: "<commit> <name> ..."
+    not_run: list[str] = field(default_factory=list)  # chunks left out to keep within the budget
 
 
 def find_root(start: Path | None = None) -> Path:
@@ -76,8 +79,17 @@ def _git(root: Path, *args: str) -> str:
     return out.stdout.strip()
 
 
+# A source tree copied to an offline host (a batch node, a borrowed GPU) often arrives
+# without .git; asv files results under commits, so git history has to come back first.
+RESTORE_GIT = ("git init -q -b main && git fetch -q BUNDLE main && git reset -q FETCH_HEAD "
+               "(BUNDLE made where the history is: git bundle create speedlib.bundle main)")
+
+
 def resolve_commits(root: Path, spec: str | None) -> list[str]:
     """Full hashes, oldest first: HEAD, every commit of 'A..B', or one revision."""
+    if subprocess.run(["git", "rev-parse", "--git-dir"], cwd=root, capture_output=True).returncode != 0:
+        raise SuiteError(f"{root} is not a git checkout, and results are filed under commits: restore its "
+                         f"history from a bundle: {RESTORE_GIT}")
     if not spec:
         return [_git(root, "rev-parse", "HEAD")]
     if ".." in spec:
@@ -198,6 +210,7 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
             "filed under a commit that did not produce them. Commit first, use --quick for a "
             "smoke run, or pass --allow-dirty."
         )
+    steps = _steps(options, root)  # a bad chunk name is refused before any work
     env = measure.environment()
     machine = options.machine or env["machine"]
     with tempfile.TemporaryDirectory(prefix="speedlib-run-") as tmp:
@@ -212,43 +225,99 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
         print(f"speedlib run: machine {machine}, {len(shas)} commit(s), results -> "
               f"{'scratch (quick run, not saved)' if options.quick else results_dir}", flush=True)
         failed: list[str] = []
-        for i, sha in enumerate(shas, 1):
-            subject = _git(root, "log", "-1", "--format=%s", sha)
-            print(f"\n[{i}/{len(shas)}] {sha[:8]} {subject}", flush=True)
-            with _library_at(root, sha, use_checkout=options.commits is None) as lib:
-                asv_args = [
-                    "run", "--config", str(conf_path), "--machine", machine,
-                    "--environment", f"existing:{sys.executable}", "--set-commit-hash", sha,
-                    "--launch-method", "spawn", "--record-samples",
-                ]
-                if options.quick:
-                    asv_args.append("--quick")
-                if options.show_stderr:
-                    asv_args.append("--show-stderr")
-                for b in options.bench:
-                    asv_args += ["--bench", b]
-                started_ms = int(time.time() * 1000)
-                status = _asv(asv_args, env={**os.environ, "ASV_PYTHONPATH": str(lib)}, cwd=root,
-                              failures_ok=True)
-            if status == 2:
-                # asv also exits 2 on errors of its own (a bad argument): then it saved no failure.
-                found = failed_benchmarks(results_dir, machine, sha, started_ms)
-                if not found:
-                    raise SuiteError(f"asv exited with status 2 at {sha[:8]} but recorded no failed benchmark: "
-                                     "see its output above")
-                failed += found
-            _record_environment(environment_record_path(results_dir, machine, sha), sha, env,
-                                ["speedlib", *argv])
+        started, not_run = time.monotonic(), []
+        for chunk, bench in steps:
+            if chunk is not None:
+                if options.budget_minutes is not None:
+                    # Chunks are in order of importance; one that does not fit is left for a
+                    # later command, and a cheaper one after it may still fit.
+                    left = options.budget_minutes * 60 - (time.monotonic() - started)
+                    cost = _chunk_seconds(chunk, root, results_dir, machine)
+                    if cost > left:
+                        not_run.append(chunk.name)
+                        print(f"\nspeedlib run: chunk {chunk.name} (about {cost / 60:.1f} min) does not fit the "
+                              f"{max(left, 0) / 60:.1f} min left of --budget-minutes: not run", flush=True)
+                        continue
+                print(f"\n=== chunk {chunk.name}: {chunk.about}", flush=True)
+            for i, sha in enumerate(shas, 1):
+                failed += _run_commit(options, root, conf_path, results_dir, machine, env, argv, sha,
+                                      f"[{i}/{len(shas)}]", bench)
+            if chunk is not None and options.archive is not None and not options.quick:
+                # After every chunk: a command killed in the next one keeps this archive.
+                pack_results(results_dir, machine, shas, options.archive)
+                print(f"speedlib run: chunk {chunk.name} packed into {options.archive}", flush=True)
+        if not_run:
+            print(f"\nspeedlib run: left for a later command: --chunk {' --chunk '.join(not_run)}", flush=True)
         if options.quick:
             _print_table(results_dir, machine)
             _print_failed(failed)
-            return RunResult(results_dir, machine, failed)
+            return RunResult(results_dir, machine, failed, not_run)
     _print_table(results_dir, machine, shas)
-    if options.archive is not None:
+    if options.archive is not None and not options.chunks:  # chunks were packed one by one
         packed = pack_results(results_dir, machine, shas, options.archive)
         print(f"\nspeedlib run: packed {packed}: unpack it in a checkout's root and commit results/", flush=True)
     _print_failed(failed)
-    return RunResult(results_dir, machine, failed)
+    return RunResult(results_dir, machine, failed, not_run)
+
+
+def _steps(options: RunOptions, root: Path) -> list:
+    """(chunk or None, --bench regexes) per asv invocation over the commits."""
+    if not options.chunks:
+        if options.budget_minutes is not None:
+            raise SuiteError("--budget-minutes chooses among chunks: name them with --chunk (or --chunk all)")
+        return [(None, list(options.bench))]
+    if options.bench:
+        raise SuiteError("--bench and --chunk both select benchmarks: use one of them")
+    from speedlib import plan  # noqa: PLC0415
+
+    try:
+        chunks = plan.select_chunks(plan.load_chunks(root), list(options.chunks))
+    except plan.PlanError as e:
+        raise SuiteError(str(e)) from e
+    return [(c, [c.regex]) for c in chunks]
+
+
+def _chunk_seconds(chunk, root: Path, results_dir: Path, machine: str) -> float:
+    """What `chunk` should take here: this machine's recorded durations, else the estimate."""
+    from speedlib import plan  # noqa: PLC0415
+
+    listing = results_dir / "benchmarks.json"
+    if not listing.is_file():
+        listing = root / "results" / "benchmarks.json"
+    if not listing.is_file():
+        return 0.0  # nothing known about the suite yet: run it and learn
+    names = plan.combinations(listing)
+    return plan.estimate_seconds(chunk, names, plan.recorded_durations(results_dir, machine))[0]
+
+
+def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: Path, machine: str, env: dict,
+                argv: Sequence[str], sha: str, counter: str, bench: Sequence[str]) -> list[str]:
+    """One `asv run` of `bench` at `sha`; the failed benchmarks it recorded."""
+    subject = _git(root, "log", "-1", "--format=%s", sha)
+    print(f"\n{counter} {sha[:8]} {subject}", flush=True)
+    with _library_at(root, sha, use_checkout=options.commits is None) as lib:
+        asv_args = [
+            "run", "--config", str(conf_path), "--machine", machine,
+            "--environment", f"existing:{sys.executable}", "--set-commit-hash", sha,
+            "--launch-method", "spawn", "--record-samples",
+        ]
+        if options.quick:
+            asv_args.append("--quick")
+        if options.show_stderr:
+            asv_args.append("--show-stderr")
+        for b in bench:
+            asv_args += ["--bench", b]
+        started_ms = int(time.time() * 1000)
+        status = _asv(asv_args, env={**os.environ, "ASV_PYTHONPATH": str(lib)}, cwd=root, failures_ok=True)
+    found = []
+    if status == 2:
+        # asv also exits 2 on errors of its own (a bad argument): then it saved no failure.
+        found = failed_benchmarks(results_dir, machine, sha, started_ms)
+        if not found:
+            raise SuiteError(f"asv exited with status 2 at {sha[:8]} but recorded no failed benchmark: "
+                             "see its output above")
+    _record_environment(environment_record_path(results_dir, machine, sha), sha, env, ["speedlib", *argv])
+    return found
 
 
 def _print_failed(failed: Sequence[str]) -> None:
@@ -273,10 +342,13 @@ def pack_results(results_dir: Path, machine: str, shas: Sequence[str], dest: Pat
     if missing or len(files) == 2 + len(shas):
         raise SuiteError(f"nothing to pack for {machine} in {results_dir}: missing {missing or 'result files'}")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(dest, "w:gz") as tar:
+    # Written aside and renamed: a run killed while packing keeps the previous archive whole.
+    partial = dest.with_name(dest.name + ".partial")
+    with tarfile.open(partial, "w:gz") as tar:
         for f in files:
             if f.is_file():
                 tar.add(f, arcname=str(Path("results") / f.relative_to(results_dir)))
+    os.replace(partial, dest)
     return dest
 
 

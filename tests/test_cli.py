@@ -280,3 +280,83 @@ def test_pack_results_refuses_an_empty_run_and_quick_archives(tmp_path):
         suite.pack_results(tmp_path, "cpu-2core", ["a" * 40], tmp_path / "x.tar.gz")
     with pytest.raises(suite.SuiteError, match="a --quick run saves none"):
         suite.run(suite.RunOptions(quick=True, archive=tmp_path / "x.tar.gz"), root=ROOT)
+
+
+# The rehearsal's suite: one real benchmark and the planted ones, in two chunks. track_ok's
+# second parameter runs in the second chunk, so its result file must merge the two runs.
+REHEARSAL_CHUNKS = r'''
+CHUNKS = (
+    ("headline", "one real comparison and a planted benchmark", (
+        r"bench_contiguous\.OptimizerStep\.time_adam_step\('mlp', 'speedlib'\)",
+        r"bench_planted\.Offline\.track_ok\(1\)",
+    )),
+    ("rest", "everything else", (r"bench_planted\.",)),
+)
+'''
+OFFLINE_PLANTED = '''
+class Offline:
+    params = [1, 2]
+
+    def track_ok(self, n):
+        return n
+
+    def track_broken(self, n):
+        raise RuntimeError("planted failure")
+'''
+
+
+@pytest.mark.slow
+def test_offline_chunked_run_from_a_bundle_rehearses_a_gpu_slot(tmp_path):
+    """What a GPU slot does, on CPU sizes: the source tree arrives without .git, git comes
+    back from a bundle, the suite runs as `python3 -m speedlib` in chunks under a budget, a
+    planted failure does not stop it, and the merged archive is read by report and asv."""
+    source = tmp_path / "source"
+    source.mkdir()
+    copy_project(source)
+    (source / "benchmarks" / "chunks.py").write_text(REHEARSAL_CHUNKS)
+    (source / "benchmarks" / "bench_planted.py").write_text(OFFLINE_PLANTED)
+    commit_all(source, "rehearsal")
+    sha = git(source, "rev-parse", "HEAD")
+    bundle = tmp_path / "speedlib.bundle"
+    git(source, "bundle", "create", str(bundle), "main")
+
+    # The slot's copy: files only, then git restored from the bundle.
+    host = tmp_path / "host"
+    shutil.copytree(source, host, ignore=shutil.ignore_patterns(".git"))
+    assert not (host / ".git").exists()
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONPATH": str(host)}
+    refused = subprocess.run([sys.executable, "-m", "speedlib", "run", "--quick"], cwd=host, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "git fetch -q BUNDLE main" in refused.stderr, refused.stderr
+    git(host, "init", "-q", "-b", "main")
+    git(host, "fetch", "-q", str(bundle), "main")
+    git(host, "reset", "-q", "FETCH_HEAD")
+
+    archive = tmp_path / "out" / "results.tar.gz"
+    out = subprocess.run([sys.executable, "-m", "speedlib", "run", "--chunk", "all", "--budget-minutes", "30",
+                          "--archive", str(archive)], cwd=host, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == cli.BENCHMARKS_FAILED, out.stdout + out.stderr
+    assert out.stdout.count("packed into") == 2  # each chunk archived as it finished
+    failures = [line for line in out.stderr.splitlines() if line.startswith("  FAILED ")]
+    assert failures == [f"  FAILED {sha[:8]} bench_planted.Offline.track_broken for 2 of 2 parameter sets: (1); (2)"]
+
+    unpacked = tmp_path / "checkout"
+    shutil.copytree(source, unpacked)
+    with tarfile.open(archive) as tar:
+        tar.extractall(unpacked, filter="data")
+    machine = registered_machine(out)
+    files = [p for p in (unpacked / "results" / machine).glob("*.json") if p.name != "machine.json"]
+    assert len(files) == 1  # both chunks in the commit's one result file
+    results = json.loads(files[0].read_text())["results"]
+    assert results["bench_planted.Offline.track_ok"][0] == [1, 2]  # the later chunk kept the earlier value
+    loaded = load_results(unpacked / "results")
+    measured = set(loaded.measured["benchmark"])
+    assert {"bench_contiguous.OptimizerStep.time_adam_step", "bench_planted.Offline.track_ok"} <= measured
+    assert not loaded.problems
+
+    report = run_cli("report", "--results", "results", cwd=unpacked, home=tmp_path)
+    assert report.returncode == 0 and "track_ok" in report.stdout and "time_adam_step" in report.stdout
+    pub = subprocess.run([sys.executable, "-m", "asv", "publish"], cwd=unpacked, env={**os.environ, "HOME": str(tmp_path)},
+                         capture_output=True, text=True)
+    assert pub.returncode == 0, pub.stdout + pub.stderr
+    assert (unpacked / ".asv" / "html" / "index.html").is_file()

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import speedlib
-from speedlib import suite
+import pytest
 
+import speedlib
+from speedlib import plan, suite
+
+ROOT = Path(__file__).resolve().parents[1]
 SHA = "0123456789abcdef" * 2 + "01234567"
 COLUMNS = ["result", "params", "version", "started_at", "duration"]
 
@@ -47,9 +50,69 @@ def test_failed_benchmark_names_are_escaped(tmp_path):
 
 def test_python_dash_m_runs_the_cli_without_a_console_script(tmp_path):
     """An offline GPU host may have the source tree on PYTHONPATH and no installed script."""
-    root = Path(__file__).resolve().parents[1]
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root), "HOME": str(tmp_path)}
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-m", "speedlib", "--version"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert speedlib.__version__ in out.stdout
+
+
+def test_every_benchmark_combination_is_in_exactly_one_chunk():
+    """The chunks split the suite: nothing run twice, nothing left out, and the headline
+    chunk holds a comparison of every technique."""
+    import re
+
+    chunks = plan.load_chunks(ROOT)
+    names = plan.combinations(ROOT / "results" / "benchmarks.json")
+    assert chunks[0].name == "headline" and chunks[-1].name == "rest"
+    for combos in names.values():
+        for combo in combos:
+            owners = [c.name for c in chunks if re.search(c.regex, combo)]
+            assert len(owners) == 1, (combo, owners)
+    headline = re.compile(chunks[0].regex)
+    covered = {c.split(".")[0] for combos in names.values() for c in combos if headline.search(c)}
+    assert covered == {f"bench_{t}" for t in ("contiguous", "transfer", "checkpoint", "amp", "parallel", "tuning")}
+
+
+def test_chunk_estimates_use_recorded_durations_pro_rata(tmp_path):
+    chunk = plan.Chunk("c", "", r"^(?:a\.B\.time_x\(1\)|c\.D\.track_y)")
+    names = {"a.B.time_x": ["a.B.time_x(1)", "a.B.time_x(2)"], "c.D.track_y": ["c.D.track_y"], "e.F.g": ["e.F.g"]}
+    write(tmp_path, {"a.B.time_x": [[1.0, 2.0], [["1", "2"]], "v", 5, 30.0]})
+    durations = plan.recorded_durations(tmp_path, "m")
+    assert durations == {"a.B.time_x": (30.0, 2)}
+    # Half of a.B.time_x's recorded 30 s, and the estimate for the unrecorded c.D.track_y.
+    assert plan.estimate_seconds(chunk, names, durations) == (15.0 + plan.SECONDS_PER_COMBINATION, 2, 1)
+
+
+def _fake_run(monkeypatch, costs: dict[str, float]) -> list[str]:
+    """suite.run with asv and the machine registration stood in: which chunks would run."""
+    ran = []
+    monkeypatch.setattr(suite, "_register_machine", lambda *a, **k: None)
+    monkeypatch.setattr(suite, "_chunk_seconds", lambda chunk, *a: costs[chunk.name])
+    monkeypatch.setattr(suite, "_run_commit", lambda options, root, conf, results, machine, env, argv, sha, counter,
+                        bench: ran.append(bench[0]) or [])
+    monkeypatch.setattr(suite, "_print_table", lambda *a, **k: None)
+    return ran
+
+
+def test_a_budget_skips_a_chunk_that_does_not_fit_and_runs_a_cheaper_later_one(monkeypatch, capsys):
+    chunks = {c.name: c for c in plan.load_chunks(ROOT)}
+    costs = {name: 60.0 for name in chunks}
+    costs["contiguous-amp"] = 3600.0
+    ran = _fake_run(monkeypatch, costs)
+    result = suite.run(suite.RunOptions(quick=True, chunks=["all"], budget_minutes=10), root=ROOT)
+    assert ran == [chunks[n].regex for n in chunks if n != "contiguous-amp"]
+    assert result.not_run == ["contiguous-amp"]
+    assert "left for a later command: --chunk contiguous-amp" in capsys.readouterr().out
+
+
+def test_chunk_options_are_checked_before_any_work(monkeypatch):
+    ran = _fake_run(monkeypatch, {})
+    for options, message in [
+        (suite.RunOptions(quick=True, chunks=["nope"]), "unknown chunk 'nope'"),
+        (suite.RunOptions(quick=True, chunks=["all"], bench=["x"]), "use one of them"),
+        (suite.RunOptions(quick=True, budget_minutes=5), "name them with --chunk"),
+    ]:
+        with pytest.raises(suite.SuiteError, match=message):
+            suite.run(options, root=ROOT)
+    assert ran == []

@@ -1,0 +1,44 @@
+"""The suite in time-boxed chunks, headline comparisons first (`speedlib run --chunk`).
+
+A GPU slot is short (minutes per command, half an hour in all), and asv writes a result
+file only when its run ends, so a run killed at a limit saves nothing. The suite is
+therefore run as chunks, each its own `asv run` and archive: a command killed at its limit
+loses only its own chunk, and the chunks that matter most come first.
+
+Each chunk is a list of regular expressions matched, as asv's `--bench` does, against
+`module.Class.method(param, ...)` with the parameters' reprs. A benchmark belongs to the
+first chunk that matches it; the last chunk matches everything, so a benchmark added later
+is never left out. No imports: the harness reads this file without torch.
+
+`speedlib run --plan` prints each chunk's cost: the durations asv recorded for its
+benchmarks on this machine where there are any, else an estimate per parameter combination
+(see speedlib.suite.SECONDS_PER_COMBINATION).
+"""
+
+CHUNKS = (
+    ("headline", "every technique's main comparison on its GPU workload", (
+        r"bench_contiguous\.AdamBandwidth\.track_fraction_of_floor\('resnet50'",
+        r"bench_contiguous\.OptimizerStep\.time_adam_step\('resnet50'",
+        r"bench_transfer\.FractionOfFloor\.",
+        # The first batch size: 64 on GPUs, 4 on CPUs.
+        r"bench_checkpoint\.(TrainingStep\.time_step|PeakMemory\.track_peak_memory)\('densenet_bc', '\w+', (64|4)\)",
+        r"bench_amp\.TrainingStep\.time_step\('resnet50'",
+        r"bench_parallel\.Step\.track_step\(1,",
+        r"bench_tuning\.PairedStep\.",
+    )),
+    ("contiguous-amp", "flat buffers and mixed precision: the other workloads and metrics", (
+        r"bench_contiguous\.", r"bench_amp\.",
+    )),
+    ("checkpoint-memory", "checkpointing: saved activations and peak memory", (
+        r"bench_checkpoint\.(ActivationMemory|PeakMemory)\.",
+    )),
+    ("checkpoint-time", "checkpointing: step times, DataParallel and DDP", (
+        r"bench_checkpoint\.",
+    )),
+    ("transfer-parallel", "host tables in detail; DDP and DataParallel scaling", (
+        r"bench_transfer\.", r"bench_parallel\.",
+    )),
+    ("rest", "the Tuning Guide's knobs one by one, the dashboard, anything added later", (
+        r"",
+    )),
+)

@@ -1,0 +1,116 @@
+"""The suite's chunks (benchmarks/chunks.py) as asv selections, with what each will cost.
+
+Part of the harness, not the library: no torch here, so `speedlib run --plan` answers at
+once on a machine that is about to spend its slot.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Chunk", "load_chunks", "select_chunks", "combinations", "recorded_durations", "estimate_seconds",
+           "SECONDS_PER_COMBINATION", "PlanError"]
+
+# asv starts one process per parameter combination: about 3 s for the torch import and CUDA
+# start on a GPU host, then setup (building a model) and up to 10 samples of a step that
+# takes well under a second there. Used only where this machine has recorded no duration.
+SECONDS_PER_COMBINATION = 6.0
+
+
+class PlanError(ValueError):
+    """A chunk name or definition that cannot be used; the message says which."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    name: str
+    about: str
+    regex: str  # for asv --bench: this chunk's patterns, none of an earlier chunk's
+
+
+def load_chunks(root: Path) -> list[Chunk]:
+    """The chunks of the checkout at `root`, each excluding what earlier chunks take."""
+    path = Path(root) / "benchmarks" / "chunks.py"
+    if not path.is_file():
+        raise PlanError(f"no {path}: this checkout's suite is not split into chunks")
+    spec = importlib.util.spec_from_file_location("_speedlib_chunks", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    chunks, earlier = [], []
+    for name, about, patterns in module.CHUNKS:
+        mine = "|".join(f"(?:{p})" for p in patterns)
+        exclude = f"(?!{'|'.join(earlier)})" if earlier else ""
+        chunks.append(Chunk(name, about, f"^{exclude}(?:{mine})"))
+        earlier += [f"(?:{p})" for p in patterns]
+    return chunks
+
+
+def select_chunks(chunks: list[Chunk], names: list[str]) -> list[Chunk]:
+    """`names` in suite order ("all": every chunk); an unknown name is an error."""
+    known = [c.name for c in chunks]
+    unknown = [n for n in names if n != "all" and n not in known]
+    if unknown:
+        raise PlanError(f"unknown chunk {unknown[0]!r}; the chunks are: {', '.join(known)} (or all)")
+    return [c for c in chunks if "all" in names or c.name in names]
+
+
+def combinations(benchmarks_json: Path) -> dict[str, list[str]]:
+    """Every benchmark's selectable names, as asv's --bench sees them: `name(p0, p1)` per
+    parameter combination (the parameters' reprs), or just `name`."""
+    data = json.loads(Path(benchmarks_json).read_text(encoding="utf-8"))
+    names = {}
+    for name, bench in data.items():
+        if not isinstance(bench, dict):  # the file's "version" entry
+            continue
+        params = bench.get("params") or []
+        names[name] = [f"{name}({', '.join(c)})" for c in itertools.product(*params)] if params else [name]
+    return names
+
+
+def recorded_durations(results_dir: Path, machine: str) -> dict[str, tuple[float, int]]:
+    """Per benchmark, (seconds asv took, parameter combinations that took them) from this
+    machine's newest result that holds it."""
+    newest: dict[str, tuple[float, float, int]] = {}
+    for path in sorted((Path(results_dir) / machine).glob("*.json")):
+        if path.name == "machine.json":
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            columns = data["result_columns"]
+            for name, entry in data["results"].items():
+                record = dict(zip(columns, entry))
+                seconds, started = record.get("duration"), record.get("started_at") or 0
+                if not isinstance(seconds, (int, float)):
+                    continue
+                n = len(list(itertools.product(*(record.get("params") or []))))
+                if name not in newest or started > newest[name][0]:
+                    newest[name] = (started, float(seconds), n)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue  # an unreadable file says nothing about cost; the results loader reports it
+    return {name: (seconds, n) for name, (_, seconds, n) in newest.items()}
+
+
+def estimate_seconds(chunk: Chunk, names: dict[str, list[str]],
+                     durations: dict[str, tuple[float, int]]) -> tuple[float, int, int]:
+    """(seconds, combinations, of which recorded) for `chunk`: a recorded benchmark costs its
+    duration pro rata to the combinations selected, any other SECONDS_PER_COMBINATION each."""
+    import re  # noqa: PLC0415
+
+    pattern = re.compile(chunk.regex)
+    seconds, total, recorded = 0.0, 0, 0
+    for name, combos in names.items():
+        chosen = sum(1 for c in combos if pattern.search(c))
+        if not chosen:
+            continue
+        total += chosen
+        if name in durations and durations[name][1]:
+            spent, n = durations[name]
+            seconds += spent * chosen / n
+            recorded += chosen
+        else:
+            seconds += SECONDS_PER_COMBINATION * chosen
+    return seconds, total, recorded
