@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,8 +99,6 @@ def estimate_seconds(chunk: Chunk, names: dict[str, list[str]],
                      durations: dict[str, tuple[float, int]]) -> tuple[float, int, int]:
     """(seconds, combinations, of which recorded) for `chunk`: a recorded benchmark costs its
     duration pro rata to the combinations selected, any other SECONDS_PER_COMBINATION each."""
-    import re  # noqa: PLC0415
-
     pattern = re.compile(chunk.regex)
     seconds, total, recorded = 0.0, 0, 0
     for name, combos in names.items():
