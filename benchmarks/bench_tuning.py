@@ -37,12 +37,11 @@ Nothing here touches CUDA at import time.
 from __future__ import annotations
 
 import os
-import statistics
 
 import torch
 from torch import nn
 
-from speedlib import measure, workloads
+from speedlib import measure, paired, workloads
 
 _ON_GPU = measure.device().type == "cuda"
 _TIMING = {"repeat": (3, 10, 20.0), "rounds": 2, "warm": 3} if _ON_GPU else {"repeat": (2, 8, 10.0), "rounds": 1, "warm": 1}
@@ -147,7 +146,8 @@ PAIRED_KNOBS = [k for k in STEP_KNOBS if k != "cudnn_benchmark"]
 class PairedStep:
     """A knob's off and on trainers in one process, taking turns step by step (off first on
     even rounds, on first on odd ones), so drift of a shared machine between processes and
-    over time hits both alike: the speedup is median(off) / median(on) of those steps.
+    over time hits both alike: the speedup is the Hodges-Lehmann estimate of off / on over
+    the rounds' pairs (speedlib.paired).
 
     cudnn_benchmark is not paired: PyTorch caches each convolution's cuDNN plan per process
     (per thread), keyed by shapes, layout, dtype, deterministic and TF32 but not by the
@@ -167,13 +167,16 @@ class PairedStep:
         self.pair = _cached(("paired", knob), lambda: {v: _Trainer(knob, v) for v in ON_OFF})
 
     def track_speedup(self, knob: str) -> float:
-        times: dict[str, list[float]] = {v: [] for v in ON_OFF}
-        for i in range(PAIRS):
-            for variant in (ON_OFF if i % 2 == 0 else ON_OFF[::-1]):
+        def timed(variant: str):
+            def one_step() -> float:
                 start = measure.timer()
                 self.pair[variant].step()
-                times[variant].append(measure.timer() - start)
-        return statistics.median(times["off"]) / statistics.median(times["on"])
+                return measure.timer() - start
+            return one_step
+
+        # setup built and warmed both trainers; speedlib.paired says why this estimate.
+        times = paired.take_turns({v: timed(v) for v in ON_OFF}, rounds=PAIRS, warmup=0)
+        return paired.paired_ratio(times["off"], times["on"]).ratio
 
     track_speedup.unit = "x"
 
