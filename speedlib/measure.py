@@ -10,7 +10,8 @@
   afterwards: a leaked graph).
 - `count_syncs()` counts host-device synchronisations (torch's sync debug mode), and
   `allocator_segments()` the caching allocator's cudaMalloc calls.
-- `environment()` is the JSON-ready record that travels with every result file.
+- `environment()` is the JSON-ready record that travels with every result file, with
+  `gpu_state()` (clocks, power limits, modes, temperature) and `cpu_frequency_policy()`.
 - `memory_bandwidth()` measures the bandwidth that physical floors are computed from, and
   `host_copy_bandwidth()` the bus's: bulk pinned or pageable copies between host and GPU.
 - `host_memory()` and `device_memory_in_use()` read the footprints that tables leave.
@@ -28,6 +29,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from importlib import metadata
+from pathlib import Path
 
 import torch
 
@@ -46,6 +48,8 @@ __all__ = [
     "host_memory",
     "device_memory_in_use",
     "environment",
+    "gpu_state",
+    "cpu_frequency_policy",
     "machine_name",
     "cpu_model",
 ]
@@ -292,8 +296,132 @@ def _gpus() -> list[dict]:
     return gpus
 
 
-def environment() -> dict:
-    """What a reader needs to reproduce a number: hardware and every relevant version."""
+# The GPU's operating state, which changes a timing without any change of code: clocks
+# (locked, capped or throttled SM and memory clocks scale kernel time directly), the power
+# cap (a lowered limit throttles under load), temperature (thermal throttling), ECC (costs
+# memory bandwidth), MIG (a slice has a fraction of the SMs) and persistence mode (off:
+# the driver tears the GPU down between processes, so start-up costs more). Volatile, so
+# it goes in the environment record only, never in asv's machine file.
+# Record key -> (nvidia-smi --query-gpu field, parser of its text).
+_ENABLED = {"Enabled": True, "Disabled": False}
+_GPU_STATE_FIELDS = {
+    "index": ("index", int),
+    "pci_bus_id": ("pci.bus_id", str),  # matches a GPU to torch's when CUDA_VISIBLE_DEVICES reorders
+    "sm_clock_mhz": ("clocks.sm", int),
+    "sm_clock_max_mhz": ("clocks.max.sm", int),
+    "memory_clock_mhz": ("clocks.mem", int),
+    "memory_clock_max_mhz": ("clocks.max.mem", int),
+    "power_limit_w": ("power.limit", float),
+    "power_default_limit_w": ("power.default_limit", float),
+    "power_enforced_limit_w": ("enforced.power.limit", float),
+    "ecc_enabled": ("ecc.mode.current", _ENABLED.__getitem__),
+    "mig_enabled": ("mig.mode.current", _ENABLED.__getitem__),
+    "persistence_enabled": ("persistence_mode", _ENABLED.__getitem__),
+    "temperature_c": ("temperature.gpu", int),
+}
+NVIDIA_SMI_TIMEOUT_S = 10.0  # a wedged driver must not hold up a benchmark run
+
+
+def _smi_value(text: str, parse: Callable[[str], object]) -> object:
+    # nvidia-smi writes "[N/A]", "[Not Supported]", "[Unknown Error]", ... where it has no value.
+    try:
+        return None if text.startswith("[") or text in ("", "N/A") else parse(text)
+    except (ValueError, KeyError):
+        return None
+
+
+def _gpu_state_smi() -> list[dict] | None:
+    fields = [field for field, _ in _GPU_STATE_FIELDS.values()]
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):  # absent, timed out, or failed: unknown, not an error
+        return None
+    rows = [[v.strip() for v in line.split(",")] for line in out.splitlines() if line.strip()]
+    return [{key: _smi_value(text, parse) for (key, (_, parse)), text in zip(_GPU_STATE_FIELDS.items(), row)}
+            for row in rows if len(row) == len(fields)]
+
+
+def _gpu_state_nvml() -> list[dict] | None:
+    try:
+        import pynvml as nv  # noqa: PLC0415 - optional (nvidia-ml-py); nvidia-smi is the fallback
+        nv.nvmlInit()
+    except Exception:  # not installed, or no driver to talk to
+        return None
+    readers = {  # NVML reports power in milliwatts; modes as (current, pending) where pending exists
+        "pci_bus_id": lambda h: _text(nv.nvmlDeviceGetPciInfo(h).busId),
+        "sm_clock_mhz": lambda h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+        "sm_clock_max_mhz": lambda h: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM),
+        "memory_clock_mhz": lambda h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
+        "memory_clock_max_mhz": lambda h: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_MEM),
+        "power_limit_w": lambda h: nv.nvmlDeviceGetPowerManagementLimit(h) / 1000,
+        "power_default_limit_w": lambda h: nv.nvmlDeviceGetPowerManagementDefaultLimit(h) / 1000,
+        "power_enforced_limit_w": lambda h: nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000,
+        "ecc_enabled": lambda h: bool(nv.nvmlDeviceGetEccMode(h)[0]),
+        "mig_enabled": lambda h: bool(nv.nvmlDeviceGetMigMode(h)[0]),
+        "persistence_enabled": lambda h: bool(nv.nvmlDeviceGetPersistenceMode(h)),
+        "temperature_c": lambda h: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
+    }
+
+    def read(fn: Callable, handle: object) -> object:
+        try:
+            return fn(handle)
+        except Exception:  # NVMLError_NotSupported and the like: no value, as nvidia-smi's [N/A]
+            return None
+
+    try:
+        handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+        return [{"index": i, **{key: read(fn, h) for key, fn in readers.items()}} for i, h in enumerate(handles)]
+    except Exception:
+        return None
+    finally:
+        try:
+            nv.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value  # older nvidia-ml-py returns bytes
+
+
+def gpu_state() -> list[dict] | None:
+    """Per GPU (NVML's numbering), its clocks, power limits, ECC/MIG/persistence modes and
+    temperature now: from pynvml where it works, else nvidia-smi, else None."""
+    state = _gpu_state_nvml()
+    return state if state is not None else _gpu_state_smi()
+
+
+CPU_SYSFS = "/sys/devices/system/cpu"
+
+
+def cpu_frequency_policy(sysfs: str | os.PathLike = CPU_SYSFS) -> dict:
+    """The CPU frequency governors in use (sorted, None where cpufreq is not exposed, as in
+    most VMs) and whether turbo/boost is on (None where unreadable). A `powersave` governor
+    or a changed boost setting moves every host-side timing: data loading, launch overhead."""
+    root = Path(sysfs)
+    governors = set()
+    for path in root.glob("cpu[0-9]*/cpufreq/scaling_governor"):
+        try:
+            governors.add(path.read_text(encoding="ascii").strip())
+        except OSError:
+            pass
+    boost = None
+    # intel_pstate says the opposite (no_turbo); acpi-cpufreq and amd-pstate say "boost".
+    for name, on in (("intel_pstate/no_turbo", "0"), ("cpufreq/boost", "1")):
+        try:
+            boost = (root / name).read_text(encoding="ascii").strip() == on
+            break
+        except OSError:
+            pass
+    return {"cpu_governors": sorted(governors) or None, "cpu_boost": boost}
+
+
+def environment(cpu_sysfs: str | os.PathLike = CPU_SYSFS) -> dict:
+    """What a reader needs to reproduce a number: hardware, every relevant version, and the
+    GPU and CPU operating state at the time of the call."""
     gpus = _gpus()
     nccl = None
     if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
@@ -314,6 +442,11 @@ def environment() -> dict:
         "torch": torch.__version__,
         "torchvision": _version("torchvision"),
         "cupy": _cupy_version(),
+        # asv and its runner decide how samples are taken and summarised.
+        "asv": _version("asv"),
+        "asv_runner": _version("asv_runner"),
+        "gpu_state": gpu_state(),
+        **cpu_frequency_policy(cpu_sysfs),
         "python": platform.python_version(),
         "cpu_model": cpu_model(),
         "cpu_cores": os.cpu_count(),

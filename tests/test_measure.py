@@ -126,3 +126,184 @@ def test_host_copy_bandwidth_is_positive_on_gpu():
         assert measure.host_copy_bandwidth("cuda", direction, pinned=True, nbytes=1 << 24) > 0
     with pytest.raises(ValueError, match="direction"):
         measure.host_copy_bandwidth("cuda", "sideways")
+
+
+# --- environment: asv versions, GPU operating state, CPU frequency policy -------------------
+
+# What nvidia-smi 570 prints on an H100 SXM host (idle GPU 0; GPU 1 without a power reading,
+# in MIG-incapable mode), per --query-gpu field name. The fake answers in the order asked for
+# and, like the real one, rejects a field it does not know: so a misspelt field fails here.
+_SMI_ROWS = [
+    {"index": "0", "pci.bus_id": "00000000:18:00.0", "clocks.sm": "345", "clocks.max.sm": "1980",
+     "clocks.mem": "2619", "clocks.max.mem": "2619", "power.limit": "700.00",
+     "power.default_limit": "700.00", "enforced.power.limit": "650.00", "ecc.mode.current": "Enabled",
+     "mig.mode.current": "Disabled", "persistence_mode": "Enabled", "temperature.gpu": "34",
+     "driver_version": "570.124.06"},
+    {"index": "1", "pci.bus_id": "00000000:2A:00.0", "clocks.sm": "1980", "clocks.max.sm": "1980",
+     "clocks.mem": "2619", "clocks.max.mem": "2619", "power.limit": "[N/A]",
+     "power.default_limit": "[Not Supported]", "enforced.power.limit": "[N/A]", "ecc.mode.current": "Disabled",
+     "mig.mode.current": "[N/A]", "persistence_mode": "Disabled", "temperature.gpu": "61",
+     "driver_version": "570.124.06"},
+]
+_EXPECTED_STATE = [
+    {"index": 0, "pci_bus_id": "00000000:18:00.0", "sm_clock_mhz": 345, "sm_clock_max_mhz": 1980,
+     "memory_clock_mhz": 2619, "memory_clock_max_mhz": 2619, "power_limit_w": 700.0,
+     "power_default_limit_w": 700.0, "power_enforced_limit_w": 650.0, "ecc_enabled": True,
+     "mig_enabled": False, "persistence_enabled": True, "temperature_c": 34},
+    {"index": 1, "pci_bus_id": "00000000:2A:00.0", "sm_clock_mhz": 1980, "sm_clock_max_mhz": 1980,
+     "memory_clock_mhz": 2619, "memory_clock_max_mhz": 2619, "power_limit_w": None,
+     "power_default_limit_w": None, "power_enforced_limit_w": None, "ecc_enabled": False,
+     "mig_enabled": None, "persistence_enabled": False, "temperature_c": 61},
+]
+
+
+def _fake_smi(tmp_path, monkeypatch, body: str):
+    """Put an executable `nvidia-smi` running `body` (Python) first on PATH; hide pynvml."""
+    import stat
+    import sys
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "nvidia-smi"
+    script.write_text(f"#!{sys.executable}\nimport sys, time\n{body}\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails, as where it is not installed
+
+
+def test_gpu_state_from_nvidia_smi(tmp_path, monkeypatch):
+    _fake_smi(tmp_path, monkeypatch, f"""
+rows = {_SMI_ROWS!r}
+args = dict(a.split("=", 1) for a in sys.argv[1:])
+assert args["--format"] == "csv,noheader,nounits", args
+fields = args["--query-gpu"].split(",")
+unknown = [f for f in fields if f not in rows[0]]
+if unknown:
+    print(f'Field "{{unknown[0]}}" is not a valid field to query.')
+    sys.exit(2)
+for row in rows:
+    print(", ".join(row[f] for f in fields))
+""")
+    env = measure.environment()
+    assert env["gpu_state"] == _EXPECTED_STATE
+    json.dumps(env)
+    # Any bracketed placeholder, text fields included: a value nvidia-smi could not read.
+    assert measure._smi_value("[Insufficient Permissions]", str) is None
+
+
+def _fake_pynvml():
+    import types
+
+    class NVMLError(Exception):
+        pass
+
+    def not_supported(*_):
+        raise NVMLError("Not Supported")
+
+    gpus = [
+        {"bus": b"00000000:18:00.0", "clocks": {1: 345, 2: 2619}, "max": {1: 1980, 2: 2619},
+         "power": (700000, 700000, 650000), "ecc": (1, 1), "mig": (0, 0), "persist": 1, "temp": 34},
+        {"bus": "00000000:2A:00.0", "clocks": {1: 1980, 2: 2619}, "max": {1: 1980, 2: 2619},
+         "power": None, "ecc": (0, 0), "mig": None, "persist": 0, "temp": 61},
+    ]
+    nv = types.ModuleType("pynvml")
+    nv.calls = []
+    nv.NVMLError = NVMLError
+    nv.NVML_CLOCK_SM, nv.NVML_CLOCK_MEM, nv.NVML_TEMPERATURE_GPU = 1, 2, 0
+    nv.nvmlInit = lambda: nv.calls.append("init")
+    nv.nvmlShutdown = lambda: nv.calls.append("shutdown")
+    nv.nvmlDeviceGetCount = lambda: len(gpus)
+    nv.nvmlDeviceGetHandleByIndex = lambda i: gpus[i]
+    nv.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busId=h["bus"])
+    nv.nvmlDeviceGetClockInfo = lambda h, kind: h["clocks"][kind]
+    nv.nvmlDeviceGetMaxClockInfo = lambda h, kind: h["max"][kind]
+    nv.nvmlDeviceGetPowerManagementLimit = lambda h: h["power"][0] if h["power"] else not_supported()
+    nv.nvmlDeviceGetPowerManagementDefaultLimit = lambda h: h["power"][1] if h["power"] else not_supported()
+    nv.nvmlDeviceGetEnforcedPowerLimit = lambda h: h["power"][2] if h["power"] else not_supported()
+    nv.nvmlDeviceGetEccMode = lambda h: h["ecc"]
+    nv.nvmlDeviceGetMigMode = lambda h: h["mig"] if h["mig"] else not_supported()
+    nv.nvmlDeviceGetPersistenceMode = lambda h: h["persist"]
+    nv.nvmlDeviceGetTemperature = lambda h, sensor: h["temp"] if sensor == 0 else not_supported()
+    return nv
+
+
+def test_gpu_state_from_pynvml(tmp_path, monkeypatch):
+    import sys
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi: the values can only come from NVML
+    nv = _fake_pynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    env = measure.environment()
+    assert env["gpu_state"] == _EXPECTED_STATE  # the same record, whichever source
+    assert nv.calls == ["init", "shutdown"]
+    json.dumps(env)
+
+
+def test_gpu_state_without_nvml_or_nvidia_smi(tmp_path, monkeypatch):
+    import sys
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    env = measure.environment()
+    assert env["gpu_state"] is None
+
+
+def test_gpu_state_when_nvml_has_no_driver(tmp_path, monkeypatch):
+    """pynvml installed on a host without a driver: nvmlInit raises; nvidia-smi is asked next."""
+    import sys
+    nv = _fake_pynvml()
+
+    def no_driver():
+        raise nv.NVMLError("Driver Not Loaded")
+
+    nv.nvmlInit = no_driver
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert measure.gpu_state() is None
+
+
+@pytest.mark.parametrize("body", [
+    "time.sleep(30)",  # a wedged driver: killed at the timeout
+    'print("NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."); sys.exit(9)',
+])
+def test_gpu_state_when_nvidia_smi_hangs_or_fails(tmp_path, monkeypatch, body):
+    import time
+    _fake_smi(tmp_path, monkeypatch, body)
+    monkeypatch.setattr(measure, "NVIDIA_SMI_TIMEOUT_S", 1.0)
+    start = time.monotonic()
+    assert measure.environment()["gpu_state"] is None
+    assert time.monotonic() - start < 20
+
+
+def test_cpu_frequency_policy_from_sysfs(tmp_path):
+    for cpu, governor in (("cpu0", "performance"), ("cpu1", "powersave"), ("cpu2", "performance")):
+        (tmp_path / cpu / "cpufreq").mkdir(parents=True)
+        (tmp_path / cpu / "cpufreq" / "scaling_governor").write_text(f"{governor}\n")
+    (tmp_path / "cpu3").mkdir()  # a CPU without cpufreq (offline, or not exposed)
+    (tmp_path / "intel_pstate").mkdir()
+    (tmp_path / "intel_pstate" / "no_turbo").write_text("1\n")
+    env = measure.environment(cpu_sysfs=tmp_path)
+    assert env["cpu_governors"] == ["performance", "powersave"]
+    assert env["cpu_boost"] is False
+    (tmp_path / "intel_pstate" / "no_turbo").write_text("0\n")
+    assert measure.cpu_frequency_policy(tmp_path)["cpu_boost"] is True
+
+
+def test_cpu_frequency_policy_without_cpufreq(tmp_path):
+    """As in most VMs: CPUs listed, no cpufreq directory, no boost file."""
+    (tmp_path / "cpu0").mkdir()
+    assert measure.cpu_frequency_policy(tmp_path) == {"cpu_governors": None, "cpu_boost": None}
+    (tmp_path / "cpufreq").mkdir()
+    (tmp_path / "cpufreq" / "boost").write_text("1\n")  # acpi-cpufreq / amd-pstate
+    assert measure.cpu_frequency_policy(tmp_path)["cpu_boost"] is True
+
+
+def test_environment_records_asv_versions(monkeypatch):
+    from importlib import metadata
+    env = measure.environment()
+    assert env["asv"] == metadata.version("asv")
+    assert env["asv_runner"] == metadata.version("asv-runner")
+
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(measure.metadata, "version", not_installed)
+    env = measure.environment()
+    assert env["asv"] is None and env["asv_runner"] is None
