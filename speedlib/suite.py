@@ -316,6 +316,10 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
         if not found:
             raise SuiteError(f"asv exited with status 2 at {sha[:8]} but recorded no failed benchmark: "
                              "see its output above")
+    from speedlib import measure  # noqa: PLC0415 - already imported by run()
+
+    # Clocks and temperature as this commit's benchmarks left them, not as the run began.
+    env = {**env, "gpu_state": measure.gpu_state()}
     _record_environment(environment_record_path(results_dir, machine, sha), sha, env, ["speedlib", *argv])
     return found
 

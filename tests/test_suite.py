@@ -116,3 +116,17 @@ def test_chunk_options_are_checked_before_any_work(monkeypatch):
         with pytest.raises(suite.SuiteError, match=message):
             suite.run(options, root=ROOT)
     assert ran == []
+
+
+def test_each_commits_record_reads_the_gpu_state_when_it_is_written(tmp_path, monkeypatch):
+    """Clocks and temperature drift during a run: the record made after a commit's
+    benchmarks must hold the state then, not the snapshot taken when the run started."""
+    from speedlib import measure
+
+    monkeypatch.setattr(suite, "_asv", lambda *a, **k: 0)
+    monkeypatch.setattr(measure, "gpu_state", lambda: [{"index": 0, "temperature_c": 71}])
+    head = suite.resolve_commits(ROOT, None)[0]
+    suite._run_commit(suite.RunOptions(), ROOT, tmp_path / "asv.conf.json", tmp_path, "m",
+                      {"gpu_state": [{"index": 0, "temperature_c": 30}]}, [], head, "[1/1]", [])
+    record = json.loads(suite.environment_record_path(tmp_path, "m", head).read_text())
+    assert record["gpu_state"] == [{"index": 0, "temperature_c": 71}] and record["commit"] == head
