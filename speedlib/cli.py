@@ -99,6 +99,8 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
         df = df[df["machine"] == args.machine]
     for problem in loaded.problems:
         print(f"skipped {problem}", file=sys.stderr)
+    if args.fail_on_regression:
+        return _regression_gate(report, df, args)
     if df.empty:
         print("no measured results", file=sys.stderr)
         return 1
@@ -128,6 +130,20 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
                  "claims": report.claims_table}[args.table](rows)
     print({"md": report.to_markdown, "csv": report.to_csv, "tex": report.to_latex}[args.format](table), end="")
     return 0
+
+
+def _regression_gate(report, df, args: argparse.Namespace) -> int:
+    """--fail-on-regression A B: the significant changes from A to B; exit 1 on a regression."""
+    if args.machine and df.empty:
+        print(f"speedlib report: no measured results for machine {args.machine}", file=sys.stderr)
+        return 2
+    try:
+        table = report.change_table(df, *args.fail_on_regression)
+    except ValueError as e:
+        print(f"speedlib report: {e}", file=sys.stderr)
+        return 2
+    print({"md": report.to_markdown, "csv": report.to_csv, "tex": report.to_latex}[args.format](table), end="")
+    return 1 if (table.frame["verdict"] == "regression").any() else 0
 
 
 def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -207,6 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="--table noise: results of a second run of the same commit (speedlib run --results-dir DIR)")
     report.add_argument("--all-commits", action="store_true",
                         help="every commit, not only each machine's latest")
+    report.add_argument("--fail-on-regression", nargs=2, metavar=("A", "B"),
+                        help="CI gate: print the significant changes from commit A to commit B (hash prefixes) on "
+                             "each machine that measured both, by asv compare's rule; exit 1 if any is a regression, "
+                             "0 if none, 2 for bad input (--table is ignored)")
     report.set_defaults(func=_cmd_report)
 
     dash = sub.add_parser("dashboard", help="open the Streamlit dashboard on the results")

@@ -1,8 +1,8 @@
 """Tables from the tidy results: speedups, memory, floors, history, GPU vs GPU, claims.
 
 Every table is a `Table`: the frame to show, plus the result rows it was computed from, so
-each export carries a provenance footer (result ID, commit, machine, GPU, driver, CUDA,
-torch, statistic and N, date, and the command that reproduces the measurement). Exports go
+each export carries a provenance footer (per run: the result IDs, commit, machine, GPU, driver,
+CUDA, torch, statistic and N, date, and the command that reproduces the measurement). Exports go
 to Markdown, CSV and LaTeX (`to_markdown`, `to_csv`, `to_latex`). No Streamlit import: the
 dashboard and the `speedlib report` command share this module.
 
@@ -13,12 +13,19 @@ intervals asv reports, worst case against best case (baseline low / variant high
 baseline high / variant low), so it is conservative; where asv kept no interval (track_*
 benchmarks report one value), the interquartile range is used, and where there is neither
 the ratio has no interval.
+
+Significance (history, `speedlib report --fail-on-regression`) follows asv compare 0.6: see
+`differ` and `history`. The statistics are implemented here (numpy only), so that viewing
+results needs neither asv nor scipy.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import re
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -29,7 +36,8 @@ from speedlib.results import COLUMNS, higher_is_better
 __all__ = ["Claim", "CLAIMS", "TECHNIQUES", "Table", "speedups", "speedup_table", "memory_table",
            "floor_table", "noise", "noise_table", "NOISE_TARGET", "case_label", "history", "history_table", "compare_machines", "machine_comparison", "bibtex", "claims_table", "latest",
            "param_columns", "provenance", "reproduce_command", "to_markdown", "to_csv", "to_latex",
-           "SIGNIFICANCE_FACTOR"]
+           "SIGNIFICANCE_FACTOR", "P_THRESHOLD", "MIN_SEGMENT", "MannWhitney", "mann_whitney_u", "differ",
+           "resolve_commit", "compare_commits", "change_table"]
 
 
 @dataclass(frozen=True)
@@ -94,9 +102,17 @@ CLAIMS = (
           None, None, "speedup", "step", "ddp", "dataparallel"),
 )
 
-# History: a change between consecutive commits is flagged when the ratio is beyond this factor
-# (asv compare's default) and, where asv kept 99 % confidence intervals, they do not overlap.
+# A change is only reported when the ratio is beyond this factor (asv compare's default) and the
+# two results differ statistically (`differ`).
 SIGNIFICANCE_FACTOR = 1.10
+# asv compare's threshold for its Mann-Whitney U test (asv/_stats.py, is_different).
+P_THRESHOLD = 0.002
+# Exact null distribution of U up to this many samples a side, normal approximation beyond
+# (where asv switches too).
+EXACT_MAX = 20
+# Step detection: each level spans at least this many commits, so one odd commit can never
+# move a level's median beyond the other commits' values.
+MIN_SEGMENT = 3
 
 
 @dataclass
@@ -111,7 +127,7 @@ class Table:
 
 # Columns this module adds to the tidy frame; everything else outside COLUMNS is a parameter.
 _DERIVED = {"baseline", "baseline_value", "ratio", "ratio_low", "ratio_high", "interval", "change",
-            "significant", "direction"}
+            "significant", "direction", "test", "p_value", "step", "step_direction", "step_p", "result_id_base"}
 
 
 def param_columns(df: pd.DataFrame) -> list[str]:
@@ -183,8 +199,9 @@ def speedups(df: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:
                     dtype=float)
     usable = ~np.isnan(rank)
     base = rows[usable].assign(_rank=rank[usable]).sort_values("_rank", kind="stable").drop_duplicates(keys)
-    merged = rows.merge(base[[*keys, "variant", "value", "ci99_low", "ci99_high", "q25", "q75"]],
-                        on=keys, suffixes=("", "_base"))
+    merged = rows.merge(base[[*keys, "variant", "value", "ci99_low", "ci99_high", "q25", "q75",
+                              *(["result_id"] if "result_id" in base else [])]],
+                        on=keys, suffixes=("", "_base"))  # result_id_base: cited beside the row's own
     _with_ratio(merged)
     return merged.rename(columns={"variant_base": "baseline", "value_base": "baseline_value"}).drop(
         columns=["ci99_low_base", "ci99_high_base", "q25_base", "q75_base"])
@@ -304,25 +321,195 @@ def floor_table(df: pd.DataFrame) -> Table:
                  ["floor: measured in the same benchmark process (see the benchmark's docstring)"])
 
 
+# --- significance: asv compare's rule, and steps across commits --------------------------
+
+class MannWhitney(NamedTuple):
+    u: float  # pairs (x, y) with x above y, a tie counting one half
+    p: float  # two-sided
+    z: float  # (U - mn/2) / its tie-corrected standard deviation: how far apart, and which way
+    method: str  # "exact" or "normal"
+
+
+@functools.lru_cache(maxsize=None)
+def _u_counts(m: int, n: int) -> np.ndarray:
+    """counts[u]: how many of the C(m+n, m) orders of m x's and n y's (no ties) give U = u.
+    The largest value is an x, above all n y's, or a y, above nothing: that splits the count."""
+    if m == 0 or n == 0:
+        return np.ones(1, dtype=np.int64)
+    counts = np.zeros(m * n + 1, dtype=np.int64)
+    top_x, top_y = _u_counts(m - 1, n), _u_counts(m, n - 1)
+    counts[n:n + len(top_x)] += top_x
+    counts[:len(top_y)] += top_y
+    return counts
+
+
+def mann_whitney_u(x, y) -> MannWhitney:
+    """Two-sided Mann-Whitney U test of x against y (NaN values left out).
+
+    Up to EXACT_MAX values a side the p-value comes from the exact null distribution of U.
+    That distribution assumes no ties, so ties are broken the way least favourable to
+    significance (the attainable U nearest mn/2): a tie never makes p smaller. Beyond that,
+    the normal approximation with the tie-corrected variance and a continuity correction.
+    """
+    x, y = (np.asarray(v, dtype=float) for v in (x, y))
+    x, y = x[~np.isnan(x)], y[~np.isnan(y)]
+    m, n = len(x), len(y)
+    if not m or not n:
+        raise ValueError("Mann-Whitney U needs at least one value on each side")
+    values, where, tied = np.unique(np.concatenate([x, y]), return_inverse=True, return_counts=True)
+    midrank = np.cumsum(tied) - (tied - 1) / 2
+    u = float(midrank[where[:m]].sum() - m * (m + 1) / 2)
+    total, half = m + n, m * n / 2
+    var = m * n / 12 * ((total + 1) - float((tied ** 3 - tied).sum()) / (total * (total - 1)))
+    sd = math.sqrt(var) if var > 0 else 0.0  # 0 only when every value is the same
+    z = (u - half) / sd if sd else 0.0
+    if max(m, n) <= EXACT_MAX:
+        x_at = np.bincount(where[:m], minlength=len(values))
+        y_at = np.bincount(where[m:], minlength=len(values))
+        tied_pairs = int((x_at * y_at).sum())
+        strictly = round(u - tied_pairs / 2)  # pairs with x strictly above y
+        least = min(max(half, strictly), strictly + tied_pairs)
+        tail = math.floor(min(least, m * n - least))
+        p = min(1.0, 2 * int(_u_counts(m, n)[:tail + 1].sum()) / math.comb(total, m))
+        return MannWhitney(u, p, z, "exact")
+    p = math.erfc(max(abs(u - half) - 0.5, 0.0) / sd / math.sqrt(2)) if sd else 1.0
+    return MannWhitney(u, p, z, "normal")
+
+
+def _can_reject(m: int, n: int) -> bool:
+    """asv runs its test only when the sample sizes let p get below the threshold (its
+    bound, 1 / C(m+n, min(m, n)); at a few sizes the two-sided p still cannot)."""
+    return m > 0 and n > 0 and 1 / math.comb(m + n, min(m, n)) < P_THRESHOLD
+
+
+def _samples(r) -> list[float]:
+    s = r.get("samples")
+    return [v for v in s if not math.isnan(v)] if isinstance(s, list) else []
+
+
+def _has_stats(r) -> bool:
+    # asv compares results without statistics (track_* values) or from a single repeat by
+    # their ratio alone.
+    return pd.notna(r.get("ci99_low")) and pd.notna(r.get("ci99_high")) and r.get("repeat") != 1
+
+
+def differ(a, b) -> tuple[bool, float, str]:
+    """Whether results a and b (rows of the tidy frame, as dicts) differ by asv compare's rule:
+    (different, p-value or NaN, which test). With samples kept on both sides, the two-sided
+    Mann-Whitney U test at P_THRESHOLD; else whether the 99 % confidence intervals are
+    disjoint; results without statistics count as different, leaving it to the ratio."""
+    if not (_has_stats(a) and _has_stats(b)):
+        return True, math.nan, "ratio only"
+    sa, sb = _samples(a), _samples(b)
+    if _can_reject(len(sa), len(sb)):
+        p = mann_whitney_u(sa, sb).p
+        return p < P_THRESHOLD, p, "Mann-Whitney U"
+    overlap = a["ci99_low"] <= b["ci99_high"] and b["ci99_low"] <= a["ci99_high"]
+    return not overlap, math.nan, "99% CI"
+
+
+def _beyond(ratio: float) -> bool:
+    return ratio > SIGNIFICANCE_FACTOR or ratio < 1 / SIGNIFICANCE_FACTOR
+
+
+def _direction(ratio: float, kind: str) -> str:
+    worse = ratio < 1 if higher_is_better(kind) else ratio > 1
+    return "regression" if worse else "improvement"
+
+
+def _verdict(old, new) -> dict:
+    """`new` against `old`: the change, and whether it is significant by asv compare's rule
+    (ratio beyond SIGNIFICANCE_FACTOR and the two results differ)."""
+    ratio = new["value"] / old["value"]
+    different, p, test = differ(old, new)
+    significant = bool(different and _beyond(ratio))
+    return {"change": ratio - 1, "test": test, "p_value": p, "significant": significant,
+            "direction": _direction(ratio, new["kind"]) if significant else ""}
+
+
+def _best_split(values: list[float], data: list[list[float]], lo: int, hi: int):
+    """The most significant split of commits lo..hi-1 into two levels, or None: each side
+    MIN_SEGMENT commits or more, the median of the commits' values moved beyond the factor,
+    and the two sides' pooled data different by the Mann-Whitney test at P_THRESHOLD.
+    'Most significant' is the largest |z|, which, unlike p, does not underflow to 0."""
+    best = None
+    for k in range(lo + MIN_SEGMENT, hi - MIN_SEGMENT + 1):
+        ratio = float(np.median(values[k:hi]) / np.median(values[lo:k]))
+        before, after = np.concatenate(data[lo:k]), np.concatenate(data[k:hi])
+        if not _beyond(ratio) or not _can_reject(len(before), len(after)):
+            continue
+        test = mann_whitney_u(after, before)
+        if test.p < P_THRESHOLD and (best is None or abs(test.z) > abs(best[2].z)):
+            best = (k, ratio, test)
+    return best
+
+
+def _steps(rows: list[dict]) -> list[tuple[int, float, float]]:
+    """Sustained level changes in one history (rows oldest first) by binary segmentation:
+    split where `_best_split` says, then look for further steps on each side.
+    Returns (index of the first commit of the new level, ratio of medians, p).
+
+    Each commit contributes its stored samples when every commit kept them, else its one
+    value (so a track_* history needs about seven commits a side before the test can
+    reject at P_THRESHOLD). Pooling treats a level's runs as one population; run-to-run
+    drift smaller than the factor is kept out by the ratio condition."""
+    pooled = all(_has_stats(r) and _samples(r) for r in rows)
+    data = [_samples(r) if pooled else [r["value"]] for r in rows]
+    values = [r["value"] for r in rows]
+    found, todo = [], [(0, len(rows))]
+    while todo:
+        lo, hi = todo.pop()
+        best = _best_split(values, data, lo, hi)
+        if best:
+            k, ratio, test = best
+            found.append((k, ratio, test.p))
+            todo += [(lo, k), (k, hi)]
+    return sorted(found)
+
+
+_HISTORY_COLUMNS = {"change": math.nan, "test": "", "p_value": math.nan, "significant": False, "direction": "",
+                    "step": False, "step_direction": "", "step_p": math.nan}
+
+
 def history(df: pd.DataFrame, benchmark: str | None = None) -> pd.DataFrame:
-    """Each (machine, benchmark, parameters) across commits, oldest first, with the change
-    against the previous commit and `significant` set by the rule of SIGNIFICANCE_FACTOR."""
+    """Each (machine, benchmark, parameters) across commits, oldest first.
+
+    Against the previous commit: change (ratio - 1), test ("Mann-Whitney U", "99% CI" or
+    "ratio only", see `differ`), p_value, significant (asv compare's rule: ratio beyond
+    SIGNIFICANCE_FACTOR and different) and direction ("regression" / "improvement").
+    Across commits: step is True at the first commit of a sustained level change (`_steps`),
+    with step_direction and step_p.
+    """
     h = df if benchmark is None else df[df["benchmark"] == benchmark]
     if h.empty:
-        return h.assign(change=[], significant=[])
+        return h.assign(**{c: [] for c in _HISTORY_COLUMNS})
     keys = ["machine", "benchmark", "params"]
-    h = h.sort_values([*keys, "commit_date", "run_date"], kind="stable").copy()
-    prev = h.groupby(keys, sort=False)[["value", "ci99_low", "ci99_high"]].shift()
-    up = h["kind"].map(higher_is_better).astype(bool)
-    ratio = h["value"] / prev["value"]
-    h["change"] = ratio - 1
-    overlap = (h["ci99_low"] <= prev["ci99_high"]) & (prev["ci99_low"] <= h["ci99_high"])
-    have_ci = h[["ci99_low", "ci99_high"]].notna().all(axis=1) & prev[["ci99_low", "ci99_high"]].notna().all(axis=1)
-    beyond = (ratio > SIGNIFICANCE_FACTOR) | (ratio < 1 / SIGNIFICANCE_FACTOR)
-    h["significant"] = beyond & ~(have_ci & overlap) & prev["value"].notna()
-    worse = np.where(up, ratio < 1, ratio > 1)
-    h["direction"] = np.where(h["significant"], np.where(worse, "regression", "improvement"), "")
-    return h.reset_index(drop=True)
+    h = h.sort_values([*keys, "commit_date", "run_date"], kind="stable").reset_index(drop=True)
+    records = h.to_dict("records")
+    out = {c: [default] * len(h) for c, default in _HISTORY_COLUMNS.items()}
+    for idx in h.groupby(keys, sort=False, dropna=False).indices.values():
+        for before, i in zip(idx, idx[1:]):
+            for c, v in _verdict(records[before], records[i]).items():
+                out[c][i] = v
+        for k, ratio, p in _steps([records[i] for i in idx]):
+            i = idx[k]
+            out["step"][i], out["step_p"][i] = True, p
+            out["step_direction"][i] = _direction(ratio, records[i]["kind"])
+    return h.assign(**out)
+
+
+def _fmt_test(test: str, p: float) -> str:
+    return f"{test}, p = {p:.2g}" if pd.notna(p) else test
+
+
+def _flag(direction: str, step: str) -> str:
+    return "; ".join([*([direction] if direction else []), *([f"step: {step}"] if step else [])])
+
+
+_RULE_NOTE = (f"the ratio is beyond {SIGNIFICANCE_FACTOR:.2f}x and the two results differ: with samples kept on both "
+              f"sides, two-sided Mann-Whitney U p < {P_THRESHOLD} (exact up to {EXACT_MAX} samples a side, else normal "
+              "approximation with tie correction), else disjoint 99 % confidence intervals, else (no statistics) by "
+              "the ratio alone; asv compare's rule")
 
 
 def history_table(df: pd.DataFrame, benchmark: str) -> Table:
@@ -332,11 +519,77 @@ def history_table(df: pd.DataFrame, benchmark: str) -> Table:
         "commit date": h["commit_date"].dt.strftime("%Y-%m-%d"), "params": h["params"],
         "value": [_fmt_value(v, u) for v, u in zip(h["value"], h["unit"])],
         "change": [f"{c:+.1%}" if pd.notna(c) else "" for c in h["change"]],
-        "flag": h["direction"], "N": h["n"],
+        "test": [_fmt_test(t, p) for t, p in zip(h["test"], h["p_value"])],
+        "flag": [_flag(d, s) for d, s in zip(h["direction"], h["step_direction"])], "N": h["n"],
     })
     return Table(f"History of {benchmark}", frame, h,
-                 [f"flag: ratio to the previous commit beyond {SIGNIFICANCE_FACTOR:.2f}x (asv compare's default "
-                  "factor) and non-overlapping 99 % confidence intervals where asv kept them"])
+                 [f"flag: regression or improvement against the previous commit where {_RULE_NOTE}",
+                  f"step: the first commit of a sustained level change (binary segmentation; each level at least "
+                  f"{MIN_SEGMENT} commits, its median beyond {SIGNIFICANCE_FACTOR:.2f}x of the previous level's, "
+                  "the levels' pooled samples different by the same test)"])
+
+
+def resolve_commit(df: pd.DataFrame, rev: str) -> str:
+    """The full hash of the one measured commit that starts with `rev`; ValueError otherwise."""
+    known = sorted(df["commit"].unique())
+    if not re.fullmatch(r"[0-9a-fA-F]{4,40}", rev):
+        raise ValueError(f"{rev!r} is not a commit hash prefix (4 to 40 hex digits, as in the results)")
+    hits = [c for c in known if c.startswith(rev.lower())]
+    if not hits:
+        raise ValueError(f"no results for commit {rev}; measured: {', '.join(c[:8] for c in known) or 'none'}")
+    if len(hits) > 1:
+        raise ValueError(f"commit prefix {rev} is ambiguous: {', '.join(c[:12] for c in hits)}")
+    return hits[0]
+
+
+_CASE = ["machine", "benchmark", "params"]
+
+
+def _latest_run(df: pd.DataFrame, commit: str) -> pd.DataFrame:
+    """The commit's rows; where it was measured twice, its latest run."""
+    rows = df[df["commit"] == commit].sort_values("run_date", kind="stable")
+    return rows.drop_duplicates(_CASE, keep="last")
+
+
+def compare_commits(df: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
+    """Every (machine, benchmark, parameters) measured at both commits (hash prefixes), B
+    against A by `history`'s rule: the B rows with value_base (A's value), change, test,
+    p_value, significant and direction. ValueError for an unknown, ambiguous or equal commit,
+    or when no machine measured both."""
+    a, b = resolve_commit(df, a), resolve_commit(df, b)
+    if a == b:
+        raise ValueError(f"{a[:8]} given twice: compare two different commits")
+    m = _latest_run(df, b).merge(_latest_run(df, a), on=_CASE, suffixes=("", "_base"))
+    if m.empty:
+        raise ValueError(f"no benchmark was measured at both {a[:8]} and {b[:8]} on the same machine")
+    rows = m.to_dict("records")
+    verdicts = [_verdict({c: r.get(f"{c}_base") for c in ("value", "samples", "ci99_low", "ci99_high", "repeat")}, r)
+                for r in rows]
+    return m.assign(**{c: [v[c] for v in verdicts] for c in verdicts[0]}).sort_values(
+        _CASE, kind="stable").reset_index(drop=True)
+
+
+def change_table(df: pd.DataFrame, a: str, b: str) -> Table:
+    """The significant changes from commit A to commit B on every machine that measured both
+    (regressions first); its sources are every result compared, at both commits."""
+    m = compare_commits(df, a, b)
+    a8, b8 = m["commit_base"].iloc[0][:8], m["commit"].iloc[0][:8]
+    s = pd.concat([m[m["direction"] == "regression"], m[m["direction"] == "improvement"]])
+    frame = pd.DataFrame({
+        "machine": s["machine"], "benchmark": s["benchmark"], "params": s["params"],
+        a8: [_fmt_value(v, u) for v, u in zip(s["value_base"], s["unit"])],
+        b8: [_fmt_value(v, u) for v, u in zip(s["value"], s["unit"])],
+        "change": [f"{c:+.1%}" for c in s["change"]],
+        "test": [_fmt_test(t, p) for t, p in zip(s["test"], s["p_value"])], "verdict": s["direction"],
+        "N": [f"{na} / {nb}" for na, nb in zip(s["n_base"], s["n"])],
+    })
+    counts = s["direction"].value_counts()
+    compared = pd.concat([_latest_run(df, c) for c in (m["commit_base"].iloc[0], m["commit"].iloc[0])])
+    compared = compared[compared.set_index(_CASE).index.isin(m.set_index(_CASE).index)]
+    notes = [f"{len(m)} results compared ({', '.join(sorted(m['machine'].unique()))}): "
+             f"{counts.get('regression', 0)} significant regression(s), {counts.get('improvement', 0)} improvement(s)",
+             f"change = {b8} / {a8} - 1; listed where {_RULE_NOTE}"]
+    return Table(f"Significant changes from {a8} to {b8}", frame.reset_index(drop=True), compared, notes)
 
 
 def compare_machines(df: pd.DataFrame, machine_a: str, machine_b: str) -> pd.DataFrame:
@@ -416,15 +669,19 @@ def _statistic(kinds: set[str], n: pd.Series) -> str:
 
 
 def provenance(sources: pd.DataFrame) -> list[dict[str, str]]:
-    """One entry per result file the table draws on, with what it takes to rerun it."""
+    """One entry per run the table draws on (a result file, and the environment record of the
+    `speedlib run` that measured its rows), naming the result IDs of its rows and of their
+    baselines (`result_id_base`), with what it takes to rerun them. A file that runs added to
+    at different times gives one entry per run, each with its own environment."""
     entries = []
     if sources.empty:
         return entries
-    for rid, rows in sources.groupby("result_id", sort=True):
+    for _, rows in sources.groupby(["file", "recorded_at"], sort=False, dropna=False):
         r = rows.iloc[0].map(lambda v: None if not isinstance(v, list) and pd.isna(v) else v)
         gpu = r.get("gpu_model") or f"none (CPU: {r.get('cpu_model') or 'unknown'})"
+        ids = pd.concat([rows[c] for c in ("result_id", "result_id_base") if c in rows]).dropna()
         entries.append({
-            "result": rid,
+            "results": " ".join(sorted(set(ids))),
             "commit": r["commit"],
             "commit date": r["commit_date"].strftime("%Y-%m-%d") if r["commit_date"] is not None else "unknown",
             "machine": r["machine"],
@@ -436,7 +693,7 @@ def provenance(sources: pd.DataFrame) -> list[dict[str, str]]:
             "measured": str(r.get("recorded_at") or (r["run_date"].isoformat() if r["run_date"] is not None else "unknown")),
             "command": reproduce_command(r["commit"], list(rows["benchmark"])),
         })
-    return entries
+    return sorted(entries, key=lambda e: (e["machine"], e["commit date"], e["commit"], e["measured"]))
 
 
 def _footer_lines(table: Table) -> list[str]:

@@ -6,6 +6,10 @@ It never writes anything. A file that cannot be trusted is skipped and reported 
 path and reason instead of stopping the load; results that were skipped (NaN), failed
 (null) or come from an older version of their benchmark are kept apart from measured ones.
 No Streamlit import: the dashboard, the report and the CLI all use this.
+
+Each row's `result_id` names that one measured result: a hash of machine, commit, benchmark,
+parameters and the time asv started it. asv rewrites a commit's result file whenever a later
+run adds benchmarks to it, so a hash of the file would rename results that did not change.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-__all__ = ["LoadedResults", "Problem", "load_results", "format_table", "metric_kind", "higher_is_better"]
+__all__ = ["LoadedResults", "Problem", "load_results", "format_table", "metric_kind", "higher_is_better", "result_id"]
 
 # asv's statistics columns -> our column names
 _STATS = {
@@ -133,10 +137,17 @@ def _stat(record: dict, col: str, i: int) -> float:
     return math.nan
 
 
+def result_id(machine: str, commit: str, benchmark: str, params: tuple[str, ...], started_at) -> str:
+    """12 hex digits naming one measured result; `params` as asv stores them (reprs).
+    Nothing else from the file goes in, so the ID survives asv rewriting the file."""
+    started = int(started_at) if _is_number(started_at) else None
+    key = json.dumps([machine, commit, benchmark, list(params), started])
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
 def _rows_of(path: Path, data: dict, machine: str, benchmarks: dict, problems: list[Problem]) -> list[dict]:
     _check_file(data)
     columns = data["result_columns"]
-    file_id = f"{machine}/{data['commit_hash'][:8]}/{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
     commit_date = pd.to_datetime(data["date"], unit="ms", utc=True) if "date" in data else pd.NaT
     rows, unknown, outdated = [], [], []
     for name, entry in data["results"].items():
@@ -197,7 +208,7 @@ def _rows_of(path: Path, data: dict, machine: str, benchmarks: dict, problems: l
                 "samples": sample,
                 "status": status,
                 "version": record.get("version"),
-                "result_id": file_id,
+                "result_id": result_id(machine, data["commit_hash"], name, combo, started),
                 "file": str(path),
             }
             rows.append(row)

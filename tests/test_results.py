@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -49,9 +50,36 @@ def test_tidy_frame_has_one_row_per_parameter_set(tree):
     assert row["iqr"] == pytest.approx(row["q75"] - row["q25"])
     assert row["ci99_low"] <= row["value"] <= row["ci99_high"]
     assert row["gpu"].startswith("NVIDIA H100") and row["torch"] == "2.11.0+cu128" and row["driver"] == "550.54.15"
-    assert row["result_id"].startswith("synthetic-h100/") and row["commit_date"].year == 2026
+    assert re.fullmatch(r"[0-9a-f]{12}", row["result_id"]) and row["commit_date"].year == 2026
+    assert df["result_id"].is_unique  # each ID names one measured result
     track = df[df["kind"] == "memory"].iloc[0]
     assert track["n"] == 1 and math.isnan(track["ci99_low"])
+
+
+def test_result_ids_survive_asv_rewriting_the_file(tree):
+    """A later run adds a benchmark to the commit's file (asv rewrites it): the results that
+    were there keep their IDs."""
+    path = first_result(tree)
+    full = json.loads(path.read_text())
+    edit(path, lambda d: d["results"].pop(TIME))  # the first run: time_adam_step not yet measured
+    before = load_results(tree).measured
+    before = before[before["file"] == str(path)].set_index(["benchmark", "params"])["result_id"]
+    path.write_text(json.dumps(full, indent=1))  # rewritten with the benchmark added, laid out anew
+    after = load_results(tree).measured
+    after = after[after["file"] == str(path)].set_index(["benchmark", "params"])["result_id"]
+    assert len(before) == 12 and len(after) == 18
+    assert after[before.index].equals(before)
+
+
+def test_a_rerun_of_the_same_result_gets_a_new_id(tree):
+    path = first_result(tree)
+    ids = load_results(tree).measured.set_index(["file", "benchmark", "params"])["result_id"]
+    edit(path, lambda d: d["results"][TIME].__setitem__(3, d["results"][TIME][3] + 1))  # started 1 ms later
+    again = load_results(tree).measured.set_index(["file", "benchmark", "params"])["result_id"]
+    moved = again.index.get_level_values("benchmark") == TIME
+    moved &= again.index.get_level_values("file") == str(path)
+    assert (again[moved] != ids[again.index[moved]]).all() and moved.sum() == 6
+    assert again[~moved].equals(ids[again.index[~moved]])
 
 
 def test_metric_kinds():

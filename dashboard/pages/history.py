@@ -31,10 +31,15 @@ for (machine, label), g in h.groupby(["machine", "params"], sort=True):
     fig.add_trace(go.Scatter(
         x=g["commit_date"], y=g["value"] * scale, mode="lines+markers", name=html.escape(f"{machine}: {label}"),
         text=[html.escape(c[:8]) for c in g["commit"]],
-        marker={"symbol": ["x" if s else "circle" for s in g["significant"]], "size": [12 if s else 7 for s in g["significant"]]},
+        marker={"symbol": [("diamond-x" if s else "diamond") if step else "x" if s else "circle"
+                           for s, step in zip(g["significant"], g["step"])],
+                "size": [12 if s or step else 7 for s, step in zip(g["significant"], g["step"])]},
         error_y={"type": "data", "symmetric": False, "array": ((g["ci99_high"] - g["value"]) * scale).fillna(0),
                  "arrayminus": ((g["value"] - g["ci99_low"]) * scale).fillna(0)}))
 fig.update_layout(height=460, xaxis_title="commit date", yaxis_title=html.escape(unit), margin={"t": 30})
 st.plotly_chart(fig)
-st.caption("x markers: significant change against the previous commit. Error bars: asv's 99 % confidence interval.")
+st.caption(f"x markers: significant change against the previous commit (beyond {report.SIGNIFICANCE_FACTOR:.2f}x, and "
+           f"Mann-Whitney U p < {report.P_THRESHOLD} on the stored samples, else disjoint 99 % confidence intervals: "
+           "asv compare's rule). Diamonds: first commit of a sustained step (a new level over at least "
+           f"{report.MIN_SEGMENT} commits). Error bars: asv's 99 % confidence interval.")
 table(history)
