@@ -14,12 +14,17 @@ from speedlib import __version__
 # Not 2 (the run stopped early), so that a script can tell that the run finished and its
 # results and archive are there to collect.
 BENCHMARKS_FAILED = 3
+CHUNKS_LEFT = 4
 RUN_EXIT_STATUS = """exit status:
-  0  no benchmark failed
+  0  every selected chunk ran and no benchmark failed
   2  the run stopped: a precondition or asv itself failed (the message says which); commits
      already walked keep their results
   3  some benchmarks failed, listed at the end; every other result, the environment records
-     and the --archive were written"""
+     and the --archive were written
+  4  no benchmark failed, but --budget-minutes left chunks for a later command (listed; with
+     none run, there is no archive)
+  130, 143  stopped by Ctrl+C or SIGTERM: asv and its benchmarks were stopped, the chunks
+     archived so far are kept"""
 
 
 def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -41,10 +46,18 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return _print_plan(options)
     try:
         result = suite.run(options, argv=argv)
+    except suite.Interrupted as e:
+        print(f"speedlib run: {e}", file=sys.stderr)
+        return 128 + e.signum
+    except KeyboardInterrupt:
+        print(f"speedlib run: {suite.Interrupted(2)}", file=sys.stderr)
+        return 130
     except suite.SuiteError as e:
         print(f"speedlib run: {e}", file=sys.stderr)
         return 2
-    return BENCHMARKS_FAILED if result.failed else 0
+    if result.failed:
+        return BENCHMARKS_FAILED
+    return CHUNKS_LEFT if result.not_run else 0
 
 
 def _print_plan(options) -> int:
@@ -61,20 +74,21 @@ def _print_plan(options) -> int:
         from speedlib import measure  # noqa: PLC0415 - imports torch, only to name this machine
 
         options.machine = measure.machine_name()
-    listing = results_dir / "benchmarks.json"
-    if not listing.is_file():
-        print(f"speedlib run: no {listing} to count the benchmarks from; run the suite once", file=sys.stderr)
+    listing = suite._benchmark_listing(root, results_dir)
+    if listing is None:
+        print(f"speedlib run: no benchmarks.json in {results_dir} or the checkout to count the benchmarks from; "
+              "run the suite once", file=sys.stderr)
         return 2
     names = plan.combinations(listing)
-    durations = plan.recorded_durations(results_dir, options.machine)
-    print(f"chunks on {options.machine} (cost: recorded durations where this machine has them, else "
-          f"{plan.SECONDS_PER_COMBINATION:.0f} s per parameter combination)")
+    print(f"chunks on {options.machine}, per commit (a chunk's measured time on this machine where there is one, "
+          f"else asv's recorded durations or {plan.SECONDS_PER_COMBINATION:.0f} s per parameter combination, "
+          f"times {plan.HEADROOM} headroom)")
     total = 0.0
     for chunk in chunks:
-        seconds, combos, recorded = plan.estimate_seconds(chunk, names, durations)
+        seconds, source = plan.chunk_cost(chunk, names, results_dir, options.machine)
         total += seconds
-        print(f"  {chunk.name:20s} {combos:4d} combinations ({recorded} recorded)  {seconds / 60:6.1f} min  {chunk.about}")
-    print(f"  {'all':20s} {'':4s} {'':26s}{total / 60:6.1f} min")
+        print(f"  {chunk.name:18s} {seconds / 60:6.1f} min  {source}: {chunk.about}")
+    print(f"  {'all':18s} {total / 60:6.1f} min")
     return 0
 
 

@@ -14,12 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["Chunk", "load_chunks", "select_chunks", "combinations", "recorded_durations", "estimate_seconds",
-           "SECONDS_PER_COMBINATION", "PlanError"]
+           "SECONDS_PER_COMBINATION", "HEADROOM", "PlanError", "chunk_times_path", "record_chunk_time",
+           "recorded_chunk_seconds", "chunk_cost"]
 
 # asv starts one process per parameter combination: about 3 s for the torch import and CUDA
 # start on a GPU host, then setup (building a model) and up to 10 samples of a step that
 # takes well under a second there. Used only where this machine has recorded no duration.
 SECONDS_PER_COMBINATION = 6.0
+# Estimates that are not a measured chunk time run long: asv keeps only the last run's
+# duration of a benchmark, so after a chunk ran part of its parameter combinations the
+# pro-rata split undercounts, and combinations differ in cost (ResNet-50 ones dominate).
+HEADROOM = 1.5
 
 
 class PlanError(ValueError):
@@ -113,3 +118,41 @@ def estimate_seconds(chunk: Chunk, names: dict[str, list[str]],
         else:
             seconds += SECONDS_PER_COMBINATION * chosen
     return seconds, total, recorded
+
+
+# --- measured chunk times: the estimate that needs no guessing --------------------------
+
+def chunk_times_path(results_dir: Path, machine: str) -> Path:
+    """One JSON line per chunk and commit a run measured (not *.json: asv would read it)."""
+    return Path(results_dir) / machine / "chunk-times.jsonl"
+
+
+def record_chunk_time(results_dir: Path, machine: str, chunk: str, sha: str, seconds: float) -> None:
+    path = chunk_times_path(results_dir, machine)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps({"chunk": chunk, "commit": sha, "seconds": round(seconds, 1)}) + "\n")
+
+
+def recorded_chunk_seconds(results_dir: Path, machine: str) -> dict[str, float]:
+    """Per chunk, the wall time of its latest measured run over one commit on this machine."""
+    seconds: dict[str, float] = {}
+    path = chunk_times_path(results_dir, machine)
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = json.loads(line)
+                seconds[str(entry["chunk"])] = float(entry["seconds"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn line from a killed run says nothing
+    return seconds
+
+
+def chunk_cost(chunk: Chunk, names: dict[str, list[str]], results_dir: Path, machine: str) -> tuple[float, str]:
+    """(seconds for one commit, where the figure comes from): a measured run of this chunk on
+    this machine, else asv's recorded durations or the per-combination estimate with HEADROOM."""
+    measured = recorded_chunk_seconds(results_dir, machine)
+    if chunk.name in measured:
+        return measured[chunk.name], "measured chunk time"
+    seconds, combos, recorded = estimate_seconds(chunk, names, recorded_durations(results_dir, machine))
+    return seconds * HEADROOM, f"estimate x {HEADROOM} ({recorded} of {combos} combinations recorded)"

@@ -21,10 +21,12 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -87,7 +89,9 @@ RESTORE_GIT = ("git init -q -b main && git fetch -q BUNDLE main && git reset -q 
 
 def resolve_commits(root: Path, spec: str | None) -> list[str]:
     """Full hashes, oldest first: HEAD, every commit of 'A..B', or one revision."""
-    if subprocess.run(["git", "rev-parse", "--git-dir"], cwd=root, capture_output=True).returncode != 0:
+    top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, text=True)
+    # A copy without .git inside some other repository would find that one's HEAD.
+    if top.returncode != 0 or Path(top.stdout.strip()).resolve() != Path(root).resolve():
         raise SuiteError(f"{root} is not a git checkout, and results are filed under commits: restore its "
                          f"history from a bundle: {RESTORE_GIT}")
     if not spec:
@@ -125,15 +129,65 @@ def _record_environment(path: Path, sha: str, env: dict, command: list[str]) -> 
         f.write(json.dumps(record, sort_keys=True) + "\n")
 
 
+class Interrupted(SuiteError):
+    """SIGINT or SIGTERM stopped the run; asv and its benchmark processes were stopped too."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}: asv and its benchmarks were stopped; "
+                         "results of finished chunks and commits are kept")
+        self.signum = signum
+
+
+def _die_with_parent() -> None:
+    """In asv's process: if speedlib is killed outright (SIGKILL), the kernel stops asv too."""
+    try:
+        import ctypes  # noqa: PLC0415
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: a killed run may leave asv to finish its benchmark
+
+
 def _asv(args: list[str], *, env: dict | None = None, cwd: Path, failures_ok: bool = False) -> int:
     """asv's exit status: 0, or 2 when `failures_ok` (`asv run`: some benchmark failed, the
-    results were saved). Any other status means asv itself failed, and raises."""
+    results were saved). Any other status means asv itself failed, and raises.
+
+    asv runs in a process group of its own, so that when this run is stopped (Ctrl+C, a
+    SIGTERM from a time limit) asv and every benchmark process it started are stopped with
+    it instead of running on, holding the GPU and writing results nobody packs."""
     cmd = [sys.executable, "-m", "asv", *args]
     # asv's own per-benchmark progress lines stream straight through.
-    result = subprocess.run(cmd, cwd=cwd, env=env)
-    if result.returncode != 0 and not (failures_ok and result.returncode == 2):
-        raise SuiteError(f"asv exited with status {result.returncode}: {shlex.join(cmd)}")
-    return result.returncode
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, process_group=0, preexec_fn=_die_with_parent)
+    try:
+        returncode = proc.wait()
+    except BaseException:
+        _stop_group(proc)
+        raise
+    if returncode != 0 and not (failures_ok and returncode == 2):
+        raise SuiteError(f"asv exited with status {returncode}: {shlex.join(cmd)}")
+    return returncode
+
+
+def _stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            continue
+        if sig == signal.SIGTERM:  # asv is gone; its benchmark processes may not be
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return
+
+
+def _raise_interrupted(signum: int, frame) -> None:
+    raise Interrupted(signum)
 
 
 def _printable(text: str) -> str:
@@ -196,8 +250,6 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
     """Run the suite; return where the results went and which benchmarks failed.
 
     A failed benchmark is reported, not raised: the rest of the run is worth keeping."""
-    from speedlib import measure  # noqa: PLC0415 - imports torch; keep `speedlib --help` fast
-
     root = root or find_root()
     if importlib.util.find_spec("asv") is None or importlib.util.find_spec("asv_runner") is None:
         raise SuiteError('asv is not installed here: python3 -m pip install -e ".[bench]"')
@@ -211,6 +263,20 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
             "smoke run, or pass --allow-dirty."
         )
     steps = _steps(options, root)  # a bad chunk name is refused before any work
+    # SIGTERM (a time limit, a batch system) unwinds like Ctrl+C: asv is stopped, worktrees
+    # and the scratch directory are removed. Only the main thread may set handlers.
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+        try:
+            return _run(options, root, argv, shas, steps)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    return _run(options, root, argv, shas, steps)
+
+
+def _run(options: RunOptions, root: Path, argv: Sequence[str], shas: list[str], steps: list) -> RunResult:
+    from speedlib import measure  # noqa: PLC0415 - imports torch; keep `speedlib --help` fast
+
     env = measure.environment()
     machine = options.machine or env["machine"]
     with tempfile.TemporaryDirectory(prefix="speedlib-run-") as tmp:
@@ -232,7 +298,7 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
                     # Chunks are in order of importance; one that does not fit is left for a
                     # later command, and a cheaper one after it may still fit.
                     left = options.budget_minutes * 60 - (time.monotonic() - started)
-                    cost = _chunk_seconds(chunk, root, results_dir, machine)
+                    cost = _chunk_seconds(chunk, root, results_dir, machine) * len(shas)
                     if cost > left:
                         not_run.append(chunk.name)
                         print(f"\nspeedlib run: chunk {chunk.name} (about {cost / 60:.1f} min) does not fit the "
@@ -240,14 +306,21 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
                         continue
                 print(f"\n=== chunk {chunk.name}: {chunk.about}", flush=True)
             for i, sha in enumerate(shas, 1):
+                began = time.monotonic()
                 failed += _run_commit(options, root, conf_path, results_dir, machine, env, argv, sha,
                                       f"[{i}/{len(shas)}]", bench)
+                if chunk is not None:  # the next budget decision for this chunk uses this, not a guess
+                    from speedlib import plan  # noqa: PLC0415
+
+                    plan.record_chunk_time(results_dir, machine, chunk.name, sha, time.monotonic() - began)
             if chunk is not None and options.archive is not None and not options.quick:
                 # After every chunk: a command killed in the next one keeps this archive.
                 pack_results(results_dir, machine, shas, options.archive)
                 print(f"speedlib run: chunk {chunk.name} packed into {options.archive}", flush=True)
         if not_run:
             print(f"\nspeedlib run: left for a later command: --chunk {' --chunk '.join(not_run)}", flush=True)
+            if len(not_run) == len(steps) and options.archive is not None:
+                print("speedlib run: no chunk fit the budget, so nothing ran and nothing was packed", flush=True)
         if options.quick:
             _print_table(results_dir, machine)
             _print_failed(failed)
@@ -277,17 +350,22 @@ def _steps(options: RunOptions, root: Path) -> list:
     return [(c, [c.regex]) for c in chunks]
 
 
+def _benchmark_listing(root: Path, results_dir: Path) -> Path | None:
+    """asv's benchmark listing: this run's if asv wrote one yet, else the checkout's."""
+    for listing in (results_dir / "benchmarks.json", root / "results" / "benchmarks.json"):
+        if listing.is_file():
+            return listing
+    return None
+
+
 def _chunk_seconds(chunk, root: Path, results_dir: Path, machine: str) -> float:
-    """What `chunk` should take here: this machine's recorded durations, else the estimate."""
+    """What `chunk` should take here for one commit (see plan.chunk_cost)."""
     from speedlib import plan  # noqa: PLC0415
 
-    listing = results_dir / "benchmarks.json"
-    if not listing.is_file():
-        listing = root / "results" / "benchmarks.json"
-    if not listing.is_file():
+    listing = _benchmark_listing(root, results_dir)
+    if listing is None:
         return 0.0  # nothing known about the suite yet: run it and learn
-    names = plan.combinations(listing)
-    return plan.estimate_seconds(chunk, names, plan.recorded_durations(results_dir, machine))[0]
+    return plan.chunk_cost(chunk, plan.combinations(listing), results_dir, machine)[0]
 
 
 def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: Path, machine: str, env: dict,
@@ -338,12 +416,12 @@ def pack_results(results_dir: Path, machine: str, shas: Sequence[str], dest: Pat
     `shas`, its machine.json, and benchmarks.json (the benchmark versions asv compares)."""
     results_dir, dest = Path(results_dir), Path(dest)
     machine_dir = results_dir / machine
-    files = [results_dir / "benchmarks.json", machine_dir / "machine.json"]
+    files = [results_dir / "benchmarks.json", machine_dir / "machine.json", machine_dir / "chunk-times.jsonl"]
     for sha in shas:
         files += sorted(machine_dir.glob(f"{sha[:8]}-*.json"))
         files.append(environment_record_path(results_dir, machine, sha))
     missing = [str(f) for f in files[:2] if not f.is_file()]
-    if missing or len(files) == 2 + len(shas):
+    if missing or len(files) == 3 + len(shas):
         raise SuiteError(f"nothing to pack for {machine} in {results_dir}: missing {missing or 'result files'}")
     dest.parent.mkdir(parents=True, exist_ok=True)
     # Written aside and renamed: a run killed while packing keeps the previous archive whole.

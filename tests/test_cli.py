@@ -360,3 +360,58 @@ def test_offline_chunked_run_from_a_bundle_rehearses_a_gpu_slot(tmp_path):
                          capture_output=True, text=True)
     assert pub.returncode == 0, pub.stdout + pub.stderr
     assert (unpacked / ".asv" / "html" / "index.html").is_file()
+
+
+SLOW = '''
+import time
+
+
+class Slow:
+    timeout = 600
+
+    def track_wait(self):
+        time.sleep(300)
+        return 1
+'''
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if text in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(entry.name))
+            except OSError:
+                continue  # gone meanwhile, or not ours to read
+    return pids
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds leftover processes through Linux's /proc")
+def test_sigterm_stops_asv_and_its_benchmarks(tmp_path):
+    """A time limit's SIGTERM to speedlib alone must not leave asv benchmarking on."""
+    import signal
+    import time
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    copy_project(repo)
+    (repo / "benchmarks" / "bench_slow.py").write_text(SLOW)
+    commit_all(repo, "slow")
+    proc = subprocess.Popen([sys.executable, "-m", "speedlib", "run", "--bench", "Slow"], cwd=repo,
+                            env={**os.environ, "HOME": str(tmp_path)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    marker = str(repo / "benchmarks")  # in the command line of asv's benchmark process
+    deadline = time.monotonic() + 240
+    while not _processes_mentioning(marker) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    assert _processes_mentioning(marker), "the benchmark process never started"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, out + err
+    assert "stopped by SIGTERM" in err and "Traceback" not in err
+    deadline = time.monotonic() + 20  # signalled processes take a moment to exit and be reaped
+    while _processes_mentioning(marker) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _processes_mentioning(marker) == []

@@ -130,3 +130,53 @@ def test_each_commits_record_reads_the_gpu_state_when_it_is_written(tmp_path, mo
                       {"gpu_state": [{"index": 0, "temperature_c": 30}]}, [], head, "[1/1]", [])
     record = json.loads(suite.environment_record_path(tmp_path, "m", head).read_text())
     assert record["gpu_state"] == [{"index": 0, "temperature_c": 71}] and record["commit"] == head
+
+
+def test_a_measured_chunk_time_replaces_the_estimate(tmp_path):
+    chunk = plan.Chunk("c", "", r"^(?:a\.B\.time_x)")
+    names = {"a.B.time_x": ["a.B.time_x(1)", "a.B.time_x(2)"]}
+    guessed, source = plan.chunk_cost(chunk, names, tmp_path, "m")
+    assert guessed == 2 * plan.SECONDS_PER_COMBINATION * plan.HEADROOM and source.startswith("estimate")
+    plan.record_chunk_time(tmp_path, "m", "c", SHA, 100.0)
+    plan.record_chunk_time(tmp_path, "m", "c", SHA, 42.0)
+    with plan.chunk_times_path(tmp_path, "m").open("a") as f:
+        f.write('{"chunk": "c", "seco')  # a line torn by a killed run
+    assert plan.chunk_cost(chunk, names, tmp_path, "m") == (42.0, "measured chunk time")
+
+
+def test_the_budget_counts_every_commit_of_the_range(monkeypatch):
+    """A chunk costs its time once per commit: 100 s over two commits does not fit 3 min."""
+    chunks = [c.name for c in plan.load_chunks(ROOT)]
+    ran = _fake_run(monkeypatch, {name: 100.0 for name in chunks})
+    result = suite.run(suite.RunOptions(quick=True, commits="HEAD~2..HEAD", chunks=["all"], budget_minutes=3),
+                       root=ROOT)
+    assert ran == [] and result.not_run == chunks
+
+
+def test_a_copy_without_git_inside_another_repository_is_refused(tmp_path):
+    outer = tmp_path / "outer"
+    (outer / "host").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(outer)], check=True)
+    with pytest.raises(suite.SuiteError, match="not a git checkout"):
+        suite.resolve_commits(outer / "host", None)
+
+
+@pytest.mark.parametrize("failed, not_run, status", [([], [], 0), (["x"], ["c"], 3), ([], ["c"], 4)])
+def test_run_exit_status_says_what_a_slot_script_needs(monkeypatch, tmp_path, failed, not_run, status):
+    """0: all ran; 3: failures (they matter more than leftovers); 4: chunks left for later."""
+    from speedlib import cli
+
+    monkeypatch.setattr(suite, "run", lambda options, argv=(): suite.RunResult(tmp_path, "m", failed, not_run))
+    assert cli.main(["run", "--chunk", "all"]) == status
+
+
+def test_an_interrupted_run_exits_with_the_signal_and_one_line(monkeypatch, capsys):
+    from speedlib import cli
+
+    def stopped(options, argv=()):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(suite, "run", stopped)
+    assert cli.main(["run"]) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "stopped by SIGINT" in err
