@@ -425,6 +425,16 @@ def frozen_first_layer(model: nn.Module) -> nn.Module:
     return model
 
 
+def wrapped_frozen_then_unfrozen():
+    """Gradual unfreezing: two Adam steps with the conv frozen, then the conv unfrozen."""
+    model = frozen_first_layer(small_net())
+    wrapper = ContiguousParams(model.parameters())
+    opt = torch.optim.Adam(wrapper.contiguous(), lr=1e-2)
+    train(model, opt, data=batches(2))
+    model[0].requires_grad_(True)
+    return model, wrapper, opt
+
+
 def test_unfreezing_a_parameter_wrapped_as_frozen_is_caught_by_name():
     """Gradual unfreezing: the unfrozen parameter is not in the buffer, so step() must not go on silently."""
     model = frozen_first_layer(small_net())
@@ -450,11 +460,7 @@ def test_unfreezing_a_parameter_wrapped_as_frozen_is_caught_by_name():
 
 def test_after_unfreezing_a_new_wrapper_trains_like_a_per_tensor_optimizer():
     """The message's first fix: ContiguousParams and optimizer built again take over, bit for bit."""
-    model = frozen_first_layer(small_net())
-    old = ContiguousParams(model.parameters())
-    old_opt = torch.optim.Adam(old.contiguous(), lr=1e-2)
-    train(model, old_opt, data=batches(2))
-    model[0].requires_grad_(True)
+    model, _, old_opt = wrapped_frozen_then_unfrozen()
     with pytest.raises(InvalidBufferError, match="now require grad"):
         train(model, old_opt, data=batches(1))
     ref = small_net()
@@ -473,11 +479,7 @@ def test_after_unfreezing_a_new_wrapper_trains_like_a_per_tensor_optimizer():
 
 def test_unfrozen_parameters_added_as_a_new_wrapper_are_taken_over():
     """Wrapping only the unfrozen parameters and add_param_group: the first wrapper stops reporting them."""
-    model = frozen_first_layer(small_net())
-    head = ContiguousParams(model.parameters())
-    opt = torch.optim.Adam(head.contiguous(), lr=1e-2)
-    train(model, opt, data=batches(2))
-    model[0].requires_grad_(True)
+    model, head, opt = wrapped_frozen_then_unfrozen()
     backbone = ContiguousParams(model[0].parameters())
     opt.add_param_group({"params": backbone.contiguous()})
     assert head.buffer_is_valid() and backbone.buffer_is_valid()
