@@ -74,7 +74,7 @@ def _print_plan(options) -> int:
         from speedlib import measure  # noqa: PLC0415 - imports torch, only to name this machine
 
         options.machine = measure.machine_name()
-    listing = suite._benchmark_listing(root, results_dir)
+    listing = plan.benchmark_listing(root, results_dir)
     if listing is None:
         print(f"speedlib run: no benchmarks.json in {results_dir} or the checkout to count the benchmarks from; "
               "run the suite once", file=sys.stderr)

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Chunk", "load_chunks", "select_chunks", "combinations", "recorded_durations", "estimate_seconds",
+__all__ = ["Chunk", "load_chunks", "benchmark_listing", "select_chunks", "combinations", "recorded_durations", "estimate_seconds",
            "SECONDS_PER_COMBINATION", "HEADROOM", "PlanError", "chunk_times_path", "record_chunk_time",
            "recorded_chunk_seconds", "chunk_cost"]
 
@@ -62,6 +62,15 @@ def select_chunks(chunks: list[Chunk], names: list[str]) -> list[Chunk]:
     if unknown:
         raise PlanError(f"unknown chunk {unknown[0]!r}; the chunks are: {', '.join(known)} (or all)")
     return [c for c in chunks if "all" in names or c.name in names]
+
+
+def benchmark_listing(root: Path, results_dir: Path) -> Path | None:
+    """asv's benchmark listing: the results directory's (a run writes it first thing), else
+    the checkout's committed one; None before the suite ever ran."""
+    for listing in (Path(results_dir) / "benchmarks.json", Path(root) / "results" / "benchmarks.json"):
+        if listing.is_file():
+            return listing
+    return None
 
 
 def combinations(benchmarks_json: Path) -> dict[str, list[str]]:

@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from speedlib import plan
+
 __all__ = ["RunOptions", "RunResult", "run", "failed_benchmarks", "find_root", "resolve_commits",
            "environment_record_path", "pack_results"]
 
@@ -310,8 +312,6 @@ def _run(options: RunOptions, root: Path, argv: Sequence[str], shas: list[str], 
                 failed += _run_commit(options, root, conf_path, results_dir, machine, env, argv, sha,
                                       f"[{i}/{len(shas)}]", bench)
                 if chunk is not None:  # the next budget decision for this chunk uses this, not a guess
-                    from speedlib import plan  # noqa: PLC0415
-
                     plan.record_chunk_time(results_dir, machine, chunk.name, sha, time.monotonic() - began)
             if chunk is not None and options.archive is not None and not options.quick:
                 # After every chunk: a command killed in the next one keeps this archive.
@@ -341,8 +341,6 @@ def _steps(options: RunOptions, root: Path) -> list:
         return [(None, list(options.bench))]
     if options.bench:
         raise SuiteError("--bench and --chunk both select benchmarks: use one of them")
-    from speedlib import plan  # noqa: PLC0415
-
     try:
         chunks = plan.select_chunks(plan.load_chunks(root), list(options.chunks))
     except plan.PlanError as e:
@@ -350,19 +348,9 @@ def _steps(options: RunOptions, root: Path) -> list:
     return [(c, [c.regex]) for c in chunks]
 
 
-def _benchmark_listing(root: Path, results_dir: Path) -> Path | None:
-    """asv's benchmark listing: this run's if asv wrote one yet, else the checkout's."""
-    for listing in (results_dir / "benchmarks.json", root / "results" / "benchmarks.json"):
-        if listing.is_file():
-            return listing
-    return None
-
-
 def _chunk_seconds(chunk, root: Path, results_dir: Path, machine: str) -> float:
     """What `chunk` should take here for one commit (see plan.chunk_cost)."""
-    from speedlib import plan  # noqa: PLC0415
-
-    listing = _benchmark_listing(root, results_dir)
+    listing = plan.benchmark_listing(root, results_dir)
     if listing is None:
         return 0.0  # nothing known about the suite yet: run it and learn
     return plan.chunk_cost(chunk, plan.combinations(listing), results_dir, machine)[0]
@@ -394,7 +382,7 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
         if not found:
             raise SuiteError(f"asv exited with status 2 at {sha[:8]} but recorded no failed benchmark: "
                              "see its output above")
-    from speedlib import measure  # noqa: PLC0415 - already imported by run()
+    from speedlib import measure  # noqa: PLC0415 - torch; already imported by _run()
 
     # Clocks and temperature as this commit's benchmarks left them, not as the run began.
     env = {**env, "gpu_state": measure.gpu_state()}
