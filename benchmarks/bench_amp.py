@@ -12,30 +12,30 @@ activations only, so the transformer skips those variants. cuDNN's autotuner is 
 variant (it is measured on its own in bench_tuning). A step is zero_grad + forward + loss
 under the policy + backward + SGD step (momentum 0.9).
 
-Metrics: `time_step`; `PeakMemory.track_peak_memory` (GPUs). The project's target:
-bf16_channels_last >= 3x fp32 on ResNet-50 on H100/H200.
+Metrics: `TrainingStep.track_seconds` (every variant's step, the variants taking turns in
+one process) and `TrainingStep.track_speedup` (fp32 / variant per round: the headline);
+`PeakMemory.track_peak_memory` (GPUs, exact). The project's target: bf16_channels_last >= 3x
+fp32 on ResNet-50 on H100/H200.
 """
 
 from __future__ import annotations
 
-import torch
-
-from speedlib import measure, workloads
+from benchmarks import common
 
 VARIANTS = ["fp32", "tf32", "fp16", "bf16", "fp16_channels_last", "bf16_channels_last"]
 WORKLOADS = ["resnet50", "transformer"]
-_ON_GPU = measure.device().type == "cuda"
 # CPUs without native fp16/bf16 maths take seconds per autocast step (the transformer about
-# eight): one warm-up step and a 10-second sampling budget keep the CPU suite short.
-_TIMING = {"repeat": (3, 10, 20.0), "rounds": 2, "warm": 3} if _ON_GPU else {"repeat": (2, 8, 10.0), "rounds": 1, "warm": 1}
+# eight): 8 rounds (the fewest with a 99 % interval) keep the CPU suite short.
+PAIRS = common.pick(cpu=8, gpu=30)
 
 
 class _Trainer:
     def __init__(self, workload: str, variant: str):
-        try:
-            from speedlib.amp import Precision  # noqa: PLC0415
-        except ImportError as e:  # a commit before the technique existed
-            raise NotImplementedError(f"speedlib has no amp module here: {e}") from e
+        import torch  # noqa: PLC0415 - in the measuring process only (benchmarks.common)
+
+        from speedbench import measure, workloads  # noqa: PLC0415
+
+        Precision = common.technique("amp").Precision
         policy, _, layout = variant.partition("_")
         dev = measure.device()
         wl = workloads.get(workload, dev)
@@ -49,53 +49,52 @@ class _Trainer:
         self.loss_fn, self.device = wl.loss, dev
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         self.precision = Precision(policy, dev.type)
-        torch.backends.cudnn.benchmark = True
-        for _ in range(_TIMING["warm"]):  # cuDNN algorithm choice, optimizer state, allocator pools, scaler
-            self.step()
-        measure.synchronize(dev)
+        torch.backends.cudnn.benchmark = True  # every variant autotuned; measured on its own in bench_tuning
 
     def step(self) -> None:
         self.precision.step(self.model, self.optimizer, self.loss_fn, self.x, self.y)
 
 
-_trainers: dict[tuple[str, str], _Trainer] = {}
+class TrainingStep(common.Paired):
+    """All six policies of one workload taking turns; fp32 is the baseline."""
 
-
-def _trainer(workload: str, variant: str) -> _Trainer:
-    key = (workload, variant)
-    if key not in _trainers:
-        _trainers.clear()
-        _trainers[key] = _Trainer(workload, variant)
-    return _trainers[key]
-
-
-class TrainingStep:
     params = (WORKLOADS, VARIANTS)
     param_names = ["workload", "variant"]
-    timer = staticmethod(measure.timer)
-    timeout = 900
-    warmup_time = 0  # the trainer has run its warm-up steps already
-    repeat, rounds = _TIMING["repeat"], _TIMING["rounds"]
+    baseline = "fp32"
+    pairs = PAIRS
+    timeout = 1800  # setup_cache: every workload's variants
 
-    def setup(self, workload: str, variant: str) -> None:
-        self.trainer = _trainer(workload, variant)
+    def setup_cache(self):
+        return self.measure_all()
 
-    def time_step(self, workload: str, variant: str) -> None:
-        self.trainer.step()
+    def steps(self, workload: str):
+        trainers = {}
+        for variant in VARIANTS:
+            try:
+                trainers[variant] = _Trainer(workload, variant)
+            except NotImplementedError:
+                continue  # channels_last on a 3-D workload: that variant does not apply
+        return next(iter(trainers.values())).device, {v: t.step for v, t in trainers.items()}
 
 
-class PeakMemory:
+class PeakMemory(common.Measured):
     params = (WORKLOADS, VARIANTS)
     param_names = ["workload", "variant"]
-    timeout = 900
-    rounds = 1
+    timeout = 1800
 
-    def setup(self, workload: str, variant: str) -> None:
-        if not _ON_GPU:
-            raise NotImplementedError("peak device memory is tracked on GPUs only")
-        self.trainer = _trainer(workload, variant)
+    def setup_cache(self):
+        return self.measure_all()
 
-    def track_peak_memory(self, workload: str, variant: str) -> int:
-        return measure.peak_memory(self.trainer.step, self.trainer.device)
+    def measure_one(self, workload: str, variant: str) -> int:
+        common.gpu_only("peak device memory")
+        from speedbench import measure  # noqa: PLC0415
+
+        trainer = _Trainer(workload, variant)
+        for _ in range(3):  # cuDNN algorithm choice, optimizer state, allocator pools, scaler
+            trainer.step()
+        return measure.peak_memory(trainer.step, trainer.device)
+
+    def track_peak_memory(self, cache, workload: str, variant: str) -> int:
+        return self.result(cache, workload, variant)
 
     track_peak_memory.unit = "bytes"

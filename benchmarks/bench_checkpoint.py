@@ -1,6 +1,6 @@
 """Activation checkpointing: what each variant saves and what it costs.
 
-Variants (speedlib.workloads.set_checkpointing), all on the same model object:
+Variants (speedbench.workloads.set_checkpointing), all on the same model object:
   none           nothing recomputed (the baseline)
   reentrant      torch.utils.checkpoint(use_reentrant=True) on each segment
   non_reentrant  torch.utils.checkpoint(use_reentrant=False) on the same segments
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from speedlib import measure, workloads
+from speedbench import measure, workloads
 
 VARIANTS = ["none", "reentrant", "non_reentrant", "speedlib", "sequential"]
 WORKLOADS = ["densenet_bc", "densenet121", "transformer"]

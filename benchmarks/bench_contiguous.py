@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from speedlib import measure, workloads
+from speedbench import measure, workloads
 
 VARIANTS = ["forloop", "foreach", "fused", "speedlib", "original"]
 WORKLOADS = ["mlp", "resnet50"]

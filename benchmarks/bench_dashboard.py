@@ -34,7 +34,7 @@ class FirstView:
 
     def setup_cache(self) -> str:
         try:
-            from speedlib import synthetic  # noqa: PLC0415
+            from speedbench import synthetic  # noqa: PLC0415
         except ImportError:  # a commit before the synthetic results existed
             return ""
         root = Path(tempfile.gettempdir()) / "speedlib-bench-dashboard"
@@ -46,7 +46,7 @@ class FirstView:
 
     def setup(self, root: str) -> None:
         if not root:
-            raise NotImplementedError("this commit has no speedlib.synthetic")
+            raise NotImplementedError("this commit has no speedbench.synthetic")
         try:
             import plotly  # noqa: F401, PLC0415 - imported once per server, not per view
             import streamlit  # noqa: F401, PLC0415
@@ -73,7 +73,7 @@ class FirstView:
             raise RuntimeError(f"the overview did not render: {[e.value for e in at.exception]}")
 
     def time_load_results(self, root: str) -> None:
-        from speedlib.results import load_results  # noqa: PLC0415
+        from speedbench.results import load_results  # noqa: PLC0415
 
         loaded = load_results(root)
         if loaded.problems or len(loaded.measured) == 0:

@@ -24,7 +24,7 @@ import os
 
 import torch
 
-from speedlib import measure
+from speedbench import measure
 
 _ON_GPU = measure.device().type == "cuda"
 # device_count() asks the driver without creating a CUDA context.

@@ -40,7 +40,7 @@ from collections.abc import Callable
 
 import torch
 
-from speedlib import measure, workloads
+from speedbench import measure, workloads
 
 VARIANTS = ["pageable", "pinned", "cupy", "uva", "device"]
 ORDERS = ["random", "sorted"]

@@ -41,7 +41,7 @@ import os
 import torch
 from torch import nn
 
-from speedlib import measure, paired, workloads
+from speedbench import measure, paired, workloads
 
 _ON_GPU = measure.device().type == "cuda"
 _TIMING = {"repeat": (3, 10, 20.0), "rounds": 2, "warm": 3} if _ON_GPU else {"repeat": (2, 8, 10.0), "rounds": 1, "warm": 1}
@@ -147,7 +147,7 @@ class PairedStep:
     """A knob's off and on trainers in one process, taking turns step by step (off first on
     even rounds, on first on odd ones), so drift of a shared machine between processes and
     over time hits both alike: the speedup is the Hodges-Lehmann estimate of off / on over
-    the rounds' pairs (speedlib.paired).
+    the rounds' pairs (speedbench.paired).
 
     cudnn_benchmark is not paired: PyTorch caches each convolution's cuDNN plan per process
     (per thread), keyed by shapes, layout, dtype, deterministic and TF32 but not by the
@@ -174,7 +174,7 @@ class PairedStep:
                 return measure.timer() - start
             return one_step
 
-        # setup built and warmed both trainers; speedlib.paired says why this estimate.
+        # setup built and warmed both trainers; speedbench.paired says why this estimate.
         times = paired.take_turns({v: timed(v) for v in ON_OFF}, rounds=PAIRS, warmup=0)
         return paired.paired_ratio(times["off"], times["on"]).ratio
 

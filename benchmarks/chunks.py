@@ -12,7 +12,7 @@ is never left out. No imports: the harness reads this file without torch.
 
 `speedlib run --plan` prints each chunk's cost: the durations asv recorded for its
 benchmarks on this machine where there are any, else an estimate per parameter combination
-(see speedlib.suite.SECONDS_PER_COMBINATION).
+(see speedbench.suite.SECONDS_PER_COMBINATION).
 """
 
 CHUNKS = (

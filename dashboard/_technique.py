@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from _view import pick, pick_many, ratio_chart, results, show_problems, spread_chart, table
-from speedlib import report
+from speedbench import report
 
 
 def technique_page(name: str) -> None:

@@ -1,5 +1,5 @@
 """What every page shares: the results (fixed at start-up, cached), URL-bound filters, the
-problems banner, and the plotly charts. All numbers come from `speedlib.report`.
+problems banner, and the plotly charts. All numbers come from `speedbench.report`.
 
 Safety: the results directory comes from `SPEEDLIB_RESULTS` (set by `speedlib dashboard`
 when the server starts) or the repository's `results/`, never from the URL; text from result
@@ -17,8 +17,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from speedlib import report
-from speedlib.results import load_results
+from speedbench import report
+from speedbench.results import load_results
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(os.environ.get("SPEEDLIB_RESULTS") or ROOT / "results").resolve()

@@ -11,7 +11,7 @@ import streamlit as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # pages import _view from here
 
-from speedlib.report import TECHNIQUES  # noqa: E402
+from speedbench.report import TECHNIQUES  # noqa: E402
 
 st.set_page_config(page_title="speedlib results", layout="wide")
 

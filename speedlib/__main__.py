@@ -3,6 +3,6 @@
 
 import sys
 
-from speedlib.cli import main
+from speedbench.cli import main
 
 sys.exit(main())

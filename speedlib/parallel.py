@@ -46,7 +46,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from speedlib import measure, tuning, workloads
+from speedlib import tuning
+from speedbench import measure, workloads
 
 __all__ = ["MODES", "FAULTS", "RunConfig", "RunResult", "RunFailed", "RunTimedOut", "run", "main"]
 
@@ -68,7 +69,7 @@ class RunConfig:
     static_graph: bool = False
     find_unused_parameters: bool = False
     contiguous: bool = False  # the optimizer steps speedlib.ContiguousParams' flat buffers
-    checkpoint: str = "none"  # a speedlib.workloads.CHECKPOINT_VARIANTS entry (DenseNets, transformer)
+    checkpoint: str = "none"  # a speedbench.workloads.CHECKPOINT_VARIANTS entry (DenseNets, transformer)
     device: str = "cpu"  # "cpu" or "cuda"
     lr: float = 0.01
     seed: int = 0

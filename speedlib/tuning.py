@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from speedlib import measure
+from speedbench import measure
 
 __all__ = ["KNOBS", "SyntheticImages", "loader", "evaluate", "remove_conv_bias", "clear_grads", "pointwise",
            "gelu", "to_channels_last", "cudnn_benchmark", "RunningLoss", "new_tensor", "preallocate",

@@ -158,11 +158,25 @@ def test_pad_linear_computes_the_same_outputs_and_gradients(bias):
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the CPU behaviour of the benchmark")
-def test_benchmark_skips_in_setup_what_cannot_run():
-    """asv records NotImplementedError from setup as a skip but from the body as a failure."""
+def test_benchmark_skips_what_cannot_run_and_pairs_the_rest(monkeypatch):
+    """One process measures a class (setup_cache); its track_* processes report, and a
+    NotImplementedError there is asv's skip, not a failure."""
     from benchmarks import bench_amp as bench  # noqa: PLC0415
 
+    memory = bench.PeakMemory()
     with pytest.raises(NotImplementedError, match="GPUs only"):
-        bench.PeakMemory().setup("resnet50", "fp32")
-    with pytest.raises(NotImplementedError, match="4-D activations"):
-        bench.TrainingStep().setup("transformer", "bf16_channels_last")
+        memory.track_peak_memory(memory.measure_all(), "resnet50", "fp32")
+    steps = bench.TrainingStep()
+    monkeypatch.setattr(bench.TrainingStep, "params", (["transformer"], bench.VARIANTS))
+    monkeypatch.setattr(bench.TrainingStep, "pairs", 2)
+    monkeypatch.setattr(bench.TrainingStep, "warmup", 0)
+    cache = steps.measure_all()
+    with pytest.raises(NotImplementedError, match="does not apply"):
+        steps.track_seconds(cache, "transformer", "bf16_channels_last")
+    with pytest.raises(NotImplementedError, match="baseline"):
+        steps.track_speedup(cache, "transformer", "fp32")
+    fp32 = steps.track_seconds(cache, "transformer", "fp32")["samples"]
+    bf16 = steps.track_seconds(cache, "transformer", "bf16")["samples"]
+    ratios = steps.track_speedup(cache, "transformer", "bf16")["samples"]
+    assert len(fp32) == len(bf16) == len(ratios) == 2 and min(fp32 + bf16) > 0
+    assert ratios == pytest.approx([a / b for a, b in zip(fp32, bf16)])  # per round, never of medians

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from speedlib import measure, workloads
+from speedbench import measure, workloads
 from speedlib.checkpoint import (BatchNorm2d, ForgottenParameterError, checkpoint, convert_batchnorm, in_backward,
                                  run_segment)
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from speedlib import cli, suite, synthetic
-from speedlib.results import load_results
+from speedbench import cli, suite, synthetic
+from speedbench.results import load_results
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_BENCH = r"OptimizerStep.time_step\('mlp', '(speedlib|fused)'\)"
@@ -28,7 +28,7 @@ ONE_BENCH = r"OptimizerStep.time_step\('mlp', '(speedlib|fused)'\)"
 
 def run_cli(*args: str, cwd: Path, home: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HOME": str(home)}  # asv keeps its machine file in $HOME
-    return subprocess.run([sys.executable, "-m", "speedlib.cli", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "speedbench.cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=900)
 
 
@@ -42,7 +42,7 @@ def registered_machine(out: subprocess.CompletedProcess) -> str:
 
 
 def copy_project(repo: Path) -> None:
-    for name in ("speedlib", "benchmarks"):
+    for name in ("speedlib", "speedbench", "benchmarks"):
         shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "asv.conf.json", repo)
     git(repo, "init", "-q", "-b", "main")
@@ -65,10 +65,12 @@ def scratch_repo(tmp_path_factory) -> Path:
 
 
 # Fails at a commit whose library has no speedlib/NOTE.txt: the benchmarks come from the
-# checkout, the library from each commit (ASV_PYTHONPATH). track_* benchmarks run in seconds.
+# checkout, the library from each commit (ASV_PYTHONPATH). track_harness is 1 only where
+# the harness (speedbench) is the checkout's, not the commit's. track_* run in seconds.
 PLANTED = '''
 from pathlib import Path
 
+import speedbench
 import speedlib
 
 
@@ -78,6 +80,10 @@ class Planted:
 
     def track_note(self):
         return len((Path(speedlib.__file__).parent / "NOTE.txt").read_text())
+
+    def track_harness(self):
+        checkout = Path(__file__).resolve().parents[1]
+        return int(Path(speedbench.__file__).resolve().parents[1] == checkout)
 '''
 
 
@@ -248,7 +254,10 @@ def test_a_failing_benchmark_keeps_the_rest_of_the_run(failing_repo, tmp_path):
     measured = loaded.measured[loaded.measured["machine"] == machine]
     assert sorted(zip(measured["commit"], measured["benchmark"])) == sorted([
         (broken, "bench_planted.Planted.track_ok"), (fixed, "bench_planted.Planted.track_note"),
-        (fixed, "bench_planted.Planted.track_ok")])
+        (fixed, "bench_planted.Planted.track_ok"),
+        (broken, "bench_planted.Planted.track_harness"), (fixed, "bench_planted.Planted.track_harness")])
+    # Each commit's library, but the checkout's harness at every commit.
+    assert list(measured.loc[measured["benchmark"].str.endswith("track_harness"), "value"]) == [1, 1]
     failed = loaded.not_measured[loaded.not_measured["status"] == "failed"]
     assert list(zip(failed["commit"], failed["benchmark"])) == [(broken, "bench_planted.Planted.track_note")]
     assert not loaded.problems  # every result file has its environment record

@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed (pip install -e '.[dashboard]')")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from speedlib import report, synthetic  # noqa: E402
+from speedbench import report, synthetic  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "dashboard" / "app.py"
@@ -144,7 +144,7 @@ def served(synthetic_tree, tmp_path):
     """`speedlib dashboard` serving the synthetic results on a free localhost port."""
     port = free_port()
     log = (tmp_path / "streamlit.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "speedlib.cli", "dashboard", "--results", str(synthetic_tree),
+    proc = subprocess.Popen([sys.executable, "-m", "speedbench.cli", "dashboard", "--results", str(synthetic_tree),
                              "--port", str(port), "--no-browser"], stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "HOME": str(tmp_path)}, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

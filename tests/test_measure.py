@@ -1,4 +1,4 @@
-"""speedlib.measure: the timer, memory counters, environment record and machine names."""
+"""speedbench.measure: the timer, memory counters, environment record and machine names."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from speedlib import measure
+from speedbench import measure
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; CPU tests cover the logic")
 

@@ -1,4 +1,4 @@
-"""speedlib.paired: rotated turns, and Hodges-Lehmann ratios with signed-rank intervals."""
+"""speedbench.paired: rotated turns, and Hodges-Lehmann ratios with signed-rank intervals."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from speedlib.paired import paired_ratio, signed_rank_cutoff, take_turns
+from speedbench.paired import paired_ratio, signed_rank_cutoff, take_turns
 
 
 @pytest.mark.parametrize("n, critical", [(8, 0), (10, 3), (15, 15), (20, 37), (25, 68)])

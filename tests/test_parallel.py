@@ -35,7 +35,7 @@ def _assert_same_parameters(a: RunResult, b: RunResult) -> None:
 
 def _moved(result: RunResult) -> bool:
     """Training did something: the weights differ from their initial values."""
-    from speedlib import workloads  # noqa: PLC0415
+    from speedbench import workloads  # noqa: PLC0415
 
     start = workloads.get(result.config.workload).model(seed=result.config.seed).state_dict()
     return any(not torch.equal(start[k], v) for k, v in result.state_dict.items())

@@ -28,3 +28,44 @@ def test_unknown_attribute_is_an_attribute_error():
         assert "DoesNotExist" in str(e)
     else:
         raise AssertionError("no AttributeError")
+
+
+# An import hook that makes the named packages unimportable, as on a machine without them.
+_BLOCK = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in {blocked!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (blocked by the test)")
+sys.meta_path.insert(0, Block())
+"""
+
+
+def _run_without(blocked: set[str], body: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _BLOCK.format(blocked=blocked) + body],
+                          capture_output=True, text=True)
+
+
+def test_every_technique_imports_with_torch_alone():
+    """`pip install speedlib` brings torch only: no technique may need pandas, torchvision,
+    Streamlit, asv or plotly at import."""
+    body = ("import importlib\n"
+            "for m in ('amp', 'checkpoint', 'contiguous', 'parallel', 'transfer', 'tuning'):\n"
+            "    importlib.import_module('speedlib.' + m)\n"
+            "print('ok')")
+    out = _run_without({"pandas", "torchvision", "streamlit", "asv", "asv_runner", "plotly"}, body)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_viewing_results_needs_no_torch(tmp_path):
+    """The report side of the harness reads results and prints tables with torch absent."""
+    from speedbench import synthetic
+
+    synthetic.write_results(tmp_path, commits=2, machines=1)
+    body = ("import sys\n"
+            "from speedbench import cli\n"
+            f"status = cli.main(['report', '--results', {str(tmp_path)!r}])\n"
+            "print('torch' in sys.modules, status)")
+    out = _run_without({"torch", "torchvision"}, body)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False 0", out.stdout

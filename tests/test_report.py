@@ -1,4 +1,4 @@
-"""speedlib.report: ratios and their intervals, history flags, claims, and golden exports.
+"""speedbench.report: ratios and their intervals, history flags, claims, and golden exports.
 
 Golden files live in tests/golden/; after a deliberate format change, regenerate them with
 `SPEEDLIB_UPDATE_GOLDEN=1 python3 -m pytest tests/test_report.py` and review the diff.
@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from speedlib import cli, report, synthetic
-from speedlib.results import load_results
+from speedbench import cli, report, synthetic
+from speedbench.results import load_results
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).parent / "golden"

@@ -1,4 +1,4 @@
-"""speedlib.results: every asv result file -> one tidy frame; bad files skipped and reported."""
+"""speedbench.results: every asv result file -> one tidy frame; bad files skipped and reported."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from speedlib import synthetic
-from speedlib.results import COLUMNS, load_results, metric_kind
+from speedbench import synthetic
+from speedbench.results import COLUMNS, load_results, metric_kind
 
 ROOT = Path(__file__).resolve().parents[1]
 TIME = "bench_contiguous.OptimizerStep.time_adam_step"

@@ -1,4 +1,4 @@
-"""speedlib.suite.failed_benchmarks: which benchmarks of this run asv recorded as failed."""
+"""speedbench.suite.failed_benchmarks: which benchmarks of this run asv recorded as failed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import speedlib
-from speedlib import plan, suite
+from speedbench import plan, suite
 
 ROOT = Path(__file__).resolve().parents[1]
 SHA = "0123456789abcdef" * 2 + "01234567"
@@ -121,7 +121,7 @@ def test_chunk_options_are_checked_before_any_work(monkeypatch):
 def test_each_commits_record_reads_the_gpu_state_when_it_is_written(tmp_path, monkeypatch):
     """Clocks and temperature drift during a run: the record made after a commit's
     benchmarks must hold the state then, not the snapshot taken when the run started."""
-    from speedlib import measure
+    from speedbench import measure
 
     monkeypatch.setattr(suite, "_asv", lambda *a, **k: 0)
     monkeypatch.setattr(measure, "gpu_state", lambda: [{"index": 0, "temperature_c": 71}])
@@ -164,14 +164,14 @@ def test_a_copy_without_git_inside_another_repository_is_refused(tmp_path):
 @pytest.mark.parametrize("failed, not_run, status", [([], [], 0), (["x"], ["c"], 3), ([], ["c"], 4)])
 def test_run_exit_status_says_what_a_slot_script_needs(monkeypatch, tmp_path, failed, not_run, status):
     """0: all ran; 3: failures (they matter more than leftovers); 4: chunks left for later."""
-    from speedlib import cli
+    from speedbench import cli
 
     monkeypatch.setattr(suite, "run", lambda options, argv=(): suite.RunResult(tmp_path, "m", failed, not_run))
     assert cli.main(["run", "--chunk", "all"]) == status
 
 
 def test_an_interrupted_run_exits_with_the_signal_and_one_line(monkeypatch, capsys):
-    from speedlib import cli
+    from speedbench import cli
 
     def stopped(options, argv=()):
         raise KeyboardInterrupt

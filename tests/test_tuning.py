@@ -14,7 +14,8 @@ from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from speedlib import amp, measure, tuning
+from speedlib import amp, tuning
+from speedbench import measure
 
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU; the CPU tests above cover the logic")
@@ -47,7 +48,7 @@ def _assert_same(a: dict, b: dict, **tol) -> None:
 # --- data_loader -------------------------------------------------------------------------
 
 def test_knobs_name_off_as_the_baseline():
-    from speedlib.report import TECHNIQUES  # noqa: PLC0415
+    from speedbench.report import TECHNIQUES  # noqa: PLC0415
 
     assert all(v[0] == TECHNIQUES["tuning"].baseline for v in tuning.KNOBS.values() if v)
 

@@ -1,11 +1,11 @@
-"""speedlib.workloads: sizes, determinism and the models the benchmarks rely on."""
+"""speedbench.workloads: sizes, determinism and the models the benchmarks rely on."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from speedlib import workloads
+from speedbench import workloads
 
 
 def test_mlp_is_the_original_benchmark_model():

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from _view import ROOT, page_data, pick, pick_many
-from speedlib import report
+from speedbench import report
 
 st.title("Cite and export")
 df = page_data()

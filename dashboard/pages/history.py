@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from _view import page_data, pick, pick_many, table
-from speedlib import report
+from speedbench import report
 
 st.title("History across commits")
 df = page_data()

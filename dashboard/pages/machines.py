@@ -3,7 +3,7 @@
 import streamlit as st
 
 from _view import page_data, pick, ratio_chart, table
-from speedlib import report
+from speedbench import report
 
 st.title("Machine comparison")
 df = page_data()

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from _view import note_missing_gpu, page_data, pick_many, ratio_chart, table
-from speedlib import report
+from speedbench import report
 
 st.title("speedlib: which PyTorch speed tricks pay off")
 st.caption("Each number is a median over asv's timed samples on one machine and commit, against the "

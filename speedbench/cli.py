@@ -28,7 +28,7 @@ RUN_EXIT_STATUS = """exit status:
 
 
 def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from speedlib import suite  # noqa: PLC0415 - keeps `speedlib --help` free of torch
+    from speedbench import suite  # noqa: PLC0415 - keeps `speedlib --help` free of torch
 
     options = suite.RunOptions(
         quick=args.quick,
@@ -61,7 +61,7 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def _print_plan(options) -> int:
-    from speedlib import plan, suite  # noqa: PLC0415
+    from speedbench import plan, suite  # noqa: PLC0415
 
     try:
         root = suite.find_root()
@@ -71,7 +71,7 @@ def _print_plan(options) -> int:
         return 2
     results_dir = options.results_dir or root / "results"
     if options.machine is None:
-        from speedlib import measure  # noqa: PLC0415 - imports torch, only to name this machine
+        from speedbench import measure  # noqa: PLC0415 - imports torch, only to name this machine
 
         options.machine = measure.machine_name()
     listing = plan.benchmark_listing(root, results_dir)
@@ -93,15 +93,15 @@ def _print_plan(options) -> int:
 
 
 def _cmd_env(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from speedlib import measure  # noqa: PLC0415
+    from speedbench import measure  # noqa: PLC0415
 
     print(json.dumps(measure.environment(), indent=2, sort_keys=True))
     return 0
 
 
 def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from speedlib import report  # noqa: PLC0415
-    from speedlib.results import format_table, load_results  # noqa: PLC0415
+    from speedbench import report  # noqa: PLC0415
+    from speedbench.results import format_table, load_results  # noqa: PLC0415
 
     path = Path(args.results)
     if not path.is_dir():

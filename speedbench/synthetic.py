@@ -107,7 +107,7 @@ def write_results(root: str | Path, *, commits: int = 3, machines: int = 3, seed
             files.append(file)
             recorded = _dt.datetime.fromtimestamp((started + 7_200_000) / 1000, _dt.timezone.utc)
             record = {"commit": sha, "recorded_at": recorded.isoformat(timespec="seconds"),
-                      "command": "synthetic (speedlib.synthetic)", "machine": machine, "gpu_model": gpu,
+                      "command": "synthetic (speedbench.synthetic)", "machine": machine, "gpu_model": gpu,
                       "gpu_count": 1 if gpu else 0, "driver": driver, "cuda": "12.8", "cudnn": 91000,
                       "torch": "2.11.0+cu128", "torchvision": "0.26.0", "python": "3.12.3",
                       "cpu_model": "synthetic CPU", "nccl": None, "cupy": None}

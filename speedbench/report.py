@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 import speedlib
-from speedlib.results import COLUMNS, higher_is_better
+from speedbench.results import COLUMNS, higher_is_better
 
 __all__ = ["Claim", "CLAIMS", "TECHNIQUES", "Table", "speedups", "speedup_table", "memory_table",
            "floor_table", "noise", "noise_table", "NOISE_TARGET", "case_label", "history", "history_table", "compare_machines", "machine_comparison", "bibtex", "claims_table", "latest",

@@ -5,7 +5,8 @@ installed per commit) saves results only with `--set-commit-hash` and refuses co
 ranges, so this module: registers the machine under a name that says the hardware,
 records the environment beside the results, and walks commit ranges itself with one
 `git worktree` per commit, pointing the benchmark processes at that commit's library
-through ASV_PYTHONPATH while the benchmarks themselves come from the current checkout.
+(`speedlib/` only) through ASV_PYTHONPATH while the benchmarks and the harness that times
+them (`speedbench/`) come from the current checkout.
 `--quick` smoke runs go to a scratch directory and never touch `results/`.
 A benchmark that fails does not stop the run: the other results, the environment records
 and the archive are still written, and the failures are listed at the end (`RunResult.failed`).
@@ -32,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from speedlib import plan
+from speedbench import plan
 
 __all__ = ["RunOptions", "RunResult", "run", "failed_benchmarks", "find_root", "resolve_commits",
            "environment_record_path", "pack_results"]
@@ -107,7 +108,8 @@ def resolve_commits(root: Path, spec: str | None) -> list[str]:
 
 
 def _dirty(root: Path) -> list[str]:
-    out = _git(root, "status", "--porcelain", "--untracked-files=no", "--", "speedlib", "benchmarks", CONFIG)
+    out = _git(root, "status", "--porcelain", "--untracked-files=no", "--", "speedlib", "speedbench", "benchmarks",
+               CONFIG)
     return [line for line in out.splitlines() if line.strip()]
 
 
@@ -260,7 +262,7 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
     shas = resolve_commits(root, options.commits)
     if not options.quick and not options.allow_dirty and options.commits is None and _dirty(root):
         raise SuiteError(
-            "uncommitted changes in speedlib/, benchmarks/ or asv.conf.json: results would be "
+            "uncommitted changes in speedlib/, speedbench/, benchmarks/ or asv.conf.json: results would be "
             "filed under a commit that did not produce them. Commit first, use --quick for a "
             "smoke run, or pass --allow-dirty."
         )
@@ -277,7 +279,7 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
 
 
 def _run(options: RunOptions, root: Path, argv: Sequence[str], shas: list[str], steps: list) -> RunResult:
-    from speedlib import measure  # noqa: PLC0415 - imports torch; keep `speedlib --help` fast
+    from speedbench import measure  # noqa: PLC0415 - imports torch; keep `speedlib --help` fast
 
     env = measure.environment()
     machine = options.machine or env["machine"]
@@ -374,7 +376,13 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
         for b in bench:
             asv_args += ["--bench", b]
         started_ms = int(time.time() * 1000)
-        status = _asv(asv_args, env={**os.environ, "ASV_PYTHONPATH": str(lib)}, cwd=root, failures_ok=True)
+        # The commit's `speedlib` first; then this checkout, for the harness (`speedbench`)
+        # where no console script's install put it on the path (an offline GPU host).
+        path = os.pathsep.join(dict.fromkeys([str(lib), str(root)]))
+        process_env = {**os.environ, "ASV_PYTHONPATH": path}
+        if options.quick:  # paired comparisons: one round each (benchmarks/common.py)
+            process_env["SPEEDLIB_QUICK"] = "1"
+        status = _asv(asv_args, env=process_env, cwd=root, failures_ok=True)
     found = []
     if status == 2:
         # asv also exits 2 on errors of its own (a bad argument): then it saved no failure.
@@ -382,7 +390,7 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
         if not found:
             raise SuiteError(f"asv exited with status 2 at {sha[:8]} but recorded no failed benchmark: "
                              "see its output above")
-    from speedlib import measure  # noqa: PLC0415 - torch; already imported by _run()
+    from speedbench import measure  # noqa: PLC0415 - torch; already imported by _run()
 
     # Clocks and temperature as this commit's benchmarks left them, not as the run began.
     env = {**env, "gpu_state": measure.gpu_state()}
@@ -423,28 +431,37 @@ def pack_results(results_dir: Path, machine: str, shas: Sequence[str], dest: Pat
 
 
 class _library_at:
-    """Context manager: a directory whose `speedlib` package is the one at commit `sha`."""
+    """Context manager: a directory on whose path `speedlib` is the package at commit `sha`,
+    and nothing else.
+
+    The commit is checked out as a worktree, but the directory handed to the benchmarks
+    holds only a link to its `speedlib/`: a commit's own `speedbench/` (timers, memory
+    counters, workloads) must never replace the checkout's, or a harness change would
+    show up as a technique's regression."""
 
     def __init__(self, root: Path, sha: str, use_checkout: bool):
         self.root, self.sha, self.use_checkout = root, sha, use_checkout
-        self.worktree: Path | None = None
+        self.scratch: Path | None = None
 
     def __enter__(self) -> Path:
         if self.use_checkout:
             return self.root
-        self.worktree = Path(tempfile.mkdtemp(prefix=f"speedlib-{self.sha[:8]}-"))
-        _git(self.root, "worktree", "add", "--detach", "--force", str(self.worktree), self.sha)
-        return self.worktree
+        self.scratch = Path(tempfile.mkdtemp(prefix=f"speedlib-{self.sha[:8]}-"))
+        tree, only_library = self.scratch / "tree", self.scratch / "path"
+        _git(self.root, "worktree", "add", "--detach", "--force", str(tree), self.sha)
+        only_library.mkdir()
+        (only_library / "speedlib").symlink_to(tree / "speedlib", target_is_directory=True)
+        return only_library
 
     def __exit__(self, *exc) -> None:
-        if self.worktree is not None:
-            subprocess.run(["git", "worktree", "remove", "--force", str(self.worktree)],
+        if self.scratch is not None:
+            subprocess.run(["git", "worktree", "remove", "--force", str(self.scratch / "tree")],
                            cwd=self.root, capture_output=True)
-            shutil.rmtree(self.worktree, ignore_errors=True)
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def _print_table(results_dir: Path, machine: str, shas: Sequence[str] | None = None) -> None:
-    from speedlib.results import format_table, load_results  # noqa: PLC0415
+    from speedbench.results import format_table, load_results  # noqa: PLC0415
 
     loaded = load_results(results_dir)
     df = loaded.measured

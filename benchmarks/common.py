@@ -1,0 +1,255 @@
+"""What the benchmark modules share: the machine profile, the technique-import guard, a
+per-process cache, the GPU-only skip, and paired comparisons measured in one process.
+
+Process cost decides the suite's length. asv starts a process for every benchmark and
+parameter set, and importing torch costs one to three seconds of each. So this module and
+every bench module import no torch at their top: a process that only reports what an
+earlier one measured, or skips, starts in a fraction of a second. Work happens in
+`setup_cache`, which asv runs once per class in a process of its own: one process
+measures all of a class's parameter sets, and its `track_*` methods report them.
+
+Paired comparisons (`Paired`): the variants of one configuration take turns in that one
+process (speedbench.paired.take_turns: A B C, B C A, ... after warm-up rounds, the device
+synchronised around every sample), so drift between processes and over time hits every
+variant alike. Each class reports
+  track_seconds  every variant's seconds per step, one sample per round (asv keeps the
+                 samples, so `asv compare` and `asv publish` read them as times);
+  track_speedup  baseline / variant, one ratio per round (> 1: the variant is faster);
+                 speedlib's report gives their Hodges-Lehmann estimate and 99 % interval.
+Memory and saved-activation comparisons are exact counts: the same number every time, so
+they need no pairing, only their own process per class (`Measured`).
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import inspect
+import itertools
+import os
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+# --- the machine profile, decided without torch ------------------------------------------
+
+
+def _sees_a_gpu() -> bool:
+    """Whether this run measures a CUDA GPU, by speedbench.measure.device()'s rule
+    ($SPEEDLIB_DEVICE, else CUDA when present), read without importing torch: the NVIDIA
+    driver lists its GPUs under /proc. `check_profile` confirms it where torch is loaded."""
+    name = os.environ.get("SPEEDLIB_DEVICE")
+    if name:
+        return name.startswith("cuda")
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "unset").strip() in ("", "-1"):
+        return False
+    return any(Path("/proc/driver/nvidia/gpus").glob("*"))
+
+
+ON_GPU = _sees_a_gpu()
+# `speedlib run --quick`: every measurement once, to see that the suite works.
+QUICK = os.environ.get("SPEEDLIB_QUICK") == "1"
+
+
+def pick(cpu, gpu):
+    """The CPU or the GPU profile's value (sizes, batch lists, rounds)."""
+    return gpu if ON_GPU else cpu
+
+
+def check_profile(dev) -> None:
+    """In a process that has torch: the profile chosen without it must match the device."""
+    if (dev.type == "cuda") != ON_GPU:
+        raise RuntimeError(f"the benchmarks chose the {'GPU' if ON_GPU else 'CPU'} profile but measure on "
+                           f"{dev}: set SPEEDLIB_DEVICE to say which")
+
+
+def gpu_only(what: str) -> None:
+    """Skip (asv records NaN, not a failure) where there is no GPU."""
+    if not ON_GPU:
+        raise NotImplementedError(f"{what} is measured on GPUs only")
+
+
+def technique(name: str):
+    """speedlib.<name> as the commit under test has it; a commit from before the technique
+    existed skips instead of failing."""
+    import importlib  # noqa: PLC0415
+
+    try:
+        return importlib.import_module(f"speedlib.{name}")
+    except ImportError as e:
+        raise NotImplementedError(f"speedlib has no {name} module here: {e}") from e
+
+
+_cache: dict = {}
+
+
+def cached(key, build: Callable[[], object]):
+    """One object per process for `key`, built on first use. Only the last key is kept:
+    a model for another configuration frees the previous one's (GPU) memory first."""
+    if key not in _cache:
+        _cache.clear()
+        _cache[key] = build()
+    return _cache[key]
+
+
+# --- one process per class -----------------------------------------------------------------
+
+
+class Measured(abc.ABC):
+    """A class whose parameter sets are all measured in one process.
+
+    A subclass sets `params`, `param_names` and implements `measure_one(*params)`; it also
+    defines `def setup_cache(self): return self.measure_all()` itself (asv keys its cache by
+    where setup_cache is written, so a shared one would share results between classes).
+    Its `track_*` methods read `self.result(cache, *params)`. A parameter set that raises
+    NotImplementedError is a skip, any other error that set's failure; neither stops the rest.
+    """
+
+    rounds = 1  # asv's repeat-in-a-second-process: the work is done once, in setup_cache
+    timeout = 60  # a track_* process only reads the cache
+    params: list = []
+    param_names: list = []
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # asv versions a benchmark by the source of its method, setup and setup_cache, which
+        # here are shared or one line: version it by its class's source and this module's,
+        # so that changing how it measures sets its older results aside.
+        source = inspect.getsource(cls) + Path(__file__).read_text(encoding="utf-8")
+        cls.version = hashlib.sha256(source.encode()).hexdigest()
+
+    @abc.abstractmethod  # abstract: asv does not take these bases for benchmarks
+    def measure_one(self, *params):
+        """The measurement of one parameter set."""
+
+    def measure_all(self) -> dict:
+        out = {}
+        combos = list(itertools.product(*self.params)) if self.params else [()]
+        for i, combo in enumerate(combos, 1):
+            began = time.monotonic()
+            try:
+                out[combo] = ("ok", self.measure_one(*combo))
+            except NotImplementedError as e:
+                out[combo] = ("skip", str(e))
+            except Exception as e:  # noqa: BLE001 - recorded as this set's failure, shown by track_*
+                out[combo] = ("fail", "".join(traceback.format_exception_only(e)).strip())
+            finally:
+                _release()
+            # asv shows setup_cache's output only on failure; the line is for --show-stderr.
+            print(f"{type(self).__name__}{combo}: {out[combo][0]} in {time.monotonic() - began:.1f} s", flush=True)
+        return out
+
+    @staticmethod
+    def result(cache: dict, *params):
+        status, value = cache[tuple(params)]
+        if status == "skip":
+            raise NotImplementedError(value)
+        if status == "fail":
+            raise RuntimeError(f"measuring {params} failed: {value}")
+        return value
+
+
+def _release() -> None:
+    """Free the last configuration's models and cached device memory before the next."""
+    _cache.clear()
+    import sys  # noqa: PLC0415
+
+    if "torch" in sys.modules:
+        from speedbench import measure  # noqa: PLC0415
+
+        measure.release_cached_memory(measure.device())
+
+
+# --- paired comparisons --------------------------------------------------------------------
+
+
+class Paired(Measured):
+    """Variants of one configuration taking turns in one process.
+
+    The last parameter is the variant; the others name a configuration. A subclass sets
+    `baseline` and implements `steps(*config) -> (device, {variant: step})`, each step one
+    unit of work (a training step, ...); variants it leaves out of the dict do not apply
+    to that configuration and are skipped. `number` steps make one sample where a step is
+    too short to time alone.
+    """
+
+    baseline: str = ""
+    pairs = pick(cpu=15, gpu=30)  # rounds: >= 8 for a 99 % interval, 15 keeps it near 1.10x on CPUs
+    warmup = pick(cpu=1, gpu=3)  # rounds run first and dropped: autotuners, allocator pools, caches
+    number = 1
+
+    def measure_one(self, *params):
+        raise TypeError("a Paired class measures configurations, see measure_all")
+
+    @abc.abstractmethod
+    def steps(self, *config):
+        """(device, {variant: step}) for one configuration."""
+
+    def measure_all(self) -> dict:
+        out = {}
+        *configs, variants = self.params
+        for config in (itertools.product(*configs) if configs else [()]):
+            measured = _measure_config(self, config, variants)
+            for variant in variants:
+                out[(*config, variant)] = measured(variant)
+        return out
+
+    def track_seconds(self, cache, *params):
+        return {"samples": self.result(cache, *params)[params[-1]], "number": 1}
+
+    track_seconds.unit = "seconds"
+
+    def track_speedup(self, cache, *params):
+        if params[-1] == self.baseline:
+            raise NotImplementedError(f"{self.baseline} is the baseline")
+        times = self.result(cache, *params)
+        return {"samples": [b / v for b, v in zip(times[self.baseline], times[params[-1]])], "number": 1}
+
+    track_speedup.unit = "x"
+
+
+def _measure_config(bench: Paired, config: tuple, variants) -> Callable[[str], tuple]:
+    """Measure one configuration's variants in turns; return variant -> cache entry."""
+    began = time.monotonic()
+    try:
+        dev, steps = bench.steps(*config)
+        if bench.baseline not in steps:
+            raise NotImplementedError(f"no {bench.baseline} baseline for {config}")
+        times = paired_times(steps, dev, rounds=1 if QUICK else bench.pairs, warmup=0 if QUICK else bench.warmup,
+                             number=bench.number)
+        entry = ("ok", times)
+    except NotImplementedError as e:
+        entry, times = ("skip", str(e)), {}
+    except Exception as e:  # noqa: BLE001 - this configuration's failure, not the class's
+        entry, times = ("fail", "".join(traceback.format_exception_only(e)).strip()), {}
+    finally:
+        _release()
+    print(f"{type(bench).__name__}{config}: {entry[0]} in {time.monotonic() - began:.1f} s", flush=True)
+
+    def of(variant: str) -> tuple:
+        if entry[0] == "ok" and variant not in times:
+            return ("skip", f"{variant} does not apply to {config}")
+        return entry
+
+    return of
+
+
+def paired_times(steps: dict[str, Callable[[], object]], dev, rounds: int, warmup: int,
+                 number: int = 1) -> dict[str, list[float]]:
+    """Each variant's seconds per step, one sample per round, variants taking turns."""
+    from speedbench import measure, paired  # noqa: PLC0415 - torch, in the measuring process only
+
+    check_profile(dev)
+
+    def timed(step):
+        def sample() -> float:
+            measure.synchronize(dev)
+            start = time.perf_counter()
+            for _ in range(number):
+                step()
+            measure.synchronize(dev)
+            return (time.perf_counter() - start) / number
+        return sample
+
+    return paired.take_turns({v: timed(s) for v, s in steps.items()}, rounds=rounds, warmup=warmup)
