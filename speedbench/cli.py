@@ -140,7 +140,8 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
         table = report.history_table(df, args.benchmark)
     else:
         rows = df if args.all_commits else report.latest(df)
-        table = {"speedup": report.speedup_table, "memory": report.memory_table, "floor": report.floor_table,
+        table = {"paired": report.paired_table, "speedup": report.speedup_table, "memory": report.memory_table,
+                 "floor": report.floor_table,
                  "claims": report.claims_table}[args.table](rows)
     print({"md": report.to_markdown, "csv": report.to_csv, "tex": report.to_latex}[args.format](table), end="")
     return 0
@@ -228,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--results", default="results", help="results directory (default: results)")
     report.add_argument("--machine", help="only this machine")
     report.add_argument("--table", default="results",
-                        choices=["results", "speedup", "memory", "floor", "claims", "history", "noise"],
+                        choices=["results", "paired", "speedup", "memory", "floor", "claims", "history", "noise"],
                         help="results: every measured value; the others as in the dashboard (default: results)")
     report.add_argument("--format", default="md", choices=["md", "csv", "tex"],
                         help="export format for every table but 'results' (default: md)")

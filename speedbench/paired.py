@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["take_turns", "PairedRatio", "paired_ratio", "signed_rank_cutoff"]
+__all__ = ["take_turns", "PairedRatio", "paired_ratio", "ratio_estimate", "signed_rank_cutoff"]
 
 
 def take_turns(variants: dict[str, Callable[[], float]], rounds: int, warmup: int = 1) -> dict[str, list[float]]:
@@ -81,7 +81,14 @@ def paired_ratio(baseline: Sequence[float], variant: Sequence[float], alpha: flo
         raise ValueError(f"paired samples must have one equal, non-zero length, got {len(baseline)} and {len(variant)}")
     if any(not (x > 0 and math.isfinite(x)) for x in (*baseline, *variant)):
         raise ValueError("paired samples must be positive, finite times")
-    logs = [math.log(b / v) for b, v in zip(baseline, variant)]
+    return ratio_estimate([b / v for b, v in zip(baseline, variant)], alpha)
+
+
+def ratio_estimate(ratios: Sequence[float], alpha: float = 0.01) -> PairedRatio:
+    """The headline of per-round ratios (as a benchmark's `track_speedup` stores them)."""
+    if not ratios or any(not (r > 0 and math.isfinite(r)) for r in ratios):
+        raise ValueError("per-round ratios must be positive and finite, and there must be some")
+    logs = [math.log(r) for r in ratios]
     n = len(logs)
     walsh = sorted((logs[i] + logs[j]) / 2 for i in range(n) for j in range(i, n))
     estimate = _median(walsh)

@@ -14,6 +14,12 @@ baseline high / variant low), so it is conservative; where asv kept no interval 
 benchmarks report one value), the interquartile range is used, and where there is neither
 the ratio has no interval.
 
+Paired speedups (`paired`, `paired_table`, the headline): a comparison whose variants took
+turns in one process stores one ratio per round (benchmarks/common.py); the speedup is the
+Hodges-Lehmann estimate of those ratios with the 99 % interval of the Wilcoxon signed-rank
+test (speedbench.paired says why), and N is the number of rounds. The cross-process
+speedups above remain for benchmarks measured one variant per process.
+
 Significance (history, `speedlib report --fail-on-regression`) follows asv compare 0.6: see
 `differ` and `history`. The statistics are implemented here (numpy only), so that viewing
 results needs neither asv nor scipy.
@@ -31,13 +37,15 @@ import numpy as np
 import pandas as pd
 
 import speedlib
+from speedbench.paired import ratio_estimate
 from speedbench.results import COLUMNS, higher_is_better
 
 __all__ = ["Claim", "CLAIMS", "TECHNIQUES", "Table", "speedups", "speedup_table", "memory_table",
            "floor_table", "noise", "noise_table", "NOISE_TARGET", "case_label", "history", "history_table", "compare_machines", "machine_comparison", "bibtex", "claims_table", "latest",
            "param_columns", "provenance", "reproduce_command", "to_markdown", "to_csv", "to_latex",
            "SIGNIFICANCE_FACTOR", "P_THRESHOLD", "MIN_SEGMENT", "MannWhitney", "mann_whitney_u", "differ",
-           "resolve_commit", "compare_commits", "change_table"]
+           "resolve_commit", "compare_commits", "change_table", "paired", "paired_table", "paired_noise",
+           "PAIRED_NOISE_TARGET", "PAIRED_WIDTH_TARGET"]
 
 
 @dataclass(frozen=True)
@@ -272,6 +280,84 @@ def memory_table(df: pd.DataFrame, baseline: str | None = None) -> Table:
     return Table("Peak memory", frame.reset_index(drop=True), s, ["change = variant / baseline - 1"])
 
 
+# --- paired speedups ------------------------------------------------------------------------
+
+# Targets for paired ratios on a shared 2-core machine: two runs of one commit agree within
+# 5 %, and a ratio's 99 % interval spans less than 1.10x (high / low).
+PAIRED_NOISE_TARGET = 0.05
+PAIRED_WIDTH_TARGET = 1.10
+
+
+def _config(params: str) -> str:
+    """A row's parameters without its variant: the configuration its variants share."""
+    return ", ".join(p for p in (params or "").split(", ") if p and not p.startswith("variant="))
+
+
+def paired(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per paired speedup measured (kind "paired speedup", samples kept).
+
+    Columns added: config (the parameters but the variant), baseline (the technique's
+    baseline among the variants the class timed), ratio, ratio_low, ratio_high (Hodges-
+    Lehmann, 99 % Wilcoxon interval; NaN below 8 rounds), n (rounds) and width (high / low).
+    """
+    s = df[(df["kind"] == "paired speedup") & (df["samples"].map(len) > 0)].copy() if "samples" in df else df.iloc[0:0]
+    if s.empty:
+        return s.assign(config=[], baseline=[], ratio=[], ratio_low=[], ratio_high=[], width=[])
+    estimates = [ratio_estimate(x) for x in s["samples"]]
+    s["ratio"] = [e.ratio for e in estimates]
+    s["ratio_low"] = [e.low for e in estimates]
+    s["ratio_high"] = [e.high for e in estimates]
+    s["n"] = [e.n for e in estimates]
+    s["width"] = s["ratio_high"] / s["ratio_low"]
+    s["config"] = s["params"].map(_config)
+    # The baseline: the variant of the same class and configuration that has times but, being
+    # the reference, no speedup of its own; the technique's preference order breaks ties.
+    timed = df[df["benchmark"].str.endswith(".track_seconds")]
+    variants: dict[tuple, set] = {}
+    for m, c, b, params, v in zip(timed["machine"], timed["commit"], timed["benchmark"], timed["params"],
+                                  timed["variant"]):
+        variants.setdefault((m, c, b.rsplit(".", 1)[0], _config(params)), set()).add(v)
+
+    def baseline(machine, commit, benchmark, technique, config) -> str:
+        key = (machine, commit, benchmark.rsplit(".", 1)[0], config)
+        chain = TECHNIQUES[technique].baselines if technique in TECHNIQUES else ()
+        found = variants.get(key, set())
+        return next((b for b in chain if b in found), "")
+
+    s["baseline"] = [baseline(*k) for k in zip(s["machine"], s["commit"], s["benchmark"], s["technique"], s["config"])]
+    return s.sort_values(["technique", "machine", "commit_date", "benchmark", "config", "variant"], kind="stable")
+
+
+def paired_table(df: pd.DataFrame) -> Table:
+    """Paired speedups: the headline of every comparison measured with variants taking turns."""
+    s = paired(df)
+    frame = pd.DataFrame({
+        "machine": s["machine"], "GPU": s["gpu"], "commit": s["commit"].str[:8],
+        "comparison": [f"{b.split('.')[1]} {c}".strip() for b, c in zip(s["benchmark"], s["config"])],
+        "variant": s["variant"], "baseline": s["baseline"],
+        "speedup": [_fmt_ratio(r, lo, hi) for r, lo, hi in zip(s["ratio"], s["ratio_low"], s["ratio_high"])],
+        "N": s["n"],
+    })
+    wide = int((s["width"] > PAIRED_WIDTH_TARGET).sum())
+    notes = ["speedup = baseline / variant per round, variants taking turns in one process; >1: the variant is faster",
+             "estimate: Hodges-Lehmann of the per-round ratios; [low, high]: 99 % interval from the Wilcoxon "
+             "signed-rank test (none below 8 rounds); N: rounds",
+             f"{wide} of {len(s)} intervals wider than {PAIRED_WIDTH_TARGET:.2f}x (high / low)" if len(s) else
+             "no paired comparison measured"]
+    return Table("Paired speedup", frame.reset_index(drop=True), s, notes)
+
+
+def paired_noise(first: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame:
+    """Every paired speedup measured in both runs (same machine, commit, benchmark and
+    parameters): run_to_run = larger / smaller estimate - 1, noisiest first."""
+    keys = ["machine", "commit", "benchmark", "params"]
+    a, b = paired(first), paired(second)
+    m = a.merge(b[[*keys, "ratio", "ratio_low", "ratio_high"]], on=keys, suffixes=("", "_second"))
+    m["run_to_run"] = np.fmax(m["ratio"], m["ratio_second"]) / np.fmin(m["ratio"], m["ratio_second"]) - 1
+    m["within_target"] = m["run_to_run"] <= PAIRED_NOISE_TARGET
+    return m.sort_values("run_to_run", ascending=False, kind="stable").reset_index(drop=True)
+
+
 # The project's repeatability target: a time benchmark rerun on the same machine and commit must land
 # within 3 % of the first run.
 NOISE_TARGET = 0.03
@@ -294,20 +380,34 @@ def noise(first: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame:
 
 
 def noise_table(first: pd.DataFrame, second: pd.DataFrame) -> Table:
-    """The same commit measured twice on one machine: how far each time benchmark moved."""
-    m = noise(first, second)
-    frame = pd.DataFrame({
+    """The same commit measured twice on one machine: how far each paired speedup and each
+    time benchmark moved, paired speedups first (the headline)."""
+    pr, m = paired_noise(first, second), noise(first, second)
+    frame = pd.concat([pd.DataFrame({
+        "machine": pr["machine"], "commit": pr["commit"].str[:8], "benchmark": pr["benchmark"], "params": pr["params"],
+        "first": [_fmt_ratio(r, lo, hi) for r, lo, hi in zip(pr["ratio"], pr["ratio_low"], pr["ratio_high"])],
+        "second": [_fmt_ratio(r, lo, hi) for r, lo, hi in
+                   zip(pr["ratio_second"], pr["ratio_low_second"], pr["ratio_high_second"])],
+        "run to run": [f"{r * 100:.1f} %" for r in pr["run_to_run"]],
+        "IQR / median": "", "target": f"{PAIRED_NOISE_TARGET:.0%}",
+        "within": np.where(pr["within_target"], "yes", "NO"),
+    }), pd.DataFrame({
         "machine": m["machine"], "commit": m["commit"].str[:8], "benchmark": m["benchmark"], "params": m["params"],
         "first": [_fmt_value(v, u) for v, u in zip(m["value"], m["unit"])],
         "second": [_fmt_value(v, u) for v, u in zip(m["value_second"], m["unit"])],
         "run to run": [f"{r * 100:.1f} %" for r in m["run_to_run"]],
         "IQR / median": [f"{x * 100:.1f} %" if pd.notna(x) else "" for x in m["spread"]],
-        "within 3 %": np.where(m["within_target"], "yes", "NO"),
-    })
-    held = int(m["within_target"].sum())
-    notes = [f"{held} of {len(m)} time benchmarks within {NOISE_TARGET:.0%} run to run (target: all)",
-             "run to run = |second - first| / min(first, second); IQR / median: the larger of the two runs'"]
-    return Table("Run-to-run noise", frame, m, notes)
+        "target": f"{NOISE_TARGET:.0%}", "within": np.where(m["within_target"], "yes", "NO"),
+    })], ignore_index=True)
+    notes = []
+    if len(pr):
+        worst = pr["run_to_run"].max()
+        notes.append(f"{int(pr['within_target'].sum())} of {len(pr)} paired speedups within "
+                     f"{PAIRED_NOISE_TARGET:.0%} run to run (worst {worst * 100:.1f} %); run to run = larger / smaller - 1")
+    notes += [f"{int(m['within_target'].sum())} of {len(m)} times within {NOISE_TARGET:.0%} run to run; "
+              "run to run = |second - first| / min(first, second); IQR / median: the larger of the two runs'"]
+    rows = pd.concat([pr, m], ignore_index=True)
+    return Table("Run-to-run noise", frame, rows, notes)
 
 
 def floor_table(df: pd.DataFrame) -> Table:

@@ -76,6 +76,8 @@ def metric_kind(benchmark_type: str | None, unit: str | None) -> str:
         return "time"
     if unit == "bytes" or benchmark_type == "peakmemory":
         return "memory"
+    if unit == "x":  # per-round ratios of a paired comparison (benchmarks/common.py)
+        return "paired speedup"
     if unit.startswith("% of"):
         return "fraction of floor"
     if unit.endswith("/s"):
@@ -84,7 +86,7 @@ def metric_kind(benchmark_type: str | None, unit: str | None) -> str:
 
 
 def higher_is_better(kind: str) -> bool:
-    return kind in ("fraction of floor", "bandwidth", "throughput")
+    return kind in ("fraction of floor", "bandwidth", "throughput", "paired speedup")
 
 
 def _strip(value: str) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from speedbench import cli, report, synthetic
+from speedbench import cli, paired, report, synthetic
 from speedbench.results import load_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,7 +106,46 @@ def test_noise_compares_the_same_commit_across_two_runs():
     assert n["spread"].tolist() == pytest.approx([0.1, 0.03 / 1.02])
     assert n["within_target"].tolist() == [False, True]
     t = report.noise_table(run([1.0, 2.0, 5.0], [0.01, 0.2, 0.0]), run([1.02, 2.2, 9.0], [0.03, 0.1, 0.0]))
-    assert t.frame["within 3 %"].tolist() == ["NO", "yes"] and "1 of 2 time benchmarks" in t.notes[0]
+    assert t.frame["within"].tolist() == ["NO", "yes"] and "1 of 2 times" in t.notes[0]
+
+
+def _paired_run(ratios: dict[str, list[float]], gpu="") -> pd.DataFrame:
+    """One amp comparison as the loader gives it: fp32's times and each variant's per-round ratios."""
+    rows = [{"benchmark": "bench_amp.TrainingStep.track_seconds", "kind": "time", "variant": v,
+             "params": f"workload=resnet50, variant={v}", "samples": [1.0] * 8}
+            for v in ("fp32", *ratios)]
+    rows += [{"benchmark": "bench_amp.TrainingStep.track_speedup", "kind": "paired speedup", "variant": v,
+              "params": f"workload=resnet50, variant={v}", "samples": r} for v, r in ratios.items()]
+    return pd.DataFrame(rows).assign(machine="m", commit="c" * 40, commit_date=pd.Timestamp(0, tz="UTC"),
+                                     technique="amp", gpu=gpu, unit=None, value=1.0, iqr=0.0)
+
+
+def test_paired_speedup_is_the_hodges_lehmann_estimate_of_the_rounds_ratios():
+    steady = [2.0, 2.02, 1.98, 2.01, 1.99, 2.0, 2.03, 1.97, 2.0, 2.0]
+    wild = [1.0, 3.0, 0.5, 2.0, 1.5, 0.8, 2.5, 1.1]
+    p = report.paired(_paired_run({"bf16": steady, "tf32": wild, "fp16": [1.5, 1.6]}))
+    bf16 = p[p["variant"] == "bf16"].iloc[0]
+    expected = paired.ratio_estimate(steady)
+    assert (bf16["ratio"], bf16["ratio_low"], bf16["ratio_high"], bf16["n"]) == (
+        expected.ratio, expected.low, expected.high, 10)
+    assert bf16["baseline"] == "fp32" and bf16["config"] == "workload=resnet50"
+    assert bf16["ratio_low"] < 2.0 < bf16["ratio_high"] and bf16["width"] < report.PAIRED_WIDTH_TARGET
+    assert math.isnan(p.loc[p["variant"] == "fp16", "ratio_low"].iloc[0])  # 2 rounds: no 99 % interval
+    t = report.paired_table(_paired_run({"bf16": steady, "tf32": wild}))
+    assert t.frame["comparison"].tolist() == ["TrainingStep workload=resnet50"] * 2
+    assert t.frame.loc[t.frame["variant"] == "bf16", "speedup"].iloc[0].startswith("2x [")
+    assert "1 of 2 intervals wider than 1.10x" in t.notes[-1]
+
+
+def test_noise_table_puts_paired_speedups_first_with_their_own_target():
+    first = _paired_run({"bf16": [2.0] * 8, "tf32": [1.0] * 8})
+    second = _paired_run({"bf16": [2.2] * 8, "tf32": [1.02] * 8})
+    n = report.paired_noise(first, second)
+    assert n["variant"].tolist() == ["bf16", "tf32"] and n["run_to_run"].tolist() == pytest.approx([0.1, 0.02])
+    t = report.noise_table(first, second)
+    assert t.frame["within"].tolist()[:2] == ["NO", "yes"] and t.frame["target"].tolist()[:2] == ["5%", "5%"]
+    assert t.frame["benchmark"].tolist()[2:] == ["bench_amp.TrainingStep.track_seconds"] * 3  # then the times
+    assert "1 of 2 paired speedups within 5% run to run (worst 10.0 %)" in t.notes[0]
 
 
 def test_tables_leave_out_the_baseline_row(df):
