@@ -9,208 +9,268 @@ Variants are speedlib.transfer backends:
   device    the table in GPU memory: the upper bound
 EmbeddingStep adds `sparse_adam`: nn.Embedding(sparse=True) + torch.optim.SparseAdam with
 the table on the device, PyTorch's built-in answer; its step copies the host indices there.
+On CPUs only 'pageable' and 'sparse_adam' run, and no row leaves the host: there 'pageable'
+is the baseline instead of 'pinned'.
 
 The batch is workloads.embedding(): 131072 x 128 float32 rows (64 MiB) from a 10M-row table
 (5.1 GB) on GPU machines, a 1M-row table on CPUs. Indices arrive on the host (pinned on GPU
 machines), as from a DataLoader with pin_memory=True; moving them is part of the cost.
 `indices`: random rows, or the same rows sorted (sequential access, same duplicates).
 
-Metrics:
-  time_gather / time_scatter          one gather of the batch / writing it back
-  track_gather_bandwidth / _scatter_  the batch's bytes over the median of 20 calls, GB/s
-  track_*_fraction_of_floor           that bandwidth over the machine's bulk pinned copy
-                                      bandwidth in the same direction, measured in the same
-                                      process (measure.host_copy_bandwidth); GPUs only
-  track_copy_bandwidth                that floor itself, pinned and pageable, each direction
-  track_host_footprint / DeviceFootprint.track_device_footprint
-                                      memory a table of the batch's size holds after a gather
-                                      and a scatter (SpeedTorch's memory table). Host: resident
-                                      bytes, locked or not: 'uva' locks exactly the table's
-                                      bytes, 'pinned' only its staging buffers
-  EmbeddingStep.time_step             an Adam training step of a CPU-hosted embedding
-Nothing here touches CUDA at import time; a variant this machine cannot run is a skip.
+Metrics (benchmarks.common: one process measures a class, its track_* methods report):
+  Transfer.track_seconds(op, indices, variant)
+                              one gather of the batch (op 'gather') or writing it back
+                              ('scatter'), one sample per round, the backends taking turns
+  Transfer.track_speedup      pinned / variant per round (pageable / variant on CPUs)
+  Transfer.track_bandwidth    the batch's bytes over each round's time, GB/s
+  FractionOfFloor.track_gather_fraction_of_floor / track_scatter_fraction_of_floor
+                              random-row gather (scatter) bandwidth, the batch's bytes over
+                              the median of 20 calls, over the machine's bulk pinned copy
+                              bandwidth in the same direction, measured in the same process
+                              (measure.host_copy_bandwidth); GPUs only. The headline
+  CopyBandwidth.track_copy_bandwidth
+                              that floor itself, pinned and pageable, each direction; GPUs only
+  Footprint.track_host_footprint / DeviceFootprint.track_device_footprint
+                              memory a table of the batch's size holds after a gather
+                              and a scatter (SpeedTorch's memory table). Host: resident
+                              bytes, locked or not: 'uva' locks exactly the table's
+                              bytes, 'pinned' only its staging buffers
+  EmbeddingStep.track_seconds / track_speedup
+                              an Adam training step of a host-resident embedding, per backend
+                              and sparse_adam, taking turns; pinned (CPUs: pageable) / variant
+Nothing here imports torch at the top or touches CUDA at import time; a variant this machine
+cannot run is a skip (NaN).
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 import time
 from collections.abc import Callable
 
-import torch
-
-from speedbench import measure, workloads
+from benchmarks import common
 
 VARIANTS = ["pageable", "pinned", "cupy", "uva", "device"]
 ORDERS = ["random", "sorted"]
-_ON_GPU = measure.device().type == "cuda"
-_SIZE = "full" if _ON_GPU else "small"
-# One process per parameter combination, each building a 5 GB table on GPU machines: one
-# round, and the samples taken inside it.
-_TIMING = {"rounds": 1, "repeat": (5, 20, 20.0), "timeout": 900}
+OPS = ["gather", "scatter"]
+# 'pinned' is the PyTorch path the backends are compared with; a CPU has no pinned path
+# (nothing is copied to a device), so there the one backend it runs is the baseline, which
+# leaves EmbeddingStep's sparse_adam a comparison on CPUs too.
+BASELINE = common.pick(cpu="pageable", gpu="pinned")
+_SIZE = common.pick(cpu="small", gpu="full")
+# workloads.embedding()'s batch, 131072 float32 rows of 128: the bytes a gather or scatter
+# moves. Known without torch so that a track_* process can turn seconds into GB/s; the
+# measuring process checks it against the workload (_spec).
+BATCH_BYTES = 131072 * 128 * 4
 
 
-def _check(variant: str) -> None:
-    """Skip (NotImplementedError in setup) what this machine or commit cannot run."""
-    try:
-        from speedlib import transfer  # noqa: PLC0415
-    except ImportError as e:  # a commit before the technique existed
-        raise NotImplementedError(f"speedlib has no transfer module here: {e}") from e
+def _spec():
+    """The embedding batch at this machine's size (tests shrink it)."""
+    from speedbench import workloads  # noqa: PLC0415 - torch, in the measuring process only
+
+    return workloads.embedding(_SIZE)
+
+
+def _device():
+    from speedbench import measure  # noqa: PLC0415
+
+    dev = measure.device()
+    common.check_profile(dev)
+    return dev
+
+
+def _runs_here(variant: str, dev) -> None:
+    """Raise NotImplementedError (a skip) for what this machine or commit cannot run."""
+    transfer = common.technique("transfer")
     if variant in ("pageable", "sparse_adam"):
         return
-    if not _ON_GPU:
+    if dev.type != "cuda":
         raise NotImplementedError(f"the {variant!r} backend moves rows to a GPU; this machine has none")
+    if variant not in transfer.BACKENDS:
+        raise NotImplementedError(f"this commit has no backend {variant!r}")
     if variant == "cupy":
         try:
             import cupy  # noqa: F401, PLC0415
         except ImportError as e:
             raise NotImplementedError("CuPy is not installed") from e
-    if variant not in transfer.BACKENDS:
-        raise NotImplementedError(f"this commit has no backend {variant!r}")
 
 
-class _Bench:
-    """A full-size table of one backend, the batch's indices, and its rows on the device."""
+def _host_indices(spec, dev) -> dict:
+    """The batch's indices per order, on the host: pinned on GPU machines, as a DataLoader
+    with pin_memory=True delivers them."""
+    indices = {order: spec.indices(order) for order in ORDERS}
+    return {order: idx.pin_memory() for order, idx in indices.items()} if dev.type == "cuda" else indices
 
-    def __init__(self, variant: str):
-        from speedlib.transfer import HostTable  # noqa: PLC0415
 
-        self.spec = workloads.embedding(_SIZE)
-        self.device = measure.device()
-        self.table = HostTable(self.spec.rows, self.spec.dim, backend=variant, device=self.device)
-        self.indices = {}
-        self.values = {}
+class _Table:
+    """A full-size table of one backend, with the batch's rows gathered onto the device."""
+
+    def __init__(self, variant: str, spec, dev, indices: dict):
+        from speedbench import measure  # noqa: PLC0415
+
+        HostTable = common.technique("transfer").HostTable
+        self.device, self.indices = dev, indices
+        self.table = HostTable(spec.rows, spec.dim, backend=variant, device=dev)
+        # Gathering them warms gather (staging buffers, allocator pools, CUDA kernels), and a
+        # scatter of them writes back what the table holds: it never changes.
+        self.values = {order: self.gather(order) for order in ORDERS}
         for order in ORDERS:
-            idx = self.spec.indices(order)
-            self.indices[order] = idx.pin_memory() if _ON_GPU else idx
-            self.values[order] = self.table.gather(self.indices[order])
-        self.nbytes = self.spec.batch * self.spec.dim * 4
-        for order in ORDERS:  # warm: staging buffers, allocator pools, CUDA kernels
-            self.gather(order)
             self.scatter(order)
-        measure.synchronize(self.device)
+        measure.synchronize(dev)
 
-    def gather(self, order: str) -> torch.Tensor:
+    def gather(self, order: str):
         return self.table.gather(self.indices[order])
 
     def scatter(self, order: str) -> None:
-        # The rows gathered from these indices, written back: the table never changes.
         self.table.scatter_(self.indices[order], self.values[order])
 
-    def bandwidth(self, op: str, samples: int = 20) -> float:
-        """The batch's bytes over the median of `samples` timed calls after three untimed ones
-        (as asv warms up a time benchmark), bytes/s."""
-        fn = self.gather if op == "gather" else self.scatter
-        for _ in range(3):
-            fn("random")
-        times = []
-        for _ in range(samples):
-            measure.synchronize(self.device)
-            start = time.perf_counter()
-            fn("random")
-            measure.synchronize(self.device)
-            times.append(time.perf_counter() - start)
-        return self.nbytes / statistics.median(times)
+    def op(self, op: str) -> Callable[[str], object]:
+        return self.gather if op == "gather" else self.scatter
 
 
-_cache: dict[str, _Bench] = {}
+# Transfer's tables, one per backend: built once for all of its configurations (on GPU
+# machines five 5 GB tables, seconds each) and dropped when its measure_all ends.
+# (common.cached would not do: common frees its cache after every configuration.)
+# At most one entry: (device, {variant: _Table}).
+_tables: list = []
 
 
-def _bench(variant: str) -> _Bench:
-    _check(variant)
-    if variant not in _cache:
-        _cache.clear()  # one 5 GB table at a time
-        _cache[variant] = _Bench(variant)
-    return _cache[variant]
+def _all_tables() -> tuple:
+    """(device, {variant: _Table}) for every backend this machine runs."""
+    if not _tables:
+        dev, spec = _device(), _spec()
+        if spec.batch * spec.dim * 4 != BATCH_BYTES:
+            raise RuntimeError(f"workloads.embedding() moves {spec.batch * spec.dim * 4} bytes a batch; "
+                               f"BATCH_BYTES says {BATCH_BYTES}")
+        indices, tables = _host_indices(spec, dev), {}
+        for variant in VARIANTS:
+            try:
+                _runs_here(variant, dev)
+            except NotImplementedError:
+                continue  # left out of the comparison: common reports it as a skip
+            tables[variant] = _Table(variant, spec, dev, indices)
+        _tables.append((dev, tables))
+    return _tables[0]
 
 
-class Transfer:
-    """Gather and scatter of the batch, per backend and index order."""
+class Transfer(common.Paired):
+    """Gather, or scatter, of the batch in one index order: the backends taking turns."""
 
-    params = (VARIANTS, ORDERS)
-    param_names = ["variant", "indices"]
-    timer = staticmethod(measure.timer)
-    rounds, repeat, timeout = _TIMING["rounds"], _TIMING["repeat"], _TIMING["timeout"]
+    params = (OPS, ORDERS, VARIANTS)
+    param_names = ["op", "indices", "variant"]
+    baseline = BASELINE
+    # On GPUs the 'device' gather is tens of microseconds: a few calls per sample keep the
+    # synchronisation around each sample from dominating it. Everything else is milliseconds.
+    number = common.pick(cpu=1, gpu=4)
+    timeout = 1800  # setup_cache: every configuration, and on GPUs five 5 GB tables
 
-    def setup(self, variant: str, indices: str) -> None:
-        self.bench = _bench(variant)
+    def setup_cache(self):
+        return self.measure_all()
 
-    def time_gather(self, variant: str, indices: str) -> None:
-        self.bench.gather(indices)
+    def measure_all(self) -> dict:
+        try:
+            return super().measure_all()
+        finally:
+            _tables.clear()
 
-    def time_scatter(self, variant: str, indices: str) -> None:
-        self.bench.scatter(indices)
+    def steps(self, op: str, indices: str):
+        dev, tables = _all_tables()
+        return dev, {v: functools.partial(t.op(op), indices) for v, t in tables.items()}
 
+    def track_bandwidth(self, cache, op: str, indices: str, variant: str):
+        times = self.result(cache, op, indices, variant)
+        if times is common.SKIP:
+            return common.SKIP
+        return {"samples": [BATCH_BYTES / s / 1e9 for s in times[variant]], "number": 1}
 
-class Bandwidth:
-    """Random-row gather and scatter as GB/s."""
-
-    params = (VARIANTS,)
-    param_names = ["variant"]
-    rounds, timeout = 1, _TIMING["timeout"]
-
-    def setup(self, variant: str) -> None:
-        self.bench = _bench(variant)
-
-    def track_gather_bandwidth(self, variant: str) -> float:
-        return self.bench.bandwidth("gather") / 1e9
-
-    track_gather_bandwidth.unit = "GB/s"
-
-    def track_scatter_bandwidth(self, variant: str) -> float:
-        return self.bench.bandwidth("scatter") / 1e9
-
-    track_scatter_bandwidth.unit = "GB/s"
+    track_bandwidth.unit = "GB/s"
 
 
-class FractionOfFloor:
+def _median_bandwidth(fn: Callable[[], object], dev, samples: int = 20) -> float:
+    """The batch's bytes over the median of `samples` timed calls after three untimed ones,
+    bytes/s."""
+    from speedbench import measure  # noqa: PLC0415
+
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(samples):
+        measure.synchronize(dev)
+        start = time.perf_counter()
+        fn()
+        measure.synchronize(dev)
+        times.append(time.perf_counter() - start)
+    return BATCH_BYTES / statistics.median(times)
+
+
+class FractionOfFloor(common.Measured):
     """Random-row gather (scatter) over bulk pinned host->device (device->host) bandwidth."""
 
     params = (VARIANTS,)
     param_names = ["variant"]
-    rounds, timeout = 1, _TIMING["timeout"]
+    timeout = 1800  # setup_cache: a 5 GB table per backend
 
-    def setup(self, variant: str) -> None:
-        if not _ON_GPU:
-            raise NotImplementedError("host<->device floors need a GPU")
-        self.bench = _bench(variant)
+    def setup_cache(self):
+        return self.measure_all()
 
-    def track_gather_fraction_of_floor(self, variant: str) -> float:
-        floor = measure.host_copy_bandwidth(self.bench.device, "h2d", pinned=True)
-        return 100.0 * self.bench.bandwidth("gather") / floor
+    def measure_one(self, variant: str) -> dict:
+        common.gpu_only("bandwidth as a fraction of the host<->device floor")
+        from speedbench import measure  # noqa: PLC0415
+
+        dev, spec = _device(), _spec()
+        _runs_here(variant, dev)
+        table = _Table(variant, spec, dev, _host_indices(spec, dev))
+        out = {}
+        for op, direction in (("gather", "h2d"), ("scatter", "d2h")):
+            floor = measure.host_copy_bandwidth(dev, direction, pinned=True)
+            out[op] = 100.0 * _median_bandwidth(functools.partial(table.op(op), "random"), dev) / floor
+        return out
+
+    def track_gather_fraction_of_floor(self, cache, variant: str) -> float:
+        measured = self.result(cache, variant)
+        return measured if measured is common.SKIP else measured["gather"]
 
     track_gather_fraction_of_floor.unit = "% of pinned host->device bandwidth"
 
-    def track_scatter_fraction_of_floor(self, variant: str) -> float:
-        floor = measure.host_copy_bandwidth(self.bench.device, "d2h", pinned=True)
-        return 100.0 * self.bench.bandwidth("scatter") / floor
+    def track_scatter_fraction_of_floor(self, cache, variant: str) -> float:
+        measured = self.result(cache, variant)
+        return measured if measured is common.SKIP else measured["scatter"]
 
     track_scatter_fraction_of_floor.unit = "% of pinned device->host bandwidth"
 
 
-class CopyBandwidth:
+class CopyBandwidth(common.Measured):
     """The floor: one bulk 256 MiB copy between host and GPU, best of five."""
 
     params = (["h2d", "d2h"], ["pinned", "pageable"])
     param_names = ["direction", "variant"]
-    rounds = 1
 
-    def setup(self, direction: str, variant: str) -> None:
-        if not _ON_GPU:
-            raise NotImplementedError("host<->device copies need a GPU")
+    def setup_cache(self):
+        return self.measure_all()
 
-    def track_copy_bandwidth(self, direction: str, variant: str) -> float:
-        return measure.host_copy_bandwidth(measure.device(), direction, pinned=variant == "pinned") / 1e9
+    def measure_one(self, direction: str, variant: str) -> float:
+        common.gpu_only("host<->device copies")
+        from speedbench import measure  # noqa: PLC0415
+
+        return measure.host_copy_bandwidth(_device(), direction, pinned=variant == "pinned") / 1e9
+
+    def track_copy_bandwidth(self, cache, direction: str, variant: str) -> float:
+        return self.result(cache, direction, variant)
 
     track_copy_bandwidth.unit = "GB/s"
 
 
 def _footprint(variant: str, read: Callable[[], int]) -> int:
     """What `read()` grows by while a batch-sized table is built and used once."""
-    from speedlib.transfer import HostTable  # noqa: PLC0415
+    import torch  # noqa: PLC0415
 
-    spec, dev = workloads.embedding(_SIZE), measure.device()
+    from speedbench import measure  # noqa: PLC0415
+
+    dev, spec = _device(), _spec()
+    _runs_here(variant, dev)
+    HostTable = common.technique("transfer").HostTable
     HostTable(1, spec.dim, backend=variant, device=dev).gather([0])  # contexts and libraries, not the table
     before = read()
     table = HostTable(spec.rows, spec.dim, backend=variant, device=dev)
@@ -219,50 +279,67 @@ def _footprint(variant: str, read: Callable[[], int]) -> int:
     measure.synchronize(dev)
     if dev.type == "cuda":
         torch.cuda.empty_cache()
-        if "cupy" in sys.modules:
+        if "cupy" in sys.modules:  # CuPy's indexing temporaries are not the table's
             sys.modules["cupy"].get_default_memory_pool().free_all_blocks()
     used = read() - before
     del table
+    if "cupy" in sys.modules:
+        # A freed CuPy table's pinned memory stays in CuPy's pool: hand it back before the
+        # next backend's table is built in this process.
+        sys.modules["cupy"].get_default_pinned_memory_pool().free_all_blocks()
     return used
 
 
-class Footprint:
+class Footprint(common.Measured):
     """Host memory a table holds (resident bytes, pinned pages included)."""
 
     params = (VARIANTS,)
     param_names = ["variant"]
-    rounds, timeout = 1, _TIMING["timeout"]
+    timeout = 1800
 
-    def setup(self, variant: str) -> None:
-        _check(variant)
+    def setup_cache(self):
+        return self.measure_all()
 
-    def track_host_footprint(self, variant: str) -> int:
+    def measure_one(self, variant: str) -> int:
+        from speedbench import measure  # noqa: PLC0415
+
         return _footprint(variant, measure.host_memory)
+
+    def track_host_footprint(self, cache, variant: str) -> int:
+        return self.result(cache, variant)
 
     track_host_footprint.unit = "bytes"
 
 
-class DeviceFootprint:
+class DeviceFootprint(common.Measured):
     """GPU memory a table holds, from the driver (CuPy's and torch's allocations alike)."""
 
     params = (VARIANTS,)
     param_names = ["variant"]
-    rounds, timeout = 1, _TIMING["timeout"]
+    timeout = 1800
 
-    def setup(self, variant: str) -> None:
-        if not _ON_GPU:
-            raise NotImplementedError("device memory needs a GPU")
-        _check(variant)
+    def setup_cache(self):
+        return self.measure_all()
 
-    def track_device_footprint(self, variant: str) -> int:
+    def measure_one(self, variant: str) -> int:
+        common.gpu_only("device memory")
+        from speedbench import measure  # noqa: PLC0415
+
         return _footprint(variant, lambda: measure.device_memory_in_use(measure.device()))
+
+    def track_device_footprint(self, cache, variant: str) -> int:
+        return self.result(cache, variant)
 
     track_device_footprint.unit = "bytes"
 
 
 class _EmbeddingTrainer:
     def __init__(self, variant: str):
-        spec, dev = workloads.embedding(_SIZE), measure.device()
+        import torch  # noqa: PLC0415
+
+        from speedbench import measure  # noqa: PLC0415
+
+        spec, dev = _spec(), measure.device()
         torch.manual_seed(0)
         if variant == "sparse_adam":
             emb = torch.nn.Embedding(spec.rows, spec.dim, sparse=True, device=dev)
@@ -275,17 +352,14 @@ class _EmbeddingTrainer:
                 (emb(self.idx.to(dev, non_blocking=True)) * self.target).sum().backward()
                 opt.step()
         else:
-            import functools  # noqa: PLC0415
-
-            from speedlib.transfer import HostEmbedding  # noqa: PLC0415
-
+            HostEmbedding = common.technique("transfer").HostEmbedding
             emb = HostEmbedding(spec.rows, spec.dim, functools.partial(torch.optim.Adam, lr=1e-3),
                                 backend=variant, device=dev)
 
             def step() -> None:
                 (emb(self.idx) * self.target).sum().backward()
                 emb.step()
-        self.idx = spec.indices().pin_memory() if _ON_GPU else spec.indices()
+        self.idx = spec.indices().pin_memory() if dev.type == "cuda" else spec.indices()
         self.target = torch.randn(spec.batch, spec.dim, generator=torch.Generator().manual_seed(1)).to(dev)
         self.step, self.device = step, dev
         for _ in range(2):  # optimizer state tables, allocator pools
@@ -293,23 +367,24 @@ class _EmbeddingTrainer:
         measure.synchronize(dev)
 
 
-_trainers: dict[str, _EmbeddingTrainer] = {}
-
-
-class EmbeddingStep:
-    """Forward, backward and Adam step of a 131072-index batch on a host-resident table."""
+class EmbeddingStep(common.Paired):
+    """Forward, backward and Adam step of a 131072-index batch on a host-resident table,
+    every backend and sparse_adam taking turns."""
 
     params = ([*VARIANTS, "sparse_adam"],)
     param_names = ["variant"]
-    timer = staticmethod(measure.timer)
-    rounds, repeat, timeout = _TIMING["rounds"], _TIMING["repeat"], _TIMING["timeout"]
+    baseline = BASELINE
+    timeout = 1800  # setup_cache: on GPUs six embeddings of 5 GB, each with two Adam state tables
 
-    def setup(self, variant: str) -> None:
-        _check(variant)
-        if variant not in _trainers:
-            _trainers.clear()
-            _trainers[variant] = _EmbeddingTrainer(variant)
-        self.trainer = _trainers[variant]
+    def setup_cache(self):
+        return self.measure_all()
 
-    def time_step(self, variant: str) -> None:
-        self.trainer.step()
+    def steps(self):
+        dev, trainers = _device(), {}
+        for variant in self.params[-1]:
+            try:
+                _runs_here(variant, dev)
+            except NotImplementedError:
+                continue  # not on this machine: common reports it as a skip
+            trainers[variant] = _EmbeddingTrainer(variant)
+        return dev, {v: t.step for v, t in trainers.items()}

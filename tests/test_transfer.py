@@ -715,17 +715,71 @@ def test_embedding_on_gpu_backends_equals_pageable(backend):
     torch.testing.assert_close(gpu.table.cpu().cpu(), host.table.cpu(), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU behaviour of the benchmark")
-def test_benchmark_skips_what_a_cpu_cannot_run_in_setup():
-    """asv records NotImplementedError from setup as a skip but from the body as a failure."""
-    from benchmarks import bench_transfer as bench  # noqa: PLC0415
+def test_benchmark_module_imports_no_torch():
+    """asv starts a process per benchmark, most of which only report what setup_cache
+    measured: importing the module must not cost them torch (benchmarks.common)."""
+    code = "import sys; from benchmarks import bench_transfer; print('torch' in sys.modules)"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
 
-    for cls, args in [(bench.Transfer, ("pinned", "random")), (bench.Transfer, ("uva", "sorted")),
-                      (bench.Bandwidth, ("cupy",)), (bench.FractionOfFloor, ("pageable",)),
-                      (bench.CopyBandwidth, ("h2d", "pinned")), (bench.Footprint, ("device",)),
-                      (bench.DeviceFootprint, ("pageable",)), (bench.EmbeddingStep, ("uva",))]:
-        with pytest.raises(NotImplementedError):
-            cls().setup(*args)
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU behaviour of the benchmark")
+def test_benchmark_skips_what_a_cpu_cannot_run_and_pairs_the_rest(monkeypatch):
+    """One process measures a class (setup_cache); its track_* processes report. What a CPU
+    cannot run is NaN (asv's skip), never a failure; 'pageable' and 'sparse_adam' take turns
+    and their ratios are per round. A small batch stands in for workloads.embedding()."""
+    import math  # noqa: PLC0415
+
+    from benchmarks import bench_transfer as bench  # noqa: PLC0415
+    from speedbench import workloads  # noqa: PLC0415
+
+    spec = workloads.EmbeddingBatch(rows=131072, dim=128, batch=4096)  # a 64 MiB table
+    monkeypatch.setattr(bench, "_spec", lambda: spec)
+    monkeypatch.setattr(bench, "BATCH_BYTES", spec.batch * spec.dim * 4)
+    for cls in (bench.Transfer, bench.EmbeddingStep):
+        monkeypatch.setattr(cls, "pairs", 3)
+        monkeypatch.setattr(cls, "warmup", 0)
+
+    floor = bench.FractionOfFloor()
+    cache = floor.measure_all()
+    for variant in bench.VARIANTS:
+        assert math.isnan(floor.track_gather_fraction_of_floor(cache, variant))
+        assert math.isnan(floor.track_scatter_fraction_of_floor(cache, variant))
+    copy = bench.CopyBandwidth()
+    assert math.isnan(copy.track_copy_bandwidth(copy.measure_all(), "h2d", "pinned"))
+    device = bench.DeviceFootprint()
+    assert math.isnan(device.track_device_footprint(device.measure_all(), "pageable"))
+
+    host = bench.Footprint()
+    cache = host.measure_all()
+    assert math.isnan(host.track_host_footprint(cache, "uva"))
+    table_bytes = spec.rows * spec.dim * 4
+    assert 0.75 * table_bytes < host.track_host_footprint(cache, "pageable") < 1.25 * table_bytes
+
+    transfer = bench.Transfer()
+    cache = transfer.measure_all()
+    assert not bench._tables  # the tables went with the class's measurement
+    for op in bench.OPS:
+        for order in bench.ORDERS:
+            seconds = transfer.track_seconds(cache, op, order, "pageable")["samples"]
+            assert len(seconds) == 3 and min(seconds) > 0
+            gbps = transfer.track_bandwidth(cache, op, order, "pageable")["samples"]
+            assert gbps == pytest.approx([spec.batch * spec.dim * 4 / s / 1e9 for s in seconds])
+            assert math.isnan(transfer.track_speedup(cache, op, order, "pageable"))  # the CPU's baseline
+            for variant in GPU_BACKENDS:
+                assert math.isnan(transfer.track_seconds(cache, op, order, variant))
+                assert math.isnan(transfer.track_speedup(cache, op, order, variant))
+
+    steps = bench.EmbeddingStep()
+    cache = steps.measure_all()
+    assert math.isnan(steps.track_seconds(cache, "uva"))
+    pageable = steps.track_seconds(cache, "pageable")["samples"]
+    sparse = steps.track_seconds(cache, "sparse_adam")["samples"]
+    ratios = steps.track_speedup(cache, "sparse_adam")["samples"]
+    assert len(pageable) == len(sparse) == len(ratios) == 3 and min(pageable + sparse) > 0
+    assert ratios == pytest.approx([a / b for a, b in zip(pageable, sparse)])  # per round, never of medians
 
 
 def test_benchmark_looks_up_sparse_adam_indices_on_the_tables_device(monkeypatch):
@@ -737,10 +791,10 @@ def test_benchmark_looks_up_sparse_adam_indices_on_the_tables_device(monkeypatch
     from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC0415
 
     from benchmarks import bench_transfer as bench  # noqa: PLC0415
+    from speedbench import measure  # noqa: PLC0415
 
-    monkeypatch.setattr(bench, "_ON_GPU", True)
-    monkeypatch.setattr(bench.measure, "device", lambda prefer=None: torch.device("cuda", 0))
-    monkeypatch.setattr(bench.measure, "synchronize", lambda dev=None: None)
+    monkeypatch.setattr(measure, "device", lambda prefer=None: torch.device("cuda", 0))
+    monkeypatch.setattr(measure, "synchronize", lambda dev=None: None)
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *args, **kwargs: self)  # fake tensors cannot pin
     monkeypatch.setattr(torch.Tensor, "backward", lambda self, *args, **kwargs: None)
     with FakeTensorMode(allow_non_fake_inputs=True):
