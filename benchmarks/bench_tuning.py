@@ -2,66 +2,77 @@
 
 Every variant "off" is the baseline; everything not being measured stays at PyTorch's
 defaults (cuDNN autotuner off, NCHW, gradients set to None, float32 with cuDNN's default
-TF32), so each comparison changes one thing.
+TF32), so each comparison changes one thing. Time comparisons take turns in one process
+(benchmarks.common.Paired): `track_seconds` is every variant's seconds per step, one sample
+per round, and `track_speedup` off / variant per round (> 1: the knob helps).
 
-  TrainingStep.time_step, PeakMemory.track_peak_memory (GPUs), PairedStep.track_speedup
-  (off and on taking turns in one process: the ratio, immune to drift between processes):
-  a ResNet-50 training step
+  TrainingStep.track_seconds, TrainingStep.track_speedup (the headline),
+  PeakMemory.track_peak_memory (GPUs): a ResNet-50 training step
       conv_bias        off: a bias on every convolution before BatchNorm; on: none (torchvision)
       zero_grad        off: zero-filled gradients; on: grad = None
       channels_last    off: NCHW; on: NHWC model and input
-      cudnn_benchmark  off/on: cuDNN's autotuner (GPUs only; not in PairedStep, see there)
       accumulation     off: one batch; on: the same batch in 4 micro-batches (2 on CPUs)
-  Inference.time_forward, InferenceMemory.track_peak_memory (GPUs): ResNet-50 evaluation
-      with autograd on ("off"), under no_grad, under inference_mode
-  DataLoading.time_epoch: an epoch of SyntheticImages (JPEG decode, random resized crop,
-      flip, normalise; 256 -> 224 pixels) copied to the device, with workers and/or pinned memory (pinning
-      needs a GPU)
-  FusedPointwise.time_gelu: forward + backward of the guide's GELU, eager / TorchScript /
-      torch.compile; CompileTime.track_compile_seconds: the first call, compiler caches off
-  Sync.time_epoch, SyncCount.track_syncs (GPUs): 20 training steps of the 100-layer MLP
-      with a loss/accuracy meter that calls .item() every step ("off") or stays on device
-  CreateOnDevice.time_create (GPUs): torch.rand(2^26) on the host then .to() vs on device
-  Preallocate.time_epoch, PreallocateSegments.track_new_segments (GPUs): the transformer
-      over variable sequence lengths from an emptied allocator cache, with and without a
-      max-length pre-allocation pass (its cost included in the time)
+  CudnnBenchmark.time_step, CudnnBenchmark.track_peak_memory (GPUs): the same step with
+      cuDNN's autotuner off/on, each variant in a process of its own (not paired: see there)
+  Inference.track_seconds/track_speedup, InferenceMemory.track_peak_memory (GPUs):
+      ResNet-50 evaluation with autograd on ("off"), under no_grad, under inference_mode
+  DataLoading.track_seconds/track_speedup: an epoch of SyntheticImages (JPEG decode,
+      random resized crop, flip, normalise; 256 -> 224 pixels) copied to the device, with
+      workers and/or pinned memory (pinning needs a GPU)
+  FusedPointwise.track_seconds/track_speedup: forward + backward of the guide's GELU, eager
+      ("off") / TorchScript / torch.compile; CompileTime.track_compile_seconds: the first
+      calls, compiler caches off
+  Sync.track_seconds/track_speedup, SyncCount.track_syncs (GPUs): 20 training steps of the
+      100-layer MLP with a loss/accuracy meter that calls .item() every step ("off") or
+      stays on device
+  CreateOnDevice.track_seconds/track_speedup (GPUs): torch.rand(2^26) on the host then
+      .to() ("off") vs on device
+  Preallocate.track_seconds/track_speedup, PreallocateSegments.track_new_segments (GPUs):
+      the transformer over variable sequence lengths from an emptied allocator cache,
+      without ("off") and with a max-length pre-allocation pass (its cost included in the time)
   RetainedGraph.track_retained_bytes: activation bytes still alive after 8 evaluation
       steps (4 on GPUs) that sum `loss` ("off") rather than a detached value (any device, exact)
   BatchSize.track_throughput: samples/s of a ResNet-50 training step per batch size; a
       batch whose allocations fail (torch's out-of-memory error, or cuDNN's, cuBLAS's, ...
-      own) is skipped with the error's short text: the end of the curve
+      own) is skipped with the error's short text: the end of the curve (larger batches
+      are not tried)
 
-Nothing here touches CUDA at import time.
+Nothing here imports torch or touches CUDA at import time (benchmarks.common says why).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
-import torch
-from torch import nn
+from benchmarks import common
 
-from speedbench import measure, paired, workloads
-
-_ON_GPU = measure.device().type == "cuda"
-_TIMING = {"repeat": (3, 10, 20.0), "rounds": 2, "warm": 3} if _ON_GPU else {"repeat": (2, 8, 10.0), "rounds": 1, "warm": 1}
 ON_OFF = ["off", "on"]
 STEP_KNOBS = ["conv_bias", "zero_grad", "channels_last", "cudnn_benchmark", "accumulation"]
-MICRO_BATCHES = 4 if _ON_GPU else 2
-BATCHES = [32, 64, 128, 256, 512, 1024, 2048] if _ON_GPU else [1, 2, 4, 8]
+# cudnn_benchmark cannot take turns with its "off" in one process (CudnnBenchmark says why).
+PAIRED_KNOBS = [k for k in STEP_KNOBS if k != "cudnn_benchmark"]
+MICRO_BATCHES = common.pick(cpu=2, gpu=4)
+BATCHES = common.pick(cpu=[1, 2, 4, 8], gpu=[32, 64, 128, 256, 512, 1024, 2048])
+# Steps run before anything is measured where no paired warm-up rounds do it (memory counts,
+# the asv-timed CudnnBenchmark, the batch-size curve): autotuning, optimizer state, pools.
+WARM = common.pick(cpu=1, gpu=3)
 
 
-def _tuning():
-    try:
-        from speedlib import tuning  # noqa: PLC0415
-    except ImportError as e:  # a commit before the technique existed
-        raise NotImplementedError(f"speedlib has no tuning module here: {e}") from e
-    return tuning
+def _device():
+    """The device to measure on, checked against the profile chosen without torch."""
+    from speedbench import measure  # noqa: PLC0415 - in the measuring process only
+
+    dev = measure.device()
+    common.check_profile(dev)
+    return dev
 
 
-def _add_conv_bias(model: nn.Module) -> nn.Module:
+def _add_conv_bias(model):
     """The "off" model: every bias-free convolution gets a (zero) bias, as nn.Conv2d's
     default would have given it; torchvision's ResNet-50 leaves them out already."""
+    import torch  # noqa: PLC0415
+    from torch import nn  # noqa: PLC0415
+
     for m in model.modules():
         if isinstance(m, nn.Conv2d) and m.bias is None:
             m.bias = nn.Parameter(torch.zeros(m.out_channels, device=m.weight.device))
@@ -72,11 +83,13 @@ class _Trainer:
     """A ResNet-50 (or `workload`) training step with one knob set; the rest at defaults."""
 
     def __init__(self, knob: str, variant: str, workload: str = "resnet50", batch: int | None = None):
-        tuning = self.tuning = _tuning()
-        dev = self.device = measure.device()
+        import torch  # noqa: PLC0415
+
+        from speedbench import workloads  # noqa: PLC0415
+
+        tuning = self.tuning = common.technique("tuning")
+        dev = self.device = _device()
         on = variant == "on"
-        if knob == "cudnn_benchmark" and not _ON_GPU:
-            raise NotImplementedError("cuDNN's autotuner exists on CUDA devices only")
         wl = workloads.get(workload, dev)
         wl = wl.with_batch(batch) if batch else wl
         self.model = wl.model(dev)
@@ -91,14 +104,12 @@ class _Trainer:
         self.clear = "off" if knob == "zero_grad" and not on else "on"
         self.micro = MICRO_BATCHES if knob == "accumulation" and on else 1
         self.autotune = knob == "cudnn_benchmark" and on
-        for _ in range(_TIMING["warm"]):  # autotuning, optimizer state, allocator pools
-            self.step()
-        measure.synchronize(dev)
+        self.cudnn = torch.backends.cudnn
 
     def step(self) -> None:
         tuning = self.tuning
         # Set per step, so that the flag of whatever ran before in this process does not leak in.
-        torch.backends.cudnn.benchmark = self.autotune
+        self.cudnn.benchmark = self.autotune
         if self.micro > 1:
             tuning.accumulation_step(self.model, self.optimizer, self.loss_fn, self.x, self.y, self.micro)
             return
@@ -106,94 +117,98 @@ class _Trainer:
         self.loss_fn(self.model(self.x), self.y).backward()
         self.optimizer.step()
 
+    def warmed(self) -> _Trainer:
+        """After WARM steps: autotuning, optimizer state, allocator pools."""
+        from speedbench import measure  # noqa: PLC0415
 
-_cache: dict[tuple, object] = {}
-
-
-def _cached(key: tuple, build):
-    """One expensive object per process (asv_runner runs setup before every timed call)."""
-    if key not in _cache:
-        _cache.clear()
-        _cache[key] = build()
-    return _cache[key]
+        for _ in range(WARM):
+            self.step()
+        measure.synchronize(self.device)
+        return self
 
 
-class _Timed:
-    """asv settings shared by the time_* benchmarks (a base class without benchmarks of its own)."""
+class TrainingStep(common.Paired):
+    """A knob's off and on trainers taking turns step by step; "off" is the baseline."""
 
-    timer = staticmethod(measure.timer)  # waits for the GPU before reading the clock
-    timeout = 600
-    warmup_time = 0  # setup has warmed up already
-    repeat, rounds = _TIMING["repeat"], _TIMING["rounds"]
-
-
-class TrainingStep(_Timed):
-    params = (STEP_KNOBS, ON_OFF)
+    params = (PAIRED_KNOBS, ON_OFF)
     param_names = ["knob", "variant"]
-    timeout = 900
+    baseline = "off"
+    # A ResNet-50 step is about 0.7 s on a 2-core CPU and a round of all knobs is 8 of them:
+    # 8 rounds, the fewest with a 99 % interval, keep the CPU suite within its minutes.
+    pairs = common.pick(cpu=8, gpu=30)
+    timeout = 1800  # setup_cache: every knob's pair
 
-    def setup(self, knob: str, variant: str) -> None:
-        self.trainer = _cached(("step", knob, variant), lambda: _Trainer(knob, variant))
+    def setup_cache(self):
+        return self.measure_all()
 
-    def time_step(self, knob: str, variant: str) -> None:
-        self.trainer.step()
-
-
-PAIRS = 20 if _ON_GPU else 10
-PAIRED_KNOBS = [k for k in STEP_KNOBS if k != "cudnn_benchmark"]
+    def steps(self, knob: str):
+        trainers = {v: _Trainer(knob, v) for v in ON_OFF}
+        return trainers["off"].device, {v: t.step for v, t in trainers.items()}
 
 
-class PairedStep:
-    """A knob's off and on trainers in one process, taking turns step by step (off first on
-    even rounds, on first on odd ones), so drift of a shared machine between processes and
-    over time hits both alike: the speedup is the Hodges-Lehmann estimate of off / on over
-    the rounds' pairs (speedbench.paired).
+def _synchronised_clock() -> float:
+    """asv timer: the clock read after the GPU has caught up (speedbench.measure.timer),
+    imported on first use so that this module stays free of torch."""
+    from speedbench import measure  # noqa: PLC0415 - loaded by setup already
 
-    cudnn_benchmark is not paired: PyTorch caches each convolution's cuDNN plan per process
-    (per thread), keyed by shapes, layout, dtype, deterministic and TF32 but not by the
-    autotuner flag, and looks the cache up before reading the flag. Whichever trainer meets
-    a shape first fixes the plan for both: "off", built first, caches the heuristics' plans
-    and "on" never autotunes (built the other way round, "off" would run autotuned plans),
-    so the ratio would be 1 by construction. TrainingStep and PeakMemory run each variant in
-    a process of its own, where the flag decides.
+    return measure.timer()
+
+
+class CudnnBenchmark:
+    """cuDNN's autotuner off and on, each variant timed by asv in a process of its own.
+
+    Not paired: PyTorch caches each convolution's cuDNN plan per process (per thread),
+    keyed by shapes, layout, dtype, deterministic and TF32 but not by the autotuner flag,
+    and looks the cache up before reading the flag. Whichever trainer meets a shape first
+    fixes the plan for both: "off", built first, caches the heuristics' plans and "on"
+    never autotunes (built the other way round, "off" would run autotuned plans), so the
+    ratio would be 1 by construction, and the memory the same. There is no API to empty
+    that cache, so only separate processes measure what the flag decides: asv's own
+    time_* benchmark (a process per variant and round) does that. GPUs only.
     """
 
-    params = PAIRED_KNOBS
-    param_names = ["knob"]
+    params = ON_OFF
+    param_names = ["variant"]
+    timer = staticmethod(_synchronised_clock)
     timeout = 900
-    rounds = 1
+    warmup_time = 0  # setup has warmed up already
+    repeat, rounds = (3, 10, 20.0), 2
 
-    def setup(self, knob: str) -> None:
-        self.pair = _cached(("paired", knob), lambda: {v: _Trainer(knob, v) for v in ON_OFF})
+    def setup(self, variant: str) -> None:
+        common.gpu_only("cuDNN's autotuner")
+        self.trainer = common.cached(("cudnn", variant), lambda: _Trainer("cudnn_benchmark", variant).warmed())
 
-    def track_speedup(self, knob: str) -> float:
-        def timed(variant: str):
-            def one_step() -> float:
-                start = measure.timer()
-                self.pair[variant].step()
-                return measure.timer() - start
-            return one_step
+    def time_step(self, variant: str) -> None:
+        self.trainer.step()
 
-        # setup built and warmed both trainers; speedbench.paired says why this estimate.
-        times = paired.take_turns({v: timed(v) for v in ON_OFF}, rounds=PAIRS, warmup=0)
-        return paired.paired_ratio(times["off"], times["on"]).ratio
+    def track_peak_memory(self, variant: str) -> int:
+        from speedbench import measure  # noqa: PLC0415
 
-    track_speedup.unit = "x"
-
-
-class PeakMemory:
-    params = (STEP_KNOBS, ON_OFF)
-    param_names = ["knob", "variant"]
-    timeout = 900
-    rounds = 1
-
-    def setup(self, knob: str, variant: str) -> None:
-        if not _ON_GPU:
-            raise NotImplementedError("peak device memory is tracked on GPUs only")
-        self.trainer = _cached(("step", knob, variant), lambda: _Trainer(knob, variant))
-
-    def track_peak_memory(self, knob: str, variant: str) -> int:
         return measure.peak_memory(self.trainer.step, self.trainer.device)
+
+    track_peak_memory.unit = "bytes"
+
+
+class PeakMemory(common.Measured):
+    """A warm step's peak device memory per knob and variant (GPUs; exact, so no pairing).
+    cudnn_benchmark's is CudnnBenchmark.track_peak_memory, for the reason given there."""
+
+    params = (PAIRED_KNOBS, ON_OFF)
+    param_names = ["knob", "variant"]
+    timeout = 1800
+
+    def setup_cache(self):
+        return self.measure_all()
+
+    def measure_one(self, knob: str, variant: str) -> int:
+        common.gpu_only("peak device memory")
+        from speedbench import measure  # noqa: PLC0415
+
+        trainer = _Trainer(knob, variant).warmed()
+        return measure.peak_memory(trainer.step, trainer.device)
+
+    def track_peak_memory(self, cache, knob: str, variant: str) -> int:
+        return self.result(cache, knob, variant)  # common.SKIP off GPUs
 
     track_peak_memory.unit = "bytes"
 
@@ -202,42 +217,51 @@ INFERENCE = ["off", "no_grad", "inference_mode"]
 
 
 def _eval_model():
-    dev = measure.device()
+    from speedbench import workloads  # noqa: PLC0415
+
+    dev = _device()
     wl = workloads.get("resnet50", dev)
     model = wl.model(dev).eval()
     x, _ = wl.batch(dev)
     return model, x
 
 
-class Inference(_Timed):
-    params = INFERENCE
+class Inference(common.Paired):
+    """One model and batch; evaluation with autograd on ("off"), no_grad, inference_mode."""
+
+    params = (INFERENCE,)
     param_names = ["variant"]
+    baseline = "off"
+    timeout = 900
 
-    def setup(self, variant: str) -> None:
-        self.tuning = _tuning()
-        self.model, self.x = _cached(("eval",), _eval_model)
-        for _ in range(_TIMING["warm"]):
-            self.tuning.evaluate(self.model, self.x, variant)
+    def setup_cache(self):
+        return self.measure_all()
 
-    def time_forward(self, variant: str) -> None:
-        self.tuning.evaluate(self.model, self.x, variant)
+    def steps(self):
+        tuning = common.technique("tuning")
+        model, x = _eval_model()
+        return x.device, {v: functools.partial(tuning.evaluate, model, x, v) for v in INFERENCE}
 
 
-class InferenceMemory:
-    params = INFERENCE
+class InferenceMemory(common.Measured):
+    params = (INFERENCE,)
     param_names = ["variant"]
     timeout = 600
-    rounds = 1
 
-    def setup(self, variant: str) -> None:
-        if not _ON_GPU:
-            raise NotImplementedError("peak device memory is tracked on GPUs only")
-        self.tuning = _tuning()
-        self.model, self.x = _cached(("eval",), _eval_model)
+    def setup_cache(self):
+        return self.measure_all()
 
-    def track_peak_memory(self, variant: str) -> int:
+    def measure_one(self, variant: str) -> int:
+        common.gpu_only("peak device memory")
+        from speedbench import measure  # noqa: PLC0415
+
+        tuning = common.technique("tuning")
+        model, x = _eval_model()
         # Keep the output alive through the measurement, as an evaluation loop does.
-        return measure.peak_memory(lambda: self.tuning.evaluate(self.model, self.x, variant), self.x.device)
+        return measure.peak_memory(lambda: tuning.evaluate(model, x, variant), x.device)
+
+    def track_peak_memory(self, cache, variant: str) -> int:
+        return self.result(cache, variant)
 
     track_peak_memory.unit = "bytes"
 
@@ -245,92 +269,117 @@ class InferenceMemory:
 # ImageNet-sized images (256 -> 224): 128 per epoch in batches of 32 on GPUs, 64 in batches
 # of 16 on CPUs; a decode + augment takes about 10 ms each, so an epoch in the main process
 # is about a second and the loading, not the copy, decides the time.
-_IMAGES = {"n": 32, "size": 256, "crop": 224, "length": 128 if _ON_GPU else 64, "batch": 32 if _ON_GPU else 16}
+_IMAGES = common.pick(cpu={"n": 32, "size": 256, "crop": 224, "length": 64, "batch": 16},
+                      gpu={"n": 32, "size": 256, "crop": 224, "length": 128, "batch": 32})
 WORKERS = min(8, os.cpu_count() or 1)
+LOADING = ["off", "workers", "pin_memory", "workers_pin_memory"]
 
 
-class DataLoading(_Timed):
-    params = ["off", "workers", "pin_memory", "workers_pin_memory"]
+class DataLoading(common.Paired):
+    """The loader variants taking turns, an epoch each; the persistent workers start in
+    the warm-up round."""
+
+    params = (LOADING,)
     param_names = ["variant"]
-    repeat, rounds = (3, 10, 30.0), 1
+    baseline = "off"
+    pairs = common.pick(cpu=8, gpu=30)  # an epoch is about a second on a CPU
+    timeout = 900
 
-    def setup(self, variant: str) -> None:
-        tuning = _tuning()
-        if "pin_memory" in variant and not _ON_GPU:
-            raise NotImplementedError("pinned memory needs a CUDA device")
-        self.device = measure.device()
+    def setup_cache(self):
+        return self.measure_all()
 
-        def build():
-            size = {k: v for k, v in _IMAGES.items() if k != "batch"}
-            data = tuning.SyntheticImages(**size)
-            loader = tuning.loader(data, _IMAGES["batch"], variant, workers=WORKERS)
-            self._epoch_of(loader)  # starts the persistent workers
-            return loader
+    def steps(self):
+        tuning = common.technique("tuning")
+        dev = _device()
+        data = tuning.SyntheticImages(**{k: v for k, v in _IMAGES.items() if k != "batch"})
+        # Pinned memory needs a CUDA device: those variants are left out (skipped) elsewhere.
+        variants = [v for v in self.params[-1] if dev.type == "cuda" or "pin_memory" not in v]
 
-        self.loader = _cached(("loader", variant), build)
+        def epoch(loader) -> None:
+            for x, y in loader:
+                x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
 
-    def _epoch_of(self, loader) -> None:
-        for x, y in loader:
-            x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-
-    def time_epoch(self, variant: str) -> None:
-        self._epoch_of(self.loader)
+        return dev, {v: functools.partial(epoch, tuning.loader(data, _IMAGES["batch"], v, workers=WORKERS))
+                     for v in variants}
 
 
-_GELU_SIZE = 1 << 26 if _ON_GPU else 1 << 22
+_GELU_SIZE = common.pick(cpu=1 << 22, gpu=1 << 26)
 
 
-class FusedPointwise(_Timed):
-    params = ["off", "torchscript", "compile"]
+class FusedPointwise(common.Paired):
+    """Forward + backward of GELU: eager ("off"), TorchScript, torch.compile, taking turns."""
+
+    params = (["off", "torchscript", "compile"],)
     param_names = ["variant"]
+    baseline = "off"
+    timeout = 1200
 
-    def setup(self, variant: str) -> None:
-        tuning = _tuning()
+    def setup_cache(self):
+        return self.measure_all()
 
-        def build():
-            x = torch.randn(_GELU_SIZE, device=measure.device(), requires_grad=True)
-            fn = tuning.pointwise(variant)
-            for _ in range(3):  # TorchScript's profiling executor fuses after a few calls
-                fn(x).sum().backward()
-            return fn, x
+    def steps(self):
+        import torch  # noqa: PLC0415
 
-        self.fn, self.x = _cached(("gelu", variant), build)
+        tuning = common.technique("tuning")
+        x = torch.randn(_GELU_SIZE, device=_device(), requires_grad=True)
+        fns = {v: tuning.pointwise(v) for v in self.params[-1]}
 
-    def time_gelu(self, variant: str) -> None:
-        self.fn(self.x).sum().backward()
+        def call(fn) -> None:
+            fn(x).sum().backward()
+
+        for fn in fns.values():
+            for _ in range(3):  # TorchScript's profiling executor fuses after a few calls; compile compiles
+                call(fn)
+        return x.device, {v: functools.partial(call, fn) for v, fn in fns.items()}
 
 
-class CompileTime:
-    params = ["torchscript", "compile"]
+class CompileTime(common.Measured):
+    """The first calls of a freshly scripted or compiled GELU: what a first run pays."""
+
+    params = (["torchscript", "compile"],)
     param_names = ["variant"]
-    timeout = 600
-    rounds = 1
+    timeout = 1200
 
-    def setup(self, variant: str) -> None:
-        self.tuning = _tuning()
-        self.x = torch.randn(_GELU_SIZE, device=measure.device(), requires_grad=True)
+    def setup_cache(self):
+        return self.measure_all()
 
-    def track_compile_seconds(self, variant: str) -> float:
+    def measure_one(self, variant: str) -> float:
+        import torch  # noqa: PLC0415
         import torch._dynamo  # noqa: PLC0415
         import torch._inductor.config  # noqa: PLC0415
 
+        from speedbench import measure  # noqa: PLC0415
+
+        tuning = common.technique("tuning")
+        x = torch.randn(_GELU_SIZE, device=_device(), requires_grad=True)
         torch._dynamo.reset()
+        saved = torch._inductor.config.force_disable_caches
         torch._inductor.config.force_disable_caches = True  # what a first run on a new machine pays
 
         def first_calls():
-            fn = self.tuning.pointwise(variant)
+            fn = tuning.pointwise(variant)
             for _ in range(3):  # as many calls as FusedPointwise warms up with
-                fn(self.x).sum().backward()
+                fn(x).sum().backward()
 
-        return measure.best_seconds(first_calls, self.x.device, 1)
+        try:
+            return measure.best_seconds(first_calls, x.device, 1)
+        finally:  # the process (a test's, say) goes on with its caches
+            torch._inductor.config.force_disable_caches = saved
+
+    def track_compile_seconds(self, cache, variant: str) -> float:
+        return self.result(cache, variant)
 
     track_compile_seconds.unit = "seconds"
 
 
 def _mlp_epoch(mode: str):
     """20 training steps of the 100-layer MLP with a RunningLoss meter, then its value."""
-    tuning = _tuning()
-    dev = measure.device()
+    import torch  # noqa: PLC0415
+
+    from speedbench import workloads  # noqa: PLC0415
+
+    tuning = common.technique("tuning")
+    dev = _device()
     wl = workloads.get("mlp", dev)
     model = wl.model(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -347,74 +396,96 @@ def _mlp_epoch(mode: str):
             meter.update(loss, logits, y)
         return meter.value()
 
-    epoch()
     return epoch
 
 
 _METER = {"off": "item", "on": "device"}
 
 
-class Sync(_Timed):
-    params = ON_OFF
+class Sync(common.Paired):
+    """An epoch with the .item() meter ("off") and with the on-device one, taking turns."""
+
+    params = (ON_OFF,)
     param_names = ["variant"]
+    baseline = "off"
+    timeout = 900
 
-    def setup(self, variant: str) -> None:
-        self.epoch = _cached(("sync", variant), lambda: _mlp_epoch(_METER[variant]))
+    def setup_cache(self):
+        return self.measure_all()
 
-    def time_epoch(self, variant: str) -> None:
-        self.epoch()
+    def steps(self):
+        return _device(), {v: _mlp_epoch(_METER[v]) for v in ON_OFF}
 
 
-class SyncCount:
-    params = ON_OFF
+class SyncCount(common.Measured):
+    params = (ON_OFF,)
     param_names = ["variant"]
     timeout = 600
-    rounds = 1
 
-    def setup(self, variant: str) -> None:
-        if not _ON_GPU:
-            raise NotImplementedError("synchronisations are counted on CUDA devices only")
-        self.epoch = _cached(("sync", variant), lambda: _mlp_epoch(_METER[variant]))
+    def setup_cache(self):
+        return self.measure_all()
 
-    def track_syncs(self, variant: str) -> int:
-        return measure.count_syncs(self.epoch)
+    def measure_one(self, variant: str) -> int:
+        common.gpu_only("synchronisations")
+        from speedbench import measure  # noqa: PLC0415
+
+        epoch = _mlp_epoch(_METER[variant])
+        epoch()  # warm: cuBLAS handles, allocator pools
+        return measure.count_syncs(epoch)
+
+    def track_syncs(self, cache, variant: str) -> int:
+        return self.result(cache, variant)
 
     track_syncs.unit = "syncs"
 
 
-class CreateOnDevice(_Timed):
-    params = ON_OFF
+class CreateOnDevice(common.Paired):
+    """torch.rand(2^26) on the host, then copied ("off"), vs drawn on the device. GPUs only:
+    on a CPU the host is the device, nothing to copy."""
+
+    params = (ON_OFF,)
     param_names = ["variant"]
+    baseline = "off"
+    timeout = 600
 
-    def setup(self, variant: str) -> None:
-        self.tuning = _tuning()
-        if not _ON_GPU:
-            raise NotImplementedError("on a CPU the host is the device: nothing to copy")
-        self.device = measure.device()
-        self.time_create(variant)
+    def setup_cache(self):
+        return self.measure_all()
 
-    def time_create(self, variant: str) -> None:
-        self.tuning.new_tensor(torch.rand, (1 << 26,), self.device, variant)
+    def steps(self):
+        common.gpu_only("creating on the device instead of copying")
+        import torch  # noqa: PLC0415
+
+        tuning = common.technique("tuning")
+        dev = _device()
+        return dev, {v: functools.partial(tuning.new_tensor, torch.rand, (1 << 26,), dev, v) for v in ON_OFF}
 
 
 def _lengths(max_len: int) -> list[int]:
     """A fixed, shuffled mix of short and long sequences, ending before the longest."""
+    import torch  # noqa: PLC0415
+
     gen = torch.Generator().manual_seed(0)
     return [max(4, int(max_len * f)) for f in torch.rand(12, generator=gen).tolist()] + [max_len]
 
 
 class _VariableLengthTraining:
     def __init__(self):
-        dev = self.device = measure.device()
+        import torch  # noqa: PLC0415
+
+        from speedbench import workloads  # noqa: PLC0415
+
+        self.tuning = common.technique("tuning")
+        dev = self.device = _device()
         self.wl = workloads.get("transformer", dev)
         self.model = self.wl.model(dev)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         self.x, self.y = self.wl.batch(dev)  # the longest batch; shorter ones are prefixes
         self.lengths = _lengths(self.x.shape[1])
-        self.tuning = _tuning()
 
     def prepare(self, variant: str) -> None:
         """Empty the allocator cache, then pre-allocate when "on"."""
+        from speedbench import measure  # noqa: PLC0415
+
         measure.release_cached_memory(self.device)
         if variant == "on":
             self.tuning.preallocate(self.model, self.wl.loss, self.x, self.y)
@@ -431,90 +502,116 @@ class _VariableLengthTraining:
         self.train()
 
 
-class Preallocate(_Timed):
-    params = ON_OFF
+class Preallocate(common.Paired):
+    """Epochs without ("off") and with pre-allocation taking turns on one model: each
+    starts from an emptied allocator cache, so neither inherits the other's blocks."""
+
+    params = (ON_OFF,)
     param_names = ["variant"]
-    repeat, rounds = (2, 6, 20.0), 1
+    baseline = "off"
+    pairs = common.pick(cpu=8, gpu=30)  # an epoch is 13 transformer steps: seconds on a 2-core CPU
+    timeout = 900
 
-    def setup(self, variant: str) -> None:
-        _tuning()
-        self.training = _cached(("prealloc",), _VariableLengthTraining)
-        self.training.epoch(variant)
+    def setup_cache(self):
+        return self.measure_all()
 
-    def time_epoch(self, variant: str) -> None:
-        self.training.epoch(variant)
+    def steps(self):
+        training = _VariableLengthTraining()
+        return training.device, {v: functools.partial(training.epoch, v) for v in ON_OFF}
 
 
-class PreallocateSegments:
-    params = ON_OFF
+class PreallocateSegments(common.Measured):
+    params = (ON_OFF,)
     param_names = ["variant"]
     timeout = 600
-    rounds = 1
 
-    def setup(self, variant: str) -> None:
-        _tuning()
-        if not _ON_GPU:
-            raise NotImplementedError("allocator segments are counted on CUDA only")
-        self.training = _cached(("prealloc",), _VariableLengthTraining)
-        self.training.epoch(variant)
+    def setup_cache(self):
+        return self.measure_all()
 
-    def track_new_segments(self, variant: str) -> int:
+    def measure_one(self, variant: str) -> int:
         """cudaMalloc calls after the pre-allocation pass (or from the start when "off")."""
-        self.training.prepare(variant)
-        before = measure.allocator_segments(self.training.device)
-        self.training.train()
-        return measure.allocator_segments(self.training.device) - before
+        common.gpu_only("allocator segments")  # first: a CPU run skips without loading torch
+        from speedbench import measure  # noqa: PLC0415
+
+        training = _VariableLengthTraining()
+        training.epoch(variant)  # warm: cuBLAS workspaces and handles are not the knob's
+        training.prepare(variant)
+        before = measure.allocator_segments(training.device)
+        training.train()
+        return measure.allocator_segments(training.device) - before
+
+    def track_new_segments(self, cache, variant: str) -> int:
+        return self.result(cache, variant)
 
     track_new_segments.unit = "segments"
 
 
-RETAINED_STEPS = 4 if _ON_GPU else 8  # a ResNet-50 step at batch 64 keeps about 5 GB alive
+RETAINED_STEPS = common.pick(cpu=8, gpu=4)  # a ResNet-50 step at batch 64 keeps about 5 GB alive
 
 
-class RetainedGraph:
-    params = ON_OFF
+class RetainedGraph(common.Measured):
+    params = (ON_OFF,)
     param_names = ["variant"]
     timeout = 600
-    rounds = 1
 
-    def setup(self, variant: str) -> None:
-        self.tuning = _tuning()
-        self.model, self.x = _cached(("eval",), _eval_model)
-        self.y = torch.zeros(self.x.shape[0], dtype=torch.long, device=self.x.device)
+    def setup_cache(self):
+        return self.measure_all()
 
-    def track_retained_bytes(self, variant: str) -> int:
+    def measure_one(self, variant: str) -> int:
         """Saved activations still alive after RETAINED_STEPS evaluation steps (autograd left on, as in a
         validation loop that forgot no_grad) that add each loss to a running total."""
-        meter = self.tuning.RunningLoss("graph" if variant == "off" else "device")
+        import torch  # noqa: PLC0415
+        from torch import nn  # noqa: PLC0415
+
+        from speedbench import measure  # noqa: PLC0415
+
+        tuning = common.technique("tuning")
+        model, x = _eval_model()
+        y = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+        meter = tuning.RunningLoss("graph" if variant == "off" else "device")
 
         def loop():
             for _ in range(RETAINED_STEPS):
-                meter.update(nn.functional.cross_entropy(self.model(self.x), self.y))
+                meter.update(nn.functional.cross_entropy(model(x), y))
 
-        return measure.saved_tensor_bytes(loop, exclude=[*self.model.parameters(), self.x], alive_after=True)
+        return measure.saved_tensor_bytes(loop, exclude=[*model.parameters(), x], alive_after=True)
+
+    def track_retained_bytes(self, cache, variant: str) -> int:
+        return self.result(cache, variant)
 
     track_retained_bytes.unit = "bytes"
 
 
-class BatchSize:
-    params = BATCHES
-    param_names = ["batch"]
-    timeout = 900
-    rounds = 1
+class BatchSize(common.Measured):
+    """The throughput curve, smallest batch first, in one process: the first batch that
+    does not fit ends it, and the larger ones are skipped without being tried."""
 
-    def setup(self, batch: int) -> None:
-        tuning = _tuning()
-        dev = measure.device()
+    params = (BATCHES,)
+    param_names = ["batch"]
+    timeout = 1800
+
+    def setup_cache(self):
+        return self.measure_all()
+
+    def measure_all(self) -> dict:
+        self.end = None  # (the first batch that did not fit, why)
+        return super().measure_all()
+
+    def measure_one(self, batch: int) -> float:
+        tuning = common.technique("tuning")
+        if self.end is not None:
+            raise NotImplementedError(f"batch {batch} is past batch {self.end[0]}, which did not fit: {self.end[1]}")
 
         def make_step(b: int):
-            return _Trainer("batch_size", "defaults", batch=b).step
+            return _Trainer("batch_size", "defaults", batch=b).warmed().step
 
-        point = _cached(("batch", batch), lambda: tuning.batch_size_curve(make_step, [batch], dev, repeats=3)[0])
+        point = tuning.batch_size_curve(make_step, [batch], _device(), repeats=3)[0]
         if point.status == "oom":
+            self.end = (batch, point.reason)
             raise NotImplementedError(f"batch {batch} does not fit, the end of the curve here: {point.reason}")
-        self.point = point
+        return point.samples_per_second
 
-    def track_throughput(self, batch: int) -> float:
-        return self.point.samples_per_second
+    def track_throughput(self, cache, batch: int) -> float:
+        return self.result(cache, batch)
 
     track_throughput.unit = "samples/s"

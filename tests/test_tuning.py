@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import copy
 import math
+import re
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +22,7 @@ from speedlib import amp, tuning
 from speedbench import measure
 
 HAS_CUDA = torch.cuda.is_available()
+REPO = Path(__file__).resolve().parents[1]
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU; the CPU tests above cover the logic")
 
 
@@ -659,17 +664,62 @@ def test_a_real_gpu_out_of_memory_ends_the_curve():
 
 # --- the benchmark -----------------------------------------------------------------------
 
+def test_benchmark_module_imports_no_torch():
+    """asv starts a process per benchmark and parameter set; those that only report what
+    setup_cache measured, or skip, must not pay for importing torch."""
+    code = "import sys; import benchmarks.bench_tuning; print(sorted(m for m in ('torch', 'speedbench.measure') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="checks the CPU behaviour of the benchmark")
-def test_benchmark_skips_in_setup_what_needs_a_gpu():
-    """asv records NotImplementedError from setup as a skip but from the body as a failure."""
+def test_benchmark_skips_what_needs_a_gpu(monkeypatch):
+    """A class's one measuring process records what cannot run here as skips, which its
+    track_* methods report as NaN (asv: skipped); the plain asv class skips from setup."""
     from benchmarks import bench_tuning as bench  # noqa: PLC0415
 
-    for make in (lambda: bench.PeakMemory().setup("accumulation", "on"), lambda: bench.InferenceMemory().setup("off"),
-                 lambda: bench.TrainingStep().setup("cudnn_benchmark", "on"), lambda: bench.DataLoading().setup("pin_memory"),
-                 lambda: bench.SyncCount().setup("off"), lambda: bench.CreateOnDevice().setup("on"),
-                 lambda: bench.PreallocateSegments().setup("on")):
-        with pytest.raises(NotImplementedError):
-            make()
+    for cls, method, params in ((bench.PeakMemory, "track_peak_memory", ("accumulation", "on")),
+                                (bench.InferenceMemory, "track_peak_memory", ("off",)),
+                                (bench.SyncCount, "track_syncs", ("off",)),
+                                (bench.PreallocateSegments, "track_new_segments", ("on",)),
+                                (bench.CreateOnDevice, "track_seconds", ("on",))):
+        bench_ = cls()
+        cache = bench_.measure_all()
+        assert {status for status, _ in cache.values()} == {"skip"}, cls.__name__
+        assert math.isnan(getattr(bench_, method)(cache, *params)), cls.__name__
+    with pytest.raises(NotImplementedError):  # asv's skip where setup raises it
+        bench.CudnnBenchmark().setup("on")
+
+    # Pinned memory: those variants are left out, the others measured.
+    monkeypatch.setattr(bench, "_IMAGES", {"n": 2, "size": 40, "crop": 32, "length": 8, "batch": 4})
+    monkeypatch.setattr(bench.DataLoading, "params", (["off", "workers", "pin_memory"],))
+    monkeypatch.setattr(bench, "WORKERS", 1)
+    monkeypatch.setattr(bench.DataLoading, "pairs", 1)
+    monkeypatch.setattr(bench.DataLoading, "warmup", 0)
+    loading = bench.DataLoading()
+    cache = loading.measure_all()
+    assert cache[("pin_memory",)] == ("skip", "pin_memory does not apply to ()")
+    assert math.isnan(loading.track_seconds(cache, "pin_memory"))
+    assert loading.track_speedup(cache, "workers")["samples"][0] > 0
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU behaviour of the benchmark")
+def test_training_step_pairs_off_and_on_per_round(monkeypatch):
+    """The headline: a knob's off and on steps take turns in one process, and each round's
+    ratio is off / on of that round."""
+    from benchmarks import bench_tuning as bench  # noqa: PLC0415
+
+    monkeypatch.setattr(bench.TrainingStep, "params", (["zero_grad"], bench.ON_OFF))
+    monkeypatch.setattr(bench.TrainingStep, "pairs", 2)
+    monkeypatch.setattr(bench.TrainingStep, "warmup", 0)
+    steps = bench.TrainingStep()
+    cache = steps.measure_all()
+    assert math.isnan(steps.track_speedup(cache, "zero_grad", "off"))  # the baseline's own ratio
+    off = steps.track_seconds(cache, "zero_grad", "off")["samples"]
+    on = steps.track_seconds(cache, "zero_grad", "on")["samples"]
+    ratios = steps.track_speedup(cache, "zero_grad", "on")["samples"]
+    assert len(off) == len(on) == len(ratios) == 2 and min(off + on) > 0
+    assert ratios == pytest.approx([a / b for a, b in zip(off, on)])  # per round, never of medians
 
 
 def test_benchmark_off_model_has_a_bias_before_every_norm():
@@ -682,22 +732,26 @@ def test_benchmark_off_model_has_a_bias_before_every_norm():
 
 def test_cudnn_autotuner_is_timed_in_separate_processes_only():
     """cuDNN plans are cached per process under a key without the autotuner flag, so in one
-    process the first trainer to meet a shape picks the plan for both variants."""
-    from benchmarks import bench_tuning as bench  # noqa: PLC0415
+    process the first trainer to meet a shape picks the plan for both variants: the knob
+    is an asv class of its own (a process per variant), never in a one-process class."""
+    from benchmarks import bench_tuning as bench, common  # noqa: PLC0415
 
-    assert "cudnn_benchmark" not in bench.PairedStep.params
-    assert sorted(bench.PairedStep.params) == sorted(k for k in bench.STEP_KNOBS if k != "cudnn_benchmark")
-    assert "cudnn_benchmark" in bench.TrainingStep.params[0] and "cudnn_benchmark" in bench.PeakMemory.params[0]
-    assert "cudnn_benchmark is not paired" in bench.PairedStep.__doc__
+    assert "cudnn_benchmark" in bench.STEP_KNOBS
+    for cls in (bench.TrainingStep, bench.PeakMemory):
+        assert sorted(cls.params[0]) == sorted(k for k in bench.STEP_KNOBS if k != "cudnn_benchmark"), cls.__name__
+    assert not issubclass(bench.CudnnBenchmark, common.Measured) and not hasattr(bench.CudnnBenchmark, "setup_cache")
+    assert bench.CudnnBenchmark.params == bench.ON_OFF and callable(bench.CudnnBenchmark.time_step)
+    assert "Not paired" in bench.CudnnBenchmark.__doc__
 
 
-@pytest.mark.parametrize("error,raised,text", [
-    (ALLOCATION_FAILURES[1], NotImplementedError, "batch 8 does not fit.*CUDNN_STATUS_NOT_SUPPORTED"),
-    (UNRELATED_ERRORS[0], RuntimeError, "shapes cannot be multiplied"),
+@pytest.mark.parametrize("error,status,text", [
+    (ALLOCATION_FAILURES[1], "skip", "batch 8 does not fit.*CUDNN_STATUS_NOT_SUPPORTED"),
+    (UNRELATED_ERRORS[0], "fail", "shapes cannot be multiplied"),
 ], ids=["cudnn", "unrelated"])
-def test_batch_size_benchmark_skips_only_a_batch_that_does_not_fit(monkeypatch, error, raised, text):
-    """asv records NotImplementedError from setup as a skip (the end of the curve, with the
-    reason), anything else as a failed benchmark: a bug must not look like a full GPU."""
+def test_batch_size_benchmark_skips_only_a_batch_that_does_not_fit(monkeypatch, error, status, text):
+    """An allocation failure ends the curve: that batch and the larger ones are skips (the
+    first with the reason); anything else is that batch's failure: a bug must not look
+    like a full GPU."""
     from benchmarks import bench_tuning as bench  # noqa: PLC0415
 
     class Trainer:
@@ -705,29 +759,14 @@ def test_batch_size_benchmark_skips_only_a_batch_that_does_not_fit(monkeypatch, 
             raise error
 
     monkeypatch.setattr(bench, "_Trainer", Trainer)
-    monkeypatch.setattr(bench, "_cache", {})
-    with pytest.raises(RuntimeError, match=text) as caught:
-        bench.BatchSize().setup(8)
-    assert type(caught.value) is raised  # NotImplementedError is a RuntimeError too
-
-
-def test_paired_step_alternates_and_takes_the_ratio_of_medians(monkeypatch):
-    """The pairing logic with a stand-in clock: off steps take 2 s, on steps 1 s."""
-    from benchmarks import bench_tuning as bench  # noqa: PLC0415
-
-    clock, order = [0.0], []
-
-    class Fake:
-        def __init__(self, variant, cost):
-            self.variant, self.cost = variant, cost
-
-        def step(self):
-            order.append(self.variant)
-            clock[0] += self.cost
-
-    monkeypatch.setattr(measure, "timer", lambda: clock[0])
-    monkeypatch.setitem(bench._cache, ("paired", "zero_grad"), {"off": Fake("off", 2.0), "on": Fake("on", 1.0)})
-    paired = bench.PairedStep()
-    paired.setup("zero_grad")
-    assert paired.track_speedup("zero_grad") == 2.0
-    assert order[:4] == ["off", "on", "on", "off"] and len(order) == 2 * bench.PAIRS
+    monkeypatch.setattr(bench.BatchSize, "params", ([8, 16],))
+    curve = bench.BatchSize()
+    cache = curve.measure_all()
+    assert cache[(8,)][0] == status and re.search(text, cache[(8,)][1])
+    if status == "skip":
+        assert math.isnan(curve.track_throughput(cache, 8))
+        assert cache[(16,)][0] == "skip" and cache[(16,)][1].startswith("batch 16 is past batch 8, which did not fit")
+    else:
+        with pytest.raises(RuntimeError, match=text):  # asv records the set as failed
+            curve.track_throughput(cache, 8)
+        assert cache[(16,)][0] == "fail"
