@@ -1,6 +1,6 @@
 """Activation checkpointing: what each variant saves and what it costs.
 
-Variants (speedbench.workloads.set_checkpointing), all on the same model object:
+Variants (speedbench.workloads.set_checkpointing), each on a model built from the same seed:
   none           nothing recomputed (the baseline)
   reentrant      torch.utils.checkpoint(use_reentrant=True) on each segment
   non_reentrant  torch.utils.checkpoint(use_reentrant=False) on the same segments
@@ -10,79 +10,88 @@ Variants (speedbench.workloads.set_checkpointing), all on the same model object:
 A segment is a DenseNet layer's bottleneck (concatenation + BN + ReLU + 1x1 conv, the
 efficient-DenseNet scheme) or a transformer block. A training step is zero_grad, forward,
 backward and an SGD step (Nesterov momentum 0.9, weight decay 1e-4: DenseNet's recipe).
+Every trainer runs two steps before it is measured (optimizer state, cuDNN algorithm
+choice, allocator pools). A variant whose batch does not fit is skipped there; without
+`none` the whole (workload, batch) is, as there is nothing to compare with.
 
-Metrics:
-  time_step                    one training step
-  track_saved_activations      bytes autograd keeps for backward after the forward pass,
+Metrics (parameters: workload, batch, variant):
+  TrainingStep.track_seconds   one training step per variant, the five variants of a
+                               (workload, batch) taking turns in one process
+  TrainingStep.track_speedup   none / variant per round: the price of recomputation
+                               (< 1: the variant is slower than keeping everything)
+  ActivationMemory.track_saved_activations
+                               bytes autograd keeps for backward after the forward pass,
                                parameters excluded (exact, any device). It does not see the
                                rerun's own peak, which is large for coarse segments
                                (sequential): peak memory does.
   PeakMemory.track_peak_memory peak GPU memory of a whole step (the source's "Memory")
-  track_peak_activation_memory the same minus what was allocated before the step
+  PeakMemory.track_peak_activation_memory
+                               the same minus what was allocated before the step
                                (parameters, optimizer state, last step's gradients)
-  DataParallelStep / DistributedStep: two or more GPUs only, the source's 2-GPU rows
-                               (DistributedStep runs speedlib.parallel: SGD, momentum 0.9).
+  DataParallelStep.track_seconds / track_speedup (parameters: batch, variant): two or more
+                               GPUs only, the source's 2-GPU rows, variants taking turns.
+  DistributedStep.track_step_time (batch, variant): two or more GPUs only, one
+                               speedlib.parallel launch (DDP, SGD, momentum 0.9) per variant.
 
 Batch sizes are parameters: 64 and 256 on GPUs (the source's table), 4 and 16 on CPUs
-(DenseNet-BC-100 at 16 already takes about a second a step on two cores). Nothing here touches
-CUDA at import time.
+(DenseNet-BC-100 at 16 already takes about a second a step on two cores). Nothing here
+imports torch at import time (benchmarks.common says why).
 """
 
 from __future__ import annotations
 
-
-import torch
-
-from speedbench import measure, workloads
+from benchmarks import common
 
 VARIANTS = ["none", "reentrant", "non_reentrant", "speedlib", "sequential"]
 WORKLOADS = ["densenet_bc", "densenet121", "transformer"]
-# Which machine this is decides the batch sizes (asv spawns a process per parameter
-# combination, so combinations a machine would only skip still cost a second each).
-# measure.device() asks whether CUDA exists without creating a context.
-_ON_GPU = measure.device().type == "cuda"
-BATCHES = [64, 256] if _ON_GPU else [4, 16]
-# One round of a few samples on CPUs, where a step takes up to two seconds and the suite
-# must stay short; GPU steps are fast enough for asv's two rounds.
-_TIMING = {"repeat": (3, 10, 20.0), "rounds": 2} if _ON_GPU else {"repeat": (3, 5, 8.0), "rounds": 1}
+BATCHES = common.pick(cpu=[4, 16], gpu=[64, 256])
+# A CPU round of TrainingStep is every variant of all six configurations: about 22 s of
+# one core's work, so 8 rounds (the fewest with a 99 % interval) and the trainers' set-up
+# keep the class near 220 core-seconds, the whole module near four minutes on two cores.
+PAIRS = common.pick(cpu=8, gpu=30)
+# The trainers are warmed up (two steps each) before the turns begin; on GPUs one dropped
+# round more lets the allocator settle with all five models resident.
+WARMUP = common.pick(cpu=0, gpu=1)
 
 
-def _check_variant(variant: str) -> None:
-    try:
-        from speedlib import checkpoint  # noqa: F401, PLC0415
-    except ImportError as e:  # a commit before the technique existed
-        raise NotImplementedError(f"speedlib has no checkpoint module here: {e}") from e
-    if variant not in getattr(workloads, "CHECKPOINT_VARIANTS", ()):
-        raise NotImplementedError(f"this commit's workloads have no checkpoint variant {variant!r}")
+def _workloads():
+    """speedbench.workloads, once speedlib.checkpoint is known to exist (workloads imports it)."""
+    common.technique("checkpoint")
+    from speedbench import workloads  # noqa: PLC0415 - in the measuring process only
 
-
-def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)
+    return workloads
 
 
 class _Trainer:
-    """One model, batch and optimizer for a (workload, variant, batch), warmed up."""
+    """One model, batch and optimizer for a (workload, batch, variant), warmed up."""
 
-    def __init__(self, workload: str, variant: str, batch: int, data_parallel: bool = False):
+    def __init__(self, workload: str, batch: int, variant: str, data_parallel: bool = False, warmup: int = 2):
+        import torch  # noqa: PLC0415 - in the measuring process only (benchmarks.common)
+
+        from speedbench import measure  # noqa: PLC0415
+
+        workloads = _workloads()
+        if variant not in getattr(workloads, "CHECKPOINT_VARIANTS", ()):
+            raise NotImplementedError(f"this commit's workloads have no checkpoint variant {variant!r}")
         dev = measure.device()
-        _check_variant(variant)
         wl = workloads.get(workload, dev).with_batch(batch)
         self.device, self.loss_fn = dev, wl.loss
         self.model = workloads.set_checkpointing(wl.model(dev), variant)
         if data_parallel:
             self.model = torch.nn.DataParallel(self.model)
-        self.optimizer = _optimizer(self.model)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1, momentum=0.9, nesterov=True,
+                                         weight_decay=1e-4)
         self.x, self.y = wl.batch(dev)
         try:
-            for _ in range(2):  # optimizer state, cuDNN algorithm choice, allocator pools
+            for _ in range(warmup):  # optimizer state, cuDNN algorithm choice, allocator pools
                 self.step()
         except torch.OutOfMemoryError as e:
             self.model = self.optimizer = None
-            torch.cuda.empty_cache()
+            measure.release_cached_memory(dev)
             raise NotImplementedError(f"{workload} with {variant} does not fit at batch {batch}: {e}") from e
         measure.synchronize(dev)
 
-    def forward_loss(self) -> torch.Tensor:
+    def forward_loss(self):
         return self.loss_fn(self.model(self.x), self.y)
 
     def step(self) -> None:
@@ -91,72 +100,92 @@ class _Trainer:
         self.optimizer.step()
 
 
-# asv_runner >= 0.3 runs setup before every timed call: keep the trainer per process.
-_trainers: dict[tuple, _Trainer] = {}
+def _trainers(workload: str, batch: int, data_parallel: bool = False):
+    """(device, {variant: step}) for every variant that exists and fits."""
+    trainers = {}
+    for variant in VARIANTS:
+        try:
+            trainers[variant] = _Trainer(workload, batch, variant, data_parallel)
+        except NotImplementedError:
+            # Missing from this commit or out of memory: that variant is skipped. Without
+            # speedlib.checkpoint every variant lands here and common skips the configuration.
+            continue
+    if not trainers:
+        common.technique("checkpoint")  # the reason all of them failed, as the skip's message
+        raise NotImplementedError(f"no checkpoint variant runs {workload} at batch {batch}")
+    return next(iter(trainers.values())).device, {v: t.step for v, t in trainers.items()}
 
 
-def _trainer(*key) -> _Trainer:
-    if key not in _trainers:
-        _trainers.clear()  # one model at a time: activations of big batches add up
-        _trainers[key] = _Trainer(*key)
-    return _trainers[key]
+class TrainingStep(common.Paired):
+    """The five variants of one (workload, batch) taking turns; none is the baseline."""
+
+    params = (WORKLOADS, BATCHES, VARIANTS)
+    param_names = ["workload", "batch", "variant"]
+    baseline = "none"
+    pairs = PAIRS
+    warmup = WARMUP
+    timeout = 1800  # setup_cache: all six configurations (minutes on a CPU; far more on a loaded one)
+
+    def setup_cache(self):
+        return self.measure_all()
+
+    def steps(self, workload: str, batch: int):
+        return _trainers(workload, batch)
 
 
-class TrainingStep:
-    """Time of one training step per variant."""
-
-    params = (WORKLOADS, VARIANTS, BATCHES)
-    param_names = ["workload", "variant", "batch"]
-    timer = staticmethod(measure.timer)
-    timeout = 900
-    warmup_time = 0  # the trainer has run two steps already
-    repeat, rounds = _TIMING["repeat"], _TIMING["rounds"]
-
-    def setup(self, workload: str, variant: str, batch: int) -> None:
-        self.trainer = _trainer(workload, variant, batch)
-
-    def time_step(self, workload: str, variant: str, batch: int) -> None:
-        self.trainer.step()
-
-
-class ActivationMemory:
+class ActivationMemory(common.Measured):
     """What each variant keeps for backward (exact, any device)."""
 
-    params = (WORKLOADS, VARIANTS, BATCHES)
-    param_names = ["workload", "variant", "batch"]
+    params = (WORKLOADS, BATCHES, VARIANTS)
+    param_names = ["workload", "batch", "variant"]
     timeout = 900
-    rounds = 1  # exact counts: a second round would only repeat them
 
-    def setup(self, workload: str, variant: str, batch: int) -> None:
-        self.trainer = _trainer(workload, variant, batch)
+    def setup_cache(self):
+        return self.measure_all()
 
-    def track_saved_activations(self, workload: str, variant: str, batch: int) -> int:
-        t = self.trainer
+    def measure_one(self, workload: str, batch: int, variant: str) -> int:
+        from speedbench import measure  # noqa: PLC0415
+
+        # No warm-up: what autograd saves depends on shapes and the variant, not on
+        # optimizer state or which algorithms cuDNN picked.
+        t = _Trainer(workload, batch, variant, warmup=0)
         return measure.saved_tensor_bytes(t.forward_loss, exclude=list(t.model.parameters()))
+
+    def track_saved_activations(self, cache, workload: str, batch: int, variant: str) -> int:
+        return self.result(cache, workload, batch, variant)
 
     track_saved_activations.unit = "bytes"
 
 
-class PeakMemory:
+class PeakMemory(common.Measured):
     """Peak GPU memory of a training step, whole and above what was allocated before it."""
 
-    params = (WORKLOADS, VARIANTS, BATCHES)
-    param_names = ["workload", "variant", "batch"]
-    timeout = 900
-    rounds = 1
+    params = (WORKLOADS, BATCHES, VARIANTS)
+    param_names = ["workload", "batch", "variant"]
+    timeout = 1800
 
-    def setup(self, workload: str, variant: str, batch: int) -> None:
-        if measure.device().type != "cuda":  # in setup, so asv records a skip, not a failure
-            raise NotImplementedError("peak device memory is tracked on GPUs only")
-        self.trainer = _trainer(workload, variant, batch)
+    def setup_cache(self):
+        return self.measure_all()
 
-    def track_peak_memory(self, workload: str, variant: str, batch: int) -> int:
-        return measure.peak_memory(self.trainer.step, self.trainer.device)
+    def measure_one(self, workload: str, batch: int, variant: str) -> dict:
+        common.gpu_only("peak device memory")  # before torch: on CPUs all 30 sets skip in no time
+        from speedbench import measure  # noqa: PLC0415
+
+        t = _Trainer(workload, batch, variant)
+        return {"whole": measure.peak_memory(t.step, t.device),
+                "activation": measure.peak_memory(t.step, t.device, above_start=True)}
+
+    def _read(self, cache, key: str, *params):
+        value = self.result(cache, *params)
+        return value if value is common.SKIP else value[key]
+
+    def track_peak_memory(self, cache, workload: str, batch: int, variant: str) -> int:
+        return self._read(cache, "whole", workload, batch, variant)
 
     track_peak_memory.unit = "bytes"
 
-    def track_peak_activation_memory(self, workload: str, variant: str, batch: int) -> int:
-        return measure.peak_memory(self.trainer.step, self.trainer.device, above_start=True)
+    def track_peak_activation_memory(self, cache, workload: str, batch: int, variant: str) -> int:
+        return self._read(cache, "activation", workload, batch, variant)
 
     track_peak_activation_memory.unit = "bytes"
 
@@ -168,50 +197,61 @@ PARALLEL_BATCHES = [64, 256]  # global batch, split across the GPUs
 
 
 def _need_gpus() -> int:
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    """How many GPUs there are, or a skip below two; off GPUs without importing torch."""
+    common.gpu_only("data parallelism")
+    import torch  # noqa: PLC0415
+
+    count = torch.cuda.device_count()
     if count < 2:
         raise NotImplementedError(f"data parallelism needs two or more GPUs; this machine has {count}")
     return count
 
 
-class DataParallelStep:
-    """nn.DataParallel over every GPU: the setting where reentrant checkpoint was slow."""
+class DataParallelStep(common.Paired):
+    """nn.DataParallel over every GPU, the variants taking turns: the setting where
+    reentrant checkpoint was slow."""
 
-    params = (VARIANTS, PARALLEL_BATCHES)
-    param_names = ["variant", "batch"]
-    timer = staticmethod(measure.timer)
-    timeout = 900
-    warmup_time = 0
-    repeat, rounds = _TIMING["repeat"], _TIMING["rounds"]
+    params = (PARALLEL_BATCHES, VARIANTS)
+    param_names = ["batch", "variant"]
+    baseline = "none"
+    warmup = WARMUP
+    timeout = 1800
 
-    def setup(self, variant: str, batch: int) -> None:
+    def setup_cache(self):
+        return self.measure_all()
+
+    def steps(self, batch: int):
         _need_gpus()
-        self.trainer = _trainer(PARALLEL_WORKLOAD, variant, batch, True)
-
-    def time_step(self, variant: str, batch: int) -> None:
-        self.trainer.step()
+        return _trainers(PARALLEL_WORKLOAD, batch, data_parallel=True)
 
 
-class DistributedStep:
+class DistributedStep(common.Measured):
     """DistributedDataParallel, one process per GPU (NCCL), through speedlib.parallel: the
-    median step time of the slowest rank."""
+    median step time of the slowest rank.
 
-    params = (VARIANTS, PARALLEL_BATCHES)
-    param_names = ["variant", "batch"]
-    timeout = 900
+    Not paired: each variant is its own launch (speedlib.parallel.run starts a process
+    group per configuration), so variants cannot take turns step by step in one process,
+    and pairing whole launches would cost a launch of several seconds per sample.
+    """
 
-    def setup(self, variant: str, batch: int) -> None:
-        self.world = _need_gpus()
-        _check_variant(variant)
-        try:
-            from speedlib import parallel  # noqa: PLC0415
-        except ImportError as e:  # a commit before the launcher existed
-            raise NotImplementedError(f"speedlib has no parallel module here: {e}") from e
-        self.parallel = parallel
+    params = (PARALLEL_BATCHES, VARIANTS)
+    param_names = ["batch", "variant"]
+    timeout = 3600  # ten launches, each allowed parallel.run's own limit
 
-    def track_step_time(self, variant: str, batch: int) -> float:
-        return self.parallel.run(self.parallel.RunConfig(
-            mode="ddp", world_size=self.world, workload=PARALLEL_WORKLOAD, batch=batch, checkpoint=variant,
+    def setup_cache(self):
+        return self.measure_all()
+
+    def measure_one(self, batch: int, variant: str) -> float:
+        world = _need_gpus()
+        workloads = _workloads()
+        if variant not in getattr(workloads, "CHECKPOINT_VARIANTS", ()):
+            raise NotImplementedError(f"this commit's workloads have no checkpoint variant {variant!r}")
+        parallel = common.technique("parallel")
+        return parallel.run(parallel.RunConfig(
+            mode="ddp", world_size=world, workload=PARALLEL_WORKLOAD, batch=batch, checkpoint=variant,
             steps=10, warmup=1, device="cuda")).step_seconds
+
+    def track_step_time(self, cache, batch: int, variant: str) -> float:
+        return self.result(cache, batch, variant)
 
     track_step_time.unit = "seconds"
