@@ -133,9 +133,6 @@ class TrainingStep(common.Paired):
     params = (PAIRED_KNOBS, ON_OFF)
     param_names = ["knob", "variant"]
     baseline = "off"
-    # A ResNet-50 step is about 0.7 s on a 2-core CPU and a round of all knobs is 8 of them:
-    # 8 rounds, the fewest with a 99 % interval, keep the CPU suite within its minutes.
-    pairs = common.pick(cpu=8, gpu=30)
     timeout = 1800  # setup_cache: every knob's pair
 
     def setup_cache(self):
@@ -282,7 +279,6 @@ class DataLoading(common.Paired):
     params = (LOADING,)
     param_names = ["variant"]
     baseline = "off"
-    pairs = common.pick(cpu=8, gpu=30)  # an epoch is about a second on a CPU
     timeout = 900
 
     def setup_cache(self):
@@ -509,7 +505,6 @@ class Preallocate(common.Paired):
     params = (ON_OFF,)
     param_names = ["variant"]
     baseline = "off"
-    pairs = common.pick(cpu=8, gpu=30)  # an epoch is 13 transformer steps: seconds on a 2-core CPU
     timeout = 900
 
     def setup_cache(self):
