@@ -126,21 +126,8 @@ class Measured(abc.ABC):
         """The measurement of one parameter set."""
 
     def measure_all(self) -> dict:
-        out = {}
-        combos = list(itertools.product(*self.params)) if self.params else [()]
-        for i, combo in enumerate(combos, 1):
-            began = time.monotonic()
-            try:
-                out[combo] = ("ok", self.measure_one(*combo))
-            except NotImplementedError as e:
-                out[combo] = ("skip", str(e))
-            except Exception as e:  # noqa: BLE001 - recorded as this set's failure, shown by track_*
-                out[combo] = ("fail", "".join(traceback.format_exception_only(e)).strip())
-            finally:
-                _release()
-            # asv shows setup_cache's output only on failure; the line is for --show-stderr.
-            print(f"{type(self).__name__}{combo}: {out[combo][0]} in {time.monotonic() - began:.1f} s", flush=True)
-        return out
+        combos = itertools.product(*self.params) if self.params else [()]
+        return {combo: _attempt(f"{type(self).__name__}{combo}", lambda: self.measure_one(*combo)) for combo in combos}
 
     @staticmethod
     def result(cache: dict, *params):
@@ -158,6 +145,23 @@ class Measured(abc.ABC):
 # asv records NaN as "skipped". (NotImplementedError means a skip only when setup raises
 # it, and setup, shared by all of a class's methods, cannot tell which one runs.)
 SKIP = math.nan
+
+
+def _attempt(label: str, measure: Callable[[], object]) -> tuple[str, object]:
+    """("ok", value), ("skip", why) for NotImplementedError, or ("fail", the error): one
+    set or configuration never stops the rest. Memory is released after each."""
+    began = time.monotonic()
+    try:
+        entry = ("ok", measure())
+    except NotImplementedError as e:
+        entry = ("skip", str(e))
+    except Exception as e:  # noqa: BLE001 - recorded as this set's failure, shown by track_*
+        entry = ("fail", "".join(traceback.format_exception_only(e)).strip())
+    finally:
+        _release()
+    # asv shows setup_cache's output only on failure; the line is for --show-stderr.
+    print(f"{label}: {entry[0]} in {time.monotonic() - began:.1f} s", flush=True)
+    return entry
 
 
 def _release() -> None:
@@ -198,10 +202,19 @@ class Paired(Measured):
         out = {}
         *configs, variants = self.params
         for config in (itertools.product(*configs) if configs else [()]):
-            measured = _measure_config(self, config, variants)
+            status, times = _attempt(f"{type(self).__name__}{config}", lambda: self._take_turns(config))
             for variant in variants:
-                out[(*config, variant)] = measured(variant)
+                applies = status != "ok" or variant in times
+                out[(*config, variant)] = (status, times) if applies else (
+                    "skip", f"{variant} does not apply to {config}")
         return out
+
+    def _take_turns(self, config: tuple) -> dict[str, list[float]]:
+        dev, steps = self.steps(*config)
+        if self.baseline not in steps:
+            raise NotImplementedError(f"no {self.baseline} baseline for {config}")
+        return paired_times(steps, dev, rounds=1 if QUICK else self.pairs, warmup=0 if QUICK else self.warmup,
+                            number=self.number)
 
     def track_seconds(self, cache, *params):
         times = self.result(cache, *params)
@@ -216,32 +229,6 @@ class Paired(Measured):
         return {"samples": [b / v for b, v in zip(times[self.baseline], times[params[-1]])], "number": 1}
 
     track_speedup.unit = "x"
-
-
-def _measure_config(bench: Paired, config: tuple, variants) -> Callable[[str], tuple]:
-    """Measure one configuration's variants in turns; return variant -> cache entry."""
-    began = time.monotonic()
-    try:
-        dev, steps = bench.steps(*config)
-        if bench.baseline not in steps:
-            raise NotImplementedError(f"no {bench.baseline} baseline for {config}")
-        times = paired_times(steps, dev, rounds=1 if QUICK else bench.pairs, warmup=0 if QUICK else bench.warmup,
-                             number=bench.number)
-        entry = ("ok", times)
-    except NotImplementedError as e:
-        entry, times = ("skip", str(e)), {}
-    except Exception as e:  # noqa: BLE001 - this configuration's failure, not the class's
-        entry, times = ("fail", "".join(traceback.format_exception_only(e)).strip()), {}
-    finally:
-        _release()
-    print(f"{type(bench).__name__}{config}: {entry[0]} in {time.monotonic() - began:.1f} s", flush=True)
-
-    def of(variant: str) -> tuple:
-        if entry[0] == "ok" and variant not in times:
-            return ("skip", f"{variant} does not apply to {config}")
-        return entry
-
-    return of
 
 
 def paired_times(steps: dict[str, Callable[[], object]], dev, rounds: int, warmup: int,
