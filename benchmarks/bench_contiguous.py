@@ -1,35 +1,41 @@
 """Flat-buffer parameters against per-tensor optimizers and the original package.
 
 Variants, all torch.optim.Adam with the same hyper-parameters:
-  forloop   per-tensor parameters, foreach=False (one kernel chain per tensor)
+  forloop   per-tensor parameters, foreach=False (one kernel chain per tensor; the baseline)
   foreach   per-tensor parameters, foreach=True (multi-tensor kernels)
   fused     per-tensor parameters, fused=True
   speedlib  speedlib.ContiguousParams flat buffer, fused=True (its recommended setup)
   original  contiguous_params 1.0.0 flat buffer, Adam's defaults as in its README;
             skipped when the package is not installed
 
-The step alone overstates the gain, so the whole iteration is timed too, and the Adam step
-is also timed on its own (the part the flat buffer speeds up) and as achieved bandwidth. Workloads run at
-their `full` size on GPUs and `small` size on CPUs (the parameters, and so the step, are
-the same at both sizes). Nothing here touches CUDA at import time.
+The step alone overstates the gain, so three things are timed, each in a class of its own
+whose five variants take turns in one process (benchmarks.common.Paired):
+  AdamStep       optimizer.step() alone: the part the flat buffer speeds up
+  OptimizerStep  clip_grad_norm_ + step + zero_grad(set_to_none=False)
+  Iteration      zero_grad + forward + loss + backward + clip + step
+Workloads run at their `full` size on GPUs and `small` size on CPUs (the parameters, and so
+the step, are the same at both sizes).
 
-Which rows make the GPU headline, and why: ResNet-50's `AdamBandwidth` (50 steps back to
-back between two synchronisations, as the host runs ahead of the GPU in training) and its
-`time_adam_step`. The MLP's whole Adam step is 1.7M parameters x 28 bytes = 46 MB, about
-15 us of HBM traffic on an H100: less than one synchronisation around a timed sample plus
-the flat buffer's check before each step (O(tensors) host work, tens of microseconds). Its
-per-sample times on a GPU therefore measure launch and host overhead, which is what the
-original package's 100 x Linear benchmark was about, but not the bandwidth the flat buffer
-buys; ResNet-50 moves 0.7 GB per step, so there the kernels dominate.
+Metrics: every class reports `track_seconds` (each variant's seconds per step, one sample
+per round) and `track_speedup` (forloop / variant per round). AdamStep also reports
+`track_step_bandwidth` (Adam's 28 bytes per parameter over its time per round, GB/s) and
+`track_fraction_of_floor` (that over the streaming bandwidth measured in the same process,
+%). `IterationMemory.track_peak_memory`: peak GPU memory of one iteration (GPUs, exact):
+the flat buffers must not cost extra.
+
+Which rows make the GPU headline, and why: ResNet-50's `AdamStep` (track_speedup and
+track_fraction_of_floor), its samples 50 steps back to back between two synchronisations,
+as the host runs ahead of the GPU in training. The MLP's whole Adam step is 1.7M parameters
+x 28 bytes = 46 MB, about 15 us of HBM traffic on an H100: less than one synchronisation
+around a timed sample plus the flat buffer's check before each step (O(tensors) host work,
+tens of microseconds). Its times on a GPU therefore measure launch and host overhead, which
+is what the original package's 100 x Linear benchmark was about, but not the bandwidth the
+flat buffer buys; ResNet-50 moves 0.7 GB per step, so there the kernels dominate.
 """
 
 from __future__ import annotations
 
-import time
-
-import torch
-
-from speedbench import measure, workloads
+from benchmarks import common
 
 VARIANTS = ["forloop", "foreach", "fused", "speedlib", "original"]
 WORKLOADS = ["mlp", "resnet50"]
@@ -44,6 +50,10 @@ class _Trainer:
     """One model + optimizer set up the way a variant's user would write it."""
 
     def __init__(self, workload: str, variant: str):
+        import torch  # noqa: PLC0415 - in the measuring process only (benchmarks.common)
+
+        from speedbench import measure, workloads  # noqa: PLC0415
+
         dev = measure.device()
         wl = workloads.get(workload, dev)
         self.device = dev
@@ -62,11 +72,7 @@ class _Trainer:
             self.optimizer = torch.optim.Adam(params, lr=LR, **flags[variant])
             self.clip_params = params
         elif variant == "speedlib":
-            try:
-                from speedlib import ContiguousParams  # noqa: PLC0415
-            except ImportError as e:  # a commit before the technique existed
-                raise NotImplementedError(f"speedlib has no ContiguousParams here: {e}") from e
-            flat = ContiguousParams(self.model.parameters())
+            flat = common.technique("contiguous").ContiguousParams(self.model.parameters())
             self.optimizer = torch.optim.Adam(flat.contiguous(), lr=LR, fused=True)
             self.clip_params = flat.contiguous()
         elif variant == "original":
@@ -88,103 +94,156 @@ class _Trainer:
         zero_grad(set_to_none=False) for every variant here, so every timed call steps on
         real gradient tensors; the default zero_grad is timed in `iteration`.
         """
+        import torch  # noqa: PLC0415
+
         torch.nn.utils.clip_grad_norm_(self.clip_params, MAX_NORM, foreach=self.clip_foreach)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=False)
 
     def iteration(self) -> None:
+        import torch  # noqa: PLC0415
+
         self.optimizer.zero_grad(set_to_none=self.set_to_none)
         loss = self.loss_fn(self.model(self.x), self.y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.clip_params, MAX_NORM, foreach=self.clip_foreach)
         self.optimizer.step()
 
-    def adam_bandwidth(self) -> float:
-        """Achieved bytes/s of Adam steps alone, back to back between two synchronisations
-        (as in training, where the host runs ahead of the GPU)."""
-        steps = 50 if self.device.type == "cuda" else 3
-        measure.synchronize(self.device)
-        start = time.perf_counter()
-        for _ in range(steps):
-            self.optimizer.step()
-        measure.synchronize(self.device)
-        elapsed = time.perf_counter() - start
-        return steps * ADAM_BYTES_PER_PARAM * self.num_params / elapsed
+
+def _turns(workload: str, timed) -> tuple:
+    """(device, {variant: timed(trainer)}, parameters) for every variant that can run
+    here, all alive at once so that they can take turns."""
+    trainers = {}
+    for variant in VARIANTS:
+        try:
+            trainers[variant] = _Trainer(workload, variant)
+        except NotImplementedError:
+            continue  # no contiguous_params, or no speedlib.contiguous in this commit: skipped
+    if not trainers:
+        raise NotImplementedError(f"no variant of {workload} can run here")
+    first = next(iter(trainers.values()))
+    return first.device, {v: timed(t) for v, t in trainers.items()}, first.num_params
 
 
-# asv_runner >= 0.3 runs setup before every timed call, so the expensive state lives in a
-# per-process cache rather than in setup itself.
-_trainers: dict[tuple[str, str], _Trainer] = {}
-
-
-def _trainer(workload: str, variant: str) -> _Trainer:
-    key = (workload, variant)
-    if key not in _trainers:
-        _trainers.clear()  # one model at a time: ResNet-50 states add up on small machines
-        _trainers[key] = _Trainer(workload, variant)
-    return _trainers[key]
-
-
-class OptimizerStep:
-    """Clip + Adam step + zero_grad, and the whole training iteration around it."""
+class _Grid:
+    """What the three timed classes share: both workloads, the five variants taking turns
+    on each, forloop the baseline."""
 
     params = (WORKLOADS, VARIANTS)
     param_names = ["workload", "variant"]
-    timer = staticmethod(measure.timer)
-    timeout = 600
-    # Adam moves the parameters; results stay comparable because timing does not depend
-    # on their values.
-
-    def setup(self, workload: str, variant: str) -> None:
-        self.trainer = _trainer(workload, variant)
-
-    def time_step(self, workload: str, variant: str) -> None:
-        self.trainer.step()
-
-    def time_adam_step(self, workload: str, variant: str) -> None:
-        """The Adam step alone: what the flat buffer is meant to speed up."""
-        self.trainer.optimizer.step()
-
-    def time_iteration(self, workload: str, variant: str) -> None:
-        self.trainer.iteration()
+    baseline = "forloop"
+    timeout = 1200  # setup_cache: both workloads' variants
 
 
-class AdamBandwidth:
-    """Achieved memory traffic of the Adam step against the 28-bytes-per-parameter floor."""
+class AdamStep(_Grid, common.Paired):
+    """optimizer.step() alone: what the flat buffer is meant to speed up. Adam moves the
+    parameters; the times stay comparable because they do not depend on the values."""
 
-    params = (WORKLOADS, VARIANTS)
-    param_names = ["workload", "variant"]
-    timeout = 600
+    # 50 steps back to back between two synchronisations on GPUs, as in training where the
+    # host runs ahead of the GPU (one MLP step is microseconds there); 3 on CPUs, where a
+    # step takes milliseconds and every round costs all five variants.
+    number = common.pick(cpu=3, gpu=50)
 
-    def setup(self, workload: str, variant: str) -> None:
-        self.trainer = _trainer(workload, variant)
+    def setup_cache(self):
+        return self.measure_all()
 
-    def track_step_bandwidth(self, workload: str, variant: str) -> float:
-        return self.trainer.adam_bandwidth() / 1e9
+    def steps(self, workload: str):
+        dev, steps, num_params = _turns(workload, lambda t: t.optimizer.step)
+        # The bandwidth metrics need the parameter count in the track_* processes, which
+        # build no model; every variant has the same parameters.
+        self._bytes[workload] = ADAM_BYTES_PER_PARAM * num_params
+        return dev, steps
+
+    def measure_all(self) -> dict:
+        from speedbench import measure  # noqa: PLC0415 - torch, in the measuring process only
+
+        self._bytes = {}
+        try:  # the streaming floor, once, in the process that times the steps
+            floor = ("ok", measure.memory_bandwidth(measure.device()))
+        except Exception as e:  # noqa: BLE001 - only track_fraction_of_floor depends on it
+            floor = ("fail", f"memory bandwidth: {e!r}")
+        out = super().measure_all()
+        out[_FLOOR] = floor
+        out.update({(_BYTES, w): ("ok", n) for w, n in self._bytes.items()})
+        return out
+
+    def _bandwidths(self, cache, workload: str, variant: str):
+        """Achieved bytes/s per round, or SKIP."""
+        times = self.result(cache, workload, variant)
+        if times is common.SKIP:
+            return common.SKIP
+        nbytes = self.result(cache, _BYTES, workload)
+        return [nbytes / seconds for seconds in times[variant]]
+
+    def track_step_bandwidth(self, cache, workload: str, variant: str):
+        per_round = self._bandwidths(cache, workload, variant)
+        if per_round is common.SKIP:
+            return common.SKIP
+        return {"samples": [b / 1e9 for b in per_round], "number": 1}
 
     track_step_bandwidth.unit = "GB/s"
 
-    def track_fraction_of_floor(self, workload: str, variant: str) -> float:
-        """Adam step bandwidth over this device's measured streaming bandwidth, both from this process."""
-        floor = measure.memory_bandwidth(self.trainer.device)
-        return 100.0 * self.trainer.adam_bandwidth() / floor
+    def track_fraction_of_floor(self, cache, workload: str, variant: str):
+        """Adam step bandwidth over this device's measured streaming bandwidth, both from
+        the measuring process."""
+        per_round = self._bandwidths(cache, workload, variant)
+        if per_round is common.SKIP:
+            return common.SKIP
+        floor = self.result(cache, *_FLOOR)
+        return {"samples": [100.0 * b / floor for b in per_round], "number": 1}
 
     track_fraction_of_floor.unit = "% of memory bandwidth"
 
 
-class IterationMemory:
+# AdamStep's cache keys beside its (workload, variant) entries.
+_FLOOR = ("memory bandwidth",)
+_BYTES = "adam bytes per step"
+
+
+class OptimizerStep(_Grid, common.Paired):
+    """Clip + Adam step + zero_grad: what the optimizer side of an iteration costs."""
+
+    number = common.pick(cpu=1, gpu=20)  # an MLP step is well under a millisecond on GPUs
+
+    def setup_cache(self):
+        return self.measure_all()
+
+    def steps(self, workload: str):
+        dev, steps, _ = _turns(workload, lambda t: t.step)
+        return dev, steps
+
+
+class Iteration(_Grid, common.Paired):
+    """The whole training iteration around the optimizer step."""
+
+    number = common.pick(cpu=1, gpu=3)  # the MLP's iteration is about a millisecond on GPUs
+
+    def setup_cache(self):
+        return self.measure_all()
+
+    def steps(self, workload: str):
+        dev, steps, _ = _turns(workload, lambda t: t.iteration)
+        return dev, steps
+
+
+class IterationMemory(common.Measured):
     """Peak GPU memory of one training iteration: the flat buffers must not cost extra."""
 
     params = (WORKLOADS, VARIANTS)
     param_names = ["workload", "variant"]
-    timeout = 600
+    timeout = 1200
 
-    def setup(self, workload: str, variant: str) -> None:
-        if measure.device().type != "cuda":
-            raise NotImplementedError("peak device memory is tracked on GPUs only")
-        self.trainer = _trainer(workload, variant)
+    def setup_cache(self):
+        return self.measure_all()
 
-    def track_peak_memory(self, workload: str, variant: str) -> int:
-        return measure.peak_memory(self.trainer.iteration, self.trainer.device)
+    def measure_one(self, workload: str, variant: str) -> int:
+        common.gpu_only("peak device memory")
+        from speedbench import measure  # noqa: PLC0415
+
+        trainer = _Trainer(workload, variant)  # its first iteration allocated the optimizer state
+        return measure.peak_memory(trainer.iteration, trainer.device)
+
+    def track_peak_memory(self, cache, workload: str, variant: str) -> int:
+        return self.result(cache, workload, variant)  # common.SKIP off GPUs
 
     track_peak_memory.unit = "bytes"

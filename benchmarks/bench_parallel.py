@@ -7,95 +7,117 @@ measurement is one launch: `speedlib.parallel.run` with 10 timed steps after war
 step time is the median over steps of the slowest rank.
 
   Step.track_step                 seconds per step, per world size and mode
-  Throughput.track_samples_per_second
-  Scaling.track_scaling_efficiency  DDP samples/s at N ranks over N x one process's,
-                                  both measured in the same benchmark process
-  NoSync.track_step / NoSyncAllReduces.track_allreduces: DDP on 2 ranks with 4 micro-
-                                  batches per step, all-reducing every micro-batch ("off")
-                                  or only the last (`no_sync`, "on")
+  Step.track_samples_per_second   the same runs' global batch over their step time
+  Step.track_scaling_efficiency   DDP samples/s at N ranks over N x one process's (world
+                                  > 1, ddp only), both runs from the same process
+  NoSync.track_step / NoSync.track_allreduces: DDP on 2 ranks with 4 micro-batches per
+                                  step, all-reducing every micro-batch ("off") or only the
+                                  last (`no_sync`, "on"); the all-reduces are counted in a
+                                  run of their own, as the counting hook replaces DDP's own
 
-World sizes beyond the machine (GPUs, or cores on a CPU) are skipped with that reason, as
-is DataParallel without CUDA. Nothing here touches CUDA at import time.
+Each class measures all its parameter sets in one process (benchmarks.common.Measured).
+The variants are not paired (taking turns over rounds, as the other modules' Paired
+classes do): a run is a launch, 10-15 s for DDP on a shared CPU (processes spawned, torch
+imported in each, the process group set up), so the 8 rounds a 99 % interval needs would
+cost minutes per configuration; each run already times 10 steps after its warm-up.
+
+World sizes beyond the machine (GPUs, or cores on a CPU) are skipped with that reason
+before anything is launched, as is DataParallel without CUDA.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-import torch
+from benchmarks import common
 
-from speedbench import measure
 
-_ON_GPU = measure.device().type == "cuda"
-# device_count() asks the driver without creating a CUDA context.
-_GPUS = torch.cuda.device_count() if _ON_GPU else 0
+def _gpu_count() -> int:
+    """GPUs this run may use, counted without torch (no CUDA context, and a process that
+    only reports starts fast): $CUDA_VISIBLE_DEVICES's list, else the driver's under /proc.
+    The measuring process checks it against torch.cuda.device_count()."""
+    if not common.ON_GPU:
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip()])
+    return len(list(Path("/proc/driver/nvidia/gpus").glob("*")))
+
+
+_GPUS = _gpu_count()
 WORLDS = sorted({1, 2, _GPUS}) if _GPUS > 2 else [1, 2]
 MODES = ["single", "dataparallel", "ddp"]
-_SETUP = {"workload": "resnet50", "per_rank": 64, "steps": 10, "warmup": 3} if _ON_GPU else \
-    {"workload": "mlp", "per_rank": 32, "steps": 10, "warmup": 2}
-_TIMEOUT = 300.0
+_SETUP = common.pick(cpu={"workload": "mlp", "per_rank": 32, "steps": 10, "warmup": 2},
+                     gpu={"workload": "resnet50", "per_rank": 64, "steps": 10, "warmup": 3})
+_TIMEOUT = 300.0  # one launch
+
+
+def _check(mode: str, world: int) -> None:
+    """Skip what this machine cannot run, before importing torch or launching anything."""
+    if mode == "single" and world != 1:
+        raise NotImplementedError("one process is world size 1")
+    if mode == "dataparallel" and not common.ON_GPU:
+        raise NotImplementedError("DataParallel splits batches over CUDA devices; on a CPU it only calls the module")
+    have = _GPUS if common.ON_GPU else (os.cpu_count() or 1)
+    if world > have:
+        raise NotImplementedError(f"world size {world} needs {world} {'GPUs' if common.ON_GPU else 'cores'}; "
+                                  f"this machine has {have}")
 
 
 def _config(mode: str, world: int, **options):
-    try:
-        from speedlib.parallel import RunConfig  # noqa: PLC0415
-    except ImportError as e:  # a commit before the technique existed
-        raise NotImplementedError(f"speedlib has no parallel module here: {e}") from e
-    if mode == "single" and world != 1:
-        raise NotImplementedError("one process is world size 1")
-    if mode == "dataparallel" and not _ON_GPU:
-        raise NotImplementedError("DataParallel splits batches over CUDA devices; on a CPU it only calls the module")
-    have = _GPUS if _ON_GPU else (os.cpu_count() or 1)
-    if world > have:
-        raise NotImplementedError(f"world size {world} needs {world} {'GPUs' if _ON_GPU else 'cores'}; this machine has {have}")
+    _check(mode, world)
+    RunConfig = common.technique("parallel").RunConfig
     return RunConfig(mode=mode, world_size=world, workload=_SETUP["workload"], batch=_SETUP["per_rank"] * world,
-                     steps=_SETUP["steps"], warmup=_SETUP["warmup"], device="cuda" if _ON_GPU else "cpu", **options)
+                     steps=_SETUP["steps"], warmup=_SETUP["warmup"], device="cuda" if common.ON_GPU else "cpu",
+                     **options)
 
 
 def _run(config):
-    from speedlib import parallel  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - in the measuring process only (benchmarks.common)
 
-    return parallel.run(config, timeout=_TIMEOUT)
+    from speedbench import measure  # noqa: PLC0415
+
+    common.check_profile(measure.device())
+    if config.device == "cuda" and torch.cuda.device_count() < config.world_size:
+        raise NotImplementedError(f"world size {config.world_size} needs {config.world_size} GPUs; torch sees "
+                                  f"{torch.cuda.device_count()}")
+    return common.technique("parallel").run(config, timeout=_TIMEOUT)
 
 
-class _Launch:
-    """One launch per measurement; the grid is world size x mode."""
+class Step(common.Measured):
+    """The world size x mode grid, one launch each."""
 
     params = (WORLDS, MODES)
     param_names = ["world", "variant"]
-    timeout = 900
-    rounds = 1
+    timeout = 1800  # setup_cache: every launch of the grid
 
-    def setup(self, world: int, variant: str) -> None:
-        self.config = _config(variant, world)
+    def setup_cache(self):
+        return self.measure_all()
 
+    def measure_one(self, world: int, variant: str) -> dict:
+        result = _run(_config(variant, world))
+        return {"step": result.step_seconds, "samples_per_second": result.samples_per_second}
 
-class Step(_Launch):
-    def track_step(self, world: int, variant: str) -> float:
-        return _run(self.config).step_seconds
+    def track_step(self, cache, world: int, variant: str) -> float:
+        run = self.result(cache, world, variant)
+        return run if run is common.SKIP else run["step"]
 
     track_step.unit = "seconds"
 
-
-class Throughput(_Launch):
-    def track_samples_per_second(self, world: int, variant: str) -> float:
-        return _run(self.config).samples_per_second
+    def track_samples_per_second(self, cache, world: int, variant: str) -> float:
+        run = self.result(cache, world, variant)
+        return run if run is common.SKIP else run["samples_per_second"]
 
     track_samples_per_second.unit = "samples/s"
 
-
-class Scaling:
-    params = [w for w in WORLDS if w > 1]
-    param_names = ["world"]
-    timeout = 900
-    rounds = 1
-
-    def setup(self, world: int) -> None:
-        self.configs = _config("single", 1), _config("ddp", world)
-
-    def track_scaling_efficiency(self, world: int) -> float:
-        one, many = (_run(c).samples_per_second for c in self.configs)
-        return 100.0 * many / (world * one)
+    def track_scaling_efficiency(self, cache, world: int, variant: str) -> float:
+        if world == 1 or variant != "ddp":  # DDP's scaling from one process; 100 % by definition at 1
+            return common.SKIP
+        many, one = self.result(cache, world, variant), self.result(cache, 1, "single")
+        if many is common.SKIP or one is common.SKIP:
+            return common.SKIP
+        return 100.0 * many["samples_per_second"] / (world * one["samples_per_second"])
 
     track_scaling_efficiency.unit = "% of linear scaling"
 
@@ -103,33 +125,30 @@ class Scaling:
 _NO_SYNC = {"off": False, "on": True}
 
 
-class NoSync:
-    params = ["off", "on"]
+class NoSync(common.Measured):
+    """DDP on 2 ranks, 4 micro-batches per step, with and without no_sync."""
+
+    params = [list(_NO_SYNC)]
     param_names = ["variant"]
-    timeout = 900
-    rounds = 1
+    timeout = 1800  # setup_cache: four launches
 
-    def setup(self, variant: str) -> None:
-        self.config = _config("ddp", 2, micro_batches=4, no_sync=_NO_SYNC[variant])
+    def setup_cache(self):
+        return self.measure_all()
 
-    def track_step(self, variant: str) -> float:
-        return _run(self.config).step_seconds
+    def measure_one(self, variant: str) -> dict:
+        timed = _run(_config("ddp", 2, micro_batches=4, no_sync=_NO_SYNC[variant]))
+        counted = _run(_config("ddp", 2, micro_batches=4, no_sync=_NO_SYNC[variant], count_allreduces=True))
+        return {"step": timed.step_seconds, "allreduces": counted.allreduces[0] / counted.config.steps}
+
+    def track_step(self, cache, variant: str) -> float:
+        run = self.result(cache, variant)
+        return run if run is common.SKIP else run["step"]
 
     track_step.unit = "seconds"
 
-
-class NoSyncAllReduces:
-    params = ["off", "on"]
-    param_names = ["variant"]
-    timeout = 900
-    rounds = 1
-
-    def setup(self, variant: str) -> None:
-        self.config = _config("ddp", 2, micro_batches=4, no_sync=_NO_SYNC[variant], count_allreduces=True)
-
-    def track_allreduces(self, variant: str) -> float:
+    def track_allreduces(self, cache, variant: str) -> float:
         """Bucket all-reduces per optimizer step (rank 0)."""
-        result = _run(self.config)
-        return result.allreduces[0] / self.config.steps
+        run = self.result(cache, variant)
+        return run if run is common.SKIP else run["allreduces"]
 
     track_allreduces.unit = "all-reduces"

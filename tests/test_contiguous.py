@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import math
 import os
 import socket
+import sys
 
 import pytest
 import torch
@@ -691,6 +693,48 @@ def test_distributed_data_parallel_gloo_two_processes():
     for rank in (0, 1):
         for got, want in zip(results[rank], ref.parameters()):
             torch.testing.assert_close(got, want.detach(), atol=1e-5, rtol=1e-4)
+
+
+# -- the benchmark (benchmarks/bench_contiguous.py) ----------------------------------------
+
+def test_benchmark_pairs_the_variants_per_round_and_skips_what_cannot_run(monkeypatch):
+    """One process measures a class (asv's setup_cache) and its track_* processes report from
+    that cache: a variant that cannot run here is NaN (asv: skipped), every ratio and
+    bandwidth is of one round, never of medians."""
+    from benchmarks import bench_contiguous as bench  # noqa: PLC0415
+    from speedbench import workloads  # noqa: PLC0415
+
+    monkeypatch.setitem(sys.modules, "contiguous_params", None)  # as where it is not installed
+    for cls in (bench.AdamStep, bench.OptimizerStep, bench.Iteration):
+        monkeypatch.setattr(cls, "params", (["mlp"], bench.VARIANTS))
+        monkeypatch.setattr(cls, "pairs", 2)
+        monkeypatch.setattr(cls, "warmup", 0)
+    adam = bench.AdamStep()
+    cache = adam.measure_all()
+    assert cache[("mlp", "original")][0] == "skip"
+    for track in (adam.track_seconds, adam.track_speedup, adam.track_step_bandwidth, adam.track_fraction_of_floor):
+        assert math.isnan(track(cache, "mlp", "original"))
+    assert math.isnan(adam.track_speedup(cache, "mlp", "forloop"))  # the baseline's own ratio
+    forloop = adam.track_seconds(cache, "mlp", "forloop")["samples"]
+    flat = adam.track_seconds(cache, "mlp", "speedlib")["samples"]
+    assert len(forloop) == len(flat) == 2 and min(forloop + flat) > 0
+    assert adam.track_speedup(cache, "mlp", "speedlib")["samples"] == pytest.approx([a / b for a, b in zip(forloop, flat)])
+    nbytes = bench.ADAM_BYTES_PER_PARAM * sum(p.numel() for p in workloads.get("mlp").model().parameters())
+    bandwidth = adam.track_step_bandwidth(cache, "mlp", "speedlib")["samples"]
+    assert bandwidth == pytest.approx([nbytes / s / 1e9 for s in flat])
+    floor = adam.result(cache, *bench._FLOOR)
+    assert adam.track_fraction_of_floor(cache, "mlp", "speedlib")["samples"] == pytest.approx(
+        [100 * b * 1e9 / floor for b in bandwidth])
+
+    for cls in (bench.OptimizerStep, bench.Iteration):
+        cache = cls().measure_all()
+        assert {v: cache[("mlp", v)][0] for v in bench.VARIANTS} == {**dict.fromkeys(bench.VARIANTS, "ok"), "original": "skip"}
+        assert all(len(s) == 2 and min(s) > 0 for s in cache[("mlp", "forloop")][1].values())
+
+    memory = bench.IterationMemory()
+    monkeypatch.setattr(bench.IterationMemory, "params", (["mlp"], ["speedlib"]))
+    peak = memory.track_peak_memory(memory.measure_all(), "mlp", "speedlib")
+    assert peak > 0 if torch.cuda.is_available() else math.isnan(peak)
 
 
 # -- GPU ----------------------------------------------------------------------------------

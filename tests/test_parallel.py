@@ -3,6 +3,7 @@ no_sync accumulation, the DDP options, flat-buffer parameters, and failing ranks
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -167,17 +168,34 @@ def test_dataparallel_and_nccl_ddp_on_one_gpu_equal_one_process():
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the CPU behaviour of the benchmark")
-def test_benchmark_skips_in_setup_what_this_machine_cannot_run(monkeypatch):
-    """asv records NotImplementedError from setup as a skip but from the body as a failure."""
+def test_benchmark_measures_its_grid_in_one_process_and_skips_what_this_machine_cannot_run(monkeypatch):
+    """One process measures a class (asv's setup_cache) and its track_* processes report from
+    that cache: what this machine cannot run is NaN (asv: skipped), decided before a launch."""
     from benchmarks import bench_parallel as bench  # noqa: PLC0415
 
-    with pytest.raises(NotImplementedError, match="DataParallel"):
-        bench.Step().setup(1, "dataparallel")
-    with pytest.raises(NotImplementedError, match="world size 1"):
-        bench.Throughput().setup(2, "single")
+    monkeypatch.setitem(bench._SETUP, "steps", 2)
+    monkeypatch.setitem(bench._SETUP, "warmup", 0)
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
-    with pytest.raises(NotImplementedError, match="needs 2 cores; this machine has 1"):
-        bench.NoSync().setup("on")
+    monkeypatch.setattr(bench.Step, "params", ([1, 2], bench.MODES))
+    launched, launch = [], parallel.run
+    monkeypatch.setattr(parallel, "run", lambda config, **kw: launched.append(config) or launch(config, **kw))
     step = bench.Step()
-    step.setup(1, "ddp")
-    assert step.config.batch == bench._SETUP["per_rank"] and step.config.device == "cpu"
+    cache = step.measure_all()
+    assert [(c.mode, c.world_size) for c in launched] == [("single", 1), ("ddp", 1)]
+    assert launched[0].batch == bench._SETUP["per_rank"] and launched[0].device == "cpu"
+    assert cache[(1, "dataparallel")] == ("skip", "DataParallel splits batches over CUDA devices; on a CPU it only calls the module")
+    assert cache[(2, "single")] == ("skip", "one process is world size 1")
+    assert cache[(2, "ddp")] == ("skip", "world size 2 needs 2 cores; this machine has 1")
+    for track in (step.track_step, step.track_samples_per_second, step.track_scaling_efficiency):
+        assert math.isnan(track(cache, 2, "ddp")) and math.isnan(track(cache, 1, "dataparallel"))
+    seconds = step.track_step(cache, 1, "single")
+    assert seconds > 0 and step.track_samples_per_second(cache, 1, "single") == pytest.approx(bench._SETUP["per_rank"] / seconds)
+    assert math.isnan(step.track_scaling_efficiency(cache, 1, "ddp"))  # 100 % by definition
+    # As if 2 ranks had run: DDP's samples/s over twice one process's.
+    cache[(2, "ddp")] = ("ok", {"step": 1.0, "samples_per_second": 96.0})
+    one = step.track_samples_per_second(cache, 1, "single")
+    assert step.track_scaling_efficiency(cache, 2, "ddp") == pytest.approx(100 * 96.0 / (2 * one))
+
+    no_sync = bench.NoSync()
+    cache = no_sync.measure_all()  # both variants need 2 ranks: nothing launched
+    assert len(launched) == 2 and math.isnan(no_sync.track_step(cache, "on")) and math.isnan(no_sync.track_allreduces(cache, "off"))
