@@ -21,7 +21,6 @@ benchmarks on this machine where there are any, else an estimate per parameter c
 
 CHUNKS = (
     ("headline", "every technique's main comparison on its GPU workload", (
-        r"bench_contiguous\.AdamBandwidth\.",
         r"bench_contiguous\.AdamStep\.",
         r"bench_transfer\.FractionOfFloor\.",
         r"bench_checkpoint\.(TrainingStep|PeakMemory)\.",

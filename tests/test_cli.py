@@ -23,7 +23,7 @@ from speedbench import cli, suite, synthetic
 from speedbench.results import load_results
 
 ROOT = Path(__file__).resolve().parents[1]
-ONE_BENCH = r"OptimizerStep.time_step\('mlp', '(speedlib|fused)'\)"
+ONE_BENCH = r"AdamStep.track_seconds\('mlp', '(speedlib|fused)'\)"
 
 
 def run_cli(*args: str, cwd: Path, home: Path) -> subprocess.CompletedProcess:
@@ -230,7 +230,7 @@ def test_commit_range_results_are_read_by_asv_publish_and_compare(scratch_repo, 
     cmp = subprocess.run([*asv, "compare", "--machine", machine_dir.name, *shas], cwd=scratch_repo, env=env,
                          capture_output=True, text=True)
     assert cmp.returncode == 0, cmp.stdout + cmp.stderr
-    assert "time_step" in cmp.stdout and "'speedlib'" in cmp.stdout
+    assert "AdamStep.track_seconds" in cmp.stdout and "'speedlib'" in cmp.stdout
 
     report = run_cli("report", "--results", "results", cwd=scratch_repo, home=tmp_path)
     assert report.returncode == 0 and "variant=fused" in report.stdout
@@ -296,7 +296,7 @@ def test_pack_results_refuses_an_empty_run_and_quick_archives(tmp_path):
 REHEARSAL_CHUNKS = r'''
 CHUNKS = (
     ("headline", "one real comparison and a planted benchmark", (
-        r"bench_contiguous\.OptimizerStep\.time_adam_step\('mlp', 'speedlib'\)",
+        r"bench_contiguous\.AdamStep\.track_seconds\('mlp', 'speedlib'\)",
         r"bench_planted\.Offline\.track_ok\(1\)",
     )),
     ("rest", "everything else", (r"bench_planted\.",)),
@@ -360,11 +360,11 @@ def test_offline_chunked_run_from_a_bundle_rehearses_a_gpu_slot(tmp_path):
     assert results["bench_planted.Offline.track_ok"][0] == [1, 2]  # the later chunk kept the earlier value
     loaded = load_results(unpacked / "results")
     measured = set(loaded.measured["benchmark"])
-    assert {"bench_contiguous.OptimizerStep.time_adam_step", "bench_planted.Offline.track_ok"} <= measured
+    assert {"bench_contiguous.AdamStep.track_seconds", "bench_planted.Offline.track_ok"} <= measured
     assert not loaded.problems
 
     report = run_cli("report", "--results", "results", cwd=unpacked, home=tmp_path)
-    assert report.returncode == 0 and "track_ok" in report.stdout and "time_adam_step" in report.stdout
+    assert report.returncode == 0 and "track_ok" in report.stdout and "AdamStep" in report.stdout
     pub = subprocess.run([sys.executable, "-m", "asv", "publish"], cwd=unpacked, env={**os.environ, "HOME": str(tmp_path)},
                          capture_output=True, text=True)
     assert pub.returncode == 0, pub.stdout + pub.stderr
