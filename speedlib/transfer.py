@@ -334,8 +334,10 @@ class HostTable:
                 raise ValueError(f"backend {backend!r} moves rows to a CUDA device, not {dev}; use 'pageable' on CPUs")
             if not torch.cuda.is_available():
                 raise RuntimeError(f"backend {backend!r} needs CUDA, and torch sees no CUDA device")
-            if dev.index is None:
-                dev = torch.device("cuda", torch.cuda.current_device())
+        if dev.type == "cuda" and dev.index is None:
+            # 'cuda' and 'cuda:0' are the same device but compare unequal: name the index, so
+            # that indices and values made on the current device pass the device check.
+            dev = torch.device("cuda", torch.cuda.current_device())
         self.backend, self.device, self.dtype = backend, dev, dtype
         self.shape = (rows, dim)
         self.writable, self.file, self._mmap = True, None, None

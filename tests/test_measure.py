@@ -268,8 +268,11 @@ def test_gpu_state_when_nvidia_smi_hangs_or_fails(tmp_path, monkeypatch, body):
     _fake_smi(tmp_path, monkeypatch, body)
     monkeypatch.setattr(measure, "NVIDIA_SMI_TIMEOUT_S", 1.0)
     start = time.monotonic()
-    assert measure.environment()["gpu_state"] is None
+    assert measure.gpu_state() is None
+    # Only the query is timed: environment() also starts CUDA on GPU machines, which alone
+    # took 21 s on a busy H100 host.
     assert time.monotonic() - start < 20
+    assert measure.environment()["gpu_state"] is None
 
 
 def test_cpu_frequency_policy_from_sysfs(tmp_path):

@@ -63,7 +63,8 @@ ALL = _backend_params(BACKENDS)
 
 
 def _device(backend: str) -> torch.device:
-    return torch.device("cpu") if backend == "pageable" and not HAS_CUDA else torch.device("cuda" if HAS_CUDA else "cpu")
+    # A table names its CUDA device with the index ('cuda:0'), as tensors made there do.
+    return torch.device("cuda", torch.cuda.current_device()) if HAS_CUDA else torch.device("cpu")
 
 
 def _train_device(backend: str) -> torch.device:
