@@ -56,12 +56,16 @@ def load_chunks(root: Path) -> list[Chunk]:
 
 
 def select_chunks(chunks: list[Chunk], names: list[str]) -> list[Chunk]:
-    """`names` in suite order ("all": every chunk); an unknown name is an error."""
+    """`names` in suite order ("all": every chunk; a group such as "headline": every chunk
+    named "headline-..."); an unknown name is an error."""
+    def picked(chunk: Chunk, name: str) -> bool:
+        return name in ("all", chunk.name) or chunk.name.startswith(name + "-")
+
     known = [c.name for c in chunks]
-    unknown = [n for n in names if n != "all" and n not in known]
+    unknown = [n for n in names if not any(picked(c, n) for c in chunks)]
     if unknown:
         raise PlanError(f"unknown chunk {unknown[0]!r}; the chunks are: {', '.join(known)} (or all)")
-    return [c for c in chunks if "all" in names or c.name in names]
+    return [c for c in chunks if any(picked(c, n) for n in names)]
 
 
 def benchmark_listing(root: Path, results_dir: Path) -> Path | None:

@@ -64,13 +64,20 @@ def test_every_benchmark_combination_is_in_exactly_one_chunk():
 
     chunks = plan.load_chunks(ROOT)
     names = plan.combinations(ROOT / "results" / "benchmarks.json")
-    assert chunks[0].name == "headline" and chunks[-1].name == "rest"
+    assert chunks[-1].name == "rest"
     for combos in names.values():
         for combo in combos:
             owners = [c.name for c in chunks if re.search(c.regex, combo)]
             assert len(owners) == 1, (combo, owners)
-    headline = re.compile(chunks[0].regex)
-    covered = {c.split(".")[0] for combos in names.values() for c in combos if headline.search(c)}
+    headline = plan.select_chunks(chunks, ["headline"])
+    assert chunks[:len(headline)] == headline  # the headline group comes first
+    # The benchmarks as the code defines them now (the committed listing may predate a rename).
+    import ast
+    # (Class names only: Paired classes inherit their track_ methods.)
+    defined = [f"{path.stem}.{cls.name}.track_" for path in sorted((ROOT / "benchmarks").glob("bench_*.py"))
+               for cls in ast.parse(path.read_text()).body
+               if isinstance(cls, ast.ClassDef) and not cls.name.startswith("_")]
+    covered = {c.split(".")[0] for c in defined if any(re.search(h.regex, c) for h in headline)}
     assert covered == {f"bench_{t}" for t in ("contiguous", "transfer", "checkpoint", "amp", "parallel", "tuning")}
 
 
