@@ -81,8 +81,8 @@ def _print_plan(options) -> int:
         return 2
     names = plan.combinations(listing)
     print(f"chunks on {options.machine}, per commit (a chunk's measured time on this machine where there is one, "
-          f"else asv's recorded durations or {plan.SECONDS_PER_COMBINATION:.0f} s per parameter combination, "
-          f"times {plan.HEADROOM} headroom)")
+          f"else per class {plan.SECONDS_PER_CLASS:.0f} s + {plan.SECONDS_PER_COMBINATION:.0f} s per parameter "
+          f"combination + {plan.SECONDS_PER_METHOD:.0f} s per method, times {plan.HEADROOM} headroom)")
     total = 0.0
     for chunk in chunks:
         seconds, source = plan.chunk_cost(chunk, names, results_dir, options.machine)

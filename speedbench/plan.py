@@ -13,17 +13,22 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Chunk", "load_chunks", "benchmark_listing", "select_chunks", "combinations", "recorded_durations", "estimate_seconds",
-           "SECONDS_PER_COMBINATION", "HEADROOM", "PlanError", "chunk_times_path", "record_chunk_time",
+__all__ = ["Chunk", "load_chunks", "benchmark_listing", "select_chunks", "combinations", "estimate_seconds",
+           "SECONDS_PER_COMBINATION", "SECONDS_PER_CLASS", "SECONDS_PER_METHOD", "HEADROOM", "PlanError", "chunk_times_path", "record_chunk_time",
            "recorded_chunk_seconds", "chunk_cost"]
 
-# asv starts one process per parameter combination: about 3 s for the torch import and CUDA
-# start on a GPU host, then setup (building a model) and up to 10 samples of a step that
-# takes well under a second there. Used only where this machine has recorded no duration.
+# A class is measured in one process (benchmarks/common.py: its setup_cache measures every
+# parameter combination, variants taking turns), then each of its track_ methods reports
+# from the cache in a short torch-free process. On one H100 (2026-11-23) the headline
+# classes took 24-103 s for 3-30 combinations: 3-8 s a combination (ResNet-50 and DenseNet
+# steps, 30 paired rounds, warm-up), a few seconds to import torch and start CUDA per class,
+# about a second per reporting process. Used only where this machine has no measured time
+# for the chunk (results/<machine>/chunk-times.jsonl).
 SECONDS_PER_COMBINATION = 6.0
-# Estimates that are not a measured chunk time run long: asv keeps only the last run's
-# duration of a benchmark, so after a chunk ran part of its parameter combinations the
-# pro-rata split undercounts, and combinations differ in cost (ResNet-50 ones dominate).
+SECONDS_PER_CLASS = 3.0
+SECONDS_PER_METHOD = 1.0
+# The estimate runs short for classes of big models (checkpointed DenseNet-121 at batch
+# 256); a measured chunk time replaces it after the first run.
 HEADROOM = 1.5
 
 
@@ -58,10 +63,14 @@ def load_chunks(root: Path) -> list[Chunk]:
 def select_chunks(chunks: list[Chunk], names: list[str]) -> list[Chunk]:
     """`names` in suite order ("all": every chunk; a group such as "headline": every chunk
     named "headline-..."); an unknown name is an error."""
-    def picked(chunk: Chunk, name: str) -> bool:
-        return name in ("all", chunk.name) or chunk.name.startswith(name + "-")
-
     known = [c.name for c in chunks]
+    def picked(chunk: Chunk, name: str) -> bool:
+        if name in ("all", chunk.name):
+            return True
+        # A group prefix, unless the name is a chunk's own: "headline-checkpoint" is that
+        # chunk, not also "headline-checkpoint-memory" (an H100 slot lost 90 s to that).
+        return name not in known and chunk.name.startswith(name + "-")
+
     unknown = [n for n in names if not any(picked(c, n) for c in chunks)]
     if unknown:
         raise PlanError(f"unknown chunk {unknown[0]!r}; the chunks are: {', '.join(known)} (or all)")
@@ -90,47 +99,22 @@ def combinations(benchmarks_json: Path) -> dict[str, list[str]]:
     return names
 
 
-def recorded_durations(results_dir: Path, machine: str) -> dict[str, tuple[float, int]]:
-    """Per benchmark, (seconds asv took, parameter combinations that took them) from this
-    machine's newest result that holds it."""
-    newest: dict[str, tuple[float, float, int]] = {}
-    for path in sorted((Path(results_dir) / machine).glob("*.json")):
-        if path.name == "machine.json":
-            continue
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            columns = data["result_columns"]
-            for name, entry in data["results"].items():
-                record = dict(zip(columns, entry))
-                seconds, started = record.get("duration"), record.get("started_at") or 0
-                if not isinstance(seconds, (int, float)):
-                    continue
-                n = len(list(itertools.product(*(record.get("params") or []))))
-                if name not in newest or started > newest[name][0]:
-                    newest[name] = (started, float(seconds), n)
-        except (ValueError, KeyError, TypeError, AttributeError):
-            continue  # an unreadable file says nothing about cost; the results loader reports it
-    return {name: (seconds, n) for name, (_, seconds, n) in newest.items()}
-
-
-def estimate_seconds(chunk: Chunk, names: dict[str, list[str]],
-                     durations: dict[str, tuple[float, int]]) -> tuple[float, int, int]:
-    """(seconds, combinations, of which recorded) for `chunk`: a recorded benchmark costs its
-    duration pro rata to the combinations selected, any other SECONDS_PER_COMBINATION each."""
+def estimate_seconds(chunk: Chunk, names: dict[str, list[str]]) -> tuple[float, int, int]:
+    """(seconds, parameter combinations measured, benchmark methods) for `chunk`: each class
+    it selects is one measuring process over the union of its selected combinations, plus
+    one reporting process per selected method."""
     pattern = re.compile(chunk.regex)
-    seconds, total, recorded = 0.0, 0, 0
+    per_class: dict[str, set[str]] = {}
+    methods = 0
     for name, combos in names.items():
-        chosen = sum(1 for c in combos if pattern.search(c))
+        chosen = [c[len(name):] for c in combos if pattern.search(c)]  # the "(p0, p1)" part
         if not chosen:
             continue
-        total += chosen
-        if name in durations and durations[name][1]:
-            spent, n = durations[name]
-            seconds += spent * chosen / n
-            recorded += chosen
-        else:
-            seconds += SECONDS_PER_COMBINATION * chosen
-    return seconds, total, recorded
+        methods += 1
+        per_class.setdefault(name.rsplit(".", 1)[0], set()).update(chosen)
+    n = sum(len(c) for c in per_class.values())
+    seconds = SECONDS_PER_CLASS * len(per_class) + SECONDS_PER_COMBINATION * n + SECONDS_PER_METHOD * methods
+    return seconds, n, methods
 
 
 # --- measured chunk times: the estimate that needs no guessing --------------------------
@@ -163,9 +147,10 @@ def recorded_chunk_seconds(results_dir: Path, machine: str) -> dict[str, float]:
 
 def chunk_cost(chunk: Chunk, names: dict[str, list[str]], results_dir: Path, machine: str) -> tuple[float, str]:
     """(seconds for one commit, where the figure comes from): a measured run of this chunk on
-    this machine, else asv's recorded durations or the per-combination estimate with HEADROOM."""
+    this machine, else the per-class estimate with HEADROOM. (asv's own recorded durations
+    leave out setup_cache, where the measuring happens, so they are no estimate.)"""
     measured = recorded_chunk_seconds(results_dir, machine)
     if chunk.name in measured:
         return measured[chunk.name], "measured chunk time"
-    seconds, combos, recorded = estimate_seconds(chunk, names, recorded_durations(results_dir, machine))
-    return seconds * HEADROOM, f"estimate x {HEADROOM} ({recorded} of {combos} combinations recorded)"
+    seconds, combos, methods = estimate_seconds(chunk, names)
+    return seconds * HEADROOM, f"estimate x {HEADROOM} ({combos} combinations, {methods} methods)"

@@ -81,14 +81,26 @@ def test_every_benchmark_combination_is_in_exactly_one_chunk():
     assert covered == {f"bench_{t}" for t in ("contiguous", "transfer", "checkpoint", "amp", "parallel", "tuning")}
 
 
-def test_chunk_estimates_use_recorded_durations_pro_rata(tmp_path):
-    chunk = plan.Chunk("c", "", r"^(?:a\.B\.time_x\(1\)|c\.D\.track_y)")
-    names = {"a.B.time_x": ["a.B.time_x(1)", "a.B.time_x(2)"], "c.D.track_y": ["c.D.track_y"], "e.F.g": ["e.F.g"]}
-    write(tmp_path, {"a.B.time_x": [[1.0, 2.0], [["1", "2"]], "v", 5, 30.0]})
-    durations = plan.recorded_durations(tmp_path, "m")
-    assert durations == {"a.B.time_x": (30.0, 2)}
-    # Half of a.B.time_x's recorded 30 s, and the estimate for the unrecorded c.D.track_y.
-    assert plan.estimate_seconds(chunk, names, durations) == (15.0 + plan.SECONDS_PER_COMBINATION, 2, 1)
+def test_chunk_estimate_counts_one_measuring_process_per_class():
+    """A class's methods share one measuring process: a Paired class's track_seconds and
+    track_speedup over the same two combinations are two combinations, not four."""
+    chunk = plan.Chunk("c", "", r"^(?:a\.B\.|c\.D\.track_y)")
+    names = {"a.B.track_seconds": ["a.B.track_seconds(1)", "a.B.track_seconds(2)"],
+             "a.B.track_speedup": ["a.B.track_speedup(1)", "a.B.track_speedup(2)"],
+             "c.D.track_y": ["c.D.track_y"], "c.D.track_z": ["c.D.track_z"], "e.F.g": ["e.F.g"]}
+    seconds, combos, methods = plan.estimate_seconds(chunk, names)
+    assert (combos, methods) == (3, 3)
+    assert seconds == 2 * plan.SECONDS_PER_CLASS + 3 * plan.SECONDS_PER_COMBINATION + 3 * plan.SECONDS_PER_METHOD
+
+
+def test_a_chunk_name_selects_that_chunk_and_a_prefix_its_group():
+    chunks = [plan.Chunk(n, "", "x") for n in ("head-a", "head-a-memory", "head-b", "rest")]
+    pick = lambda *names: [c.name for c in plan.select_chunks(chunks, list(names))]  # noqa: E731
+    assert pick("head-a") == ["head-a"]
+    assert pick("head") == ["head-a", "head-a-memory", "head-b"]
+    assert pick("rest", "head-b") == ["head-b", "rest"]  # suite order, not the order asked
+    with pytest.raises(plan.PlanError, match="unknown chunk 'hea'"):
+        pick("hea")
 
 
 def _fake_run(monkeypatch, costs: dict[str, float]) -> list[str]:
@@ -143,7 +155,7 @@ def test_a_measured_chunk_time_replaces_the_estimate(tmp_path):
     chunk = plan.Chunk("c", "", r"^(?:a\.B\.time_x)")
     names = {"a.B.time_x": ["a.B.time_x(1)", "a.B.time_x(2)"]}
     guessed, source = plan.chunk_cost(chunk, names, tmp_path, "m")
-    assert guessed == 2 * plan.SECONDS_PER_COMBINATION * plan.HEADROOM and source.startswith("estimate")
+    assert guessed == plan.estimate_seconds(chunk, names)[0] * plan.HEADROOM and source.startswith("estimate")
     plan.record_chunk_time(tmp_path, "m", "c", SHA, 100.0)
     plan.record_chunk_time(tmp_path, "m", "c", SHA, 42.0)
     with plan.chunk_times_path(tmp_path, "m").open("a") as f:
