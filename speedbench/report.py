@@ -87,15 +87,20 @@ class Claim:
     variant: str
     baseline: str
     workload: str | None = None  # the model the figure was measured on, where only that one compares
+    # The class that measures it with variants taking turns (a paired speedup, preferred when
+    # measured), and parameters the comparison is fixed at, e.g. (("op", "gather"),).
+    suite: str | None = None
+    where: tuple[tuple[str, str], ...] = ()
 
 
 CLAIMS = (
     Claim("contiguous", "contiguous_params README", "optimizer step 7x-100x faster", 7.0, 100.0,
-          "speedup", "adam_step", "speedlib", "forloop"),
+          "speedup", "adam_step", "speedlib", "forloop", suite="AdamStep"),
     Claim("transfer", "SpeedTorch README (Tesla K80, 2-core CPU)", "CuPy pinned gather 3.1x faster than PyTorch pinned",
-          3.1, None, "speedup", "gather", "cupy", "pinned"),
+          3.1, None, "speedup", "gather", "cupy", "pinned", suite="Transfer", where=(("op", "gather"), ("indices", "random"))),
     Claim("transfer", "SpeedTorch README (Tesla K80, 2-core CPU)", "CuPy pinned write-back 410x faster than PyTorch pinned",
-          410.0, None, "speedup", "scatter", "cupy", "pinned"),
+          410.0, None, "speedup", "scatter", "cupy", "pinned", suite="Transfer",
+          where=(("op", "scatter"), ("indices", "random"))),
     Claim("transfer", "SpeedTorch README (Colab)", "10M x 128 float32 table: CuPy pinned 9.93 GB of host memory, PyTorch pinned 6.59 GB",
           9.93 / 6.59, None, "memory ratio", "host_footprint", "cupy", "pinned"),
     Claim("checkpoint", "efficient DenseNet / pytorch-checkpoint (TITAN X, DenseNet-BC-100)",
@@ -103,9 +108,11 @@ CLAIMS = (
           "densenet_bc"),
     Claim("checkpoint", "efficient DenseNet / pytorch-checkpoint (TITAN X, DenseNet-BC-100)",
           "about +19 % step time (0.42 -> 0.50 s)", 0.42 / 0.50, None, "speedup", "step", "speedlib", "none",
-          "densenet_bc"),
+          "densenet_bc", suite="TrainingStep"),
     Claim("amp", "PyTorch Performance Tuning Guide", "mixed precision up to 3x faster", None, 3.0,
-          "speedup", "step", "bf16", "fp32"),
+          "speedup", "step", "bf16", "fp32", suite="TrainingStep"),
+    Claim("amp", "PyTorch Performance Tuning Guide", "mixed precision up to 3x faster (with channels_last)", None, 3.0,
+          "speedup", "step", "bf16_channels_last", "fp32", suite="TrainingStep"),
     Claim("parallel", "PyTorch Tuning Guide; Lightning speed-up guide", "DistributedDataParallel much faster than DataParallel",
           None, None, "speedup", "step", "ddp", "dataparallel"),
 )
@@ -135,7 +142,8 @@ class Table:
 
 # Columns this module adds to the tidy frame; everything else outside COLUMNS is a parameter.
 _DERIVED = {"baseline", "baseline_value", "ratio", "ratio_low", "ratio_high", "interval", "change",
-            "significant", "direction", "test", "p_value", "step", "step_direction", "step_p", "result_id_base"}
+            "significant", "direction", "test", "p_value", "step", "step_direction", "step_p", "result_id_base",
+            "config", "width"}  # paired(): the configuration without its variant, the interval's width
 
 
 def param_columns(df: pd.DataFrame) -> list[str]:
@@ -720,15 +728,34 @@ def machine_comparison(df: pd.DataFrame, machine_a: str, machine_b: str) -> Tabl
                  [f">1: {machine_b} is better; each machine at its latest commit"])
 
 
+def _claim_rows(s: pd.DataFrame, c: Claim, by_suite: bool) -> pd.DataFrame:
+    """The rows of `s` that measure claim `c`: its class's paired speedups (`by_suite`), else
+    its metric's ratios; at its workload and fixed parameters where it names them."""
+    if s.empty:
+        return s
+    keep = (s["technique"] == c.technique) & (s["variant"] == c.variant) & (s["baseline"] == c.baseline)
+    keep &= (s["suite"] == c.suite) if by_suite else (s["metric"] == c.metric)
+    if c.workload:
+        keep &= s["workload"] == c.workload
+    for column, value in c.where:
+        keep &= (s[column] == value) if column in s else False
+    return s[keep]
+
+
 def claims_table(df: pd.DataFrame) -> Table:
     """Each source's published claim beside what speedlib measured (latest commit per machine)."""
-    s = speedups(latest(df))
+    newest = latest(df)
+    s, pairs = speedups(newest), paired(newest)
     rows, used = [], []
     for c in CLAIMS:
-        hit = s[(s["technique"] == c.technique) & (s["metric"] == c.metric)
-                & (s["variant"] == c.variant) & (s["baseline"] == c.baseline)
-                & ((s["workload"] == c.workload) if c.workload else True)]
-        others = [p for p in _shown(hit) if p != "workload"]  # e.g. batch: one row per value
+        hit = _claim_rows(pairs, c, by_suite=True) if c.suite else pairs.iloc[0:0]
+        fixed = "".join(f", {k}={v}" for k, v in c.where)
+        label = f"{c.suite}: {c.variant} vs {c.baseline} (paired speedup{fixed})"
+        if hit.empty:  # not measured in turns on this commit: the ratio of separate measurements
+            hit = _claim_rows(s, c, by_suite=False)
+            label = f"{c.metric}: {c.variant} vs {c.baseline} ({c.measured_as})"
+        fixed = {k for k, _ in c.where}
+        others = [p for p in _shown(hit) if p != "workload" and p not in fixed]  # e.g. batch: one row per value
         if c.measured_as == "memory ratio":  # report variant / baseline, as the claim is stated
             hit = hit.assign(ratio=1 / hit["ratio"], ratio_low=1 / hit["ratio_high"], ratio_high=1 / hit["ratio_low"])
         claimed = "" if c.claimed is None and c.claimed_high is None else (
@@ -736,20 +763,22 @@ def claims_table(df: pd.DataFrame) -> Table:
             f"up to {c.claimed_high:.3g}x" if c.claimed is None else f"{c.claimed:.3g}x-{c.claimed_high:.3g}x")
         if hit.empty:
             rows.append({"technique": c.technique, "source": c.source, "claim": c.claim, "claimed": claimed,
-                         "measured as": f"{c.metric}: {c.variant} vs {c.baseline} ({c.measured_as})",
+                         "measured as": label,
                          "machine": "", "workload": "", "measured": "not measured yet"})
             continue
         used.append(hit)
         for _, r in hit.sort_values(["machine", "workload", *others], kind="stable").iterrows():
             setting = ", ".join(f"{p}={r[p]}" for p in others if r[p] != "")
             rows.append({"technique": c.technique, "source": c.source, "claim": c.claim, "claimed": claimed,
-                         "measured as": f"{c.metric}: {c.variant} vs {c.baseline} ({c.measured_as})",
+                         "measured as": label,
                          "machine": f"{r['machine']} ({r['gpu']})",
                          "workload": f"{r['workload']} ({setting})" if setting else r["workload"],
                          "measured": _fmt_ratio(r["ratio"], r["ratio_low"], r["ratio_high"])})
     sources = pd.concat(used) if used else df.iloc[0:0]
     return Table("Claims versus measured", pd.DataFrame(rows), sources,
-                 ["measured: latest commit per machine; ratio [99 % CI bounds]"])
+                 ["measured: latest commit per machine; ratio [99 % CI bounds]",
+                  "paired speedup: variants taking turns in one process; Hodges-Lehmann estimate of the per-round "
+                  "ratios [99 % Wilcoxon interval]; otherwise the ratio of separate measurements [worst-case bounds]"])
 
 
 # --- provenance and exports --------------------------------------------------------------

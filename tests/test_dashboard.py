@@ -108,9 +108,19 @@ def test_nothing_from_a_result_file_reaches_markdown(page, tmp_path, monkeypatch
     assert not any("javascript:" in str(v) or "<img" in str(v) for v in rendered)
 
 
-def test_missing_gpu_run_is_explained(monkeypatch):
-    at = app_on(ROOT / "results", "pages/overview.py", monkeypatch)
+def test_missing_gpu_run_is_explained(tmp_path, monkeypatch):
+    synthetic.write_results(tmp_path, commits=2, machines=3)
+    for gpu in ("synthetic-h100", "synthetic-h200"):
+        shutil.rmtree(tmp_path / gpu)
+    at = app_on(tmp_path, "pages/overview.py", monkeypatch)
     assert "No GPU run is committed yet" in texts(at)
+
+
+def test_the_committed_gpu_run_is_on_the_overview(monkeypatch):
+    at = app_on(ROOT / "results", "pages/overview.py", monkeypatch)
+    assert "No GPU run is committed yet" not in texts(at)
+    shown = pd.concat([d.value for d in at.dataframe])
+    assert shown.astype(str).apply(lambda col: col.str.contains("H100")).any().any()
 
 
 def test_filter_from_the_url(synthetic_tree, monkeypatch):

@@ -529,3 +529,23 @@ def test_claims_keep_to_the_claims_model_and_show_the_batch(df):
     assert sorted(hit["workload"]) == ["densenet_bc (batch=256)", "densenet_bc (batch=64)"]
     memory = frame[(frame["technique"] == "checkpoint") & frame["claim"].str.contains("memory")]
     assert list(memory["measured"]) == ["not measured yet"]
+
+
+def test_claims_prefer_the_paired_speedup_to_a_ratio_of_separate_times():
+    """The amp claim reads the comparison measured in turns (Hodges-Lehmann estimate and its
+    Wilcoxon interval), not the ratio of the two variants' separate median times."""
+    steady = [2.0, 2.02, 1.98, 2.01, 1.99, 2.0, 2.03, 1.97, 2.0, 2.0]
+    rows = _paired_run({"bf16": steady, "bf16_channels_last": [3.1] * 8})
+    rows["metric"] = rows["benchmark"].str.rsplit(".", n=1).str[1].str.split("_", n=1).str[1]
+    rows = rows.assign(suite="TrainingStep", workload="resnet50", ci99_low=float("nan"), ci99_high=float("nan"),
+                       q25=float("nan"), q75=float("nan"), n=8, result_id="r")
+    frame = report.claims_table(rows).frame
+    amp = frame[frame["technique"] == "amp"].set_index("measured as")
+    expected = paired.ratio_estimate(steady)
+    row = amp.loc["TrainingStep: bf16 vs fp32 (paired speedup)"]
+    assert row["measured"] == f"{expected.ratio:.3g}x [{expected.low:.3g}, {expected.high:.3g}]"
+    assert row["workload"] == "resnet50"
+    assert amp.loc["TrainingStep: bf16_channels_last vs fp32 (paired speedup)", "measured"].startswith("3.1x")
+    # A claim fixed at parameters the rows lack is not measured, not matched to something else.
+    transfer = frame[frame["technique"] == "transfer"]
+    assert (transfer["measured"] == "not measured yet").all()
