@@ -220,3 +220,18 @@ def test_browser_end_to_end(served, tmp_path):
     footer = [line for line in text.splitlines() if line.startswith("# ")]
     assert any("machine synthetic-h200" in line and "GPU NVIDIA H200" in line for line in footer)
     assert any(line.startswith("# Reproduce: git checkout ") for line in footer)
+
+
+def test_the_overview_leads_with_the_paired_speedups(monkeypatch):
+    """Each technique with a paired class shows its paired estimates, the very figures
+    `speedlib report --table paired` gives, for every machine (here: amp on CPU and H100)."""
+    from speedbench.results import load_results
+    at = app_on(ROOT / "results", "pages/overview.py", monkeypatch)
+    last = report.latest(load_results(ROOT / "results").measured)
+    expected = report.paired_table(last[(last["technique"] == "amp") & (last["suite"] == "TrainingStep")]).frame
+    assert set(expected["machine"]) == {"cpu-2core", "h100-sxm-80gb"} and len(expected) >= 10
+    shown = pd.concat([d.value for d in at.dataframe if "speedup" in d.value and "comparison" in d.value])
+    key = ["machine", "comparison", "variant", "baseline", "speedup"]
+    on_screen = set(map(tuple, shown[key].astype(str).values))
+    assert set(map(tuple, expected[key].astype(str).values)) <= on_screen
+    assert "Mixed precision" in texts(at) and "variants taking turns" in texts(at)

@@ -6,8 +6,10 @@ from _view import note_missing_gpu, page_data, pick_many, ratio_chart, table
 from speedbench import report
 
 st.title("speedlib: which PyTorch speed tricks pay off")
-st.caption("Each number is a median over asv's timed samples on one machine and commit, against the "
-           "technique's baseline; brackets give the 99 % interval. Every page's filters live in the URL.")
+st.caption("Headline speedups are paired: the variants took turns in one process, and each number is the "
+           "Hodges-Lehmann estimate of the per-round ratios against the technique's baseline, brackets its 99 % "
+           "Wilcoxon interval. A technique without a paired comparison shows the ratio of its separately timed "
+           "medians, which the machine's drift between processes can move. Every page's filters live in the URL.")
 df = page_data()
 note_missing_gpu(df)
 
@@ -21,16 +23,23 @@ last = report.latest(df[df["machine"].isin(machines)])
 st.subheader("Headline speedups (latest commit per machine)")
 shown = False
 for name, technique in report.TECHNIQUES.items():
-    rows = last[(last["technique"] == name) & (last["metric"] == technique.headline)]
-    speedup = report.speedup_table(rows)
+    mine = last[last["technique"] == name]
+    # The paired comparison where one was measured (its times name the baseline), else the
+    # ratio of separately timed medians of the headline metric.
+    speedup = report.paired_table(mine[mine["suite"] == technique.suite]) if technique.suite else None
+    what = f"{technique.suite}, variants taking turns" if technique.suite else ""
+    if speedup is None or speedup.sources.empty:
+        speedup = report.speedup_table(mine[mine["metric"] == technique.headline])
+        what = f"`{technique.headline}`, separately timed"
     s = speedup.sources  # the ratios behind the table, without the baseline's own rows
+    s = s[s["variant"] != s["baseline"]]
     if s.empty:
         continue
     shown = True
     against = ", ".join(f"`{b}`" for b in technique.baselines if b in set(s["baseline"]))  # fallbacks where the baseline did not run
-    st.markdown(f"**{technique.title}**: `{technique.headline}`, against {against}")
+    st.markdown(f"**{technique.title}**: {what}, against {against}")
     s = s.assign(label=s["machine"] + " (" + s["gpu"] + ")", case=report.case_label(s))
-    st.plotly_chart(ratio_chart(s, "case", "label", f"{technique.headline}: x faster than the baseline"))
+    st.plotly_chart(ratio_chart(s, "case", "label", "x faster than the baseline"))
     table(speedup)
 if not shown:
     st.info("None of the selected machines has a headline result yet.")
