@@ -1,4 +1,5 @@
-"""docs/benchmarks.md names every benchmark class, and no document names one that is gone.
+"""docs/benchmarks.md names every benchmark class, and no document names one that is gone;
+the README stays short, every technique has all its parts, and relative links resolve.
 
 The benchmark modules are parsed, not imported: this test needs neither torch nor asv.
 """
@@ -25,7 +26,8 @@ def benchmark_classes() -> dict[str, set[str]]:
 
 
 def documents() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    """README.md and every Markdown file under docs/ (docs/techniques/ included)."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def test_there_are_benchmark_classes():
@@ -101,3 +103,71 @@ def test_documents_name_only_existing_benchmark_methods():
             if name in classes.get(module, set()) and method not in benchmark_methods(module, name):
                 stale.append(f"{doc.relative_to(ROOT)}: {module}.{name}.{method}")
     assert not stale, f"named but not defined in benchmarks/: {stale}"
+
+
+README_MAX_BYTES = 10_000
+
+
+def test_readme_stays_short():
+    """The README is the front page: what speedlib is, the quick start, the technique table and
+    pointers; the rest lives in docs/."""
+    size = len((ROOT / "README.md").read_bytes())
+    assert size <= README_MAX_BYTES, f"README.md is {size} bytes, more than {README_MAX_BYTES}: move detail to docs/"
+
+
+def techniques() -> list[str]:
+    """<name> for every benchmarks/bench_<name>.py but the dashboard's own benchmark."""
+    return [path.stem.removeprefix("bench_") for path in sorted(BENCHMARKS.glob("bench_*.py"))
+            if path.stem != "bench_dashboard"]
+
+
+def test_every_benchmarked_technique_has_all_its_parts():
+    """A technique is a library module, its equivalence test, its dashboard page, its docs page
+    and its entry in speedbench/report.py's TECHNIQUES (docs/adding-a-technique.md). Files are
+    read as text: nothing is imported."""
+    names = techniques()
+    assert names, "no benchmarks/bench_<name>.py found"
+    report = (ROOT / "speedbench" / "report.py").read_text(encoding="utf-8")
+    missing = []
+    for name in names:
+        for part in (f"speedlib/{name}.py", f"tests/test_{name}.py", f"dashboard/pages/{name}.py",
+                     f"docs/techniques/{name}.md"):
+            if not (ROOT / part).is_file():
+                missing.append(part)
+        if f'"{name}":' not in report:
+            missing.append(f'"{name}": in speedbench/report.py (TECHNIQUES)')
+    assert not missing, f"techniques with benchmarks lack: {missing}"
+
+
+# [text](target) and [text](target "title"); images too. Code spans and fenced blocks are
+# removed first, so a bracket-paren inside code is not taken for a link.
+_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_FENCE = re.compile(r"^(```|~~~).*?^\1", flags=re.M | re.S)
+_CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1", flags=re.S)
+
+
+def relative_links(text: str) -> list[str]:
+    """The link targets of a Markdown text that are paths in this repository: no scheme
+    (http:, mailto:, ...), no bare #anchor; a target's own #anchor is dropped."""
+    text = _CODE_SPAN.sub("", _FENCE.sub("", text))
+    out = []
+    for target in _LINK.findall(text):
+        if re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:", target) or target.startswith("#"):
+            continue
+        out.append(target.split("#", 1)[0])
+    return out
+
+
+def test_link_finder():
+    text = ("[a](docs/a.md) [b](../b.md#part) [c](https://x.org/y.md) [d](#here) ![e](img.png)\n"
+            "`[not](code.md)` and\n```\n[nor](fenced.md)\n```\n[f](g.md \"title\")")
+    assert relative_links(text) == ["docs/a.md", "../b.md", "img.png", "g.md"]
+
+
+def test_relative_links_point_to_existing_files():
+    broken = []
+    for doc in documents():
+        for target in relative_links(doc.read_text(encoding="utf-8")):
+            if not (doc.parent / target).exists():
+                broken.append(f"{doc.relative_to(ROOT)}: {target}")
+    assert not broken, f"links to files that do not exist: {broken}"
