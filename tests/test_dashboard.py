@@ -197,7 +197,7 @@ def test_browser_end_to_end(served, tmp_path):
         try:
             page = browser.new_page(accept_downloads=True)
             page.goto(served)
-            page.get_by_text("Headline speedups (latest commit per machine)").wait_for(timeout=60_000)
+            page.get_by_text("At a glance: each technique's main comparison").wait_for(timeout=60_000)
             page.get_by_role("link", name="History across commits").click()
             page.get_by_role("heading", name="History across commits").wait_for(timeout=30_000)
             assert page.url.rstrip("/").endswith("/history")

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from _view import note_missing_gpu, page_data, pick_many, ratio_chart, table
-from speedbench import report
+from speedbench import headline, report
 
 st.title("speedlib: which PyTorch speed tricks pay off")
 st.caption("Headline speedups are paired: the variants took turns in one process, and each number is the "
@@ -20,7 +20,12 @@ c3.metric("Measured values", len(df))
 
 machines = pick_many("Machines", sorted(df["machine"].unique()), key="machine")
 last = report.latest(df[df["machine"].isin(machines)])
-st.subheader("Headline speedups (latest commit per machine)")
+st.subheader("At a glance: each technique's main comparison")
+glance = headline.grid(last)
+st.table(glance.frame.set_index("technique"))  # a static table: every cell whole, wrapped, no scrolling
+for n in glance.notes:
+    st.caption(n)
+st.subheader("Every comparison, per technique (latest commit per machine)")
 shown = False
 for name, technique in report.TECHNIQUES.items():
     mine = last[last["technique"] == name]

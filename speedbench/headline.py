@@ -1,0 +1,128 @@
+"""The headline grid: one comparison per technique, one column per machine.
+
+The overview opens with it so that its first screen answers "which trick, how much, on
+which GPU, and how sure": each cell is the technique's main comparison on that machine's
+latest commit, as a paired speedup (Hodges-Lehmann estimate, 99 % Wilcoxon interval, N
+rounds) where the variants took turns in one process, else as the ratio of separately
+timed values, with the exact peak-memory ratio beside it where the technique is about
+memory. A cell that has no number says why and what would measure it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from speedbench import report
+
+__all__ = ["Headline", "HEADLINES", "grid"]
+
+
+@dataclass(frozen=True)
+class Headline:
+    """A technique's main comparison, as its benchmark class measures it."""
+
+    technique: str
+    what: str  # the comparison in a practitioner's words
+    suite: str  # the benchmark class
+    variant: str
+    baseline: str
+    where: tuple[tuple[str, str], ...] = ()  # parameters the comparison is fixed at
+    paired: bool = True  # False: not taking turns (separate launches, one value each)
+    metric: str | None = None  # not paired: the metric compared (its kind says which way is better)
+    memory_suite: str | None = None  # an exact peak-memory class to show beside the speedup
+    gpu_only: bool = False  # the variant cannot run without CUDA
+
+
+# One per technique, the comparison its source write-up is about, on the suite's workload
+# that matches the source best.
+HEADLINES = (
+    Headline("contiguous", "Adam step, flat buffer vs per-tensor loop (ResNet-50's parameters)",
+             "AdamStep", "speedlib", "forloop", (("workload", "resnet50"),)),
+    Headline("transfer", "gather of 131072 random rows from a 10M-row host table, CuPy vs pinned PyTorch "
+             "(each as % of the pinned copy bandwidth)", "FractionOfFloor", "cupy", "pinned", paired=False,
+             metric="gather_fraction_of_floor", gpu_only=True),
+    Headline("checkpoint", "DenseNet-BC-100 training step, checkpointed (speedlib) vs none",
+             "TrainingStep", "speedlib", "none", (("workload", "densenet_bc"),), memory_suite="PeakMemory"),
+    Headline("amp", "ResNet-50 training step, bf16 + channels_last vs strict fp32",
+             "TrainingStep", "bf16_channels_last", "fp32", (("workload", "resnet50"),)),
+    Headline("parallel", "training step, DistributedDataParallel vs DataParallel",
+             "Step", "ddp", "dataparallel", paired=False, metric="step", gpu_only=True),
+    Headline("tuning", "ResNet-50 training step, channels_last on vs off",
+             "TrainingStep", "on", "off", (("knob", "channels_last"),)),
+)
+
+
+def _fixed(rows: pd.DataFrame, h: Headline) -> pd.DataFrame:
+    """The rows of `h`'s variant at its fixed parameters (rows already of its class)."""
+    keep = (rows["technique"] == h.technique) & (rows["variant"] == h.variant)
+    for column, value in h.where:
+        keep &= (rows[column] == value) if column in rows else False
+    return rows[keep]
+
+
+def _others(row: pd.Series, h: Headline) -> str:
+    """The parameters that tell this row apart from the comparison's other rows (batch=...)."""
+    fixed = {k for k, _ in h.where} | {"workload"}
+    parts = [p for p in str(row.get("params") or "").split(", ")
+             if p and not p.startswith("variant=") and p.split("=", 1)[0] not in fixed]
+    return ", ".join(parts)
+
+
+def _values(r) -> str:
+    """Both values of an unpaired comparison, in the metric's unit."""
+    if r.unit == "seconds":
+        return f"{r.value * 1e3:.3g} vs {r.baseline_value * 1e3:.3g} ms"
+    return f"{r.value:.3g} vs {r.baseline_value:.3g} {r.unit}"
+
+
+def _cell(mine: pd.DataFrame, h: Headline, gpu: str) -> tuple[str, pd.DataFrame]:
+    """The text of one machine's cell and the rows it was computed from."""
+    if h.paired:
+        rows = report.paired(mine[(mine["technique"] == h.technique) & (mine["suite"] == h.suite)])
+        hits = _fixed(rows, h) if not rows.empty else rows
+        hits = hits[hits["baseline"] == h.baseline] if not hits.empty else hits
+        texts = [f"{report._fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)} N={r.n}" for r in hits.itertuples()]
+    else:
+        rows = mine[(mine["technique"] == h.technique) & (mine["suite"] == h.suite) & (mine["metric"] == h.metric)]
+        rows = report.speedups(rows, baseline=h.baseline)
+        hits = _fixed(rows, h) if not rows.empty else rows
+        texts = [f"{report._fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)} ({_values(r)}, not paired)"
+                 for r in hits.itertuples()]
+    labelled = [f"{_others(r, h)}: {t}" if _others(r, h) else t for (_, r), t in zip(hits.iterrows(), texts)]
+    if not labelled:  # said first, so that a memory-only cell does not pass for the whole comparison
+        labelled = [f"speed not measured yet (speedlib run --chunk headline-{h.technique})"]
+    used = [hits]
+    if h.memory_suite:
+        memory = report.speedups(mine[(mine["technique"] == h.technique) & (mine["suite"] == h.memory_suite)
+                                      & (mine["metric"] == "peak_memory")], baseline=h.baseline)
+        memory = _fixed(memory, h) if not memory.empty else memory
+        labelled += [f"{_others(r, h)}: peak memory {1 / r.ratio:.3g}x".lstrip(": ")
+                     for _, r in memory.iterrows() if pd.notna(r.ratio)]
+        used.append(memory)
+    if any(len(u) for u in used):
+        return "; ".join(labelled), pd.concat(used)
+    if h.gpu_only and gpu == "CPU only":
+        return "needs a GPU", mine.iloc[0:0]
+    return f"not measured yet: speedlib run --chunk headline-{h.technique}", mine.iloc[0:0]
+
+
+def grid(df: pd.DataFrame) -> report.Table:
+    """Techniques down, machines (latest commit each) across; see the module docstring."""
+    last = report.latest(df)
+    machines = sorted(last["machine"].unique()) if not last.empty else []
+    columns = {m: f"{m} ({last.loc[last['machine'] == m, 'gpu'].iloc[0]})" for m in machines}
+    rows, used = [], []
+    for h in HEADLINES:
+        row = {"technique": report.TECHNIQUES[h.technique].title}
+        for m in machines:
+            mine = last[last["machine"] == m]
+            row[columns[m]], source = _cell(mine, h, str(mine["gpu"].iloc[0]))
+            used.append(source)
+        rows.append({**row, "comparison": h.what})  # the numbers first, where the eye lands
+    sources = pd.concat(used) if used else df.iloc[0:0]
+    notes = ["x faster than the baseline (peak memory: variant / baseline), latest commit per machine",
+             "[low, high]: the 99 % Wilcoxon interval of a paired speedup (variants taking turns in one "
+             "process, N rounds); separate launches: the worst-case bounds of two separately timed values"]
+    return report.Table("Headline: each technique's main comparison per machine", pd.DataFrame(rows), sources, notes)

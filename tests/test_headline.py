@@ -1,0 +1,66 @@
+"""speedbench.headline: the overview's first table says the same as the detailed tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pd = pytest.importorskip("pandas")
+
+from speedbench import headline, report  # noqa: E402
+from speedbench.results import load_results  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+H100 = "h100-sxm-80gb (NVIDIA H100 80GB HBM3)"
+CPU = "cpu-2core (CPU only)"
+
+
+@pytest.fixture(scope="module")
+def measured() -> pd.DataFrame:
+    return load_results(RESULTS).measured
+
+
+def cell(frame: pd.DataFrame, technique: str, machine: str) -> str:
+    return frame.loc[frame["technique"] == report.TECHNIQUES[technique].title, machine].iloc[0]
+
+
+def test_one_row_per_technique_one_column_per_machine(measured):
+    frame = headline.grid(measured).frame
+    assert list(frame["technique"]) == [report.TECHNIQUES[h.technique].title for h in headline.HEADLINES]
+    assert set(report.TECHNIQUES) == {h.technique for h in headline.HEADLINES}
+    assert list(frame.columns) == ["technique", CPU, H100, "comparison"]
+
+
+def test_a_paired_cell_is_the_paired_tables_estimate(measured):
+    last = report.latest(measured)
+    p = report.paired(last[(last["technique"] == "amp") & (last["suite"] == "TrainingStep")])
+    for machine, label in (("h100-sxm-80gb", H100), ("cpu-2core", CPU)):
+        r = p[(p["machine"] == machine) & (p["workload"] == "resnet50") & (p["variant"] == "bf16_channels_last")].iloc[0]
+        expected = f"{r['ratio']:.3g}x [{r['ratio_low']:.3g}, {r['ratio_high']:.3g}] N={r['n']}"
+        assert cell(headline.grid(measured).frame, "amp", label) == expected
+
+
+def test_memory_beside_a_speed_not_yet_measured(measured):
+    text = cell(headline.grid(measured).frame, "checkpoint", H100)
+    assert text.startswith("speed not measured yet (speedlib run --chunk headline-checkpoint)")
+    rows = measured[(measured["machine"] == "h100-sxm-80gb") & (measured["suite"] == "PeakMemory")
+                    & (measured["metric"] == "peak_memory") & (measured["workload"] == "densenet_bc")
+                    & (measured["batch"] == "256")].set_index("variant")["value"]
+    assert f"batch=256: peak memory {rows['speedlib'] / rows['none']:.3g}x" in text
+
+
+def test_cells_without_a_number_say_why(measured):
+    frame = headline.grid(measured).frame
+    assert cell(frame, "transfer", CPU) == "needs a GPU"  # CuPy and pinned tables need CUDA
+    gpu_only = measured[(measured["machine"] == "h100-sxm-80gb") & (measured["technique"] != "transfer")]
+    assert cell(headline.grid(gpu_only).frame, "transfer", H100) == \
+        "not measured yet: speedlib run --chunk headline-transfer"
+
+
+def test_an_unpaired_cell_shows_both_values(measured):
+    text = cell(headline.grid(measured).frame, "parallel", H100)
+    rows = measured[(measured["machine"] == "h100-sxm-80gb") & (measured["benchmark"] == "bench_parallel.Step.track_step")]
+    step = rows.set_index("variant")["value"]
+    assert text == (f"world=1: {step['dataparallel'] / step['ddp']:.3g}x "
+                    f"({step['ddp'] * 1e3:.3g} vs {step['dataparallel'] * 1e3:.3g} ms, not paired)")
