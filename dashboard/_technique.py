@@ -8,7 +8,7 @@ import html
 import plotly.graph_objects as go
 import streamlit as st
 
-from _view import pick, pick_many, ratio_chart, results, show_problems, spread_chart, table
+from _view import config_label, pick, pick_many, ratio_chart, results, show_problems, spread_chart, table
 from speedbench import report
 
 
@@ -47,12 +47,19 @@ def technique_page(name: str) -> None:
         if timed.empty:
             st.info("No timing benchmarks measured here.")
         else:
-            metric = pick("Timed metric", sorted(timed["metric"].unique()), key="metric", default=technique.headline)
+            _paired(rows)
+            metrics = sorted(timed["metric"].unique())
+            # The paired classes' per-variant times are "seconds"; older benchmarks' the headline.
+            metric = pick("Timed metric", metrics, key="metric",
+                          default="seconds" if "seconds" in metrics else technique.headline)
             timed = timed[timed["metric"] == metric]
             speedup = report.speedup_table(timed, "time", baseline)
+            st.markdown(f"**Separately timed**: `{metric}` medians against `{baseline}` (worst-case bounds)")
             table(speedup)
             st.plotly_chart(spread_chart(timed, f"{metric}: every sample"))
-            st.plotly_chart(ratio_chart(speedup.sources, "variant", "workload", f"{metric}: speedup over {baseline}"))
+            s = speedup.sources
+            s = s.assign(case=config_label(s) + " / " + s["variant"].astype(str))
+            st.plotly_chart(ratio_chart(s, "case", "suite", f"{metric}: speedup over {baseline}"))
     with memory_tab:
         memory = rows[rows["kind"] == "memory"]
         if memory.empty:
@@ -75,11 +82,28 @@ def technique_page(name: str) -> None:
         _not_measured(data, name, machine)
 
 
+def _paired(rows: pd.DataFrame) -> None:
+    """The comparisons measured with the variants taking turns: the numbers to cite."""
+    paired = report.paired_table(rows)
+    s = paired.sources
+    s = s[s["variant"] != s["baseline"]]
+    if s.empty:
+        return
+    st.markdown("**Paired speedups** (the variants took turns in one process; Hodges-Lehmann estimate "
+                "of the per-round ratios, brackets its 99 % Wilcoxon interval; each class's own baseline)")
+    table(paired)
+    s = s.assign(case=config_label(s) + " / " + s["variant"].astype(str) + " vs " + s["baseline"].astype(str))
+    st.plotly_chart(ratio_chart(s, "case", "suite", "paired speedup: x faster than the baseline"))
+
+
 def _bars(rows, scale: float, title: str) -> go.Figure:
+    """One trace per metric and configuration (peak and activation memory, each batch size),
+    one bar per variant: never two configurations in one bar."""
     fig = go.Figure()
-    for workload, g in rows.groupby("workload", sort=True):
+    rows = rows.assign(_config=rows["metric"].astype(str) + " " + config_label(rows))
+    for config, g in rows.groupby("_config", sort=True):
         fig.add_trace(go.Bar(x=[html.escape(str(v)) for v in g["variant"]], y=g["value"] * scale,
-                             name=html.escape(str(workload))))
+                             name=html.escape(str(config))))
     fig.update_layout(barmode="group", height=380, yaxis_title=title, margin={"t": 30})
     return fig
 

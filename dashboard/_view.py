@@ -97,16 +97,27 @@ def esc(values) -> list[str]:
     return [html.escape(str(v)) for v in values]
 
 
+def config_label(rows: pd.DataFrame) -> pd.Series:
+    """A row's configuration without its variant: its benchmark class (several classes share a
+    metric name) and every parameter, so that no chart pools two configurations."""
+    def label(suite, params) -> str:
+        parts = [p for p in str(params or "").split(", ") if p and not p.startswith("variant=")]
+        return " ".join([str(suite), ", ".join(parts)]).strip()
+
+    return pd.Series([label(s, p) for s, p in zip(rows["suite"], rows["params"])], index=rows.index, dtype=object)
+
+
 def spread_chart(rows: pd.DataFrame, title: str) -> go.Figure:
-    """Every timed sample per variant (box + points), so the spread is visible, not just a bar.
-    Log scale: workloads differ by orders of magnitude."""
+    """Every timed sample per variant (box + points), one box per configuration, so the spread is
+    visible, not just a bar. Log scale: workloads differ by orders of magnitude."""
     fig = go.Figure()
     scale, unit = (1e3, "ms") if (rows["unit"] == "seconds").all() else (1.0, str(rows["unit"].iloc[0]))
+    rows = rows.assign(_config=config_label(rows))
     for variant, g in rows.groupby("variant", sort=True):
         xs, ys = [], []
-        for workload, samples, value in zip(g["workload"], g["samples"], g["value"]):
+        for config, samples, value in zip(g["_config"], g["samples"], g["value"]):
             samples = samples or [value]
-            xs += [workload] * len(samples)
+            xs += [config] * len(samples)
             ys += [v * scale for v in samples]
         fig.add_trace(go.Box(x=esc(xs), y=ys, name=html.escape(str(variant)), boxpoints="all", jitter=0.3))
     fig.update_layout(title=html.escape(title), boxmode="group", height=420, margin={"t": 50},
@@ -115,9 +126,15 @@ def spread_chart(rows: pd.DataFrame, title: str) -> go.Figure:
 
 
 def ratio_chart(s: pd.DataFrame, x: str, color: str, title: str) -> go.Figure:
-    """Ratios with their interval as error bars; the dashed line at 1 is the baseline."""
+    """Ratios with their interval as error bars; the dashed line at 1 is the baseline.
+
+    One bar per row: a label repeated within a trace would draw two configurations as one
+    stacked bar (a tuning page once showed four knobs' 0.43x-1.29x as one 3.9x bar), so the
+    caller's labels must tell every row apart, and a repeat is refused."""
     fig = go.Figure()
     for name, g in s.groupby(color, sort=True):
+        if g[x].duplicated().any():
+            raise ValueError(f"chart labels repeat within {name!r}: {sorted(set(g[x][g[x].duplicated()]))}")
         fig.add_trace(go.Bar(
             x=esc(g[x]), y=g["ratio"], name=html.escape(str(name)),
             error_y={"type": "data", "symmetric": False, "array": (g["ratio_high"] - g["ratio"]).fillna(0),

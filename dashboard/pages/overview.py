@@ -43,7 +43,10 @@ for name, technique in report.TECHNIQUES.items():
     shown = True
     against = ", ".join(f"`{b}`" for b in technique.baselines if b in set(s["baseline"]))  # fallbacks where the baseline did not run
     st.markdown(f"**{technique.title}**: {what}, against {against}")
-    s = s.assign(label=s["machine"] + " (" + s["gpu"] + ")", case=report.case_label(s))
+    # The baseline is in the label: a fallback baseline (single process where DataParallel
+    # cannot run) must not share a bar label with the real one.
+    s = s.assign(label=s["machine"] + " (" + s["gpu"] + ")",
+                 case=report.case_label(s) + " vs " + s["baseline"].astype(str))
     st.plotly_chart(ratio_chart(s, "case", "label", "x faster than the baseline"))
     table(speedup)
 if not shown:

@@ -1,0 +1,91 @@
+"""The dashboard's charts draw one bar or box per configuration, never two stacked or pooled.
+
+A tuning page once drew four knobs (0.43x-1.29x) as one 3.9x bar, and checkpointing's batch 4
+and 16 as one 1.4x bar where both were 0.7x: a label repeated within a plotly trace stacks.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pd = pytest.importorskip("pandas")
+pytest.importorskip("streamlit")
+pytest.importorskip("plotly")
+
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from speedbench import report  # noqa: E402
+from speedbench.results import load_results  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "dashboard"))
+import _view  # noqa: E402
+
+
+def figures(results: Path, page: str, monkeypatch, **query) -> list[dict]:
+    """Every plotly figure `page` draws on `results`, as plotly JSON."""
+    monkeypatch.setenv("SPEEDLIB_RESULTS", str(results))
+    for module in ("_view", "_technique"):
+        sys.modules.pop(module, None)
+    at = AppTest.from_file(str(ROOT / "dashboard" / "app.py"), default_timeout=60)
+    at.switch_page(page)
+    for key, value in query.items():
+        at.query_params[key] = value
+    at.run()
+    assert not at.exception, at.exception
+    return [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
+
+
+def values(array) -> list:
+    """A plotly JSON array: a list, or a typed array ({"dtype", "bdata"}) for numbers."""
+    if isinstance(array, dict):
+        import numpy as np
+        return np.frombuffer(base64.b64decode(array["bdata"]), dtype=array["dtype"]).tolist()
+    return list(array)
+
+
+def test_a_repeated_bar_label_is_refused():
+    s = pd.DataFrame({"case": ["on", "on"], "suite": ["TrainingStep"] * 2, "ratio": [0.5, 1.2],
+                      "ratio_low": [0.4, 1.1], "ratio_high": [0.6, 1.3]})
+    with pytest.raises(ValueError, match="repeat"):
+        _view.ratio_chart(s, "case", "suite", "t")
+
+
+def test_boxes_keep_classes_and_parameters_apart():
+    rows = pd.DataFrame({"suite": ["AdamStep", "Iteration", "AdamStep"], "variant": ["speedlib"] * 3,
+                         "params": ["workload=mlp, variant=speedlib"] * 2 + ["workload=resnet50, variant=speedlib"],
+                         "workload": ["mlp", "mlp", "resnet50"], "unit": "seconds", "value": [1.0, 2.0, 3.0],
+                         "samples": [[1.0, 1.1], [2.0], [3.0]]})
+    fig = _view.spread_chart(rows, "t")
+    assert sorted(set(fig.data[0].x)) == ["AdamStep workload=mlp", "AdamStep workload=resnet50", "Iteration workload=mlp"]
+
+
+@pytest.mark.parametrize("machine", ["cpu-2core", "h100-sxm-80gb"])
+@pytest.mark.parametrize("name", list(report.TECHNIQUES))
+def test_technique_pages_draw_one_bar_per_configuration(name, machine, monkeypatch):
+    for fig in figures(ROOT / "results", f"pages/{name}.py", monkeypatch, machine=machine):
+        for trace in fig["data"]:
+            if trace.get("type") == "bar":
+                xs = values(trace["x"])
+                assert len(xs) == len(set(xs)), (name, machine, trace["name"], xs)
+
+
+def test_the_tuning_page_shows_one_paired_bar_per_knob(monkeypatch):
+    charts = figures(ROOT / "results", "pages/tuning.py", monkeypatch, machine="h100-sxm-80gb")
+    paired = next(f for f in charts if "paired" in f["layout"]["title"]["text"])
+    xs = [x for trace in paired["data"] for x in trace["x"]]
+    knobs = [x for x in xs if x.startswith("TrainingStep knob=")]
+    assert sorted(knobs) == [f"TrainingStep knob={k} / on vs off" for k in
+                             ("accumulation", "channels_last", "conv_bias", "zero_grad")]
+    last = report.paired(report.latest(load_results(ROOT / "results").measured))
+    expected = last[(last["machine"] == "h100-sxm-80gb") & (last["suite"] == "TrainingStep")
+                    & (last["technique"] == "tuning")].set_index("knob")["ratio"]
+    ys = {x: y for trace in paired["data"] for x, y in zip(values(trace["x"]), values(trace["y"]))}
+    assert len(expected) == 4
+    for knob, ratio in expected.items():
+        assert ys[f"TrainingStep knob={knob} / on vs off"] == pytest.approx(ratio)
