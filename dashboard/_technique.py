@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 
+import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
@@ -36,10 +37,15 @@ def technique_page(name: str) -> None:
         workloads = pick_many("Workloads", sorted(rows["workload"].dropna().unique()), key="workload")
     rows = rows[rows["workload"].isin(workloads) | rows["workload"].isna()]
     with c4:
-        baseline = pick("Baseline", sorted(rows["variant"].dropna().unique()), key="baseline", default=technique.baseline)
+        variants = sorted(rows["variant"].dropna().unique())
+        # The technique's baseline, else its fallback that ran here (a single process where
+        # DataParallel cannot run), never just the first name in the list.
+        default = next((b for b in technique.baselines if b in variants), technique.baseline)
+        baseline = pick("Baseline", variants, key="baseline", default=default)
     first = rows.iloc[0]
     st.text(f"{machine}: {first['gpu']} | commit {first['commit']} ({first['commit_date']:%Y-%m-%d}) | "
-            f"torch {first['torch']} | CUDA {first['cuda']} (torch build) | driver {first['driver'] or 'n/a'}")
+            f"torch {first['torch']} | CUDA {first['cuda']} (torch build) | "
+            f"driver {'n/a' if pd.isna(first['driver']) or not first['driver'] else first['driver']}")
 
     time_tab, memory_tab, floor_tab, missing_tab = st.tabs(["Time", "Memory", "Bandwidth and floor", "Not measured"])
     with time_tab:

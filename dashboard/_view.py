@@ -148,4 +148,5 @@ def ratio_chart(s: pd.DataFrame, x: str, color: str, title: str) -> go.Figure:
 def table(t: report.Table) -> None:
     st.dataframe(t.frame, hide_index=True)
     for n in t.notes:
-        st.caption(n)
+        # A caption is Markdown: a note opening with ">1: ..." would become a quote and lose its ">".
+        st.caption("\\" + n if n.startswith((">", "#", "-", "+", "*")) else n)

@@ -89,3 +89,27 @@ def test_the_tuning_page_shows_one_paired_bar_per_knob(monkeypatch):
     assert len(expected) == 4
     for knob, ratio in expected.items():
         assert ys[f"TrainingStep knob={knob} / on vs off"] == pytest.approx(ratio)
+
+
+def test_a_page_defaults_to_the_baseline_that_ran_there(monkeypatch):
+    """On CPUs DataParallel cannot run: the parallel page compares against one process, the
+    technique's fallback, not against whichever variant sorts first (ddp)."""
+    monkeypatch.setenv("SPEEDLIB_RESULTS", str(ROOT / "results"))
+    for module in ("_view", "_technique"):
+        sys.modules.pop(module, None)
+    at = AppTest.from_file(str(ROOT / "dashboard" / "app.py"), default_timeout=60)
+    at.switch_page("pages/parallel.py")
+    at.query_params["machine"] = "cpu-2core"
+    at.run()
+    assert not at.exception
+    assert next(s for s in at.selectbox if s.label == "Baseline").value == "single"
+    assert "driver n/a" in "\n".join(t.value for t in at.text)  # a CPU machine has no driver: not "nan"
+
+
+def test_machines_chart_compares_times_only(monkeypatch):
+    charts = figures(ROOT / "results", "pages/machines.py", monkeypatch)
+    (chart,) = charts
+    assert chart["layout"]["title"]["text"].startswith("times: ")
+    labels = [x for trace in chart["data"] for x in values(trace["x"])]
+    assert labels and all(x.endswith(")") for x in labels)
+    assert not [x for x in labels if "(speedup)" in x or "fraction" in x or "bandwidth" in x]

@@ -10,7 +10,10 @@ from speedbench import report
 
 st.title("History across commits")
 df = page_data()
-timed = sorted(df[df["kind"] == "time"]["benchmark"].unique())  # a timing is the usual question
+# A timing measured at two or more commits is the usual question; a benchmark with one
+# commit has no history to show.
+commits = df[df["kind"] == "time"].groupby(["benchmark", "machine"])["commit"].nunique().groupby("benchmark").max()
+timed = sorted(commits.index[commits >= 2]) or sorted(commits.index)
 benchmark = pick("Benchmark", sorted(df["benchmark"].unique()), key="benchmark", default=timed[0] if timed else None)
 rows = df[df["benchmark"] == benchmark]
 c1, c2 = st.columns(2)
@@ -26,17 +29,21 @@ if h["commit"].nunique() < 2:
             "(`speedlib run --commits A..B` measures a range).")
 
 scale, unit = (1e3, "ms") if (h["unit"] == "seconds").all() else (1.0, str(h["unit"].iloc[0]))
+# A result file may carry no date. Without every date the commits are the axis: a line through
+# missing dates says nothing, and plotly's encoder stops the process (illegal instruction) on a
+# date column that is all missing.
+dated = bool(h["commit_date"].notna().all())
 fig = go.Figure()
 for (machine, label), g in h.groupby(["machine", "params"], sort=True):
     fig.add_trace(go.Scatter(
-        x=g["commit_date"], y=g["value"] * scale, mode="lines+markers", name=html.escape(f"{machine}: {label}"),
+        x=g["commit_date"] if dated else [html.escape(c[:8]) for c in g["commit"]], y=g["value"] * scale, mode="lines+markers", name=html.escape(f"{machine}: {label}"),
         text=[html.escape(c[:8]) for c in g["commit"]],
         marker={"symbol": [("diamond-x" if s else "diamond") if step else "x" if s else "circle"
                            for s, step in zip(g["significant"], g["step"])],
                 "size": [12 if s or step else 7 for s, step in zip(g["significant"], g["step"])]},
         error_y={"type": "data", "symmetric": False, "array": ((g["ci99_high"] - g["value"]) * scale).fillna(0),
                  "arrayminus": ((g["value"] - g["ci99_low"]) * scale).fillna(0)}))
-fig.update_layout(height=460, xaxis_title="commit date", yaxis_title=html.escape(unit), margin={"t": 30})
+fig.update_layout(height=460, xaxis_title="commit date" if dated else "commit", yaxis_title=html.escape(unit), margin={"t": 30})
 st.plotly_chart(fig)
 st.caption(f"x markers: significant change against the previous commit (beyond {report.SIGNIFICANCE_FACTOR:.2f}x, and "
            f"Mann-Whitney U p < {report.P_THRESHOLD} on the stored samples, else disjoint 99 % confidence intervals: "

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from _view import page_data, pick, ratio_chart, table
+from _view import config_label, page_data, pick, ratio_chart, table
 from speedbench import report
 
 st.title("Machine comparison")
@@ -28,5 +28,10 @@ if t.frame.empty:
     st.stop()
 table(t)
 ratios = report.compare_machines(df, a, b)
-st.plotly_chart(ratio_chart(ratios.assign(case=ratios["benchmark"].str.split(".").str[-1] + " " + ratios["params"],
-                                          pair=f"{b} vs {a}"), "case", "pair", f"{b} against {a} (>1: {b} better)"))
+# Times only: a speedup, a % of floor and a bandwidth compared across machines are answers to
+# different questions, and one axis would mix them.
+timed = ratios[ratios["kind"] == "time"]
+if not timed.empty:
+    st.plotly_chart(ratio_chart(timed.assign(case=config_label(timed) + " / " + timed["variant"].astype(str)
+                                             + " (" + timed["metric"].astype(str) + ")", pair=f"{b} vs {a}"),
+                                "case", "pair", f"times: {b} against {a} (above 1: {b} is faster)"))
