@@ -43,7 +43,9 @@ def technique_page(name: str) -> None:
         default = next((b for b in technique.baselines if b in variants), technique.baseline)
         baseline = pick("Baseline", variants, key="baseline", default=default)
     first = rows.iloc[0]
-    st.text(f"{machine}: {first['gpu']} | commit {first['commit']} ({first['commit_date']:%Y-%m-%d}) | "
+    # A result file may carry no date (asv leaves it out for a commit it could not date).
+    date = "date unknown" if pd.isna(first["commit_date"]) else f"{first['commit_date']:%Y-%m-%d}"
+    st.text(f"{machine}: {first['gpu']} | commit {first['commit']} ({date}) | "
             f"torch {first['torch']} | CUDA {first['cuda']} (torch build) | "
             f"driver {'n/a' if pd.isna(first['driver']) or not first['driver'] else first['driver']}")
 

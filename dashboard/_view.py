@@ -25,18 +25,28 @@ RESULTS = Path(os.environ.get("SPEEDLIB_RESULTS") or ROOT / "results").resolve()
 
 
 def _signature(path: Path) -> tuple:
-    """Changes whenever a file under `path` changes, so new results show without a restart."""
+    """Changes whenever an entry under `path` changes, so new results show without a restart.
+    Links are not followed (rglob would follow one to / through the whole disk) and nothing is
+    opened; an entry that cannot be examined is left out here (the loader reports it)."""
     if not path.is_dir():
         return ()
-    return tuple(sorted((str(p.relative_to(path)), s.st_mtime_ns, s.st_size)
-                        for p in path.rglob("*") if p.is_file() for s in [p.stat()]))
+    entries = []
+    for top, dirs, files in os.walk(path):  # followlinks=False; unreadable directories skipped
+        for name in dirs + files:
+            entry = os.path.join(top, name)
+            try:
+                s = os.lstat(entry)
+            except OSError:
+                continue
+            entries.append((os.path.relpath(entry, path), s.st_mtime_ns, s.st_size))
+    return tuple(sorted(entries))
 
 
 @st.cache_data(show_spinner="Reading the asv result files...")
 def _load(path: str, signature: tuple) -> dict:
     loaded = load_results(path)
     return {"measured": loaded.measured, "not_measured": loaded.not_measured,
-            "problems": [(p.path, p.reason) for p in loaded.problems]}
+            "problems": [str(p) for p in loaded.problems]}  # str(): control characters escaped
 
 
 def results() -> dict:
@@ -50,7 +60,7 @@ def show_problems(data: dict) -> None:
         return
     st.warning(f"{len(problems)} problem(s) while reading the results: the affected files or results were skipped.")
     with st.expander("What was skipped, and why"):
-        st.text("\n".join(f"{path}: {reason}" for path, reason in problems))
+        st.text("\n".join(problems))
 
 
 def require_results(data: dict) -> pd.DataFrame | None:

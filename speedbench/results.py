@@ -2,10 +2,14 @@
 
 Reads `results/benchmarks.json`, every `results/<machine>/*.json` (asv format version 2) and
 the environment records `speedlib run` writes beside them (`<machine>/environment/*.jsonl`).
-It never writes anything. A file that cannot be trusted is skipped and reported with its
-path and reason instead of stopping the load; results that were skipped (NaN), failed
-(null) or come from an older version of their benchmark are kept apart from measured ones.
-No Streamlit import: the dashboard, the report and the CLI all use this.
+It never writes anything, never raises on what it finds and never blocks: a file, an entry
+or a line that cannot be trusted is skipped and reported (a `Problem` with its path and
+reason) while everything else is kept. Only regular files inside the results tree are
+read, each up to MAX_FILE_BYTES; FIFOs, devices, symlinks that leave the tree or loop, and
+unreadable directories are reported without being opened. Results that were skipped (NaN),
+failed (null), come from an older version of their benchmark, or hold a value no
+measurement can have (an infinite time, a time of zero or less) are kept apart from the
+measured ones. No Streamlit import: the dashboard, the report and the CLI all use this.
 
 Each row's `result_id` names that one measured result: a hash of machine, commit, benchmark,
 parameters and the time asv started it. asv rewrites a commit's result file whenever a later
@@ -15,16 +19,20 @@ run adds benchmarks to it, so a hash of the file would rename results that did n
 from __future__ import annotations
 
 import bisect
+import errno
 import hashlib
 import itertools
 import json
 import math
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-__all__ = ["LoadedResults", "Problem", "load_results", "format_table", "metric_kind", "higher_is_better", "result_id"]
+__all__ = ["LoadedResults", "Problem", "load_results", "format_table", "metric_kind", "higher_is_better", "result_id",
+           "printable", "MAX_FILE_BYTES"]
 
 # asv's statistics columns -> our column names
 _STATS = {
@@ -36,6 +44,10 @@ _STATS = {
     "stats_repeat": "repeat",
 }
 _SKIP_FILES = {"machine.json", "benchmarks.json"}
+# The largest file read (result file, benchmarks.json, environment records). asv's files for
+# this suite are well under 1 MiB; the limit only keeps a stray huge file, or a link to an
+# endless one, from filling memory.
+MAX_FILE_BYTES = 64 * 2**20
 # Environment-record keys carried onto every row (provenance for exports and the dashboard).
 ENV_COLUMNS = ("gpu_model", "gpu_count", "driver", "cuda", "cudnn", "nccl", "torch", "torchvision",
                "cupy", "python", "cpu_model", "command", "recorded_at")
@@ -45,6 +57,17 @@ COLUMNS = ("machine", "gpu", "commit", "commit_date", "run_date", "benchmark", "
            "metric", "kind", "params", "workload", "variant", "value", "unit", "q25", "q75", "iqr",
            "ci99_low", "ci99_high", "n", "number", "repeat", "samples", "status", "version",
            "result_id", "file", *ENV_COLUMNS)
+# A benchmark parameter named like one of these would overwrite that column of its rows (a
+# parameter `machine` would refile the row under another machine): it gets this prefix.
+_RESERVED = frozenset(COLUMNS) - set(_NAMED_PARAMS)
+RENAMED_PARAM_PREFIX = "param_"
+
+
+def printable(text) -> str:
+    """`text` with every character that could move the cursor, colour a terminal, start a new
+    line or not encode (control characters, lone surrogates from undecodable file names)
+    written as its Python escape. Names come from files anyone can drop in results/."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
 @dataclass(frozen=True)
@@ -55,18 +78,22 @@ class Problem:
     reason: str
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.reason}"
+        return printable(f"{self.path}: {self.reason}")
 
 
 @dataclass
 class LoadedResults:
     measured: pd.DataFrame
-    not_measured: pd.DataFrame  # status "skipped" (NaN), "failed" (null) or "outdated"
+    not_measured: pd.DataFrame  # status "skipped" (NaN), "failed" (null), "outdated" or "invalid"
     problems: list[Problem] = field(default_factory=list)
 
 
 class _Malformed(ValueError):
-    """A result file whose structure is not asv's: the whole file is skipped."""
+    """A result file (or one of its entries) whose structure is not asv's: it is skipped."""
+
+
+class _Unreadable(OSError):
+    """A path the loader will not read: not a regular file, outside the tree, too large."""
 
 
 def metric_kind(benchmark_type: str | None, unit: str | None) -> str:
@@ -100,20 +127,75 @@ def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _check_file(data) -> None:
+def _to_float(x) -> float:
+    """A JSON number as a float. json reads 1e400 as inf, but an integer too large for a float
+    stays an int; it becomes an infinity here, so one check catches every overflow."""
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf if x > 0 else -math.inf
+
+
+def _describe(value) -> str:
+    """A short, safe description of a value from a file, for a problem's reason (never its
+    repr: a 4000-digit integer or a deeply nested list would make the message itself fail)."""
+    if _is_number(value):
+        return f"{_to_float(value):g}"
+    if isinstance(value, str):
+        return repr(value[:40])
+    return f"a {type(value).__name__}"
+
+
+def _ms_time(value, what: str) -> pd.Timestamp:
+    """asv's milliseconds since the epoch as a UTC time; _Malformed when no date can hold it."""
+    if not _is_number(value):
+        raise _Malformed(f"{what} is {_describe(value)}, not a number")
+    ms = _to_float(value)
+    if not math.isfinite(ms):
+        raise _Malformed(f"{what} {_describe(value)} is not a finite time")
+    try:
+        return pd.Timestamp(ms, unit="ms", tz="UTC")
+    except (ValueError, OverflowError):  # pandas holds the years 1677 to 2262
+        raise _Malformed(f"{what} {_describe(value)} is out of the range of dates") from None
+
+
+def _check_file(data) -> pd.Timestamp:
+    """Raises _Malformed unless `data` is laid out as an asv result file; its commit date."""
     if not isinstance(data, dict):
         raise _Malformed(f"top level is {type(data).__name__}, not an object")
-    if data.get("version") != 2:
-        raise _Malformed(f"result format version {data.get('version')!r}, expected 2 (asv 0.6)")
+    if not _is_number(data.get("version")) or data["version"] != 2:
+        raise _Malformed(f"result format version {_describe(data.get('version'))}, expected 2 (asv 0.6)")
     for key, kind in (("commit_hash", str), ("result_columns", list), ("results", dict)):
         if not isinstance(data.get(key), kind):
             raise _Malformed(f"'{key}' missing or not a {kind.__name__}")
-    if "date" in data and not _is_number(data["date"]):
-        raise _Malformed("'date' is not a number")
+    if not all(isinstance(c, str) for c in data["result_columns"]):
+        raise _Malformed("'result_columns' is not a list of strings")
+    return _ms_time(data["date"], "'date'") if "date" in data else pd.NaT
+
+
+# Statistics that count (timings per sample, samples): a negative count is no count, and
+# one beyond any run's length (asv's largest are around a million) is no measurement either.
+_COUNTS = ("stats_number", "stats_repeat")
+_MAX_COUNT = 1e12
+
+
+def _check_stats(name: str, record: dict) -> None:
+    for col in _STATS:
+        stat = record.get(col)
+        if stat is None:
+            continue
+        if not (isinstance(stat, list) and all(s is None or _is_number(s) for s in stat)):
+            raise _Malformed(f"{name}: '{col}' is not a list of numbers")
+        numbers = [_to_float(s) for s in stat if s is not None]
+        if any(math.isinf(s) for s in numbers):
+            raise _Malformed(f"{name}: '{col}' holds an infinite or overflowing number")
+        if col in _COUNTS and any(s < 0 or s > _MAX_COUNT for s in numbers):
+            raise _Malformed(f"{name}: '{col}' holds a negative or implausibly large count")
 
 
 def _check_entry(name: str, record: dict) -> tuple[list[tuple], list]:
-    """The entry's parameter combinations and values; raises _Malformed when types are wrong."""
+    """The entry's parameter combinations and values (floats or None); raises _Malformed when
+    types are wrong."""
     params = record.get("params") or []
     if not isinstance(params, list) or not all(isinstance(p, list) and all(isinstance(v, str) for v in p) for p in params):
         raise _Malformed(f"{name}: 'params' is not a list of lists of strings")
@@ -125,64 +207,145 @@ def _check_entry(name: str, record: dict) -> tuple[list[tuple], list]:
         raise _Malformed(f"{name}: {len(values)} results for {len(combos)} parameter sets")
     if not all(v is None or _is_number(v) for v in values):
         raise _Malformed(f"{name}: a result is neither a number nor null")
-    for col in _STATS:
-        stat = record.get(col)
-        if stat is not None and not (isinstance(stat, list) and all(s is None or _is_number(s) for s in stat)):
-            raise _Malformed(f"{name}: '{col}' is not a list of numbers")
-    return combos, values
+    if record.get("version") is not None and not isinstance(record["version"], str):
+        raise _Malformed(f"{name}: 'version' is not a string")
+    _check_stats(name, record)
+    return combos, [None if v is None else _to_float(v) for v in values]
 
 
 def _stat(record: dict, col: str, i: int) -> float:
     stat = record.get(col)
     if isinstance(stat, list) and i < len(stat) and stat[i] is not None:
-        return float(stat[i])
+        return _to_float(stat[i])
     return math.nan
+
+
+def _samples(record: dict, i: int) -> list[float]:
+    """The timed samples of parameter set `i`: kept only when every one is a finite number."""
+    samples = record.get("samples")
+    sample = samples[i] if isinstance(samples, list) and i < len(samples) else None
+    if not isinstance(sample, list) or not all(_is_number(s) for s in sample):
+        return []
+    sample = [_to_float(s) for s in sample]
+    return sample if all(math.isfinite(s) for s in sample) else []
 
 
 def result_id(machine: str, commit: str, benchmark: str, params: tuple[str, ...], started_at) -> str:
     """12 hex digits naming one measured result; `params` as asv stores them (reprs).
     Nothing else from the file goes in, so the ID survives asv rewriting the file."""
-    started = int(started_at) if _is_number(started_at) else None
+    started = int(started_at) if _is_number(started_at) and math.isfinite(_to_float(started_at)) else None
     key = json.dumps([machine, commit, benchmark, list(params), started])
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
-def _rows_of(path: Path, data: dict, machine: str, benchmarks: dict, problems: list[Problem]) -> list[dict]:
-    _check_file(data)
+@dataclass(frozen=True)
+class _Benchmark:
+    """An entry of benchmarks.json, its fields checked."""
+
+    type: str | None
+    unit: str | None
+    version: str | None
+    param_names: tuple[str, ...]
+
+    def names(self, count: int) -> list[str]:
+        """Names for `count` parameters: asv's, param<i> where benchmarks.json names none."""
+        names = list(self.param_names[:count])
+        return names + [f"param{i}" for i in range(len(names), count)]
+
+    def columns(self, count: int) -> list[str]:
+        """Their columns: a parameter named like a column of the frame gets RENAMED_PARAM_PREFIX."""
+        return [RENAMED_PARAM_PREFIX + n if n in _RESERVED else n for n in self.names(count)]
+
+
+def _benchmark(meta) -> _Benchmark:
+    """`meta` (one entry of benchmarks.json) checked; _Malformed says which field is wrong."""
+    if not isinstance(meta, dict):
+        raise _Malformed(f"is {_describe(meta)}, not an object")
+    for key in ("type", "unit", "version"):
+        if meta.get(key) is not None and not isinstance(meta[key], str):
+            raise _Malformed(f"'{key}' is {_describe(meta[key])}, not a string")
+    names = meta.get("param_names") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise _Malformed("'param_names' is not a list of strings")
+    return _Benchmark(meta.get("type"), meta.get("unit"), meta.get("version"), tuple(names))
+
+
+def _benchmarks(raw: dict, path: str, problems: list[Problem]) -> dict[str, _Benchmark]:
+    """The entries of benchmarks.json that can be trusted; the others reported (their results
+    are then reported as of benchmarks not in benchmarks.json)."""
+    good, bad, renamed = {}, [], []
+    for name, meta in raw.items():
+        if name == "version" and _is_number(meta):  # benchmarks.json's own format version
+            continue
+        try:
+            good[name] = _benchmark(meta)
+        except _Malformed as e:
+            bad.append(f"{name} ({e})")
+            continue
+        renamed += [f"{name}: {n}" for n in good[name].param_names if n in _RESERVED]
+    if bad:
+        problems.append(Problem(path, f"{len(bad)} benchmark entr(ies) with wrong types skipped: {'; '.join(bad)}"))
+    if renamed:
+        problems.append(Problem(path, f"parameter(s) named like a column of the results, shown as "
+                                      f"{RENAMED_PARAM_PREFIX}<name>: {'; '.join(renamed)}"))
+    return good
+
+
+# Kinds whose value is a duration or a ratio: zero or less is no measurement.
+_POSITIVE_KINDS = ("time", "paired speedup")
+
+
+def _status(value: float | None, kind: str, stale: bool) -> str:
+    if stale:
+        return "outdated"
+    if value is None:
+        return "failed"
+    if math.isnan(value):
+        return "skipped"
+    if math.isinf(value) or (kind in _POSITIVE_KINDS and value <= 0):
+        return "invalid"
+    return "measured"
+
+
+def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], problems: list[Problem]) -> list[dict]:
+    """The rows of one parsed result file. A file whose layout is not asv's raises _Malformed;
+    an entry with wrong types is skipped and reported, the file's other entries kept."""
+    commit_date = _check_file(data)
+    if not data["results"]:  # asv never writes one; a file emptied by hand or by a bad merge
+        problems.append(Problem(str(path), "holds no results"))
     columns = data["result_columns"]
-    commit_date = pd.to_datetime(data["date"], unit="ms", utc=True) if "date" in data else pd.NaT
-    rows, unknown, outdated = [], [], []
+    rows, unknown, outdated, invalid, malformed, unnamed = [], [], [], [], [], []
     for name, entry in data["results"].items():
-        if not isinstance(entry, list):
-            raise _Malformed(f"{name}: entry is {type(entry).__name__}, not a list")
-        record = dict(zip(columns, entry))  # trailing nulls are dropped by asv: zip stops there
-        combos, values = _check_entry(name, record)
+        try:
+            if not isinstance(entry, list):
+                raise _Malformed(f"{name}: entry is {type(entry).__name__}, not a list")
+            record = dict(zip(columns, entry))  # trailing nulls are dropped by asv: zip stops there
+            combos, values = _check_entry(name, record)
+            started = record.get("started_at")
+            run_date = pd.NaT if started is None else _ms_time(started, f"{name}: 'started_at'")
+        except _Malformed as e:
+            malformed.append(str(e))
+            continue
         meta = benchmarks.get(name)
         if meta is None:
             unknown.append(name)
             continue
-        stale = record.get("version") != meta.get("version")
+        stale = record.get("version") != meta.version
         if stale:
             outdated.append(name)
-        names = meta.get("param_names") or [f"param{i}" for i in range(len(combos[0]))]
+        count = len(record.get("params") or [])
+        names, param_columns = meta.names(count), meta.columns(count)
+        if len(meta.param_names) < count:
+            unnamed.append(name)
         module, _, rest = name.partition(".")
         suite, _, metric = rest.rpartition(".")
-        kind = metric_kind(meta.get("type"), meta.get("unit"))
-        started = record.get("started_at")
-        run_date = pd.Timestamp(started, unit="ms", tz="UTC") if _is_number(started) else pd.NaT
-        samples_all = record.get("samples")
+        kind = metric_kind(meta.type, meta.unit)
         for i, combo in enumerate(combos):
             value = values[i]
-            if stale:
-                status = "outdated"
-            elif value is None:
-                status = "failed"
-            elif math.isnan(value):
-                status = "skipped"
-            else:
-                status = "measured"
-            sample = samples_all[i] if isinstance(samples_all, list) and i < len(samples_all) else None
-            sample = [float(s) for s in sample] if isinstance(sample, list) and all(_is_number(s) for s in sample) else []
+            status = _status(value, kind, stale)
+            if status == "invalid" and name not in invalid:
+                invalid.append(name)
+            sample = _samples(record, i)
             q25, q75 = _stat(record, "stats_q_25", i), _stat(record, "stats_q_75", i)
             repeat = _stat(record, "stats_repeat", i)
             row = {
@@ -196,9 +359,9 @@ def _rows_of(path: Path, data: dict, machine: str, benchmarks: dict, problems: l
                 "metric": metric.split("_", 1)[-1],
                 "kind": kind,
                 "params": ", ".join(f"{n}={_strip(v)}" for n, v in zip(names, combo)),
-                **{n: _strip(v) for n, v in zip(names, combo)},
-                "value": math.nan if value is None else float(value),  # skipped is NaN already
-                "unit": meta.get("unit"),
+                **{c: _strip(v) for c, v in zip(param_columns, combo)},
+                "value": math.nan if value is None else value,  # skipped is NaN already
+                "unit": meta.unit,
                 "q25": q25, "q75": q75, "iqr": q75 - q25,
                 "ci99_low": _stat(record, "stats_ci_99_a", i),
                 "ci99_high": _stat(record, "stats_ci_99_b", i),
@@ -214,51 +377,230 @@ def _rows_of(path: Path, data: dict, machine: str, benchmarks: dict, problems: l
                 "file": str(path),
             }
             rows.append(row)
-    if unknown:
-        problems.append(Problem(str(path), f"{len(unknown)} result(s) of benchmarks not in benchmarks.json "
-                                           f"skipped: {', '.join(sorted(unknown))}"))
-    if outdated:
-        problems.append(Problem(str(path), f"{len(outdated)} result(s) from an older version of their benchmark "
-                                           f"set aside: {', '.join(sorted(outdated))}"))
+    for count, what, names in (
+            (len(malformed), "entr(ies) with wrong types skipped", malformed),
+            (len(unknown), "result(s) of benchmarks not in benchmarks.json skipped", unknown),
+            (len(outdated), "result(s) from an older version of their benchmark set aside", outdated),
+            (len(invalid), "benchmark(s) with an infinite value, or a time or ratio of zero or less, set aside as "
+                           "not measured", invalid),
+            (len(unnamed), "benchmark(s) with more parameters than benchmarks.json names, the others shown as "
+                           "param<i>", unnamed)):
+        if count:
+            problems.append(Problem(str(path), f"{count} {what}: {', '.join(sorted(names))}"))
     return rows
 
 
-def _timestamp(text) -> pd.Timestamp:
+class _NotJson(ValueError):
+    """A file that is not UTF-8 JSON a Python process can hold; the message says why."""
+
+
+def _parse_json(raw: bytes):
     try:
-        return pd.Timestamp(text) if isinstance(text, str) else pd.NaT
-    except ValueError:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _NotJson(f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise _NotJson("nested too deeply to read") from None
+    except ValueError as e:  # JSONDecodeError, and integers too long for Python to convert
+        raise _NotJson(f"not valid JSON, truncated? ({e})") from None
+
+
+# --- reading the tree: only regular files inside it, never blocking -------------------------
+
+def _inside(path: Path, root_real: Path) -> Path:
+    """The real path of `path`; _Unreadable when it loops or leaves the results tree."""
+    try:
+        real = path.resolve(strict=True)
+    except RuntimeError:  # Python < 3.13 reports a symlink loop so
+        raise _Unreadable("a symlink loop") from None
+    except OSError as e:
+        raise _Unreadable("a symlink loop" if e.errno == errno.ELOOP else f"cannot be resolved ({e.strerror})") from None
+    if real != root_real and root_real not in real.parents:
+        raise _Unreadable(f"a symlink out of the results tree (to {real})")
+    return real
+
+
+def _kind_of(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _read(path: Path, root_real: Path) -> bytes:
+    """The bytes of a regular file inside the tree, at most MAX_FILE_BYTES; _Unreadable
+    otherwise. Anything else is refused before it is opened: opening a FIFO could block or
+    release a writer waiting on it, reading a device could never end."""
+    real = _inside(path, root_real)
+    try:
+        st = os.stat(real)
+        if not stat.S_ISREG(st.st_mode):
+            raise _Unreadable(f"{_kind_of(st.st_mode)}, not a regular file")
+        if st.st_size > MAX_FILE_BYTES:
+            raise _Unreadable(f"{st.st_size} bytes, over the limit of {MAX_FILE_BYTES} bytes for one file")
+        # O_NONBLOCK and O_NOFOLLOW: should the path have been swapped for a FIFO or a link
+        # since the checks above, the open neither waits nor follows it.
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except _Unreadable:
+        raise
+    except OSError as e:
+        raise _Unreadable(e.strerror or str(e)) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _Unreadable("not a regular file")
+        chunks, size = [], 0
+        while size <= MAX_FILE_BYTES:
+            chunk = os.read(fd, min(1 << 20, MAX_FILE_BYTES + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_FILE_BYTES:  # it grew while being read
+            raise _Unreadable(f"over the limit of {MAX_FILE_BYTES} bytes for one file")
+        return b"".join(chunks)
+    except _Unreadable:
+        raise
+    except OSError as e:
+        raise _Unreadable(e.strerror or str(e)) from None
+    finally:
+        os.close(fd)
+
+
+def _children(directory: Path, problems: list[Problem]) -> list[Path]:
+    """The entries of `directory`, sorted by name; an unreadable directory is reported."""
+    try:
+        with os.scandir(directory) as it:
+            names = sorted(entry.name for entry in it)
+    except OSError as e:
+        problems.append(Problem(str(directory), f"unreadable directory ({e.strerror or e}), skipped"))
+        return []
+    return [directory / n for n in names]
+
+
+def _subdirectory(path: Path, root_real: Path, problems: list[Problem]) -> bool:
+    """Whether `path` is a directory inside the tree to descend into. Links that loop, dangle
+    or leave the tree, and entries that cannot be examined, are reported; files are not."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        if e.errno != errno.ENOENT or os.path.islink(path):
+            problems.append(Problem(str(path), f"cannot be examined ({e.strerror or e}), skipped"))
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    try:
+        _inside(path, root_real)
+    except _Unreadable as e:
+        problems.append(Problem(str(path), f"{e}, skipped"))
+        return False
+    return True
+
+
+def _file_rows(file: Path, machine: str, root_real: Path, benchmarks: dict[str, _Benchmark],
+               problems: list[Problem]) -> list[dict]:
+    try:
+        return _rows_of(file, _parse_json(_read(file, root_real)), machine, benchmarks, problems)
+    except _Unreadable as e:
+        problems.append(Problem(str(file), f"unreadable ({e})"))
+    except _NotJson as e:
+        problems.append(Problem(str(file), str(e)))
+    except _Malformed as e:
+        problems.append(Problem(str(file), f"not an asv result file: {e}"))
+    except Exception as e:  # noqa: BLE001 - a file anyone can drop here must not stop the load
+        # Every case known is caught above with its own reason; this names one not foreseen.
+        problems.append(Problem(str(file), f"not loaded: unexpected {type(e).__name__} ({e})"))
+    return []
+
+
+# --- environment records -----------------------------------------------------------------
+
+# Fields that name something (shown as text); the others are counts or versions as numbers.
+_ENV_TEXT = ("gpu_model", "driver", "cuda", "torch", "torchvision", "cupy", "python", "cpu_model", "command",
+             "recorded_at", "nccl")
+
+
+def _timestamp(text) -> pd.Timestamp:
+    """A time with its timezone, in UTC; NaT for anything else (a naive time is no instant)."""
+    if not isinstance(text, str):
         return pd.NaT
+    try:
+        t = pd.Timestamp(text)
+    except (ValueError, OverflowError, TypeError):
+        return pd.NaT
+    return pd.NaT if t is pd.NaT or t.tzinfo is None else t.tz_convert("UTC")
 
 
-def _environment_records(machine_dir: Path, problems: list[Problem]) -> dict[str, list[dict]]:
-    """commit -> its environment records (one per `speedlib run`), oldest first."""
-    records: dict[str, list[dict]] = {}
-    for file in sorted((machine_dir / "environment").glob("*.jsonl")):
+def _clean_environment(record: dict) -> list[str]:
+    """Drop (set to None) fields of `record` that a page or an export could not show; their names."""
+    bad = []
+    for key in ENV_COLUMNS:
+        value = record.get(key)
+        if value is None:
+            continue
+        if key in _ENV_TEXT:
+            ok = isinstance(value, str) and (key != "recorded_at" or not pd.isna(_timestamp(value)))
+        else:
+            ok = _is_number(value) and math.isfinite(_to_float(value)) or isinstance(value, str)
+        if not ok:
+            record[key] = None
+            bad.append(key)
+    return bad
+
+
+def _environment_line(line: bytes) -> dict:
+    """One record; ValueError says why it cannot be used."""
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except RecursionError:
+        raise ValueError("nested too deeply to read") from None
+    if not isinstance(record, dict) or not isinstance(record.get("commit"), str):
+        raise ValueError("not an object with a 'commit'")
+    return record
+
+
+def _environment_records(machine_dir: Path, root_real: Path, problems: list[Problem]) -> dict[str, list[tuple]]:
+    """commit -> its (recorded_at, record, fields left out) (one per `speedlib run`), oldest
+    first, those without a usable time last. Each line stands alone: a bad one is reported
+    and skipped."""
+    records: dict[str, list[tuple]] = {}
+    env_dir = machine_dir / "environment"
+    if not _subdirectory(env_dir, root_real, problems):
+        return records
+    for file in _children(env_dir, problems):
+        if file.suffix != ".jsonl":
+            continue
         try:
-            lines = file.read_text(encoding="utf-8").splitlines()
-        except OSError as e:
+            raw = _read(file, root_real)
+        except _Unreadable as e:
             problems.append(Problem(str(file), f"unreadable ({e})"))
             continue
-        for number, line in enumerate(lines, 1):
+        for number, line in enumerate(raw.split(b"\n"), 1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
-                if not isinstance(record, dict) or not isinstance(record.get("commit"), str):
-                    raise ValueError("not an object with a 'commit'")
-                records.setdefault(record["commit"], []).append(record)
-            except ValueError as e:
+                record = _environment_line(line)
+            except ValueError as e:  # also invalid UTF-8 and JSON errors
                 problems.append(Problem(f"{file}:{number}", f"environment record skipped ({e})"))
+                continue
+            bad = _clean_environment(record)
+            if bad:
+                problems.append(Problem(f"{file}:{number}", f"environment field(s) left out: {', '.join(bad)} "
+                                                            "(wrong type, or a time without a timezone)"))
+            records.setdefault(record["commit"], []).append((_timestamp(record.get("recorded_at")), record, bad))
     for recs in records.values():
-        recs.sort(key=lambda r: str(r.get("recorded_at", "")))
+        recs.sort(key=lambda r: (pd.isna(r[0]), 0 if pd.isna(r[0]) else r[0].value))
     return records
 
 
-def _join_environment(rows: list[dict], records: dict[str, list[dict]], problems: list[Problem]) -> None:
+def _join_environment(rows: list[dict], records: dict[str, list[tuple]], problems: list[Problem]) -> None:
     """Each row gets the record of the run that produced it: the first one written after the
     benchmark started (speedlib appends a record when asv finishes), else the latest."""
     missing = set()
-    stamps = {commit: [_timestamp(r.get("recorded_at")) for r in recs] for commit, recs in records.items()}
     chosen: dict[tuple, dict] = {}
     for row in rows:
         key = (row["commit"], row["run_date"])
@@ -266,19 +608,72 @@ def _join_environment(rows: list[dict], records: dict[str, list[dict]], problems
             recs = records.get(row["commit"])
             if not recs:
                 missing.add(row["file"])
-                chosen[key] = {}
+                chosen[key] = ({}, [])
             else:
-                at, times = row["run_date"], stamps[row["commit"]]
+                at, times = row["run_date"], [t for t, _, _ in recs]
                 i = len(recs) - 1
                 if not pd.isna(at) and not any(pd.isna(t) for t in times):
                     i = min(bisect.bisect_left(times, at), len(recs) - 1)
-                chosen[key] = recs[i]
-        record = chosen[key]
+                chosen[key] = recs[i][1:]
+        record, left_out = chosen[key]
         for name in ENV_COLUMNS:
             row[name] = record.get(name)
-        row["gpu"] = record.get("gpu_model") or ("CPU only" if record else "unknown")
+        # No GPU model in a record means a CPU machine, unless the model was left out as unusable.
+        row["gpu"] = record.get("gpu_model") or ("CPU only" if record and "gpu_model" not in left_out else "unknown")
     for file in sorted(missing):
         problems.append(Problem(file, "no environment record for this commit: GPU, driver and versions unknown"))
+
+
+# --- the whole tree ----------------------------------------------------------------------
+
+def _utf8_name(machine_dir: Path, problems: list[Problem]) -> bool:
+    """Whether the directory's name, the machine column of its rows, is text. Python keeps
+    undecodable bytes of a file name as lone surrogates, which no page or export can encode."""
+    try:
+        machine_dir.name.encode("utf-8")
+    except UnicodeEncodeError:
+        problems.append(Problem(str(machine_dir), "machine directory name is not UTF-8, skipped"))
+        return False
+    return True
+
+
+def _load_benchmarks(root: Path, problems: list[Problem]) -> dict[str, _Benchmark] | None:
+    """benchmarks.json's checked entries; None (reported) when the tree cannot be read."""
+    try:
+        if not stat.S_ISDIR(os.stat(root).st_mode):
+            problems.append(Problem(str(root), "not a directory: no results directory here"))
+            return None
+    except OSError as e:
+        problems.append(Problem(str(root), f"no results directory here ({e.strerror or e})"))
+        return None
+    bench_file = root / "benchmarks.json"
+    if not os.path.lexists(bench_file):
+        problems.append(Problem(str(bench_file), "missing: without it units and parameter names are unknown, "
+                                                 "so no result file was read"))
+        return None
+    try:
+        raw = _parse_json(_read(bench_file, root.resolve()))
+        if not isinstance(raw, dict):
+            raise _NotJson("not a JSON object")
+    except (_Unreadable, _NotJson) as e:
+        problems.append(Problem(str(bench_file), f"unreadable ({e}), so no result file was read"))
+        return None
+    return _benchmarks(raw, str(bench_file), problems)
+
+
+def _machine_rows(machine_dir: Path, root_real: Path, benchmarks: dict[str, _Benchmark],
+                  problems: list[Problem]) -> list[dict]:
+    children = _children(machine_dir, problems)
+    if "machine.json" not in {c.name for c in children}:
+        if any(c.suffix == ".json" for c in children):
+            problems.append(Problem(str(machine_dir), "no machine.json: not an asv machine directory, skipped"))
+        return []
+    rows: list[dict] = []
+    for file in children:
+        if file.suffix == ".json" and file.name not in _SKIP_FILES:
+            rows += _file_rows(file, machine_dir.name, root_real, benchmarks, problems)
+    _join_environment(rows, _environment_records(machine_dir, root_real, problems), problems)
+    return rows
 
 
 def load_results(path: str | Path) -> LoadedResults:
@@ -286,46 +681,18 @@ def load_results(path: str | Path) -> LoadedResults:
     root = Path(path)
     problems: list[Problem] = []
     rows: list[dict] = []
-    bench_file = root / "benchmarks.json"
-    benchmarks = None
-    if not root.is_dir():
-        problems.append(Problem(str(root), "no results directory here"))
-    elif not bench_file.is_file():
-        problems.append(Problem(str(bench_file), "missing: without it units and parameter names are unknown, "
-                                                 "so no result file was read"))
-    else:
-        try:
-            benchmarks = json.loads(bench_file.read_text(encoding="utf-8"))
-            if not isinstance(benchmarks, dict):
-                raise ValueError("not a JSON object")
-        except (OSError, ValueError) as e:
-            problems.append(Problem(str(bench_file), f"unreadable ({e}), so no result file was read"))
-            benchmarks = None
+    benchmarks = _load_benchmarks(root, problems)
     if benchmarks is not None:
-        for machine_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-            if not (machine_dir / "machine.json").is_file():
-                if any(machine_dir.glob("*.json")):
-                    problems.append(Problem(str(machine_dir), "no machine.json: not an asv machine directory, skipped"))
-                continue
-            machine_rows: list[dict] = []
-            for file in sorted(machine_dir.glob("*.json")):
-                if file.name in _SKIP_FILES:
-                    continue
-                try:
-                    data = json.loads(file.read_text(encoding="utf-8"))
-                    machine_rows += _rows_of(file, data, machine_dir.name, benchmarks, problems)
-                except (OSError, UnicodeDecodeError) as e:
-                    problems.append(Problem(str(file), f"unreadable ({e})"))
-                except json.JSONDecodeError as e:
-                    problems.append(Problem(str(file), f"not valid JSON, truncated? ({e})"))
-                except _Malformed as e:
-                    problems.append(Problem(str(file), f"not an asv result file: {e}"))
-            _join_environment(machine_rows, _environment_records(machine_dir, problems), problems)
-            rows += machine_rows
+        root_real = root.resolve()
+        for machine_dir in _children(root, problems):
+            if _subdirectory(machine_dir, root_real, problems) and _utf8_name(machine_dir, problems):
+                rows += _machine_rows(machine_dir, root_real, benchmarks, problems)
     df = pd.DataFrame(rows)
     for col in COLUMNS:
         if col not in df:
             df[col] = pd.Series(dtype="object")
+    for col in ("commit_date", "run_date"):  # UTC times even where none is known (else a naive dtype)
+        df[col] = pd.to_datetime(df[col], utc=True)
     extra = [c for c in df.columns if c not in COLUMNS]
     df = df[[*COLUMNS[:COLUMNS.index("value")], *extra, *COLUMNS[COLUMNS.index("value"):]]]
     measured = df[df["status"] == "measured"].reset_index(drop=True)
@@ -335,4 +702,6 @@ def load_results(path: str | Path) -> LoadedResults:
 def format_table(df: pd.DataFrame, columns: tuple[str, ...] = ("machine", "commit", "benchmark", "params", "value", "unit")) -> str:
     """Measured rows as a plain-text table, commits shortened to 8 characters."""
     table = df.assign(commit=df["commit"].str[:8])[list(columns)]
+    # Names come from result files: escaped, so that none can drive the terminal.
+    table = table.map(lambda v: printable(v) if isinstance(v, str) else v)
     return table.to_string(index=False, float_format=lambda v: f"{v:.4g}")

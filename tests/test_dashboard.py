@@ -9,6 +9,7 @@ browser fails the test instead of skipping it.
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import socket
@@ -90,6 +91,32 @@ def test_bad_files_are_reported_not_raised(synthetic_tree, tmp_path, monkeypatch
     assert "1 problem(s)" in at.warning[0].value
     assert bad.name in at.text[0].value and "not valid JSON" in at.text[0].value
 
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_odd_results_the_loader_accepts_do_not_break_a_page(page, tmp_path, monkeypatch):
+    """A result file without a date, an environment record whose GPU name is not text."""
+    synthetic.write_results(tmp_path, commits=2, machines=2)
+    for result in tmp_path.glob("*/*-existing-*.json"):
+        data = json.loads(result.read_text())
+        del data["date"]
+        result.write_text(json.dumps(data))
+    for record in tmp_path.glob("*/environment/*.jsonl"):
+        record.write_text(record.read_text().replace('"gpu_model": "NVIDIA', '"gpu_model": 5, "x": "NVIDIA'))
+    at = app_on(tmp_path, page, monkeypatch)
+    assert not at.exception, at.exception
+
+
+def test_links_out_of_the_tree_are_neither_walked_nor_read(synthetic_tree, tmp_path, monkeypatch):
+    """A link to / must not send the dashboard through the whole disk, nor a FIFO stop it."""
+    tree = tmp_path / "results"
+    shutil.copytree(synthetic_tree, tree)
+    os.symlink("/", tree / "everything")
+    os.mkfifo(tree / "synthetic-h100" / "pipe.json")
+    at = app_on(tree, "pages/overview.py", monkeypatch)
+    assert not at.exception
+    shown = at.text[0].value
+    assert "everything: a symlink out of the results tree" in shown and "pipe.json: unreadable (a FIFO" in shown
 
 EVIL = "[x](javascript:alert(1))<img src=x onerror=alert(2)>"
 

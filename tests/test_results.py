@@ -122,18 +122,64 @@ def test_truncated_json_is_skipped_and_reported(tree):
 @pytest.mark.parametrize("change, reason", [
     (lambda d: d.update(results=[1, 2]), "'results' missing or not a dict"),
     (lambda d: d.update(version=1), "format version 1"),
-    (lambda d: d["results"][TIME].__setitem__(0, "fast"), "neither a number nor null"),
-    (lambda d: d["results"][TIME].__setitem__(0, [1.0, 2.0]), "2 results for 6 parameter sets"),
-    (lambda d: d["results"][TIME].__setitem__(1, "mlp"), "'params' is not a list"),
-    (lambda d: d["results"][TIME].__setitem__(5, {"a": 1}), "'stats_ci_99_a' is not a list"),
+    (lambda d: d.update(result_columns=[["result"], "params"]), "'result_columns' is not a list of strings"),
+    (lambda d: d.update(date=1e20), "'date' 1e+20 is out of the range of dates"),
 ])
-def test_wrong_types_skip_the_file(tree, change, reason):
+def test_wrong_file_layout_skips_the_file(tree, change, reason):
     bad = first_result(tree)
     edit(bad, change)
     loaded = load_results(tree)
     assert len(loaded.problems) == 1 and loaded.problems[0].path == str(bad)
     assert reason in loaded.problems[0].reason
     assert str(bad) not in set(loaded.measured["file"])
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda e: e.__setitem__(0, "fast"), "neither a number nor null"),
+    (lambda e: e.__setitem__(0, [1.0, 2.0]), "2 results for 6 parameter sets"),
+    (lambda e: e.__setitem__(1, "mlp"), "'params' is not a list"),
+    (lambda e: e.__setitem__(5, {"a": 1}), "'stats_ci_99_a' is not a list"),
+    (lambda e: e.__setitem__(10, [float("inf")] * 6), "'stats_repeat' holds an infinite or overflowing number"),
+    (lambda e: e.__setitem__(3, 1e30), "'started_at' 1e+30 is out of the range of dates"),
+    (lambda e: e.__setitem__(2, 7), "'version' is not a string"),
+])
+def test_wrong_types_skip_the_entry_and_keep_the_rest_of_the_file(tree, change, reason):
+    bad = first_result(tree)
+    edit(bad, lambda d: change(d["results"][TIME]))
+    loaded = load_results(tree)
+    assert len(loaded.problems) == 1 and loaded.problems[0].path == str(bad)
+    assert reason in loaded.problems[0].reason and TIME in loaded.problems[0].reason
+    mine = loaded.measured[loaded.measured["file"] == str(bad)]
+    assert len(mine) == 12 and TIME not in set(mine["benchmark"])  # the two other benchmarks' rows
+    assert len(loaded.measured) == 72 - 6
+
+
+@pytest.mark.parametrize("value", [float("inf"), 0.0, -0.001, 10**400])
+def test_impossible_timings_are_not_measured(tree, value):
+    bad = first_result(tree)
+    edit(bad, lambda d: d["results"][TIME][0].__setitem__(2, value))
+    loaded = load_results(tree)
+    invalid = loaded.not_measured[loaded.not_measured["status"] == "invalid"]
+    assert len(invalid) == 1 and invalid.iloc[0]["params"] == "workload=mlp, variant=speedlib"
+    assert len(loaded.measured) == 71
+    assert [p.path for p in loaded.problems] == [str(bad)] and "set aside as not measured" in loaded.problems[0].reason
+
+
+def test_a_parameter_named_like_a_column_does_not_overwrite_it(tree):
+    edit(tree / "benchmarks.json", lambda d: d[TIME].__setitem__("param_names", ["machine", "variant"]))
+    loaded = load_results(tree)
+    mine = loaded.measured[loaded.measured["benchmark"] == TIME]
+    assert set(mine["machine"]) == {"synthetic-h100", "synthetic-h200"}
+    assert set(mine["param_machine"]) == {"mlp", "resnet50"} and "machine=mlp, variant=fused" in set(mine["params"])
+    assert any("param_<name>" in p.reason and "machine" in p.reason for p in loaded.problems)
+
+
+def test_a_wrong_entry_in_benchmarks_json_skips_only_its_results(tree):
+    edit(tree / "benchmarks.json", lambda d: d[TIME].__setitem__("unit", 5))
+    loaded = load_results(tree)
+    assert len(loaded.measured) == 72 - 4 * 6 and TIME not in set(loaded.measured["benchmark"])
+    assert any(p.path == str(tree / "benchmarks.json") and "'unit' is 5, not a string" in p.reason
+               for p in loaded.problems)
 
 
 def test_top_level_not_an_object(tree):
@@ -236,3 +282,34 @@ def test_missing_or_bad_environment_record(tree):
     assert any("no environment record" in r for r in reasons)
     assert any("environment record skipped" in r for r in reasons)
     assert (loaded.measured["gpu"] == "unknown").sum() == 18
+
+
+def test_environment_lines_stand_alone(tree):
+    """Invalid UTF-8, a time without a timezone and a GPU name that is not text are each
+    reported; the rest of the record and the other lines are kept."""
+    result = first_result(tree)
+    sha = json.loads(result.read_text())["commit_hash"]
+    env_file = tree / "synthetic-h100" / "environment" / f"{sha[:8]}.jsonl"
+    good = json.loads(env_file.read_text())
+    naive = {**good, "recorded_at": "2030-01-01T00:00:00", "gpu_model": 5, "torch": "9.9.9"}
+    env_file.write_bytes(b"\xff\xfe{not utf-8}\n" + env_file.read_bytes() + json.dumps(naive).encode() + b"\n")
+    loaded = load_results(tree)
+    reasons = {p.path: p.reason for p in loaded.problems}
+    assert "not UTF-8 text (invalid start byte at byte 0)" in reasons[f"{env_file}:1"]
+    assert "gpu_model, recorded_at" in reasons[f"{env_file}:3"]
+    assert len(loaded.measured) == 72
+    mine = loaded.measured[loaded.measured["file"] == str(result)]
+    assert set(mine["torch"]) == {"9.9.9"} and set(mine["gpu"]) == {"unknown"}  # not "CPU only": the name was unusable
+    assert all(isinstance(g, str) for g in loaded.measured["gpu"])
+
+
+def test_control_characters_in_names_are_escaped_in_the_table_and_problems(tree):
+    from speedbench.results import format_table
+
+    (tree / "synthetic-h100").rename(tree / "evil\x1b[2J")
+    (tree / "evil\x1b[2J" / "x\x07.json").write_text("{")
+    loaded = load_results(tree)
+    text = format_table(loaded.measured)
+    assert "\x1b" not in text and "evil\\x1b[2J" in text
+    assert len(loaded.problems) == 1
+    assert str(loaded.problems[0]).startswith(f"{tree}/evil\\x1b[2J/x\\x07.json: not valid JSON, truncated? (")
