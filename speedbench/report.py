@@ -3,8 +3,11 @@
 Every table is a `Table`: the frame to show, plus the result rows it was computed from, so
 each export carries a provenance footer (per run: the result IDs, commit, machine, GPU, driver,
 CUDA, torch, statistic and N, date, and the command that reproduces the measurement). Exports go
-to Markdown, CSV and LaTeX (`to_markdown`, `to_csv`, `to_latex`). No Streamlit import: the
-dashboard and the `speedlib report` command share this module.
+to Markdown, CSV and LaTeX (`to_markdown`, `to_csv`, `to_latex`); names in them come from result
+files, so each format escapes every cell, the title and the footer for its reader: control
+characters as escapes everywhere, spreadsheet formulas neutralised in CSV, HTML and link syntax
+in Markdown, every special character in LaTeX. No Streamlit import: the dashboard and the
+`speedlib report` command share this module.
 
 Ratios and their uncertainty: a speedup is baseline / variant for lower-is-better metrics
 (time, memory) and variant / baseline for higher-is-better ones (bandwidth, % of floor),
@@ -38,7 +41,7 @@ import pandas as pd
 
 import speedlib
 from speedbench.paired import ratio_estimate
-from speedbench.results import COLUMNS, higher_is_better
+from speedbench.results import COLUMNS, higher_is_better, printable
 
 __all__ = ["Claim", "CLAIMS", "TECHNIQUES", "Table", "speedups", "speedup_table", "memory_table",
            "floor_table", "noise", "noise_table", "NOISE_TARGET", "case_label", "history", "history_table", "compare_machines", "machine_comparison", "bibtex", "claims_table", "latest",
@@ -843,40 +846,98 @@ def _footer_lines(table: Table) -> list[str]:
 
 
 def _cells(frame: pd.DataFrame) -> list[list[str]]:
-    return [[str(c) for c in frame.columns]] + [["" if pd.isna(v) else str(v) for v in row]
-                                               for row in frame.itertuples(index=False)]
+    """Header and rows as text, every control character written as its escape (`printable`):
+    names come from result files, and a newline in one must not start a row, a footer line
+    or a LaTeX paragraph of its own in any export."""
+    return [[printable(c) for c in frame.columns]] + [["" if pd.isna(v) else printable(v) for v in row]
+                                                     for row in frame.itertuples(index=False)]
+
+
+# Markdown: backslash first (so the escapes added below cannot be cancelled by one from a
+# file), the pipe that ends a cell, backticks that open code, the brackets of link, image
+# and reference syntax; HTML's <, > and & as entities, so no tag, autolink or entity is
+# read from a file.
+_MARKDOWN = {"\\": "\\\\", "|": "\\|", "`": "\\`", "[": "\\[", "]": "\\]", "<": "&lt;", ">": "&gt;", "&": "&amp;"}
+_MARKDOWN_RE = re.compile("|".join(re.escape(k) for k in _MARKDOWN))
+
+
+def _md(text: str) -> str:
+    return _MARKDOWN_RE.sub(lambda m: _MARKDOWN[m.group()], printable(text))
+
+
+def _md_code(text: str) -> str:
+    """`text` as one code span: its fence is longer than any run of backticks inside it, so
+    a benchmark name cannot close the span early (nothing in a code span is Markdown or HTML)."""
+    text = printable(text)
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def to_markdown(table: Table) -> str:
-    rows = [[c.replace("|", "\\|") for c in row] for row in _cells(table.frame)]
-    out = [f"## {table.title}", "", "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    """A GitHub-flavoured Markdown table under a `##` title, the footer as a list. Every cell,
+    the title and each footer line are escaped (`_md`); the reproduce command is a code span."""
+    rows = [[_md(c) for c in row] for row in _cells(table.frame)]
+    out = [f"## {_md(table.title)}", "", "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
     out += ["| " + " | ".join(r) + " |" for r in rows[1:]]
     out.append("")
     for line in _footer_lines(table):
         kind, _, text = line.partition(": ")
-        out.append(f"- {kind}: `{text}`" if kind == "Reproduce" else f"- {line}")
+        out.append(f"- {kind}: {_md_code(text)}" if kind == "Reproduce" else f"- {_md(line)}")
     return "\n".join(out) + "\n"
 
 
+# CSV injection (OWASP): a spreadsheet runs a cell that starts with one of these as a
+# formula, so such a cell gets a leading single quote. A cell that is only a signed number,
+# with or without a percent sign ("-0.6%", "+1.6 %", "-3.2"), is left as it is: it calls and
+# references nothing, and quoting it would turn every negative change into text for the
+# reader. Tab and carriage return, also on OWASP's list, never start a cell: `_cells`
+# writes them as escapes.
+_FORMULA_START = ("=", "+", "-", "@")
+_SIGNED_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s?%?")
+
+
+def _csv_cell(text: str) -> str:
+    if text.startswith(_FORMULA_START) and not _SIGNED_NUMBER.fullmatch(text):
+        return "'" + text
+    return text
+
+
+def _csv_field(text: str) -> str:
+    """The csv module's minimal quoting, and also for a '#': read with comment='#', an
+    unquoted one would drop the rest of its row (quoted, pandas keeps it)."""
+    if any(c in text for c in ',"#\n\r'):
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
 def to_csv(table: Table) -> str:
-    """The table, then the footer as '#' comment lines (pandas: read_csv(comment='#'))."""
-    body = table.frame.to_csv(index=False, lineterminator="\n")
-    return body + "".join(f"# {line}\n" for line in _footer_lines(table))
+    """The table, then the footer as '#' comment lines (pandas: read_csv(comment='#')).
+    Cells that a spreadsheet would run as formulas are neutralised (`_csv_cell`)."""
+    rows = [[_csv_field(_csv_cell(c)) for c in row] for row in _cells(table.frame)]
+    body = "".join(",".join(row) + "\n" for row in rows)
+    return body + "".join(f"# {printable(line)}\n" for line in _footer_lines(table))
 
 
+# < > | print as other glyphs in LaTeX's default font encoding, so they are named.
 _LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-          "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+          "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+          "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}"}
 _LATEX_RE = re.compile("|".join(re.escape(k) for k in _LATEX))
 
 
 def _tex(text: str) -> str:
-    return _LATEX_RE.sub(lambda m: _LATEX[m.group()], text)
+    """`text` as LaTeX that prints it: specials escaped, control characters (a newline, a
+    blank line that would end the paragraph) as escapes. A leading `[` is braced: after the
+    previous row's `\\` it would be read as that command's optional spacing argument."""
+    text = _LATEX_RE.sub(lambda m: _LATEX[m.group()], printable(text))
+    return "{}" + text if text.startswith("[") else text
 
 
 def to_latex(table: Table) -> str:
     """A plain `table` environment (no package needed) with the footer in small print."""
     rows = _cells(table.frame)
-    out = [f"% speedlib export: {table.title}", r"\begin{table}[ht]", r"\centering", r"\footnotesize",
+    out = [f"% speedlib export: {printable(table.title)}", r"\begin{table}[ht]", r"\centering", r"\footnotesize",
            r"\begin{tabular}{" + "l" * len(rows[0]) + "}", r"\hline",
            " & ".join(_tex(c) for c in rows[0]) + r" \\", r"\hline"]
     out += [" & ".join(_tex(c) for c in r) + r" \\" for r in rows[1:]]
