@@ -147,6 +147,16 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def _consumed_hint(parameters: Any) -> str:
+    """Why an iterable came out empty when it is an iterator: model.parameters() is a
+    generator, read once, and handing the same one to an optimizer first leaves nothing."""
+    if iter(parameters) is not parameters:  # a list or a tuple: really empty
+        return ""
+    return (": the iterator yielded nothing. A generator such as model.parameters() can be read once, so this "
+            "one was most likely already consumed (by an optimizer or an earlier ContiguousParams); call "
+            "model.parameters() again or pass a list")
+
+
 def _normalise_groups(parameters: Any) -> tuple[list[dict], bool]:
     """Turn what an optimizer would accept into a list of group dicts; say if groups were given."""
     if isinstance(parameters, ContiguousParams):
@@ -158,7 +168,7 @@ def _normalise_groups(parameters: Any) -> tuple[list[dict], bool]:
         )
     items = list(parameters)
     if not items:
-        raise ValueError("ContiguousParams got an empty parameter list")
+        raise ValueError("ContiguousParams got an empty parameter list" + _consumed_hint(parameters))
     if all(isinstance(i, dict) for i in items):
         groups = []
         for i, g in enumerate(items):
@@ -166,6 +176,8 @@ def _normalise_groups(parameters: Any) -> tuple[list[dict], bool]:
                 raise ValueError(f"parameter group {i} has no 'params' key")
             ps = g["params"]
             ps = [ps] if isinstance(ps, torch.Tensor) else list(ps)
+            if not ps and _consumed_hint(g["params"]):
+                raise ValueError(f"parameter group {i} has no parameters{_consumed_hint(g['params'])}")
             groups.append({**g, "params": ps})
         return groups, True
     if any(isinstance(i, dict) for i in items):

@@ -329,11 +329,13 @@ class HostTable:
         if dtype not in _DTYPES:
             raise TypeError(f"a table holds one of {', '.join(map(str, _DTYPES))}, not {dtype}")
         dev = _default_device() if device is None else torch.device(device)
-        if backend != "pageable":
-            if dev.type != "cuda":
-                raise ValueError(f"backend {backend!r} moves rows to a CUDA device, not {dev}; use 'pageable' on CPUs")
-            if not torch.cuda.is_available():
-                raise RuntimeError(f"backend {backend!r} needs CUDA, and torch sees no CUDA device")
+        if backend != "pageable" and dev.type != "cuda":
+            raise ValueError(f"backend {backend!r} moves rows to a CUDA device, not {dev}; use 'pageable' on CPUs")
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            # Here, not at the first gather: a 'pageable' table would otherwise be built and
+            # fail later with torch's own message about the CUDA build.
+            raise RuntimeError(f"backend {backend!r} needs CUDA, and torch sees no CUDA device"
+                               + (": use device='cpu' for a table on this machine" if backend == "pageable" else ""))
         if dev.type == "cuda" and dev.index is None:
             # 'cuda' and 'cuda:0' are the same device but compare unequal: name the index, so
             # that indices and values made on the current device pass the device check.
@@ -460,9 +462,22 @@ class HostTable:
         return self
 
     def _indices(self, indices) -> torch.Tensor:
-        idx = indices if isinstance(indices, torch.Tensor) else torch.as_tensor(indices)
+        if isinstance(indices, torch.Tensor):
+            idx = indices
+        else:
+            try:
+                idx = torch.as_tensor(indices)
+            except (TypeError, ValueError, RuntimeError) as e:
+                raise TypeError(f"indices must be a tensor or a list of ints, got {type(indices).__name__}: {e}") from None
+            if idx.numel() == 0:
+                # torch reads an empty list as float32, which would be refused below with a
+                # message about the dtype: name the actual problem.
+                raise ValueError(f"indices is an empty {type(indices).__name__}; to gather or write no rows pass "
+                                 "torch.empty(0, dtype=torch.int64)")
         if idx.dtype not in _INDEX_DTYPES:
-            raise TypeError(f"indices must be int32 or int64, got {idx.dtype}")
+            hint = ("; floating-point indices are not row numbers: convert whole numbers with .long()"
+                    if idx.is_floating_point() else "")
+            raise TypeError(f"indices must be int32 or int64, got {idx.dtype}{hint}")
         if idx.device.type != "cpu" and idx.device != self.device:
             raise ValueError(f"indices are on {idx.device}; a table on {self.device} takes CPU or {self.device} indices")
         if idx.numel():

@@ -572,6 +572,20 @@ def test_existing_gradients_are_kept():
     assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
 
 
+def test_a_consumed_parameter_generator_is_named_as_such():
+    model = nn.Linear(2, 2)
+    params = model.parameters()
+    torch.optim.SGD(params, lr=0.1)  # reads the generator to its end
+    with pytest.raises(ValueError, match="empty parameter list: the iterator yielded nothing.*already consumed"):
+        ContiguousParams(params)
+    group = (p for p in model.parameters())
+    list(group)
+    with pytest.raises(ValueError, match="parameter group 0 has no parameters: .*already consumed"):
+        ContiguousParams([{"params": group, "lr": 0.1}])
+    with pytest.raises(ValueError, match="empty parameter list$"):  # a list is simply empty
+        ContiguousParams([])
+
+
 def test_bad_input_gives_clear_errors():
     with pytest.raises(ValueError, match="empty parameter list"):
         ContiguousParams([])

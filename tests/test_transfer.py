@@ -218,6 +218,28 @@ def test_constructor_rejects_bad_arguments():
         HostTable.from_tensor(torch.zeros(3), backend="pageable", device="cpu")
 
 
+def test_a_cuda_table_without_cuda_fails_at_construction(monkeypatch):
+    """Even 'pageable' (host memory) refuses a CUDA device here, not at its first gather."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="torch sees no CUDA device: use device='cpu'"):
+        HostTable(10, 4, backend="pageable", device="cuda")
+    with pytest.raises(RuntimeError, match="torch sees no CUDA device"):
+        HostTable(10, 4, backend="pageable", device="cuda:0")
+
+
+def test_empty_and_float_index_lists_name_the_problem():
+    table = HostTable.from_tensor(_reference(), backend="pageable", device="cpu")
+    with pytest.raises(ValueError, match=r"indices is an empty list; .*torch.empty\(0, dtype=torch.int64\)"):
+        table.gather([])
+    with pytest.raises(ValueError, match="indices is an empty tuple"):
+        table.scatter_((), torch.zeros(0, 16))
+    with pytest.raises(TypeError, match="got torch.float32; floating-point indices are not row numbers"):
+        table.gather([1.0, 2.0])
+    with pytest.raises(TypeError, match="a tensor or a list of ints, got list"):
+        table.gather(["a"])
+    assert table.gather(torch.empty(0, dtype=torch.int64)).shape == (0, 16)  # the way to ask for no rows
+    assert torch.equal(table.cpu(), _reference())
+
 @needs_cuda
 def test_indices_on_another_gpu_are_refused():
     if torch.cuda.device_count() < 2:
