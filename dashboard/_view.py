@@ -150,8 +150,17 @@ def ratio_chart(s: pd.DataFrame, x: str, color: str, title: str) -> go.Figure:
             error_y={"type": "data", "symmetric": False, "array": (g["ratio_high"] - g["ratio"]).fillna(0),
                      "arrayminus": (g["ratio"] - g["ratio_low"]).fillna(0)}))
     fig.add_hline(y=1.0, line_dash="dash")
-    fig.update_layout(title=html.escape(title), barmode="group", height=420, yaxis_title="x better than baseline",
-                      margin={"t": 50})
+    # Log scale, so that 0.5x and 2x lie equally far from the 1x line, with ticks at 1-2-5
+    # steps written as ratios (plotly's own log ticks read "1, 2, 5, 10, 2, 5, 100").
+    values = pd.concat([s["ratio"], s["ratio_low"], s["ratio_high"]]).dropna()
+    values = values[values > 0]
+    low, high = (min(values.min(), 1.0), max(values.max(), 1.0)) if len(values) else (0.5, 2.0)
+    ticks = [m * 10.0 ** e for e in range(-3, 4) for m in (1, 2, 5) if low / 1.5 <= m * 10.0 ** e <= high * 1.5]
+    longest = max((len(str(v)) for v in s[x]), default=0)
+    fig.update_layout(title=html.escape(title), barmode="group", height=min(420 + 5 * longest, 900),
+                      margin={"t": 50},
+                      yaxis={"type": "log", "title": "x faster than the baseline (log scale)", "tickvals": ticks,
+                             "ticktext": [f"{t:g}x" for t in ticks]})
     return fig
 
 

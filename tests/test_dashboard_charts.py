@@ -113,3 +113,11 @@ def test_machines_chart_compares_times_only(monkeypatch):
     labels = [x for trace in chart["data"] for x in values(trace["x"])]
     assert labels and all(x.endswith(")") for x in labels)
     assert not [x for x in labels if "(speedup)" in x or "fraction" in x or "bandwidth" in x]
+
+
+def test_ratio_axes_are_logarithmic_with_ratio_ticks():
+    s = pd.DataFrame({"case": ["a", "b"], "suite": ["S", "S"], "ratio": [0.03, 3.2],
+                      "ratio_low": [0.025, 3.0], "ratio_high": [0.04, 3.4]})
+    axis = _view.ratio_chart(s, "case", "suite", "t").layout.yaxis
+    assert axis.type == "log" and 1 in axis.tickvals and min(axis.tickvals) <= 0.025 and max(axis.tickvals) >= 3.4
+    assert list(axis.ticktext) == [f"{t:g}x" for t in axis.tickvals]
