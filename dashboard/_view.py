@@ -145,8 +145,11 @@ def ratio_chart(s: pd.DataFrame, x: str, color: str, title: str) -> go.Figure:
     for name, g in s.groupby(color, sort=True):
         if g[x].duplicated().any():
             raise ValueError(f"chart labels repeat within {name!r}: {sorted(set(g[x][g[x].duplicated()]))}")
+        # Each bar grows from the 1x line (up: faster, down: slower), not from the bottom of a
+        # log axis, where a 0.7x bar would look as tall as a win.
         fig.add_trace(go.Bar(
-            x=esc(g[x]), y=g["ratio"], name=html.escape(str(name)),
+            x=esc(g[x]), y=g["ratio"] - 1.0, base=1.0, customdata=g["ratio"], name=html.escape(str(name)),
+            hovertemplate="%{x}: %{customdata:.3g}x<extra>%{fullData.name}</extra>",
             error_y={"type": "data", "symmetric": False, "array": (g["ratio_high"] - g["ratio"]).fillna(0),
                      "arrayminus": (g["ratio"] - g["ratio_low"]).fillna(0)}))
     fig.add_hline(y=1.0, line_dash="dash")

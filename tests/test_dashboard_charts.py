@@ -85,7 +85,9 @@ def test_the_tuning_page_shows_one_paired_bar_per_knob(monkeypatch):
     last = report.paired(report.latest(load_results(ROOT / "results").measured))
     expected = last[(last["machine"] == "h100-sxm-80gb") & (last["suite"] == "TrainingStep")
                     & (last["technique"] == "tuning")].set_index("knob")["ratio"]
-    ys = {x: y for trace in paired["data"] for x, y in zip(values(trace["x"]), values(trace["y"]))}
+    # Bars grow from the 1x line: base 1, height ratio - 1; the ratio itself rides along.
+    assert all(trace["base"] == 1.0 for trace in paired["data"])
+    ys = {x: 1.0 + y for trace in paired["data"] for x, y in zip(values(trace["x"]), values(trace["y"]))}
     assert len(expected) == 4
     for knob, ratio in expected.items():
         assert ys[f"TrainingStep knob={knob} / on vs off"] == pytest.approx(ratio)
