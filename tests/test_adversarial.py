@@ -282,7 +282,6 @@ KNOWN = {
     "number overflow": (_edit(lambda d: d["results"][TIME].__setitem__(9, [10**400] * 6)), V, "'stats_number' holds an infinite"),
     "negative repeat": (_edit(lambda d: d["results"][TIME].__setitem__(10, [-3] * 6)), V, "negative or implausibly large"),
     "huge repeat": (_edit(lambda d: d["results"][TIME].__setitem__(10, [1e300] * 6)), V, "negative or implausibly large"),
-    "ci inf": (_edit(lambda d: d["results"][TIME].__setitem__(5, [float("-inf")] * 6)), V, "'stats_ci_99_a' holds an infinite"),
     "a string entry": (_edit(lambda d: d["results"].__setitem__(TIME, "fast")), V, "entry is str, not a list"),
     "list in result_columns": (_edit(lambda d: d["result_columns"].__setitem__(0, ["result"])), V,
                                "'result_columns' is not a list of strings"),

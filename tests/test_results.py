@@ -165,6 +165,17 @@ def test_impossible_timings_are_not_measured(tree, value):
     assert [p.path for p in loaded.problems] == [str(bad)] and "set aside as not measured" in loaded.problems[0].reason
 
 
+def test_an_infinite_interval_is_kept_as_asv_writes_it(tree):
+    """asv's --quick runs have one sample: their 99 % interval is (-Infinity, Infinity)."""
+    bad = first_result(tree)
+    edit(bad, lambda d: (d["results"][TIME].__setitem__(5, [float("-inf")] * 6),
+                         d["results"][TIME].__setitem__(6, [float("inf")] * 6)))
+    loaded = load_results(tree)
+    assert loaded.problems == [] and len(loaded.measured) == 72
+    mine = loaded.measured[(loaded.measured["file"] == str(bad)) & (loaded.measured["benchmark"] == TIME)]
+    assert (mine["ci99_low"] == float("-inf")).all() and (mine["ci99_high"] == float("inf")).all()
+
+
 def test_a_parameter_named_like_a_column_does_not_overwrite_it(tree):
     edit(tree / "benchmarks.json", lambda d: d[TIME].__setitem__("param_names", ["machine", "variant"]))
     loaded = load_results(tree)
