@@ -42,6 +42,11 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         chunks=args.chunk or (),
         budget_minutes=args.budget_minutes,
     )
+    try:
+        suite.check_options(options)  # also inside run(); here it is refused before asv or torch load
+    except suite.SuiteError as e:
+        print(f"speedlib run: {e}", file=sys.stderr)
+        return 2
     if args.plan:
         return _print_plan(options)
     try:
@@ -101,7 +106,7 @@ def _cmd_env(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from speedbench import report  # noqa: PLC0415
-    from speedbench.results import format_table, load_results  # noqa: PLC0415
+    from speedbench.results import format_table, load_results, printable  # noqa: PLC0415
 
     path = Path(args.results)
     if not path.is_dir():
@@ -126,7 +131,10 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
             print("speedlib report: --table noise needs --against DIR, the results of a second run of the same "
                   "commit on the same machine", file=sys.stderr)
             return 2
-        second = load_results(Path(args.against)).measured
+        against = load_results(Path(args.against))
+        for problem in against.problems:  # as for --results: a skipped file is never silent
+            print(f"skipped {problem}", file=sys.stderr)
+        second = against.measured
         table = report.noise_table(df, second[second["machine"] == args.machine] if args.machine else second)
         if table.frame.empty:
             print("speedlib report: no time benchmark was measured in both runs (same machine, commit and "
@@ -134,8 +142,8 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
             return 1
     elif args.table == "history":
         if args.benchmark not in set(df["benchmark"]):
-            print(f"speedlib report: --benchmark must name one of: {', '.join(sorted(set(df['benchmark'])))}",
-                  file=sys.stderr)
+            names = ", ".join(printable(b) for b in sorted(set(df["benchmark"])))  # names from result files
+            print(f"speedlib report: --benchmark must name one of: {names}", file=sys.stderr)
             return 2
         table = report.history_table(df, args.benchmark)
     else:
@@ -149,13 +157,15 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def _regression_gate(report, df, args: argparse.Namespace) -> int:
     """--fail-on-regression A B: the significant changes from A to B; exit 1 on a regression."""
+    from speedbench.results import printable  # noqa: PLC0415
+
     if args.machine and df.empty:
         print(f"speedlib report: no measured results for machine {args.machine}", file=sys.stderr)
         return 2
     try:
         table = report.change_table(df, *args.fail_on_regression)
     except ValueError as e:
-        print(f"speedlib report: {e}", file=sys.stderr)
+        print(f"speedlib report: {printable(str(e))}", file=sys.stderr)  # it may quote commits from result files
         return 2
     print({"md": report.to_markdown, "csv": report.to_csv, "tex": report.to_latex}[args.format](table), end="")
     return 1 if (table.frame["verdict"] == "regression").any() else 0

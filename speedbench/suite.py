@@ -8,18 +8,24 @@ records the environment beside the results, and walks commit ranges itself with 
 (`speedlib/` only) through ASV_PYTHONPATH while the benchmarks and the harness that times
 them (`speedbench/`) come from the current checkout.
 `--quick` smoke runs go to a scratch directory and never touch `results/`.
+Options are checked before any work (a bad --bench regex, a --machine that is not a plain
+name, option-like --commits, an --archive that is a directory, a --results-dir that is a
+file), and one run at a time writes to a results directory: a second one refuses to start
+(`_ResultsLock`).
 A benchmark that fails does not stop the run: the other results, the environment records
 and the archive are still written, and the failures are listed at the end (`RunResult.failed`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import importlib.util
 import itertools
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -34,9 +40,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from speedbench import plan
+from speedbench.results import printable
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: runs are not locked against each other
+    fcntl = None
 
 __all__ = ["RunOptions", "RunResult", "run", "failed_benchmarks", "find_root", "resolve_commits",
-           "environment_record_path", "pack_results"]
+           "environment_record_path", "pack_results", "check_options"]
 
 CONFIG = "asv.conf.json"
 
@@ -105,6 +117,71 @@ def resolve_commits(root: Path, spec: str | None) -> list[str]:
             raise SuiteError(f"commit range {spec!r} is empty")
         return shas
     return [_git(root, "rev-parse", "--verify", f"{spec}^{{commit}}")]
+
+
+# An asv machine name is a directory under results/: one path component, nothing that
+# climbs out (..), hides (a leading dot) or reads as an option (a leading dash).
+_MACHINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+
+
+def check_options(options: RunOptions) -> None:
+    """Refuse, with one line, options that would fail or misfile results later in the run."""
+    if options.machine is not None and (not _MACHINE_NAME.fullmatch(options.machine) or ".." in options.machine):
+        raise SuiteError(f"--machine '{printable(options.machine)}' is not a plain name: use letters, digits and "
+                         ". _ + - (no path separators, no '..', not starting with '.' or '-')")
+    for regex in options.bench:
+        try:
+            re.compile(regex)
+        except re.error as e:
+            raise SuiteError(f"--bench '{printable(regex)}' is not a regular expression: {e}") from None
+    if options.commits is not None:
+        # git would read a leading dash as one of its own options (rev-list --all, --output=...).
+        if not options.commits or any(part.startswith("-") for part in options.commits.split("..")):
+            raise SuiteError(f"--commits '{printable(options.commits)}' is not a revision or a range A..B")
+    if options.archive is not None and options.archive.is_dir():
+        raise SuiteError(f"--archive {printable(str(options.archive))} is a directory: name the .tar.gz file to write")
+    if options.results_dir is not None and options.results_dir.exists() and not options.results_dir.is_dir():
+        raise SuiteError(f"--results-dir {printable(str(options.results_dir))} exists and is not a directory")
+
+
+def _results_dir(options: RunOptions, root: Path, conf: dict) -> Path:
+    return (options.results_dir or root / conf.get("results_dir", "results")).resolve()
+
+
+class _ResultsLock:
+    """Context manager: an exclusive lock on a results directory (the directory itself: no
+    lock file to commit), held until the run ends however it ends (the kernel drops it with
+    the process). Two runs writing one directory would each rewrite a commit's result file,
+    and the one finishing last would keep only its own benchmarks: the second one refuses.
+    A directory created only to be locked is removed again if the run left it empty."""
+
+    def __init__(self, results_dir: Path):
+        self.results_dir = results_dir
+        self.fd: int | None = None
+        self.created = False
+
+    def __enter__(self) -> _ResultsLock:
+        if fcntl is None:
+            return self
+        self.created = not self.results_dir.exists()
+        self.results_dir.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.results_dir, os.O_RDONLY)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self.fd)
+            raise SuiteError(f"another speedlib run is writing to {printable(str(self.results_dir))}: wait for "
+                             "it to finish, or give this one its own --results-dir") from None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+        if self.created:
+            try:
+                self.results_dir.rmdir()  # only if empty: a failed first run leaves nothing behind
+            except OSError:
+                pass
 
 
 def _dirty(root: Path) -> list[str]:
@@ -194,12 +271,6 @@ def _raise_interrupted(signum: int, frame) -> None:
     raise Interrupted(signum)
 
 
-def _printable(text: str) -> str:
-    """Names and parameter reprs come from benchmark code: escape what could move the cursor,
-    colour the terminal or start a new line."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def failed_benchmarks(results_dir: Path, machine: str, sha: str, since_ms: int = 0) -> list[str]:
     """One printable line per benchmark of `sha` that asv recorded as failed (result null)
     and that started at `since_ms` or later: the result file keeps earlier runs' entries of
@@ -224,7 +295,7 @@ def failed_benchmarks(results_dir: Path, machine: str, sha: str, since_ms: int =
             if params:  # which parameter sets, as asv prints them (reprs)
                 line += f" for {len(bad)} of {len(combos)} parameter sets: " + "; ".join(
                     f"({', '.join(c)})" for c in bad)
-            lines.append(_printable(line))
+            lines.append(printable(line))  # names come from benchmark code
     return lines
 
 
@@ -259,6 +330,7 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
         raise SuiteError('asv is not installed here: python3 -m pip install -e ".[bench]"')
     if options.quick and options.archive is not None:
         raise SuiteError("--archive packs saved results, and a --quick run saves none")
+    check_options(options)
     shas = resolve_commits(root, options.commits)
     if not options.quick and not options.allow_dirty and options.commits is None and _dirty(root):
         raise SuiteError(
@@ -267,15 +339,19 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
             "smoke run, or pass --allow-dirty."
         )
     steps = _steps(options, root)  # a bad chunk name is refused before any work
-    # SIGTERM (a time limit, a batch system) unwinds like Ctrl+C: asv is stopped, worktrees
-    # and the scratch directory are removed. Only the main thread may set handlers.
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _raise_interrupted)
-        try:
-            return _run(options, root, argv, shas, steps)
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-    return _run(options, root, argv, shas, steps)
+    # A quick run writes to a scratch directory of its own: nothing to lock.
+    lock = contextlib.nullcontext() if options.quick else _ResultsLock(
+        _results_dir(options, root, json.loads((root / CONFIG).read_text())))
+    with lock:
+        # SIGTERM (a time limit, a batch system) unwinds like Ctrl+C: asv is stopped, worktrees
+        # and the scratch directory are removed. Only the main thread may set handlers.
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+            try:
+                return _run(options, root, argv, shas, steps)
+            finally:
+                signal.signal(signal.SIGTERM, previous)
+        return _run(options, root, argv, shas, steps)
 
 
 def _run(options: RunOptions, root: Path, argv: Sequence[str], shas: list[str], steps: list) -> RunResult:
@@ -286,10 +362,7 @@ def _run(options: RunOptions, root: Path, argv: Sequence[str], shas: list[str], 
     with tempfile.TemporaryDirectory(prefix="speedlib-run-") as tmp:
         scratch = Path(tmp)
         conf = json.loads((root / CONFIG).read_text())
-        if options.quick:
-            results_dir = scratch / "results"
-        else:
-            results_dir = (options.results_dir or root / conf.get("results_dir", "results")).resolve()
+        results_dir = scratch / "results" if options.quick else _results_dir(options, root, conf)
         conf_path = _write_config(conf, root, results_dir, scratch)
         _register_machine(conf_path, root, machine, env)
         print(f"speedlib run: machine {machine}, {len(shas)} commit(s), results -> "
@@ -470,7 +543,7 @@ def _print_table(results_dir: Path, machine: str, shas: Sequence[str] | None = N
         df = df[df["commit"].isin(list(shas))]
     if df.empty:
         print("\nno measured results to show", flush=True)
-        return
-    print("\n" + format_table(df, ("commit", "benchmark", "params", "value", "unit")), flush=True)
-    for problem in loaded.problems:
+    else:
+        print("\n" + format_table(df, ("commit", "benchmark", "params", "value", "unit")), flush=True)
+    for problem in loaded.problems:  # also, and above all, when they leave nothing to show
         print(f"skipped {problem}", flush=True)

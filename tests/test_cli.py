@@ -166,6 +166,21 @@ def test_report_noise_between_two_runs_of_one_commit(tmp_path, capsys):
     assert "needs --against DIR" in capsys.readouterr().err
 
 
+def test_report_prints_the_problems_of_against_and_escapes_names(tmp_path, capsys):
+    first, second = tmp_path / "a", tmp_path / "b"
+    synthetic.write_results(first, commits=1, machines=1, seed=0)
+    synthetic.write_results(second, commits=1, machines=1, seed=1)
+    (second / "synthetic-h100" / "broken\x1b[2J.json").write_text("{")
+    assert cli.main(["report", "--results", str(first), "--table", "noise", "--against", str(second),
+                     "--format", "csv"]) == 0
+    err = capsys.readouterr().err
+    assert f"skipped {second}/synthetic-h100/broken\\x1b[2J.json: not valid JSON" in err and "\x1b" not in err
+    (first / "synthetic-h100").rename(first / "evil\x1b]0;x\x07")
+    assert cli.main(["report", "--results", str(first)]) == 0
+    out = capsys.readouterr().out
+    assert "evil\\x1b]0;x\\x07" in out and "\x1b" not in out and "\x07" not in out
+
+
 def test_dashboard_refuses_a_missing_results_directory(tmp_path, capsys):
     assert cli.main(["dashboard", "--results", str(tmp_path / "nope")]) == 2
     assert "no results directory" in capsys.readouterr().err

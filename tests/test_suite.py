@@ -199,3 +199,85 @@ def test_an_interrupted_run_exits_with_the_signal_and_one_line(monkeypatch, caps
     assert cli.main(["run"]) == 130
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "stopped by SIGINT" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--machine", "../elsewhere"], "--machine '../elsewhere' is not a plain name"),
+    (["--machine", "a/b"], "is not a plain name"),
+    (["--machine", ".."], "is not a plain name"),
+    (["--machine", ".hidden"], "is not a plain name"),
+    (["--machine", "a\x1b[2Jb"], "--machine 'a\\x1b[2Jb' is not a plain name"),
+    (["--bench", "time_(x"], "--bench 'time_(x' is not a regular expression: missing ), unterminated subpattern"),
+    (["--commits=--all"], "--commits '--all' is not a revision or a range A..B"),
+    (["--commits", "HEAD~1..--output=x"], "is not a revision or a range"),
+    (["--commits="], "is not a revision or a range"),
+])
+def test_bad_run_options_are_refused_with_one_line_before_any_work(monkeypatch, capsys, args, message):
+    from speedbench import cli
+
+    monkeypatch.setattr(suite, "run", lambda *a, **k: pytest.fail("the run started"))
+    assert cli.main(["run", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("speedlib run: ") and message in err
+
+
+def test_an_archive_that_is_a_directory_and_a_results_dir_that_is_a_file_are_refused(monkeypatch, capsys, tmp_path):
+    from speedbench import cli
+
+    monkeypatch.setattr(suite, "run", lambda *a, **k: pytest.fail("the run started"))
+    assert cli.main(["run", "--archive", str(tmp_path)]) == 2
+    assert "is a directory: name the .tar.gz file to write" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    assert cli.main(["run", "--results-dir", str(tmp_path / "file")]) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err
+
+
+def test_run_itself_checks_the_options_too(monkeypatch):
+    """For callers of suite.run that do not come through the command line."""
+    monkeypatch.setattr(suite, "_run", lambda *a, **k: pytest.fail("the run started"))
+    with pytest.raises(suite.SuiteError, match="not a plain name"):
+        suite.run(suite.RunOptions(machine="../x", allow_dirty=True), root=ROOT)
+
+
+def test_a_second_run_on_the_same_results_directory_refuses_to_start(monkeypatch, tmp_path):
+    """Two runs in one checkout: while one holds results/ (here a separate process), a second
+    refuses before any work instead of both rewriting the same result files."""
+    results = tmp_path / "results"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from speedbench import suite; "
+                               f"lock = suite._ResultsLock(Path({str(results)!r})).__enter__(); print('locked', flush=True); "
+                               "sys.stdin.read()"],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        ran = []
+        monkeypatch.setattr(suite, "_run", lambda *a, **k: ran.append(1) or "ran")
+        options = suite.RunOptions(results_dir=results, allow_dirty=True)
+        with pytest.raises(suite.SuiteError, match="another speedlib run is writing to .*: wait for it to finish"):
+            suite.run(options, root=ROOT)
+        assert ran == []
+    finally:
+        holder.communicate("", timeout=30)  # its stdin closes: it exits, and the lock goes with it
+    assert suite.run(options, root=ROOT) == "ran" and ran == [1]
+    assert suite.run(options, root=ROOT) == "ran"  # released after each run
+    assert [p.name for p in results.iterdir()] == []  # the lock leaves no file behind
+
+
+def test_a_directory_made_for_the_lock_goes_if_the_run_wrote_nothing(monkeypatch, tmp_path):
+    def fails(*a, **k):
+        raise suite.SuiteError("asv failed")
+
+    monkeypatch.setattr(suite, "_run", fails)
+    with pytest.raises(suite.SuiteError, match="asv failed"):
+        suite.run(suite.RunOptions(results_dir=tmp_path / "new", allow_dirty=True), root=ROOT)
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(suite.SuiteError, match="asv failed"):
+        suite.run(suite.RunOptions(results_dir=tmp_path / "kept", allow_dirty=True), root=ROOT)
+    assert (tmp_path / "kept").is_dir()  # it was there before the run
+
+
+def test_a_quick_run_takes_no_lock(monkeypatch, tmp_path):
+    monkeypatch.setattr(suite, "_run", lambda *a, **k: "ran")
+    monkeypatch.setattr(suite, "_ResultsLock", lambda d: pytest.fail("locked a results directory"))
+    assert suite.run(suite.RunOptions(quick=True, results_dir=tmp_path / "r"), root=ROOT) == "ran"
