@@ -184,9 +184,19 @@ class _ResultsLock:
                 pass
 
 
-def _dirty(root: Path) -> list[str]:
-    out = _git(root, "status", "--porcelain", "--untracked-files=no", "--", "speedlib", "speedbench", "benchmarks",
-               CONFIG)
+# What a run takes from the checkout: everything for a plain run (filed under HEAD); with
+# --commits the library comes from each commit, the benchmarks, harness and config still
+# from the checkout.
+_CHECKOUT_PARTS = ("speedlib", "speedbench", "benchmarks", CONFIG)
+_HARNESS_PARTS = ("speedbench", "benchmarks", CONFIG)
+# Python's caches appear beside any module that ran (a scratch copy has no .gitignore).
+_NOT_CODE = (":(exclude,glob)**/__pycache__/**", ":(exclude,glob)**/*.pyc")
+
+
+def _dirty(root: Path, parts: Sequence[str] = _CHECKOUT_PARTS) -> list[str]:
+    """Changed and untracked files under `parts`: an untracked benchmark runs as surely as
+    an edited one."""
+    out = _git(root, "status", "--porcelain", "--untracked-files=all", "--", *parts, *_NOT_CODE)
     return [line for line in out.splitlines() if line.strip()]
 
 
@@ -332,12 +342,16 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
         raise SuiteError("--archive packs saved results, and a --quick run saves none")
     check_options(options)
     shas = resolve_commits(root, options.commits)
-    if not options.quick and not options.allow_dirty and options.commits is None and _dirty(root):
-        raise SuiteError(
-            "uncommitted changes in speedlib/, speedbench/, benchmarks/ or asv.conf.json: results would be "
-            "filed under a commit that did not produce them. Commit first, use --quick for a "
-            "smoke run, or pass --allow-dirty."
-        )
+    if not options.quick and not options.allow_dirty:
+        parts = _CHECKOUT_PARTS if options.commits is None else _HARNESS_PARTS
+        changed = _dirty(root, parts)
+        if changed:
+            shown = ", ".join(printable(line[3:]) for line in changed[:3]) + (", ..." if len(changed) > 3 else "")
+            raise SuiteError(
+                f"uncommitted changes or untracked files in {', '.join(parts)} ({shown}): results would be "
+                "filed under a commit that did not produce them. Commit first, use --quick for a "
+                "smoke run, or pass --allow-dirty."
+            )
     steps = _steps(options, root)  # a bad chunk name is refused before any work
     # A quick run writes to a scratch directory of its own: nothing to lock.
     lock = contextlib.nullcontext() if options.quick else _ResultsLock(

@@ -281,3 +281,32 @@ def test_a_quick_run_takes_no_lock(monkeypatch, tmp_path):
     monkeypatch.setattr(suite, "_run", lambda *a, **k: "ran")
     monkeypatch.setattr(suite, "_ResultsLock", lambda d: pytest.fail("locked a results directory"))
     assert suite.run(suite.RunOptions(quick=True, results_dir=tmp_path / "r"), root=ROOT) == "ran"
+
+
+@pytest.fixture
+def tiny_checkout(tmp_path) -> Path:
+    """A committed checkout with the parts a run reads: asv.conf.json, speedlib/, benchmarks/."""
+    repo = tmp_path / "repo"
+    for name in ("speedlib/__init__.py", "speedbench/__init__.py", "benchmarks/bench_x.py"):
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text("")
+    (repo / "asv.conf.json").write_text(json.dumps({"results_dir": "results"}))
+    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c"]):
+        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+    return repo
+
+
+def test_untracked_files_make_the_tree_dirty_and_commit_runs_check_the_harness(tiny_checkout, monkeypatch):
+    monkeypatch.setattr(suite, "_run", lambda *a, **k: "ran")
+    (tiny_checkout / "benchmarks" / "__pycache__").mkdir()
+    (tiny_checkout / "benchmarks" / "__pycache__" / "bench_x.cpython-311.pyc").write_text("")  # not code
+    assert suite.run(suite.RunOptions(), root=tiny_checkout) == "ran"
+    (tiny_checkout / "benchmarks" / "bench_new.py").write_text("")  # untracked: it would run all the same
+    for commits in (None, "HEAD"):  # --commits runs take the benchmarks from the checkout too
+        with pytest.raises(suite.SuiteError, match=r"uncommitted changes or untracked files .*\(benchmarks/bench_new.py\)"):
+            suite.run(suite.RunOptions(commits=commits), root=tiny_checkout)
+    (tiny_checkout / "benchmarks" / "bench_new.py").unlink()
+    (tiny_checkout / "speedlib" / "extra.py").write_text("")
+    with pytest.raises(suite.SuiteError, match="speedlib/extra.py"):
+        suite.run(suite.RunOptions(), root=tiny_checkout)  # filed under HEAD, which lacks it
+    assert suite.run(suite.RunOptions(commits="HEAD"), root=tiny_checkout) == "ran"  # the library comes from HEAD
