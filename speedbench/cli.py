@@ -188,6 +188,11 @@ def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if not results.is_dir():
         print(f"speedlib dashboard: no results directory at {results}", file=sys.stderr)
         return 2
+    unavailable = _cannot_listen(args.address, args.port)
+    if unavailable:
+        print(f"speedlib dashboard: cannot listen on {args.address}:{args.port} ({unavailable}); is a dashboard "
+              "already running there? Pass another --port.", file=sys.stderr)
+        return 2
     # The results directory is fixed here, at start-up, and never read from the URL.
     env = {**os.environ, "SPEEDLIB_RESULTS": str(results)}
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", args.address,
@@ -198,6 +203,22 @@ def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return subprocess.call(cmd, env=env)
     except KeyboardInterrupt:
         return 0
+
+
+def _cannot_listen(address: str, port: int) -> str | None:
+    """Why a server could not listen on address:port, or None. Asked before Streamlit starts:
+    it would print its banner first and then fail, or quietly take another port. SO_REUSEADDR
+    as a server sets it: a port left in TIME_WAIT is free, one with a listener is not."""
+    import socket  # noqa: PLC0415
+
+    try:
+        family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((address, port))
+    except OSError as e:  # socket.gaierror too: an address that does not resolve
+        return e.strerror or str(e)
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -268,7 +289,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    return args.func(args, argv)
+    try:
+        return args.func(args, argv)
+    except KeyboardInterrupt:
+        # Ctrl+C while results load or a table is drawn: one line, not a traceback (`run`
+        # catches it itself, after stopping asv).
+        print(f"speedlib {args.command}: stopped by Ctrl+C", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

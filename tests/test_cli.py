@@ -11,6 +11,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
@@ -184,6 +185,30 @@ def test_report_prints_the_problems_of_against_and_escapes_names(tmp_path, capsy
 def test_dashboard_refuses_a_missing_results_directory(tmp_path, capsys):
     assert cli.main(["dashboard", "--results", str(tmp_path / "nope")]) == 2
     assert "no results directory" in capsys.readouterr().err
+
+
+def test_dashboard_says_first_that_the_port_is_taken(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("streamlit")
+    monkeypatch.setattr(subprocess, "call", lambda *a, **k: pytest.fail("Streamlit was started"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli.main(["dashboard", "--results", str(tmp_path), "--port", str(port), "--no-browser"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1
+    assert f"cannot listen on 127.0.0.1:{port} (Address already in use)" in out.err
+
+
+def test_ctrl_c_in_report_is_one_line_not_a_traceback(tmp_path, capsys, monkeypatch):
+    from speedbench import results
+
+    def interrupted(path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(results, "load_results", interrupted)
+    assert cli.main(["report", "--results", str(tmp_path)]) == 130
+    assert capsys.readouterr().err == "speedlib report: stopped by Ctrl+C\n"
 
 
 @pytest.mark.slow
