@@ -11,7 +11,8 @@ them (`speedbench/`) come from the current checkout.
 Options are checked before any work (a bad --bench regex, a --machine that is not a plain
 name, option-like --commits, an --archive that is a directory, a --results-dir that is a
 file), and one run at a time writes to a results directory: a second one refuses to start
-(`_ResultsLock`).
+(`_ResultsLock`). Each run first removes the scratch directories and commit worktrees that
+runs killed outright left behind (`prune_stale`).
 A benchmark that fails does not stop the run: the other results, the environment records
 and the archive are still written, and the failures are listed at the end (`RunResult.failed`).
 """
@@ -48,7 +49,7 @@ except ImportError:  # not a POSIX system: runs are not locked against each othe
     fcntl = None
 
 __all__ = ["RunOptions", "RunResult", "run", "failed_benchmarks", "find_root", "resolve_commits",
-           "environment_record_path", "pack_results", "check_options"]
+           "environment_record_path", "pack_results", "check_options", "prune_stale"]
 
 CONFIG = "asv.conf.json"
 
@@ -357,6 +358,8 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
     lock = contextlib.nullcontext() if options.quick else _ResultsLock(
         _results_dir(options, root, json.loads((root / CONFIG).read_text())))
     with lock:
+        for stale in prune_stale(root):
+            print(f"speedlib run: removed {printable(str(stale))}, left by a run that was killed", flush=True)
         # SIGTERM (a time limit, a batch system) unwinds like Ctrl+C: asv is stopped, worktrees
         # and the scratch directory are removed. Only the main thread may set handlers.
         if threading.current_thread() is threading.main_thread():
@@ -375,6 +378,7 @@ def _run(options: RunOptions, root: Path, argv: Sequence[str], shas: list[str], 
     machine = options.machine or env["machine"]
     with tempfile.TemporaryDirectory(prefix="speedlib-run-") as tmp:
         scratch = Path(tmp)
+        _claim(scratch)
         conf = json.loads((root / CONFIG).read_text())
         results_dir = scratch / "results" if options.quick else _results_dir(options, root, conf)
         conf_path = _write_config(conf, root, results_dir, scratch)
@@ -517,6 +521,48 @@ def pack_results(results_dir: Path, machine: str, shas: Sequence[str], dest: Pat
     return dest
 
 
+# In each scratch directory a run makes (its asv config, a commit's worktree): the run's pid,
+# so that a later run can tell what a killed one left behind.
+_OWNER = "owner.pid"
+
+
+def _claim(scratch: Path) -> None:
+    (scratch / _OWNER).write_text(str(os.getpid()))
+
+
+def _owner_gone(scratch: Path) -> bool:
+    """Whether the run that made `scratch` has ended. A directory without an owner file is
+    not known to be a run's (or is being set up): left alone."""
+    try:
+        pid = int((scratch / _OWNER).read_text())
+    except (OSError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, someone else's
+        return False
+    return False
+
+
+def prune_stale(root: Path) -> list[Path]:
+    """Remove what runs killed outright (SIGKILL, a lost machine) left: their scratch
+    directories and commit worktrees under the temporary directory, where the owner process
+    is gone; then `git worktree prune` forgets worktrees whose directory no longer exists."""
+    removed = []
+    for scratch in sorted(Path(tempfile.gettempdir()).glob("speedlib-*")):
+        if scratch.is_symlink() or not scratch.is_dir() or not _owner_gone(scratch):
+            continue
+        if (scratch / "tree").exists():
+            subprocess.run(["git", "worktree", "remove", "--force", str(scratch / "tree")], cwd=root,
+                           capture_output=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+        removed.append(scratch)
+    subprocess.run(["git", "worktree", "prune"], cwd=root, capture_output=True)
+    return removed
+
+
 class _library_at:
     """Context manager: a directory on whose path `speedlib` is the package at commit `sha`,
     and nothing else.
@@ -534,6 +580,7 @@ class _library_at:
         if self.use_checkout:
             return self.root
         self.scratch = Path(tempfile.mkdtemp(prefix=f"speedlib-{self.sha[:8]}-"))
+        _claim(self.scratch)
         tree, only_library = self.scratch / "tree", self.scratch / "path"
         _git(self.root, "worktree", "add", "--detach", "--force", str(tree), self.sha)
         only_library.mkdir()

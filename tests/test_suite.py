@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -310,3 +312,28 @@ def test_untracked_files_make_the_tree_dirty_and_commit_runs_check_the_harness(t
     with pytest.raises(suite.SuiteError, match="speedlib/extra.py"):
         suite.run(suite.RunOptions(), root=tiny_checkout)  # filed under HEAD, which lacks it
     assert suite.run(suite.RunOptions(commits="HEAD"), root=tiny_checkout) == "ran"  # the library comes from HEAD
+
+
+def test_a_killed_runs_worktree_and_scratch_are_pruned_by_the_next_run(tiny_checkout, tmp_path, monkeypatch):
+    scratch_root = tmp_path / "tmp"
+    scratch_root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch_root))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid whose process has ended, as after a SIGKILL
+    stale = scratch_root / "speedlib-0123abcd-x"
+    stale.mkdir()
+    subprocess.run(["git", "worktree", "add", "--detach", str(stale / "tree"), "HEAD"], cwd=tiny_checkout,
+                   check=True, capture_output=True)
+    (stale / "owner.pid").write_text(str(gone.pid))
+    (scratch_root / "speedlib-run-stale").mkdir()
+    (scratch_root / "speedlib-run-stale" / "owner.pid").write_text(str(gone.pid))
+    live = scratch_root / "speedlib-run-live"  # a run still going
+    live.mkdir()
+    (live / "owner.pid").write_text(str(os.getpid()))
+    unknown = scratch_root / "speedlib-run-unknown"  # no owner: not known to be a run's
+    unknown.mkdir()
+    monkeypatch.setattr(suite, "_run", lambda *a, **k: "ran")
+    assert suite.run(suite.RunOptions(), root=tiny_checkout) == "ran"
+    assert sorted(p.name for p in scratch_root.iterdir()) == ["speedlib-run-live", "speedlib-run-unknown"]
+    worktrees = subprocess.run(["git", "worktree", "list"], cwd=tiny_checkout, capture_output=True, text=True).stdout
+    assert "speedlib-0123abcd" not in worktrees
