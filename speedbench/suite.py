@@ -473,7 +473,15 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
         process_env = {**os.environ, "ASV_PYTHONPATH": path}
         if options.quick:  # paired comparisons: one round each (benchmarks/common.py)
             process_env["SPEEDLIB_QUICK"] = "1"
-        status = _asv(asv_args, env=process_env, cwd=root, failures_ok=True)
+        # asv rewrites the listing when it starts: an asv stopped mid-run (Ctrl+C, a time
+        # limit) must leave the listing the results already on disk were filed against.
+        listing = Path(results_dir) / "benchmarks.json"
+        before = listing.read_bytes() if listing.is_file() else None
+        try:
+            status = _asv(asv_args, env=process_env, cwd=root, failures_ok=True)
+        except BaseException:
+            _restore(listing, before)
+            raise
     found = []
     if status == 2:
         # asv also exits 2 on errors of its own (a bad argument): then it saved no failure.
@@ -487,6 +495,17 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
     env = {**env, "gpu_state": measure.gpu_state()}
     _record_environment(environment_record_path(results_dir, machine, sha), sha, env, ["speedlib", *argv])
     return found
+
+
+def _restore(path: Path, content: bytes | None) -> None:
+    """Put `path` back as it was (`None`: it did not exist), through a temporary file so that
+    a second interruption cannot leave it torn."""
+    if content is None:
+        path.unlink(missing_ok=True)
+        return
+    tmp = path.with_name(path.name + ".restoring")
+    tmp.write_bytes(content)
+    os.replace(tmp, path)
 
 
 def _print_failed(failed: Sequence[str]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -337,3 +338,27 @@ def test_a_killed_runs_worktree_and_scratch_are_pruned_by_the_next_run(tiny_chec
     assert sorted(p.name for p in scratch_root.iterdir()) == ["speedlib-run-live", "speedlib-run-unknown"]
     worktrees = subprocess.run(["git", "worktree", "list"], cwd=tiny_checkout, capture_output=True, text=True).stdout
     assert "speedlib-0123abcd" not in worktrees
+
+
+@pytest.mark.parametrize("existed", [True, False])
+def test_an_interrupted_asv_leaves_the_listing_as_it_was(tmp_path, monkeypatch, existed):
+    """asv rewrites results/benchmarks.json first thing; stopped there, the run puts back the
+    listing that the results already on disk were filed against (or none, if there was none)."""
+    listing = tmp_path / "benchmarks.json"
+    if existed:
+        listing.write_text('{"version": 2, "bench_a.A.track_x": {}}')
+
+    def interrupted_asv(*args, **kwargs):
+        listing.write_text('{"version": 2, "bench_b.B.tr')  # torn mid-write
+        raise suite.Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(suite, "_asv", interrupted_asv)
+    head = suite.resolve_commits(ROOT, None)[0]
+    with pytest.raises(suite.Interrupted):
+        suite._run_commit(suite.RunOptions(), ROOT, tmp_path / "asv.conf.json", tmp_path, "m", {}, [], head,
+                          "[1/1]", [])
+    if existed:
+        assert listing.read_text() == '{"version": 2, "bench_a.A.track_x": {}}'
+    else:
+        assert not listing.exists()
+    assert not list(tmp_path.glob("*.restoring"))
