@@ -240,6 +240,29 @@ def _die_with_parent() -> None:
         pass  # not Linux: a killed run may leave asv to finish its benchmark
 
 
+# The guard of asv's process group (run by `_guard_group`): when the speedlib process that
+# started it is gone without unwinding (SIGKILL, an OOM kill), it kills the whole group.
+_GUARD = """
+import os, signal, sys, time
+pgid, leader = int(sys.argv[1]), int(sys.argv[2])
+while os.getppid() == leader:
+    time.sleep(0.2)
+try:
+    os.killpg(pgid, signal.SIGKILL)
+except ProcessLookupError:
+    pass
+"""
+
+
+def _guard_group(pgid: int) -> subprocess.Popen:
+    """Start a guard of asv's process group. PR_SET_PDEATHSIG stops asv itself when speedlib
+    dies, but not the benchmark processes asv started, which would run on holding the GPU
+    and writing results nobody packs; they share asv's group, and the guard, a child of
+    speedlib outside that group, kills the group once speedlib is gone."""
+    return subprocess.Popen([sys.executable, "-c", _GUARD, str(pgid), str(os.getpid())],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+
 def _asv(args: list[str], *, env: dict | None = None, cwd: Path, failures_ok: bool = False) -> int:
     """asv's exit status: 0, or 2 when `failures_ok` (`asv run`: some benchmark failed, the
     results were saved). Any other status means asv itself failed, and raises.
@@ -250,11 +273,15 @@ def _asv(args: list[str], *, env: dict | None = None, cwd: Path, failures_ok: bo
     cmd = [sys.executable, "-m", "asv", *args]
     # asv's own per-benchmark progress lines stream straight through.
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, process_group=0, preexec_fn=_die_with_parent)
+    guard = _guard_group(proc.pid)
     try:
         returncode = proc.wait()
     except BaseException:
         _stop_group(proc)
         raise
+    finally:
+        guard.kill()
+        guard.wait()
     if returncode != 0 and not (failures_ok and returncode == 2):
         raise SuiteError(f"asv exited with status {returncode}: {shlex.join(cmd)}")
     return returncode

@@ -362,3 +362,48 @@ def test_an_interrupted_asv_leaves_the_listing_as_it_was(tmp_path, monkeypatch, 
     else:
         assert not listing.exists()
     assert not list(tmp_path.glob("*.restoring"))
+
+
+def _alive_in_group(pgid: int) -> list[int]:
+    """Processes of group `pgid` that are not zombies (Linux /proc; a killed process whose
+    parent is gone may wait as a zombie for a reaper, and it holds nothing)."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(int(stat.parent.name))
+    return alive
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process groups from Linux's /proc")
+def test_a_killed_leader_takes_asvs_benchmark_processes_with_it(tmp_path):
+    """SIGKILL leaves speedlib no chance to unwind: the guard stops asv's group, the
+    benchmark processes asv started (here a grandchild) included."""
+    import time
+
+    leader = tmp_path / "leader.py"
+    leader.write_text(f"""
+import subprocess, sys, time
+sys.path.insert(0, {str(ROOT)!r})
+from speedbench import suite
+asv = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); time.sleep(120)"],
+                       process_group=0)
+suite._guard_group(asv.pid)
+print(asv.pid, flush=True)
+time.sleep(120)
+""")
+    proc = subprocess.Popen([sys.executable, str(leader)], stdout=subprocess.PIPE, text=True)
+    pgid = int(proc.stdout.readline())
+    deadline = time.monotonic() + 20
+    while len(_alive_in_group(pgid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)  # asv's stand-in and its benchmark process are both up
+    assert len(_alive_in_group(pgid)) == 2
+    proc.kill()
+    proc.wait()
+    while _alive_in_group(pgid) and time.monotonic() < deadline + 10:
+        time.sleep(0.2)
+    assert _alive_in_group(pgid) == [], "asv's process group outlived its killed leader"
