@@ -110,11 +110,8 @@ def esc(values) -> list[str]:
 def config_label(rows: pd.DataFrame) -> pd.Series:
     """A row's configuration without its variant: its benchmark class (several classes share a
     metric name) and every parameter, so that no chart pools two configurations."""
-    def label(suite, params) -> str:
-        parts = [p for p in str(params or "").split(", ") if p and not p.startswith("variant=")]
-        return " ".join([str(suite), ", ".join(parts)]).strip()
-
-    return pd.Series([label(s, p) for s, p in zip(rows["suite"], rows["params"])], index=rows.index, dtype=object)
+    return pd.Series([f"{s} {report._config(p)}".strip() for s, p in zip(rows["suite"], rows["params"])],
+                     index=rows.index, dtype=object)
 
 
 def spread_chart(rows: pd.DataFrame, title: str) -> go.Figure:

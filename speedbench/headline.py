@@ -90,7 +90,8 @@ def _cell(mine: pd.DataFrame, h: Headline, gpu: str) -> tuple[str, pd.DataFrame]
         hits = _fixed(rows, h) if not rows.empty else rows
         texts = [f"{report._fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)} ({_values(r)}, not paired)"
                  for r in hits.itertuples()]
-    labelled = [f"{_others(r, h)}: {t}" if _others(r, h) else t for (_, r), t in zip(hits.iterrows(), texts)]
+    labelled = [f"{other}: {t}" if other else t
+                for other, t in zip((_others(r, h) for _, r in hits.iterrows()), texts)]
     if not labelled:  # said first, so that a memory-only cell does not pass for the whole comparison
         labelled = [f"speed not measured yet (speedlib run --chunk headline-{h.technique})"]
     used = [hits]
