@@ -158,54 +158,47 @@ HOSTILE = {
 }
 
 
-def _set_top(field: str, value) -> Callable[[Path], None]:
+def _rewrite_json(locate: Callable[[Path], Path], change: Callable[[dict], None], end: str = "") -> Callable[[Path], None]:
+    """A damage that reads the JSON file `locate` finds in the tree, changes it, writes it back."""
     def damage(tree: Path) -> None:
-        path = victim_file(tree)
+        path = locate(tree)
         data = json.loads(path.read_text())
-        data[field] = value
-        path.write_text(dump(data))
+        change(data)
+        path.write_text(dump(data) + end)
     return damage
+
+
+def _edit(change: Callable[[dict], None]) -> Callable[[Path], None]:
+    return _rewrite_json(victim_file, change)
+
+
+def _set_top(field: str, value) -> Callable[[Path], None]:
+    return _edit(lambda data: data.__setitem__(field, value))
 
 
 def _set_entry(index: int, value) -> Callable[[Path], None]:
-    def damage(tree: Path) -> None:
-        path = victim_file(tree)
-        data = json.loads(path.read_text())
+    def change(data: dict) -> None:
         entry = data["results"][TIME]
         entry += [None] * (index + 1 - len(entry))
         entry[index] = value
-        path.write_text(dump(data))
-    return damage
+    return _edit(change)
 
 
 def _set_value(value) -> Callable[[Path], None]:
-    def damage(tree: Path) -> None:
-        path = victim_file(tree)
-        data = json.loads(path.read_text())
-        data["results"][TIME][0][1] = value
-        path.write_text(dump(data))
-    return damage
+    return _edit(lambda data: data["results"][TIME][0].__setitem__(1, value))
 
 
 def _set_benchmark(field: str, value) -> Callable[[Path], None]:
-    def damage(tree: Path) -> None:
-        path = tree / "benchmarks.json"
-        data = json.loads(path.read_text())
+    def change(data: dict) -> None:
         if field == "<entry>":
             data[TIME] = value
         else:
             data[TIME][field] = value
-        path.write_text(dump(data))
-    return damage
+    return _rewrite_json(lambda tree: tree / "benchmarks.json", change)
 
 
 def _set_environment(field: str, value) -> Callable[[Path], None]:
-    def damage(tree: Path) -> None:
-        path = victim_env(tree)
-        record = json.loads(path.read_text())
-        record[field] = value
-        path.write_text(dump(record) + "\n")
-    return damage
+    return _rewrite_json(victim_env, lambda record: record.__setitem__(field, value), end="\n")
 
 
 TOP_FIELDS = ("version", "commit_hash", "result_columns", "results", "date", "env_name", "params")
@@ -239,15 +232,6 @@ def _write(relative: str, content: bytes | str) -> Callable[[Path], None]:
     def damage(tree: Path) -> None:
         path = tree / relative.replace("VICTIM", victim_file(tree).name)
         path.write_bytes(content.encode() if isinstance(content, str) else content)
-    return damage
-
-
-def _edit(change: Callable[[dict], None]) -> Callable[[Path], None]:
-    def damage(tree: Path) -> None:
-        path = victim_file(tree)
-        data = json.loads(path.read_text())
-        change(data)
-        path.write_text(dump(data))
     return damage
 
 

@@ -17,7 +17,7 @@ pd = pytest.importorskip("pandas")
 pytest.importorskip("streamlit")
 pytest.importorskip("plotly")
 
-from streamlit.testing.v1 import AppTest  # noqa: E402
+from test_dashboard import app_on  # noqa: E402  (the app run the page tests use)
 
 from speedbench import report  # noqa: E402
 from speedbench.results import load_results  # noqa: E402
@@ -29,14 +29,7 @@ import _view  # noqa: E402
 
 def figures(results: Path, page: str, monkeypatch, **query) -> list[dict]:
     """Every plotly figure `page` draws on `results`, as plotly JSON."""
-    monkeypatch.setenv("SPEEDLIB_RESULTS", str(results))
-    for module in ("_view", "_technique"):
-        sys.modules.pop(module, None)
-    at = AppTest.from_file(str(ROOT / "dashboard" / "app.py"), default_timeout=60)
-    at.switch_page(page)
-    for key, value in query.items():
-        at.query_params[key] = value
-    at.run()
+    at = app_on(results, page, monkeypatch, **query)
     assert not at.exception, at.exception
     return [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
 
@@ -96,13 +89,7 @@ def test_the_tuning_page_shows_one_paired_bar_per_knob(monkeypatch):
 def test_a_page_defaults_to_the_baseline_that_ran_there(monkeypatch):
     """On CPUs DataParallel cannot run: the parallel page compares against one process, the
     technique's fallback, not against whichever variant sorts first (ddp)."""
-    monkeypatch.setenv("SPEEDLIB_RESULTS", str(ROOT / "results"))
-    for module in ("_view", "_technique"):
-        sys.modules.pop(module, None)
-    at = AppTest.from_file(str(ROOT / "dashboard" / "app.py"), default_timeout=60)
-    at.switch_page("pages/parallel.py")
-    at.query_params["machine"] = "cpu-2core"
-    at.run()
+    at = app_on(ROOT / "results", "pages/parallel.py", monkeypatch, machine="cpu-2core")
     assert not at.exception
     assert next(s for s in at.selectbox if s.label == "Baseline").value == "single"
     assert "driver n/a" in "\n".join(t.value for t in at.text)  # a CPU machine has no driver: not "nan"
