@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from speedbench import plan
+from speedbench import plan, supervise
 from speedbench.results import printable
 
 try:
@@ -230,79 +230,45 @@ class Interrupted(SuiteError):
         self.signum = signum
 
 
-def _die_with_parent() -> None:
-    """In asv's process: if speedlib is killed outright (SIGKILL), the kernel stops asv too."""
-    try:
-        import ctypes  # noqa: PLC0415
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: a killed run may leave asv to finish its benchmark
-
-
-# The guard of asv's process group (run by `_guard_group`): when the speedlib process that
-# started it is gone without unwinding (SIGKILL, an OOM kill), it kills the whole group.
-_GUARD = """
-import os, signal, sys, time
-pgid, leader = int(sys.argv[1]), int(sys.argv[2])
-while os.getppid() == leader:
-    time.sleep(0.2)
-try:
-    os.killpg(pgid, signal.SIGKILL)
-except ProcessLookupError:
-    pass
-"""
-
-
-def _guard_group(pgid: int) -> subprocess.Popen:
-    """Start a guard of asv's process group. PR_SET_PDEATHSIG stops asv itself when speedlib
-    dies, but not the benchmark processes asv started, which would run on holding the GPU
-    and writing results nobody packs; they share asv's group, and the guard, a child of
-    speedlib outside that group, kills the group once speedlib is gone."""
-    return subprocess.Popen([sys.executable, "-c", _GUARD, str(pgid), str(os.getpid())],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+# asv runs under this supervisor; see its docstring for why stopping asv's process group
+# is not enough (asv gives every benchmark process a group of its own).
+_SUPERVISE = Path(supervise.__file__)
 
 
 def _asv(args: list[str], *, env: dict | None = None, cwd: Path, failures_ok: bool = False) -> int:
     """asv's exit status: 0, or 2 when `failures_ok` (`asv run`: some benchmark failed, the
     results were saved). Any other status means asv itself failed, and raises.
 
-    asv runs in a process group of its own, so that when this run is stopped (Ctrl+C, a
-    SIGTERM from a time limit) asv and every benchmark process it started are stopped with
-    it instead of running on, holding the GPU and writing results nobody packs."""
+    When this run is stopped (Ctrl+C, a SIGTERM from a time limit, even a SIGKILL), asv and
+    every process it started are stopped with it instead of running on, holding the GPU and
+    writing results nobody packs."""
     cmd = [sys.executable, "-m", "asv", *args]
-    # asv's own per-benchmark progress lines stream straight through.
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, process_group=0, preexec_fn=_die_with_parent)
-    guard = _guard_group(proc.pid)
+    # The supervisor gets a process group of its own so that a terminal's Ctrl+C reaches
+    # speedlib alone, which then stops the supervisor in order. asv's own per-benchmark
+    # progress lines stream straight through.
+    proc = subprocess.Popen([sys.executable, str(_SUPERVISE), str(os.getpid()), "--", *cmd],
+                            cwd=cwd, env=env, process_group=0)
     try:
         returncode = proc.wait()
     except BaseException:
-        _stop_group(proc)
+        _stop_supervisor(proc)
         raise
-    finally:
-        guard.kill()
-        guard.wait()
     if returncode != 0 and not (failures_ok and returncode == 2):
         raise SuiteError(f"asv exited with status {returncode}: {shlex.join(cmd)}")
     return returncode
 
 
-def _stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+def _stop_supervisor(proc: subprocess.Popen) -> None:
+    """SIGTERM the supervisor, which stops asv's whole tree; SIGKILL its group if it hangs."""
+    try:
+        proc.terminate()
+        proc.wait(timeout=supervise.GRACE_S + 10)
+    except subprocess.TimeoutExpired:
         try:
-            os.killpg(proc.pid, sig)
+            os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            continue
-        if sig == signal.SIGTERM:  # asv is gone; its benchmark processes may not be
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            return
+            pass
+        proc.wait()
 
 
 def _raise_interrupted(signum: int, frame) -> None:

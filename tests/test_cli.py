@@ -451,11 +451,14 @@ def test_sigterm_stops_asv_and_its_benchmarks(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "speedlib", "run", "--bench", "Slow"], cwd=repo,
                             env={**os.environ, "HOME": str(tmp_path)}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    marker = str(repo / "benchmarks")  # in the command line of asv's benchmark process
+    # The benchmark process itself, not asv's short discovery process (which also names the
+    # benchmarks directory): a SIGTERM during discovery would prove nothing about benchmarks.
+    marker = "bench_slow.Slow.track_wait"
     deadline = time.monotonic() + 240
     while not _processes_mentioning(marker) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.5)
     assert _processes_mentioning(marker), "the benchmark process never started"
+    time.sleep(1)  # well inside the benchmark's 300 s sleep
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, out + err
