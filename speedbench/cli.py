@@ -49,6 +49,8 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return 2
     if args.plan:
         return _print_plan(options)
+    if _missing_torch("run"):
+        return 2
     try:
         result = suite.run(options, argv=argv)
     except suite.Interrupted as e:
@@ -97,7 +99,21 @@ def _print_plan(options) -> int:
     return 0
 
 
+def _missing_torch(command: str) -> bool:
+    """Measuring needs torch; viewing results does not, so a viewer-only install (the
+    README's first command) has none. Say so in one line instead of a traceback."""
+    import importlib.util  # noqa: PLC0415
+
+    if importlib.util.find_spec("torch") is not None:
+        return False
+    print(f"speedlib {command}: PyTorch is not installed, and measuring needs it: "
+          'python3 -m pip install -e ".[bench]" (report and dashboard work without it)', file=sys.stderr)
+    return True
+
+
 def _cmd_env(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    if _missing_torch("env"):
+        return 2
     from speedbench import measure  # noqa: PLC0415
 
     print(json.dumps(measure.environment(), indent=2, sort_keys=True))
@@ -195,14 +211,66 @@ def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return 2
     # The results directory is fixed here, at start-up, and never read from the URL.
     env = {**os.environ, "SPEEDLIB_RESULTS": str(results)}
+    # Always headless: a Streamlit that is not headless asks for an e-mail address on its
+    # first run and, with no terminal to answer (CI, ssh -T, a batch job), exits 255 with
+    # nothing served. The browser is opened from here instead, once the port is bound.
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", args.address,
            "--server.port", str(args.port), "--browser.gatherUsageStats", "false",
-           "--server.headless", "true" if args.no_browser else "false"]
-    print(f"speedlib dashboard: {results} on http://{args.address}:{args.port} (Ctrl+C stops it)", flush=True)
+           "--server.headless", "true"]
+    url = f"http://{args.address}:{args.port}"
+    proc = subprocess.Popen(cmd, env=env)
     try:
-        return subprocess.call(cmd, env=env)
+        if not _wait_until_listening(proc, args.address, args.port, timeout=STARTUP_TIMEOUT_S):
+            if proc.poll() is None:
+                proc.terminate()
+                print(f"speedlib dashboard: Streamlit did not listen on {url} within {STARTUP_TIMEOUT_S:.0f} s; "
+                      "stopped it", file=sys.stderr)
+            else:
+                print(f"speedlib dashboard: Streamlit exited with status {proc.returncode} before serving "
+                      f"{url} (its messages are above)", file=sys.stderr)
+            proc.wait()
+            return 2
+        print(f"speedlib dashboard: serving {results} on {url} (Ctrl+C stops it)", flush=True)
+        if not args.no_browser:
+            _open_browser(url)
+        return proc.wait()
     except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait()
         return 0
+
+
+STARTUP_TIMEOUT_S = 120.0  # Streamlit imports pandas and plotly: seconds on a cold, busy machine
+
+
+def _wait_until_listening(proc, address: str, port: int, timeout: float) -> bool:
+    """True once something accepts connections on address:port while `proc` runs; False when
+    `proc` exits first or `timeout` seconds pass. The URL is printed only after this, so a
+    script that reads it can connect at once."""
+    import socket  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            with socket.create_connection((address, port), timeout=1):
+                return True
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
+def _open_browser(url: str) -> None:
+    """Open `url` where a browser can show it: on macOS and Windows, or under a Linux/BSD
+    display server. Elsewhere (ssh, containers, CI) the printed URL is the way in."""
+    import os  # noqa: PLC0415
+    import webbrowser  # noqa: PLC0415
+
+    if sys.platform in ("darwin", "win32") or os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
+        try:
+            webbrowser.open(url)
+        except webbrowser.Error:
+            pass  # the URL is printed already
 
 
 def _cannot_listen(address: str, port: int) -> str | None:
@@ -281,7 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
     dash.add_argument("--address", default="127.0.0.1",
                       help="address to listen on (default: 127.0.0.1, this machine only)")
     dash.add_argument("--port", type=int, default=8501, help="port (default: 8501)")
-    dash.add_argument("--no-browser", action="store_true", help="do not open a browser window")
+    dash.add_argument("--no-browser", action="store_true",
+                      help="do not open a browser window (none is opened without a display anyway)")
     dash.set_defaults(func=_cmd_dashboard)
     return parser
 

@@ -189,7 +189,7 @@ def test_dashboard_refuses_a_missing_results_directory(tmp_path, capsys):
 
 def test_dashboard_says_first_that_the_port_is_taken(tmp_path, capsys, monkeypatch):
     pytest.importorskip("streamlit")
-    monkeypatch.setattr(subprocess, "call", lambda *a, **k: pytest.fail("Streamlit was started"))
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("Streamlit was started"))
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -467,3 +467,45 @@ def test_sigterm_stops_asv_and_its_benchmarks(tmp_path):
     while _processes_mentioning(marker) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _processes_mentioning(marker) == []
+
+
+def test_dashboard_reports_a_streamlit_that_exits_before_serving(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("streamlit")
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(subprocess, "Popen", lambda cmd, **kw: real_popen([sys.executable, "-c", "raise SystemExit(3)"]))
+    assert cli.main(["dashboard", "--results", str(tmp_path), "--port", "0", "--no-browser"]) == 2
+    out = capsys.readouterr()
+    assert "serving" not in out.out
+    assert "Streamlit exited with status 3 before serving http://127.0.0.1:0" in out.err
+
+
+@pytest.mark.parametrize("platform, env, opened", [
+    ("linux", {}, False),  # ssh, a container, CI: nothing to show a window on
+    ("linux", {"DISPLAY": ":0"}, True),
+    ("linux", {"WAYLAND_DISPLAY": "wayland-0"}, True),
+    ("darwin", {}, True),
+])
+def test_dashboard_opens_a_browser_only_where_a_display_exists(platform, env, opened, monkeypatch):
+    import webbrowser
+
+    calls = []
+    monkeypatch.setattr(webbrowser, "open", lambda url: calls.append(url))
+    monkeypatch.setattr(sys, "platform", platform)
+    for name in ("DISPLAY", "WAYLAND_DISPLAY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    cli._open_browser("http://127.0.0.1:8501")
+    assert calls == (["http://127.0.0.1:8501"] if opened else [])
+
+
+@pytest.mark.parametrize("command", [["run"], ["env"]])
+def test_measuring_without_torch_says_so_in_one_line(command, capsys, monkeypatch):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real_find_spec(name, *a))
+    monkeypatch.setattr(suite, "run", lambda *a, **k: pytest.fail("the run started without torch"))
+    assert cli.main(command) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "PyTorch is not installed" in err and '.[bench]' in err

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import socket
+import subprocess
+import sys
+import tomllib
+import urllib.request
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,6 +27,83 @@ def test_ci_runs_the_readme_test_command():
     assert test_command in (ROOT / ".ci" / "run").read_text()
 
 
-def test_first_command_installs_and_opens_the_dashboard():
+def test_first_command_installs_the_viewer_and_opens_the_dashboard():
     main_job = readme_commands()[0]
-    assert 'pip install -e ".[dashboard]"' in main_job and main_job.endswith("speedlib dashboard")
+    assert main_job == "python3 -m pip install -r dashboard/requirements.txt && python3 -m speedlib dashboard"
+
+
+def test_the_viewers_requirements_are_the_dashboard_extra_and_hold_no_torch():
+    listed = [line.strip() for line in (ROOT / "dashboard" / "requirements.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#")]
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dashboard"]
+    assert listed == extra
+    assert not any(re.match(r"torch", req) for req in listed)
+
+
+def _without_torch(tmp_path: Path) -> dict:
+    """An environment in which `import torch` fails, as after the viewer-only install."""
+    blocker = tmp_path / "blocker" / "torch"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text('raise ImportError("torch is blocked: the viewer must not import it")\n')
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker.parent), str(ROOT)]), "HOME": str(tmp_path)}
+
+
+def test_report_works_without_torch(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "speedlib", "report", "--table", "paired"], cwd=ROOT,
+                         env=_without_torch(tmp_path), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "| h100-sxm-80gb |" in out.stdout and "| cpu-2core |" in out.stdout
+
+
+def test_every_dashboard_page_renders_without_torch(tmp_path):
+    pytest.importorskip("streamlit")
+    from speedbench.report import TECHNIQUES
+
+    pages = ["overview", "history", "machines", "cite", *TECHNIQUES]
+    script = tmp_path / "pages.py"
+    script.write_text(f"""
+import sys
+from streamlit.testing.v1 import AppTest
+for page in {pages!r}:
+    at = AppTest.from_file({str(ROOT / "dashboard" / "app.py")!r}, default_timeout=120)
+    at.switch_page(f"pages/{{page}}.py")
+    at.run()
+    assert not at.exception, (page, at.exception)
+    assert at.title, page
+assert "torch" not in sys.modules or sys.modules["torch"] is None
+print("rendered", len({pages!r}))
+""")
+    env = {**_without_torch(tmp_path), "SPEEDLIB_RESULTS": str(ROOT / "results")}
+    out = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"rendered {len(pages)}" in out.stdout
+
+
+def test_first_command_serves_in_a_non_interactive_shell(tmp_path):
+    """A fresh HOME (Streamlit's first run), no terminal, no display: no prompt, no browser,
+    the URL printed once the port answers."""
+    pytest.importorskip("streamlit")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = _without_torch(tmp_path)
+    for name in ("DISPLAY", "WAYLAND_DISPLAY"):
+        env.pop(name, None)
+    proc = subprocess.Popen([sys.executable, "-m", "speedlib", "dashboard", "--port", str(port)], cwd=ROOT, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("speedlib dashboard: serving"):
+                break
+        assert lines and lines[-1].startswith("speedlib dashboard: serving"), "".join(lines)
+        assert f"on http://127.0.0.1:{port} " in lines[-1]
+        # Printed only once the port is bound: the health check answers at once.
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=30).read() == b"ok"
+        assert proc.poll() is None
+        assert "email" not in "".join(lines).lower()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
