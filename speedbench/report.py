@@ -146,6 +146,10 @@ class Table:
     frame: pd.DataFrame
     sources: pd.DataFrame
     notes: list[str] = field(default_factory=list)
+    # What the CSV export holds: the same rows as numbers (ratio, low, high, value, unit, N,
+    # result ID) for a script or a plot, where `frame` holds them as text for a reader.
+    # None: the CSV holds `frame`.
+    data: pd.DataFrame | None = None
 
 
 # Columns this module adds to the tidy frame; everything else outside COLUMNS is a parameter.
@@ -266,6 +270,24 @@ def _identity(s: pd.DataFrame) -> dict:
             **{p: s[p] for p in _shown(s)}}
 
 
+def _numbers(s: pd.DataFrame, **columns) -> pd.DataFrame:
+    """A table's rows as numbers: where and what was measured (full commit hash), then
+    `columns`, then N and the result ID that names the measured result."""
+    def column(name: str):  # frames built by hand (tests, other tools) may lack some
+        return s[name] if name in s else pd.Series([""] * len(s), index=s.index, dtype=object)
+
+    return pd.DataFrame({
+        "machine": column("machine"), "gpu": column("gpu"), "commit": column("commit"),
+        "benchmark": column("benchmark"), **{p: s[p] for p in _shown(s)},
+        **({"variant": s["variant"]} if "variant" in s else {}),
+        **columns, "N": column("n"), "result_id": column("result_id"),
+    }).reset_index(drop=True)
+
+
+def _ratio_numbers(s: pd.DataFrame) -> dict:
+    return {"baseline": s["baseline"], "ratio": s["ratio"], "low": s["ratio_low"], "high": s["ratio_high"]}
+
+
 def speedup_table(df: pd.DataFrame, kind: str = "time", baseline: str | None = None) -> Table:
     """Each variant against its baseline, per machine and commit, for one metric kind."""
     s = _against_baseline(df, kind, baseline)
@@ -279,7 +301,9 @@ def speedup_table(df: pd.DataFrame, kind: str = "time", baseline: str | None = N
     })
     notes = ["speedup = baseline / variant for time and memory, variant / baseline for bandwidth and % of floor; "
              ">1 means the variant is better", "[low, high]: from the two 99 % confidence intervals (worst case)"]
-    return Table(f"Speedup ({kind})", frame.reset_index(drop=True), s, notes)
+    data = _numbers(s, **_ratio_numbers(s), interval=s["interval"], value=s["value"],
+                    baseline_value=s["baseline_value"], unit=s["unit"])
+    return Table(f"Speedup ({kind})", frame.reset_index(drop=True), s, notes, data)
 
 
 def memory_table(df: pd.DataFrame, baseline: str | None = None) -> Table:
@@ -293,7 +317,10 @@ def memory_table(df: pd.DataFrame, baseline: str | None = None) -> Table:
         "baseline peak": [_fmt_value(v, "bytes") for v in s["baseline_value"]],
         "change": [f"{c:+.1f} %" for c in change], "N": s["n"],
     })
-    return Table("Peak memory", frame.reset_index(drop=True), s, ["change = variant / baseline - 1"])
+    # ratio = baseline / variant, as in every speedup; the exported change is variant / baseline - 1.
+    data = _numbers(s, **_ratio_numbers(s), value=s["value"], baseline_value=s["baseline_value"], unit=s["unit"],
+                    change_percent=change)
+    return Table("Peak memory", frame.reset_index(drop=True), s, ["change = variant / baseline - 1"], data)
 
 
 # --- paired speedups ------------------------------------------------------------------------
@@ -360,7 +387,8 @@ def paired_table(df: pd.DataFrame) -> Table:
              "signed-rank test (none below 8 rounds); N: rounds",
              f"{wide} of {len(s)} intervals wider than {PAIRED_WIDTH_TARGET:.2f}x (high / low)" if len(s) else
              "no paired comparison measured"]
-    return Table("Paired speedup", frame.reset_index(drop=True), s, notes)
+    data = _numbers(s, config=s["config"], **_ratio_numbers(s), width=s["width"])
+    return Table("Paired speedup", frame.reset_index(drop=True), s, notes, data)
 
 
 def paired_noise(first: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame:
@@ -433,8 +461,9 @@ def floor_table(df: pd.DataFrame) -> Table:
         **_identity(s), **({"variant": s["variant"]} if "variant" in s else {}),
         "achieved": [f"{v:.1f} %" for v in s["value"]], "of": s["unit"].str.removeprefix("% of "), "N": s["n"],
     })
+    data = _numbers(s, value=s["value"], unit=s["unit"], low=s["ci99_low"], high=s["ci99_high"])
     return Table("Fraction of the physical floor", frame.reset_index(drop=True), s,
-                 ["floor: measured in the same benchmark process (see the benchmark's docstring)"])
+                 ["floor: measured in the same benchmark process (see the benchmark's docstring)"], data)
 
 
 # --- significance: asv compare's rule, and steps across commits --------------------------
@@ -754,7 +783,7 @@ def claims_table(df: pd.DataFrame) -> Table:
     """Each source's published claim beside what speedlib measured (latest commit per machine)."""
     newest = latest(df)
     s, pairs = speedups(newest), paired(newest)
-    rows, used = [], []
+    rows, used, numbers = [], [], []
     for c in CLAIMS:
         hit = _claim_rows(pairs, c, by_suite=True) if c.suite else pairs.iloc[0:0]
         fixed = "".join(f", {k}={v}" for k, v in c.where)
@@ -769,10 +798,13 @@ def claims_table(df: pd.DataFrame) -> Table:
         claimed = "" if c.claimed is None and c.claimed_high is None else (
             f"{c.claimed:.3g}x" if c.claimed_high is None else
             f"up to {c.claimed_high:.3g}x" if c.claimed is None else f"{c.claimed:.3g}x-{c.claimed_high:.3g}x")
+        claim_numbers = {"technique": c.technique, "source": c.source, "claimed_low": c.claimed,
+                         "claimed_high": c.claimed_high, "measured_as": label}
         if hit.empty:
             rows.append({"technique": c.technique, "source": c.source, "claim": c.claim, "claimed": claimed,
                          "measured as": label,
                          "machine": "", "workload": "", "measured": "not measured yet"})
+            numbers.append(claim_numbers)
             continue
         used.append(hit)
         for _, r in hit.sort_values(["machine", "workload", *others], kind="stable").iterrows():
@@ -782,11 +814,16 @@ def claims_table(df: pd.DataFrame) -> Table:
                          "machine": f"{r['machine']} ({r['gpu']})",
                          "workload": f"{r['workload']} ({setting})" if setting else r["workload"],
                          "measured": _fmt_ratio(r["ratio"], r["ratio_low"], r["ratio_high"])})
+            numbers.append({**claim_numbers, "machine": r["machine"], "gpu": r["gpu"], "commit": r["commit"],
+                            "workload": r["workload"], "setting": setting, "ratio": r["ratio"],
+                            "low": r["ratio_low"], "high": r["ratio_high"], "N": r["n"],
+                            "result_id": r.get("result_id", "")})
     sources = pd.concat(used) if used else df.iloc[0:0]
     return Table("Claims versus measured", pd.DataFrame(rows), sources,
                  ["measured: latest commit per machine; ratio [99 % CI bounds]",
                   "paired speedup: variants taking turns in one process; Hodges-Lehmann estimate of the per-round "
-                  "ratios [99 % Wilcoxon interval]; otherwise the ratio of separate measurements [worst-case bounds]"])
+                  "ratios [99 % Wilcoxon interval]; otherwise the ratio of separate measurements [worst-case bounds]"],
+                 pd.DataFrame(numbers))
 
 
 # --- provenance and exports --------------------------------------------------------------
@@ -833,8 +870,8 @@ def provenance(sources: pd.DataFrame) -> list[dict[str, str]]:
     return sorted(entries, key=lambda e: (e["machine"], e["commit date"], e["commit"], e["measured"]))
 
 
-def _footer_lines(table: Table) -> list[str]:
-    lines = [f"Note: {n}" for n in table.notes]
+def _footer_lines(table: Table, shared: list[str] = ()) -> list[str]:
+    lines = [f"Note: {n}" for n in [*shared, *table.notes]]
     entries = provenance(table.sources)
     if not entries:
         lines.append("Provenance: no measured results in this table.")
@@ -843,6 +880,30 @@ def _footer_lines(table: Table) -> list[str]:
         lines.append(f"Reproduce: {e['command']}")
     lines.append(f"Exported by speedlib {speedlib.__version__}; cite with CITATION.cff and the lines above.")
     return lines
+
+
+def _informative(table: Table) -> tuple[pd.DataFrame, list[str]]:
+    """The columns of `table.frame` that tell rows apart, and a footer line naming the values
+    every row shares ("all rows: machine h100-sxm-80gb, commit bdb0cb6d"). Empty columns are
+    dropped. This is what a reader of Markdown or LaTeX needs, and it keeps a table inside a
+    page; the CSV keeps every column for scripts."""
+    frame = table.frame
+    if len(frame) < 2:
+        return frame.loc[:, [c for c in frame.columns if frame[c].map(_filled).any()]], []
+    keep, shared = [], []
+    for column in frame.columns:
+        values = frame[column]
+        if not values.map(_filled).any():
+            continue
+        if values.map(_filled).all() and values.astype(str).nunique() == 1:
+            shared.append(f"{column} {printable(values.iloc[0])}")
+        else:
+            keep.append(column)
+    return frame.loc[:, keep], ([f"all rows: {', '.join(shared)}"] if shared else [])
+
+
+def _filled(value) -> bool:
+    return not (value is None or value == "" or (isinstance(value, float) and math.isnan(value)))
 
 
 def _cells(frame: pd.DataFrame) -> list[list[str]]:
@@ -877,11 +938,12 @@ def _md_code(text: str) -> str:
 def to_markdown(table: Table) -> str:
     """A GitHub-flavoured Markdown table under a `##` title, the footer as a list. Every cell,
     the title and each footer line are escaped (`_md`); the reproduce command is a code span."""
-    rows = [[_md(c) for c in row] for row in _cells(table.frame)]
+    frame, shared = _informative(table)
+    rows = [[_md(c) for c in row] for row in _cells(frame)]
     out = [f"## {_md(table.title)}", "", "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
     out += ["| " + " | ".join(r) + " |" for r in rows[1:]]
     out.append("")
-    for line in _footer_lines(table):
+    for line in _footer_lines(table, shared):
         kind, _, text = line.partition(": ")
         out.append(f"- {kind}: {_md_code(text)}" if kind == "Reproduce" else f"- {_md(line)}")
     return "\n".join(out) + "\n"
@@ -912,9 +974,11 @@ def _csv_field(text: str) -> str:
 
 
 def to_csv(table: Table) -> str:
-    """The table, then the footer as '#' comment lines (pandas: read_csv(comment='#')).
+    """The table's numbers (`Table.data`: ratio, low, high, value, unit, N, result ID, every
+    column kept), then the footer as '#' comment lines (pandas: read_csv(comment='#')).
     Cells that a spreadsheet would run as formulas are neutralised (`_csv_cell`)."""
-    rows = [[_csv_field(_csv_cell(c)) for c in row] for row in _cells(table.frame)]
+    frame = table.frame if table.data is None else table.data
+    rows = [[_csv_field(_csv_cell(c)) for c in row] for row in _cells(frame)]
     body = "".join(",".join(row) + "\n" for row in rows)
     return body + "".join(f"# {printable(line)}\n" for line in _footer_lines(table))
 
@@ -936,13 +1000,14 @@ def _tex(text: str) -> str:
 
 def to_latex(table: Table) -> str:
     """A plain `table` environment (no package needed) with the footer in small print."""
-    rows = _cells(table.frame)
+    frame, shared = _informative(table)
+    rows = _cells(frame)
     out = [f"% speedlib export: {printable(table.title)}", r"\begin{table}[ht]", r"\centering", r"\footnotesize",
            r"\begin{tabular}{" + "l" * len(rows[0]) + "}", r"\hline",
            " & ".join(_tex(c) for c in rows[0]) + r" \\", r"\hline"]
     out += [" & ".join(_tex(c) for c in r) + r" \\" for r in rows[1:]]
     out += [r"\hline", r"\end{tabular}", f"\\caption{{{_tex(table.title)}}}", r"\par\scriptsize"]
-    out += [_tex(line) + r"\\" for line in _footer_lines(table)]
+    out += [_tex(line) + r"\\" for line in _footer_lines(table, shared)]
     out.append(r"\end{table}")
     return "\n".join(out) + "\n"
 

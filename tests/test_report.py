@@ -461,13 +461,63 @@ def test_provenance_has_one_entry_per_run_of_a_file(tmp_path):
     assert [len(e["results"].split()) for e in entries] == [12, 6]  # 2 track benchmarks x 6, then time_adam_step
 
 
-def test_csv_export_reads_back(df):
+def test_csv_export_reads_back_as_numbers(df):
+    """A script gets numbers, not "0.115x [0.1, 0.126]" or "1.247 s": the ratio and its
+    bounds, the value in its unit, N and the result ID, equal to what the table was made of."""
     t = report.speedup_table(report.latest(df))
     text = report.to_csv(t)
-    back = pd.read_csv(io.StringIO(text), comment="#", dtype=str, keep_default_na=False)
-    pd.testing.assert_frame_equal(back, t.frame.astype(str), check_dtype=False)
+    back = pd.read_csv(io.StringIO(text), comment="#")
+    for column in ("ratio", "low", "high", "value", "baseline_value", "N"):
+        assert pd.api.types.is_numeric_dtype(back[column]), column
+    s = t.sources.reset_index(drop=True)
+    assert np.allclose(back["ratio"], s["ratio"]) and np.allclose(back["low"], s["ratio_low"], equal_nan=True)
+    assert np.allclose(back["value"], s["value"]) and list(back["unit"]) == list(s["unit"])
+    assert list(back["result_id"]) == list(s["result_id"]) and list(back["commit"]) == list(s["commit"])
+    # The text table shows the same ratios, rounded.
+    assert list(t.frame["speedup"]) == [report._fmt_ratio(r, lo, hi) for r, lo, hi in
+                                        zip(back["ratio"], back["low"], back["high"])]
     footer = [line for line in text.splitlines() if line.startswith("# ")]
     assert any(line.startswith("# Reproduce: git checkout ") for line in footer)
+
+
+@pytest.mark.parametrize("build", [report.paired_table, report.memory_table, report.floor_table, report.claims_table])
+def test_every_exported_table_has_numeric_ratio_or_value_columns(build):
+    from speedbench.results import load_results
+
+    t = build(report.latest(load_results(ROOT / "results").measured))  # the committed results
+    back = pd.read_csv(io.StringIO(report.to_csv(t)), comment="#")
+    assert len(back) == len(t.frame) > 0
+    numeric = [c for c in ("ratio", "low", "high", "value") if c in back]
+    assert numeric and all(pd.api.types.is_numeric_dtype(back[c]) for c in numeric)
+
+
+def test_markdown_and_latex_keep_only_columns_that_tell_rows_apart():
+    frame = pd.DataFrame({"machine": ["m1", "m1"], "empty": ["", ""], "variant": ["a", "b"], "N": [30, 30]})
+    t = report.Table("t", frame, pd.DataFrame())
+    md, tex = report.to_markdown(t), report.to_latex(t)
+    assert "| variant |" in md and "empty" not in md and "| machine |" not in md
+    assert "- Note: all rows: machine m1, N 30" in md
+    assert r"\begin{tabular}{l}" in tex and "all rows: machine m1, N 30" in tex
+    one = report.Table("t", frame.head(1), pd.DataFrame())  # one row: every filled column stays
+    assert "| machine | variant | N |" in report.to_markdown(one)
+
+
+def test_a_shared_value_moved_to_the_footer_is_escaped_too():
+    frame = pd.DataFrame({"machine": ["x|<b>y`", "x|<b>y`"], "variant": ["a", "b"]})
+    md = report.to_markdown(report.Table("t", frame, pd.DataFrame()))
+    assert "- Note: all rows: machine x\\|&lt;b&gt;y\\`" in md
+
+
+def test_latex_of_one_machines_speedups_fits_a_page():
+    """The committed H100 speedups: the identity columns every row shares go to the footer."""
+    from speedbench.results import load_results
+
+    measured = load_results(ROOT / "results").measured
+    t = report.speedup_table(report.latest(measured[measured["machine"] == "h100-sxm-80gb"]))
+    tex = report.to_latex(t)
+    header = next(line for line in tex.splitlines() if line.startswith(r"\begin{tabular}"))
+    assert len(header) - len(r"\begin{tabular}{}") <= 11 < len(t.frame.columns)
+    assert "all rows: machine h100-sxm-80gb, GPU NVIDIA H100 80GB HBM3, commit bdb0cb6d" in tex
 
 
 def test_latex_escapes_special_characters(df):

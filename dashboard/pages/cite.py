@@ -7,7 +7,7 @@ from speedbench import report
 
 st.title("Cite and export")
 df = page_data()
-KINDS = {"speedup": "Speedup (time)", "memory": "Peak memory", "floor": "Fraction of the floor", "claims": "Claims vs measured"}
+KINDS = {"paired": "Paired speedup (the headline)", "speedup": "Speedup (time)", "memory": "Peak memory", "floor": "Fraction of the floor", "claims": "Claims vs measured"}
 c1, c2, c3 = st.columns(3)
 with c1:
     kind = pick("Table", list(KINDS), key="table")
@@ -19,7 +19,7 @@ commits = pick("Commits", ["latest", "all"], key="commits")
 rows = df[df["machine"].isin(machines) & df["technique"].isin(techniques)]
 if commits == "latest":
     rows = report.latest(rows)
-build = {"speedup": report.speedup_table, "memory": report.memory_table, "floor": report.floor_table,
+build = {"paired": report.paired_table, "speedup": report.speedup_table, "memory": report.memory_table, "floor": report.floor_table,
          "claims": report.claims_table}[kind]
 t = build(rows)
 st.subheader(KINDS[kind])
@@ -27,7 +27,9 @@ if t.frame.empty:
     st.info("This selection has no rows for this table (memory is measured on GPU machines only).")
 st.dataframe(t.frame, hide_index=True)
 markdown = report.to_markdown(t)
-st.caption("Each export ends with this footer: enough to rerun every number in it.")
+st.caption("Each export ends with this footer: enough to rerun every number in it. The CSV holds the "
+           "numbers themselves (ratio, low, high, value, unit, N, result ID) for pandas or a spreadsheet; "
+           "Markdown and LaTeX keep only the columns that differ between rows.")
 st.code(markdown[markdown.index("\n- ") + 1:] if "\n- " in markdown else markdown, language="markdown", wrap_lines=True)
 d1, d2, d3 = st.columns(3)
 d1.download_button("Download Markdown", markdown, file_name=f"speedlib-{kind}.md", mime="text/markdown")
