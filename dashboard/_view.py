@@ -17,40 +17,26 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from speedbench import report
-from speedbench.results import load_results
+from speedbench import cache, report
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(os.environ.get("SPEEDLIB_RESULTS") or ROOT / "results").resolve()
 
 
-def _signature(path: Path) -> tuple:
-    """Changes whenever an entry under `path` changes, so new results show without a restart.
-    Links are not followed (rglob would follow one to / through the whole disk) and nothing is
-    opened; an entry that cannot be examined is left out here (the loader reports it)."""
-    if not path.is_dir():
-        return ()
-    entries = []
-    for top, dirs, files in os.walk(path):  # followlinks=False; unreadable directories skipped
-        for name in dirs + files:
-            entry = os.path.join(top, name)
-            try:
-                s = os.lstat(entry)
-            except OSError:
-                continue
-            entries.append((os.path.relpath(entry, path), s.st_mtime_ns, s.st_size))
-    return tuple(sorted(entries))
-
-
-@st.cache_data(show_spinner="Reading the asv result files...")
-def _load(path: str, signature: tuple) -> dict:
-    loaded = load_results(path)
+# cache_resource, not cache_data: cache_data pickles the frames on every page view (half a
+# second at 5000 files); the pages only filter and assign, never change a frame in place.
+# Two entries: the tree as it is, and as it was while a view of the old one finishes.
+@st.cache_resource(show_spinner="Reading the asv result files...", max_entries=2)
+def _load(path: str, signature: str) -> dict:
+    loaded = cache.load(path)  # a new server reuses the frames parsed by the last one
     return {"measured": loaded.measured, "not_measured": loaded.not_measured,
             "problems": [str(p) for p in loaded.problems]}  # str(): control characters escaped
 
 
 def results() -> dict:
-    return _load(str(RESULTS), _signature(RESULTS))
+    # The tree's fingerprint changes whenever an entry under it changes, so new results show
+    # without a restart; a short string keeps Streamlit's own hashing of it cheap.
+    return _load(str(RESULTS), cache.fingerprint(RESULTS))
 
 
 def show_problems(data: dict) -> None:

@@ -121,14 +121,14 @@ def _cmd_env(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from speedbench import report  # noqa: PLC0415
+    from speedbench import cache, report  # noqa: PLC0415
     from speedbench.results import format_table, load_results, printable  # noqa: PLC0415
 
     path = Path(args.results)
     if not path.is_dir():
         print(f"speedlib report: no results directory at {path}", file=sys.stderr)
         return 2
-    loaded = load_results(path)
+    loaded = cache.load(path)
     df = loaded.measured
     if args.machine:
         df = df[df["machine"] == args.machine]
