@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from _view import config_label, pick, pick_many, ratio_chart, results, show_problems, spread_chart, table
+from _view import config_label, pick, pick_many, ratio_chart, results, show_problems, spread_chart, table, tabs
 from speedbench import report
 
 
@@ -49,7 +49,7 @@ def technique_page(name: str) -> None:
             f"torch {first['torch']} | CUDA {first['cuda']} (torch build) | "
             f"driver {'n/a' if pd.isna(first['driver']) or not first['driver'] else first['driver']}")
 
-    time_tab, memory_tab, floor_tab, missing_tab = st.tabs(["Time", "Memory", "Bandwidth and floor", "Not measured"])
+    time_tab, memory_tab, floor_tab, missing_tab = tabs(["Time", "Memory", "Bandwidth and floor", "Not measured"])
     with time_tab:
         timed = rows[rows["kind"] == "time"]
         if timed.empty:

@@ -29,24 +29,65 @@ RESULTS = Path(os.environ.get("SPEEDLIB_RESULTS") or ROOT / "results").resolve()
 @st.cache_resource(show_spinner="Reading the asv result files...", max_entries=2)
 def _load(path: str, signature: str) -> dict:
     loaded = cache.load(path)  # a new server reuses the frames parsed by the last one
+    # str(): control characters escaped
     return {"measured": loaded.measured, "not_measured": loaded.not_measured,
-            "problems": [str(p) for p in loaded.problems]}  # str(): control characters escaped
+            "problems": [str(p) for p in loaded.problems if not p.expected],
+            "set_aside": [str(p) for p in loaded.problems if p.expected]}
+
+
+# A link is a citation: `until` pins the view to the results measured up to that moment, so
+# the same link shows the same numbers after new results land. A view opened without it is
+# pinned to the newest result there is, and the pin goes into the URL like every filter.
+UNTIL = "until"
+
+
+def _pin(frame: pd.DataFrame, until: pd.Timestamp) -> pd.DataFrame:
+    """Rows measured at or before `until` (rows without a run date are kept: asv gave none)."""
+    return frame[~(frame["run_date"] > until)] if "run_date" in frame else frame
 
 
 def results() -> dict:
     # The tree's fingerprint changes whenever an entry under it changes, so new results show
     # without a restart; a short string keeps Streamlit's own hashing of it cheap.
-    return _load(str(RESULTS), cache.fingerprint(RESULTS))
+    data = _load(str(RESULTS), cache.fingerprint(RESULTS))
+    newest = data["measured"]["run_date"].max() if not data["measured"].empty else pd.NaT
+    until = pd.to_datetime(st.query_params.get(UNTIL), utc=True, errors="coerce")
+    if pd.isna(until):  # absent or unreadable: pin to what there is now
+        until = newest
+    if pd.isna(until):
+        return {**data, "newer": 0}
+    st.query_params[UNTIL] = until.strftime("%Y-%m-%dT%H:%M:%SZ")
+    until = pd.Timestamp(st.query_params[UNTIL])  # whole seconds, as the link says
+    measured = _pin(data["measured"], until)
+    return {**data, "measured": measured, "not_measured": _pin(data["not_measured"], until),
+            "newer": len(data["measured"]) - len(measured), "until": until}
 
 
 def show_problems(data: dict) -> None:
-    """Files that were skipped, one line each, behind a warning (never a traceback)."""
+    """Files that were skipped, one line each, behind a warning (never a traceback); results
+    of benchmarks changed or removed since are normal history, listed quietly."""
     problems = data["problems"]
-    if not problems:
+    if problems:
+        st.warning(f"{len(problems)} problem(s) while reading the results: the affected files or results "
+                   "were skipped.")
+        with st.expander("What was skipped, and why"):
+            st.text("\n".join(problems))
+    if data.get("set_aside"):
+        with st.expander(f"{len(data['set_aside'])} result file(s) also hold results of benchmarks that have "
+                         "changed or been removed since; those results are set aside, not compared"):
+            st.text("\n".join(data["set_aside"]))
+    _show_pin(data)
+
+
+def _show_pin(data: dict) -> None:
+    if "until" not in data:
         return
-    st.warning(f"{len(problems)} problem(s) while reading the results: the affected files or results were skipped.")
-    with st.expander("What was skipped, and why"):
-        st.text("\n".join(problems))
+    st.caption(f"Results measured up to {data['until']:%Y-%m-%d %H:%M:%S} UTC: this link keeps showing "
+               "these numbers when new results land.")
+    if data["newer"]:
+        if st.button(f"Show {data['newer']} newer result(s)", key="_newer"):
+            del st.query_params[UNTIL]
+            st.rerun()
 
 
 def require_results(data: dict) -> pd.DataFrame | None:
@@ -76,17 +117,41 @@ def note_missing_gpu(df: pd.DataFrame) -> None:
                 "GPU results appear once `speedlib run` has run on an H100 or H200 and its results/ are committed.")
 
 
+# Filters are read from the URL and written back to it on every run, defaults included
+# (Streamlit's own binding leaves a default out, so a link would change meaning when a new
+# default appears). A value the URL names that is not an option is ignored.
+
 def pick(label: str, options: list, key: str, default=None):
-    """A selectbox bound to the URL (`?key=value`), so a link reproduces the view."""
+    """A selectbox kept in the URL (`?key=value`), so a link reproduces the view."""
     options = list(options)
-    index = options.index(default) if default in options else 0
-    return st.selectbox(label, options, index=index, key=key, bind="query-params")
+    names = [str(o) for o in options]
+    wanted = st.query_params.get(key)
+    index = names.index(wanted) if wanted in names else options.index(default) if default in options else 0
+    value = st.selectbox(label, options, index=index, key=key)
+    if value is not None:
+        st.query_params[key] = str(value)
+    return value
 
 
 def pick_many(label: str, options: list, key: str) -> list:
-    """A multiselect bound to the URL; empty means all."""
-    chosen = st.multiselect(label, list(options), key=key, bind="query-params", placeholder="all")
-    return chosen or list(options)
+    """A multiselect kept in the URL (`?key=a&key=b`); empty means all, and the URL then
+    names every option there is, so that a later option does not join the view."""
+    options = list(options)
+    names = [str(o) for o in options]
+    wanted = [options[names.index(w)] for w in st.query_params.get_all(key) if w in names]
+    chosen = st.multiselect(label, options, default=[] if len(wanted) == len(options) else wanted, key=key,
+                            placeholder="all")
+    shown = chosen or options
+    st.query_params[key] = [str(o) for o in shown]
+    return shown
+
+
+def tabs(names: list[str], key: str = "tab"):
+    """st.tabs whose open tab is kept in the URL."""
+    wanted = st.query_params.get(key)
+    containers = st.tabs(names, key=key, default=wanted if wanted in names else names[0], on_change="rerun")
+    st.query_params[key] = st.session_state.get(key) or (wanted if wanted in names else names[0])
+    return containers
 
 
 def esc(values) -> list[str]:

@@ -76,6 +76,9 @@ class Problem:
 
     path: str
     reason: str
+    # True for the ordinary traces of history, not damage: results of a benchmark that has
+    # since changed (outdated) or been removed. A viewer may list them more quietly.
+    expected: bool = False
 
     def __str__(self) -> str:
         return printable(f"{self.path}: {self.reason}")
@@ -381,16 +384,16 @@ def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], 
                 "file": str(path),
             }
             rows.append(row)
-    for count, what, names in (
-            (len(malformed), "entr(ies) with wrong types skipped", malformed),
-            (len(unknown), "result(s) of benchmarks not in benchmarks.json skipped", unknown),
-            (len(outdated), "result(s) from an older version of their benchmark set aside", outdated),
+    for count, what, names, expected in (
+            (len(malformed), "entr(ies) with wrong types skipped", malformed, False),
+            (len(unknown), "result(s) of benchmarks not in benchmarks.json skipped", unknown, True),
+            (len(outdated), "result(s) from an older version of their benchmark set aside", outdated, True),
             (len(invalid), "benchmark(s) with an infinite value, or a time or ratio of zero or less, set aside as "
-                           "not measured", invalid),
+                           "not measured", invalid, False),
             (len(unnamed), "benchmark(s) with more parameters than benchmarks.json names, the others shown as "
-                           "param<i>", unnamed)):
+                           "param<i>", unnamed, False)):
         if count:
-            problems.append(Problem(str(path), f"{count} {what}: {', '.join(sorted(names))}"))
+            problems.append(Problem(str(path), f"{count} {what}: {', '.join(sorted(names))}", expected))
     return rows
 
 

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -227,10 +228,15 @@ def test_browser_end_to_end(served, tmp_path):
             page.get_by_text("At a glance: each technique's main comparison").wait_for(timeout=60_000)
             page.get_by_role("link", name="History across commits").click()
             page.get_by_role("heading", name="History across commits").wait_for(timeout=30_000)
-            assert page.url.rstrip("/").endswith("/history")
+            assert urllib.parse.urlsplit(page.url).path.rstrip("/").endswith("/history")
 
             page.goto(f"{served}/contiguous?machine=synthetic-h200&workload=mlp")  # a selectbox and a multiselect
             page.get_by_text("synthetic-h200: NVIDIA H200 (synthetic)").wait_for(timeout=60_000)
+            # The browser's address bar now names every filter, the defaults and the pin included.
+            page.wait_for_url(lambda url: "tab=" in url and "metric=" in url, timeout=30_000)
+            link = urllib.parse.parse_qs(urllib.parse.urlsplit(page.url).query)
+            assert {"until", "machine", "commit", "workload", "baseline", "tab", "metric"} <= set(link)
+            assert link["machine"] == ["synthetic-h200"] and link["workload"] == ["mlp"] and link["tab"] == ["Time"]
 
             page.goto(f"{served}/cite?table=speedup&machine=synthetic-h200")
             page.get_by_role("heading", name="Speedup (time)").wait_for(timeout=60_000)
@@ -264,3 +270,59 @@ def test_the_overview_leads_with_the_paired_speedups(monkeypatch):
     on_screen = set(map(tuple, shown[key].astype(str).values))
     assert set(map(tuple, expected[key].astype(str).values)) <= on_screen
     assert "Mixed precision" in texts(at) and "variants taking turns" in texts(at)
+
+
+def _land_a_newer_commit(tree: Path, scratch: Path) -> None:
+    """Copy in the files of a third, newer commit; the files already there stay as they are."""
+    synthetic.write_results(scratch, commits=3, machines=3)
+    added = 0
+    for path in scratch.rglob("*"):
+        target = tree / path.relative_to(scratch)
+        if path.is_file() and not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, target)
+            added += 1
+    assert added
+
+
+def _view_of(at: AppTest) -> list[pd.DataFrame]:
+    return [d.value.reset_index(drop=True) for d in at.dataframe]
+
+
+@pytest.mark.parametrize("page, query", [("pages/contiguous.py", {}), ("pages/overview.py", {}),
+                                         ("pages/cite.py", {"table": "speedup"}), ("pages/history.py", {})])
+def test_a_copied_link_shows_the_same_numbers_after_new_results_land(page, query, tmp_path, monkeypatch):
+    """The URL holds every filter, defaults and the open tab included, and pins the view to
+    the results measured so far: a newer commit landing later changes the unpinned view
+    (so this test can fail) but not the link."""
+    tree = tmp_path / "results"
+    synthetic.write_results(tree, commits=2, machines=3)
+    first = app_on(tree, page, monkeypatch, **query)
+    link = dict(first.query_params)
+    assert "until" in link and not first.exception
+    if page == "pages/contiguous.py":
+        assert {"machine", "commit", "workload", "baseline", "tab", "metric"} <= set(link)
+    _land_a_newer_commit(tree, tmp_path / "newer")
+    later = app_on(tree, page, monkeypatch, **link)
+    assert not later.exception
+    assert len(_view_of(later)) == len(_view_of(first))
+    for a, b in zip(_view_of(first), _view_of(later)):
+        pd.testing.assert_frame_equal(a, b)
+    assert "1 newer result" in texts(later) or "newer result(s)" in " ".join(b.label for b in later.button)
+    unpinned = app_on(tree, page, monkeypatch, **query)
+    assert dict(unpinned.query_params)["until"] > link["until"]
+    if page != "pages/history.py":  # the history shows every commit either way, the newest one added
+        assert any(not a.equals(b) for a, b in zip(_view_of(first), _view_of(unpinned)))
+
+
+def test_the_open_tab_comes_from_the_link(synthetic_tree, monkeypatch):
+    at = app_on(synthetic_tree, "pages/contiguous.py", monkeypatch, machine="synthetic-h100", tab="Memory")
+    assert not at.exception and dict(at.query_params)["tab"] == "Memory"
+    assert dict(at.query_params)["machine"] == "synthetic-h100"
+
+
+def test_results_of_changed_benchmarks_are_listed_quietly_not_as_problems(monkeypatch):
+    """The committed results hold older benchmark versions: history, not damage."""
+    at = app_on(ROOT / "results", "pages/overview.py", monkeypatch)
+    assert not any("problem" in w.value for w in at.warning)
+    assert any("changed or been removed since" in e.label for e in at.expander)
