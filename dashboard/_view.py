@@ -53,7 +53,7 @@ def results() -> dict:
     newest = data["measured"]["run_date"].max() if not data["measured"].empty else pd.NaT
     until = pd.to_datetime(st.query_params.get(UNTIL), utc=True, errors="coerce")
     if pd.isna(until):  # absent or unreadable: pin to what there is now
-        until = newest
+        until = newest.ceil("s")  # the link holds whole seconds: round up, or the newest drops out
     if pd.isna(until):
         return {**data, "newer": 0}
     st.query_params[UNTIL] = until.strftime("%Y-%m-%dT%H:%M:%SZ")

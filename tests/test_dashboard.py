@@ -8,6 +8,7 @@ browser fails the test instead of skipping it.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -15,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -177,12 +179,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def served(synthetic_tree, tmp_path):
-    """`speedlib dashboard` serving the synthetic results on a free localhost port."""
+@contextlib.contextmanager
+def _serving(results: Path, tmp_path: Path):
+    """`speedlib dashboard` serving `results` on a free localhost port."""
     port = free_port()
     log = (tmp_path / "streamlit.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "speedbench.cli", "dashboard", "--results", str(synthetic_tree),
+    proc = subprocess.Popen([sys.executable, "-m", "speedbench.cli", "dashboard", "--results", str(results),
                              "--port", str(port), "--no-browser"], stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "HOME": str(tmp_path)}, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -200,6 +202,12 @@ def served(synthetic_tree, tmp_path):
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=30)
+
+
+@pytest.fixture
+def served(synthetic_tree, tmp_path):
+    with _serving(synthetic_tree, tmp_path) as url:
+        yield url
 
 
 def _browser():
@@ -300,6 +308,7 @@ def test_a_copied_link_shows_the_same_numbers_after_new_results_land(page, query
     first = app_on(tree, page, monkeypatch, **query)
     link = dict(first.query_params)
     assert "until" in link and not first.exception
+    assert not first.button or "newer" not in " ".join(b.label for b in first.button)  # pinned to the newest
     if page == "pages/contiguous.py":
         assert {"machine", "commit", "workload", "baseline", "tab", "metric"} <= set(link)
     _land_a_newer_commit(tree, tmp_path / "newer")
@@ -326,3 +335,74 @@ def test_results_of_changed_benchmarks_are_listed_quietly_not_as_problems(monkey
     at = app_on(ROOT / "results", "pages/overview.py", monkeypatch)
     assert not any("problem" in w.value for w in at.warning)
     assert any("changed or been removed since" in e.label for e in at.expander)
+
+
+def _screenshot_dir() -> Path:
+    """Where the browser test leaves a screenshot of every page: CI keeps it as an artifact."""
+    target = Path(os.environ.get("SPEEDLIB_SCREENSHOTS") or Path(tempfile.gettempdir()) / "speedlib-screenshots")
+    target.mkdir(parents=True, exist_ok=True)
+    return target
+
+
+TITLES = {"overview": "speedlib: which PyTorch speed tricks pay off", "history": "History across commits",
+          "machines": "Machine comparison", "cite": "Cite and export",
+          **{name: t.title for name, t in report.TECHNIQUES.items()}}
+
+
+def _settled(page, title: str) -> None:
+    """The page's title is drawn and Streamlit has finished running the script."""
+    page.get_by_role("heading", name=title).first.wait_for(timeout=90_000)
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=90_000)
+
+
+def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
+    """On the committed results: each page opened by its URL and by the sidebar shows its
+    title and no exception; a screenshot of each is kept; the tuning page draws one bar per
+    knob, never one stacked bar."""
+    chromium, sync_playwright = _browser()
+    shots = _screenshot_dir()
+    with _serving(ROOT / "results", tmp_path) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            for name, title in TITLES.items():
+                page.goto(f"{url}/{'' if name == 'overview' else name}")
+                _settled(page, title)
+                assert page.locator("[data-testid='stException']").count() == 0, name
+                page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
+                assert (shots / f"{name}.png").stat().st_size > 10_000
+            page.goto(url)
+            _settled(page, TITLES["overview"])
+            for name, title in TITLES.items():  # by navigation: the sidebar's links
+                if name == "overview":
+                    continue
+                page.get_by_role("link", name=title, exact=True).click()
+                _settled(page, title)
+                assert page.locator("[data-testid='stException']").count() == 0, name
+            page.goto(f"{url}/tuning")
+            _settled(page, TITLES["tuning"])
+            charts = page.locator(".js-plotly-plot").first
+            charts.wait_for(timeout=60_000)
+            traces = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')]"
+                                   ".map(el => el.data.map(t => ({type: t.type, x: [...(t.x || [])]})))")
+        finally:
+            browser.close()
+    bars = [t for chart in traces for t in chart if t["type"] == "bar"]
+    assert bars and all(len(t["x"]) == len(set(t["x"])) for t in bars), "a bar label repeats: stacked bars"
+    paired = [t for chart in traces for t in chart if t["type"] == "bar" and any("knob=" in x for x in t["x"])]
+    knobs = {x.split("knob=")[1].split()[0].split(",")[0] for t in paired for x in t["x"]}
+    assert {"channels_last", "conv_bias", "zero_grad", "accumulation"} <= knobs
+    for t in paired:  # each knob's bar stands alone within its machine's trace
+        assert len([x for x in t["x"] if "knob=" in x]) == len({x for x in t["x"] if "knob=" in x})
+
+
+def test_a_fresh_view_is_pinned_to_the_newest_result_not_just_before_it(monkeypatch):
+    """Result times carry milliseconds and the link whole seconds: the pin rounds up."""
+    from speedbench.results import load_results
+
+    at = app_on(ROOT / "results", "pages/overview.py", monkeypatch)
+    assert not any("newer" in b.label for b in at.button)
+    measured = load_results(ROOT / "results").measured
+    assert (measured["run_date"] != measured["run_date"].dt.floor("s")).any()  # the case this guards
+    assert at.metric[2].value == str(len(measured))
