@@ -195,12 +195,19 @@ def ratio_chart(s: pd.DataFrame, x: str, color: str, title: str) -> go.Figure:
             raise ValueError(f"chart labels repeat within {name!r}: {sorted(set(g[x][g[x].duplicated()]))}")
         # Each bar grows from the 1x line (up: faster, down: slower), not from the bottom of a
         # log axis, where a 0.7x bar would look as tall as a win.
+        # Faded: the interval includes 1x, so the bar is not told apart from the baseline.
+        unsure = (g["ratio_low"] <= 1.0) & (g["ratio_high"] >= 1.0)
         fig.add_trace(go.Bar(
-            x=esc(g[x]), y=g["ratio"] - 1.0, base=1.0, customdata=g["ratio"], name=html.escape(str(name)),
-            hovertemplate="%{x}: %{customdata:.3g}x<extra>%{fullData.name}</extra>",
+            x=esc(g[x]), y=g["ratio"] - 1.0, base=1.0, name=html.escape(str(name)),
+            marker={"opacity": [0.35 if u else 1.0 for u in unsure]},
+            customdata=list(zip(g["ratio"], ["interval includes 1x" if u else "" for u in unsure])),
+            hovertemplate="%{x}: %{customdata[0]:.3g}x %{customdata[1]}<extra>%{fullData.name}</extra>",
             error_y={"type": "data", "symmetric": False, "array": (g["ratio_high"] - g["ratio"]).fillna(0),
                      "arrayminus": (g["ratio"] - g["ratio_low"]).fillna(0)}))
     fig.add_hline(y=1.0, line_dash="dash")
+    if ((s["ratio_low"] <= 1.0) & (s["ratio_high"] >= 1.0)).any():
+        fig.add_annotation(text="faded bar: its 99 % interval includes 1x (not told apart from the baseline)",
+                           xref="paper", yref="paper", x=0, y=1.06, showarrow=False, xanchor="left")
     # Log scale, so that 0.5x and 2x lie equally far from the 1x line, with ticks at 1-2-5
     # steps written as ratios (plotly's own log ticks read "1, 2, 5, 10, 2, 5, 100").
     values = pd.concat([s["ratio"], s["ratio_low"], s["ratio_high"]]).dropna()

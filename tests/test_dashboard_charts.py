@@ -110,3 +110,16 @@ def test_ratio_axes_are_logarithmic_with_ratio_ticks():
     axis = _view.ratio_chart(s, "case", "suite", "t").layout.yaxis
     assert axis.type == "log" and 1 in axis.tickvals and min(axis.tickvals) <= 0.025 and max(axis.tickvals) >= 3.4
     assert list(axis.ticktext) == [f"{t:g}x" for t in axis.tickvals]
+
+
+def test_a_bar_whose_interval_includes_1x_is_faded_and_said_so():
+    s = pd.DataFrame({"case": ["sure win", "unsure", "sure loss", "no interval"], "suite": ["S"] * 4,
+                      "ratio": [2.0, 1.05, 0.5, 1.3], "ratio_low": [1.8, 0.9, 0.4, float("nan")],
+                      "ratio_high": [2.2, 1.2, 0.6, float("nan")]})
+    fig = _view.ratio_chart(s, "case", "suite", "t")
+    (bar,) = fig.data
+    assert list(bar.marker.opacity) == [1.0, 0.35, 1.0, 1.0]
+    assert [c[1] for c in bar.customdata] == ["", "interval includes 1x", "", ""]
+    assert any("includes 1x" in a.text for a in fig.layout.annotations)
+    sure = s.drop(index=1)
+    assert not _view.ratio_chart(sure, "case", "suite", "t").layout.annotations  # no note without a faded bar
