@@ -99,30 +99,51 @@ class Claim:
     # measured), and parameters the comparison is fixed at, e.g. (("op", "gather"),).
     suite: str | None = None
     where: tuple[tuple[str, str], ...] = ()
+    # The device the source measured on; None where the figure is a count that does not
+    # depend on it (bytes of memory). A CPU result beside a GPU claim is not comparable.
+    hardware: str | None = "a GPU"
+
+
+def comparable(gpu: str, claim: Claim) -> str:
+    """Whether a result on `gpu` can be set beside `claim`, in words."""
+    if claim.hardware is None:
+        return "yes: an exact count, the same on any device"
+    if gpu in ("CPU only", "unknown", "") or gpu.startswith("none"):
+        return f"no: a CPU result beside a claim measured on {claim.hardware}"
+    if claim.hardware in _ANY_GPU:
+        return f"yes: a GPU result, and the claim covers {claim.hardware}"
+    if claim.hardware.lower() in gpu.lower():
+        return "yes: the same GPU"
+    return f"other GPU: {gpu} beside {claim.hardware}"
+
+
+# Claims that name no GPU model, or a range every current GPU falls in.
+_ANY_GPU = ("a GPU", "Volta or newer GPUs")
 
 
 CLAIMS = (
     Claim("contiguous", "contiguous_params README", "optimizer step 7x-100x faster", 7.0, 100.0,
           "speedup", "adam_step", "speedlib", "forloop", suite="AdamStep"),
     Claim("transfer", "SpeedTorch README (Tesla K80, 2-core CPU)", "CuPy pinned gather 3.1x faster than PyTorch pinned",
-          3.1, None, "speedup", "gather", "cupy", "pinned", suite="Transfer", where=(("op", "gather"), ("indices", "random"))),
+          3.1, None, "speedup", "gather", "cupy", "pinned", suite="Transfer", where=(("op", "gather"), ("indices", "random")),
+          hardware="a Tesla K80"),
     Claim("transfer", "SpeedTorch README (Tesla K80, 2-core CPU)", "CuPy pinned write-back 410x faster than PyTorch pinned",
           410.0, None, "speedup", "scatter", "cupy", "pinned", suite="Transfer",
-          where=(("op", "scatter"), ("indices", "random"))),
+          where=(("op", "scatter"), ("indices", "random")), hardware="a Tesla K80"),
     Claim("transfer", "SpeedTorch README (Colab)", "10M x 128 float32 table: CuPy pinned 9.93 GB of host memory, PyTorch pinned 6.59 GB",
-          9.93 / 6.59, None, "memory ratio", "host_footprint", "cupy", "pinned"),
+          9.93 / 6.59, None, "memory ratio", "host_footprint", "cupy", "pinned", hardware=None),
     Claim("checkpoint", "efficient DenseNet / pytorch-checkpoint (TITAN X, DenseNet-BC-100)",
           "about -46 % memory (9.93 -> 5.38 GB)", 5.38 / 9.93, None, "memory ratio", "peak_memory", "speedlib", "none",
-          "densenet_bc"),
+          "densenet_bc", hardware=None),
     Claim("checkpoint", "efficient DenseNet / pytorch-checkpoint (TITAN X, DenseNet-BC-100)",
           "about +19 % step time (0.42 -> 0.50 s)", 0.42 / 0.50, None, "speedup", "step", "speedlib", "none",
-          "densenet_bc", suite="TrainingStep"),
+          "densenet_bc", suite="TrainingStep", hardware="a TITAN X"),
     Claim("amp", "PyTorch Performance Tuning Guide", "mixed precision up to 3x faster", None, 3.0,
-          "speedup", "step", "bf16", "fp32", suite="TrainingStep"),
+          "speedup", "step", "bf16", "fp32", suite="TrainingStep", hardware="Volta or newer GPUs"),
     Claim("amp", "PyTorch Performance Tuning Guide", "mixed precision up to 3x faster (with channels_last)", None, 3.0,
-          "speedup", "step", "bf16_channels_last", "fp32", suite="TrainingStep"),
+          "speedup", "step", "bf16_channels_last", "fp32", suite="TrainingStep", hardware="Volta or newer GPUs"),
     Claim("parallel", "PyTorch Tuning Guide; Lightning speed-up guide", "DistributedDataParallel much faster than DataParallel",
-          None, None, "speedup", "step", "ddp", "dataparallel"),
+          None, None, "speedup", "step", "ddp", "dataparallel", hardware="several GPUs"),
 )
 
 # A change is only reported when the ratio is beyond this factor (asv compare's default) and the
@@ -803,7 +824,7 @@ def claims_table(df: pd.DataFrame) -> Table:
         if hit.empty:
             rows.append({"technique": c.technique, "source": c.source, "claim": c.claim, "claimed": claimed,
                          "measured as": label,
-                         "machine": "", "workload": "", "measured": "not measured yet"})
+                         "machine": "", "workload": "", "measured": "not measured yet", "comparable": ""})
             numbers.append(claim_numbers)
             continue
         used.append(hit)
@@ -813,11 +834,12 @@ def claims_table(df: pd.DataFrame) -> Table:
                          "measured as": label,
                          "machine": f"{r['machine']} ({r['gpu']})",
                          "workload": f"{r['workload']} ({setting})" if setting else r["workload"],
-                         "measured": _fmt_ratio(r["ratio"], r["ratio_low"], r["ratio_high"])})
+                         "measured": _fmt_ratio(r["ratio"], r["ratio_low"], r["ratio_high"]),
+                         "comparable": comparable(str(r["gpu"]), c)})
             numbers.append({**claim_numbers, "machine": r["machine"], "gpu": r["gpu"], "commit": r["commit"],
                             "workload": r["workload"], "setting": setting, "ratio": r["ratio"],
                             "low": r["ratio_low"], "high": r["ratio_high"], "N": r["n"],
-                            "result_id": r.get("result_id", "")})
+                            "result_id": r.get("result_id", ""), "comparable": comparable(str(r["gpu"]), c)})
     sources = pd.concat(used) if used else df.iloc[0:0]
     return Table("Claims versus measured", pd.DataFrame(rows), sources,
                  ["measured: latest commit per machine; ratio [99 % CI bounds]",

@@ -599,3 +599,25 @@ def test_claims_prefer_the_paired_speedup_to_a_ratio_of_separate_times():
     # A claim fixed at parameters the rows lack is not measured, not matched to something else.
     transfer = frame[frame["technique"] == "transfer"]
     assert (transfer["measured"] == "not measured yet").all()
+
+
+@pytest.mark.parametrize("gpu, claim, expected", [
+    ("CPU only", "SpeedTorch README (Tesla K80, 2-core CPU)", "no: a CPU result beside a claim measured on a Tesla K80"),
+    ("NVIDIA H100 80GB HBM3", "SpeedTorch README (Tesla K80, 2-core CPU)", "other GPU: NVIDIA H100 80GB HBM3 beside a Tesla K80"),
+    ("Tesla K80", "SpeedTorch README (Tesla K80, 2-core CPU)", "yes: the same GPU"),
+    ("CPU only", "efficient DenseNet / pytorch-checkpoint (TITAN X, DenseNet-BC-100)", "yes: an exact count"),
+    ("NVIDIA H100 80GB HBM3", "PyTorch Performance Tuning Guide", "yes: a GPU result"),
+])
+def test_the_claims_table_says_when_the_hardware_is_not_comparable(gpu, claim, expected):
+    c = next(c for c in report.CLAIMS if c.source == claim)  # the first claim of that source
+    assert report.comparable(gpu, c).startswith(expected)
+
+
+def test_every_claims_row_with_a_figure_says_whether_it_compares():
+    from speedbench.results import load_results
+
+    t = report.claims_table(load_results(ROOT / "results").measured)
+    measured = t.frame[t.frame["measured"] != "not measured yet"]
+    assert len(measured) and measured["comparable"].str.match(r"(yes|no|other GPU):").all()
+    cpu = measured[measured["machine"].str.contains("CPU only")]
+    assert (cpu["comparable"].str.startswith("no:") | cpu["comparable"].str.contains("exact count")).all()
