@@ -112,7 +112,7 @@ def comparable(gpu: str, claim: Claim) -> str:
         return f"no: a CPU result beside a claim measured on {claim.hardware}"
     if claim.hardware in _ANY_GPU:
         return f"yes: a GPU result, and the claim covers {claim.hardware}"
-    if claim.hardware.lower() in gpu.lower():
+    if claim.hardware.lower().removeprefix("a ").removeprefix("an ") in gpu.lower():  # "a Tesla K80"
         return "yes: the same GPU"
     return f"other GPU: {gpu} beside {claim.hardware}"
 
