@@ -123,3 +123,18 @@ def test_a_bar_whose_interval_includes_1x_is_faded_and_said_so():
     assert any("includes 1x" in a.text for a in fig.layout.annotations)
     sure = s.drop(index=1)
     assert not _view.ratio_chart(sure, "case", "suite", "t").layout.annotations  # no note without a faded bar
+
+
+def test_history_puts_commits_on_the_x_axis_in_date_order_with_log_y(tmp_path, monkeypatch):
+    from speedbench import synthetic
+
+    tree = tmp_path / "results"
+    synthetic.write_results(tree, commits=3, machines=1)
+    (fig,) = figures(tree, "pages/history.py", monkeypatch)
+    loaded = load_results(tree).measured
+    dates = loaded.drop_duplicates("commit").sort_values("commit_date")
+    expected = [f"{c[:8]} {d:%Y-%m-%d}" for c, d in zip(dates["commit"], dates["commit_date"])]
+    assert fig["layout"]["xaxis"]["type"] == "category" and fig["layout"]["xaxis"]["categoryarray"] == expected
+    assert fig["layout"]["yaxis"]["type"] == "log"
+    for trace in fig["data"]:
+        assert values(trace["x"]) == expected  # every commit, oldest first, never a time of day

@@ -2,6 +2,7 @@
 
 import html
 
+import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
@@ -29,21 +30,28 @@ if h["commit"].nunique() < 2:
             "(`speedlib run --commits A..B` measures a range).")
 
 scale, unit = (1e3, "ms") if (h["unit"] == "seconds").all() else (1.0, str(h["unit"].iloc[0]))
-# A result file may carry no date. Without every date the commits are the axis: a line through
-# missing dates says nothing, and plotly's encoder stops the process (illegal instruction) on a
-# date column that is all missing.
-dated = bool(h["commit_date"].notna().all())
+# Commits on the x-axis, one category each in commit-date order and labelled with hash and
+# date: a time axis would spread same-day commits over hours and draw lines through gaps.
+# (A result file may carry no date; such a commit is labelled "date unknown" and goes last.)
+order = h.drop_duplicates("commit").sort_values("commit_date", kind="stable", na_position="last")
+label = {c: html.escape(f"{c[:8]} " + ("date unknown" if pd.isna(d) else f"{d:%Y-%m-%d}"))
+         for c, d in zip(order["commit"], order["commit_date"])}
 fig = go.Figure()
-for (machine, label), g in h.groupby(["machine", "params"], sort=True):
+for (machine, params), g in h.groupby(["machine", "params"], sort=True):
+    g = g.assign(_order=g["commit"].map(list(label).index)).sort_values("_order")
     fig.add_trace(go.Scatter(
-        x=g["commit_date"] if dated else [html.escape(c[:8]) for c in g["commit"]], y=g["value"] * scale, mode="lines+markers", name=html.escape(f"{machine}: {label}"),
-        text=[html.escape(c[:8]) for c in g["commit"]],
+        x=[label[c] for c in g["commit"]], y=g["value"] * scale, mode="lines+markers",
+        name=html.escape(f"{machine}: {params}"),
         marker={"symbol": [("diamond-x" if s else "diamond") if step else "x" if s else "circle"
                            for s, step in zip(g["significant"], g["step"])],
                 "size": [12 if s or step else 7 for s, step in zip(g["significant"], g["step"])]},
         error_y={"type": "data", "symmetric": False, "array": ((g["ci99_high"] - g["value"]) * scale).fillna(0),
                  "arrayminus": ((g["value"] - g["ci99_low"]) * scale).fillna(0)}))
-fig.update_layout(height=460, xaxis_title="commit date" if dated else "commit", yaxis_title=html.escape(unit), margin={"t": 30})
+# Log y: a 10 % change looks the same at 1 ms as at 1 s.
+fig.update_layout(height=460, margin={"t": 30},
+                  xaxis={"title": "commit (oldest left)", "type": "category", "categoryorder": "array",
+                         "categoryarray": list(label.values())},
+                  yaxis={"title": html.escape(f"{unit} (log scale)"), "type": "log"})
 st.plotly_chart(fig)
 st.caption(f"x markers: significant change against the previous commit (beyond {report.SIGNIFICANCE_FACTOR:.2f}x, and "
            f"Mann-Whitney U p < {report.P_THRESHOLD} on the stored samples, else disjoint 99 % confidence intervals: "
