@@ -28,7 +28,7 @@ RESULTS = Path(os.environ.get("SPEEDLIB_RESULTS") or ROOT / "results").resolve()
 # Two entries: the tree as it is, and as it was while a view of the old one finishes.
 @st.cache_resource(show_spinner="Reading the asv result files...", max_entries=2)
 def _load(path: str, signature: str) -> dict:
-    loaded = cache.load(path)  # a new server reuses the frames parsed by the last one
+    loaded = cache.load(path, key=signature)  # a new server reuses the frames parsed by the last one
     # str(): control characters escaped
     return {"measured": loaded.measured, "not_measured": loaded.not_measured,
             "problems": [str(p) for p in loaded.problems if not p.expected],

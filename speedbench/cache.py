@@ -91,13 +91,14 @@ def _trusted(path: Path) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
-def load(root: str | Path) -> results.LoadedResults:
-    """`results.load_results(root)`, from the cache when nothing under `root` changed."""
+def load(root: str | Path, key: str | None = None) -> results.LoadedResults:
+    """`results.load_results(root)`, from the cache when nothing under `root` changed.
+    `key`: `fingerprint(root)` if the caller has just computed it."""
     root = Path(root)
     path = _cache_file(root)
     if path is None or not hasattr(os, "getuid"):
         return results.load_results(root)
-    key = fingerprint(root)
+    key = key or fingerprint(root)
     if _trusted(path):
         try:
             with path.open("rb") as f:

@@ -77,17 +77,30 @@ def _values(r) -> str:
     return f"{r.value:.3g} vs {r.baseline_value:.3g} {r.unit}"
 
 
-def _cell(mine: pd.DataFrame, h: Headline, gpu: str) -> tuple[str, pd.DataFrame]:
-    """The text of one machine's cell and the rows it was computed from."""
+def _comparisons(last: pd.DataFrame, h: Headline) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`h`'s ratios on every machine at once (speed, and memory where it has a memory class):
+    one computation per technique, not per cell, so the grid costs the same at 2 machines or 20."""
+    mine = last[last["technique"] == h.technique]
     if h.paired:
-        rows = report.paired(mine[(mine["technique"] == h.technique) & (mine["suite"] == h.suite)])
+        rows = report.paired(mine[mine["suite"] == h.suite])
         hits = _fixed(rows, h) if not rows.empty else rows
         hits = hits[hits["baseline"] == h.baseline] if not hits.empty else hits
+    else:
+        rows = report.speedups(mine[(mine["suite"] == h.suite) & (mine["metric"] == h.metric)], baseline=h.baseline)
+        hits = _fixed(rows, h) if not rows.empty else rows
+    memory = mine.iloc[0:0]
+    if h.memory_suite:
+        memory = report.speedups(mine[(mine["suite"] == h.memory_suite) & (mine["metric"] == "peak_memory")],
+                                 baseline=h.baseline)
+        memory = _fixed(memory, h) if not memory.empty else memory
+    return hits, memory
+
+
+def _cell(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, gpu: str) -> tuple[str, pd.DataFrame]:
+    """The text of one machine's cell (from that machine's rows) and the rows it was computed from."""
+    if h.paired:
         texts = [f"{report._fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)} N={r.n}" for r in hits.itertuples()]
     else:
-        rows = mine[(mine["technique"] == h.technique) & (mine["suite"] == h.suite) & (mine["metric"] == h.metric)]
-        rows = report.speedups(rows, baseline=h.baseline)
-        hits = _fixed(rows, h) if not rows.empty else rows
         texts = [f"{report._fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)} ({_values(r)}, not paired)"
                  for r in hits.itertuples()]
     labelled = [f"{other}: {t}" if other else t
@@ -96,17 +109,14 @@ def _cell(mine: pd.DataFrame, h: Headline, gpu: str) -> tuple[str, pd.DataFrame]
         labelled = [f"speed not measured yet (speedlib run --chunk headline-{h.technique})"]
     used = [hits]
     if h.memory_suite:
-        memory = report.speedups(mine[(mine["technique"] == h.technique) & (mine["suite"] == h.memory_suite)
-                                      & (mine["metric"] == "peak_memory")], baseline=h.baseline)
-        memory = _fixed(memory, h) if not memory.empty else memory
         labelled += [f"{_others(r, h)}: peak memory {1 / r.ratio:.3g}x".lstrip(": ")
                      for _, r in memory.iterrows() if pd.notna(r.ratio)]
         used.append(memory)
     if any(len(u) for u in used):
         return "; ".join(labelled), pd.concat(used)
     if h.gpu_only and gpu == "CPU only":
-        return "needs a GPU", mine.iloc[0:0]
-    return f"not measured yet: speedlib run --chunk headline-{h.technique}", mine.iloc[0:0]
+        return "needs a GPU", hits.iloc[0:0]
+    return f"not measured yet: speedlib run --chunk headline-{h.technique}", hits.iloc[0:0]
 
 
 def grid(df: pd.DataFrame) -> report.Table:
@@ -115,11 +125,13 @@ def grid(df: pd.DataFrame) -> report.Table:
     machines = sorted(last["machine"].unique()) if not last.empty else []
     columns = {m: f"{m} ({last.loc[last['machine'] == m, 'gpu'].iloc[0]})" for m in machines}
     rows, used = [], []
+    gpus = dict(zip(last["machine"], last["gpu"].astype(str)))
     for h in HEADLINES:
         row = {"technique": report.TECHNIQUES[h.technique].title}
+        hits, memory = _comparisons(last, h)
         for m in machines:
-            mine = last[last["machine"] == m]
-            row[columns[m]], source = _cell(mine, h, str(mine["gpu"].iloc[0]))
+            row[columns[m]], source = _cell(hits[hits["machine"] == m] if len(hits) else hits,
+                                            memory[memory["machine"] == m] if len(memory) else memory, h, gpus[m])
             used.append(source)
         rows.append({**row, "comparison": h.what})  # the numbers first, where the eye lands
     sources = pd.concat(used) if used else df.iloc[0:0]
