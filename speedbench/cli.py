@@ -139,6 +139,20 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if df.empty:
         print("no measured results", file=sys.stderr)
         return 1
+    if args.writeup:
+        from speedbench import writeup  # noqa: PLC0415
+
+        rerun = None
+        if args.against:
+            if not Path(args.against).is_dir():
+                print(f"speedlib report: no results directory at {args.against}", file=sys.stderr)
+                return 2
+            again = load_results(Path(args.against))
+            for problem in again.problems:
+                print(f"skipped {problem}", file=sys.stderr)
+            rerun = again.measured
+        print(writeup.writeup(df, rerun), end="")
+        return 0
     if args.table == "results":
         print(format_table(df))
         return 0
@@ -335,6 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--benchmark", help="the benchmark whose history to show (--table history)")
     report.add_argument("--against", metavar="DIR",
                         help="--table noise: results of a second run of the same commit (speedlib run --results-dir DIR)")
+    report.add_argument("--writeup", action="store_true",
+                        help="print the results page (docs/results.md) for every machine, with a run-to-run "
+                             "section from --against DIR (--table is ignored)")
     report.add_argument("--all-commits", action="store_true",
                         help="every commit, not only each machine's latest")
     report.add_argument("--fail-on-regression", nargs=2, metavar=("A", "B"),
