@@ -324,3 +324,31 @@ def test_control_characters_in_names_are_escaped_in_the_table_and_problems(tree)
     assert "\x1b" not in text and "evil\\x1b[2J" in text
     assert len(loaded.problems) == 1
     assert str(loaded.problems[0]).startswith(f"{tree}/evil\\x1b[2J/x\\x07.json: not valid JSON, truncated? (")
+
+
+def test_result_ids_hash_exactly_the_json_key_they_always_hashed():
+    """An ID names a result for good: the faster key writer must give json.dumps's bytes."""
+    import hashlib
+    import json
+    import math
+    import random
+
+    from speedbench import results as module
+
+    def reference(machine, commit, benchmark, params, started_at):
+        ok = module._is_number(started_at) and math.isfinite(module._to_float(started_at))
+        key = json.dumps([machine, commit, benchmark, list(params), int(started_at) if ok else None])
+        return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+    rng = random.Random(0)
+
+    def text() -> str:
+        return "".join(chr(rng.choice([rng.randint(0, 127), rng.randint(0, 0xD7FF), rng.randint(0xD800, 0xDFFF)]))
+                       for _ in range(rng.randint(0, 8)))
+
+    cases = [("cpu-2core", "a" * 40, "bench_x.A.track_seconds", ("'mlp'", "1"), 1763880000000),
+             ('q"\\\n\u2028', "", "", (), None), ("m", "c", "b", ("x",), float("inf")), ("m", "c", "b", ("x",), True)]
+    cases += [(text(), text(), text(), tuple(text() for _ in range(rng.randint(0, 3))),
+               rng.choice([None, 0, 1763880000123, 2.5e12, "x", -1])) for _ in range(3000)]
+    for case in cases:
+        assert module.result_id(*case) == reference(*case), case
