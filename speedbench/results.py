@@ -424,8 +424,17 @@ def _parse_json(raw: bytes):
 
 # --- reading the tree: only regular files inside it, never blocking -------------------------
 
-def _inside(path: Path, root_real: Path) -> Path:
-    """The real path of `path`; _Unreadable when it loops or leaves the results tree."""
+def _inside(path: Path, root_real: Path, parent_real: Path | None = None) -> Path:
+    """The real path of `path`; _Unreadable when it loops or leaves the results tree.
+    `parent_real`: the real path of `path`'s directory, already checked to be inside the
+    tree. Then an entry that is no symlink is known without resolving every component of
+    its path again (thousands of files share one directory)."""
+    if parent_real is not None:
+        try:
+            if not stat.S_ISLNK(os.lstat(path).st_mode):
+                return parent_real / path.name
+        except OSError:
+            pass  # resolved below, which names the reason
     try:
         real = path.resolve(strict=True)
     except RuntimeError:  # Python < 3.13 reports a symlink loop so
@@ -437,6 +446,15 @@ def _inside(path: Path, root_real: Path) -> Path:
     return real
 
 
+def _real_dir(directory: Path, root_real: Path) -> Path | None:
+    """The real path of a directory `_subdirectory` accepted, for `_inside`'s shortcut; None
+    (every file resolved in full) should it have changed since."""
+    try:
+        return _inside(directory, root_real)
+    except _Unreadable:
+        return None
+
+
 def _kind_of(mode: int) -> str:
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
@@ -445,11 +463,11 @@ def _kind_of(mode: int) -> str:
     return "not a regular file"
 
 
-def _read(path: Path, root_real: Path) -> bytes:
+def _read(path: Path, root_real: Path, parent_real: Path | None = None) -> bytes:
     """The bytes of a regular file inside the tree, at most MAX_FILE_BYTES; _Unreadable
     otherwise. Anything else is refused before it is opened: opening a FIFO could block or
     release a writer waiting on it, reading a device could never end."""
-    real = _inside(path, root_real)
+    real = _inside(path, root_real, parent_real)
     try:
         st = os.stat(real)
         if not stat.S_ISREG(st.st_mode):
@@ -515,9 +533,9 @@ def _subdirectory(path: Path, root_real: Path, problems: list[Problem]) -> bool:
 
 
 def _file_rows(file: Path, machine: str, root_real: Path, benchmarks: dict[str, _Benchmark],
-               problems: list[Problem]) -> list[dict]:
+               problems: list[Problem], parent_real: Path | None = None) -> list[dict]:
     try:
-        return _rows_of(file, _parse_json(_read(file, root_real)), machine, benchmarks, problems)
+        return _rows_of(file, _parse_json(_read(file, root_real, parent_real)), machine, benchmarks, problems)
     except _Unreadable as e:
         problems.append(Problem(str(file), f"unreadable ({e})"))
     except _NotJson as e:
@@ -586,11 +604,12 @@ def _environment_records(machine_dir: Path, root_real: Path, problems: list[Prob
     env_dir = machine_dir / "environment"
     if not _subdirectory(env_dir, root_real, problems):
         return records
+    env_real = _real_dir(env_dir, root_real)
     for file in _children(env_dir, problems):
         if file.suffix != ".jsonl":
             continue
         try:
-            raw = _read(file, root_real)
+            raw = _read(file, root_real, env_real)
         except _Unreadable as e:
             problems.append(Problem(str(file), f"unreadable ({e})"))
             continue
@@ -686,9 +705,10 @@ def _machine_rows(machine_dir: Path, root_real: Path, benchmarks: dict[str, _Ben
             problems.append(Problem(str(machine_dir), "no machine.json: not an asv machine directory, skipped"))
         return []
     rows: list[dict] = []
+    machine_real = _real_dir(machine_dir, root_real)
     for file in children:
         if file.suffix == ".json" and file.name not in _SKIP_FILES:
-            rows += _file_rows(file, machine_dir.name, root_real, benchmarks, problems)
+            rows += _file_rows(file, machine_dir.name, root_real, benchmarks, problems, machine_real)
     _join_environment(rows, _environment_records(machine_dir, root_real, problems), problems)
     return rows
 
