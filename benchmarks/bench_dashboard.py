@@ -88,7 +88,7 @@ class FirstView:
         from streamlit.testing.v1 import AppTest  # noqa: PLC0415
 
         at = AppTest.from_file(str(_app()), default_timeout=300)
-        at.switch_page("pages/overview.py")
+        at.switch_page("views/overview.py")
         at.run()
         if at.exception or not at.dataframe:  # a broken view must not pass for a fast one
             raise RuntimeError(f"the overview did not render: {[e.value for e in at.exception]}")

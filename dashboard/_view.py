@@ -149,8 +149,11 @@ def pick_many(label: str, options: list, key: str) -> list:
 def tabs(names: list[str], key: str = "tab"):
     """st.tabs whose open tab is kept in the URL."""
     wanted = st.query_params.get(key)
-    containers = st.tabs(names, key=key, default=wanted if wanted in names else names[0], on_change="rerun")
-    st.query_params[key] = st.session_state.get(key) or (wanted if wanted in names else names[0])
+    # The default is fixed when the tabs first appear: a default that followed the URL changed
+    # with every switch, and Streamlit then dropped every second click on a tab.
+    first = st.session_state.setdefault(f"_{key}_default", wanted if wanted in names else names[0])
+    containers = st.tabs(names, key=key, default=first if first in names else names[0], on_change="rerun")
+    st.query_params[key] = st.session_state.get(key) or first
     return containers
 
 

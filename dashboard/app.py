@@ -1,7 +1,9 @@
 """speedlib dashboard: `speedlib dashboard` (or `streamlit run dashboard/app.py`).
 
-Pages are files under pages/ so each is testable on its own (Streamlit AppTest); every
-filter is bound to the URL, so a copied link reopens the same view.
+Pages are files under views/ so each is testable on its own (Streamlit AppTest); every
+filter is kept in the URL, so a copied link reopens the same view. Not pages/: Streamlit
+serves a pages/ directory by itself to the first visitor of a deep link on a fresh server,
+before app.py sets up the navigation (file names in the sidebar, no wide layout).
 """
 
 import sys
@@ -17,11 +19,11 @@ st.set_page_config(page_title="speedlib results", layout="wide")
 
 pages = {
     "Results": [
-        st.Page("pages/overview.py", title="Overview", default=True),
-        st.Page("pages/history.py", title="History across commits"),
-        st.Page("pages/machines.py", title="Machine comparison"),
-        st.Page("pages/cite.py", title="Cite and export"),
+        st.Page("views/overview.py", title="Overview", default=True),
+        st.Page("views/history.py", title="History across commits"),
+        st.Page("views/machines.py", title="Machine comparison"),
+        st.Page("views/cite.py", title="Cite and export"),
     ],
-    "Techniques": [st.Page(f"pages/{name}.py", title=t.title) for name, t in TECHNIQUES.items()],
+    "Techniques": [st.Page(f"views/{name}.py", title=t.title) for name, t in TECHNIQUES.items()],
 }
 st.navigation(pages).run()

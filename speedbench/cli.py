@@ -233,6 +233,12 @@ def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
            "--server.headless", "true"]
     url = f"http://{args.address}:{args.port}"
     proc = subprocess.Popen(cmd, env=env)
+    # A SIGTERM to speedlib (kill, a service manager) must stop Streamlit too, not orphan it.
+    import signal  # noqa: PLC0415
+
+    def _stop(signum, frame):
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGTERM, _stop)
     try:
         if not _wait_until_listening(proc, args.address, args.port, timeout=STARTUP_TIMEOUT_S):
             if proc.poll() is None:
@@ -252,6 +258,8 @@ def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
         proc.terminate()
         proc.wait()
         return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 STARTUP_TIMEOUT_S = 120.0  # Streamlit imports pandas and plotly: seconds on a cold, busy machine

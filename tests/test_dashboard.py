@@ -32,8 +32,8 @@ from speedbench import report, synthetic  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "dashboard" / "app.py"
-PAGES = ["pages/overview.py", "pages/history.py", "pages/machines.py", "pages/cite.py",
-         *[f"pages/{name}.py" for name in report.TECHNIQUES]]
+PAGES = ["views/overview.py", "views/history.py", "views/machines.py", "views/cite.py",
+         *[f"views/{name}.py" for name in report.TECHNIQUES]]
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_every_page_on_synthetic_results_with_several_gpus(page, synthetic_tree,
     at = app_on(synthetic_tree, page, monkeypatch)
     assert not at.exception, at.exception
     assert not at.warning  # nothing was skipped
-    if page in ("pages/overview.py", "pages/contiguous.py", "pages/machines.py", "pages/cite.py"):
+    if page in ("views/overview.py", "views/contiguous.py", "views/machines.py", "views/cite.py"):
         assert at.dataframe, "the page shows a table"
 
 
@@ -89,7 +89,7 @@ def test_bad_files_are_reported_not_raised(synthetic_tree, tmp_path, monkeypatch
     shutil.copytree(synthetic_tree, tree)
     bad = sorted((tree / "synthetic-h100").glob("*-existing-*.json"))[0]
     bad.write_text(bad.read_text()[:300])
-    at = app_on(tree, "pages/overview.py", monkeypatch)
+    at = app_on(tree, "views/overview.py", monkeypatch)
     assert not at.exception
     assert "1 problem(s)" in at.warning[0].value
     assert bad.name in at.text[0].value and "not valid JSON" in at.text[0].value
@@ -116,7 +116,7 @@ def test_links_out_of_the_tree_are_neither_walked_nor_read(synthetic_tree, tmp_p
     shutil.copytree(synthetic_tree, tree)
     os.symlink("/", tree / "everything")
     os.mkfifo(tree / "synthetic-h100" / "pipe.json")
-    at = app_on(tree, "pages/overview.py", monkeypatch)
+    at = app_on(tree, "views/overview.py", monkeypatch)
     assert not at.exception
     shown = at.text[0].value
     assert "everything: a symlink out of the results tree" in shown and "pipe.json: unreadable (a FIFO" in shown
@@ -142,32 +142,32 @@ def test_missing_gpu_run_is_explained(tmp_path, monkeypatch):
     synthetic.write_results(tmp_path, commits=2, machines=3)
     for gpu in ("synthetic-h100", "synthetic-h200"):
         shutil.rmtree(tmp_path / gpu)
-    at = app_on(tmp_path, "pages/overview.py", monkeypatch)
+    at = app_on(tmp_path, "views/overview.py", monkeypatch)
     assert "No GPU run is committed yet" in texts(at)
 
 
 def test_the_committed_gpu_run_is_on_the_overview(monkeypatch):
-    at = app_on(ROOT / "results", "pages/overview.py", monkeypatch)
+    at = app_on(ROOT / "results", "views/overview.py", monkeypatch)
     assert "No GPU run is committed yet" not in texts(at)
     shown = pd.concat([d.value for d in at.dataframe])
     assert shown.astype(str).apply(lambda col: col.str.contains("H100")).any().any()
 
 
 def test_filter_from_the_url(synthetic_tree, monkeypatch):
-    at = app_on(synthetic_tree, "pages/contiguous.py", monkeypatch, machine="synthetic-h200", workload="mlp")
+    at = app_on(synthetic_tree, "views/contiguous.py", monkeypatch, machine="synthetic-h200", workload="mlp")
     shown = at.dataframe[0].value
     assert set(shown["machine"]) == {"synthetic-h200"} and set(shown["workload"]) == {"mlp"}
-    at = app_on(synthetic_tree, "pages/cite.py", monkeypatch, table="speedup", machine="synthetic-h200")
+    at = app_on(synthetic_tree, "views/cite.py", monkeypatch, table="speedup", machine="synthetic-h200")
     assert set(at.dataframe[0].value["machine"]) == {"synthetic-h200"}
 
 
 def test_a_filter_value_that_does_not_exist_is_ignored(synthetic_tree, monkeypatch):
-    at = app_on(synthetic_tree, "pages/contiguous.py", monkeypatch, machine="<script>alert(1)</script>")
+    at = app_on(synthetic_tree, "views/contiguous.py", monkeypatch, machine="<script>alert(1)</script>")
     assert not at.exception and set(at.dataframe[0].value["machine"]) == {"synthetic-cpu"}
 
 
 def test_cite_page_offers_three_exports_and_bibtex(synthetic_tree, monkeypatch):
-    at = app_on(synthetic_tree, "pages/cite.py", monkeypatch, table="memory")
+    at = app_on(synthetic_tree, "views/cite.py", monkeypatch, table="memory")
     assert "Peak memory" in texts(at)
     assert "@software{speedlib2026" in texts(at) and "Reproduce:" in texts(at)
     assert set(at.dataframe[0].value["machine"]) <= {"synthetic-h100", "synthetic-h200"}  # memory: GPUs only
@@ -269,7 +269,7 @@ def test_the_overview_leads_with_the_paired_speedups(monkeypatch):
     """Each technique with a paired class shows its paired estimates, the very figures
     `speedlib report --table paired` gives, for every machine (here: amp on CPU and H100)."""
     from speedbench.results import load_results
-    at = app_on(ROOT / "results", "pages/overview.py", monkeypatch)
+    at = app_on(ROOT / "results", "views/overview.py", monkeypatch)
     last = report.latest(load_results(ROOT / "results").measured)
     expected = report.paired_table(last[(last["technique"] == "amp") & (last["suite"] == "TrainingStep")]).frame
     assert set(expected["machine"]) == {"cpu-2core", "h100-sxm-80gb"} and len(expected) >= 10
@@ -297,8 +297,8 @@ def _view_of(at: AppTest) -> list[pd.DataFrame]:
     return [d.value.reset_index(drop=True) for d in at.dataframe]
 
 
-@pytest.mark.parametrize("page, query", [("pages/contiguous.py", {}), ("pages/overview.py", {}),
-                                         ("pages/cite.py", {"table": "speedup"}), ("pages/history.py", {})])
+@pytest.mark.parametrize("page, query", [("views/contiguous.py", {}), ("views/overview.py", {}),
+                                         ("views/cite.py", {"table": "speedup"}), ("views/history.py", {})])
 def test_a_copied_link_shows_the_same_numbers_after_new_results_land(page, query, tmp_path, monkeypatch):
     """The URL holds every filter, defaults and the open tab included, and pins the view to
     the results measured so far: a newer commit landing later changes the unpinned view
@@ -309,7 +309,7 @@ def test_a_copied_link_shows_the_same_numbers_after_new_results_land(page, query
     link = dict(first.query_params)
     assert "until" in link and not first.exception
     assert not first.button or "newer" not in " ".join(b.label for b in first.button)  # pinned to the newest
-    if page == "pages/contiguous.py":
+    if page == "views/contiguous.py":
         assert {"machine", "commit", "workload", "baseline", "tab", "metric"} <= set(link)
     _land_a_newer_commit(tree, tmp_path / "newer")
     later = app_on(tree, page, monkeypatch, **link)
@@ -320,19 +320,19 @@ def test_a_copied_link_shows_the_same_numbers_after_new_results_land(page, query
     assert "1 newer result" in texts(later) or "newer result(s)" in " ".join(b.label for b in later.button)
     unpinned = app_on(tree, page, monkeypatch, **query)
     assert dict(unpinned.query_params)["until"] > link["until"]
-    if page != "pages/history.py":  # the history shows every commit either way, the newest one added
+    if page != "views/history.py":  # the history shows every commit either way, the newest one added
         assert any(not a.equals(b) for a, b in zip(_view_of(first), _view_of(unpinned)))
 
 
 def test_the_open_tab_comes_from_the_link(synthetic_tree, monkeypatch):
-    at = app_on(synthetic_tree, "pages/contiguous.py", monkeypatch, machine="synthetic-h100", tab="Memory")
+    at = app_on(synthetic_tree, "views/contiguous.py", monkeypatch, machine="synthetic-h100", tab="Memory")
     assert not at.exception and dict(at.query_params)["tab"] == "Memory"
     assert dict(at.query_params)["machine"] == "synthetic-h100"
 
 
 def test_results_of_changed_benchmarks_are_listed_quietly_not_as_problems(monkeypatch):
     """The committed results hold older benchmark versions: history, not damage."""
-    at = app_on(ROOT / "results", "pages/overview.py", monkeypatch)
+    at = app_on(ROOT / "results", "views/overview.py", monkeypatch)
     assert not any("problem" in w.value for w in at.warning)
     assert any("changed or been removed since" in e.label for e in at.expander)
 
@@ -401,8 +401,34 @@ def test_a_fresh_view_is_pinned_to_the_newest_result_not_just_before_it(monkeypa
     """Result times carry milliseconds and the link whole seconds: the pin rounds up."""
     from speedbench.results import load_results
 
-    at = app_on(ROOT / "results", "pages/overview.py", monkeypatch)
+    at = app_on(ROOT / "results", "views/overview.py", monkeypatch)
     assert not any("newer" in b.label for b in at.button)
     measured = load_results(ROOT / "results").measured
     assert (measured["run_date"] != measured["run_date"].dt.floor("s")).any()  # the case this guards
     assert at.metric[2].value == str(len(measured))
+
+
+def test_a_deep_link_is_the_first_request_of_a_fresh_server(tmp_path):
+    """A cited link opened on a just-started dashboard gets the app's navigation (titles in
+    the sidebar), not Streamlit's file-name pages: with a pages/ directory it did."""
+    chromium, sync_playwright = _browser()
+    with _serving(ROOT / "results", tmp_path) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{url}/amp?machine=h100-sxm-80gb")
+            _settled(page, TITLES["amp"])
+            sidebar = page.locator("[data-testid='stSidebarNav']").inner_text()
+            # Every click on a tab opens it (a default that followed the URL dropped every second one).
+            for name in ("Memory", "Time", "Not measured", "Bandwidth and floor", "Time"):
+                page.get_by_role("tab", name=name).click()
+                page.wait_for_function(
+                    "n => [...document.querySelectorAll('[role=tab]')].some("
+                    "t => t.innerText.trim() === n && t.getAttribute('aria-selected') === 'true')", arg=name,
+                    timeout=30_000)
+                page.wait_for_url(lambda u, n=name: "tab=" + urllib.parse.quote_plus(n) in u, timeout=30_000)
+        finally:
+            browser.close()
+    assert "Mixed precision" in sidebar and "Performance Tuning Guide knobs" in sidebar
+    assert "app" not in sidebar.split()

@@ -61,7 +61,7 @@ def test_boxes_keep_classes_and_parameters_apart():
 @pytest.mark.parametrize("machine", ["cpu-2core", "h100-sxm-80gb"])
 @pytest.mark.parametrize("name", list(report.TECHNIQUES))
 def test_technique_pages_draw_one_bar_per_configuration(name, machine, monkeypatch):
-    for fig in figures(ROOT / "results", f"pages/{name}.py", monkeypatch, machine=machine):
+    for fig in figures(ROOT / "results", f"views/{name}.py", monkeypatch, machine=machine):
         for trace in fig["data"]:
             if trace.get("type") == "bar":
                 xs = values(trace["x"])
@@ -69,7 +69,7 @@ def test_technique_pages_draw_one_bar_per_configuration(name, machine, monkeypat
 
 
 def test_the_tuning_page_shows_one_paired_bar_per_knob(monkeypatch):
-    charts = figures(ROOT / "results", "pages/tuning.py", monkeypatch, machine="h100-sxm-80gb")
+    charts = figures(ROOT / "results", "views/tuning.py", monkeypatch, machine="h100-sxm-80gb")
     paired = next(f for f in charts if "paired" in f["layout"]["title"]["text"])
     xs = [x for trace in paired["data"] for x in trace["x"]]
     knobs = [x for x in xs if x.startswith("TrainingStep knob=")]
@@ -89,14 +89,14 @@ def test_the_tuning_page_shows_one_paired_bar_per_knob(monkeypatch):
 def test_a_page_defaults_to_the_baseline_that_ran_there(monkeypatch):
     """On CPUs DataParallel cannot run: the parallel page compares against one process, the
     technique's fallback, not against whichever variant sorts first (ddp)."""
-    at = app_on(ROOT / "results", "pages/parallel.py", monkeypatch, machine="cpu-2core")
+    at = app_on(ROOT / "results", "views/parallel.py", monkeypatch, machine="cpu-2core")
     assert not at.exception
     assert next(s for s in at.selectbox if s.label == "Baseline").value == "single"
     assert "driver n/a" in "\n".join(t.value for t in at.text)  # a CPU machine has no driver: not "nan"
 
 
 def test_machines_chart_compares_times_only(monkeypatch):
-    charts = figures(ROOT / "results", "pages/machines.py", monkeypatch)
+    charts = figures(ROOT / "results", "views/machines.py", monkeypatch)
     (chart,) = charts
     assert chart["layout"]["title"]["text"].startswith("times: ")
     labels = [x for trace in chart["data"] for x in values(trace["x"])]
@@ -130,7 +130,7 @@ def test_history_puts_commits_on_the_x_axis_in_date_order_with_log_y(tmp_path, m
 
     tree = tmp_path / "results"
     synthetic.write_results(tree, commits=3, machines=1)
-    (fig,) = figures(tree, "pages/history.py", monkeypatch)
+    (fig,) = figures(tree, "views/history.py", monkeypatch)
     loaded = load_results(tree).measured
     dates = loaded.drop_duplicates("commit").sort_values("commit_date")
     expected = [f"{c[:8]} {d:%Y-%m-%d}" for c, d in zip(dates["commit"], dates["commit_date"])]

@@ -130,7 +130,7 @@ def test_every_benchmarked_technique_has_all_its_parts():
     report = (ROOT / "speedbench" / "report.py").read_text(encoding="utf-8")
     missing = []
     for name in names:
-        for part in (f"speedlib/{name}.py", f"tests/test_{name}.py", f"dashboard/pages/{name}.py",
+        for part in (f"speedlib/{name}.py", f"tests/test_{name}.py", f"dashboard/views/{name}.py",
                      f"docs/techniques/{name}.md"):
             if not (ROOT / part).is_file():
                 missing.append(part)

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import tomllib
 import urllib.request
 from pathlib import Path
@@ -66,7 +67,7 @@ import sys
 from streamlit.testing.v1 import AppTest
 for page in {pages!r}:
     at = AppTest.from_file({str(ROOT / "dashboard" / "app.py")!r}, default_timeout=120)
-    at.switch_page(f"pages/{{page}}.py")
+    at.switch_page(f"views/{{page}}.py")
     at.run()
     assert not at.exception, (page, at.exception)
     assert at.title, page
@@ -107,3 +108,33 @@ def test_first_command_serves_in_a_non_interactive_shell(tmp_path):
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def test_sigterm_to_the_dashboard_command_stops_streamlit_too(tmp_path):
+    pytest.importorskip("streamlit")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "speedlib", "dashboard", "--port", str(port), "--no-browser"],
+                            cwd=ROOT, env={**os.environ, "HOME": str(tmp_path)}, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("speedlib dashboard: serving"):
+                break
+        proc.send_signal(signal.SIGTERM)  # to speedlib alone, not its group
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2)
+            except OSError:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("Streamlit still serves after speedlib dashboard got SIGTERM")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # all gone, as it should be
