@@ -122,7 +122,7 @@ def _cmd_env(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from speedbench import cache, report  # noqa: PLC0415
-    from speedbench.results import format_table, load_results, printable  # noqa: PLC0415
+    from speedbench.results import format_table, printable  # noqa: PLC0415
 
     path = Path(args.results)
     if not path.is_dir():
@@ -147,10 +147,7 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
             if not Path(args.against).is_dir():
                 print(f"speedlib report: no results directory at {args.against}", file=sys.stderr)
                 return 2
-            again = load_results(Path(args.against))
-            for problem in again.problems:
-                print(f"skipped {problem}", file=sys.stderr)
-            rerun = again.measured
+            rerun = _second_run(args.against)
         print(writeup.writeup(df, rerun), end="")
         return 0
     if args.table == "results":
@@ -161,10 +158,7 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
             print("speedlib report: --table noise needs --against DIR, the results of a second run of the same "
                   "commit on the same machine", file=sys.stderr)
             return 2
-        against = load_results(Path(args.against))
-        for problem in against.problems:  # as for --results: a skipped file is never silent
-            print(f"skipped {problem}", file=sys.stderr)
-        second = against.measured
+        second = _second_run(args.against)
         table = report.noise_table(df, second[second["machine"] == args.machine] if args.machine else second)
         if table.frame.empty:
             print("speedlib report: no time benchmark was measured in both runs (same machine, commit and "
@@ -183,6 +177,17 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
                  "claims": report.claims_table}[args.table](rows)
     print({"md": report.to_markdown, "csv": report.to_csv, "tex": report.to_latex}[args.format](table), end="")
     return 0
+
+
+def _second_run(directory: str):
+    """The measured rows of --against DIR, a second run; as for --results, a skipped file is
+    never silent."""
+    from speedbench.results import load_results  # noqa: PLC0415
+
+    again = load_results(Path(directory))
+    for problem in again.problems:
+        print(f"skipped {problem}", file=sys.stderr)
+    return again.measured
 
 
 def _regression_gate(report, df, args: argparse.Namespace) -> int:
