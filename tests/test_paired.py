@@ -1,9 +1,11 @@
-"""speedbench.paired: rotated turns, and Hodges-Lehmann ratios with signed-rank intervals."""
+"""speedbench.paired: rotated turns, and Hodges-Lehmann ratios with signed-rank intervals;
+benchmarks.common.Paired: rounds spread over fresh builds."""
 
 from __future__ import annotations
 
 import math
 import random
+import weakref
 
 import pytest
 
@@ -86,3 +88,93 @@ def test_bad_input_is_refused():
         paired_ratio([1.0, 0.0], [1.0, 1.0])
     with pytest.raises(ValueError, match="rounds >= 1"):
         take_turns({"a": lambda: 1.0}, rounds=0)
+
+
+class _Built:
+    """What one build of a variant holds (a model, say); its weak reference tells whether a
+    build was freed before the next one was made."""
+
+
+def _builds_class(n_builds, pairs, variants_of_build=lambda b: ("base", "fast")):
+    from benchmarks import common  # noqa: PLC0415
+
+    class Comparison(common.Paired):
+        params = (["w"], ["base", "fast"])
+        param_names = ["workload", "variant"]
+        baseline = "base"
+        builds = n_builds
+        warmup = 0
+        made: list = []  # weak references to every build's objects, in build order
+        alive_at_build: list = []  # how many earlier builds were still alive when each began
+
+        def setup_cache(self):
+            return self.measure_all()
+
+        def steps(self, workload):
+            import torch  # noqa: PLC0415
+
+            type(self).alive_at_build.append(sum(ref() is not None for ref in self.made))
+            held = _Built()
+            held.build = len(self.made)
+            self.made.append(weakref.ref(held))
+            # Each build runs at its own speed, as builds whose memory landed elsewhere do.
+            return torch.device("cpu"), {v: (lambda held=held, v=v: (held.build, v)) for v in variants_of_build(held.build)}
+
+    Comparison.pairs = pairs
+    return Comparison
+
+
+def _fake_timer(monkeypatch):
+    """paired_times without a clock: round r of build b takes b + 1 seconds for the baseline
+    and half that for 'fast', so pooled samples show which build they came from."""
+    from benchmarks import common  # noqa: PLC0415
+
+    calls = []
+
+    def fake(steps, dev, rounds, warmup, number=1):
+        build = next(iter(steps.values()))()[0]
+        calls.append(rounds)
+        return {v: [(build + 1.0) * (0.5 if v == "fast" else 1.0)] * rounds for v in steps}
+
+    monkeypatch.setattr(common, "paired_times", fake)
+    return calls
+
+
+def test_rounds_are_spread_over_fresh_builds_each_freed_before_the_next(monkeypatch):
+    calls = _fake_timer(monkeypatch)
+    cls = _builds_class(n_builds=3, pairs=15)
+    cache = cls().measure_all()
+    status, times = cache[("w", "base")]
+    assert status == "ok" and calls == [5, 5, 5]  # 15 rounds: five in each of three builds
+    assert times["base"] == [1.0] * 5 + [2.0] * 5 + [3.0] * 5  # pooled in build order
+    assert cls().track_speedup(cache, "w", "fast")["samples"] == [2.0] * 15  # still per round
+    assert cls.alive_at_build == [0, 0, 0]  # the last build was freed before each new one
+    assert all(ref() is None for ref in cls.made)
+
+
+def test_builds_round_up_to_at_least_the_rounds_asked_for_and_one_build_is_the_default(monkeypatch):
+    from benchmarks import common  # noqa: PLC0415
+
+    calls = _fake_timer(monkeypatch)
+    _builds_class(n_builds=3, pairs=8)().measure_all()
+    assert calls == [3, 3, 3]  # 9 rounds >= 8
+    calls.clear()
+    assert common.Paired.builds == 1
+    _builds_class(n_builds=common.Paired.builds, pairs=8)().measure_all()
+    assert calls == [8]
+
+
+def test_builds_with_different_variants_are_not_pooled(monkeypatch):
+    _fake_timer(monkeypatch)
+    cls = _builds_class(n_builds=2, pairs=4, variants_of_build=lambda b: ("base", "fast") if b == 0 else ("base",))
+    status, why = cls().measure_all()[("w", "base")]
+    assert status == "fail" and "cannot be pooled" in why
+
+
+def test_a_quick_run_makes_one_build_of_one_round(monkeypatch):
+    from benchmarks import common  # noqa: PLC0415
+
+    calls = _fake_timer(monkeypatch)
+    monkeypatch.setattr(common, "QUICK", True)
+    _builds_class(n_builds=3, pairs=15)().measure_all()
+    assert calls == [1]
