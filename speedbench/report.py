@@ -357,22 +357,36 @@ def _config(params: str) -> str:
     return ", ".join(p for p in (params or "").split(", ") if p and not p.startswith("variant="))
 
 
+def _why_wide(ratios, width: float) -> str:
+    """Why an interval is wider than PAIRED_WIDTH_TARGET, from its own rounds: the Wilcoxon
+    interval's width follows from the number of rounds and how far their ratios spread, so
+    the reason names both ("" where the interval is within the target or has none)."""
+    if not (width > PAIRED_WIDTH_TARGET):
+        return ""
+    q25, q75 = np.percentile(np.asarray(ratios, dtype=float), [25, 75])
+    few = f"only {len(ratios)} rounds, " if len(ratios) < 15 else ""
+    return (f"{few}the middle half of {len(ratios)} per-round ratios spans {q25:.3g}x-{q75:.3g}x "
+            f"({(q75 / q25 - 1) * 100:.0f} % apart)")
+
+
 def paired(df: pd.DataFrame) -> pd.DataFrame:
     """One row per paired speedup measured (kind "paired speedup", samples kept).
 
     Columns added: config (the parameters but the variant), baseline (the technique's
     baseline among the variants the class timed), ratio, ratio_low, ratio_high (Hodges-
-    Lehmann, 99 % Wilcoxon interval; NaN below 8 rounds), n (rounds) and width (high / low).
+    Lehmann, 99 % Wilcoxon interval; NaN below 8 rounds), n (rounds), width (high / low) and
+    wide_because (why the interval is wider than PAIRED_WIDTH_TARGET, else "").
     """
     s = df[(df["kind"] == "paired speedup") & (df["samples"].map(len) > 0)].copy() if "samples" in df else df.iloc[0:0]
     if s.empty:
-        return s.assign(config=[], baseline=[], ratio=[], ratio_low=[], ratio_high=[], width=[])
+        return s.assign(config=[], baseline=[], ratio=[], ratio_low=[], ratio_high=[], width=[], wide_because=[])
     estimates = [ratio_estimate(x) for x in s["samples"]]
     s["ratio"] = [e.ratio for e in estimates]
     s["ratio_low"] = [e.low for e in estimates]
     s["ratio_high"] = [e.high for e in estimates]
     s["n"] = [e.n for e in estimates]
     s["width"] = s["ratio_high"] / s["ratio_low"]
+    s["wide_because"] = [_why_wide(x, w) for x, w in zip(s["samples"], s["width"])]
     s["config"] = s["params"].map(_config)
     # The baseline: the variant of the same class and configuration that has times but, being
     # the reference, no speedup of its own; the technique's preference order breaks ties.
@@ -401,6 +415,7 @@ def paired_table(df: pd.DataFrame) -> Table:
         "variant": s["variant"], "baseline": s["baseline"],
         "speedup": [_fmt_ratio(r, lo, hi) for r, lo, hi in zip(s["ratio"], s["ratio_low"], s["ratio_high"])],
         "N": s["n"],
+        f"why wider than {PAIRED_WIDTH_TARGET:.2f}x": s["wide_because"],
     })
     wide = int((s["width"] > PAIRED_WIDTH_TARGET).sum())
     notes = ["speedup = baseline / variant per round, variants taking turns in one process; >1: the variant is faster",
@@ -887,6 +902,8 @@ def provenance(sources: pd.DataFrame) -> list[dict[str, str]]:
             "torch": r.get("torch") or "unknown",
             "statistic": _statistic(set(rows["kind"]), rows["n"]),
             "measured": str(r.get("recorded_at") or (r["run_date"].isoformat() if r["run_date"] is not None else "unknown")),
+            **({"benchmark code": "an earlier version, changed since (the command below reruns that version)"}
+               if "earlier_version" in rows and rows["earlier_version"].fillna(False).astype(bool).any() else {}),
             "command": reproduce_command(r["commit"], list(rows["benchmark"])),
         })
     return sorted(entries, key=lambda e: (e["machine"], e["commit date"], e["commit"], e["measured"]))

@@ -56,7 +56,7 @@ _NAMED_PARAMS = ("workload", "variant")
 COLUMNS = ("machine", "gpu", "commit", "commit_date", "run_date", "benchmark", "technique", "suite",
            "metric", "kind", "params", "workload", "variant", "value", "unit", "q25", "q75", "iqr",
            "ci99_low", "ci99_high", "n", "number", "repeat", "samples", "status", "version",
-           "result_id", "file", *ENV_COLUMNS)
+           "earlier_version", "result_id", "file", *ENV_COLUMNS)
 # A benchmark parameter named like one of these would overwrite that column of its rows (a
 # parameter `machine` would refile the row under another machine): it gets this prefix.
 _RESERVED = frozenset(COLUMNS) - set(_NAMED_PARAMS)
@@ -310,9 +310,7 @@ def _benchmarks(raw: dict, path: str, problems: list[Problem]) -> dict[str, _Ben
 _POSITIVE_KINDS = ("time", "paired speedup")
 
 
-def _status(value: float | None, kind: str, stale: bool) -> str:
-    if stale:
-        return "outdated"
+def _status(value: float | None, kind: str) -> str:
     if value is None:
         return "failed"
     if math.isnan(value):
@@ -329,7 +327,7 @@ def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], 
     if not data["results"]:  # asv never writes one; a file emptied by hand or by a bad merge
         problems.append(Problem(str(path), "holds no results"))
     columns = data["result_columns"]
-    rows, unknown, outdated, invalid, malformed, unnamed = [], [], [], [], [], []
+    rows, unknown, invalid, malformed, unnamed = [], [], [], [], []
     for name, entry in data["results"].items():
         try:
             if not isinstance(entry, list):
@@ -346,8 +344,6 @@ def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], 
             unknown.append(name)
             continue
         stale = record.get("version") != meta.version
-        if stale:
-            outdated.append(name)
         count = len(record.get("params") or [])
         names, param_columns = meta.names(count), meta.columns(count)
         if len(meta.param_names) < count:
@@ -357,7 +353,7 @@ def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], 
         kind = metric_kind(meta.type, meta.unit)
         for i, combo in enumerate(combos):
             value = values[i]
-            status = _status(value, kind, stale)
+            status = _status(value, kind)
             if status == "invalid" and name not in invalid:
                 invalid.append(name)
             sample = _samples(record, i)
@@ -388,6 +384,7 @@ def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], 
                 "samples": sample,
                 "status": status,
                 "version": record.get("version"),
+                "earlier_version": stale,  # settled per machine by _settle_versions
                 "result_id": result_id(machine, data["commit_hash"], name, combo, started),
                 "file": str(path),
             }
@@ -395,7 +392,6 @@ def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], 
     for count, what, names, expected in (
             (len(malformed), "entr(ies) with wrong types skipped", malformed, False),
             (len(unknown), "result(s) of benchmarks not in benchmarks.json skipped", unknown, True),
-            (len(outdated), "result(s) from an older version of their benchmark set aside", outdated, True),
             (len(invalid), "benchmark(s) with an infinite value, or a time or ratio of zero or less, set aside as "
                            "not measured", invalid, False),
             (len(unnamed), "benchmark(s) with more parameters than benchmarks.json names, the others shown as "
@@ -713,6 +709,39 @@ def _machine_rows(machine_dir: Path, root_real: Path, benchmarks: dict[str, _Ben
     return rows
 
 
+def _settle_versions(rows: list[dict], problems: list[Problem]) -> None:
+    """One version of each benchmark per machine. Rows of the version benchmarks.json names
+    stand; where a machine has none of them, its rows of the version it measured last stand
+    instead, flagged `earlier_version` (the benchmark's code has changed since, so they do not
+    enter a history beside newer versions; a GPU measured once keeps its numbers until it
+    measures the new version). Every other row is set aside as "outdated"."""
+    current = {(r["machine"], r["benchmark"]) for r in rows if not r["earlier_version"]}
+    last: dict[tuple, tuple] = {}  # (machine, benchmark) -> (run date, version) of its newest earlier run
+    for r in rows:
+        key = (r["machine"], r["benchmark"])
+        if r["earlier_version"] and key not in current:
+            when = r["run_date"] if not pd.isna(r["run_date"]) else pd.Timestamp.min.tz_localize("UTC")
+            if key not in last or when > last[key][0]:
+                last[key] = (when, r["version"])
+    kept: dict[str, set] = {}
+    apart: dict[str, set] = {}
+    for r in rows:
+        if not r["earlier_version"]:
+            continue
+        key = (r["machine"], r["benchmark"])
+        if key in last and r["version"] == last[key][1]:
+            kept.setdefault(r["file"], set()).add(r["benchmark"])
+        else:
+            r["status"] = "outdated"
+            apart.setdefault(r["file"], set()).add(r["benchmark"])
+    for file, names in apart.items():
+        problems.append(Problem(file, f"{len(names)} result(s) from an older version of their benchmark set aside: "
+                                      f"{', '.join(sorted(names))}", True))
+    for file, names in kept.items():
+        problems.append(Problem(file, f"{len(names)} result(s) from an earlier version of their benchmark kept, the "
+                                      f"newest this machine has (flagged in tables): {', '.join(sorted(names))}", True))
+
+
 def load_results(path: str | Path) -> LoadedResults:
     """Every result under `path` (all machines, all commits) as tidy frames."""
     root = Path(path)
@@ -724,6 +753,7 @@ def load_results(path: str | Path) -> LoadedResults:
         for machine_dir in _children(root, problems):
             if _subdirectory(machine_dir, root_real, problems) and _utf8_name(machine_dir, problems):
                 rows += _machine_rows(machine_dir, root_real, benchmarks, problems)
+    _settle_versions(rows, problems)
     df = pd.DataFrame(rows)
     for col in COLUMNS:
         if col not in df:

@@ -67,3 +67,21 @@ def test_an_unpaired_cell_shows_both_values(measured):
     step = rows.set_index("variant")["value"]
     assert text == (f"world=1: {step['dataparallel'] / step['ddp']:.3g}x "
                     f"({step['ddp'] * 1e3:.3g} vs {step['dataparallel'] * 1e3:.3g} ms, not paired)")
+
+
+def test_wide_intervals_and_earlier_benchmark_versions_are_said_beside_the_grid(measured):
+    wild = [1.0, 3.0, 0.5, 2.0, 1.5, 0.8, 2.5, 1.1]
+    rows = (measured["technique"] == "amp") & (measured["kind"] == "paired speedup") & (measured["machine"] == "cpu-2core")
+    disturbed = measured.copy()
+    disturbed.loc[rows, "samples"] = pd.Series([wild] * int(rows.sum()), index=disturbed.index[rows])
+    notes = [n for n in headline.grid(disturbed).notes if n.startswith("interval wider than 1.10x, Mixed precision on cpu")]
+    assert notes == ["interval wider than 1.10x, Mixed precision on cpu-2core (workload=resnet50, "
+                     "variant=bf16_channels_last): only 8 rounds, the middle half of 8 per-round ratios spans "
+                     "0.95x-2.12x (124 % apart)"]
+    # a machine whose results predate a benchmark change keeps them, marked in its cell
+    flagged = measured.assign(earlier_version=measured["machine"] == "h100-sxm-80gb")
+    g = headline.grid(flagged)
+    assert cell(g.frame, "amp", H100).endswith(f" {headline.EARLIER}")
+    assert not cell(g.frame, "amp", CPU).endswith(headline.EARLIER)
+    assert any(n.startswith(f"{headline.EARLIER}: measured with an earlier version") for n in g.notes)
+    assert "benchmark code an earlier version" in report.to_markdown(g)

@@ -137,6 +137,20 @@ def test_paired_speedup_is_the_hodges_lehmann_estimate_of_the_rounds_ratios():
     assert "1 of 2 intervals wider than 1.10x" in t.notes[-1]
 
 
+def test_a_wide_interval_says_why_from_its_own_rounds():
+    """The report names the rounds and their spread wherever an interval is wider than the
+    1.10x target, and says nothing where it is within it."""
+    steady = [2.0, 2.02, 1.98, 2.01, 1.99, 2.0, 2.03, 1.97, 2.0, 2.0, 2.01, 1.99, 2.0, 2.02, 1.98]
+    wild = [1.0, 3.0, 0.5, 2.0, 1.5, 0.8, 2.5, 1.1]
+    t = report.paired_table(_paired_run({"bf16": steady, "tf32": wild}))
+    why = t.frame.set_index("variant")["why wider than 1.10x"]
+    assert why["bf16"] == ""
+    q25, q75 = np.percentile(wild, [25, 75])
+    assert why["tf32"] == (f"only 8 rounds, the middle half of 8 per-round ratios spans {q25:.3g}x-{q75:.3g}x "
+                           f"({(q75 / q25 - 1) * 100:.0f} % apart)")
+    assert why["tf32"].startswith("only 8 rounds, the middle half of 8 per-round ratios spans 0.95x-2.12x")
+
+
 def test_noise_table_puts_paired_speedups_first_with_their_own_target():
     first = _paired_run({"bf16": [2.0] * 8, "tf32": [1.0] * 8})
     second = _paired_run({"bf16": [2.2] * 8, "tf32": [1.02] * 8})

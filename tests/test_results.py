@@ -251,6 +251,31 @@ def test_older_benchmark_version_is_set_aside(tree):
     assert not ((loaded.measured["file"] == str(bad)) & (loaded.measured["benchmark"] == TIME)).any()
 
 
+def _version_of(path: Path, version: str, started_ms: int) -> None:
+    def change(d):
+        d["results"][TIME][2] = version
+        d["results"][TIME][3] = started_ms  # started_at: which run came last
+    edit(path, change)
+
+
+def test_a_machine_keeps_its_newest_earlier_version_until_it_measures_the_current_one(tree):
+    """A GPU measured once, then the benchmark's code changed: its numbers stay, flagged, and
+    only the version it measured last (one version per machine, so no history mixes them)."""
+    newer, older = sorted((tree / "synthetic-h100").glob("*-existing-*.json"))
+    _version_of(older, "1" * 64, 1_780_000_000_000)
+    _version_of(newer, "2" * 64, 1_790_000_000_000)
+    loaded = load_results(tree)
+    h100 = loaded.measured[(loaded.measured["machine"] == "synthetic-h100") & (loaded.measured["benchmark"] == TIME)]
+    assert len(h100) == 6 and set(h100["file"]) == {str(newer)} and h100["earlier_version"].all()
+    apart = loaded.not_measured
+    assert set(apart["file"]) == {str(older)} and (apart["status"] == "outdated").all() and len(apart) == 6
+    # the other machine measured the current version: nothing of it is flagged
+    assert not loaded.measured.loc[loaded.measured["machine"] != "synthetic-h100", "earlier_version"].any()
+    reasons = {Path(p.path).name: p.reason for p in loaded.problems}
+    assert "set aside" in reasons[older.name] and "kept, the newest this machine has" in reasons[newer.name]
+    assert all(p.expected for p in loaded.problems)
+
+
 def test_not_a_machine_directory(tree):
     stray = tree / "stray"
     stray.mkdir()
