@@ -21,7 +21,7 @@ be measured twice.
 
 `speedlib run --plan` prints each chunk's cost: the durations asv recorded for its
 benchmarks on this machine where there are any, else an estimate per parameter combination
-(see speedbench.suite.SECONDS_PER_COMBINATION).
+(see speedbench/plan.py).
 """
 
 CHUNKS = (

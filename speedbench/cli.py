@@ -87,15 +87,19 @@ def _print_plan(options) -> int:
               "run the suite once", file=sys.stderr)
         return 2
     names = plan.combinations(listing)
-    print(f"chunks on {options.machine}, per commit (a chunk's measured time on this machine where there is one, "
-          f"else per class {plan.SECONDS_PER_CLASS:.0f} s + {plan.SECONDS_PER_COMBINATION:.0f} s per parameter "
-          f"combination + {plan.SECONDS_PER_METHOD:.0f} s per method, times {plan.HEADROOM} headroom)")
-    total = 0.0
+    per_combination, basis = plan.seconds_per_combination(plan.load_chunks(root), names, results_dir,
+                                                          options.machine)
+    print(f"chunks on {options.machine}, per commit: a chunk's measured time on this machine where there is one, "
+          f"else per class {plan.SECONDS_PER_CLASS:.0f} s + {per_combination:.1f} s per parameter combination "
+          f"({basis}) + {plan.SECONDS_PER_REPORT} s per reporting process (method x combination), "
+          f"times {plan.HEADROOM} headroom")
+    total = bare = 0.0
     for chunk in chunks:
-        seconds, source = plan.chunk_cost(chunk, names, results_dir, options.machine)
+        seconds, source = plan.chunk_cost(chunk, names, results_dir, options.machine, per_combination)
         total += seconds
+        bare += seconds if source == "measured chunk time" else seconds / plan.HEADROOM
         print(f"  {chunk.name:18s} {seconds / 60:6.1f} min  {source}: {chunk.about}")
-    print(f"  {'all':18s} {total / 60:6.1f} min")
+    print(f"  {'all':18s} {total / 60:6.1f} min ({bare / 60:.1f} min without the headroom)")
     return 0
 
 

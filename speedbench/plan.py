@@ -14,21 +14,36 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["Chunk", "load_chunks", "benchmark_listing", "select_chunks", "combinations", "estimate_seconds",
-           "SECONDS_PER_COMBINATION", "SECONDS_PER_CLASS", "SECONDS_PER_METHOD", "HEADROOM", "PlanError", "chunk_times_path", "record_chunk_time",
-           "recorded_chunk_seconds", "chunk_cost"]
+           "SECONDS_PER_COMBINATION", "SECONDS_PER_CLASS", "SECONDS_PER_REPORT", "REPORT_SECONDS", "LAUNCH_METHOD",
+           "HEADROOM", "PlanError",
+           "chunk_times_path", "record_chunk_time", "recorded_chunk_seconds", "seconds_per_combination", "chunk_cost"]
 
-# A class is measured in one process (benchmarks/common.py: its setup_cache measures every
-# parameter combination, variants taking turns), then each of its track_ methods reports
-# from the cache in a short torch-free process. On one H100 (2026-11-23) the headline
-# classes took 24-103 s for 3-30 combinations: 3-8 s a combination (ResNet-50 and DenseNet
-# steps, 30 paired rounds, warm-up), a few seconds to import torch and start CUDA per class,
-# about a second per reporting process. Used only where this machine has no measured time
-# for the chunk (results/<machine>/chunk-times.jsonl).
-SECONDS_PER_COMBINATION = 6.0
+# A chunk's cost, process by process. Each class is one measuring process (benchmarks/common.py:
+# its setup_cache measures every parameter combination, variants taking turns): a start
+# (torch and CUDA) plus work per combination. Then asv starts one short, torch-free process
+# per method and combination to report from the cache.
 SECONDS_PER_CLASS = 3.0
-SECONDS_PER_METHOD = 1.0
-# The estimate runs short for classes of big models (checkpointed DenseNet-121 at batch
-# 256); a measured chunk time replaces it after the first run.
+# How asv starts those processes (speedlib run passes it). `spawn` starts a fresh interpreter
+# that imports asv_runner and the benchmark module each time; `forkserver` forks them from
+# one server that imported the suite once. On one H100 (2026-11-23, spawn) a chunk's wall
+# time minus the setup_cache time asv recorded for it, over its method x combination
+# processes, came to 0.4-0.6 s each (amp: 102.7 - 90.8 s over 24; checkpoint memory:
+# 78.0 - 48.3 s over 60): a fifth of a GPU suite of about 500 such processes. On the 2-core
+# VM (2026-11-24), ActivationMemory's 30 combinations against its 10 transformer ones cost
+# 0.26 s per extra reporting process under spawn and 0.014 s under forkserver. Forking is
+# safe for CUDA because the server never initialises it: importing the benchmark modules
+# imports no torch (tests/test_suite.py checks), the measuring happens in the forked child.
+LAUNCH_METHOD = "forkserver"
+# Seconds per reporting process by launch method: spawn as measured on the H100; forkserver
+# has no GPU measurement yet, so 3.5x what the 2-core VM measured.
+REPORT_SECONDS = {"spawn": 0.5, "forkserver": 0.05}
+SECONDS_PER_REPORT = REPORT_SECONDS[LAUNCH_METHOD]
+# Work per combination where this machine has measured none of the suite's chunks: the
+# H100's six headline chunks averaged 3.7 s (amp 7.6 s, checkpoint memory 1.6 s). Where the
+# machine has measured chunks, their own average replaces it (seconds_per_combination).
+SECONDS_PER_COMBINATION = 6.0
+# Combinations differ by classes (a checkpointed DenseNet-121 at batch 256 against a peak-memory
+# count), so an estimate keeps headroom; a measured chunk time replaces it after the first run.
 HEADROOM = 1.5
 
 
@@ -99,22 +114,29 @@ def combinations(benchmarks_json: Path) -> dict[str, list[str]]:
     return names
 
 
-def estimate_seconds(chunk: Chunk, names: dict[str, list[str]]) -> tuple[float, int, int]:
-    """(seconds, parameter combinations measured, benchmark methods) for `chunk`: each class
-    it selects is one measuring process over the union of its selected combinations, plus
-    one reporting process per selected method."""
+def _selected(chunk: Chunk, names: dict[str, list[str]]) -> tuple[dict[str, set[str]], int]:
+    """({class: the parameter combinations `chunk` selects of it}, reporting processes)."""
     pattern = re.compile(chunk.regex)
     per_class: dict[str, set[str]] = {}
-    methods = 0
+    reports = 0
     for name, combos in names.items():
         chosen = [c[len(name):] for c in combos if pattern.search(c)]  # the "(p0, p1)" part
         if not chosen:
             continue
-        methods += 1
+        reports += len(chosen)  # asv starts a process per method and combination
         per_class.setdefault(name.rsplit(".", 1)[0], set()).update(chosen)
+    return per_class, reports
+
+
+def estimate_seconds(chunk: Chunk, names: dict[str, list[str]],
+                     per_combination: float = SECONDS_PER_COMBINATION) -> tuple[float, int, int]:
+    """(seconds, parameter combinations measured, reporting processes) for `chunk`: each
+    class it selects is one measuring process over the union of its selected combinations,
+    then one reporting process per selected method and combination."""
+    per_class, reports = _selected(chunk, names)
     n = sum(len(c) for c in per_class.values())
-    seconds = SECONDS_PER_CLASS * len(per_class) + SECONDS_PER_COMBINATION * n + SECONDS_PER_METHOD * methods
-    return seconds, n, methods
+    seconds = SECONDS_PER_CLASS * len(per_class) + per_combination * n + SECONDS_PER_REPORT * reports
+    return seconds, n, reports
 
 
 # --- measured chunk times: the estimate that needs no guessing --------------------------
@@ -127,30 +149,70 @@ def chunk_times_path(results_dir: Path, machine: str) -> Path:
 def record_chunk_time(results_dir: Path, machine: str, chunk: str, sha: str, seconds: float) -> None:
     path = chunk_times_path(results_dir, machine)
     path.parent.mkdir(parents=True, exist_ok=True)
+    entry = {"chunk": chunk, "commit": sha, "seconds": round(seconds, 1), "launch": LAUNCH_METHOD}
     with path.open("a", encoding="utf-8") as f:
-        f.write(json.dumps({"chunk": chunk, "commit": sha, "seconds": round(seconds, 1)}) + "\n")
+        f.write(json.dumps(entry) + "\n")
 
 
-def recorded_chunk_seconds(results_dir: Path, machine: str) -> dict[str, float]:
-    """Per chunk, the wall time of its latest measured run over one commit on this machine."""
-    seconds: dict[str, float] = {}
+def _recorded(results_dir: Path, machine: str) -> dict[str, tuple[float, str]]:
+    """Per chunk, (wall time, launch method) of its latest measured run over one commit on
+    this machine. Lines from before the launch method was recorded were spawn runs."""
+    recorded: dict[str, tuple[float, str]] = {}
     path = chunk_times_path(results_dir, machine)
     if path.is_file():
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
                 entry = json.loads(line)
-                seconds[str(entry["chunk"])] = float(entry["seconds"])
-            except (ValueError, KeyError, TypeError):
+                launch = str(entry.get("launch", "spawn"))
+                recorded[str(entry["chunk"])] = (float(entry["seconds"]), launch if launch in REPORT_SECONDS else "spawn")
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue  # a torn line from a killed run says nothing
-    return seconds
+    return recorded
 
 
-def chunk_cost(chunk: Chunk, names: dict[str, list[str]], results_dir: Path, machine: str) -> tuple[float, str]:
+def recorded_chunk_seconds(results_dir: Path, machine: str) -> dict[str, float]:
+    """Per chunk, the wall time of its latest measured run over one commit on this machine."""
+    return {chunk: seconds for chunk, (seconds, _) in _recorded(results_dir, machine).items()}
+
+
+def _relaunched(seconds: float, launch: str, reports: int) -> float:
+    """A chunk time measured under `launch`, with its reporting processes repriced at today's
+    LAUNCH_METHOD (a spawn-era time otherwise overstates a forkserver run by ~0.45 s each)."""
+    return max(seconds - (REPORT_SECONDS[launch] - SECONDS_PER_REPORT) * reports, 0.0)
+
+
+def seconds_per_combination(chunks: list[Chunk], names: dict[str, list[str]], results_dir: Path,
+                            machine: str) -> tuple[float, str]:
+    """(work per parameter combination, where it comes from): from the chunks this machine
+    has measured, what their wall time leaves after the class starts and the reporting
+    processes, per combination; SECONDS_PER_COMBINATION where it has measured none."""
+    measured = _recorded(results_dir, machine)
+    spent, combos = 0.0, 0
+    for chunk in chunks:
+        if chunk.name in measured:
+            per_class, reports = _selected(chunk, names)
+            seconds, launch = measured[chunk.name]
+            spent += seconds - SECONDS_PER_CLASS * len(per_class) - REPORT_SECONDS[launch] * reports
+            combos += sum(len(c) for c in per_class.values())
+    if combos == 0:
+        return SECONDS_PER_COMBINATION, "default"
+    return max(spent / combos, 0.1), f"{machine}'s measured chunks"
+
+
+def chunk_cost(chunk: Chunk, names: dict[str, list[str]], results_dir: Path, machine: str,
+               per_combination: float = SECONDS_PER_COMBINATION) -> tuple[float, str]:
     """(seconds for one commit, where the figure comes from): a measured run of this chunk on
-    this machine, else the per-class estimate with HEADROOM. (asv's own recorded durations
-    leave out setup_cache, where the measuring happens, so they are no estimate.)"""
-    measured = recorded_chunk_seconds(results_dir, machine)
+    this machine, else the per-process estimate (`per_combination` seconds of work for each
+    parameter combination, see seconds_per_combination) with HEADROOM."""
+    measured = _recorded(results_dir, machine)
     if chunk.name in measured:
-        return measured[chunk.name], "measured chunk time"
-    seconds, combos, methods = estimate_seconds(chunk, names)
-    return seconds * HEADROOM, f"estimate x {HEADROOM} ({combos} combinations, {methods} methods)"
+        seconds, launch = measured[chunk.name]
+        if launch == LAUNCH_METHOD:
+            return seconds, "measured chunk time"
+        reports = _selected(chunk, names)[1]
+        return _relaunched(seconds, launch, reports), (
+            f"measured chunk time ({seconds:.0f} s under {launch}; its {reports} reporting processes "
+            f"repriced at {SECONDS_PER_REPORT} s for {LAUNCH_METHOD})")
+    seconds, combos, reports = estimate_seconds(chunk, names, per_combination)
+    return seconds * HEADROOM, (f"estimate x {HEADROOM} ({combos} combinations x {per_combination:.1f} s, "
+                                f"{reports} reporting processes)")

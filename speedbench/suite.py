@@ -439,7 +439,9 @@ def _chunk_seconds(chunk, root: Path, results_dir: Path, machine: str) -> float:
     listing = plan.benchmark_listing(root, results_dir)
     if listing is None:
         return 0.0  # nothing known about the suite yet: run it and learn
-    return plan.chunk_cost(chunk, plan.combinations(listing), results_dir, machine)[0]
+    names = plan.combinations(listing)
+    per_combination, _ = plan.seconds_per_combination(plan.load_chunks(root), names, results_dir, machine)
+    return plan.chunk_cost(chunk, names, results_dir, machine, per_combination)[0]
 
 
 def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: Path, machine: str, env: dict,
@@ -451,7 +453,7 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
         asv_args = [
             "run", "--config", str(conf_path), "--machine", machine,
             "--environment", f"existing:{sys.executable}", "--set-commit-hash", sha,
-            "--launch-method", "spawn", "--record-samples",
+            "--launch-method", plan.LAUNCH_METHOD, "--record-samples",
         ]
         if options.quick:
             asv_args.append("--quick")

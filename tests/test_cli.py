@@ -412,16 +412,29 @@ def test_offline_chunked_run_from_a_bundle_rehearses_a_gpu_slot(tmp_path):
 
 
 SLOW = '''
+import os
 import time
+from pathlib import Path
 
 
 class Slow:
     timeout = 600
 
     def track_wait(self):
+        # asv forks benchmarks from its forkserver, so their command line names no benchmark:
+        # the test finds this process by the pid it leaves
+        Path({pidfile!r}).write_text(str(os.getpid()))
         time.sleep(300)
         return 1
 '''
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has stopped; its parent just has not reaped it yet
 
 
 def _processes_mentioning(text: str) -> list[int]:
@@ -446,27 +459,30 @@ def test_sigterm_stops_asv_and_its_benchmarks(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
     copy_project(repo)
-    (repo / "benchmarks" / "bench_slow.py").write_text(SLOW)
+    pidfile = tmp_path / "benchmark.pid"
+    (repo / "benchmarks" / "bench_slow.py").write_text(SLOW.format(pidfile=str(pidfile)))
     commit_all(repo, "slow")
     proc = subprocess.Popen([sys.executable, "-m", "speedlib", "run", "--bench", "Slow"], cwd=repo,
                             env={**os.environ, "HOME": str(tmp_path)}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    # The benchmark process itself, not asv's short discovery process (which also names the
-    # benchmarks directory): a SIGTERM during discovery would prove nothing about benchmarks.
-    marker = "bench_slow.Slow.track_wait"
     deadline = time.monotonic() + 240
-    while not _processes_mentioning(marker) and time.monotonic() < deadline and proc.poll() is None:
+    while not pidfile.is_file() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.5)
-    assert _processes_mentioning(marker), "the benchmark process never started"
+    assert pidfile.is_file(), "the benchmark process never started"
     time.sleep(1)  # well inside the benchmark's 300 s sleep
+    benchmark = int(pidfile.read_text())
+    assert _alive(benchmark)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, out + err
     assert "stopped by SIGTERM" in err and "Traceback" not in err
-    deadline = time.monotonic() + 20  # signalled processes take a moment to exit and be reaped
-    while _processes_mentioning(marker) and time.monotonic() < deadline:
+    # Neither the benchmark nor asv's forkserver (whose command line names the benchmarks
+    # directory) may outlive speedlib; signalled processes take a moment to exit and be reaped.
+    deadline = time.monotonic() + 20
+    while (_alive(benchmark) or _processes_mentioning(str(repo))) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _processes_mentioning(marker) == []
+    assert not _alive(benchmark)
+    assert _processes_mentioning(str(repo)) == []
 
 
 def test_dashboard_reports_a_streamlit_that_exits_before_serving(tmp_path, capsys, monkeypatch):

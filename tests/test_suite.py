@@ -91,9 +91,26 @@ def test_chunk_estimate_counts_one_measuring_process_per_class():
     names = {"a.B.track_seconds": ["a.B.track_seconds(1)", "a.B.track_seconds(2)"],
              "a.B.track_speedup": ["a.B.track_speedup(1)", "a.B.track_speedup(2)"],
              "c.D.track_y": ["c.D.track_y"], "c.D.track_z": ["c.D.track_z"], "e.F.g": ["e.F.g"]}
-    seconds, combos, methods = plan.estimate_seconds(chunk, names)
-    assert (combos, methods) == (3, 3)
-    assert seconds == 2 * plan.SECONDS_PER_CLASS + 3 * plan.SECONDS_PER_COMBINATION + 3 * plan.SECONDS_PER_METHOD
+    seconds, combos, reports = plan.estimate_seconds(chunk, names)
+    # asv then starts a reporting process per method and combination: 2 + 2 + 1
+    assert (combos, reports) == (3, 5)
+    assert seconds == 2 * plan.SECONDS_PER_CLASS + 3 * plan.SECONDS_PER_COMBINATION + 5 * plan.SECONDS_PER_REPORT
+
+
+def test_work_per_combination_comes_from_the_chunks_this_machine_measured(tmp_path):
+    """What measured chunks spent beyond class starts and reporting processes, per combination,
+    prices the chunks not yet measured there; with none measured, the default."""
+    chunks = [plan.Chunk("a", "", r"^(?:a\.B\.)"), plan.Chunk("c", "", r"^(?:c\.D\.)")]
+    names = {"a.B.track_seconds": [f"a.B.track_seconds({i})" for i in range(4)],
+             "a.B.track_speedup": [f"a.B.track_speedup({i})" for i in range(4)],
+             "c.D.track_y": ["c.D.track_y(1)", "c.D.track_y(2)"]}
+    assert plan.seconds_per_combination(chunks, names, tmp_path, "m") == (plan.SECONDS_PER_COMBINATION, "default")
+    plan.record_chunk_time(tmp_path, "m", "a", SHA, 50.0)
+    per, basis = plan.seconds_per_combination(chunks, names, tmp_path, "m")
+    assert per == pytest.approx((50.0 - plan.SECONDS_PER_CLASS - 8 * plan.SECONDS_PER_REPORT) / 4) and "m's" in basis
+    seconds, source = plan.chunk_cost(chunks[1], names, tmp_path, "m", per)
+    assert seconds == pytest.approx((plan.SECONDS_PER_CLASS + 2 * per + 2 * plan.SECONDS_PER_REPORT) * plan.HEADROOM)
+    assert "2 combinations" in source and "2 reporting processes" in source
 
 
 def test_a_chunk_name_selects_that_chunk_and_a_prefix_its_group():
@@ -363,3 +380,42 @@ def test_an_interrupted_asv_leaves_the_listing_as_it_was(tmp_path, monkeypatch, 
         assert not listing.exists()
     assert not list(tmp_path.glob("*.restoring"))
 
+
+
+def test_the_forkserver_imports_the_whole_suite_without_torch():
+    """asv's forkserver imports every benchmark module once and forks each benchmark from
+    that process; CUDA cannot be used in a child forked after it was initialised, so
+    importing the suite must not import torch (it would also tax every forked child)."""
+    script = """
+import importlib, pkgutil, sys
+import benchmarks
+names = [m.name for m in pkgutil.iter_modules(benchmarks.__path__)]
+for name in names:
+    importlib.import_module(f"benchmarks.{name}")
+assert "bench_amp" in names and "common" in names, names
+print(sorted(m for m in ("torch", "speedlib", "pandas") if m in sys.modules))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "SPEEDLIB_DEVICE"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "torch" not in done.stdout
+    assert plan.LAUNCH_METHOD == "forkserver"
+
+
+def test_a_chunk_time_measured_under_spawn_is_repriced_for_the_forkserver(tmp_path):
+    """Lines written before the launch method was recorded were spawn runs: their reporting
+    processes cost REPORT_SECONDS["spawn"] each, today's cost SECONDS_PER_REPORT."""
+    chunk = plan.Chunk("c", "", r"^(?:a\.B\.)")
+    names = {"a.B.track_x": [f"a.B.track_x({i})" for i in range(10)]}
+    path = plan.chunk_times_path(tmp_path, "m")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"chunk": "c", "commit": SHA, "seconds": 100.0}) + "\n")
+    saved = 10 * (plan.REPORT_SECONDS["spawn"] - plan.SECONDS_PER_REPORT)
+    seconds, source = plan.chunk_cost(chunk, names, tmp_path, "m")
+    assert seconds == pytest.approx(100.0 - saved) and "under spawn" in source
+    per, _ = plan.seconds_per_combination([chunk], names, tmp_path, "m")
+    assert per == pytest.approx((100.0 - plan.SECONDS_PER_CLASS - 10 * plan.REPORT_SECONDS["spawn"]) / 10)
+    plan.record_chunk_time(tmp_path, "m", "c", SHA, 80.0)  # a run under today's launch method
+    assert json.loads(path.read_text().splitlines()[-1])["launch"] == plan.LAUNCH_METHOD
+    assert plan.chunk_cost(chunk, names, tmp_path, "m") == (80.0, "measured chunk time")
