@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 
 import pandas as pd
+import plotly.colors
 import plotly.graph_objects as go
 import streamlit as st
 
@@ -108,9 +109,12 @@ def _bars(rows, scale: float, title: str) -> go.Figure:
     one bar per variant: never two configurations in one bar."""
     fig = go.Figure()
     rows = rows.assign(_config=rows["metric"].astype(str) + " " + config_label(rows))
-    for config, g in rows.groupby("_config", sort=True):
+    # plotly's default palette has ten colours, and checkpointing draws twelve traces (two
+    # metrics x three workloads x two batches): a repeated colour reads as one configuration.
+    palette = plotly.colors.qualitative.Dark24
+    for i, (config, g) in enumerate(rows.groupby("_config", sort=True)):
         fig.add_trace(go.Bar(x=[html.escape(str(v)) for v in g["variant"]], y=g["value"] * scale,
-                             name=html.escape(str(config))))
+                             name=html.escape(str(config)), marker_color=palette[i % len(palette)]))
     fig.update_layout(barmode="group", height=380, yaxis_title=title, margin={"t": 30})
     return fig
 

@@ -10,6 +10,7 @@ HTML-escaped, so nothing from a file is rendered as HTML.
 from __future__ import annotations
 
 import html
+import math
 import os
 from pathlib import Path
 
@@ -216,7 +217,7 @@ def ratio_chart(s: pd.DataFrame, x: str, color: str, title: str) -> go.Figure:
     values = pd.concat([s["ratio"], s["ratio_low"], s["ratio_high"]]).dropna()
     values = values[values > 0]
     low, high = (min(values.min(), 1.0), max(values.max(), 1.0)) if len(values) else (0.5, 2.0)
-    ticks = [m * 10.0 ** e for e in range(-3, 4) for m in (1, 2, 5) if low / 1.5 <= m * 10.0 ** e <= high * 1.5]
+    ticks = ratio_ticks(low / 1.5, high * 1.5)
     longest = max((len(str(v)) for v in s[x]), default=0)
     fig.update_layout(title=html.escape(title), barmode="group", height=min(420 + 5 * longest, 900),
                       margin={"t": 50},
@@ -225,8 +226,34 @@ def ratio_chart(s: pd.DataFrame, x: str, color: str, title: str) -> go.Figure:
     return fig
 
 
+# Tick steps per decade, coarse to fine: a chart of 0.8x-1.1x gets 0.8, 0.9, 1, 1.1 rather than
+# a lone "1x" (its 1-2-5 steps would all fall outside).
+_TICK_STEPS = ((1, 2, 5), (1, 1.5, 2, 3, 5, 7), (1, 1.1, 1.2, 1.3, 1.5, 1.7, 2, 2.5, 3, 4, 5, 6, 7, 8, 9))
+
+
+def ratio_ticks(low: float, high: float) -> list[float]:
+    """Log-axis ticks between `low` and `high`: the coarsest steps that give at least three;
+    for a range narrower still (0.97x-1.04x), even steps of 0.01, 0.02 or 0.05."""
+    for steps in _TICK_STEPS:
+        ticks = [round(m * 10.0 ** e, 6) for e in range(-3, 4) for m in steps if low <= m * 10.0 ** e <= high]
+        if len(ticks) >= 3:
+            return ticks
+    for step in (0.05, 0.02, 0.01, 0.005):
+        ticks = [round(k * step, 6) for k in range(math.ceil(low / step), math.floor(high / step) + 1)]
+        if len(ticks) >= 3:
+            return ticks
+    return ticks
+
+
+def shown(frame: pd.DataFrame) -> pd.DataFrame:
+    """The columns that say something: a parameter no row of this table has (world size on an
+    optimizer page) is left out of the view (exports choose their columns in speedbench.report)."""
+    empty = [c for c in frame.columns if frame[c].isna().all() or frame[c].astype(str).str.strip().eq("").all()]
+    return frame.drop(columns=empty) if len(empty) < len(frame.columns) else frame
+
+
 def table(t: report.Table) -> None:
-    st.dataframe(t.frame, hide_index=True)
+    st.dataframe(shown(t.frame), hide_index=True)
     for n in t.notes:
         # A caption is Markdown: a note opening with ">1: ..." would become a quote and lose its ">".
         st.caption("\\" + n if n.startswith((">", "#", "-", "+", "*")) else n)

@@ -170,6 +170,8 @@ def test_cite_page_offers_three_exports_and_bibtex(synthetic_tree, monkeypatch):
     at = app_on(synthetic_tree, "views/cite.py", monkeypatch, table="memory")
     assert "Peak memory" in texts(at)
     assert "@software{speedlib2026" in texts(at) and "Reproduce:" in texts(at)
+    # The footer is rendered Markdown (a code block showed its escapes, \[ and &gt;, as text)
+    assert any("Reproduce:" in m.value for m in at.markdown) and not any("Reproduce:" in c.value for c in at.code)
     assert set(at.dataframe[0].value["machine"]) <= {"synthetic-h100", "synthetic-h200"}  # memory: GPUs only
 
 

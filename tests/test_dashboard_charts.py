@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -138,3 +139,48 @@ def test_history_puts_commits_on_the_x_axis_in_date_order_with_log_y(tmp_path, m
     assert fig["layout"]["yaxis"]["type"] == "log"
     for trace in fig["data"]:
         assert values(trace["x"]) == expected  # every commit, oldest first, never a time of day
+
+
+@pytest.mark.parametrize("low, high", [(0.8, 1.1), (0.97, 1.04), (0.5, 1.0), (0.02, 3.5)])
+def test_a_ratio_axis_has_at_least_three_ticks_inside_its_range(low, high):
+    """A narrow range (every knob within 0.8x-1.1x) once got a lone "1x" tick."""
+    ticks = _view.ratio_ticks(low, high)
+    assert len(ticks) >= 3 and all(low <= t <= high for t in ticks) and ticks == sorted(ticks)
+    if high / low > 20:  # a wide range keeps the plain 1-2-5 steps
+        assert {round(t / 10 ** math.floor(math.log10(t)), 6) for t in ticks} <= {1, 2, 5}
+
+
+def test_a_narrow_chart_is_labelled_with_ratios_around_1x():
+    s = pd.DataFrame({"case": ["a", "b"], "suite": ["S", "S"], "ratio": [0.9, 1.02],
+                      "ratio_low": [0.88, 0.99], "ratio_high": [0.93, 1.05]})
+    axis = _view.ratio_chart(s, "case", "suite", "t").layout.yaxis
+    assert len(axis.tickvals) >= 3 and 1 in axis.tickvals  # 1-2-5 steps gave only "1x" here
+    assert min(axis.tickvals) < 0.88 and max(axis.tickvals) > 1.05  # the bars lie between ticks
+
+
+def test_tables_leave_out_columns_no_row_has():
+    frame = pd.DataFrame({"workload": ["mlp", "mlp"], "world": [None, None], "knob": ["", " "],
+                          "ratio": [1.2, 0.9]})
+    assert list(_view.shown(frame).columns) == ["workload", "ratio"]
+    assert list(_view.shown(frame[["world"]]).columns) == ["world"]  # nothing left to show: keep it as it is
+
+
+def test_memory_bars_give_every_configuration_its_own_colour():
+    """Checkpointing draws 12 traces (2 metrics x 3 workloads x 2 batches); plotly's default
+    palette has 10 colours, and a repeated colour reads as one configuration."""
+    import _technique
+
+    rows = pd.DataFrame([{"metric": m, "suite": "PeakMemory", "params": f"workload={w}, batch={b}, variant={v}",
+                          "variant": v, "value": 1e6}
+                         for m in ("peak_memory", "peak_activation_memory") for w in ("a", "b", "c")
+                         for b in (4, 16) for v in ("none", "speedlib")])
+    fig = _technique._bars(rows, 2**-20, "MiB")
+    colours = [t.marker.color for t in fig.data]
+    assert len(colours) == 12 and len(set(colours)) == 12
+
+
+def test_the_machines_table_says_why_a_cpu_machine_has_no_driver(monkeypatch):
+    at = app_on(ROOT / "results", "views/machines.py", monkeypatch)
+    machines = at.dataframe[0].value.set_index("machine")
+    assert machines.loc["cpu-2core", "driver"] == "n/a (no GPU)"  # it read "None"
+    assert machines["driver"].notna().all() and machines["cuda"].notna().all()

@@ -30,7 +30,11 @@ markdown = report.to_markdown(t)
 st.caption("Each export ends with this footer: enough to rerun every number in it. The CSV holds the "
            "numbers themselves (ratio, low, high, value, unit, N, result ID) for pandas or a spreadsheet; "
            "Markdown and LaTeX keep only the columns that differ between rows.")
-st.code(markdown[markdown.index("\n- ") + 1:] if "\n- " in markdown else markdown, language="markdown", wrap_lines=True)
+# Rendered, not shown as source: the footer is Markdown whose escapes (\[, &gt;) are for a
+# Markdown reader and read as noise in a code block. Every line was escaped by
+# speedbench.report (_md), and st.markdown renders no raw HTML.
+with st.container(border=True):
+    st.markdown(markdown[markdown.index("\n- ") + 1:] if "\n- " in markdown else markdown)
 d1, d2, d3 = st.columns(3)
 d1.download_button("Download Markdown", markdown, file_name=f"speedlib-{kind}.md", mime="text/markdown")
 d2.download_button("Download CSV", report.to_csv(t), file_name=f"speedlib-{kind}.csv", mime="text/csv")

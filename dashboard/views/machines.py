@@ -9,8 +9,12 @@ st.title("Machine comparison")
 df = page_data()
 newest = df.sort_values("commit_date").groupby("machine").tail(1)
 st.subheader("Machines")
+# A CPU machine has no driver and its torch build may have no CUDA: say so, not "None".
 st.dataframe(newest.assign(commits=newest["machine"].map(df.groupby("machine")["commit"].nunique()),
-                           latest=newest["commit"].str[:8])[
+                           latest=newest["commit"].str[:8],
+                           driver=newest["driver"].replace("", None).fillna(
+                               newest["gpu"].map(lambda g: "n/a (no GPU)" if g == "CPU only" else "unknown")),
+                           cuda=newest["cuda"].replace("", None).fillna("n/a"))[
     ["machine", "gpu", "driver", "cuda", "torch", "cpu_model", "commits", "latest"]], hide_index=True)
 machines = sorted(df["machine"].unique())
 if len(machines) < 2:
