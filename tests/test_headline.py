@@ -38,7 +38,13 @@ def test_a_paired_cell_is_the_paired_tables_estimate(measured):
     for machine, label in (("h100-sxm-80gb", H100), ("cpu-2core", CPU)):
         r = p[(p["machine"] == machine) & (p["workload"] == "resnet50") & (p["variant"] == "bf16_channels_last")].iloc[0]
         expected = f"{r['ratio']:.3g}x [{r['ratio_low']:.3g}, {r['ratio_high']:.3g}] N={r['n']}"
-        assert cell(headline.grid(measured).frame, "amp", label) == expected
+        assert cell(headline.grid(measured).frame, "amp", label) == expected + _mark(last, machine, "amp")
+
+
+def _mark(last, machine: str, technique: str) -> str:
+    """The dagger a cell gets where the machine's rows are from an earlier benchmark version."""
+    rows = last[(last["machine"] == machine) & (last["technique"] == technique)]
+    return f" {headline.EARLIER}" if rows["earlier_version"].fillna(False).astype(bool).any() else ""
 
 
 def test_memory_beside_a_speed_not_yet_measured(measured):
@@ -66,7 +72,8 @@ def test_an_unpaired_cell_shows_both_values(measured):
     rows = last[(last["machine"] == "h100-sxm-80gb") & (last["benchmark"] == "bench_parallel.Step.track_step")]
     step = rows.set_index("variant")["value"]
     assert text == (f"world=1: {step['dataparallel'] / step['ddp']:.3g}x "
-                    f"({step['ddp'] * 1e3:.3g} vs {step['dataparallel'] * 1e3:.3g} ms, not paired)")
+                    f"({step['ddp'] * 1e3:.3g} vs {step['dataparallel'] * 1e3:.3g} ms, not paired)"
+                    + _mark(last, "h100-sxm-80gb", "parallel"))
 
 
 def test_wide_intervals_and_earlier_benchmark_versions_are_said_beside_the_grid(measured):
