@@ -182,8 +182,12 @@ def spread_chart(rows: pd.DataFrame, title: str) -> go.Figure:
             xs += [config] * len(samples)
             ys += [v * scale for v in samples]
         fig.add_trace(go.Box(x=esc(xs), y=ys, name=html.escape(str(variant)), boxpoints="all", jitter=0.3))
+    # Ticks written out (plotly's own log ticks read "1000, 5, 2, 100, 5, 2, 10").
+    shown = [y for y in (v * scale for s, v in zip(rows["samples"], rows["value"]) for v in (s or [v])) if y > 0]
+    ticks = ratio_ticks(min(shown) / 1.2, max(shown) * 1.2) if shown else []
     fig.update_layout(title=html.escape(title), boxmode="group", height=420, margin={"t": 50},
-                      yaxis={"type": "log", "title": html.escape(unit)})
+                      yaxis={"type": "log", "title": html.escape(unit), "tickvals": ticks,
+                             "ticktext": [f"{t:g}" for t in ticks]})
     return fig
 
 

@@ -184,3 +184,13 @@ def test_the_machines_table_says_why_a_cpu_machine_has_no_driver(monkeypatch):
     machines = at.dataframe[0].value.set_index("machine")
     assert machines.loc["cpu-2core", "driver"] == "n/a (no GPU)"  # it read "None"
     assert machines["driver"].notna().all() and machines["cuda"].notna().all()
+
+
+def test_sample_axes_write_out_their_log_ticks():
+    """plotly's own log ticks read "1000, 5, 2, 100, 5, 2, 10" on the tuning page."""
+    rows = pd.DataFrame({"suite": ["S", "S"], "variant": ["off", "on"], "params": ["variant=off", "variant=on"],
+                         "workload": [None, None], "unit": "seconds", "value": [0.01, 1.2],
+                         "samples": [[0.009, 0.011], [1.1, 1.3]]})
+    axis = _view.spread_chart(rows, "t").layout.yaxis
+    assert axis.type == "log" and list(axis.ticktext) == [f"{t:g}" for t in axis.tickvals]
+    assert {10, 100, 1000} <= set(axis.tickvals) and min(axis.tickvals) >= 7.5  # within the samples, padded
