@@ -96,9 +96,7 @@ def _comparisons(last: pd.DataFrame, h: Headline) -> tuple[pd.DataFrame, pd.Data
     return hits, memory
 
 
-# Marks a cell measured with an earlier version of its benchmark (speedbench.results keeps a
-# machine's newest results until it measures the current version).
-EARLIER = "†"
+EARLIER = report.EARLIER  # the dagger the tables use too
 
 
 def _cell(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, gpu: str) -> tuple[str, pd.DataFrame]:

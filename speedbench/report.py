@@ -285,9 +285,31 @@ def _against_baseline(df: pd.DataFrame, kind: str, baseline: str | None) -> pd.D
     return s.sort_values(["technique", "machine", "commit_date", "benchmark", *_shown(s), "variant"], kind="stable")
 
 
+# Marks a row or cell measured with an earlier version of its benchmark (speedbench.results
+# keeps a machine's newest results until it measures the current version).
+EARLIER = "†"
+EARLIER_NOTE = (f"{EARLIER}: measured with an earlier version of the benchmark, whose code has changed since "
+                "(the machine's newest results; its next run of the benchmark replaces them)")
+
+
+def _earlier(s: pd.DataFrame) -> pd.Series:
+    if "earlier_version" not in s:
+        return pd.Series(False, index=s.index)
+    return s["earlier_version"].fillna(False).astype(bool)
+
+
+def _commit_label(s: pd.DataFrame) -> pd.Series:
+    """The short commit, with the dagger where the row comes from an earlier benchmark version."""
+    return s["commit"].str[:8] + _earlier(s).map({True: f" {EARLIER}", False: ""})
+
+
+def _with_earlier_note(notes: list[str], s: pd.DataFrame) -> list[str]:
+    return notes + [EARLIER_NOTE] if _earlier(s).any() else notes
+
+
 def _identity(s: pd.DataFrame) -> dict:
     """The leading columns every per-result table shows: where and what was measured."""
-    return {"machine": s["machine"], "GPU": s["gpu"], "commit": s["commit"].str[:8], "benchmark": s["benchmark"],
+    return {"machine": s["machine"], "GPU": s["gpu"], "commit": _commit_label(s), "benchmark": s["benchmark"],
             **{p: s[p] for p in _shown(s)}}
 
 
@@ -324,7 +346,7 @@ def speedup_table(df: pd.DataFrame, kind: str = "time", baseline: str | None = N
              ">1 means the variant is better", "[low, high]: from the two 99 % confidence intervals (worst case)"]
     data = _numbers(s, **_ratio_numbers(s), interval=s["interval"], value=s["value"],
                     baseline_value=s["baseline_value"], unit=s["unit"])
-    return Table(f"Speedup ({kind})", frame.reset_index(drop=True), s, notes, data)
+    return Table(f"Speedup ({kind})", frame.reset_index(drop=True), s, _with_earlier_note(notes, s), data)
 
 
 def memory_table(df: pd.DataFrame, baseline: str | None = None) -> Table:
@@ -341,7 +363,8 @@ def memory_table(df: pd.DataFrame, baseline: str | None = None) -> Table:
     # ratio = baseline / variant, as in every speedup; the exported change is variant / baseline - 1.
     data = _numbers(s, **_ratio_numbers(s), value=s["value"], baseline_value=s["baseline_value"], unit=s["unit"],
                     change_percent=change)
-    return Table("Peak memory", frame.reset_index(drop=True), s, ["change = variant / baseline - 1"], data)
+    return Table("Peak memory", frame.reset_index(drop=True), s,
+                 _with_earlier_note(["change = variant / baseline - 1"], s), data)
 
 
 # --- paired speedups ------------------------------------------------------------------------
@@ -410,7 +433,7 @@ def paired_table(df: pd.DataFrame) -> Table:
     """Paired speedups: the headline of every comparison measured with variants taking turns."""
     s = paired(df)
     frame = pd.DataFrame({
-        "machine": s["machine"], "GPU": s["gpu"], "commit": s["commit"].str[:8],
+        "machine": s["machine"], "GPU": s["gpu"], "commit": _commit_label(s),
         "comparison": [f"{b.split('.')[1]} {c}".strip() for b, c in zip(s["benchmark"], s["config"])],
         "variant": s["variant"], "baseline": s["baseline"],
         "speedup": [_fmt_ratio(r, lo, hi) for r, lo, hi in zip(s["ratio"], s["ratio_low"], s["ratio_high"])],
@@ -424,7 +447,7 @@ def paired_table(df: pd.DataFrame) -> Table:
              f"{wide} of {len(s)} intervals wider than {PAIRED_WIDTH_TARGET:.2f}x (high / low)" if len(s) else
              "no paired comparison measured"]
     data = _numbers(s, config=s["config"], **_ratio_numbers(s), width=s["width"])
-    return Table("Paired speedup", frame.reset_index(drop=True), s, notes, data)
+    return Table("Paired speedup", frame.reset_index(drop=True), s, _with_earlier_note(notes, s), data)
 
 
 def paired_noise(first: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame:
@@ -499,7 +522,8 @@ def floor_table(df: pd.DataFrame) -> Table:
     })
     data = _numbers(s, value=s["value"], unit=s["unit"], low=s["ci99_low"], high=s["ci99_high"])
     return Table("Fraction of the physical floor", frame.reset_index(drop=True), s,
-                 ["floor: measured in the same benchmark process (see the benchmark's docstring)"], data)
+                 _with_earlier_note(["floor: measured in the same benchmark process (see the benchmark's docstring)"], s),
+                 data)
 
 
 # --- significance: asv compare's rule, and steps across commits --------------------------

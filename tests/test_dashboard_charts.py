@@ -194,3 +194,8 @@ def test_sample_axes_write_out_their_log_ticks():
     axis = _view.spread_chart(rows, "t").layout.yaxis
     assert axis.type == "log" and list(axis.ticktext) == [f"{t:g}" for t in axis.tickvals]
     assert {10, 100, 1000} <= set(axis.tickvals) and min(axis.tickvals) >= 7.5  # within the samples, padded
+
+
+def test_comparing_a_cpu_with_a_gpu_warns_that_the_workloads_differ(monkeypatch):
+    at = app_on(ROOT / "results", "views/machines.py", monkeypatch, a="cpu-2core", b="h100-sxm-80gb")
+    assert any("compare different work" in i.value for i in at.info)

@@ -635,3 +635,21 @@ def test_every_claims_row_with_a_figure_says_whether_it_compares():
     assert len(measured) and measured["comparable"].str.match(r"(yes|no|other GPU):").all()
     cpu = measured[measured["machine"].str.contains("CPU only")]
     assert (cpu["comparable"].str.startswith("no:") | cpu["comparable"].str.contains("exact count")).all()
+
+
+def test_rows_from_an_earlier_benchmark_version_carry_the_dagger_in_every_table(tmp_path):
+    """The loader keeps a machine's newest results when its benchmark changed since (flagged):
+    a table that showed them unmarked would pass old code's numbers off as current."""
+    measured = load_results(ROOT / "results").measured
+    last = report.latest(measured)
+    flagged = last.assign(earlier_version=last["machine"] == "h100-sxm-80gb")
+    for build in (report.paired_table, report.speedup_table, report.memory_table, report.floor_table):
+        t = build(flagged)
+        if t.frame.empty:
+            continue
+        on_h100 = t.frame["machine"] == "h100-sxm-80gb"
+        assert t.frame.loc[on_h100, "commit"].str.endswith(f" {report.EARLIER}").all(), build.__name__
+        assert not t.frame.loc[~on_h100, "commit"].str.contains(report.EARLIER).any(), build.__name__
+        assert (report.EARLIER_NOTE in t.notes) == bool(on_h100.any()), build.__name__
+    plain = report.paired_table(last.assign(earlier_version=False))
+    assert report.EARLIER_NOTE not in plain.notes and not plain.frame["commit"].str.contains(report.EARLIER).any()

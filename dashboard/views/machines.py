@@ -26,6 +26,13 @@ with c1:
     a = pick("Machine A", machines, key="a")
 with c2:
     b = pick("Machine B", [m for m in machines if m != a], key="b")
+gpus = df.drop_duplicates("machine").set_index("machine")["gpu"]
+if (gpus[a] == "CPU only") != (gpus[b] == "CPU only"):
+    # benchmarks/common.py picks sizes per profile: a CPU runs small workloads so the suite
+    # ends in minutes (ResNet-50 at batch 2 on 64 x 64 images against batch 64 on 224 x 224).
+    st.info("One of these machines is a CPU and the other a GPU: the suite runs smaller workloads on CPUs "
+               "(ResNet-50 at batch 2 on 64 x 64 images, against batch 64 on 224 x 224 on GPUs), so their step "
+               "times compare different work. Compare speedups (each against its own baseline) instead.")
 t = report.machine_comparison(df, a, b)
 if t.frame.empty:
     st.info("These two machines share no benchmark.")
