@@ -14,6 +14,11 @@ from _view import config_label, pick, pick_many, ratio_chart, results, show_prob
 from speedbench import report
 
 
+# The line above the tabs names the machine and its GPU, and the page shows one machine: in
+# every table they would only push the numbers past the right edge.
+STATED = ("machine", "GPU")
+
+
 def technique_page(name: str) -> None:
     technique = report.TECHNIQUES[name]
     st.title(technique.title)
@@ -64,7 +69,7 @@ def technique_page(name: str) -> None:
             timed = timed[timed["metric"] == metric]
             speedup = report.speedup_table(timed, "time", baseline)
             st.markdown(f"**Separately timed**: `{metric}` medians against `{baseline}` (worst-case bounds)")
-            table(speedup)
+            table(speedup, hide=STATED)
             st.plotly_chart(spread_chart(timed, f"{metric}: every sample"))
             s = speedup.sources
             s = s.assign(case=config_label(s) + " / " + s["variant"].astype(str))
@@ -75,7 +80,7 @@ def technique_page(name: str) -> None:
             st.info("No memory results here (peak GPU memory is measured on GPU machines only; "
                     "see 'Not measured').")
         else:
-            table(report.memory_table(memory, baseline))
+            table(report.memory_table(memory, baseline), hide=STATED)
             st.plotly_chart(_bars(memory, 2**-20, "peak memory (MiB)"))
     with floor_tab:
         floors = rows[rows["kind"] == "fraction of floor"]
@@ -83,10 +88,10 @@ def technique_page(name: str) -> None:
         if floors.empty and bandwidth.empty:
             st.info("No bandwidth or floor results here.")
         if not floors.empty:
-            table(report.floor_table(floors))
+            table(report.floor_table(floors), hide=STATED)
             st.plotly_chart(_bars(floors, 1.0, html.escape(str(floors["unit"].iloc[0]))))
         if not bandwidth.empty:
-            table(report.speedup_table(bandwidth, "bandwidth", baseline))
+            table(report.speedup_table(bandwidth, "bandwidth", baseline), hide=STATED)
     with missing_tab:
         _not_measured(data, name, machine)
 
@@ -99,7 +104,7 @@ def _paired(rows: pd.DataFrame) -> None:
         return
     st.markdown("**Paired speedups** (the variants took turns in one process; Hodges-Lehmann estimate "
                 "of the per-round ratios, brackets its 99 % Wilcoxon interval; each class's own baseline)")
-    table(paired)
+    table(paired, hide=STATED)
     s = s.assign(case=config_label(s) + " / " + s["variant"].astype(str) + " vs " + s["baseline"].astype(str))
     st.plotly_chart(ratio_chart(s, "case", "suite", "paired speedup: x faster than the baseline"))
 

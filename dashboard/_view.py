@@ -256,8 +256,10 @@ def shown(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.drop(columns=empty) if len(empty) < len(frame.columns) else frame
 
 
-def table(t: report.Table) -> None:
-    st.dataframe(shown(t.frame), hide_index=True)
+def table(t: report.Table, hide: tuple[str, ...] = ()) -> None:
+    """`t` as a table; `hide`: columns the page already states above it for every row (a
+    technique page names its machine and GPU), which would push the numbers off the right."""
+    st.dataframe(shown(t.frame.drop(columns=[c for c in hide if c in t.frame])), hide_index=True)
     for n in t.notes:
         # A caption is Markdown: a note opening with ">1: ..." would become a quote and lose its ">".
         st.caption("\\" + n if n.startswith((">", "#", "-", "+", "*")) else n)
