@@ -166,7 +166,7 @@ def test_tables_leave_out_the_baseline_row(df):
     t = report.speedup_table(df)
     assert "forloop" not in set(t.frame["variant"]) and t.frame["speedup"].str.endswith("]").all()
     m = report.memory_table(df)
-    assert m.frame["change"].str.endswith("%").all() and m.frame["peak"].str.endswith("MiB").all()
+    assert m.frame["change"].str.endswith("%").all() and m.frame["peak"].str.endswith(("MiB", "GiB")).all()
     f = report.floor_table(df)
     assert set(f.frame["of"]) == {"memory bandwidth"}
     assert set(f.frame["variant"]) == {"forloop", "fused", "speedlib"}  # rows tell their variant apart
@@ -653,3 +653,9 @@ def test_rows_from_an_earlier_benchmark_version_carry_the_dagger_in_every_table(
         assert (report.EARLIER_NOTE in t.notes) == bool(on_h100.any()), build.__name__
     plain = report.paired_table(last.assign(earlier_version=False))
     assert report.EARLIER_NOTE not in plain.notes and not plain.frame["commit"].str.contains(report.EARLIER).any()
+
+
+@pytest.mark.parametrize("nbytes, text", [(900 * 2**20, "900 MiB"), (3845 * 2**20, "3.755 GiB"), (15350 * 2**20, "14.99 GiB"),
+                                          (2**30, "1 GiB"), (512 * 2**10, "0.5 MiB")])
+def test_memory_reads_in_mib_or_gib_never_in_exponents(nbytes, text):
+    assert report._fmt_value(nbytes, "bytes") == text
