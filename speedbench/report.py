@@ -176,7 +176,8 @@ class Table:
 # Columns this module adds to the tidy frame; everything else outside COLUMNS is a parameter.
 _DERIVED = {"baseline", "baseline_value", "ratio", "ratio_low", "ratio_high", "interval", "change",
             "significant", "direction", "test", "p_value", "step", "step_direction", "step_p", "result_id_base",
-            "config", "width"}  # paired(): the configuration without its variant, the interval's width
+            "config", "width", "wide_because"}  # paired(): the configuration without its variant, the
+                                                # interval's width and why it is wider than the target
 
 
 def param_columns(df: pd.DataFrame) -> list[str]:

@@ -659,3 +659,12 @@ def test_rows_from_an_earlier_benchmark_version_carry_the_dagger_in_every_table(
                                           (2**30, "1 GiB"), (512 * 2**10, "0.5 MiB")])
 def test_memory_reads_in_mib_or_gib_never_in_exponents(nbytes, text):
     assert report._fmt_value(nbytes, "bytes") == text
+
+
+def test_columns_paired_adds_are_never_taken_for_parameters():
+    """The claims table once labelled a workload "mlp (wide_because=the middle half ...)"."""
+    measured = load_results(ROOT / "results").measured
+    s = report.paired(report.latest(measured))
+    assert {"config", "width", "wide_because"}.isdisjoint(report.param_columns(s))
+    claims = report.claims_table(report.latest(measured))
+    assert not claims.frame.astype(str).apply(lambda c: c.str.contains("wide_because")).any().any()
