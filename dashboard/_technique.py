@@ -55,11 +55,17 @@ def technique_page(name: str) -> None:
             f"torch {first['torch']} | CUDA {first['cuda']} (torch build) | "
             f"driver {'n/a' if pd.isna(first['driver']) or not first['driver'] else first['driver']}")
 
-    time_tab, memory_tab, floor_tab, missing_tab = tabs(["Time", "Memory", "Bandwidth and floor", "Not measured"])
+    names = ["Time", "Memory", "Bandwidth and floor", "Not measured"]
+    has = [not rows[rows["kind"] == "time"].empty, not rows[rows["kind"] == "memory"].empty,
+           not rows[rows["kind"].isin(["fraction of floor", "bandwidth"])].empty]
+    # A page opens on its first tab with results (an H100 run of transfer's headline chunk
+    # measured bandwidth only, and its Time tab was empty).
+    time_tab, memory_tab, floor_tab, missing_tab = tabs(names, default=names[has.index(True)] if any(has) else names[0])
     with time_tab:
         timed = rows[rows["kind"] == "time"]
         if timed.empty:
-            st.info("No timing benchmarks measured here.")
+            st.info(f"No timing results for this technique from {machine} at commit {commit}: its run did not "
+                    "include them.")
         else:
             _paired(rows)
             metrics = sorted(timed["metric"].unique())
@@ -77,8 +83,11 @@ def technique_page(name: str) -> None:
     with memory_tab:
         memory = rows[rows["kind"] == "memory"]
         if memory.empty:
-            st.info("No memory results here (peak GPU memory is measured on GPU machines only; "
-                    "see 'Not measured').")
+            if first["gpu"] == "CPU only":
+                st.info("No memory results here: peak GPU memory is measured on GPU machines only.")
+            else:
+                st.info(f"No memory results for this technique from {machine} at commit {commit}: its run did "
+                        "not include them (`speedlib run --plan` lists what each chunk measures).")
         else:
             table(report.memory_table(memory, baseline), hide=STATED)
             st.plotly_chart(_bars(memory, 2**-20, "peak memory (MiB)"))

@@ -147,12 +147,13 @@ def pick_many(label: str, options: list, key: str) -> list:
     return shown
 
 
-def tabs(names: list[str], key: str = "tab"):
-    """st.tabs whose open tab is kept in the URL."""
+def tabs(names: list[str], key: str = "tab", default: str | None = None):
+    """st.tabs whose open tab is kept in the URL; without one there, `default` (else the first)."""
     wanted = st.query_params.get(key)
     # The default is fixed when the tabs first appear: a default that followed the URL changed
     # with every switch, and Streamlit then dropped every second click on a tab.
-    first = st.session_state.setdefault(f"_{key}_default", wanted if wanted in names else names[0])
+    fallback = default if default in names else names[0]
+    first = st.session_state.setdefault(f"_{key}_default", wanted if wanted in names else fallback)
     containers = st.tabs(names, key=key, default=first if first in names else names[0], on_change="rerun")
     st.query_params[key] = st.session_state.get(key) or first
     return containers
@@ -183,11 +184,9 @@ def spread_chart(rows: pd.DataFrame, title: str) -> go.Figure:
             ys += [v * scale for v in samples]
         fig.add_trace(go.Box(x=esc(xs), y=ys, name=html.escape(str(variant)), boxpoints="all", jitter=0.3))
     # Ticks written out (plotly's own log ticks read "1000, 5, 2, 100, 5, 2, 10").
-    shown = [y for y in (v * scale for s, v in zip(rows["samples"], rows["value"]) for v in (s or [v])) if y > 0]
-    ticks = ratio_ticks(min(shown) / 1.2, max(shown) * 1.2) if shown else []
+    shown = [v * scale for s, v in zip(rows["samples"], rows["value"]) for v in (s or [v])]
     fig.update_layout(title=html.escape(title), boxmode="group", height=420, margin={"t": 50},
-                      yaxis={"type": "log", "title": html.escape(unit), "tickvals": ticks,
-                             "ticktext": [f"{t:g}" for t in ticks]})
+                      yaxis=log_axis(shown, unit))
     return fig
 
 
@@ -242,11 +241,22 @@ def ratio_ticks(low: float, high: float) -> list[float]:
         ticks = [round(m * 10.0 ** e, 6) for e in range(-3, 4) for m in steps if low <= m * 10.0 ** e <= high]
         if len(ticks) >= 3:
             return ticks
-    for step in (0.05, 0.02, 0.01, 0.005):
-        ticks = [round(k * step, 6) for k in range(math.ceil(low / step), math.floor(high / step) + 1)]
-        if len(ticks) >= 3:
-            return ticks
+    span = high - low
+    if span > 0:  # even steps a quarter of the span or so: 38-42 ms gets 38, 39, ..., 42
+        base = 10.0 ** math.floor(math.log10(span / 4))
+        for step in (base, 2 * base, 5 * base, 10 * base):
+            ticks = [round(k * step, 10) for k in range(math.ceil(low / step), math.floor(high / step) + 1)]
+            if 3 <= len(ticks) <= 8:
+                return ticks
     return ticks
+
+
+def log_axis(values, title: str) -> dict:
+    """A plotly log y-axis over `values` with its ticks written out (plotly's own log ticks
+    read "2 3 4 ... 9 100", where the 7 stands for 70)."""
+    shown = [v for v in values if v > 0 and math.isfinite(v)]
+    ticks = ratio_ticks(min(shown) / 1.2, max(shown) * 1.2) if shown else []
+    return {"type": "log", "title": html.escape(title), "tickvals": ticks, "ticktext": [f"{t:g}" for t in ticks]}
 
 
 def shown(frame: pd.DataFrame) -> pd.DataFrame:

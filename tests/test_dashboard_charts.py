@@ -96,8 +96,12 @@ def test_a_page_defaults_to_the_baseline_that_ran_there(monkeypatch):
     assert "driver n/a" in "\n".join(t.value for t in at.text)  # a CPU machine has no driver: not "nan"
 
 
-def test_machines_chart_compares_times_only(monkeypatch):
-    charts = figures(ROOT / "results", "views/machines.py", monkeypatch)
+def test_machines_chart_compares_times_only(tmp_path, monkeypatch):
+    from speedbench import synthetic
+
+    tree = tmp_path / "results"
+    synthetic.write_results(tree, commits=1, machines=3)
+    charts = figures(tree, "views/machines.py", monkeypatch, a="synthetic-h100", b="synthetic-h200")
     (chart,) = charts
     assert chart["layout"]["title"]["text"].startswith("times: ")
     labels = [x for trace in chart["data"] for x in values(trace["x"])]
@@ -199,3 +203,38 @@ def test_sample_axes_write_out_their_log_ticks():
 def test_comparing_a_cpu_with_a_gpu_warns_that_the_workloads_differ(monkeypatch):
     at = app_on(ROOT / "results", "views/machines.py", monkeypatch, a="cpu-2core", b="h100-sxm-80gb")
     assert any("compare different work" in i.value for i in at.info)
+
+
+@pytest.mark.parametrize("values, expected", [([37.75, 38.4, 41.9, 42.1], [32, 34, 36, 38, 40, 42, 44, 46, 48, 50]),
+                                              ([20.0, 72.8], [20, 50])])
+def test_a_narrow_sample_axis_gets_a_few_even_ticks_not_dozens(values, expected):
+    """DDP's H100 steps (38-42 ms) got some sixty overlapping ticks from steps meant for ratios."""
+    axis = _view.log_axis(values, "ms")
+    assert 3 <= len(axis["tickvals"]) <= 10
+    assert set(expected) & set(axis["tickvals"]) and axis["ticktext"] == [f"{t:g}" for t in axis["tickvals"]]
+    assert min(axis["tickvals"]) <= min(values) * 1.2 and max(axis["tickvals"]) >= max(values) / 1.2
+
+
+def test_history_writes_out_its_log_ticks(tmp_path, monkeypatch):
+    from speedbench import synthetic
+
+    tree = tmp_path / "results"
+    synthetic.write_results(tree, commits=3, machines=1)
+    (fig,) = figures(tree, "views/history.py", monkeypatch)
+    axis = fig["layout"]["yaxis"]
+    assert axis["type"] == "log" and len(values(axis["tickvals"])) >= 3
+    assert values(axis["ticktext"]) == [f"{t:g}" for t in values(axis["tickvals"])]
+
+
+def test_a_cpu_against_a_gpu_gets_no_chart_of_time_ratios(monkeypatch):
+    """Their workloads differ in size: a chart once said the H100 ran DDP at 0.25x a 2-core CPU."""
+    assert figures(ROOT / "results", "views/machines.py", monkeypatch, a="cpu-2core", b="h100-sxm-80gb") == []
+
+
+def test_a_technique_page_opens_on_a_tab_with_results(monkeypatch):
+    """The H100's transfer results are bandwidth only: the page opened on an empty Time tab."""
+    at = app_on(ROOT / "results", "views/transfer.py", monkeypatch, machine="h100-sxm-80gb")
+    assert not at.exception and at.query_params["tab"] == "Bandwidth and floor"
+    at = app_on(ROOT / "results", "views/transfer.py", monkeypatch, machine="h100-sxm-80gb", tab="Memory")
+    assert at.query_params["tab"] == "Memory"  # a link's tab wins
+    assert any("its run did not include them" in i.value for i in at.info)

@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from _view import page_data, pick, pick_many, table
+from _view import log_axis, page_data, pick, pick_many, table
 from speedbench import report
 
 st.title("History across commits")
@@ -51,7 +51,8 @@ for (machine, params), g in h.groupby(["machine", "params"], sort=True):
 fig.update_layout(height=460, margin={"t": 30},
                   xaxis={"title": "commit (oldest left)", "type": "category", "categoryorder": "array",
                          "categoryarray": list(label.values())},
-                  yaxis={"title": html.escape(f"{unit} (log scale)"), "type": "log"})
+                  yaxis=log_axis(list(h["ci99_low"].fillna(h["value"]) * scale) + list(h["ci99_high"].fillna(h["value"]) * scale)
+                                 + list(h["value"] * scale), f"{unit} (log scale)"))
 st.plotly_chart(fig)
 st.caption(f"x markers: significant change against the previous commit (beyond {report.SIGNIFICANCE_FACTOR:.2f}x, and "
            f"Mann-Whitney U p < {report.P_THRESHOLD} on the stored samples, else disjoint 99 % confidence intervals: "

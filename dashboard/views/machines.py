@@ -42,6 +42,8 @@ ratios = report.compare_machines(df, a, b)
 # Times only: a speedup, a % of floor and a bandwidth compared across machines are answers to
 # different questions, and one axis would mix them.
 timed = ratios[ratios["kind"] == "time"]
+if (gpus[a] == "CPU only") != (gpus[b] == "CPU only"):
+    timed = timed.iloc[0:0]  # different work on each side (said above): no chart of time ratios
 if not timed.empty:
     st.plotly_chart(ratio_chart(timed.assign(case=config_label(timed) + " / " + timed["variant"].astype(str)
                                              + " (" + timed["metric"].astype(str) + ")", pair=f"{b} vs {a}"),
