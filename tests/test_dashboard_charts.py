@@ -238,3 +238,13 @@ def test_a_technique_page_opens_on_a_tab_with_results(monkeypatch):
     at = app_on(ROOT / "results", "views/transfer.py", monkeypatch, machine="h100-sxm-80gb", tab="Memory")
     assert at.query_params["tab"] == "Memory"  # a link's tab wins
     assert any("its run did not include them" in i.value for i in at.info)
+
+
+def test_the_floor_tab_draws_one_chart_per_reference(monkeypatch):
+    """Gather (% of host->device) and write-back (% of device->host) once shared one axis,
+    labelled with the first one's reference."""
+    charts = figures(ROOT / "results", "views/transfer.py", monkeypatch, machine="h100-sxm-80gb",
+                     tab="Bandwidth and floor")
+    titles = [c["layout"]["yaxis"]["title"]["text"] for c in charts if "% of" in c["layout"]["yaxis"]["title"]["text"]]
+    assert len(titles) == len(set(titles)) >= 2
+    assert all(c["layout"]["yaxis"]["type"] == "log" for c in charts if c["layout"]["yaxis"]["title"]["text"] in titles)
