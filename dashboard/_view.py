@@ -220,12 +220,15 @@ def ratio_chart(s: pd.DataFrame, x: str, color: str, title: str) -> go.Figure:
     values = pd.concat([s["ratio"], s["ratio_low"], s["ratio_high"]]).dropna()
     values = values[values > 0]
     low, high = (min(values.min(), 1.0), max(values.max(), 1.0)) if len(values) else (0.5, 2.0)
-    ticks = ratio_ticks(low / 1.5, high * 1.5)
+    # The axis spans the data and a little more, and the ticks are chosen inside that span:
+    # plotly hides ticks outside its range, so ticks picked over a wider one left a lone "1x".
+    low, high = low / 1.1, high * 1.1
+    ticks = ratio_ticks(low, high)
     longest = max((len(str(v)) for v in s[x]), default=0)
     fig.update_layout(title=html.escape(title), barmode="group", height=min(420 + 5 * longest, 900),
                       margin={"t": 50},
                       yaxis={"type": "log", "title": "x faster than the baseline (log scale)", "tickvals": ticks,
-                             "ticktext": [f"{t:g}x" for t in ticks]})
+                             "ticktext": [f"{t:g}x" for t in ticks], "range": [math.log10(low), math.log10(high)]})
     return fig
 
 
@@ -255,8 +258,12 @@ def log_axis(values, title: str) -> dict:
     """A plotly log y-axis over `values` with its ticks written out (plotly's own log ticks
     read "2 3 4 ... 9 100", where the 7 stands for 70)."""
     shown = [v for v in values if v > 0 and math.isfinite(v)]
-    ticks = ratio_ticks(min(shown) / 1.2, max(shown) * 1.2) if shown else []
-    return {"type": "log", "title": html.escape(title), "tickvals": ticks, "ticktext": [f"{t:g}" for t in ticks]}
+    if not shown:
+        return {"type": "log", "title": html.escape(title)}
+    low, high = min(shown) / 1.2, max(shown) * 1.2  # the axis range, so that every tick shows
+    ticks = ratio_ticks(low, high)
+    return {"type": "log", "title": html.escape(title), "tickvals": ticks, "ticktext": [f"{t:g}" for t in ticks],
+            "range": [math.log10(low), math.log10(high)]}
 
 
 def shown(frame: pd.DataFrame) -> pd.DataFrame:

@@ -113,7 +113,11 @@ def test_ratio_axes_are_logarithmic_with_ratio_ticks():
     s = pd.DataFrame({"case": ["a", "b"], "suite": ["S", "S"], "ratio": [0.03, 3.2],
                       "ratio_low": [0.025, 3.0], "ratio_high": [0.04, 3.4]})
     axis = _view.ratio_chart(s, "case", "suite", "t").layout.yaxis
-    assert axis.type == "log" and 1 in axis.tickvals and min(axis.tickvals) <= 0.025 and max(axis.tickvals) >= 3.4
+    assert axis.type == "log" and 1 in axis.tickvals
+    # the range holds every bar and error bar, and every tick lies inside it (plotly hides the others)
+    low, high = (10 ** r for r in axis.range)
+    assert low <= 0.025 and high >= 3.4 and all(low <= t <= high for t in axis.tickvals)
+    assert min(axis.tickvals) <= 0.05 and max(axis.tickvals) >= 2  # spread over the bars, not bunched at 1x
     assert list(axis.ticktext) == [f"{t:g}x" for t in axis.tickvals]
 
 
@@ -159,7 +163,8 @@ def test_a_narrow_chart_is_labelled_with_ratios_around_1x():
                       "ratio_low": [0.88, 0.99], "ratio_high": [0.93, 1.05]})
     axis = _view.ratio_chart(s, "case", "suite", "t").layout.yaxis
     assert len(axis.tickvals) >= 3 and 1 in axis.tickvals  # 1-2-5 steps gave only "1x" here
-    assert min(axis.tickvals) < 0.88 and max(axis.tickvals) > 1.05  # the bars lie between ticks
+    low, high = (10 ** r for r in axis.range)
+    assert low <= 0.88 and high >= 1.05 and all(low <= t <= high for t in axis.tickvals)  # all of them visible
 
 
 def test_tables_leave_out_columns_no_row_has():
