@@ -874,7 +874,9 @@ def claims_table(df: pd.DataFrame) -> Table:
                          "measured as": label,
                          "machine": f"{r['machine']} ({r['gpu']})",
                          "workload": f"{r['workload']} ({setting})" if setting else r["workload"],
-                         "measured": _fmt_ratio(r["ratio"], r["ratio_low"], r["ratio_high"]),
+                         "measured": _fmt_ratio(r["ratio"], r["ratio_low"], r["ratio_high"])
+                         + (f" {EARLIER}" if isinstance(r.get("earlier_version"), (bool, np.bool_))
+                            and r.get("earlier_version") else ""),
                          "comparable": comparable(str(r["gpu"]), c)})
             numbers.append({**claim_numbers, "machine": r["machine"], "gpu": r["gpu"], "commit": r["commit"],
                             "workload": r["workload"], "setting": setting, "ratio": r["ratio"],
@@ -882,9 +884,10 @@ def claims_table(df: pd.DataFrame) -> Table:
                             "result_id": r.get("result_id", ""), "comparable": comparable(str(r["gpu"]), c)})
     sources = pd.concat(used) if used else df.iloc[0:0]
     return Table("Claims versus measured", pd.DataFrame(rows), sources,
-                 ["measured: latest commit per machine; ratio [99 % CI bounds]",
+                 _with_earlier_note(["measured: latest commit per machine; ratio [99 % CI bounds]",
                   "paired speedup: variants taking turns in one process; Hodges-Lehmann estimate of the per-round "
                   "ratios [99 % Wilcoxon interval]; otherwise the ratio of separate measurements [worst-case bounds]"],
+                  sources),
                  pd.DataFrame(numbers))
 
 

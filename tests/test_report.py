@@ -651,6 +651,10 @@ def test_rows_from_an_earlier_benchmark_version_carry_the_dagger_in_every_table(
         assert t.frame.loc[on_h100, "commit"].str.endswith(f" {report.EARLIER}").all(), build.__name__
         assert not t.frame.loc[~on_h100, "commit"].str.contains(report.EARLIER).any(), build.__name__
         assert (report.EARLIER_NOTE in t.notes) == bool(on_h100.any()), build.__name__
+    claims = report.claims_table(flagged).frame
+    on_h100 = claims["machine"].str.startswith("h100-sxm-80gb")
+    assert on_h100.any() and claims.loc[on_h100, "measured"].str.endswith(f" {report.EARLIER}").all()
+    assert not claims.loc[~on_h100, "measured"].str.contains(report.EARLIER).any()
     plain = report.paired_table(last.assign(earlier_version=False))
     assert report.EARLIER_NOTE not in plain.notes and not plain.frame["commit"].str.contains(report.EARLIER).any()
 
