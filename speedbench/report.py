@@ -269,6 +269,8 @@ def _fmt_value(value: float, unit: str | None) -> str:
         return ""
     if unit == "seconds":
         return f"{value * 1e3:.4g} ms" if value < 1 else f"{value:.4g} s"
+    if unit == "x":  # a ratio reads "1.04x", as everywhere else, not "1.044 x"
+        return f"{value:.3g}x"
     if unit == "bytes":  # GiB from 1 GiB up: "1.535e+04 MiB" is not how anyone reads 15 GiB
         return f"{value / 2**30:.4g} GiB" if value >= 2**30 else f"{value / 2**20:.4g} MiB"
     return f"{value:.4g} {unit}" if unit else f"{value:.4g}"

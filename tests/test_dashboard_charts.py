@@ -192,7 +192,8 @@ def test_the_machines_table_says_why_a_cpu_machine_has_no_driver(monkeypatch):
     at = app_on(ROOT / "results", "views/machines.py", monkeypatch)
     machines = at.dataframe[0].value.set_index("machine")
     assert machines.loc["cpu-2core", "driver"] == "n/a (no GPU)"  # it read "None"
-    assert machines["driver"].notna().all() and machines["cuda"].notna().all()
+    assert machines["driver"].notna().all() and machines["CUDA (torch build)"].notna().all()
+    assert "cpu_model" not in machines and machines.loc["cpu-2core", "CPU"]  # headers in words
 
 
 def test_sample_axes_write_out_their_log_ticks():

@@ -672,3 +672,7 @@ def test_columns_paired_adds_are_never_taken_for_parameters():
     assert {"config", "width", "wide_because"}.isdisjoint(report.param_columns(s))
     claims = report.claims_table(report.latest(measured))
     assert not claims.frame.astype(str).apply(lambda c: c.str.contains("wide_because")).any().any()
+
+
+def test_a_ratio_value_reads_like_every_other_ratio():
+    assert report._fmt_value(1.0444, "x") == "1.04x" and report._fmt_value(0.99451, "x") == "0.995x"

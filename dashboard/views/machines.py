@@ -15,7 +15,9 @@ st.dataframe(newest.assign(commits=newest["machine"].map(df.groupby("machine")["
                            driver=newest["driver"].replace("", None).fillna(
                                newest["gpu"].map(lambda g: "n/a (no GPU)" if g == "CPU only" else "unknown")),
                            cuda=newest["cuda"].replace("", None).fillna("n/a"))[
-    ["machine", "gpu", "driver", "cuda", "torch", "cpu_model", "commits", "latest"]], hide_index=True)
+    ["machine", "gpu", "driver", "cuda", "torch", "cpu_model", "commits", "latest"]].rename(
+    columns={"gpu": "GPU", "cuda": "CUDA (torch build)", "cpu_model": "CPU", "latest": "latest commit"}),
+    hide_index=True)
 machines = sorted(df["machine"].unique())
 if len(machines) < 2:
     st.info("Only one machine has results (listed above): a comparison needs a second machine "
