@@ -117,8 +117,7 @@ def _cell(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, gpu: str) -> tu
         used.append(memory)
     if any(len(u) for u in used):
         sources = pd.concat(used)
-        earlier = "earlier_version" in sources and sources["earlier_version"].fillna(False).astype(bool).any()
-        return "; ".join(labelled) + (f" {EARLIER}" if earlier else ""), sources
+        return "; ".join(labelled) + (f" {EARLIER}" if report.earlier_version(sources).any() else ""), sources
     if h.gpu_only and gpu == "CPU only":
         return "needs a GPU", hits.iloc[0:0]
     return f"not measured yet: speedlib run --chunk headline-{h.technique}", hits.iloc[0:0]
@@ -143,9 +142,8 @@ def grid(df: pd.DataFrame) -> report.Table:
     notes = ["x faster than the baseline (peak memory: variant / baseline), latest commit per machine",
              "[low, high]: the 99 % Wilcoxon interval of a paired speedup (variants taking turns in one "
              "process, N rounds); separate launches: the worst-case bounds of two separately timed values"]
-    if any(EARLIER in str(v) for row in rows for v in row.values()):
-        notes.append(f"{EARLIER}: measured with an earlier version of the benchmark, whose code has changed since "
-                     "(the machine's newest results; its next run of the headline chunk replaces them)")
+    if report.earlier_version(sources).any():
+        notes.append(report.EARLIER_NOTE)
     wide = sources[sources["wide_because"].fillna("").astype(bool)] if "wide_because" in sources else sources.iloc[0:0]
     notes += [f"interval wider than {report.PAIRED_WIDTH_TARGET:.2f}x, {report.TECHNIQUES[r.technique].title} on "
               f"{r.machine} ({r.params}): {r.wide_because}" for r in wide.itertuples()]

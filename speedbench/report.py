@@ -295,7 +295,8 @@ EARLIER_NOTE = (f"{EARLIER}: measured with an earlier version of the benchmark, 
                 "(the machine's newest results; its next run of the benchmark replaces them)")
 
 
-def _earlier(s: pd.DataFrame) -> pd.Series:
+def earlier_version(s: pd.DataFrame) -> pd.Series:
+    """Per row: measured with an earlier version of its benchmark (speedbench.results flags it)."""
     if "earlier_version" not in s:
         return pd.Series(False, index=s.index)
     return s["earlier_version"].fillna(False).astype(bool)
@@ -303,11 +304,11 @@ def _earlier(s: pd.DataFrame) -> pd.Series:
 
 def _commit_label(s: pd.DataFrame) -> pd.Series:
     """The short commit, with the dagger where the row comes from an earlier benchmark version."""
-    return s["commit"].str[:8] + _earlier(s).map({True: f" {EARLIER}", False: ""})
+    return s["commit"].str[:8] + earlier_version(s).map({True: f" {EARLIER}", False: ""})
 
 
 def _with_earlier_note(notes: list[str], s: pd.DataFrame) -> list[str]:
-    return notes + [EARLIER_NOTE] if _earlier(s).any() else notes
+    return notes + [EARLIER_NOTE] if earlier_version(s).any() else notes
 
 
 def _identity(s: pd.DataFrame) -> dict:
@@ -870,6 +871,7 @@ def claims_table(df: pd.DataFrame) -> Table:
             numbers.append(claim_numbers)
             continue
         used.append(hit)
+        earlier = earlier_version(hit)
         for _, r in hit.sort_values(["machine", "workload", *others], kind="stable").iterrows():
             setting = ", ".join(f"{p}={r[p]}" for p in others if r[p] != "")
             rows.append({"technique": c.technique, "source": c.source, "claim": c.claim, "claimed": claimed,
@@ -877,8 +879,7 @@ def claims_table(df: pd.DataFrame) -> Table:
                          "machine": f"{r['machine']} ({r['gpu']})",
                          "workload": f"{r['workload']} ({setting})" if setting else r["workload"],
                          "measured": _fmt_ratio(r["ratio"], r["ratio_low"], r["ratio_high"])
-                         + (f" {EARLIER}" if isinstance(r.get("earlier_version"), (bool, np.bool_))
-                            and r.get("earlier_version") else ""),
+                         + (f" {EARLIER}" if earlier[r.name] else ""),
                          "comparable": comparable(str(r["gpu"]), c)})
             numbers.append({**claim_numbers, "machine": r["machine"], "gpu": r["gpu"], "commit": r["commit"],
                             "workload": r["workload"], "setting": setting, "ratio": r["ratio"],
@@ -933,7 +934,7 @@ def provenance(sources: pd.DataFrame) -> list[dict[str, str]]:
             "statistic": _statistic(set(rows["kind"]), rows["n"]),
             "measured": str(r.get("recorded_at") or (r["run_date"].isoformat() if r["run_date"] is not None else "unknown")),
             **({"benchmark code": "an earlier version, changed since (the command below reruns that version)"}
-               if "earlier_version" in rows and rows["earlier_version"].fillna(False).astype(bool).any() else {}),
+               if earlier_version(rows).any() else {}),
             "command": reproduce_command(r["commit"], list(rows["benchmark"])),
         })
     return sorted(entries, key=lambda e: (e["machine"], e["commit date"], e["commit"], e["measured"]))
