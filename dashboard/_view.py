@@ -134,12 +134,15 @@ def pick(label: str, options: list, key: str, default=None):
     return value
 
 
-def pick_many(label: str, options: list, key: str) -> list:
+def pick_many(label: str, options: list, key: str, default: list | None = None) -> list:
     """A multiselect kept in the URL (`?key=a&key=b`); empty means all, and the URL then
-    names every option there is, so that a later option does not join the view."""
+    names every option there is, so that a later option does not join the view. Without a
+    choice in the URL, `default` (else all)."""
     options = list(options)
     names = [str(o) for o in options]
     wanted = [options[names.index(w)] for w in st.query_params.get_all(key) if w in names]
+    if not wanted and default:
+        wanted = [o for o in options if o in default]
     chosen = st.multiselect(label, options, default=[] if len(wanted) == len(options) else wanted, key=key,
                             placeholder="all")
     shown = chosen or options
@@ -164,10 +167,18 @@ def esc(values) -> list[str]:
 
 
 def config_label(rows: pd.DataFrame) -> pd.Series:
-    """A row's configuration without its variant: its benchmark class (several classes share a
-    metric name) and every parameter, so that no chart pools two configurations."""
-    return pd.Series([f"{s} {report._config(p)}".strip() for s, p in zip(rows["suite"], rows["params"])],
-                     index=rows.index, dtype=object)
+    """A row's configuration without its variant, in the words a chart label needs: its
+    benchmark class where the rows span several (they share metric names), and every
+    parameter ("AdamStep: resnet50", "densenet_bc, batch=4"), so that no chart pools two
+    configurations. A class every row shares is left out: a page of TrainingStep rows labelled
+    each box "TrainingStep workload=..." and the labels overlapped."""
+    one_class = rows["suite"].nunique() <= 1
+
+    def label(suite, params) -> str:
+        parts = ", ".join(p.removeprefix("workload=") for p in report._config(params).split(", ") if p)
+        return parts or str(suite) if one_class else f"{suite}: {parts}".rstrip(": ")
+
+    return pd.Series([label(s, p) for s, p in zip(rows["suite"], rows["params"])], index=rows.index, dtype=object)
 
 
 def spread_chart(rows: pd.DataFrame, title: str) -> go.Figure:
@@ -190,31 +201,37 @@ def spread_chart(rows: pd.DataFrame, title: str) -> go.Figure:
     return fig
 
 
-def ratio_chart(s: pd.DataFrame, x: str, color: str, title: str) -> go.Figure:
-    """Ratios with their interval as error bars; the dashed line at 1 is the baseline.
+def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str) -> go.Figure:
+    """Ratios with their interval as error bars, one horizontal bar per row of `s` labelled by
+    its `y` column, one colour per `color` value; the dashed line at 1x is the baseline.
 
-    One bar per row: a label repeated within a trace would draw two configurations as one
-    stacked bar (a tuning page once showed four knobs' 0.43x-1.29x as one 3.9x bar), so the
-    caller's labels must tell every row apart, and a repeat is refused."""
+    Horizontal: the labels name a configuration in words ("densenet121, batch=16 / reentrant vs
+    none"), and two dozen of them under a vertical chart overlapped diagonally. A label repeated
+    within a trace would draw two configurations as one stacked bar (a tuning page once showed
+    four knobs' 0.43x-1.29x as one 3.9x bar), so the caller's labels must tell every row apart,
+    and a repeat is refused."""
     fig = go.Figure()
-    for name, g in s.groupby(color, sort=True):
-        if g[x].duplicated().any():
-            raise ValueError(f"chart labels repeat within {name!r}: {sorted(set(g[x][g[x].duplicated()]))}")
-        # Each bar grows from the 1x line (up: faster, down: slower), not from the bottom of a
-        # log axis, where a 0.7x bar would look as tall as a win.
+    groups = list(s.groupby(color, sort=True))
+    for name, g in groups:
+        if g[y].duplicated().any():
+            raise ValueError(f"chart labels repeat within {name!r}: {sorted(set(g[y][g[y].duplicated()]))}")
+        # Each bar grows from the 1x line (right: faster, left: slower), not from the edge of a
+        # log axis, where a 0.7x bar would look as long as a win.
         # Faded: the interval includes 1x, so the bar is not told apart from the baseline.
         unsure = (g["ratio_low"] <= 1.0) & (g["ratio_high"] >= 1.0)
         fig.add_trace(go.Bar(
-            x=esc(g[x]), y=g["ratio"] - 1.0, base=1.0, name=html.escape(str(name)),
+            y=esc(g[y]), x=g["ratio"] - 1.0, base=1.0, orientation="h", name=html.escape(str(name)),
             marker={"opacity": [0.35 if u else 1.0 for u in unsure]},
             customdata=list(zip(g["ratio"], ["interval includes 1x" if u else "" for u in unsure])),
-            hovertemplate="%{x}: %{customdata[0]:.3g}x %{customdata[1]}<extra>%{fullData.name}</extra>",
-            error_y={"type": "data", "symmetric": False, "array": (g["ratio_high"] - g["ratio"]).fillna(0),
+            hovertemplate="%{y}: %{customdata[0]:.3g}x %{customdata[1]}<extra>%{fullData.name}</extra>",
+            error_x={"type": "data", "symmetric": False, "array": (g["ratio_high"] - g["ratio"]).fillna(0),
                      "arrayminus": (g["ratio"] - g["ratio_low"]).fillna(0)}))
-    fig.add_hline(y=1.0, line_dash="dash")
+    fig.add_vline(x=1.0, line_dash="dash")
     if ((s["ratio_low"] <= 1.0) & (s["ratio_high"] >= 1.0)).any():
+        # Below the axis title: above the bars, the legend's row sits (and the title above it).
         fig.add_annotation(text="faded bar: its 99 % interval includes 1x (not told apart from the baseline)",
-                           xref="paper", yref="paper", x=0, y=1.06, showarrow=False, xanchor="left")
+                           xref="paper", yref="paper", x=0, y=0, yanchor="top", yshift=-48, showarrow=False,
+                           xanchor="left")
     # Log scale, so that 0.5x and 2x lie equally far from the 1x line, with ticks at 1-2-5
     # steps written as ratios (plotly's own log ticks read "1, 2, 5, 10, 2, 5, 100").
     values = pd.concat([s["ratio"], s["ratio_low"], s["ratio_high"]]).dropna()
@@ -224,11 +241,16 @@ def ratio_chart(s: pd.DataFrame, x: str, color: str, title: str) -> go.Figure:
     # plotly hides ticks outside its range, so ticks picked over a wider one left a lone "1x".
     low, high = low / 1.1, high * 1.1
     ticks = ratio_ticks(low, high)
-    longest = max((len(str(v)) for v in s[x]), default=0)
-    fig.update_layout(title=html.escape(title), barmode="group", height=min(420 + 5 * longest, 900),
-                      margin={"t": 50},
-                      yaxis={"type": "log", "title": "x faster than the baseline (log scale)", "tickvals": ticks,
-                             "ticktext": [f"{t:g}x" for t in ticks], "range": [math.log10(low), math.log10(high)]})
+    labels = sorted({html.escape(str(v)) for v in s[y]})
+    # A bar slot per label and trace, so that a chart of 24 configurations is as legible as one of 2.
+    fig.update_layout(title={"text": html.escape(title), "y": 0.99, "yref": "container", "yanchor": "top"},
+                      barmode="group", height=170 + 24 * len(labels) * max(len(groups), 1),
+                      margin={"t": 90, "b": 80}, legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0},
+                      xaxis={"type": "log", "title": "x faster than the baseline (log scale)", "tickvals": ticks,
+                             "ticktext": [f"{t:g}x" for t in ticks], "range": [math.log10(low), math.log10(high)]},
+                      # first label on top, as a table reads
+                      yaxis={"type": "category", "categoryorder": "array", "categoryarray": labels[::-1],
+                             "automargin": True})
     return fig
 
 
@@ -273,10 +295,33 @@ def shown(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.drop(columns=empty) if len(empty) < len(frame.columns) else frame
 
 
+# The numbers a reader looks for, moved next to what they compare (variant and baseline):
+# after a long benchmark name they sat past the right edge of a laptop screen.
+NUMBERS = ("speedup", "N", "achieved", "of", "change", "peak", "baseline peak", "claimed", "measured")
+
+
+def on_screen(frame: pd.DataFrame, hide: tuple[str, ...] = ()) -> pd.DataFrame:
+    """`frame` as a page shows it: without `hide` and empty columns, the numbers right after the
+    variant and baseline (a claim's figures right after the claim), and a benchmark named within its technique ("FractionOfFloor.track_..."
+    for "bench_transfer.FractionOfFloor.track_..."; the page or section names the technique).
+    Exports keep every column and full names."""
+    frame = shown(frame.drop(columns=[c for c in hide if c in frame]))
+    if "benchmark" in frame:
+        frame = frame.assign(benchmark=frame["benchmark"].astype(str).str.replace(r"^bench_\w+\.", "", regex=True))
+    columns = list(frame.columns)
+    numbers = [c for c in NUMBERS if c in columns]
+    anchor = next((c for c in ("baseline", "variant", "claim") if c in columns), None)
+    if anchor is None or not numbers:
+        return frame
+    rest = [c for c in columns if c not in numbers]
+    at = rest.index(anchor) + 1
+    return frame[rest[:at] + numbers + rest[at:]]
+
+
 def table(t: report.Table, hide: tuple[str, ...] = ()) -> None:
     """`t` as a table; `hide`: columns the page already states above it for every row (a
     technique page names its machine and GPU), which would push the numbers off the right."""
-    st.dataframe(shown(t.frame.drop(columns=[c for c in hide if c in t.frame])), hide_index=True)
+    st.dataframe(on_screen(t.frame, hide), hide_index=True)
     for n in t.notes:
         # A caption is Markdown: a note opening with ">1: ..." would become a quote and lose its ">".
         st.caption("\\" + n if n.startswith((">", "#", "-", "+", "*")) else n)

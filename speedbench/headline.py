@@ -104,7 +104,10 @@ def _cell(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, gpu: str) -> tu
     if h.paired:
         texts = [f"{report._fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)} N={r.n}" for r in hits.itertuples()]
     else:
-        texts = [f"{report._fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)} ({_values(r)}, not paired)"
+        # Not taking turns (DDP and DataParallel are separate launches; the transfer variants
+        # run one after another): say how many values each side has (asv tracks give one), so
+        # that a ratio without brackets does not read as a sure one.
+        texts = [f"{report._fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)} ({_values(r)}; N={r.n} each, not paired)"
                  for r in hits.itertuples()]
     labelled = [f"{other}: {t}" if other else t
                 for other, t in zip((_others(r, h) for _, r in hits.iterrows()), texts)]

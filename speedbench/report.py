@@ -102,6 +102,10 @@ class Claim:
     # The device the source measured on; None where the figure is a count that does not
     # depend on it (bytes of memory). A CPU result beside a GPU claim is not comparable.
     hardware: str | None = "a GPU"
+    # A metric that measures the same comparison another way, used where neither the paired
+    # class nor `metric` ran: each transfer variant's bandwidth as a % of the pinned copy in
+    # its own process, so the ratio of two variants' % is the ratio of their bandwidths.
+    also: str | None = None
 
 
 def comparable(gpu: str, claim: Claim) -> str:
@@ -126,10 +130,10 @@ CLAIMS = (
           "speedup", "adam_step", "speedlib", "forloop", suite="AdamStep"),
     Claim("transfer", "SpeedTorch README (Tesla K80, 2-core CPU)", "CuPy pinned gather 3.1x faster than PyTorch pinned",
           3.1, None, "speedup", "gather", "cupy", "pinned", suite="Transfer", where=(("op", "gather"), ("indices", "random")),
-          hardware="a Tesla K80"),
+          hardware="a Tesla K80", also="gather_fraction_of_floor"),
     Claim("transfer", "SpeedTorch README (Tesla K80, 2-core CPU)", "CuPy pinned write-back 410x faster than PyTorch pinned",
           410.0, None, "speedup", "scatter", "cupy", "pinned", suite="Transfer",
-          where=(("op", "scatter"), ("indices", "random")), hardware="a Tesla K80"),
+          where=(("op", "scatter"), ("indices", "random")), hardware="a Tesla K80", also="scatter_fraction_of_floor"),
     Claim("transfer", "SpeedTorch README (Colab)", "10M x 128 float32 table: CuPy pinned 9.93 GB of host memory, PyTorch pinned 6.59 GB",
           9.93 / 6.59, None, "memory ratio", "host_footprint", "cupy", "pinned", hardware=None),
     Claim("checkpoint", "efficient DenseNet / pytorch-checkpoint (TITAN X, DenseNet-BC-100)",
@@ -525,9 +529,19 @@ def floor_table(df: pd.DataFrame) -> Table:
         "achieved": [f"{v:.1f} %" for v in s["value"]], "of": s["unit"].str.removeprefix("% of "), "N": s["n"],
     })
     data = _numbers(s, value=s["value"], unit=s["unit"], low=s["ci99_low"], high=s["ci99_high"])
-    return Table("Fraction of the physical floor", frame.reset_index(drop=True), s,
-                 _with_earlier_note(["floor: measured in the same benchmark process (see the benchmark's docstring)"], s),
-                 data)
+    notes = ["floor: measured in the same benchmark process (see the benchmark's docstring)"]
+    if (s["value"] > 100).any():  # a reader would take a floor for a ceiling and suspect the number
+        notes.append(FLOOR_ABOVE_NOTE)
+    return Table("Fraction of the physical floor", frame.reset_index(drop=True), s, _with_earlier_note(notes, s), data)
+
+
+# Why a value can pass 100 %: the committed CPU results put the flat-buffer Adam step at
+# 105-113 % of the in-place add in four runs, and a device-resident table gathers at 670 % of
+# the host->device copy.
+FLOOR_ABOVE_NOTE = ("above 100 %: the floor is a reference, not a ceiling. A device-resident table never "
+                    "crosses the host link it is set against; otherwise the variant streamed memory faster than "
+                    "the best of five in-place adds timed once before its rounds (a shared machine's bandwidth "
+                    "varies over a run): read such a value as at the floor")
 
 
 # --- significance: asv compare's rule, and steps across commits --------------------------
@@ -829,16 +843,17 @@ def machine_comparison(df: pd.DataFrame, machine_a: str, machine_b: str) -> Tabl
                  [f">1: {machine_b} is better; each machine at its latest commit"])
 
 
-def _claim_rows(s: pd.DataFrame, c: Claim, by_suite: bool) -> pd.DataFrame:
+def _claim_rows(s: pd.DataFrame, c: Claim, by_suite: bool, metric: str | None = None) -> pd.DataFrame:
     """The rows of `s` that measure claim `c`: its class's paired speedups (`by_suite`), else
-    its metric's ratios; at its workload and fixed parameters where it names them."""
+    the ratios of `metric` (its own by default); at its workload and fixed parameters where it
+    names them (a metric that says its operation in its name has no `op` parameter)."""
     if s.empty:
         return s
     keep = (s["technique"] == c.technique) & (s["variant"] == c.variant) & (s["baseline"] == c.baseline)
-    keep &= (s["suite"] == c.suite) if by_suite else (s["metric"] == c.metric)
+    keep &= (s["suite"] == c.suite) if by_suite else (s["metric"] == (metric or c.metric))
     if c.workload:
         keep &= s["workload"] == c.workload
-    for column, value in c.where:
+    for column, value in c.where if metric is None else ():
         keep &= (s[column] == value) if column in s else False
     return s[keep]
 
@@ -855,6 +870,9 @@ def claims_table(df: pd.DataFrame) -> Table:
         if hit.empty:  # not measured in turns on this commit: the ratio of separate measurements
             hit = _claim_rows(s, c, by_suite=False)
             label = f"{c.metric}: {c.variant} vs {c.baseline} ({c.measured_as})"
+        if hit.empty and c.also and not _claim_rows(s, c, by_suite=False, metric=c.also).empty:
+            hit = _claim_rows(s, c, by_suite=False, metric=c.also)
+            label = f"{c.also}: {c.variant} vs {c.baseline} (bandwidth ratio: each as % of a pinned copy timed just before it)"
         fixed = {k for k, _ in c.where}
         others = [p for p in _shown(hit) if p != "workload" and p not in fixed]  # e.g. batch: one row per value
         if c.measured_as == "memory ratio":  # report variant / baseline, as the claim is stated

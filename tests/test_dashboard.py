@@ -377,6 +377,10 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
                 assert (shots / f"{name}.png").stat().st_size > 10_000
             page.goto(url)
             _settled(page, TITLES["overview"])
+            page.locator("[data-testid='stTable'] td").first.wait_for(timeout=60_000)
+            grid_on_screen = page.evaluate(
+                "() => [...document.querySelector('[data-testid=\"stTable\"]').querySelectorAll('tr')]"
+                ".map(r => [...r.querySelectorAll('th, td')].map(c => c.innerText.trim()))")
             for name, title in TITLES.items():  # by navigation: the sidebar's links
                 if name == "overview":
                     continue
@@ -388,9 +392,16 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
             charts = page.locator(".js-plotly-plot").first
             charts.wait_for(timeout=60_000)
             traces = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')]"
-                                   ".map(el => el.data.map(t => ({type: t.type, x: [...(t.x || [])]})))")
+                                   ".map(el => el.data.map(t => ({type: t.type, x: [...((t.orientation === 'h' ? t.y : t.x) || [])]})))")
         finally:
             browser.close()
+    # The headline grid as drawn is the grid `speedlib report` computes, cell for cell.
+    from speedbench import headline
+    from speedbench.results import load_results
+
+    frame = headline.grid(load_results(ROOT / "results").measured).frame
+    assert grid_on_screen[0] == list(frame.columns)
+    assert grid_on_screen[1:] == [[str(v) for v in row] for row in frame.itertuples(index=False)]
     bars = [t for chart in traces for t in chart if t["type"] == "bar"]
     assert bars and all(len(t["x"]) == len(set(t["x"])) for t in bars), "a bar label repeats: stacked bars"
     paired = [t for chart in traces for t in chart if t["type"] == "bar" and any("knob=" in x for x in t["x"])]

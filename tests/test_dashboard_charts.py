@@ -43,6 +43,16 @@ def values(array) -> list:
     return list(array)
 
 
+def labels(trace: dict) -> list:
+    """A bar trace's category labels: on the y axis where the bars lie horizontally."""
+    return values(trace["y"] if trace.get("orientation") == "h" else trace["x"])
+
+
+def lengths(trace: dict) -> list:
+    """A bar trace's bar lengths, along whichever axis the bars grow."""
+    return values(trace["x"] if trace.get("orientation") == "h" else trace["y"])
+
+
 def test_a_repeated_bar_label_is_refused():
     s = pd.DataFrame({"case": ["on", "on"], "suite": ["TrainingStep"] * 2, "ratio": [0.5, 1.2],
                       "ratio_low": [0.4, 1.1], "ratio_high": [0.6, 1.3]})
@@ -56,7 +66,9 @@ def test_boxes_keep_classes_and_parameters_apart():
                          "workload": ["mlp", "mlp", "resnet50"], "unit": "seconds", "value": [1.0, 2.0, 3.0],
                          "samples": [[1.0, 1.1], [2.0], [3.0]]})
     fig = _view.spread_chart(rows, "t")
-    assert sorted(set(fig.data[0].x)) == ["AdamStep workload=mlp", "AdamStep workload=resnet50", "Iteration workload=mlp"]
+    assert sorted(set(fig.data[0].x)) == ["AdamStep: mlp", "AdamStep: resnet50", "Iteration: mlp"]
+    one = _view.spread_chart(rows[rows["suite"] == "AdamStep"], "t")  # one class: its name says nothing
+    assert sorted(set(one.data[0].x)) == ["mlp", "resnet50"]
 
 
 @pytest.mark.parametrize("machine", ["cpu-2core", "h100-sxm-80gb"])
@@ -65,26 +77,26 @@ def test_technique_pages_draw_one_bar_per_configuration(name, machine, monkeypat
     for fig in figures(ROOT / "results", f"views/{name}.py", monkeypatch, machine=machine):
         for trace in fig["data"]:
             if trace.get("type") == "bar":
-                xs = values(trace["x"])
+                xs = labels(trace)
                 assert len(xs) == len(set(xs)), (name, machine, trace["name"], xs)
 
 
 def test_the_tuning_page_shows_one_paired_bar_per_knob(monkeypatch):
     charts = figures(ROOT / "results", "views/tuning.py", monkeypatch, machine="h100-sxm-80gb")
     paired = next(f for f in charts if "paired" in f["layout"]["title"]["text"])
-    xs = [x for trace in paired["data"] for x in trace["x"]]
-    knobs = [x for x in xs if x.startswith("TrainingStep knob=")]
-    assert sorted(knobs) == [f"TrainingStep knob={k} / on vs off" for k in
+    xs = [x for trace in paired["data"] for x in labels(trace)]
+    knobs = [x for x in xs if x.startswith("knob=")]
+    assert sorted(knobs) == [f"knob={k} / on vs off" for k in
                              ("accumulation", "channels_last", "conv_bias", "zero_grad")]
     last = report.paired(report.latest(load_results(ROOT / "results").measured))
     expected = last[(last["machine"] == "h100-sxm-80gb") & (last["suite"] == "TrainingStep")
                     & (last["technique"] == "tuning")].set_index("knob")["ratio"]
     # Bars grow from the 1x line: base 1, height ratio - 1; the ratio itself rides along.
     assert all(trace["base"] == 1.0 for trace in paired["data"])
-    ys = {x: 1.0 + y for trace in paired["data"] for x, y in zip(values(trace["x"]), values(trace["y"]))}
+    ys = {x: 1.0 + y for trace in paired["data"] for x, y in zip(labels(trace), lengths(trace))}
     assert len(expected) == 4
     for knob, ratio in expected.items():
-        assert ys[f"TrainingStep knob={knob} / on vs off"] == pytest.approx(ratio)
+        assert ys[f"knob={knob} / on vs off"] == pytest.approx(ratio)
 
 
 def test_a_page_defaults_to_the_baseline_that_ran_there(monkeypatch):
@@ -104,21 +116,33 @@ def test_machines_chart_compares_times_only(tmp_path, monkeypatch):
     charts = figures(tree, "views/machines.py", monkeypatch, a="synthetic-h100", b="synthetic-h200")
     (chart,) = charts
     assert chart["layout"]["title"]["text"].startswith("times: ")
-    labels = [x for trace in chart["data"] for x in values(trace["x"])]
-    assert labels and all(x.endswith(")") for x in labels)
-    assert not [x for x in labels if "(speedup)" in x or "fraction" in x or "bandwidth" in x]
+    names = [x for trace in chart["data"] for x in labels(trace)]
+    assert names and all(x.endswith(")") for x in names)
+    assert not [x for x in names if "(speedup)" in x or "fraction" in x or "bandwidth" in x]
 
 
 def test_ratio_axes_are_logarithmic_with_ratio_ticks():
     s = pd.DataFrame({"case": ["a", "b"], "suite": ["S", "S"], "ratio": [0.03, 3.2],
                       "ratio_low": [0.025, 3.0], "ratio_high": [0.04, 3.4]})
-    axis = _view.ratio_chart(s, "case", "suite", "t").layout.yaxis
+    axis = _view.ratio_chart(s, "case", "suite", "t").layout.xaxis
     assert axis.type == "log" and 1 in axis.tickvals
     # the range holds every bar and error bar, and every tick lies inside it (plotly hides the others)
     low, high = (10 ** r for r in axis.range)
     assert low <= 0.025 and high >= 3.4 and all(low <= t <= high for t in axis.tickvals)
     assert min(axis.tickvals) <= 0.05 and max(axis.tickvals) >= 2  # spread over the bars, not bunched at 1x
     assert list(axis.ticktext) == [f"{t:g}x" for t in axis.tickvals]
+
+
+def test_ratio_bars_lie_flat_with_a_slot_for_every_label():
+    """Two dozen configurations under a vertical chart overlapped diagonally: the bars lie
+    horizontally, labels down the side, the first on top, with room for each bar of each trace."""
+    cases = [f"densenet121, batch={b} / v{i} vs none" for b in (4, 16) for i in range(12)]
+    s = pd.DataFrame({"case": cases * 2, "machine": ["a"] * 24 + ["b"] * 24, "ratio": [0.8] * 48,
+                      "ratio_low": [0.7] * 48, "ratio_high": [0.9] * 48})
+    fig = _view.ratio_chart(s, "case", "machine", "t")
+    assert all(t.orientation == "h" for t in fig.data)
+    assert list(fig.layout.yaxis.categoryarray) == sorted(cases)[::-1]  # plotly draws the last on top
+    assert fig.layout.height >= 20 * 24 * 2
 
 
 def test_a_bar_whose_interval_includes_1x_is_faded_and_said_so():
@@ -149,6 +173,24 @@ def test_history_puts_commits_on_the_x_axis_in_date_order_with_log_y(tmp_path, m
         assert values(trace["x"]) == expected  # every commit, oldest first, never a time of day
 
 
+def test_history_opens_on_one_machine(tmp_path, monkeypatch):
+    """A CPU's and a GPU's lines on one log axis sit orders of magnitude apart: the history
+    opens on one machine, and the link names it."""
+    from speedbench import synthetic
+
+    tree = tmp_path / "results"
+    synthetic.write_results(tree, commits=3, machines=3)
+    at = app_on(tree, "views/history.py", monkeypatch)
+    assert not at.exception
+    (fig,) = [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
+    machines = {t["name"].split(":")[0] for t in fig["data"]}
+    assert len(machines) == 1 and at.query_params["machine"] == machines.pop()
+    # asked for two, it draws both
+    at = app_on(tree, "views/history.py", monkeypatch, machine=["synthetic-cpu", "synthetic-h100"])
+    (fig,) = [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
+    assert {t["name"].split(":")[0] for t in fig["data"]} == {"synthetic-cpu", "synthetic-h100"}
+
+
 @pytest.mark.parametrize("low, high", [(0.8, 1.1), (0.97, 1.04), (0.5, 1.0), (0.02, 3.5)])
 def test_a_ratio_axis_has_at_least_three_ticks_inside_its_range(low, high):
     """A narrow range (every knob within 0.8x-1.1x) once got a lone "1x" tick."""
@@ -161,7 +203,7 @@ def test_a_ratio_axis_has_at_least_three_ticks_inside_its_range(low, high):
 def test_a_narrow_chart_is_labelled_with_ratios_around_1x():
     s = pd.DataFrame({"case": ["a", "b"], "suite": ["S", "S"], "ratio": [0.9, 1.02],
                       "ratio_low": [0.88, 0.99], "ratio_high": [0.93, 1.05]})
-    axis = _view.ratio_chart(s, "case", "suite", "t").layout.yaxis
+    axis = _view.ratio_chart(s, "case", "suite", "t").layout.xaxis
     assert len(axis.tickvals) >= 3 and 1 in axis.tickvals  # 1-2-5 steps gave only "1x" here
     low, high = (10 ** r for r in axis.range)
     assert low <= 0.88 and high >= 1.05 and all(low <= t <= high for t in axis.tickvals)  # all of them visible
@@ -254,3 +296,19 @@ def test_the_floor_tab_draws_one_chart_per_reference(monkeypatch):
     titles = [c["layout"]["yaxis"]["title"]["text"] for c in charts if "% of" in c["layout"]["yaxis"]["title"]["text"]]
     assert len(titles) == len(set(titles)) >= 2
     assert all(c["layout"]["yaxis"]["type"] == "log" for c in charts if c["layout"]["yaxis"]["title"]["text"] in titles)
+
+
+def test_tables_on_screen_put_the_numbers_beside_what_they_compare():
+    """After a long benchmark name the speedup sat past the right edge of the screen."""
+    frame = pd.DataFrame({"machine": ["m"], "GPU": ["H100"], "benchmark": ["bench_transfer.FractionOfFloor.track_x"],
+                          "variant": ["cupy"], "baseline": ["pinned"], "value": ["38 %"], "speedup": ["0.914x"],
+                          "N": [1], "why wider than 1.10x": ["..."]})
+    shown = _view.on_screen(frame, hide=("GPU",))
+    assert list(shown.columns) == ["machine", "benchmark", "variant", "baseline", "speedup", "N", "value",
+                                   "why wider than 1.10x"]
+    assert shown["benchmark"].tolist() == ["FractionOfFloor.track_x"]
+    assert frame["benchmark"].tolist() == ["bench_transfer.FractionOfFloor.track_x"]  # the table itself unchanged
+    claims = pd.DataFrame({"technique": ["t"], "source": ["s"], "claim": ["c"], "claimed": ["3x"],
+                           "measured as": ["m"], "machine": ["h"], "measured": ["1x"], "comparable": ["yes"]})
+    assert list(_view.on_screen(claims).columns) == ["technique", "source", "claim", "claimed", "measured",
+                                                     "measured as", "machine", "comparable"]

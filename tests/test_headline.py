@@ -72,7 +72,7 @@ def test_an_unpaired_cell_shows_both_values(measured):
     rows = last[(last["machine"] == "h100-sxm-80gb") & (last["benchmark"] == "bench_parallel.Step.track_step")]
     step = rows.set_index("variant")["value"]
     assert text == (f"world=1: {step['dataparallel'] / step['ddp']:.3g}x "
-                    f"({step['ddp'] * 1e3:.3g} vs {step['dataparallel'] * 1e3:.3g} ms, not paired)"
+                    f"({step['ddp'] * 1e3:.3g} vs {step['dataparallel'] * 1e3:.3g} ms; N=1 each, not paired)"
                     + _mark(last, "h100-sxm-80gb", "parallel"))
 
 

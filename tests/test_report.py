@@ -637,6 +637,34 @@ def test_every_claims_row_with_a_figure_says_whether_it_compares():
     assert (cpu["comparable"].str.startswith("no:") | cpu["comparable"].str.contains("exact count")).all()
 
 
+def test_a_floor_table_says_why_a_value_passes_100_percent():
+    from speedbench.results import load_results
+
+    last = report.latest(load_results(ROOT / "results").measured)
+    floors = last[last["kind"] == "fraction of floor"]
+    assert (floors["value"] > 100).any()  # the committed results hold such values (device table, CPU Adam)
+    assert report.FLOOR_ABOVE_NOTE in report.floor_table(floors).notes
+    below = floors[floors["value"] <= 100]
+    assert len(below) and report.FLOOR_ABOVE_NOTE not in report.floor_table(below).notes
+
+
+def test_transfer_claims_read_the_floor_ratio_where_no_timed_comparison_ran():
+    """An H100 run of transfer's headline chunk measured each variant as a % of the pinned copy
+    only: the claims table once said "not measured yet" beside a headline that showed 0.914x."""
+    from speedbench.results import load_results
+
+    last = report.latest(load_results(ROOT / "results").measured)
+    floor = last[(last["machine"] == "h100-sxm-80gb") & (last["suite"] == "FractionOfFloor")]
+    assert len(floor), "the committed H100 results hold transfer's floor fractions"
+    frame = report.claims_table(last).frame
+    for op, claim in (("gather", "gather 3.1x"), ("scatter", "write-back 410x")):
+        pct = floor[floor["metric"] == f"{op}_fraction_of_floor"].set_index("variant")["value"]
+        (row,) = frame[frame["claim"].str.contains(claim)].itertuples()
+        assert row.measured.split()[0] == f"{pct['cupy'] / pct['pinned']:.3g}x"
+        assert row.machine.startswith("h100-sxm-80gb") and row.comparable.startswith("other GPU")
+        assert getattr(row, "_5").startswith(f"{op}_fraction_of_floor: cupy vs pinned (bandwidth ratio")
+
+
 def test_rows_from_an_earlier_benchmark_version_carry_the_dagger_in_every_table(tmp_path):
     """The loader keeps a machine's newest results when its benchmark changed since (flagged):
     a table that showed them unmarked would pass old code's numbers off as current."""

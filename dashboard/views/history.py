@@ -18,11 +18,16 @@ timed = sorted(commits.index[commits >= 2]) or sorted(commits.index)
 benchmark = pick("Benchmark", sorted(df["benchmark"].unique()), key="benchmark", default=timed[0] if timed else None)
 rows = df[df["benchmark"] == benchmark]
 c1, c2 = st.columns(2)
+# One machine unless asked: a CPU's and a GPU's lines on one axis sit orders of magnitude
+# apart, and a history is read along one machine. The default is the one with most commits.
+counts = rows.groupby("machine")["commit"].nunique()
+busiest = sorted(counts.index, key=lambda m: (-counts[m], m))[:1]
 with c1:
-    machines = pick_many("Machines", sorted(rows["machine"].unique()), key="machine")
-with c2:
+    machines = pick_many("Machines", sorted(rows["machine"].unique()), key="machine", default=busiest)
+rows = rows[rows["machine"].isin(machines)]
+with c2:  # the parameters the chosen machines measured (fp16 runs on GPUs only)
     params = pick_many("Parameters", sorted(rows["params"].unique()), key="params")
-rows = rows[rows["machine"].isin(machines) & rows["params"].isin(params)]
+rows = rows[rows["params"].isin(params)]
 history = report.history_table(rows, benchmark)
 h = history.sources  # the rows with their change and flag
 if h["commit"].nunique() < 2:

@@ -27,15 +27,24 @@ for n in glance.notes:
     st.caption(n)
 st.subheader("Every comparison, per technique (latest commit per machine)")
 shown = False
-for name, technique in report.TECHNIQUES.items():
+for h in headline.HEADLINES:
+    name, technique = h.technique, report.TECHNIQUES[h.technique]
     mine = last[last["technique"] == name]
     # The paired comparison where one was measured (its times name the baseline), else the
-    # ratio of separately timed medians of the headline metric.
+    # headline's own class, values of the headline metric's kind (a DDP step against a
+    # DataParallel one; gather and write-back as % of their copy floor): never another class's
+    # switch (NoSync's "on vs off") under the technique's main question.
     speedup = report.paired_table(mine[mine["suite"] == technique.suite]) if technique.suite else None
-    what = f"{technique.suite}, variants taking turns" if technique.suite else ""
+    what = f"{technique.suite}, variants taking turns"
     if speedup is None or speedup.sources.empty:
-        speedup = report.speedup_table(mine[mine["metric"] == technique.headline])
-        what = f"`{technique.headline}`, separately timed"
+        own = mine[mine["suite"] == h.suite]
+        kind = own.loc[own["metric"] == h.metric, "kind"] if h.metric else own["kind"]
+        if kind.empty:
+            continue
+        speedup = report.speedup_table(own[own["kind"] == kind.iloc[0]], kind.iloc[0])
+        n = speedup.sources["n"]
+        what = (f"{h.suite}, not paired (N={n.min():g}" + (f"-{n.max():g}" if n.max() != n.min() else "")
+                + " per variant: the variants did not take turns)")
     s = speedup.sources  # the ratios behind the table, without the baseline's own rows
     if s.empty:
         continue
@@ -44,10 +53,12 @@ for name, technique in report.TECHNIQUES.items():
     st.markdown(f"**{technique.title}**: {what}, against {against}")
     # The baseline is in the label: a fallback baseline (single process where DataParallel
     # cannot run) must not share a bar label with the real one.
+    # Two metrics of one class (gather and write-back) would share "cupy vs pinned": name them.
+    metric = s["metric"].astype(str) + ": " if s["metric"].nunique() > 1 else ""
     s = s.assign(label=s["machine"] + " (" + s["gpu"] + ")",
-                 case=report.case_label(s) + " vs " + s["baseline"].astype(str))
+                 case=metric + report.case_label(s) + " vs " + s["baseline"].astype(str))
     st.plotly_chart(ratio_chart(s, "case", "label", "x faster than the baseline"))
-    table(speedup)
+    table(speedup, hide=("GPU",))  # each machine's GPU: in the chart's legend and the grid's header
 if not shown:
     st.info("None of the selected machines has a headline result yet.")
 st.subheader("Claims of the sources versus measured")
