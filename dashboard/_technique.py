@@ -11,12 +11,12 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from _view import config_label, log_axis, pick, pick_many, ratio_chart, results, show_problems, spread_chart, table, tabs
-from speedbench import report
+from speedbench import headline, plan, report, words
 
 
-# The line above the tabs names the machine and its GPU, and the page shows one machine: in
-# every table they would only push the numbers past the right edge.
-STATED = ("machine", "GPU")
+# The line above the tabs names the machine and its GPU, the title the technique, and the page
+# shows one of each: in every table they would only push the numbers past the right edge.
+STATED = ("machine", "GPU", "technique")
 
 
 def technique_page(name: str) -> None:
@@ -33,7 +33,12 @@ def technique_page(name: str) -> None:
         return
     c1, c2, c3, c4 = st.columns(4)
     with c1:
-        machine = pick("Machine", sorted(rows["machine"].unique()), key="machine")
+        # A GPU first: the question is which GPU, and the CPU's small workloads are a smoke
+        # check (a page that opened on cpu-2core showed CPU numbers to a GPU reader).
+        gpus = rows.drop_duplicates("machine").set_index("machine")["gpu"]
+        on_gpu = sorted(m for m in gpus.index if gpus[m] != "CPU only")
+        machine = pick("Machine", sorted(rows["machine"].unique()), key="machine",
+                       default=on_gpu[0] if on_gpu else None)
     rows = rows[rows["machine"] == machine]
     commits = list(rows.sort_values("commit_date", ascending=False)["commit"].str[:8].unique())
     with c2:
@@ -61,25 +66,29 @@ def technique_page(name: str) -> None:
     # A page opens on its first tab with results (an H100 run of transfer's headline chunk
     # measured bandwidth only, and its Time tab was empty).
     time_tab, memory_tab, floor_tab, missing_tab = tabs(names, default=names[has.index(True)] if any(has) else names[0])
+    glossary = words.glossary(name, rows["variant"].dropna(), rows["knob"].dropna() if "knob" in rows else (),
+                              rows["suite"].dropna())
     with time_tab:
         timed = rows[rows["kind"] == "time"]
         if timed.empty:
             st.info(f"No timing results for this technique from {machine} at commit {commit}: its run did not "
-                    "include them.")
+                    f"include them. `{_command(name)}` measures its main comparison.")
         else:
             _paired(rows)
             metrics = sorted(timed["metric"].unique())
             # The paired classes' per-variant times are "seconds"; older benchmarks' the headline.
             metric = pick("Timed metric", metrics, key="metric",
-                          default="seconds" if "seconds" in metrics else technique.headline)
+                          default="seconds" if "seconds" in metrics else technique.headline, words=words.metric)
             timed = timed[timed["metric"] == metric]
             speedup = report.speedup_table(timed, "time", baseline)
-            st.markdown(f"**Separately timed**: `{metric}` medians against `{baseline}` (worst-case bounds)")
+            st.markdown(f"**Separately timed**: {words.metric(metric)} (`{metric}`), medians against `{baseline}` "
+                        "(worst-case bounds)")
             table(speedup, hide=STATED)
-            st.plotly_chart(spread_chart(timed, f"{metric}: every sample"))
+            st.plotly_chart(spread_chart(timed, f"{words.metric(metric)}: every sample"))
             s = speedup.sources
             s = s.assign(case=config_label(s) + " / " + s["variant"].astype(str))
-            st.plotly_chart(ratio_chart(s, "case", "suite", f"{metric}: speedup over {baseline}"))
+            st.plotly_chart(ratio_chart(s, "case", "suite", f"{words.metric(metric)}: speedup over {baseline}"))
+        _say(glossary)
     with memory_tab:
         memory = rows[rows["kind"] == "memory"]
         if memory.empty:
@@ -90,7 +99,8 @@ def technique_page(name: str) -> None:
                         "not include them (`speedlib run --plan` lists what each chunk measures).")
         else:
             table(report.memory_table(memory, baseline), hide=STATED)
-            st.plotly_chart(_bars(memory, 2**-20, "peak memory (MiB)"))
+            st.plotly_chart(_bars(memory, "bytes"))
+            _say(glossary)
     with floor_tab:
         floors = rows[rows["kind"] == "fraction of floor"]
         bandwidth = rows[rows["kind"] == "bandwidth"]
@@ -101,7 +111,8 @@ def technique_page(name: str) -> None:
             # One chart per reference: gather is a % of the host->device copy, write-back of
             # device->host; one axis named after the first mislabelled the other.
             for unit, same in floors.groupby("unit", sort=True):
-                st.plotly_chart(_bars(same, 1.0, str(unit)))
+                st.plotly_chart(_bars(same, str(unit)))
+            _say(glossary)
         if not bandwidth.empty:
             table(report.speedup_table(bandwidth, "bandwidth", baseline), hide=STATED)
     with missing_tab:
@@ -121,34 +132,50 @@ def _paired(rows: pd.DataFrame) -> None:
     st.plotly_chart(ratio_chart(s, "case", "suite", "paired speedup: x faster than the baseline"))
 
 
-def _bars(rows, scale: float, title: str) -> go.Figure:
-    """One trace per metric and configuration (peak and activation memory, each batch size),
-    one bar per variant: never two configurations in one bar."""
+def _bars(rows, unit: str) -> go.Figure:
+    """One bar per variant, grouped by configuration (metric, workload, batch) so that each
+    variant stands beside its own baseline; never two configurations in one bar. Titled
+    with what is measured (gather and write-back charts looked alike without one)."""
     fig = go.Figure()
-    rows = rows.assign(_config=rows["metric"].astype(str) + " " + config_label(rows))
-    # plotly's default palette has ten colours, and checkpointing draws twelve traces (two
-    # metrics x three workloads x two batches): a repeated colour reads as one configuration.
+    scale, unit = (2**-30, "GiB") if unit == "bytes" and rows["value"].max() >= 2**30 else \
+        (2**-20, "MiB") if unit == "bytes" else (1.0, unit)  # as the tables write them
+    several = rows["metric"].nunique() > 1
+    rows = rows.assign(_config=((rows["metric"].map(words.metric) + ": ") if several else "") + config_label(rows))
+    # plotly's default palette has ten colours; checkpointing has five variants, transfer six.
     palette = plotly.colors.qualitative.Dark24
-    for i, (config, g) in enumerate(rows.groupby("_config", sort=True)):
-        fig.add_trace(go.Bar(x=[html.escape(str(v)) for v in g["variant"]], y=g["value"] * scale,
-                             name=html.escape(str(config)), marker_color=palette[i % len(palette)]))
+    for i, (variant, g) in enumerate(rows.groupby("variant", sort=True)):
+        fig.add_trace(go.Bar(x=[html.escape(str(v)) for v in g["_config"]], y=g["value"] * scale,
+                             name=html.escape(str(variant)), marker_color=palette[i % len(palette)]))
     # Log y: configurations differ by orders of magnitude (DenseNet-121 at batch 256 against a
     # transformer at 64; a device-resident table at 669 % of the copy floor beside CuPy at 39 %),
     # and on a linear axis the small ones vanish.
-    fig.update_layout(barmode="group", height=380, margin={"t": 30},
-                      yaxis=log_axis(list(rows["value"] * scale), f"{title} (log scale)"))
+    title = ", ".join(dict.fromkeys(words.metric(m) for m in rows["metric"]))
+    fig.update_layout(title=html.escape(title), barmode="group", height=420, margin={"t": 50}, showlegend=True,
+                      yaxis=log_axis(list(rows["value"] * scale), f"{unit} (log scale)"))
     return fig
+
+
+def _command(name: str) -> str:
+    """The `speedlib run` that measures the technique's headline comparison."""
+    suite = next(h.suite for h in headline.HEADLINES if h.technique == name)
+    return plan.how_to_measure(f"bench_{name}.{suite}.")
+
+
+def _say(glossary: str) -> None:
+    """What the variant and knob names on this page mean."""
+    if glossary:
+        st.caption("Names: " + glossary)
 
 
 def _not_measured(data: dict, name: str, machine: str | None = None) -> None:
     rows = data["not_measured"]
-    rows = rows[rows["technique"] == name]
+    rows = rows[(rows["technique"] == name) & ~report.is_own_baseline(rows)]
     if machine is not None:
         rows = rows[rows["machine"] == machine]
     if rows.empty:
         st.caption("Nothing was skipped or failed.")
         return
-    st.caption("skipped: the benchmark does not apply here (no GPU, package missing); failed: it raised; "
-               "outdated: measured with an older version of the benchmark, so not comparable.")
-    st.dataframe(rows.assign(commit=rows["commit"].str[:8])[["machine", "commit", "benchmark", "params", "status"]],
-                 hide_index=True)
+    st.caption("Each row says why it has no number: skipped (the benchmark does not apply on this machine), "
+               "failed (it raised), outdated (measured with an earlier version of the benchmark).")
+    st.dataframe(rows.assign(commit=rows["commit"].str[:8], why=report.why_not_measured(rows))[
+        ["machine", "commit", "benchmark", "params", "status", "why"]], hide_index=True)

@@ -122,13 +122,15 @@ def note_missing_gpu(df: pd.DataFrame) -> None:
 # (Streamlit's own binding leaves a default out, so a link would change meaning when a new
 # default appears). A value the URL names that is not an option is ignored.
 
-def pick(label: str, options: list, key: str, default=None):
-    """A selectbox kept in the URL (`?key=value`), so a link reproduces the view."""
+def pick(label: str, options: list, key: str, default=None, words=None):
+    """A selectbox kept in the URL (`?key=value`), so a link reproduces the view; `words`
+    shows an option in words (the URL keeps the identifier)."""
     options = list(options)
     names = [str(o) for o in options]
     wanted = st.query_params.get(key)
     index = names.index(wanted) if wanted in names else options.index(default) if default in options else 0
-    value = st.selectbox(label, options, index=index, key=key)
+    shown = (lambda o: f"{words(o)} ({o})" if words(o) != str(o) else str(o)) if words else str
+    value = st.selectbox(label, options, index=index, key=key, format_func=shown)
     if value is not None:
         st.query_params[key] = str(value)
     return value
@@ -218,20 +220,33 @@ def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str) -> go.Figure:
         # Each bar grows from the 1x line (right: faster, left: slower), not from the edge of a
         # log axis, where a 0.7x bar would look as long as a win.
         # Faded: the interval includes 1x, so the bar is not told apart from the baseline.
-        unsure = (g["ratio_low"] <= 1.0) & (g["ratio_high"] >= 1.0)
+        # Hatched: no interval at all (one value per variant, not paired), so nothing says how
+        # sure it is; drawn solid, a single DDP launch looked as certain as 30 paired rounds.
+        unsure = ((g["ratio_low"] <= 1.0) & (g["ratio_high"] >= 1.0)).tolist()
+        lone = (g["ratio_low"].isna() | g["ratio_high"].isna()).tolist()
+        n = g["n"] if "n" in g else pd.Series([math.nan] * len(g), index=g.index)
+        said = ["interval includes 1x" if u else "single value, no interval" if x else "" for u, x in zip(unsure, lone)]
         fig.add_trace(go.Bar(
             y=esc(g[y]), x=g["ratio"] - 1.0, base=1.0, orientation="h", name=html.escape(str(name)),
-            marker={"opacity": [0.35 if u else 1.0 for u in unsure]},
-            customdata=list(zip(g["ratio"], ["interval includes 1x" if u else "" for u in unsure])),
-            hovertemplate="%{y}: %{customdata[0]:.3g}x %{customdata[1]}<extra>%{fullData.name}</extra>",
+            marker={"opacity": [0.35 if u else 1.0 for u in unsure],
+                    "pattern": {"shape": ["/" if x else "" for x in lone]}},
+            customdata=list(zip(g["ratio"], [report._fmt_ratio(r, lo, hi).partition(" ")[2] for r, lo, hi in
+                                             zip(g["ratio"], g["ratio_low"], g["ratio_high"])],
+                                ["" if pd.isna(k) else f"N={k:g}" for k in n], said)),
+            hovertemplate="%{y}: %{customdata[0]:.3g}x %{customdata[1]} %{customdata[2]} %{customdata[3]}"
+                          "<extra>%{fullData.name}</extra>",
             error_x={"type": "data", "symmetric": False, "array": (g["ratio_high"] - g["ratio"]).fillna(0),
                      "arrayminus": (g["ratio"] - g["ratio_low"]).fillna(0)}))
     fig.add_vline(x=1.0, line_dash="dash")
+    legend = []
     if ((s["ratio_low"] <= 1.0) & (s["ratio_high"] >= 1.0)).any():
+        legend.append("faded bar: its 99 % interval includes 1x (not told apart from the baseline)")
+    if (s["ratio_low"].isna() | s["ratio_high"].isna()).any():
+        legend.append("hatched bar: a single value per variant, no interval (how sure it is is unknown)")
+    if legend:
         # Below the axis title: above the bars, the legend's row sits (and the title above it).
-        fig.add_annotation(text="faded bar: its 99 % interval includes 1x (not told apart from the baseline)",
-                           xref="paper", yref="paper", x=0, y=0, yanchor="top", yshift=-48, showarrow=False,
-                           xanchor="left")
+        fig.add_annotation(text="<br>".join(legend), xref="paper", yref="paper", x=0, y=0, yanchor="top",
+                           yshift=-48, showarrow=False, xanchor="left", align="left")
     # Log scale, so that 0.5x and 2x lie equally far from the 1x line, with ticks at 1-2-5
     # steps written as ratios (plotly's own log ticks read "1, 2, 5, 10, 2, 5, 100").
     values = pd.concat([s["ratio"], s["ratio_low"], s["ratio_high"]]).dropna()
@@ -243,8 +258,10 @@ def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str) -> go.Figure:
     ticks = ratio_ticks(low, high)
     labels = sorted({html.escape(str(v)) for v in s[y]})
     # A bar slot per label and trace, so that a chart of 24 configurations is as legible as one of 2.
+    # showlegend: plotly hides the legend of a single trace, and the trace names the machine:
+    # a CPU-only chart beside a CPU-and-GPU one read as GPU results.
     fig.update_layout(title={"text": html.escape(title), "y": 0.99, "yref": "container", "yanchor": "top"},
-                      barmode="group", height=170 + 24 * len(labels) * max(len(groups), 1),
+                      showlegend=True, barmode="group", height=170 + 24 * len(labels) * max(len(groups), 1),
                       margin={"t": 90, "b": 80}, legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0},
                       xaxis={"type": "log", "title": "x faster than the baseline (log scale)", "tickvals": ticks,
                              "ticktext": [f"{t:g}x" for t in ticks], "range": [math.log10(low), math.log10(high)]},
@@ -256,15 +273,27 @@ def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str) -> go.Figure:
 
 # Tick steps per decade, coarse to fine: a chart of 0.8x-1.1x gets 0.8, 0.9, 1, 1.1 rather than
 # a lone "1x" (its 1-2-5 steps would all fall outside).
-_TICK_STEPS = ((1, 2, 5), (1, 1.5, 2, 3, 5, 7), (1, 1.1, 1.2, 1.3, 1.5, 1.7, 2, 2.5, 3, 4, 5, 6, 7, 8, 9))
+_TICK_STEPS = ((1, 2, 5), (1, 1.5, 2, 3, 5, 7), (1, 1.2, 1.5, 2, 3, 4, 5, 7),
+               (1, 1.1, 1.2, 1.3, 1.5, 1.7, 2, 2.5, 3, 4, 5, 6, 7, 8, 9))
+# The most of the (log) axis left without a tick at either end: 0.37x-1.44x once got only
+# "0.5x, 0.7x, 1x", with three of four bars beyond the last tick.
+_UNTICKED_END = 0.25
+
+
+def _covers(ticks: list[float], low: float, high: float) -> bool:
+    span = math.log(high / low)
+    return (len(ticks) >= 3 and math.log(ticks[0] / low) <= _UNTICKED_END * span
+            and math.log(high / ticks[-1]) <= _UNTICKED_END * span)
 
 
 def ratio_ticks(low: float, high: float) -> list[float]:
-    """Log-axis ticks between `low` and `high`: the coarsest steps that give at least three;
-    for a range narrower still (0.97x-1.04x), even steps of 0.01, 0.02 or 0.05."""
+    """Log-axis ticks between `low` and `high`: the coarsest steps that give at least three
+    and leave neither end of the axis bare; for a range narrower still (0.97x-1.04x), even
+    steps of 0.01, 0.02 or 0.05. Any magnitude: bytes reach 10^10, ratios 10^-3."""
+    decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
     for steps in _TICK_STEPS:
-        ticks = [round(m * 10.0 ** e, 6) for e in range(-3, 4) for m in steps if low <= m * 10.0 ** e <= high]
-        if len(ticks) >= 3:
+        ticks = [round(m * 10.0 ** e, 6 - e) for e in decades for m in steps if low <= m * 10.0 ** e <= high]
+        if _covers(ticks, low, high):
             return ticks
     span = high - low
     if span > 0:  # even steps a quarter of the span or so: 38-42 ms gets 38, 39, ..., 42
@@ -313,15 +342,34 @@ def on_screen(frame: pd.DataFrame, hide: tuple[str, ...] = ()) -> pd.DataFrame:
     anchor = next((c for c in ("baseline", "variant", "claim") if c in columns), None)
     if anchor is None or not numbers:
         return frame
-    rest = [c for c in columns if c not in numbers]
+    # Where it was measured goes after the numbers: machine, GPU and commit led every row of
+    # the overview's tables, and at 1000 px the speedup itself was cut to "1.".
+    where = [c for c in WHERE if c in columns and c != anchor]
+    rest = [c for c in columns if c not in numbers and c not in where]
     at = rest.index(anchor) + 1
-    return frame[rest[:at] + numbers + rest[at:]]
+    return frame[rest[:at] + numbers + where + rest[at:]]
+
+
+WHERE = ("machine", "GPU", "commit")
+# Pixels per character of the grid's font, and the widest a column gets (a long note wraps
+# nowhere in a grid; past this it is cut, and the full text is in the exports).
+_CHAR_PX, _MAX_PX = 7.6, 340
+
+
+def widths(frame: pd.DataFrame) -> dict:
+    """A column width per column from its longest text: Streamlit sized columns from a few
+    rows and cut "bf16_channels_last" to "bf16_channels_" further down."""
+    def longest(c) -> int:
+        return max([len(str(c)), *(len(str(v)) for v in frame[c].tolist())])
+
+    return {c: st.column_config.Column(width=int(min(_MAX_PX, 24 + _CHAR_PX * longest(c)))) for c in frame.columns}
 
 
 def table(t: report.Table, hide: tuple[str, ...] = ()) -> None:
     """`t` as a table; `hide`: columns the page already states above it for every row (a
     technique page names its machine and GPU), which would push the numbers off the right."""
-    st.dataframe(on_screen(t.frame, hide), hide_index=True)
+    frame = on_screen(t.frame, hide)
+    st.dataframe(frame, hide_index=True, column_config=widths(frame))
     for n in t.notes:
         # A caption is Markdown: a note opening with ">1: ..." would become a quote and lose its ">".
         st.caption("\\" + n if n.startswith((">", "#", "-", "+", "*")) else n)

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Chunk", "load_chunks", "benchmark_listing", "select_chunks", "combinations", "estimate_seconds",
+__all__ = ["Chunk", "CHECKOUT", "how_to_measure", "load_chunks", "benchmark_listing", "select_chunks", "combinations", "estimate_seconds",
            "SECONDS_PER_COMBINATION", "SECONDS_PER_CLASS", "SECONDS_PER_REPORT", "REPORT_SECONDS", "LAUNCH_METHOD",
            "HEADROOM", "PlanError",
            "chunk_times_path", "record_chunk_time", "recorded_chunk_seconds", "seconds_per_combination", "chunk_cost"]
@@ -90,6 +90,23 @@ def select_chunks(chunks: list[Chunk], names: list[str]) -> list[Chunk]:
     if unknown:
         raise PlanError(f"unknown chunk {unknown[0]!r}; the chunks are: {', '.join(known)} (or all)")
     return [c for c in chunks if any(picked(c, n) for n in names)]
+
+
+# The checkout this harness belongs to: its benchmarks/chunks.py names the chunks.
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def how_to_measure(benchmark: str, root: Path = CHECKOUT) -> str:
+    """The `speedlib run` command that measures `benchmark` ("bench_amp.TrainingStep." or a
+    full "module.Class.method"): its chunk where the checkout has chunks, else a --bench
+    selection of it. Pages that say "not measured yet" say this too."""
+    try:
+        chunk = next((c for c in load_chunks(root) if re.match(c.regex, benchmark)), None)
+    except (PlanError, OSError, SyntaxError):  # an installed copy without benchmarks/
+        chunk = None
+    if chunk is not None:
+        return f"speedlib run --chunk {chunk.name}"
+    return f"speedlib run --bench '^{re.escape(benchmark)}'"
 
 
 def benchmark_listing(root: Path, results_dir: Path) -> Path | None:

@@ -44,7 +44,7 @@ from speedbench.paired import ratio_estimate
 from speedbench.results import COLUMNS, higher_is_better, printable
 
 __all__ = ["Claim", "CLAIMS", "TECHNIQUES", "Table", "speedups", "speedup_table", "memory_table",
-           "floor_table", "noise", "noise_table", "NOISE_TARGET", "case_label", "history", "history_table", "compare_machines", "machine_comparison", "bibtex", "claims_table", "latest",
+           "floor_table", "noise", "noise_table", "NOISE_TARGET", "case_label", "history", "history_table", "compare_machines", "machine_comparison", "same_work", "speedup_comparison", "is_own_baseline", "why_not_measured", "bibtex", "claims_table", "latest",
            "param_columns", "provenance", "reproduce_command", "to_markdown", "to_csv", "to_latex",
            "SIGNIFICANCE_FACTOR", "P_THRESHOLD", "MIN_SEGMENT", "MannWhitney", "mann_whitney_u", "differ",
            "resolve_commit", "compare_commits", "change_table", "paired", "paired_table", "paired_noise",
@@ -106,14 +106,33 @@ class Claim:
     # class nor `metric` ran: each transfer variant's bandwidth as a % of the pinned copy in
     # its own process, so the ratio of two variants' % is the ratio of their bandwidths.
     also: str | None = None
+    # The class that measures `metric`, where it is not `suite`: a claim not measured yet
+    # says which `speedlib run` would measure it (speedbench.plan.how_to_measure).
+    measured_by: str | None = None
+    # Devices the claim is about: DDP against DataParallel means nothing on one GPU.
+    devices: int = 1
+
+    @property
+    def how_to_measure(self) -> str:
+        from speedbench import plan  # noqa: PLC0415 - reads benchmarks/chunks.py; only this needs it
+
+        on = f"a machine with {self.devices} or more GPUs" if self.devices > 1 else "a GPU"
+        return f"{plan.how_to_measure(f'bench_{self.technique}.{self.measured_by or self.suite}.')} on {on}"
 
 
-def comparable(gpu: str, claim: Claim) -> str:
-    """Whether a result on `gpu` can be set beside `claim`, in words."""
+def comparable(gpu: str, claim: Claim, world=None) -> str:
+    """Whether a result on `gpu` (with `world` devices, where the result says) can be set
+    beside `claim`, in words."""
+    if claim.devices > 1 and pd.notna(world) and str(world).isdigit() and int(world) < claim.devices:
+        return (f"no: world={world}, a single device, where the claim is about splitting the work over "
+                f"{claim.hardware}")
     if claim.hardware is None:
         return "yes: an exact count, the same on any device"
     if gpu in ("CPU only", "unknown", "") or gpu.startswith("none"):
         return f"no: a CPU result beside a claim measured on {claim.hardware}"
+    if claim.measured_as == "memory ratio":  # peak allocator memory: cuDNN's workspaces differ by GPU
+        return (f"roughly: a peak-memory ratio on a GPU beside one on {claim.hardware}; the allocator and "
+                "cuDNN's workspace choices move it a little from GPU to GPU")
     if claim.hardware in _ANY_GPU:
         return f"yes: a GPU result, and the claim covers {claim.hardware}"
     if claim.hardware.lower().removeprefix("a ").removeprefix("an ") in gpu.lower():  # "a Tesla K80"
@@ -135,10 +154,10 @@ CLAIMS = (
           410.0, None, "speedup", "scatter", "cupy", "pinned", suite="Transfer",
           where=(("op", "scatter"), ("indices", "random")), hardware="a Tesla K80", also="scatter_fraction_of_floor"),
     Claim("transfer", "SpeedTorch README (Colab)", "10M x 128 float32 table: CuPy pinned 9.93 GB of host memory, PyTorch pinned 6.59 GB",
-          9.93 / 6.59, None, "memory ratio", "host_footprint", "cupy", "pinned", hardware=None),
+          9.93 / 6.59, None, "memory ratio", "host_footprint", "cupy", "pinned", hardware=None, measured_by="Footprint"),
     Claim("checkpoint", "efficient DenseNet / pytorch-checkpoint (TITAN X, DenseNet-BC-100)",
           "about -46 % memory (9.93 -> 5.38 GB)", 5.38 / 9.93, None, "memory ratio", "peak_memory", "speedlib", "none",
-          "densenet_bc", hardware=None),
+          "densenet_bc", hardware="a TITAN X", measured_by="PeakMemory"),
     Claim("checkpoint", "efficient DenseNet / pytorch-checkpoint (TITAN X, DenseNet-BC-100)",
           "about +19 % step time (0.42 -> 0.50 s)", 0.42 / 0.50, None, "speedup", "step", "speedlib", "none",
           "densenet_bc", suite="TrainingStep", hardware="a TITAN X"),
@@ -147,7 +166,8 @@ CLAIMS = (
     Claim("amp", "PyTorch Performance Tuning Guide", "mixed precision up to 3x faster (with channels_last)", None, 3.0,
           "speedup", "step", "bf16_channels_last", "fp32", suite="TrainingStep", hardware="Volta or newer GPUs"),
     Claim("parallel", "PyTorch Tuning Guide; Lightning speed-up guide", "DistributedDataParallel much faster than DataParallel",
-          None, None, "speedup", "step", "ddp", "dataparallel", hardware="several GPUs"),
+          None, None, "speedup", "step", "ddp", "dataparallel", hardware="several GPUs", measured_by="Step",
+          devices=2),
 )
 
 # A change is only reported when the ratio is beyond this factor (asv compare's default) and the
@@ -350,7 +370,7 @@ def speedup_table(df: pd.DataFrame, kind: str = "time", baseline: str | None = N
         "speedup": [_fmt_ratio(r, lo, hi) for r, lo, hi in zip(s["ratio"], s["ratio_low"], s["ratio_high"])],
         "interval": s["interval"], "N": s["n"],
     })
-    notes = ["speedup = baseline / variant for time and memory, variant / baseline for bandwidth and % of floor; "
+    notes = ["speedup = baseline / variant for time, variant / baseline for bandwidth and % of floor; "
              ">1 means the variant is better", "[low, high]: from the two 99 % confidence intervals (worst case)"]
     data = _numbers(s, **_ratio_numbers(s), interval=s["interval"], value=s["value"],
                     baseline_value=s["baseline_value"], unit=s["unit"])
@@ -360,19 +380,27 @@ def speedup_table(df: pd.DataFrame, kind: str = "time", baseline: str | None = N
 def memory_table(df: pd.DataFrame, baseline: str | None = None) -> Table:
     """Peak memory per variant, with the change against the baseline in percent."""
     s = _against_baseline(df, "memory", baseline)
-    change = (s["value"] / s["baseline_value"] - 1) * 100
+    # Memory is stated as the sources and the design targets state it, variant / baseline
+    # ("0.55x the memory"), in the grid, the claims, this table and its CSV alike: an export
+    # that gave baseline / variant here (2.68) beside 0.373x in the grid misled anyone
+    # merging the two. speedups() keeps "x better" internally; this inverts it, bounds too.
+    s = s.assign(ratio=1 / s["ratio"], ratio_low=1 / s["ratio_high"], ratio_high=1 / s["ratio_low"])
+    change = (s["ratio"] - 1) * 100
     frame = pd.DataFrame({
         **_identity(s),
         "variant": s["variant"], "baseline": s["baseline"],
         "peak": [_fmt_value(v, "bytes") for v in s["value"]],
         "baseline peak": [_fmt_value(v, "bytes") for v in s["baseline_value"]],
+        "memory": [_fmt_ratio(r, lo, hi) for r, lo, hi in zip(s["ratio"], s["ratio_low"], s["ratio_high"])],
         "change": [f"{c:+.1f} %" for c in change], "N": s["n"],
     })
-    # ratio = baseline / variant, as in every speedup; the exported change is variant / baseline - 1.
     data = _numbers(s, **_ratio_numbers(s), value=s["value"], baseline_value=s["baseline_value"], unit=s["unit"],
                     change_percent=change)
     return Table("Peak memory", frame.reset_index(drop=True), s,
-                 _with_earlier_note(["change = variant / baseline - 1"], s), data)
+                 _with_earlier_note([MEMORY_NOTE, "change = variant / baseline - 1"], s), data)
+
+
+MEMORY_NOTE = "memory = variant peak / baseline peak (ratio in the CSV): below 1x the variant needs less memory"
 
 
 # --- paired speedups ------------------------------------------------------------------------
@@ -442,6 +470,8 @@ def paired_table(df: pd.DataFrame) -> Table:
     s = paired(df)
     frame = pd.DataFrame({
         "machine": s["machine"], "GPU": s["gpu"], "commit": _commit_label(s),
+        # "TrainingStep workload=resnet50" is a class of amp, tuning and checkpoint alike
+        "technique": s["technique"],
         "comparison": [f"{b.split('.')[1]} {c}".strip() for b, c in zip(s["benchmark"], s["config"])],
         "variant": s["variant"], "baseline": s["baseline"],
         "speedup": [_fmt_ratio(r, lo, hi) for r, lo, hi in zip(s["ratio"], s["ratio_low"], s["ratio_high"])],
@@ -827,9 +857,24 @@ def compare_machines(df: pd.DataFrame, machine_a: str, machine_b: str) -> pd.Dat
     return m
 
 
+def same_work(df: pd.DataFrame, machine_a: str, machine_b: str) -> bool:
+    """Whether the two machines ran the suite's workloads at the same size: a CPU runs small
+    ones (benchmarks/common.py picks sizes per profile), so its values and a GPU's measure
+    different work, and only each machine's speedups against its own baseline compare."""
+    cpu = df.drop_duplicates("machine").set_index("machine")["gpu"].eq("CPU only")
+    return bool(cpu.get(machine_a, False) == cpu.get(machine_b, False))
+
+
 def machine_comparison(df: pd.DataFrame, machine_a: str, machine_b: str) -> Table:
-    """`compare_machines` as a table: B / A as a speedup (>1: B is better)."""
+    """`compare_machines` as a table: B / A as a speedup (>1: B is better), for the values a
+    machine measures (times, memory, bandwidth): empty where the machines ran different work
+    (`same_work`). Paired speedups are compared by `speedup_comparison` instead: a ratio of
+    two machines' speedups answers no question, and their asv value is a median, not the
+    estimate the other tables cite."""
     m = compare_machines(df, machine_a, machine_b)
+    m = m[m["kind"] != "paired speedup"]
+    if not same_work(df, machine_a, machine_b):
+        m = m.iloc[0:0]
     frame = pd.DataFrame({
         "benchmark": m["benchmark"], "params": m["params"],
         machine_a: [_fmt_value(v, u) for v, u in zip(m["value_base"], m["unit"])],
@@ -840,7 +885,36 @@ def machine_comparison(df: pd.DataFrame, machine_a: str, machine_b: str) -> Tabl
     last = latest(df[df["machine"].isin([machine_a, machine_b])])
     used = last.set_index(["benchmark", "params"]).index.isin(m.set_index(["benchmark", "params"]).index)
     return Table(f"{machine_b} versus {machine_a}", frame, last[used],
-                 [f">1: {machine_b} is better; each machine at its latest commit"])
+                 [f">1: {machine_b} is better; each machine at its latest commit",
+                  "[low, high]: worst-case bounds from each machine's own 99 % interval (or IQR): two separate runs, "
+                  "so the machines' drift between processes is inside them"])
+
+
+def speedup_comparison(df: pd.DataFrame, machine_a: str, machine_b: str) -> Table:
+    """Each paired speedup measured on both machines (each at its latest commit), side by
+    side: the comparison that holds between a CPU and a GPU too, each against its own baseline."""
+    p = paired(latest(df[df["machine"].isin([machine_a, machine_b])]))
+    keys = ["technique", "benchmark", "config", "variant", "baseline"]
+    a = p[p["machine"] == machine_a].drop_duplicates(keys, keep="last")
+    b = p[p["machine"] == machine_b].drop_duplicates(keys, keep="last")
+    m = a.merge(b, on=keys, suffixes=("_a", "_b"))
+
+    def cell(side: str) -> list[str]:
+        return [_fmt_ratio(r, lo, hi) + f" N={n}" + (f" {EARLIER}" if e else "") for r, lo, hi, n, e in
+                zip(m[f"ratio_{side}"], m[f"ratio_low_{side}"], m[f"ratio_high_{side}"], m[f"n_{side}"],
+                    earlier_version(m.rename(columns={f"earlier_version_{side}": "earlier_version"})))]
+
+    frame = pd.DataFrame({
+        "technique": m["technique"],
+        "comparison": [f"{bm.split('.')[1]} {c}".strip() for bm, c in zip(m["benchmark"], m["config"])],
+        "variant": m["variant"], "baseline": m["baseline"], machine_a: cell("a"), machine_b: cell("b"),
+    })
+    used = pd.concat([p[(p["machine"] == side) & p.set_index(keys).index.isin(m.set_index(keys).index)]
+                      for side in (machine_a, machine_b)])
+    notes = ["paired speedups, each machine against its own baseline (variants taking turns in one process): "
+             "Hodges-Lehmann estimate [99 % Wilcoxon interval], N rounds; each machine at its latest commit"]
+    return Table(f"Paired speedups on {machine_a} and {machine_b}", frame.reset_index(drop=True), used,
+                 _with_earlier_note(notes, used))
 
 
 def _claim_rows(s: pd.DataFrame, c: Claim, by_suite: bool, metric: str | None = None) -> pd.DataFrame:
@@ -856,6 +930,39 @@ def _claim_rows(s: pd.DataFrame, c: Claim, by_suite: bool, metric: str | None = 
     for column, value in c.where if metric is None else ():
         keep &= (s[column] == value) if column in s else False
     return s[keep]
+
+
+def is_own_baseline(rows: pd.DataFrame) -> pd.Series:
+    """A paired class's baseline has seconds but no speedup of its own: asv records its
+    `track_speedup` as skipped, by design, not as something left unmeasured."""
+    chains = {t: TECHNIQUES[t].baselines for t in TECHNIQUES}
+    return pd.Series([str(b).endswith(".track_speedup") and v in chains.get(t, ())
+                      for b, t, v in zip(rows["benchmark"], rows["technique"], rows["variant"])],
+                     index=rows.index, dtype=bool)
+
+
+def why_not_measured(rows: pd.DataFrame) -> pd.Series:
+    """Per row of the loader's not-measured frame: why it has no value, in words. asv keeps
+    only "skipped" (NaN), so the reason is read off the row: its status, its machine (GPU
+    count) and its parameters, the same conditions the benchmarks skip on."""
+    def why(r) -> str:
+        if r.status == "outdated":
+            return "measured with an earlier version of the benchmark, not comparable with the current one"
+        if r.status == "failed":
+            return "raised an error in its run (the output of `speedlib run` shows it)"
+        gpus = int(r.gpu_count) if pd.notna(r.gpu_count) else 0
+        world = str(r.world) if pd.notna(r.world) else ""
+        if world.isdigit() and gpus and int(world) > gpus:
+            return f"needs {world} GPUs; this machine has {gpus}"
+        if r.metric == "scaling_efficiency" and world == "1":
+            return "scaling is measured from 2 devices up"
+        if "channels_last" in str(r.variant) and r.workload == "transformer":
+            return "channels_last applies to convolutional networks only"
+        if not gpus:
+            return "needs a GPU" + (" (DataParallel needs CUDA)" if r.variant == "dataparallel" else "")
+        return "skipped by the benchmark: a package or device it needs is missing here"
+
+    return pd.Series([why(r) for r in rows.itertuples()], index=rows.index, dtype=object)
 
 
 def claims_table(df: pd.DataFrame) -> Table:
@@ -884,8 +991,8 @@ def claims_table(df: pd.DataFrame) -> Table:
                          "claimed_high": c.claimed_high, "measured_as": label}
         if hit.empty:
             rows.append({"technique": c.technique, "source": c.source, "claim": c.claim, "claimed": claimed,
-                         "measured as": label,
-                         "machine": "", "workload": "", "measured": "not measured yet", "comparable": ""})
+                         "measured as": label, "machine": "", "workload": "",
+                         "measured": f"not measured yet: {c.how_to_measure}", "comparable": ""})
             numbers.append(claim_numbers)
             continue
         used.append(hit)
@@ -898,13 +1005,16 @@ def claims_table(df: pd.DataFrame) -> Table:
                          "workload": f"{r['workload']} ({setting})" if setting else r["workload"],
                          "measured": _fmt_ratio(r["ratio"], r["ratio_low"], r["ratio_high"])
                          + (f" {EARLIER}" if earlier[r.name] else ""),
-                         "comparable": comparable(str(r["gpu"]), c)})
+                         "comparable": comparable(str(r["gpu"]), c, r.get("world"))})
             numbers.append({**claim_numbers, "machine": r["machine"], "gpu": r["gpu"], "commit": r["commit"],
                             "workload": r["workload"], "setting": setting, "ratio": r["ratio"],
                             "low": r["ratio_low"], "high": r["ratio_high"], "N": r["n"],
-                            "result_id": r.get("result_id", ""), "comparable": comparable(str(r["gpu"]), c)})
+                            "result_id": r.get("result_id", ""), "comparable": rows[-1]["comparable"]})
     sources = pd.concat(used) if used else df.iloc[0:0]
-    return Table("Claims versus measured", pd.DataFrame(rows), sources,
+    # The figures beside the claim, then where they were measured and whether that compares;
+    # the source's name and the measurement's name are long and go last.
+    order = ["technique", "claim", "claimed", "measured", "machine", "workload", "comparable", "source", "measured as"]
+    return Table("Claims versus measured", pd.DataFrame(rows, columns=order), sources,
                  _with_earlier_note(["measured: latest commit per machine; ratio [99 % CI bounds]",
                   "paired speedup: variants taking turns in one process; Hodges-Lehmann estimate of the per-round "
                   "ratios [99 % Wilcoxon interval]; otherwise the ratio of separate measurements [worst-case bounds]"],
@@ -922,8 +1032,14 @@ def reproduce_command(commit: str, benchmarks: list[str]) -> str:
 
 
 def _statistic(kinds: set[str], n: pd.Series) -> str:
-    stat = "median of timed samples (asv)" if kinds == {"time"} else (
-        "single value per run (asv track)" if "time" not in kinds else "median (time); single value (track)")
+    """How the rows' numbers were obtained, in words, and their N."""
+    said = {"time": "median of timed samples (asv)",
+            "paired speedup": "Hodges-Lehmann estimate of per-round ratios, variants taking turns in one process "
+                              "(N: rounds)"}
+    parts = [said[k] for k in ("paired speedup", "time") if k in kinds]
+    if kinds - said.keys():
+        parts.append("single value per run (asv track)")
+    stat = "; ".join(parts)
     low, high = int(n.min()), int(n.max())
     return f"{stat}; N = {low}" if low == high else f"{stat}; N = {low}-{high}"
 

@@ -164,7 +164,10 @@ def test_filter_from_the_url(synthetic_tree, monkeypatch):
 
 def test_a_filter_value_that_does_not_exist_is_ignored(synthetic_tree, monkeypatch):
     at = app_on(synthetic_tree, "views/contiguous.py", monkeypatch, machine="<script>alert(1)</script>")
-    assert not at.exception and any(t.value.startswith("synthetic-cpu: ") for t in at.text)
+    # the default instead: the first GPU machine (the question is which GPU; a CPU runs small workloads)
+    assert not at.exception and any(t.value.startswith("synthetic-h100: ") for t in at.text)
+    at = app_on(synthetic_tree, "views/contiguous.py", monkeypatch)
+    assert at.query_params["machine"] == "synthetic-h100"
 
 
 def test_cite_page_offers_three_exports_and_bibtex(synthetic_tree, monkeypatch):

@@ -123,6 +123,17 @@ def test_a_chunk_name_selects_that_chunk_and_a_prefix_its_group():
         pick("hea")
 
 
+def test_what_is_not_measured_names_the_chunk_that_measures_it(tmp_path):
+    """Pages that say "not measured yet" give the command: the first chunk whose patterns
+    take the class, as `speedlib run --chunk` selects it; a checkout without chunks gets a
+    --bench selection of the class instead."""
+    assert plan.how_to_measure("bench_checkpoint.PeakMemory.") == "speedlib run --chunk headline-checkpoint-memory"
+    assert plan.how_to_measure("bench_checkpoint.ActivationMemory.") == "speedlib run --chunk checkpoint"
+    assert plan.how_to_measure("bench_transfer.Footprint.track_host_footprint") == \
+        "speedlib run --chunk transfer-parallel"
+    assert plan.how_to_measure("bench_new.Thing.", root=tmp_path) == "speedlib run --bench '^bench_new\\.Thing\\.'"
+
+
 def _fake_run(monkeypatch, costs: dict[str, float]) -> list[str]:
     """suite.run with asv and the machine registration stood in: which chunks would run."""
     ran = []

@@ -10,7 +10,7 @@ df = page_data()
 KINDS = {"paired": "Paired speedup (the headline)", "speedup": "Speedup (time)", "memory": "Peak memory", "floor": "Fraction of the floor", "claims": "Claims vs measured"}
 c1, c2, c3 = st.columns(3)
 with c1:
-    kind = pick("Table", list(KINDS), key="table")
+    kind = pick("Table", list(KINDS), key="table", words=KINDS.get)
 with c2:
     machines = pick_many("Machines", sorted(df["machine"].unique()), key="machine")
 with c3:

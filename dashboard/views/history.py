@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from _view import log_axis, page_data, pick, pick_many, table
-from speedbench import report
+from speedbench import report, words
 
 st.title("History across commits")
 df = page_data()
@@ -15,7 +15,8 @@ df = page_data()
 # commit has no history to show.
 commits = df[df["kind"] == "time"].groupby(["benchmark", "machine"])["commit"].nunique().groupby("benchmark").max()
 timed = sorted(commits.index[commits >= 2]) or sorted(commits.index)
-benchmark = pick("Benchmark", sorted(df["benchmark"].unique()), key="benchmark", default=timed[0] if timed else None)
+benchmark = pick("Benchmark", sorted(df["benchmark"].unique()), key="benchmark", default=timed[0] if timed else None,
+                 words=words.benchmark)
 rows = df[df["benchmark"] == benchmark]
 c1, c2 = st.columns(2)
 # One machine unless asked: a CPU's and a GPU's lines on one axis sit orders of magnitude

@@ -28,15 +28,24 @@ with c1:
     a = pick("Machine A", machines, key="a")
 with c2:
     b = pick("Machine B", [m for m in machines if m != a], key="b")
-gpus = df.drop_duplicates("machine").set_index("machine")["gpu"]
-cpu_and_gpu = (gpus[a] == "CPU only") != (gpus[b] == "CPU only")
+cpu_and_gpu = not report.same_work(df, a, b)
 if cpu_and_gpu:
     # benchmarks/common.py picks sizes per profile: a CPU runs small workloads so the suite
     # ends in minutes (ResNet-50 at batch 2 on 64 x 64 images against batch 64 on 224 x 224).
     st.info("One of these machines is a CPU and the other a GPU: the suite runs smaller workloads on CPUs "
-            "(ResNet-50 at batch 2 on 64 x 64 images, against batch 64 on 224 x 224 on GPUs), so their step "
-            "times compare different work. Compare speedups (each against its own baseline) instead.")
+            "(ResNet-50 at batch 2 on 64 x 64 images, against batch 64 on 224 x 224 on GPUs), so their times "
+            "and memory measure different work and are not compared here. Their speedups, each against its own "
+            "baseline, are.")
+st.subheader("Speedups on each machine")
+speedups = report.speedup_comparison(df, a, b)
+if speedups.frame.empty:
+    st.info("These two machines share no paired comparison.")
+else:
+    table(speedups)
 t = report.machine_comparison(df, a, b)
+if cpu_and_gpu:
+    st.stop()
+st.subheader(f"{b} against {a}, value by value")
 if t.frame.empty:
     st.info("These two machines share no benchmark.")
     st.stop()
@@ -45,8 +54,6 @@ ratios = report.compare_machines(df, a, b)
 # Times only: a speedup, a % of floor and a bandwidth compared across machines are answers to
 # different questions, and one axis would mix them.
 timed = ratios[ratios["kind"] == "time"]
-if cpu_and_gpu:
-    timed = timed.iloc[0:0]  # different work on each side (said above): no chart of time ratios
 if not timed.empty:
     st.plotly_chart(ratio_chart(timed.assign(case=config_label(timed) + " / " + timed["variant"].astype(str)
                                              + " (" + timed["metric"].astype(str) + ")", pair=f"{b} vs {a}"),

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from _view import note_missing_gpu, page_data, pick_many, ratio_chart, table
-from speedbench import headline, report
+from speedbench import headline, report, words
 
 st.title("speedlib: which PyTorch speed tricks pay off")
 st.caption("Headline speedups are paired: the variants took turns in one process, and each number is the "
@@ -54,11 +54,16 @@ for h in headline.HEADLINES:
     # The baseline is in the label: a fallback baseline (single process where DataParallel
     # cannot run) must not share a bar label with the real one.
     # Two metrics of one class (gather and write-back) would share "cupy vs pinned": name them.
-    metric = s["metric"].astype(str) + ": " if s["metric"].nunique() > 1 else ""
+    metric = s["metric"].map(words.metric) + ": " if s["metric"].nunique() > 1 else ""
     s = s.assign(label=s["machine"] + " (" + s["gpu"] + ")",
                  case=metric + report.case_label(s) + " vs " + s["baseline"].astype(str))
     st.plotly_chart(ratio_chart(s, "case", "label", "x faster than the baseline"))
-    table(speedup, hide=("GPU",))  # each machine's GPU: in the chart's legend and the grid's header
+    # each machine's GPU: in the chart's legend and the grid's header; the technique: above
+    table(speedup, hide=("GPU", "technique"))
+    knobs = s["knob"].dropna() if "knob" in s else ()
+    names = words.glossary(name, [*s["variant"].dropna(), *s["baseline"].dropna()], knobs)
+    if names:
+        st.caption("Names: " + names)
 if not shown:
     st.info("None of the selected machines has a headline result yet.")
 st.subheader("Claims of the sources versus measured")

@@ -1,0 +1,148 @@
+"""The suite's short names in the words a practitioner uses.
+
+Benchmarks name their variants, knobs and metrics with identifiers (`forloop`, `on`,
+`gather_fraction_of_floor`) because they are parameters and file keys. A reader of the
+dashboard or of an exported table should not have to open the benchmark source to learn
+that `forloop` is torch.optim.Adam(foreach=False) or what "on" means for the accumulation
+knob. The identifiers stay in tables and links (they are what `speedlib run --bench`
+selects); these words go beside them: in a glossary under each chart, in chart labels.
+
+The definitions repeat the benchmark modules' docstrings (benchmarks/bench_<name>.py), which
+remain the reference; tests/test_words.py checks that every variant and knob a benchmark
+declares has its words here.
+"""
+
+from __future__ import annotations
+
+__all__ = ["VARIANTS", "KNOBS", "KNOB_CLASSES", "METRICS", "metric", "benchmark", "glossary"]
+
+# Per technique: variant -> what it is.
+VARIANTS: dict[str, dict[str, str]] = {
+    "contiguous": {
+        "forloop": "torch.optim.Adam(foreach=False), one kernel chain per tensor (the baseline)",
+        "foreach": "torch.optim.Adam(foreach=True), multi-tensor kernels",
+        "fused": "torch.optim.Adam(fused=True)",
+        "speedlib": "speedlib.ContiguousParams: one flat buffer, Adam(fused=True) on it",
+        "original": "the contiguous_params 1.0.0 package's flat buffer",
+    },
+    "transfer": {
+        "pageable": "CPU index_select, then a synchronous copy from pageable memory",
+        "pinned": "CPU index_select into pinned memory, then a non_blocking copy (PyTorch's usual path)",
+        "cupy": "CuPy kernels read pinned host memory from the GPU (SpeedTorch's approach)",
+        "uva": "torch kernels read registered host memory from the GPU (zero-copy)",
+        "device": "the whole table in GPU memory (the upper bound)",
+        "sparse_adam": "nn.Embedding(sparse=True) + torch.optim.SparseAdam, table on the device",
+    },
+    "checkpoint": {
+        "none": "no checkpointing (the baseline)",
+        "reentrant": "torch.utils.checkpoint(use_reentrant=True) per segment",
+        "non_reentrant": "torch.utils.checkpoint(use_reentrant=False) per segment",
+        "speedlib": "speedlib.checkpoint (explicit parameters) per segment",
+        "sequential": "torch.utils.checkpoint.checkpoint_sequential over the feature stack",
+    },
+    "amp": {
+        "fp32": "strict float32, TF32 off (the baseline)",
+        "tf32": "TF32 Tensor Core maths in matmuls and convolutions",
+        "fp16": "float16 autocast with a GradScaler",
+        "bf16": "bfloat16 autocast",
+        "fp16_channels_last": "float16 autocast, model and input in channels_last",
+        "bf16_channels_last": "bfloat16 autocast, model and input in channels_last",
+    },
+    "parallel": {
+        "single": "one process, one device",
+        "ddp": "DistributedDataParallel, one process per device",
+        "dataparallel": "torch.nn.DataParallel, one process driving every device",
+        "off": "DDP all-reduces after every micro-batch",
+        "on": "DDP inside no_sync() for all but the last micro-batch",
+    },
+    "tuning": {
+        "off": "the code as most people write it (the baseline)",
+        "on": "the knob applied (see the knobs below)",
+        "no_grad": "evaluation under torch.no_grad()",
+        "inference_mode": "evaluation under torch.inference_mode()",
+        "workers": "DataLoader with worker processes",
+        "pin_memory": "DataLoader with pin_memory=True",
+        "workers_pin_memory": "DataLoader with workers and pin_memory=True",
+        "torchscript": "the GELU scripted with TorchScript",
+        "compile": "the GELU compiled with torch.compile",
+    },
+}
+
+# The Tuning Guide's on/off knobs: what "on" changes (off is the code most people write).
+KNOBS: dict[str, str] = {
+    "conv_bias": "on: no bias on a convolution directly before BatchNorm",
+    "zero_grad": "on: gradients set to None instead of zero-filled",
+    "channels_last": "on: model and input in NHWC (channels_last)",
+    "cudnn_benchmark": "on: cuDNN's autotuner",
+    "accumulation": "on: the same batch in 4 micro-batches (2 on CPUs): the price of accumulating, "
+                    "whose gain is memory",
+    "sync": "on: a loss meter that stays on the device instead of calling .item() every step",
+    "create_on_device": "on: tensors created with device= instead of .to(device)",
+    "preallocate": "on: one longest-length forward and backward before variable-length training",
+    "retained_graph": "on: a detached running loss instead of summing the loss tensor, which keeps every "
+                      "step's graph alive",
+}
+
+# Classes that measure one knob each: their variants are that knob's off and on.
+KNOB_CLASSES: dict[str, str] = {
+    "CudnnBenchmark": "cudnn_benchmark", "Sync": "sync", "SyncCount": "sync", "CreateOnDevice": "create_on_device",
+    "Preallocate": "preallocate", "PreallocateSegments": "preallocate", "RetainedGraph": "retained_graph",
+}
+
+# Metric names (the benchmark method without track_/time_) -> what they are.
+METRICS: dict[str, str] = {
+    "seconds": "seconds per step",
+    "speedup": "x faster than the baseline",
+    "step": "seconds per step",
+    "step_time": "seconds per step",
+    "adam_step": "seconds per Adam step",
+    "gather": "seconds per gather",
+    "scatter": "seconds per write-back",
+    "fraction_of_floor": "% of the memory-bandwidth floor",
+    "gather_fraction_of_floor": "gather, % of the pinned host->device copy",
+    "scatter_fraction_of_floor": "write-back, % of the pinned device->host copy",
+    "step_bandwidth": "memory bandwidth of the step",
+    "bandwidth": "bandwidth",
+    "copy_bandwidth": "bulk copy bandwidth",
+    "host_footprint": "host memory of the table",
+    "device_footprint": "device memory of the table",
+    "peak_memory": "peak GPU memory",
+    "peak_activation_memory": "peak activation memory",
+    "saved_activations": "saved activations",
+    "allreduces": "all-reduces per step",
+    "samples_per_second": "samples per second",
+    "scaling_efficiency": "% of linear scaling",
+    "throughput": "samples per second",
+    "compile_seconds": "compile time",
+    "retained_bytes": "activations kept alive",
+    "new_segments": "new allocator segments",
+    "syncs": "host-device synchronisations",
+    "first_view": "dashboard first view",
+    "load_results": "loading the result files",
+}
+
+
+def metric(name) -> str:
+    """A metric in words, the identifier itself where there are none."""
+    return METRICS.get(str(name), str(name))
+
+
+def benchmark(name: str) -> str:
+    """A full benchmark name in words: "bench_amp.TrainingStep.track_seconds" reads
+    "amp, TrainingStep: seconds per step"."""
+    module, _, rest = str(name).partition(".")
+    cls, _, method = rest.partition(".")
+    if not method:
+        return str(name)
+    return f"{module.removeprefix('bench_')}, {cls}: {metric(method.removeprefix('track_').removeprefix('time_'))}"
+
+
+def glossary(technique: str, variants, knobs=(), classes=()) -> str:
+    """One line naming what each of `variants` is, then what "on" means for each tuning knob
+    among `knobs` and the knobs that `classes` measure, in the order given; names without
+    words are left out."""
+    words = VARIANTS.get(technique, {})
+    parts = [f"{v}: {words[v]}" for v in dict.fromkeys(map(str, variants)) if v in words]
+    knobs = [*map(str, knobs), *(KNOB_CLASSES[c] for c in map(str, classes) if c in KNOB_CLASSES)]
+    parts += [f"{k} {KNOBS[k]}" for k in dict.fromkeys(knobs) if k in KNOBS]
+    return "; ".join(parts)
