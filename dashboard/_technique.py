@@ -4,13 +4,15 @@ charts that show every sample, and what was not measured."""
 from __future__ import annotations
 
 import html
+import re
 
 import pandas as pd
 import plotly.colors
 import plotly.graph_objects as go
 import streamlit as st
 
-from _view import config_label, log_axis, pick, pick_many, ratio_chart, results, show_problems, spread_chart, table, tabs
+from _view import (config_label, log_axis, pick, pick_many, ratio_chart, results, show_problems, spread_chart, table,
+                   tabs, widths)
 from speedbench import headline, plan, report, words
 
 
@@ -99,7 +101,8 @@ def technique_page(name: str) -> None:
                         "not include them (`speedlib run --plan` lists what each chunk measures).")
         else:
             table(report.memory_table(memory, baseline), hide=STATED)
-            st.plotly_chart(_bars(memory, "bytes"))
+            for _, same in memory.groupby("metric", sort=True):  # one chart per metric: peak, activations
+                st.plotly_chart(_bars(same, "bytes"))
             _say(glossary)
     with floor_tab:
         floors = rows[rows["kind"] == "fraction of floor"]
@@ -110,7 +113,8 @@ def technique_page(name: str) -> None:
             table(report.floor_table(floors), hide=STATED)
             # One chart per reference: gather is a % of the host->device copy, write-back of
             # device->host; one axis named after the first mislabelled the other.
-            for unit, same in floors.groupby("unit", sort=True):
+            # as the table orders them: gather first
+            for unit, same in floors.sort_values("benchmark", kind="stable").groupby("unit", sort=False):
                 st.plotly_chart(_bars(same, str(unit)))
             _say(glossary)
         if not bandwidth.empty:
@@ -141,6 +145,8 @@ def _bars(rows, unit: str) -> go.Figure:
         (2**-20, "MiB") if unit == "bytes" else (1.0, unit)  # as the tables write them
     several = rows["metric"].nunique() > 1
     rows = rows.assign(_config=((rows["metric"].map(words.metric) + ": ") if several else "") + config_label(rows))
+    # batch=64 before batch=256: numbers in a label compare as numbers
+    rows = rows.iloc[sorted(range(len(rows)), key=lambda i: _natural(rows["_config"].iloc[i]))]
     # plotly's default palette has ten colours; checkpointing has five variants, transfer six.
     palette = plotly.colors.qualitative.Dark24
     for i, (variant, g) in enumerate(rows.groupby("variant", sort=True)):
@@ -153,6 +159,10 @@ def _bars(rows, unit: str) -> go.Figure:
     fig.update_layout(title=html.escape(title), barmode="group", height=420, margin={"t": 50}, showlegend=True,
                       yaxis=log_axis(list(rows["value"] * scale), f"{unit} (log scale)"))
     return fig
+
+
+def _natural(text: str) -> list:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(text))]
 
 
 def _command(name: str) -> str:
@@ -177,5 +187,8 @@ def _not_measured(data: dict, name: str, machine: str | None = None) -> None:
         return
     st.caption("Each row says why it has no number: skipped (the benchmark does not apply on this machine), "
                "failed (it raised), outdated (measured with an earlier version of the benchmark).")
-    st.dataframe(rows.assign(commit=rows["commit"].str[:8], why=report.why_not_measured(rows))[
-        ["machine", "commit", "benchmark", "params", "status", "why"]], hide_index=True)
+    # The machine is the page's (stated above the tabs) unless none was chosen (no results at all).
+    frame = rows.assign(commit=rows["commit"].str[:8], why=report.why_not_measured(rows),
+                        benchmark=rows["benchmark"].str.replace(r"^bench_\w+\.", "", regex=True))[
+        [*(["machine"] if machine is None else []), "benchmark", "params", "status", "why", "commit"]]
+    st.dataframe(frame, hide_index=True, column_config=widths(frame))

@@ -326,7 +326,7 @@ def shown(frame: pd.DataFrame) -> pd.DataFrame:
 
 # The numbers a reader looks for, moved next to what they compare (variant and baseline):
 # after a long benchmark name they sat past the right edge of a laptop screen.
-NUMBERS = ("speedup", "N", "achieved", "of", "change", "peak", "baseline peak", "claimed", "measured")
+NUMBERS = ("speedup", "memory", "change", "peak", "baseline peak", "achieved", "of", "N", "claimed", "measured")
 
 
 def on_screen(frame: pd.DataFrame, hide: tuple[str, ...] = ()) -> pd.DataFrame:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from speedbench import report
+from speedbench import plan, report
 
 __all__ = ["Headline", "HEADLINES", "grid"]
 
@@ -33,6 +33,7 @@ class Headline:
     metric: str | None = None  # not paired: the metric compared (its kind says which way is better)
     memory_suite: str | None = None  # an exact peak-memory class to show beside the speedup
     gpu_only: bool = False  # the variant cannot run without CUDA
+    devices: int = 1  # the devices the comparison is about: fewer measure overhead, not its point
 
 
 # One per technique, the comparison its source write-up is about, on the suite's workload
@@ -48,7 +49,7 @@ HEADLINES = (
     Headline("amp", "ResNet-50 training step, bf16 + channels_last vs strict fp32",
              "TrainingStep", "bf16_channels_last", "fp32", (("workload", "resnet50"),)),
     Headline("parallel", "training step, DistributedDataParallel vs DataParallel",
-             "Step", "ddp", "dataparallel", paired=False, metric="step", gpu_only=True),
+             "Step", "ddp", "dataparallel", paired=False, metric="step", gpu_only=True, devices=2),
     Headline("tuning", "ResNet-50 training step, channels_last on vs off",
              "TrainingStep", "on", "off", (("knob", "channels_last"),)),
 )
@@ -131,11 +132,14 @@ def grid(df: pd.DataFrame) -> report.Table:
     last = report.latest(df)
     machines = sorted(last["machine"].unique()) if not last.empty else []
     columns = {m: f"{m} ({last.loc[last['machine'] == m, 'gpu'].iloc[0]})" for m in machines}
-    rows, used = [], []
+    rows, used, few = [], [], []
     gpus = dict(zip(last["machine"], last["gpu"].astype(str)))
     for h in HEADLINES:
         row = {"technique": report.TECHNIQUES[h.technique].title}
         hits, memory = _comparisons(last, h)
+        if h.devices > 1 and len(hits) and "world" in hits:
+            worlds = pd.to_numeric(hits["world"], errors="coerce")
+            few += [(h, m) for m, w in worlds.groupby(hits["machine"]).max().items() if w < h.devices]
         for m in machines:
             row[columns[m]], source = _cell(hits[hits["machine"] == m] if len(hits) else hits,
                                             memory[memory["machine"] == m] if len(memory) else memory, h, gpus[m])
@@ -147,6 +151,10 @@ def grid(df: pd.DataFrame) -> report.Table:
              "process, N rounds); separate launches: the worst-case bounds of two separately timed values"]
     if report.earlier_version(sources).any():
         notes.append(report.EARLIER_NOTE)
+    notes += [f"{report.TECHNIQUES[h.technique].title} on {m}: one device only, so the two run the same single "
+              f"replica and the ratio is their per-step overhead, not the scaling the comparison is about "
+              f"({plan.how_to_measure(f'bench_{h.technique}.{h.suite}.')} on a machine with {h.devices} or more GPUs)"
+              for h, m in few]
     wide = sources[sources["wide_because"].fillna("").astype(bool)] if "wide_because" in sources else sources.iloc[0:0]
     notes += [f"interval wider than {report.PAIRED_WIDTH_TARGET:.2f}x, {report.TECHNIQUES[r.technique].title} on "
               f"{r.machine} ({r.params}): {r.wide_because}" for r in wide.itertuples()]

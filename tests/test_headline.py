@@ -92,3 +92,17 @@ def test_wide_intervals_and_earlier_benchmark_versions_are_said_beside_the_grid(
     assert not cell(g.frame, "amp", CPU).endswith(headline.EARLIER)
     assert any(n.startswith(f"{headline.EARLIER}: measured with an earlier version") for n in g.notes)
     assert "benchmark code an earlier version" in report.to_markdown(g)
+
+
+def test_a_comparison_about_several_gpus_measured_on_one_says_so(measured):
+    """The H100's DDP-vs-DataParallel cell is world=1: the same single replica both ways, so
+    0.94x is overhead, and the grid says what would measure the comparison itself."""
+    note = "DistributedDataParallel vs DataParallel on h100-sxm-80gb: one device only"
+    notes = headline.grid(measured).notes
+    assert any(n.startswith(note) and "speedlib run --chunk headline-parallel on a machine with 2 or more GPUs" in n
+               for n in notes)
+    # two ranks measured: no such note
+    two = measured.copy()
+    on = (two["machine"] == "h100-sxm-80gb") & (two["benchmark"] == "bench_parallel.Step.track_step")
+    two.loc[on, "world"] = "2"
+    assert not any(n.startswith(note) for n in headline.grid(two).notes)

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from _view import ROOT, page_data, pick, pick_many
+from _view import ROOT, page_data, pick, pick_many, widths
 from speedbench import report
 
 st.title("Cite and export")
@@ -25,7 +25,7 @@ t = build(rows)
 st.subheader(KINDS[kind])
 if t.frame.empty:
     st.info("This selection has no rows for this table (memory is measured on GPU machines only).")
-st.dataframe(t.frame, hide_index=True)
+st.dataframe(t.frame, hide_index=True, column_config=widths(t.frame))
 markdown = report.to_markdown(t)
 st.caption("Each export ends with this footer: enough to rerun every number in it. The CSV holds the "
            "numbers themselves (ratio, low, high, value, unit, N, result ID) for pandas or a spreadsheet; "
