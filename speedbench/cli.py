@@ -240,7 +240,9 @@ def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
     # nothing served. The browser is opened from here instead, once the port is bound.
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", args.address,
            "--server.port", str(args.port), "--browser.gatherUsageStats", "false",
-           "--server.headless", "true"]
+           "--server.headless", "true",
+           # a results viewer, not an app being developed: no "Deploy" button, no developer menu
+           "--client.toolbarMode", "viewer"]
     url = f"http://{args.address}:{args.port}"
     proc = subprocess.Popen(cmd, env=env)
     # A SIGTERM to speedlib (kill, a service manager) must stop Streamlit too, not orphan it.
