@@ -11,8 +11,8 @@ import plotly.colors
 import plotly.graph_objects as go
 import streamlit as st
 
-from _view import (config_label, log_axis, pick, pick_many, ratio_chart, results, show_problems, spread_chart, table,
-                   tabs, widths)
+from _view import (config_label, log_axis, pick, pick_many, ratio_chart, results, show_problems, spread_chart,
+                   suite_listing, table, tabs, widths)
 from speedbench import headline, plan, report, words
 
 
@@ -58,9 +58,12 @@ def technique_page(name: str) -> None:
     first = rows.iloc[0]
     # A result file may carry no date (asv leaves it out for a commit it could not date).
     date = "date unknown" if pd.isna(first["commit_date"]) else f"{first['commit_date']:%Y-%m-%d}"
-    st.text(f"{machine}: {first['gpu']} | commit {first['commit']} ({date}) | "
+    st.text(f"{machine}: {first['gpu']} | CPU {first['cpu_model']} | commit {first['commit']} ({date}) | "
             f"torch {first['torch']} | CUDA {first['cuda']} (torch build) | "
             f"driver {'n/a' if pd.isna(first['driver']) or not first['driver'] else first['driver']}")
+    # Charts name the machine too: a screenshot of one loses the line above.
+    where = f"{machine} ({first['gpu']})"
+    _one_device(name, rows, machine)
 
     names = ["Time", "Memory", "Bandwidth and floor", "Not measured"]
     has = [not rows[rows["kind"] == "time"].empty, not rows[rows["kind"] == "memory"].empty,
@@ -76,7 +79,7 @@ def technique_page(name: str) -> None:
             st.info(f"No timing results for this technique from {machine} at commit {commit}: its run did not "
                     f"include them. `{_command(name)}` measures its main comparison.")
         else:
-            _paired(rows)
+            _paired(rows, where)
             metrics = sorted(timed["metric"].unique())
             # The paired classes' per-variant times are "seconds"; older benchmarks' the headline.
             metric = pick("Timed metric", metrics, key="metric",
@@ -86,10 +89,10 @@ def technique_page(name: str) -> None:
             st.markdown(f"**Separately timed**: {words.metric(metric)} (`{metric}`), medians against `{baseline}` "
                         "(worst-case bounds)")
             table(speedup, hide=STATED)
-            st.plotly_chart(spread_chart(timed, f"{words.metric(metric)}: every sample"))
+            st.plotly_chart(spread_chart(timed, f"{words.metric(metric)}: every sample, {where}"))
             s = speedup.sources
-            s = s.assign(case=config_label(s) + " / " + s["variant"].astype(str))
-            st.plotly_chart(ratio_chart(s, "case", "suite", f"{words.metric(metric)}: speedup over {baseline}"))
+            s = s.assign(case=config_label(s) + " / " + s["variant"].astype(str), where=where)
+            st.plotly_chart(ratio_chart(s, "case", "where", f"{words.metric(metric)}: speedup over {baseline}"))
         _say(glossary)
     with memory_tab:
         memory = rows[rows["kind"] == "memory"]
@@ -102,7 +105,7 @@ def technique_page(name: str) -> None:
         else:
             table(report.memory_table(memory, baseline), hide=STATED)
             for _, same in memory.groupby("metric", sort=True):  # one chart per metric: peak, activations
-                st.plotly_chart(_bars(same, "bytes"))
+                st.plotly_chart(_bars(same, "bytes", where))
             _say(glossary)
     with floor_tab:
         floors = rows[rows["kind"] == "fraction of floor"]
@@ -115,7 +118,7 @@ def technique_page(name: str) -> None:
             # device->host; one axis named after the first mislabelled the other.
             # as the table orders them: gather first
             for unit, same in floors.sort_values("benchmark", kind="stable").groupby("unit", sort=False):
-                st.plotly_chart(_bars(same, str(unit)))
+                st.plotly_chart(_bars(same, str(unit), where))
             _say(glossary)
         if not bandwidth.empty:
             table(report.speedup_table(bandwidth, "bandwidth", baseline), hide=STATED)
@@ -123,7 +126,7 @@ def technique_page(name: str) -> None:
         _not_measured(data, name, machine)
 
 
-def _paired(rows: pd.DataFrame) -> None:
+def _paired(rows: pd.DataFrame, where: str) -> None:
     """The comparisons measured with the variants taking turns: the numbers to cite."""
     paired = report.paired_table(rows)
     s = paired.sources  # speedups only: the baseline has times but no speedup of its own
@@ -132,11 +135,12 @@ def _paired(rows: pd.DataFrame) -> None:
     st.markdown("**Paired speedups** (the variants took turns in one process; Hodges-Lehmann estimate "
                 "of the per-round ratios, brackets its 99 % Wilcoxon interval; each class's own baseline)")
     table(paired, hide=STATED)
-    s = s.assign(case=config_label(s) + " / " + s["variant"].astype(str) + " vs " + s["baseline"].astype(str))
-    st.plotly_chart(ratio_chart(s, "case", "suite", "paired speedup: x faster than the baseline"))
+    s = s.assign(case=config_label(s) + " / " + s["variant"].astype(str) + " vs " + s["baseline"].astype(str),
+                 where=where)
+    st.plotly_chart(ratio_chart(s, "case", "where", "paired speedup: x faster than the baseline"))
 
 
-def _bars(rows, unit: str) -> go.Figure:
+def _bars(rows, unit: str, where: str = "") -> go.Figure:
     """One bar per variant, grouped by configuration (metric, workload, batch) so that each
     variant stands beside its own baseline; never two configurations in one bar. Titled
     with what is measured (gather and write-back charts looked alike without one)."""
@@ -155,7 +159,7 @@ def _bars(rows, unit: str) -> go.Figure:
     # Log y: configurations differ by orders of magnitude (DenseNet-121 at batch 256 against a
     # transformer at 64; a device-resident table at 669 % of the copy floor beside CuPy at 39 %),
     # and on a linear axis the small ones vanish.
-    title = ", ".join(dict.fromkeys(words.metric(m) for m in rows["metric"]))
+    title = ", ".join(dict.fromkeys(words.metric(m) for m in rows["metric"])) + (f", {where}" if where else "")
     fig.update_layout(title=html.escape(title), barmode="group", height=420, margin={"t": 50}, showlegend=True,
                       yaxis=log_axis(list(rows["value"] * scale), f"{unit} (log scale)"))
     return fig
@@ -166,9 +170,19 @@ def _natural(text: str) -> list:
 
 
 def _command(name: str) -> str:
-    """The `speedlib run` that measures the technique's headline comparison."""
-    suite = next(h.suite for h in headline.HEADLINES if h.technique == name)
+    """The `speedlib run` that measures the technique's timed comparison: its paired class,
+    else its headline's (transfer's headline chunk measures % of floor, not times)."""
+    suite = report.TECHNIQUES[name].suite or next(h.suite for h in headline.HEADLINES if h.technique == name)
     return plan.how_to_measure(f"bench_{name}.{suite}.")
+
+
+def _one_device(name: str, rows: pd.DataFrame, machine: str) -> None:
+    """Say it where a comparison about several devices ran on one (the H100's DDP against
+    DataParallel at world=1): the overview's grid says so, and the page must not show the
+    same 0.94x without it."""
+    for h in headline.HEADLINES:
+        if h.technique == name and machine in headline.single_device(rows, h):
+            st.info(headline.single_device_note(h, machine))
 
 
 def _say(glossary: str) -> None:
@@ -182,8 +196,15 @@ def _not_measured(data: dict, name: str, machine: str | None = None) -> None:
     rows = rows[(rows["technique"] == name) & ~report.is_own_baseline(rows)]
     if machine is not None:
         rows = rows[rows["machine"] == machine]
+        # Benchmarks with no row at all on this machine: its runs never selected them.
+        seen = pd.concat([data["measured"], data["not_measured"]])
+        missing = report.never_run(suite_listing(), seen[seen["technique"] == name], name, machine)
+        if not missing.empty:
+            st.markdown(f"**Never run on {machine}**: no chunk that measures these has run there yet")
+            missing = missing.assign(benchmark=missing["benchmark"].str.replace(r"^bench_\w+\.", "", regex=True))
+            st.dataframe(missing, hide_index=True, column_config=widths(missing))
     if rows.empty:
-        st.caption("Nothing was skipped or failed.")
+        st.caption("Nothing that ran was skipped or failed.")
         return
     st.caption("Each row says why it has no number: skipped (the benchmark does not apply on this machine), "
                "failed (it raised), outdated (measured with an earlier version of the benchmark).")

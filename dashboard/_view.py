@@ -10,6 +10,7 @@ HTML-escaped, so nothing from a file is rendered as HTML.
 from __future__ import annotations
 
 import html
+import json
 import math
 import os
 from pathlib import Path
@@ -18,7 +19,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from speedbench import cache, report
+from speedbench import cache, report, words
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(os.environ.get("SPEEDLIB_RESULTS") or ROOT / "results").resolve()
@@ -62,6 +63,26 @@ def results() -> dict:
     measured = _pin(data["measured"], until)
     return {**data, "measured": measured, "not_measured": _pin(data["not_measured"], until),
             "newer": len(data["measured"]) - len(measured), "until": until}
+
+
+@st.cache_data(max_entries=4)
+def _listing(path: str, mtime: float) -> list[str]:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return sorted(k for k, v in data.items() if isinstance(v, dict)) if isinstance(data, dict) else []
+
+
+def suite_listing() -> list[str]:
+    """Every benchmark of the suite, from asv's listing in the results directory
+    (benchmarks.json, written by each run); empty where there is none or it is unreadable."""
+    path = RESULTS / "benchmarks.json"
+    try:
+        mtime = path.stat().st_mtime
+    except OSError:
+        return []
+    return _listing(str(path), mtime)
 
 
 def show_problems(data: dict) -> None:
@@ -203,9 +224,12 @@ def spread_chart(rows: pd.DataFrame, title: str) -> go.Figure:
     return fig
 
 
-def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str) -> go.Figure:
+def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x faster than the baseline",
+                exact: bool = False) -> go.Figure:
     """Ratios with their interval as error bars, one horizontal bar per row of `s` labelled by
     its `y` column, one colour per `color` value; the dashed line at 1x is the baseline.
+    `axis` says what a ratio is; `exact`: counts (bytes), which need no interval, so a bar
+    without one is not marked as unsure.
 
     Horizontal: the labels name a configuration in words ("densenet121, batch=16 / reentrant vs
     none"), and two dozen of them under a vertical chart overlapped diagonally. A label repeated
@@ -223,7 +247,7 @@ def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str) -> go.Figure:
         # Hatched: no interval at all (one value per variant, not paired), so nothing says how
         # sure it is; drawn solid, a single DDP launch looked as certain as 30 paired rounds.
         unsure = ((g["ratio_low"] <= 1.0) & (g["ratio_high"] >= 1.0)).tolist()
-        lone = (g["ratio_low"].isna() | g["ratio_high"].isna()).tolist()
+        lone = [False] * len(g) if exact else (g["ratio_low"].isna() | g["ratio_high"].isna()).tolist()
         n = g["n"] if "n" in g else pd.Series([math.nan] * len(g), index=g.index)
         said = ["interval includes 1x" if u else "single value, no interval" if x else "" for u, x in zip(unsure, lone)]
         fig.add_trace(go.Bar(
@@ -241,7 +265,7 @@ def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str) -> go.Figure:
     legend = []
     if ((s["ratio_low"] <= 1.0) & (s["ratio_high"] >= 1.0)).any():
         legend.append("faded bar: its 99 % interval includes 1x (not told apart from the baseline)")
-    if (s["ratio_low"].isna() | s["ratio_high"].isna()).any():
+    if not exact and (s["ratio_low"].isna() | s["ratio_high"].isna()).any():
         legend.append("hatched bar: a single value per variant, no interval (how sure it is is unknown)")
     if legend:
         # Below the axis title: above the bars, the legend's row sits (and the title above it).
@@ -263,7 +287,7 @@ def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str) -> go.Figure:
     fig.update_layout(title={"text": html.escape(title), "y": 0.99, "yref": "container", "yanchor": "top"},
                       showlegend=True, barmode="group", height=170 + 24 * len(labels) * max(len(groups), 1),
                       margin={"t": 90, "b": 80}, legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0},
-                      xaxis={"type": "log", "title": "x faster than the baseline (log scale)", "tickvals": ticks,
+                      xaxis={"type": "log", "title": html.escape(f"{axis} (log scale)"), "tickvals": ticks,
                              "ticktext": [f"{t:g}x" for t in ticks], "range": [math.log10(low), math.log10(high)]},
                       # first label on top, as a table reads
                       yaxis={"type": "category", "categoryorder": "array", "categoryarray": labels[::-1],
@@ -276,8 +300,9 @@ def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str) -> go.Figure:
 _TICK_STEPS = ((1, 2, 5), (1, 1.5, 2, 3, 5, 7), (1, 1.2, 1.5, 2, 3, 4, 5, 7),
                (1, 1.1, 1.2, 1.3, 1.5, 1.7, 2, 2.5, 3, 4, 5, 6, 7, 8, 9))
 # The most of the (log) axis left without a tick at either end: 0.37x-1.44x once got only
-# "0.5x, 0.7x, 1x", with three of four bars beyond the last tick.
-_UNTICKED_END = 0.25
+# "0.5x, 0.7x, 1x", with three of four bars beyond the last tick, and a 2.6 % bar sat
+# below a lowest tick of 5 %.
+_UNTICKED_END = 0.15
 
 
 def _covers(ticks: list[float], low: float, high: float) -> bool:
@@ -291,10 +316,14 @@ def ratio_ticks(low: float, high: float) -> list[float]:
     and leave neither end of the axis bare; for a range narrower still (0.97x-1.04x), even
     steps of 0.01, 0.02 or 0.05. Any magnitude: bytes reach 10^10, ratios 10^-3."""
     decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+
+    def candidates(steps) -> list[float]:
+        return [round(m * 10.0 ** e, 6 - e) for e in decades for m in steps if low <= m * 10.0 ** e <= high]
+
     for steps in _TICK_STEPS:
-        ticks = [round(m * 10.0 ** e, 6 - e) for e in decades for m in steps if low <= m * 10.0 ** e <= high]
+        ticks = candidates(steps)
         if _covers(ticks, low, high):
-            return ticks
+            return _both_sides_of_1x(ticks, candidates(_TICK_STEPS[-1]), low, high)
     span = high - low
     if span > 0:  # even steps a quarter of the span or so: 38-42 ms gets 38, 39, ..., 42
         base = 10.0 ** math.floor(math.log10(span / 4))
@@ -302,6 +331,21 @@ def ratio_ticks(low: float, high: float) -> list[float]:
             ticks = [round(k * step, 10) for k in range(math.ceil(low / step), math.floor(high / step) + 1)]
             if 3 <= len(ticks) <= 8:
                 return ticks
+    return ticks
+
+
+def _both_sides_of_1x(ticks: list[float], fine: list[float], low: float, high: float) -> list[float]:
+    """Where the axis reaches past 1x on both sides (a ratio axis padded by 10 % either way),
+    a tick on each: a 0.989x bar once stood left of 1x with its nearest tick at 1x and the
+    next at 1.5x. The tick added is the finest step nearest 1x on the bare side."""
+    if not (low < 1 / 1.08 and high > 1.08):
+        return ticks
+    below = [t for t in fine if t < 1]
+    above = [t for t in fine if t > 1]
+    if below and not any(t < 1 for t in ticks):
+        ticks = sorted([*ticks, below[-1]])
+    if above and not any(t > 1 for t in ticks):
+        ticks = sorted([*ticks, above[0]])
     return ticks
 
 
@@ -326,17 +370,18 @@ def shown(frame: pd.DataFrame) -> pd.DataFrame:
 
 # The numbers a reader looks for, moved next to what they compare (variant and baseline):
 # after a long benchmark name they sat past the right edge of a laptop screen.
-NUMBERS = ("speedup", "memory", "change", "peak", "baseline peak", "achieved", "of", "N", "claimed", "measured")
+NUMBERS = ("speedup", "memory ratio", "change", "bytes", "baseline bytes", "achieved", "of", "N", "claimed", "measured")
 
 
 def on_screen(frame: pd.DataFrame, hide: tuple[str, ...] = ()) -> pd.DataFrame:
     """`frame` as a page shows it: without `hide` and empty columns, the numbers right after the
-    variant and baseline (a claim's figures right after the claim), and a benchmark named within its technique ("FractionOfFloor.track_..."
-    for "bench_transfer.FractionOfFloor.track_..."; the page or section names the technique).
-    Exports keep every column and full names."""
+    variant and baseline (a claim's figures right after the claim), and a benchmark named in
+    words within its technique ("FractionOfFloor: gather, % of the pinned host->device copy"
+    for "bench_transfer.FractionOfFloor.track_gather_fraction_of_floor"; the page or section
+    names the technique). Exports keep every column and full names."""
     frame = shown(frame.drop(columns=[c for c in hide if c in frame]))
-    if "benchmark" in frame:
-        frame = frame.assign(benchmark=frame["benchmark"].astype(str).str.replace(r"^bench_\w+\.", "", regex=True))
+    if "benchmark" in frame:  # "FractionOfFloor: write-back, % of the pinned device->host copy"
+        frame = frame.assign(benchmark=frame["benchmark"].map(lambda b: words.benchmark(b, technique=False)))
     columns = list(frame.columns)
     numbers = [c for c in NUMBERS if c in columns]
     anchor = next((c for c in ("baseline", "variant", "claim") if c in columns), None)
@@ -353,7 +398,7 @@ def on_screen(frame: pd.DataFrame, hide: tuple[str, ...] = ()) -> pd.DataFrame:
 WHERE = ("machine", "GPU", "commit")
 # Pixels per character of the grid's font, and the widest a column gets (a long note wraps
 # nowhere in a grid; past this it is cut, and the full text is in the exports).
-_CHAR_PX, _MAX_PX = 7.6, 340
+_CHAR_PX, _MAX_PX = 7.2, 340
 
 
 def widths(frame: pd.DataFrame) -> dict:
@@ -362,7 +407,7 @@ def widths(frame: pd.DataFrame) -> dict:
     def longest(c) -> int:
         return max([len(str(c)), *(len(str(v)) for v in frame[c].tolist())])
 
-    return {c: st.column_config.Column(width=int(min(_MAX_PX, 24 + _CHAR_PX * longest(c)))) for c in frame.columns}
+    return {c: st.column_config.Column(width=int(min(_MAX_PX, 22 + _CHAR_PX * longest(c)))) for c in frame.columns}
 
 
 def table(t: report.Table, hide: tuple[str, ...] = ()) -> None:

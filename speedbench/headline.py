@@ -16,7 +16,7 @@ import pandas as pd
 
 from speedbench import plan, report
 
-__all__ = ["Headline", "HEADLINES", "grid"]
+__all__ = ["Headline", "HEADLINES", "grid", "single_device", "single_device_note"]
 
 
 @dataclass(frozen=True)
@@ -127,6 +127,24 @@ def _cell(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, gpu: str) -> tu
     return f"not measured yet: speedlib run --chunk headline-{h.technique}", hits.iloc[0:0]
 
 
+def single_device(rows: pd.DataFrame, h: Headline) -> list[str]:
+    """The machines whose results of `h` (a comparison about several devices) reach fewer
+    devices than it needs: there the variants train the same single replica."""
+    if h.devices <= 1:
+        return []
+    hits, _ = _comparisons(report.latest(rows), h)
+    if hits.empty or "world" not in hits:
+        return []
+    worlds = pd.to_numeric(hits["world"], errors="coerce")
+    return [m for m, w in worlds.groupby(hits["machine"]).max().items() if w < h.devices]
+
+
+def single_device_note(h: Headline, machine: str) -> str:
+    return (f"{report.TECHNIQUES[h.technique].title} on {machine}: one device only, so the two run the same single "
+            "replica and the ratio is their per-step overhead, not the scaling the comparison is about "
+            f"({plan.how_to_measure(f'bench_{h.technique}.{h.suite}.')} on a machine with {h.devices} or more GPUs)")
+
+
 def grid(df: pd.DataFrame) -> report.Table:
     """Techniques down, machines (latest commit each) across; see the module docstring."""
     last = report.latest(df)
@@ -137,9 +155,7 @@ def grid(df: pd.DataFrame) -> report.Table:
     for h in HEADLINES:
         row = {"technique": report.TECHNIQUES[h.technique].title}
         hits, memory = _comparisons(last, h)
-        if h.devices > 1 and len(hits) and "world" in hits:
-            worlds = pd.to_numeric(hits["world"], errors="coerce")
-            few += [(h, m) for m, w in worlds.groupby(hits["machine"]).max().items() if w < h.devices]
+        few += [(h, m) for m in single_device(last, h)]
         for m in machines:
             row[columns[m]], source = _cell(hits[hits["machine"] == m] if len(hits) else hits,
                                             memory[memory["machine"] == m] if len(memory) else memory, h, gpus[m])
@@ -151,11 +167,9 @@ def grid(df: pd.DataFrame) -> report.Table:
              "process, N rounds); separate launches: the worst-case bounds of two separately timed values"]
     if report.earlier_version(sources).any():
         notes.append(report.EARLIER_NOTE)
-    notes += [f"{report.TECHNIQUES[h.technique].title} on {m}: one device only, so the two run the same single "
-              f"replica and the ratio is their per-step overhead, not the scaling the comparison is about "
-              f"({plan.how_to_measure(f'bench_{h.technique}.{h.suite}.')} on a machine with {h.devices} or more GPUs)"
-              for h, m in few]
+    notes += [single_device_note(h, m) for h, m in few]
     wide = sources[sources["wide_because"].fillna("").astype(bool)] if "wide_because" in sources else sources.iloc[0:0]
-    notes += [f"interval wider than {report.PAIRED_WIDTH_TARGET:.2f}x, {report.TECHNIQUES[r.technique].title} on "
-              f"{r.machine} ({r.params}): {r.wide_because}" for r in wide.itertuples()]
+    notes += [f"{report.TECHNIQUES[r.technique].title} on {r.machine} ({r.params}): its 99 % interval "
+              f"[{r.ratio_low:.3g}, {r.ratio_high:.3g}] spans {r.width:.2f}x (high / low), more than "
+              f"{report.PAIRED_WIDTH_TARGET:.2f}x: {r.wide_because}" for r in wide.itertuples()]
     return report.Table("Headline: each technique's main comparison per machine", pd.DataFrame(rows), sources, notes)

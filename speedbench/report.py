@@ -44,7 +44,7 @@ from speedbench.paired import ratio_estimate
 from speedbench.results import COLUMNS, higher_is_better, printable
 
 __all__ = ["Claim", "CLAIMS", "TECHNIQUES", "Table", "speedups", "speedup_table", "memory_table",
-           "floor_table", "noise", "noise_table", "NOISE_TARGET", "case_label", "history", "history_table", "compare_machines", "machine_comparison", "same_work", "speedup_comparison", "is_own_baseline", "why_not_measured", "bibtex", "claims_table", "latest",
+           "floor_table", "noise", "noise_table", "NOISE_TARGET", "case_label", "history", "history_table", "compare_machines", "machine_comparison", "same_work", "speedup_comparison", "is_own_baseline", "why_not_measured", "never_run", "bibtex", "claims_table", "latest",
            "param_columns", "provenance", "reproduce_command", "to_markdown", "to_csv", "to_latex",
            "SIGNIFICANCE_FACTOR", "P_THRESHOLD", "MIN_SEGMENT", "MannWhitney", "mann_whitney_u", "differ",
            "resolve_commit", "compare_commits", "change_table", "paired", "paired_table", "paired_noise",
@@ -378,7 +378,8 @@ def speedup_table(df: pd.DataFrame, kind: str = "time", baseline: str | None = N
 
 
 def memory_table(df: pd.DataFrame, baseline: str | None = None) -> Table:
-    """Peak memory per variant, with the change against the baseline in percent."""
+    """Memory per variant (peak, saved activations, retained bytes): its ratio to the baseline's,
+    and the change in percent."""
     s = _against_baseline(df, "memory", baseline)
     # Memory is stated as the sources and the design targets state it, variant / baseline
     # ("0.55x the memory"), in the grid, the claims, this table and its CSV alike: an export
@@ -389,18 +390,20 @@ def memory_table(df: pd.DataFrame, baseline: str | None = None) -> Table:
     frame = pd.DataFrame({
         **_identity(s),
         "variant": s["variant"], "baseline": s["baseline"],
-        "peak": [_fmt_value(v, "bytes") for v in s["value"]],
-        "baseline peak": [_fmt_value(v, "bytes") for v in s["baseline_value"]],
-        "memory": [_fmt_ratio(r, lo, hi) for r, lo, hi in zip(s["ratio"], s["ratio_low"], s["ratio_high"])],
+        # bytes, not "peak": the table holds saved activations and retained bytes too
+        "bytes": [_fmt_value(v, "bytes") for v in s["value"]],
+        "baseline bytes": [_fmt_value(v, "bytes") for v in s["baseline_value"]],
+        "memory ratio": [_fmt_ratio(r, lo, hi) for r, lo, hi in zip(s["ratio"], s["ratio_low"], s["ratio_high"])],
         "change": [f"{c:+.1f} %" for c in change], "N": s["n"],
     })
     data = _numbers(s, **_ratio_numbers(s), value=s["value"], baseline_value=s["baseline_value"], unit=s["unit"],
                     change_percent=change)
-    return Table("Peak memory", frame.reset_index(drop=True), s,
+    return Table("Memory (peak, saved activations, retained bytes)", frame.reset_index(drop=True), s,
                  _with_earlier_note([MEMORY_NOTE, "change = variant / baseline - 1"], s), data)
 
 
-MEMORY_NOTE = "memory = variant peak / baseline peak (ratio in the CSV): below 1x the variant needs less memory"
+MEMORY_NOTE = ("memory ratio = variant bytes / baseline bytes (ratio in the CSV): below 1x the variant needs less "
+               "memory")
 
 
 # --- paired speedups ------------------------------------------------------------------------
@@ -426,6 +429,12 @@ def _why_wide(ratios, width: float) -> str:
     few = f"only {len(ratios)} rounds, " if len(ratios) < 15 else ""
     return (f"{few}the middle half of {len(ratios)} per-round ratios spans {q25:.3g}x-{q75:.3g}x "
             f"({(q75 / q25 - 1) * 100:.0f} % apart)")
+
+
+def _comparison(benchmarks, configs) -> list[str]:
+    """A paired comparison in a few words: its class and configuration, the workload by name
+    alone ("TrainingStep resnet50", "TrainingStep knob=channels_last")."""
+    return [f"{b.split('.')[1]} {c.replace('workload=', '')}".strip() for b, c in zip(benchmarks, configs)]
 
 
 def paired(df: pd.DataFrame) -> pd.DataFrame:
@@ -472,7 +481,7 @@ def paired_table(df: pd.DataFrame) -> Table:
         "machine": s["machine"], "GPU": s["gpu"], "commit": _commit_label(s),
         # "TrainingStep workload=resnet50" is a class of amp, tuning and checkpoint alike
         "technique": s["technique"],
-        "comparison": [f"{b.split('.')[1]} {c}".strip() for b, c in zip(s["benchmark"], s["config"])],
+        "comparison": _comparison(s["benchmark"], s["config"]),
         "variant": s["variant"], "baseline": s["baseline"],
         "speedup": [_fmt_ratio(r, lo, hi) for r, lo, hi in zip(s["ratio"], s["ratio_low"], s["ratio_high"])],
         "N": s["n"],
@@ -568,10 +577,10 @@ def floor_table(df: pd.DataFrame) -> Table:
 # Why a value can pass 100 %: the committed CPU results put the flat-buffer Adam step at
 # 105-113 % of the in-place add in four runs, and a device-resident table gathers at 670 % of
 # the host->device copy.
-FLOOR_ABOVE_NOTE = ("above 100 %: the floor is a reference, not a ceiling. A device-resident table never "
-                    "crosses the host link it is set against; otherwise the variant streamed memory faster than "
-                    "the best of five in-place adds timed once before its rounds (a shared machine's bandwidth "
-                    "varies over a run): read such a value as at the floor")
+FLOOR_ABOVE_NOTE = ("above 100 %: the floor is a reference timed in the same process, not a ceiling. A "
+                    "device-resident table never crosses the host link it is set against; a step that streams "
+                    "memory can beat the in-place adds its floor was timed from once before its rounds (a shared "
+                    "machine's bandwidth varies over a run): read such a value as at the floor")
 
 
 # --- significance: asv compare's rule, and steps across commits --------------------------
@@ -906,7 +915,7 @@ def speedup_comparison(df: pd.DataFrame, machine_a: str, machine_b: str) -> Tabl
 
     frame = pd.DataFrame({
         "technique": m["technique"],
-        "comparison": [f"{bm.split('.')[1]} {c}".strip() for bm, c in zip(m["benchmark"], m["config"])],
+        "comparison": _comparison(m["benchmark"], m["config"]),
         "variant": m["variant"], "baseline": m["baseline"], machine_a: cell("a"), machine_b: cell("b"),
     })
     used = pd.concat([p[(p["machine"] == side) & p.set_index(keys).index.isin(m.set_index(keys).index)]
@@ -939,6 +948,18 @@ def is_own_baseline(rows: pd.DataFrame) -> pd.Series:
     return pd.Series([str(b).endswith(".track_speedup") and v in chains.get(t, ())
                       for b, t, v in zip(rows["benchmark"], rows["technique"], rows["variant"])],
                      index=rows.index, dtype=bool)
+
+
+def never_run(suite: list[str], rows: pd.DataFrame, technique: str, machine: str) -> pd.DataFrame:
+    """The technique's benchmarks (names from asv's listing, `suite`) that `machine` has no
+    row of at all, measured or not (`rows`: both frames): they never ran there, so neither
+    table lists them, and the page must not say "nothing was skipped". With the command
+    that measures each (speedbench.plan.how_to_measure)."""
+    from speedbench import plan  # noqa: PLC0415 - reads benchmarks/chunks.py; only this needs it
+
+    ran = set(rows.loc[rows["machine"] == machine, "benchmark"])
+    missing = sorted(b for b in suite if b.startswith(f"bench_{technique}.") and b not in ran)
+    return pd.DataFrame({"benchmark": missing, "measured by": [plan.how_to_measure(b) for b in missing]})
 
 
 def why_not_measured(rows: pd.DataFrame) -> pd.Series:

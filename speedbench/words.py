@@ -127,14 +127,16 @@ def metric(name) -> str:
     return METRICS.get(str(name), str(name))
 
 
-def benchmark(name: str) -> str:
+def benchmark(name: str, technique: bool = True) -> str:
     """A full benchmark name in words: "bench_amp.TrainingStep.track_seconds" reads
-    "amp, TrainingStep: seconds per step"."""
+    "amp, TrainingStep: seconds per step" ("TrainingStep: seconds per step" without the
+    technique, where the page names it)."""
     module, _, rest = str(name).partition(".")
     cls, _, method = rest.partition(".")
     if not method:
         return str(name)
-    return f"{module.removeprefix('bench_')}, {cls}: {metric(method.removeprefix('track_').removeprefix('time_'))}"
+    said = f"{cls}: {metric(method.removeprefix('track_').removeprefix('time_'))}"
+    return f"{module.removeprefix('bench_')}, {said}" if technique else said
 
 
 def glossary(technique: str, variants, knobs=(), classes=()) -> str:

@@ -262,10 +262,25 @@ def test_memory_bars_put_each_variant_beside_its_own_baseline():
 
 def test_the_machines_table_says_why_a_cpu_machine_has_no_driver(monkeypatch):
     at = app_on(ROOT / "results", "views/machines.py", monkeypatch)
-    machines = at.dataframe[0].value.set_index("machine")
-    assert machines.loc["cpu-2core", "driver"] == "n/a (no GPU)"  # it read "None"
+    machines = at.dataframe[0].value
+    cpu = machines[machines["machine"] == "cpu-2core"]
+    assert (cpu["driver"] == "n/a (no GPU)").all()  # it read "None"
     assert machines["driver"].notna().all() and machines["CUDA (torch build)"].notna().all()
-    assert "cpu_model" not in machines and machines.loc["cpu-2core", "CPU"]  # headers in words
+    assert "cpu_model" not in machines and cpu["CPU"].all()  # headers in words
+
+
+def test_a_machine_is_described_by_every_environment_it_ran_in(monkeypatch):
+    """cpu-2core's newest commit was a dashboard-timing run on another CPU with another torch,
+    and the page described the whole machine by it: each environment gets its own row."""
+    measured = load_results(ROOT / "results").measured
+    cpu = measured[measured["machine"] == "cpu-2core"]
+    at = app_on(ROOT / "results", "views/machines.py", monkeypatch)
+    rows = at.dataframe[0].value
+    rows = rows[rows["machine"] == "cpu-2core"]
+    assert set(rows["CPU"]) == set(cpu["cpu_model"]) and set(rows["torch"]) == set(cpu["torch"])
+    assert rows["results"].sum() == len(cpu)
+    if len(rows) > 1:
+        assert any(c.value.startswith(f"cpu-2core has results from {len(rows)} environments") for c in at.caption)
 
 
 def test_sample_axes_write_out_their_log_ticks():
@@ -348,7 +363,9 @@ def test_tables_on_screen_put_the_numbers_beside_what_they_compare():
     # where it was measured after the numbers: at 1000 px the overview cut its speedups to "1."
     assert list(shown.columns) == ["benchmark", "variant", "baseline", "speedup", "N", "machine", "value",
                                    "why wider than 1.10x"]
-    assert shown["benchmark"].tolist() == ["FractionOfFloor.track_x"]
+    assert shown["benchmark"].tolist() == ["FractionOfFloor: x"]  # a metric without words keeps its name
+    said = _view.on_screen(frame.assign(benchmark="bench_transfer.FractionOfFloor.track_scatter_fraction_of_floor"))
+    assert said["benchmark"].tolist() == ["FractionOfFloor: write-back, % of the pinned device->host copy"]
     assert frame["benchmark"].tolist() == ["bench_transfer.FractionOfFloor.track_x"]  # the table itself unchanged
     claims = pd.DataFrame({"technique": ["t"], "source": ["s"], "claim": ["c"], "claimed": ["3x"],
                            "measured as": ["m"], "machine": ["h"], "measured": ["1x"], "comparable": ["yes"]})
@@ -361,3 +378,65 @@ def test_a_column_is_as_wide_as_its_longest_text_up_to_a_limit():
     frame = pd.DataFrame({"variant": ["bf16", "bf16_channels_last"], "note": ["x" * 500, ""]})
     w = {c: conf["width"] for c, conf in _view.widths(frame).items()}
     assert w["variant"] >= 7 * len("bf16_channels_last") and w["note"] == _view._MAX_PX
+
+
+def test_every_technique_chart_names_the_machine(monkeypatch):
+    """A technique page's charts had the benchmark class as their legend ("TrainingStep") and
+    nothing about the machine: a screenshot of one lost which GPU it was."""
+    charts = figures(ROOT / "results", "views/tuning.py", monkeypatch, machine="h100-sxm-80gb")
+    assert charts
+    for chart in charts:
+        title = chart["layout"]["title"]["text"]
+        names = {t.get("name", "") for t in chart["data"]}
+        assert "h100-sxm-80gb" in title or any("h100-sxm-80gb" in n for n in names), title
+
+
+def test_the_overview_draws_checkpointings_memory_beside_its_time(monkeypatch):
+    """Checkpointing is about memory: the overview drew only its CPU slowdowns, and the H100's
+    0.37x-0.39x peak memory stood only in the grid's text."""
+    charts = figures(ROOT / "results", "views/overview.py", monkeypatch)
+    (memory,) = [c for c in charts if c["layout"]["title"]["text"].startswith("memory against the baseline")]
+    (trace,) = memory["data"]
+    assert trace["name"].startswith("h100-sxm-80gb")
+    assert not any(values(trace["marker"]["pattern"]["shape"]))  # exact counts: not hatched as unsure
+    last = report.latest(load_results(ROOT / "results").measured)
+    rows = last[(last["machine"] == "h100-sxm-80gb") & (last["suite"] == "PeakMemory") & (last["technique"] == "checkpoint")]
+    expected = report.memory_table(rows).sources
+    bars = dict(zip(labels(trace), [1.0 + x for x in lengths(trace)]))  # bars grow from 1x
+    label = ("peak GPU memory: densenet_bc, batch=256 / speedlib vs none")
+    row = expected[(expected["metric"] == "peak_memory") & (expected["workload"] == "densenet_bc")
+                   & (expected["batch"].astype(str) == "256") & (expected["variant"] == "speedlib")].iloc[0]
+    assert bars[label] == pytest.approx(row["ratio"]) and row["ratio"] < 1  # variant / baseline, as the grid says
+
+
+def test_the_overview_claims_table_shows_every_cell_whole(monkeypatch):
+    """In a grid the comparability and the machine sat past the right edge: a CPU figure stood
+    beside a GPU claim with no warning in view. A static table wraps every cell."""
+    at = app_on(ROOT / "results", "views/overview.py", monkeypatch)
+    (claims,) = [t.value for t in at.table if "comparable" in t.value.columns]
+    assert {"claim", "claimed", "measured", "machine", "comparable"} <= set(claims.columns)
+    cpu = claims[claims["machine"].astype(str).str.contains("CPU only")]
+    assert len(cpu) and cpu["comparable"].astype(str).str.startswith("no:").all()
+
+
+def test_a_single_device_run_of_a_several_device_comparison_says_so_on_its_page(monkeypatch):
+    at = app_on(ROOT / "results", "views/parallel.py", monkeypatch, machine="h100-sxm-80gb")
+    assert any("one device only" in i.value and "headline-parallel" in i.value for i in at.info)
+
+
+def test_a_technique_page_lists_what_never_ran_on_the_machine_and_how_to_run_it(monkeypatch):
+    """The H100 transfer page's Not measured tab said "Nothing was skipped or failed" while its
+    Time tab was empty: the classes its run never selected were listed nowhere."""
+    at = app_on(ROOT / "results", "views/transfer.py", monkeypatch, machine="h100-sxm-80gb", tab="Not measured")
+    never = [d.value for d in at.dataframe if "measured by" in d.value.columns]
+    assert len(never) == 1 and (never[0]["measured by"] == "speedlib run --chunk transfer-parallel").all()
+    assert "Transfer.track_seconds" in set(never[0]["benchmark"])
+    # and the Time tab names the chunk that times the variants (not headline-transfer, which ran)
+    assert any("speedlib run --chunk transfer-parallel" in i.value for i in at.info)
+
+
+def test_never_run_leaves_out_what_ran_or_was_skipped():
+    rows = pd.DataFrame({"machine": ["m", "m", "other"], "benchmark": ["bench_t.A.track_x", "bench_t.B.track_y",
+                                                                      "bench_t.C.track_z"]})
+    suite = ["bench_t.A.track_x", "bench_t.B.track_y", "bench_t.C.track_z", "bench_u.D.track_w"]
+    assert report.never_run(suite, rows, "t", "m")["benchmark"].tolist() == ["bench_t.C.track_z"]

@@ -9,6 +9,7 @@ import pytest
 pd = pytest.importorskip("pandas")
 
 from speedbench import headline, report  # noqa: E402
+from speedbench.paired import ratio_estimate  # noqa: E402
 from speedbench.results import load_results  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -81,10 +82,11 @@ def test_wide_intervals_and_earlier_benchmark_versions_are_said_beside_the_grid(
     rows = (measured["technique"] == "amp") & (measured["kind"] == "paired speedup") & (measured["machine"] == "cpu-2core")
     disturbed = measured.copy()
     disturbed.loc[rows, "samples"] = pd.Series([wild] * int(rows.sum()), index=disturbed.index[rows])
-    notes = [n for n in headline.grid(disturbed).notes if n.startswith("interval wider than 1.10x, Mixed precision on cpu")]
-    assert notes == ["interval wider than 1.10x, Mixed precision on cpu-2core (workload=resnet50, "
-                     "variant=bf16_channels_last): only 8 rounds, the middle half of 8 per-round ratios spans "
-                     "0.95x-2.12x (124 % apart)"]
+    notes = [n for n in headline.grid(disturbed).notes if n.startswith("Mixed precision on cpu")]
+    est = ratio_estimate(wild)
+    assert notes == [f"Mixed precision on cpu-2core (workload=resnet50, variant=bf16_channels_last): its 99 % "
+                     f"interval [{est.low:.3g}, {est.high:.3g}] spans {est.high / est.low:.2f}x (high / low), more "
+                     "than 1.10x: only 8 rounds, the middle half of 8 per-round ratios spans 0.95x-2.12x (124 % apart)"]
     # a machine whose results predate a benchmark change keeps them, marked in its cell
     flagged = measured.assign(earlier_version=measured["machine"] == "h100-sxm-80gb")
     g = headline.grid(flagged)

@@ -132,7 +132,7 @@ def test_paired_speedup_is_the_hodges_lehmann_estimate_of_the_rounds_ratios():
     assert bf16["ratio_low"] < 2.0 < bf16["ratio_high"] and bf16["width"] < report.PAIRED_WIDTH_TARGET
     assert math.isnan(p.loc[p["variant"] == "fp16", "ratio_low"].iloc[0])  # 2 rounds: no 99 % interval
     t = report.paired_table(_paired_run({"bf16": steady, "tf32": wild}))
-    assert t.frame["comparison"].tolist() == ["TrainingStep workload=resnet50"] * 2
+    assert t.frame["comparison"].tolist() == ["TrainingStep resnet50"] * 2
     assert t.frame.loc[t.frame["variant"] == "bf16", "speedup"].iloc[0].startswith("2x [")
     assert "1 of 2 intervals wider than 1.10x" in t.notes[-1]
 
@@ -166,7 +166,7 @@ def test_tables_leave_out_the_baseline_row(df):
     t = report.speedup_table(df)
     assert "forloop" not in set(t.frame["variant"]) and t.frame["speedup"].str.endswith("]").all()
     m = report.memory_table(df)
-    assert m.frame["change"].str.endswith("%").all() and m.frame["peak"].str.endswith(("MiB", "GiB")).all()
+    assert m.frame["change"].str.endswith("%").all() and m.frame["bytes"].str.endswith(("MiB", "GiB")).all()
     f = report.floor_table(df)
     assert set(f.frame["of"]) == {"memory bandwidth"}
     assert set(f.frame["variant"]) == {"forloop", "fused", "speedlib"}  # rows tell their variant apart
@@ -663,7 +663,7 @@ def test_the_memory_table_and_its_csv_state_memory_as_variant_over_baseline(df):
     data = t.data
     assert len(data) and np.allclose(data["ratio"], data["value"] / data["baseline_value"])
     assert (data["change_percent"].round(6) == ((data["ratio"] - 1) * 100).round(6)).all()
-    assert list(t.frame["memory"]) == [f"{r:.3g}x" for r in data["ratio"]]
+    assert list(t.frame["memory ratio"]) == [f"{r:.3g}x" for r in data["ratio"]]
     assert report.MEMORY_NOTE in t.notes
 
 

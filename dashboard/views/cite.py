@@ -2,12 +2,14 @@
 
 import streamlit as st
 
-from _view import ROOT, page_data, pick, pick_many, widths
+from _view import ROOT, on_screen, page_data, pick, pick_many, widths
 from speedbench import report
 
 st.title("Cite and export")
 df = page_data()
-KINDS = {"paired": "Paired speedup (the headline)", "speedup": "Speedup (time)", "memory": "Peak memory", "floor": "Fraction of the floor", "claims": "Claims vs measured"}
+KINDS = {"paired": "Paired speedup (the headline)", "speedup": "Speedup (time)",
+         "memory": "Memory (peak, saved activations, retained bytes)", "floor": "Fraction of the floor",
+         "claims": "Claims vs measured"}
 c1, c2, c3 = st.columns(3)
 with c1:
     kind = pick("Table", list(KINDS), key="table", words=KINDS.get)
@@ -25,7 +27,8 @@ t = build(rows)
 st.subheader(KINDS[kind])
 if t.frame.empty:
     st.info("This selection has no rows for this table (memory is measured on GPU machines only).")
-st.dataframe(t.frame, hide_index=True, column_config=widths(t.frame))
+frame = on_screen(t.frame)  # the numbers beside what they compare; the exports keep every column in order
+st.dataframe(frame, hide_index=True, column_config=widths(frame))
 markdown = report.to_markdown(t)
 st.caption("Each export ends with this footer: enough to rerun every number in it. The CSV holds the "
            "numbers themselves (ratio, low, high, value, unit, N, result ID) for pandas or a spreadsheet; "

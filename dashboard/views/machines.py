@@ -2,22 +2,29 @@
 
 import streamlit as st
 
-from _view import config_label, page_data, pick, ratio_chart, table
+from _view import config_label, page_data, pick, ratio_chart, table, widths
 from speedbench import report
 
 st.title("Machine comparison")
 df = page_data()
-newest = df.sort_values("commit_date").groupby("machine").tail(1)
 st.subheader("Machines")
-# A CPU machine has no driver and its torch build may have no CUDA: say so, not "None".
-st.dataframe(newest.assign(commits=newest["machine"].map(df.groupby("machine")["commit"].nunique()),
-                           latest=newest["commit"].str[:8],
-                           driver=newest["driver"].replace("", None).fillna(
-                               newest["gpu"].map(lambda g: "n/a (no GPU)" if g == "CPU only" else "unknown")),
-                           cuda=newest["cuda"].replace("", None).fillna("n/a"))[
-    ["machine", "gpu", "driver", "cuda", "torch", "cpu_model", "commits", "latest"]].rename(
-    columns={"gpu": "GPU", "cuda": "CUDA (torch build)", "cpu_model": "CPU", "latest": "latest commit"}),
-    hide_index=True)
+# One row per machine and environment: a machine name can cover several (the 2-core VMs
+# came on Intel and AMD CPUs, with torch updated between runs), and the newest commit alone
+# once described cpu-2core by a dashboard-timing run's CPU and torch, not the suite's.
+env = ["machine", "gpu", "driver", "cuda", "torch", "cpu_model"]
+rows = df.assign(driver=df["driver"].replace("", None).fillna(
+                     df["gpu"].map(lambda g: "n/a (no GPU)" if g == "CPU only" else "unknown")),
+                 cuda=df["cuda"].replace("", None).fillna("n/a"), torch=df["torch"].fillna("unknown"),
+                 cpu_model=df["cpu_model"].fillna("unknown"))
+machines_table = rows.sort_values("commit_date").groupby(env, sort=True).agg(
+    commits=("commit", "nunique"), results=("commit", "size"), latest=("commit", lambda c: c.iloc[-1][:8])
+).reset_index().rename(columns={"gpu": "GPU", "cuda": "CUDA (torch build)", "cpu_model": "CPU",
+                                "latest": "latest commit"})
+st.dataframe(machines_table, hide_index=True, column_config=widths(machines_table))
+several = machines_table["machine"].value_counts()
+for m in several[several > 1].index:
+    st.caption(f"{m} has results from {several[m]} environments (rows above): times from different ones differ "
+               "by the hardware or software, not only by the commit.")
 machines = sorted(df["machine"].unique())
 if len(machines) < 2:
     st.info("Only one machine has results (listed above): a comparison needs a second machine "

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from _view import note_missing_gpu, page_data, pick_many, ratio_chart, table
+from _view import note_missing_gpu, on_screen, page_data, pick_many, ratio_chart, table
 from speedbench import headline, report, words
 
 st.title("speedlib: which PyTorch speed tricks pay off")
@@ -60,6 +60,16 @@ for h in headline.HEADLINES:
     st.plotly_chart(ratio_chart(s, "case", "label", "x faster than the baseline"))
     # each machine's GPU: in the chart's legend and the grid's header; the technique: above
     table(speedup, hide=("GPU", "technique"))
+    if h.memory_suite:  # checkpointing is about memory: its GPU result belongs beside the time it costs
+        memory = report.memory_table(mine[mine["suite"] == h.memory_suite], technique.baseline)
+        m = memory.sources
+        if not m.empty:
+            m = m.assign(label=m["machine"] + " (" + m["gpu"] + ")",
+                         case=m["metric"].map(words.metric) + ": " + report.case_label(m) + " vs "
+                         + m["baseline"].astype(str))
+            st.plotly_chart(ratio_chart(m, "case", "label", f"memory against the baseline ({h.memory_suite}, exact)",
+                                        axis="memory, variant / baseline (below 1x: less)", exact=True))
+            table(memory, hide=("GPU", "technique"))
     knobs = s["knob"].dropna() if "knob" in s else ()
     names = words.glossary(name, [*s["variant"].dropna(), *s["baseline"].dropna()], knobs)
     if names:
@@ -67,4 +77,9 @@ for h in headline.HEADLINES:
 if not shown:
     st.info("None of the selected machines has a headline result yet.")
 st.subheader("Claims of the sources versus measured")
-table(report.claims_table(df[df["machine"].isin(machines)]))
+# A static table: every cell whole and wrapped (in a grid the comparability and the machine
+# sat past the right edge, so a CPU figure stood beside a GPU claim with no warning in view).
+claims = report.claims_table(df[df["machine"].isin(machines)])
+st.table(on_screen(claims.frame, hide=("measured as",)))  # how it was measured: in the exports
+for n in claims.notes:
+    st.caption(n)
