@@ -11,8 +11,8 @@ import plotly.colors
 import plotly.graph_objects as go
 import streamlit as st
 
-from _view import (config_label, log_axis, pick, pick_many, ratio_chart, results, show_problems, spread_chart,
-                   suite_listing, table, tabs, widths)
+from _view import (config_label, log_axis, pick, pick_many, ratio_chart, results, say_names, show_problems,
+                   spread_chart, suite_listing, table, tabs, widths)
 from speedbench import headline, plan, report, words
 
 
@@ -93,7 +93,7 @@ def technique_page(name: str) -> None:
             s = speedup.sources
             s = s.assign(case=config_label(s) + " / " + s["variant"].astype(str), where=where)
             st.plotly_chart(ratio_chart(s, "case", "where", f"{words.metric(metric)}: speedup over {baseline}"))
-        _say(glossary)
+        say_names(glossary)
     with memory_tab:
         memory = rows[rows["kind"] == "memory"]
         if memory.empty:
@@ -106,7 +106,7 @@ def technique_page(name: str) -> None:
             table(report.memory_table(memory, baseline), hide=STATED)
             for _, same in memory.groupby("metric", sort=True):  # one chart per metric: peak, activations
                 st.plotly_chart(_bars(same, "bytes", where))
-            _say(glossary)
+            say_names(glossary)
     with floor_tab:
         floors = rows[rows["kind"] == "fraction of floor"]
         bandwidth = rows[rows["kind"] == "bandwidth"]
@@ -119,7 +119,7 @@ def technique_page(name: str) -> None:
             # as the table orders them: gather first
             for unit, same in floors.sort_values("benchmark", kind="stable").groupby("unit", sort=False):
                 st.plotly_chart(_bars(same, str(unit), where))
-            _say(glossary)
+            say_names(glossary)
         if not bandwidth.empty:
             table(report.speedup_table(bandwidth, "bandwidth", baseline), hide=STATED)
     with missing_tab:
@@ -183,12 +183,6 @@ def _one_device(name: str, rows: pd.DataFrame, machine: str) -> None:
     for h in headline.HEADLINES:
         if h.technique == name and machine in headline.single_device(rows, h):
             st.info(headline.single_device_note(h, machine))
-
-
-def _say(glossary: str) -> None:
-    """What the variant and knob names on this page mean."""
-    if glossary:
-        st.caption("Names: " + glossary)
 
 
 def _not_measured(data: dict, name: str, machine: str | None = None) -> None:

@@ -10,7 +10,6 @@ HTML-escaped, so nothing from a file is rendered as HTML.
 from __future__ import annotations
 
 import html
-import json
 import math
 import os
 from pathlib import Path
@@ -19,7 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from speedbench import cache, report, words
+from speedbench import cache, plan, report, words
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(os.environ.get("SPEEDLIB_RESULTS") or ROOT / "results").resolve()
@@ -66,12 +65,11 @@ def results() -> dict:
 
 
 @st.cache_data(max_entries=4)
-def _listing(path: str, mtime: float) -> list[str]:
+def _listing(path: str, mtime: float) -> list[str]:  # mtime: a new listing is read afresh
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return sorted(plan.combinations(Path(path)))
+    except (OSError, ValueError, TypeError, AttributeError):  # unreadable or not asv's format
         return []
-    return sorted(k for k, v in data.items() if isinstance(v, dict)) if isinstance(data, dict) else []
 
 
 def suite_listing() -> list[str]:
@@ -183,6 +181,12 @@ def tabs(names: list[str], key: str = "tab", default: str | None = None):
     containers = st.tabs(names, key=key, default=first if first in names else names[0], on_change="rerun")
     st.query_params[key] = st.session_state.get(key) or first
     return containers
+
+
+def say_names(glossary: str) -> None:
+    """What the variant and knob names next to it mean (speedbench.words.glossary)."""
+    if glossary:
+        st.caption("Names: " + glossary)
 
 
 def esc(values) -> list[str]:

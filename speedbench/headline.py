@@ -113,7 +113,7 @@ def _cell(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, gpu: str) -> tu
     labelled = [f"{other}: {t}" if other else t
                 for other, t in zip((_others(r, h) for _, r in hits.iterrows()), texts)]
     if not labelled:  # said first, so that a memory-only cell does not pass for the whole comparison
-        labelled = [f"speed not measured yet (speedlib run --chunk headline-{h.technique})"]
+        labelled = [f"speed not measured yet ({_command(h)})"]
     used = [hits]
     if h.memory_suite:
         labelled += [f"{_others(r, h)}: peak memory {1 / r.ratio:.3g}x".lstrip(": ")
@@ -124,16 +124,22 @@ def _cell(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, gpu: str) -> tu
         return "; ".join(labelled) + (f" {EARLIER}" if report.earlier_version(sources).any() else ""), sources
     if h.gpu_only and gpu == "CPU only":
         return "needs a GPU", hits.iloc[0:0]
-    return f"not measured yet: speedlib run --chunk headline-{h.technique}", hits.iloc[0:0]
+    return f"not measured yet: {_command(h)}", hits.iloc[0:0]
+
+
+def _command(h: Headline) -> str:
+    """The `speedlib run` that measures `h`: its class's chunk."""
+    return plan.how_to_measure(f"bench_{h.technique}.{h.suite}.")
 
 
 def single_device(rows: pd.DataFrame, h: Headline) -> list[str]:
     """The machines whose results of `h` (a comparison about several devices) reach fewer
     devices than it needs: there the variants train the same single replica."""
-    if h.devices <= 1:
-        return []
-    hits, _ = _comparisons(report.latest(rows), h)
-    if hits.empty or "world" not in hits:
+    return _too_few_devices(_comparisons(report.latest(rows), h)[0], h) if h.devices > 1 else []
+
+
+def _too_few_devices(hits: pd.DataFrame, h: Headline) -> list[str]:
+    if h.devices <= 1 or hits.empty or "world" not in hits:
         return []
     worlds = pd.to_numeric(hits["world"], errors="coerce")
     return [m for m, w in worlds.groupby(hits["machine"]).max().items() if w < h.devices]
@@ -142,7 +148,7 @@ def single_device(rows: pd.DataFrame, h: Headline) -> list[str]:
 def single_device_note(h: Headline, machine: str) -> str:
     return (f"{report.TECHNIQUES[h.technique].title} on {machine}: one device only, so the two run the same single "
             "replica and the ratio is their per-step overhead, not the scaling the comparison is about "
-            f"({plan.how_to_measure(f'bench_{h.technique}.{h.suite}.')} on a machine with {h.devices} or more GPUs)")
+            f"({_command(h)} on a machine with {h.devices} or more GPUs)")
 
 
 def grid(df: pd.DataFrame) -> report.Table:
@@ -155,7 +161,7 @@ def grid(df: pd.DataFrame) -> report.Table:
     for h in HEADLINES:
         row = {"technique": report.TECHNIQUES[h.technique].title}
         hits, memory = _comparisons(last, h)
-        few += [(h, m) for m in single_device(last, h)]
+        few += [(h, m) for m in _too_few_devices(hits, h)]
         for m in machines:
             row[columns[m]], source = _cell(hits[hits["machine"] == m] if len(hits) else hits,
                                             memory[memory["machine"] == m] if len(memory) else memory, h, gpus[m])

@@ -6,6 +6,7 @@ once on a machine that is about to spend its slot.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import itertools
 import json
@@ -13,7 +14,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Chunk", "CHECKOUT", "how_to_measure", "load_chunks", "benchmark_listing", "select_chunks", "combinations", "estimate_seconds",
+__all__ = ["Chunk", "CHECKOUT", "how_to_measure", "load_chunks", "benchmark_listing", "select_chunks", "combinations",
+           "estimate_seconds",
            "SECONDS_PER_COMBINATION", "SECONDS_PER_CLASS", "SECONDS_PER_REPORT", "REPORT_SECONDS", "LAUNCH_METHOD",
            "HEADROOM", "PlanError",
            "chunk_times_path", "record_chunk_time", "recorded_chunk_seconds", "seconds_per_combination", "chunk_cost"]
@@ -100,13 +102,20 @@ def how_to_measure(benchmark: str, root: Path = CHECKOUT) -> str:
     """The `speedlib run` command that measures `benchmark` ("bench_amp.TrainingStep." or a
     full "module.Class.method"): its chunk where the checkout has chunks, else a --bench
     selection of it. Pages that say "not measured yet" say this too."""
-    try:
-        chunk = next((c for c in load_chunks(root) if re.match(c.regex, benchmark)), None)
-    except (PlanError, OSError, SyntaxError):  # an installed copy without benchmarks/
-        chunk = None
+    chunk = next((c for c in _checkout_chunks(Path(root)) if re.match(c.regex, benchmark)), None)
     if chunk is not None:
         return f"speedlib run --chunk {chunk.name}"
     return f"speedlib run --bench '^{re.escape(benchmark)}'"
+
+
+@functools.lru_cache(maxsize=4)
+def _checkout_chunks(root: Path) -> tuple[Chunk, ...]:
+    """`load_chunks` once per checkout for the pages that name a chunk (a page names several,
+    each render); none for an installed copy without benchmarks/."""
+    try:
+        return tuple(load_chunks(root))
+    except (PlanError, OSError, SyntaxError):
+        return ()
 
 
 def benchmark_listing(root: Path, results_dir: Path) -> Path | None:

@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 import speedlib
+from speedbench import plan
 from speedbench.paired import ratio_estimate
 from speedbench.results import COLUMNS, higher_is_better, printable
 
@@ -114,8 +115,6 @@ class Claim:
 
     @property
     def how_to_measure(self) -> str:
-        from speedbench import plan  # noqa: PLC0415 - reads benchmarks/chunks.py; only this needs it
-
         on = f"a machine with {self.devices} or more GPUs" if self.devices > 1 else "a GPU"
         return f"{plan.how_to_measure(f'bench_{self.technique}.{self.measured_by or self.suite}.')} on {on}"
 
@@ -955,8 +954,6 @@ def never_run(suite: list[str], rows: pd.DataFrame, technique: str, machine: str
     row of at all, measured or not (`rows`: both frames): they never ran there, so neither
     table lists them, and the page must not say "nothing was skipped". With the command
     that measures each (speedbench.plan.how_to_measure)."""
-    from speedbench import plan  # noqa: PLC0415 - reads benchmarks/chunks.py; only this needs it
-
     ran = set(rows.loc[rows["machine"] == machine, "benchmark"])
     missing = sorted(b for b in suite if b.startswith(f"bench_{technique}.") and b not in ran)
     return pd.DataFrame({"benchmark": missing, "measured by": [plan.how_to_measure(b) for b in missing]})

@@ -49,9 +49,9 @@ if speedups.frame.empty:
     st.info("These two machines share no paired comparison.")
 else:
     table(speedups)
-t = report.machine_comparison(df, a, b)
 if cpu_and_gpu:
     st.stop()
+t = report.machine_comparison(df, a, b)
 st.subheader(f"{b} against {a}, value by value")
 if t.frame.empty:
     st.info("These two machines share no benchmark.")

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from _view import note_missing_gpu, on_screen, page_data, pick_many, ratio_chart, table
+from _view import note_missing_gpu, on_screen, page_data, pick_many, ratio_chart, say_names, table
 from speedbench import headline, report, words
 
 st.title("speedlib: which PyTorch speed tricks pay off")
@@ -71,9 +71,7 @@ for h in headline.HEADLINES:
                                         axis="memory, variant / baseline (below 1x: less)", exact=True))
             table(memory, hide=("GPU", "technique"))
     knobs = s["knob"].dropna() if "knob" in s else ()
-    names = words.glossary(name, [*s["variant"].dropna(), *s["baseline"].dropna()], knobs)
-    if names:
-        st.caption("Names: " + names)
+    say_names(words.glossary(name, [*s["variant"].dropna(), *s["baseline"].dropna()], knobs))
 if not shown:
     st.info("None of the selected machines has a headline result yet.")
 st.subheader("Claims of the sources versus measured")
