@@ -57,7 +57,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     },
     "tuning": {
         "off": "the code as most people write it (the baseline)",
-        "on": "the knob applied (see the knobs below)",
+        "on": "the knob applied (what it changes for each knob follows)",
         "no_grad": "evaluation under torch.no_grad()",
         "inference_mode": "evaluation under torch.inference_mode()",
         "workers": "DataLoader with worker processes",
