@@ -227,7 +227,7 @@ class DataParallelStep(common.Paired):
         return _trainers(PARALLEL_WORKLOAD, batch, data_parallel=True)
 
 
-class DistributedStep(common.Measured):
+class DistributedStep(common.Timed):
     """DistributedDataParallel, one process per GPU (NCCL), through speedlib.parallel: the
     median step time of the slowest rank.
 

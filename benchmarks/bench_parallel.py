@@ -85,7 +85,7 @@ def _run(config):
     return common.technique("parallel").run(config, timeout=_TIMEOUT)
 
 
-class Step(common.Measured):
+class Step(common.Timed):
     """The world size x mode grid, one launch each."""
 
     params = (WORLDS, MODES)
@@ -125,7 +125,7 @@ class Step(common.Measured):
 _NO_SYNC = {"off": False, "on": True}
 
 
-class NoSync(common.Measured):
+class NoSync(common.Timed):
     """DDP on 2 ranks, 4 micro-batches per step, with and without no_sync."""
 
     params = [list(_NO_SYNC)]

@@ -205,7 +205,7 @@ def _median_bandwidth(fn: Callable[[], object], dev, samples: int = 20) -> float
     return BATCH_BYTES / statistics.median(times)
 
 
-class FractionOfFloor(common.Measured):
+class FractionOfFloor(common.Timed):
     """Random-row gather (scatter) over bulk pinned host->device (device->host) bandwidth."""
 
     params = (VARIANTS,)
@@ -241,7 +241,7 @@ class FractionOfFloor(common.Measured):
     track_scatter_fraction_of_floor.unit = "% of pinned device->host bandwidth"
 
 
-class CopyBandwidth(common.Measured):
+class CopyBandwidth(common.Timed):
     """The floor: one bulk 256 MiB copy between host and GPU, best of five."""
 
     params = (["h2d", "d2h"], ["pinned", "pageable"])

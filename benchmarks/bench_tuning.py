@@ -329,7 +329,7 @@ class FusedPointwise(common.Paired):
         return x.device, {v: functools.partial(call, fn) for v, fn in fns.items()}
 
 
-class CompileTime(common.Measured):
+class CompileTime(common.Timed):
     """The first calls of a freshly scripted or compiled GELU: what a first run pays."""
 
     params = (["torchscript", "compile"],)
@@ -577,7 +577,7 @@ class RetainedGraph(common.Measured):
     track_retained_bytes.unit = "bytes"
 
 
-class BatchSize(common.Measured):
+class BatchSize(common.Timed):
     """The throughput curve, smallest batch first, in one process: the first batch that
     does not fit ends it, and the larger ones are skipped without being tried."""
 

@@ -29,6 +29,17 @@ samples that variation, and the interval widens to cover it.
 
 Memory and saved-activation comparisons are exact counts: the same number every time, so
 they need no pairing, only their own process per class (`Measured`).
+
+Interference (speedbench.interference): contention does not slow the variants alike, so
+every paired round, and every parameter set of a class that times without pairing
+(`Timed`), is bracketed by counters of what else the machine did meanwhile. They are stored
+beside the timings, one sample per round, as asv tracks of their own:
+  track_interference   % of the machine's CPU time other processes (and a hypervisor) took
+  track_preemptions    involuntary context switches of the measuring process per second
+  track_gpu_clock      the SM clock, % of its maximum (GPUs with NVML)
+  track_gpu_neighbours other processes on the GPU (GPUs with NVML)
+speedbench.contention reads them: it marks disturbed rounds and contended results, and the
+paired estimate leaves disturbed rounds out where enough others remain.
 """
 
 from __future__ import annotations
@@ -44,6 +55,8 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+
+from speedbench import interference  # no torch: /proc, getrusage and NVML reads
 
 # --- the machine profile, decided without torch ------------------------------------------
 
@@ -71,10 +84,28 @@ def pick(cpu, gpu):
 
 
 def check_profile(dev) -> None:
-    """In a process that has torch: the profile chosen without it must match the device."""
+    """In a process that has torch, before it measures: the profile chosen without it must
+    match the device, and torch's threads are set (`set_threads`). Every timing path calls
+    it; exact counts (memory) do not depend on threads, and classes that skip never load torch."""
     if (dev.type == "cuda") != ON_GPU:
         raise RuntimeError(f"the benchmarks chose the {'GPU' if ON_GPU else 'CPU'} profile but measure on "
                            f"{dev}: set SPEEDLIB_DEVICE to say which")
+    set_threads()
+
+
+def set_threads() -> int:
+    """Set torch's intra-op threads to speedbench.measure.benchmark_threads() (one per usable
+    CPU unless $SPEEDLIB_THREADS says otherwise) and return it. torch's own default follows
+    its build and OMP_NUM_THREADS, so without this a ratio would depend on the shell the run
+    was started from. Called by `check_profile`, before anything is timed."""
+    import torch  # noqa: PLC0415
+
+    from speedbench import measure  # noqa: PLC0415
+
+    threads = measure.benchmark_threads()
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return threads
 
 
 def gpu_only(what: str) -> None:
@@ -184,10 +215,98 @@ def _release() -> None:
         measure.release_cached_memory(measure.device())
 
 
+# --- interference counters ----------------------------------------------------------------
+
+# The cache key (with the configuration after it) under which a class keeps its rounds'
+# interference counters; no parameter value can be this object.
+ROUNDS = "__rounds__"
+
+
+class _Interference:
+    """asv tracks of the interference counters kept under ROUNDS (see the module docstring),
+    one sample per round: a paired class's rounds, or a timed class's one window per
+    parameter set. A counter that could not be read (no /proc, no NVML) is a skip."""
+
+    def _round_key(self, params: tuple) -> tuple:
+        return (ROUNDS, *params)
+
+    def _counter(self, cache, params: tuple, name: str):
+        entry = cache.get(self._round_key(params))
+        measured = cache.get(tuple(params))
+        # only beside a measurement: a set that was skipped or failed has no rounds to describe
+        if entry is None or entry[0] != "ok" or measured is None or measured[0] != "ok":
+            return SKIP
+        values = [r.get(name) for r in entry[1]]
+        if not values or any(v is None for v in values):
+            return SKIP
+        return {"samples": values, "number": 1}
+
+    def track_interference(self, cache, *params):
+        return self._counter(cache, params, "others_cpu")
+
+    track_interference.unit = "% of CPU time to other processes"
+
+    def track_preemptions(self, cache, *params):
+        return self._counter(cache, params, "preemptions")
+
+    track_preemptions.unit = "preemptions/s"
+
+    def track_gpu_clock(self, cache, *params):
+        return self._counter(cache, params, "gpu_clock")
+
+    track_gpu_clock.unit = "% of maximum SM clock"
+
+    def track_gpu_neighbours(self, cache, *params):
+        return self._counter(cache, params, "gpu_neighbours")
+
+    track_gpu_neighbours.unit = "other processes on the GPU"
+
+
+_probes: dict = {}
+
+
+def _gpu_probe(dev):
+    """NVML's view of the CUDA device `dev` (matched by PCI bus ID: CUDA_VISIBLE_DEVICES
+    renumbers devices, NVML does not), one per process; None off CUDA or without NVML."""
+    if getattr(dev, "type", None) != "cuda":
+        return None
+    if dev not in _probes:
+        import torch  # noqa: PLC0415
+
+        props = torch.cuda.get_device_properties(dev)
+        bus_id = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+        _probes[dev] = interference.gpu_probe(pci_bus_id=bus_id)
+    return _probes[dev]
+
+
+class Timed(_Interference, Measured):
+    """A Measured class that times without pairing (separate launches, a bandwidth against a
+    floor): each parameter set's measurement is one window of interference counters, stored
+    as one sample per parameter set."""
+
+    def measure_all(self) -> dict:
+        out = {}
+        for combo in itertools.product(*self.params) if self.params else [()]:
+            start = interference.snapshot(_probe_here())
+            out[combo] = _attempt(f"{type(self).__name__}{combo}", lambda: self.measure_one(*combo))
+            if out[combo][0] == "ok":  # a skip or a failure measured nothing to describe
+                out[(ROUNDS, *combo)] = ("ok", [interference.window(start, interference.snapshot(_probe_here()))])
+        return out
+
+
+def _probe_here():
+    """The GPU probe of the device the benchmarks measure on, where torch has CUDA up already."""
+    if not ON_GPU:
+        return None
+    from speedbench import measure  # noqa: PLC0415
+
+    return _gpu_probe(measure.device())
+
+
 # --- paired comparisons --------------------------------------------------------------------
 
 
-class Paired(Measured):
+class Paired(_Interference, Measured):
     """Variants of one configuration taking turns in one process.
 
     The last parameter is the variant; the others name a configuration. A subclass sets
@@ -218,16 +337,21 @@ class Paired(Measured):
         *configs, variants = self.params
         for config in (itertools.product(*configs) if configs else [()]):
             status, times = _attempt(f"{type(self).__name__}{config}", lambda: self._take_turns(config))
+            if status == "ok":
+                out[(ROUNDS, *config)] = ("ok", times.pop(ROUNDS))
             for variant in variants:
                 applies = status != "ok" or variant in times
                 out[(*config, variant)] = (status, times) if applies else (
                     "skip", f"{variant} does not apply to {config}")
         return out
 
-    def _take_turns(self, config: tuple) -> dict[str, list[float]]:
+    def _take_turns(self, config: tuple) -> dict[str, list]:
+        """Each variant's samples, pooled over the builds, and under ROUNDS the interference
+        counters of every round."""
         builds = 1 if QUICK else max(1, self.builds)
         rounds = 1 if QUICK else math.ceil(self.pairs / builds)  # per build; at least `pairs` in all
-        pooled: dict[str, list[float]] = {}
+        pooled: dict[str, list] = {}
+        counters: list[dict] = []
         for build in range(builds):
             if build:
                 _release()  # the last build's objects go first, so this one gets memory of its own
@@ -237,11 +361,16 @@ class Paired(Measured):
             if build and set(steps) != set(pooled):
                 raise RuntimeError(f"build {build + 1} of {config} has variants {sorted(steps)}, "
                                    f"the first had {sorted(pooled)}: rounds cannot be pooled")
-            times = paired_times(steps, dev, rounds=rounds, warmup=0 if QUICK else self.warmup, number=self.number)
+            times = paired_times(steps, dev, rounds=rounds, warmup=0 if QUICK else self.warmup, number=self.number,
+                                 counters=counters)
             del steps  # the only references to this build's models: freed by the next _release
             for variant, samples in times.items():
                 pooled.setdefault(variant, []).extend(samples)
+        pooled[ROUNDS] = counters
         return pooled
+
+    def _round_key(self, params: tuple) -> tuple:
+        return (ROUNDS, *params[:-1])  # a round is every variant of one configuration
 
     def track_seconds(self, cache, *params):
         times = self.result(cache, *params)
@@ -259,11 +388,19 @@ class Paired(Measured):
 
 
 def paired_times(steps: dict[str, Callable[[], object]], dev, rounds: int, warmup: int,
-                 number: int = 1) -> dict[str, list[float]]:
-    """Each variant's seconds per step, one sample per round, variants taking turns."""
+                 number: int = 1, counters: list | None = None) -> dict[str, list[float]]:
+    """Each variant's seconds per step, one sample per round, variants taking turns.
+    counters: a list that gets each measured round's interference counters."""
     from speedbench import measure, paired  # noqa: PLC0415 - torch, in the measuring process only
 
     check_profile(dev)
+    observe, bracketed = None, None
+    if counters is not None:
+        probe, bracketed = _gpu_probe(dev), []
+
+        def observe():
+            start = interference.snapshot(probe)
+            return lambda: (start, interference.snapshot(probe))
 
     def timed(step):
         def sample() -> float:
@@ -275,4 +412,8 @@ def paired_times(steps: dict[str, Callable[[], object]], dev, rounds: int, warmu
             return (time.perf_counter() - start) / number
         return sample
 
-    return paired.take_turns({v: timed(s) for v, s in steps.items()}, rounds=rounds, warmup=warmup)
+    times = paired.take_turns({v: timed(s) for v, s in steps.items()}, rounds=rounds, warmup=warmup,
+                              observe=observe, observed=bracketed)
+    if counters is not None:
+        counters.extend(interference.round_windows(bracketed))
+    return times

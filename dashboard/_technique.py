@@ -36,7 +36,7 @@ def technique_page(name: str) -> None:
     c1, c2, c3, c4 = st.columns(4)
     with c1:
         # A GPU first: the question is which GPU, and the CPU's small workloads are a smoke
-        # check (a page that opened on cpu-2core showed CPU numbers to a GPU reader).
+        # check (a page that opened on the 2-core CPU machine showed CPU numbers to a GPU reader).
         gpus = rows.drop_duplicates("machine").set_index("machine")["gpu"]
         on_gpu = sorted(m for m in gpus.index if gpus[m] != "CPU only")
         machine = pick("Machine", sorted(rows["machine"].unique()), key="machine",

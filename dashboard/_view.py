@@ -19,6 +19,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from speedbench import cache, plan, report, words
+from speedbench import problems as problem_text
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(os.environ.get("SPEEDLIB_RESULTS") or ROOT / "results").resolve()
@@ -33,7 +34,9 @@ def _load(path: str, signature: str) -> dict:
     # str(): control characters escaped
     return {"measured": loaded.measured, "not_measured": loaded.not_measured,
             "problems": [str(p) for p in loaded.problems if not p.expected],
-            "set_aside": [str(p) for p in loaded.problems if p.expected]}
+            # each worded by what happened to it (set aside, skipped, kept and flagged †)
+            "set_aside": [problem_text.describe(p) for p in loaded.problems if p.expected],
+            "set_aside_summary": problem_text.summary(p for p in loaded.problems if p.expected)}
 
 
 # A link is a citation: `until` pins the view to the results measured up to that moment, so
@@ -85,7 +88,8 @@ def suite_listing() -> list[str]:
 
 def show_problems(data: dict) -> None:
     """Files that were skipped, one line each, behind a warning (never a traceback); results
-    of benchmarks changed or removed since are normal history, listed quietly."""
+    of benchmarks changed or removed since are normal history: one line counts them, and
+    the list is behind it."""
     problems = data["problems"]
     if problems:
         st.warning(f"{len(problems)} problem(s) while reading the results: the affected files or results "
@@ -93,8 +97,7 @@ def show_problems(data: dict) -> None:
         with st.expander("What was skipped, and why"):
             st.text("\n".join(problems))
     if data.get("set_aside"):
-        with st.expander(f"{len(data['set_aside'])} result file(s) also hold results of benchmarks that have "
-                         "changed or been removed since; those results are set aside, not compared"):
+        with st.expander(data["set_aside_summary"]):
             st.text("\n".join(data["set_aside"]))
     _show_pin(data)
 
@@ -250,14 +253,19 @@ def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x 
         # Faded: the interval includes 1x, so the bar is not told apart from the baseline.
         # Hatched: no interval at all (one value per variant, not paired), so nothing says how
         # sure it is; drawn solid, a single DDP launch looked as certain as 30 paired rounds.
+        # Cross-hatched: contended, measured while other work kept the machine busy; shown, never
+        # as solid as a clean figure (the tables carry the same mark, ‡, and its counters).
         unsure = ((g["ratio_low"] <= 1.0) & (g["ratio_high"] >= 1.0)).tolist()
         lone = [False] * len(g) if exact else (g["ratio_low"].isna() | g["ratio_high"].isna()).tolist()
+        busy = report.contended(g).tolist()
         n = g["n"] if "n" in g else pd.Series([math.nan] * len(g), index=g.index)
-        said = ["interval includes 1x" if u else "single value, no interval" if x else "" for u, x in zip(unsure, lone)]
+        said = [("contended, not a clean figure; " if b else "")
+                + ("interval includes 1x" if u else "single value, no interval" if x else "")
+                for u, x, b in zip(unsure, lone, busy)]
         fig.add_trace(go.Bar(
             y=esc(g[y]), x=g["ratio"] - 1.0, base=1.0, orientation="h", name=html.escape(str(name)),
             marker={"opacity": [0.35 if u else 1.0 for u in unsure],
-                    "pattern": {"shape": ["/" if x else "" for x in lone]}},
+                    "pattern": {"shape": ["x" if b else "/" if x else "" for x, b in zip(lone, busy)]}},
             customdata=list(zip(g["ratio"], [report._fmt_ratio(r, lo, hi).partition(" ")[2] for r, lo, hi in
                                              zip(g["ratio"], g["ratio_low"], g["ratio_high"])],
                                 ["" if pd.isna(k) else f"N={k:g}" for k in n], said)),
@@ -271,6 +279,9 @@ def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x 
         legend.append("faded bar: its 99 % interval includes 1x (not told apart from the baseline)")
     if not exact and (s["ratio_low"].isna() | s["ratio_high"].isna()).any():
         legend.append("hatched bar: a single value per variant, no interval (how sure it is is unknown)")
+    if report.contended(s).any():
+        legend.append(f"cross-hatched bar ({report.CONTENDED}): contended, other work kept the machine busy; "
+                      "not a clean figure")
     if legend:
         # Below the axis title: above the bars, the legend's row sits (and the title above it).
         fig.add_annotation(text="<br>".join(legend), xref="paper", yref="paper", x=0, y=0, yanchor="top",

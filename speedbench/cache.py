@@ -21,7 +21,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from speedbench import results
+from speedbench import contention, results
 
 _FORMAT = 1  # bump when what is pickled changes shape
 
@@ -34,11 +34,13 @@ def cache_dir() -> Path:
 
 
 def _loader_digest() -> bytes:
-    """The loader's source and pandas' version: a changed parser must not reuse old frames."""
+    """The loader's source (with the contention rules it applies) and pandas' version: a
+    changed parser must not reuse old frames."""
     import pandas  # noqa: PLC0415
 
     h = hashlib.sha256(f"{_FORMAT} {pandas.__version__}".encode())
     h.update(Path(results.__file__).read_bytes())
+    h.update(Path(contention.__file__).read_bytes())  # its verdicts are columns of the frames
     return h.digest()
 
 

@@ -17,14 +17,21 @@ BENCHMARKS_FAILED = 3
 CHUNKS_LEFT = 4
 RUN_EXIT_STATUS = """exit status:
   0  every selected chunk ran and no benchmark failed
-  2  the run stopped: a precondition or asv itself failed (the message says which); commits
-     already walked keep their results
+  2  the run stopped: a precondition or asv itself failed (the message says which; a busy
+     machine under --require-quiet is one); commits already walked keep their results
   3  some benchmarks failed, listed at the end; every other result, the environment records
      and the --archive were written
   4  no benchmark failed, but --budget-minutes left chunks for a later command (listed; with
      none run, there is no archive)
   130, 143  stopped by Ctrl+C or SIGTERM: asv and its benchmarks were stopped, the chunks
      archived so far are kept"""
+
+
+ENV_EXIT_STATUS = """exit status:
+  0  the record was printed; with --check, no check found anything bad (warnings may remain)
+  1  --check found something bad: the machine is busy, a GPU has other processes on it, or
+     $SPEEDLIB_THREADS is not a positive integer
+  2  the record needs PyTorch, which is not installed (--check does not)"""
 
 
 def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -41,8 +48,11 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         archive=Path(args.archive) if args.archive else None,
         chunks=args.chunk or (),
         budget_minutes=args.budget_minutes,
+        new_build=args.new_build,
+        require_quiet=args.require_quiet,
     )
     try:
+        options.wait_quiet = _seconds(args.wait_quiet, "--wait-quiet")
         suite.check_options(options)  # also inside run(); here it is refused before asv or torch load
     except suite.SuiteError as e:
         print(f"speedlib run: {e}", file=sys.stderr)
@@ -65,6 +75,19 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if result.failed:
         return BENCHMARKS_FAILED
     return CHUNKS_LEFT if result.not_run else 0
+
+
+def _seconds(text: str | None, option: str) -> float | None:
+    """A number of seconds from the command line; one line (SuiteError) if it is not one."""
+    from speedbench import suite  # noqa: PLC0415
+    from speedbench.results import printable  # noqa: PLC0415
+
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise suite.SuiteError(f"{option} must be a positive number of seconds, got '{printable(text)}'") from None
 
 
 def _print_plan(options) -> int:
@@ -117,12 +140,28 @@ def _missing_torch(command: str) -> bool:
 
 
 def _cmd_env(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    if args.check:
+        return _check()
     if _missing_torch("env"):
         return 2
     from speedbench import measure  # noqa: PLC0415
 
     print(json.dumps(measure.environment(), indent=2, sort_keys=True))
     return 0
+
+
+def _check() -> int:
+    """`speedlib env --check`: every pre-flight check, one line each, then a summary; 1 if
+    one of them is bad. Needs no torch (the thread check is then skipped, with a note)."""
+    from speedbench import preflight  # noqa: PLC0415
+    from speedbench.results import printable  # noqa: PLC0415 - process names come from /proc
+
+    report = preflight.check()
+    width = max(len(level) for level in preflight.LEVELS)
+    for finding in report.findings:
+        print(f"{finding.level:<{width}}  {printable(finding.line())}")
+    print(report.summary())
+    return 1 if report.level == "bad" else 0
 
 
 def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -137,8 +176,7 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
     df = loaded.measured
     if args.machine:
         df = df[df["machine"] == args.machine]
-    for problem in loaded.problems:
-        print(f"skipped {problem}", file=sys.stderr)
+    _print_problems(loaded.problems, args.verbose, "speedlib report: ")
     if args.fail_on_regression:
         return _regression_gate(report, df, args)
     if df.empty:
@@ -152,7 +190,7 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
             if not Path(args.against).is_dir():
                 print(f"speedlib report: no results directory at {args.against}", file=sys.stderr)
                 return 2
-            rerun = _second_run(args.against)
+            rerun = _second_run(args.against, args.verbose)
         print(writeup.writeup(df, rerun), end="")
         return 0
     if args.table == "results":
@@ -163,7 +201,7 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
             print("speedlib report: --table noise needs --against DIR, the results of a second run of the same "
                   "commit on the same machine", file=sys.stderr)
             return 2
-        second = _second_run(args.against)
+        second = _second_run(args.against, args.verbose)
         table = report.noise_table(df, second[second["machine"] == args.machine] if args.machine else second)
         if table.frame.empty:
             print("speedlib report: no time benchmark was measured in both runs (same machine, commit and "
@@ -184,15 +222,26 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
-def _second_run(directory: str):
-    """The measured rows of --against DIR, a second run; as for --results, a skipped file is
+def _second_run(directory: str, verbose: bool = False):
+    """The measured rows of --against DIR, a second run; as for --results, a damaged file is
     never silent."""
-    from speedbench.results import load_results  # noqa: PLC0415
+    from speedbench.results import load_results, printable  # noqa: PLC0415
 
     again = load_results(Path(directory))
-    for problem in again.problems:
-        print(f"skipped {problem}", file=sys.stderr)
+    _print_problems(again.problems, verbose, f"speedlib report: --against {printable(directory)}: ")
     return again.measured
+
+
+def _print_problems(problems, verbose: bool, prefix: str) -> None:
+    """On stderr: every damaged or incomplete result (always), the older results the loader
+    set aside or kept in one summary line, or one by one with --verbose (speedbench.problems)."""
+    from speedbench import problems as told  # noqa: PLC0415
+
+    shown = told.lines(problems, verbose)
+    for line in shown[:-1]:
+        print(line, file=sys.stderr)
+    if shown:
+        print(prefix + shown[-1], file=sys.stderr)  # the summary names the command (or --against DIR)
 
 
 def _regression_gate(report, df, args: argparse.Namespace) -> int:
@@ -337,7 +386,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "default: the checkout as it is, filed under HEAD")
     run.add_argument("--bench", "-b", action="append", metavar="REGEX",
                      help="only benchmarks matching REGEX (asv's --bench; repeatable)")
-    run.add_argument("--machine", help="asv machine name (default: from the hardware, e.g. h100-sxm-80gb)")
+    run.add_argument("--machine", help="asv machine name (default: from the hardware, e.g. h100-sxm-80gb, "
+                                        "cpu-2core-intel-xeon); a directory that recorded other hardware is refused")
+    run.add_argument("--new-build", action="store_true",
+                     help="file the run under its machine although the torch/CUDA build differs from the one "
+                          "last recorded there: a new environment, which history and the regression gate do not "
+                          "compare across (without it such a run is refused)")
     run.add_argument("--results-dir", help="where results go (default: asv.conf.json's results_dir)")
     run.add_argument("--allow-dirty", action="store_true",
                      help="run although speedlib/ or benchmarks/ have uncommitted changes")
@@ -353,9 +407,20 @@ def build_parser() -> argparse.ArgumentParser:
                           "an estimate) fits in what is left of M minutes")
     run.add_argument("--plan", action="store_true",
                      help="print the chunks and what each should cost here, and run nothing")
+    run.add_argument("--require-quiet", action="store_true",
+                     help="refuse to start (exit 2) when the pre-flight check finds the machine busy: other "
+                          "processes taking CPU time or the GPU (speedlib env --check shows what it sees)")
+    run.add_argument("--wait-quiet", metavar="SECONDS",
+                     help="when the machine is busy, check again until it settles or SECONDS pass; then measure "
+                          "anyway with a warning, or with --require-quiet refuse")
     run.set_defaults(func=_cmd_run)
 
-    env = sub.add_parser("env", help="print this machine's environment record as JSON")
+    env = sub.add_parser("env", help="print this machine's environment record as JSON", epilog=ENV_EXIT_STATUS,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    env.add_argument("--check", action="store_true",
+                     help="instead, check whether this machine is fit to measure on now: other processes' CPU "
+                          "use, load, CPU frequency governor, torch threads against free CPUs, GPU state; one "
+                          "line each with what to do (needs no PyTorch)")
     env.set_defaults(func=_cmd_env)
 
     report = sub.add_parser("report", help="print a results table (with its provenance footer)")
@@ -372,6 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--writeup", action="store_true",
                         help="print the results page (docs/results.md) for every machine, with a run-to-run "
                              "section from --against DIR (--table is ignored)")
+    report.add_argument("--verbose", "-v", action="store_true",
+                        help="list every result file whose older results were set aside or kept (by default "
+                             "one line counts them; damaged files are always listed)")
     report.add_argument("--all-commits", action="store_true",
                         help="every commit, not only each machine's latest")
     report.add_argument("--fail-on-regression", nargs=2, metavar=("A", "B"),

@@ -6,6 +6,13 @@ latest commit, as a paired speedup (Hodges-Lehmann estimate, 99 % Wilcoxon inter
 rounds) where the variants took turns in one process, else as the ratio of separately
 timed values, with the exact peak-memory ratio beside it where the technique is about
 memory. A cell that has no number says why and what would measure it.
+
+Baselines: a cell leads with the comparison against what PyTorch does by default on that
+machine, where the suite measures it and it is not the source's own baseline (torch.optim.Adam
+is foreach where every parameter is on CUDA, the per-tensor loop on CPUs; a host tensor is
+pageable), then the other baselines a practitioner would weigh (fused Adam), then the source's
+baseline, which the claims table keeps (speedbench.report.CLAIMS). speedbench.words.DEFAULTS
+says, per technique, which variant is PyTorch's default, and where the suite does not measure it.
 """
 
 from __future__ import annotations
@@ -14,7 +21,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from speedbench import plan, report
+from speedbench import contention, plan, report
+from speedbench.paired import paired_ratio
 
 __all__ = ["Headline", "HEADLINES", "grid", "single_device", "single_device_note"]
 
@@ -34,24 +42,50 @@ class Headline:
     memory_suite: str | None = None  # an exact peak-memory class to show beside the speedup
     gpu_only: bool = False  # the variant cannot run without CUDA
     devices: int = 1  # the devices the comparison is about: fewer measure overhead, not its point
+    # Which baselines its cells use, in words (the grid's notes say it for every row).
+    against: str = ""
+    # PyTorch's default among the variants, per kind of machine ("gpu", "cpu"), where it is
+    # not always `baseline`: the cell leads with it. `baseline` stays the source's.
+    default: tuple[tuple[str, str], ...] = ()
+    beside: tuple[str, ...] = ()  # more baselines shown after the lead, before the source's
+    names: tuple[tuple[str, str], ...] = ()  # baselines in a cell's words, where not their identifiers
+    source: str = ""  # whose baseline `baseline` is, said after it where it does not lead alone
 
 
 # One per technique, the comparison its source write-up is about, on the suite's workload
-# that matches the source best.
+# that matches the source best, led by PyTorch's default where that is another variant.
 HEADLINES = (
-    Headline("contiguous", "Adam step, flat buffer vs per-tensor loop (ResNet-50's parameters)",
-             "AdamStep", "speedlib", "forloop", (("workload", "resnet50"),)),
-    Headline("transfer", "gather of 131072 random rows from a 10M-row host table, CuPy vs pinned PyTorch "
-             "(each as % of the pinned copy bandwidth)", "FractionOfFloor", "cupy", "pinned", paired=False,
-             metric="gather_fraction_of_floor", gpu_only=True),
+    Headline("contiguous", "Adam step on ResNet-50's parameters, flat buffer (speedlib) vs PyTorch's default "
+             "Adam, vs fused Adam and vs the per-tensor loop", "AdamStep", "speedlib", "forloop",
+             (("workload", "resnet50"),),
+             against="leads with PyTorch's default Adam on the machine: foreach where every parameter is on CUDA, "
+                     "the per-tensor loop (forloop) on CPUs (torch.optim.Adam without foreach or fused); then fused "
+                     "Adam (fused=True, never the default); then the per-tensor loop, contiguous_params' baseline, "
+                     "which the claims table keeps",
+             default=(("gpu", "foreach"), ("cpu", "forloop")), beside=("fused",),
+             names=(("forloop", "per-tensor loop"),), source="contiguous_params' baseline"),
+    Headline("transfer", "gather of 131072 random rows from a 10M-row host table, CuPy vs PyTorch's default "
+             "pageable copy and vs pinned PyTorch (each as % of the pinned copy bandwidth)", "FractionOfFloor",
+             "cupy", "pinned", paired=False, metric="gather_fraction_of_floor", gpu_only=True,
+             against="leads with pageable, PyTorch's default (a host tensor is pageable unless pinned, and "
+                     ".to(device) copies it synchronously); then pinned, SpeedTorch's baseline, which the claims "
+                     "table keeps",
+             default=(("gpu", "pageable"), ("cpu", "pageable")), source="SpeedTorch's baseline"),
     Headline("checkpoint", "DenseNet-BC-100 training step, checkpointed (speedlib) vs none",
-             "TrainingStep", "speedlib", "none", (("workload", "densenet_bc"),), memory_suite="PeakMemory"),
+             "TrainingStep", "speedlib", "none", (("workload", "densenet_bc"),), memory_suite="PeakMemory",
+             against="against none (no checkpointing), PyTorch's default"),
     Headline("amp", "ResNet-50 training step, bf16 + channels_last vs strict fp32",
-             "TrainingStep", "bf16_channels_last", "fp32", (("workload", "resnet50"),)),
+             "TrainingStep", "bf16_channels_last", "fp32", (("workload", "resnet50"),),
+             against="against fp32 with TF32 off, PyTorch's default on CPUs and on GPUs older than Ampere; on "
+                     "Ampere and newer PyTorch's default runs cuDNN convolutions in TF32 and matmuls in float32, "
+                     "neither fp32 nor tf32, and the suite does not measure it"),
     Headline("parallel", "training step, DistributedDataParallel vs DataParallel",
-             "Step", "ddp", "dataparallel", paired=False, metric="step", gpu_only=True, devices=2),
+             "Step", "ddp", "dataparallel", paired=False, metric="step", gpu_only=True, devices=2,
+             against="against DataParallel, the sources' baseline: PyTorch has no default for several GPUs "
+                     "(its documentation recommends DDP over DataParallel)"),
     Headline("tuning", "ResNet-50 training step, channels_last on vs off",
-             "TrainingStep", "on", "off", (("knob", "channels_last"),)),
+             "TrainingStep", "on", "off", (("knob", "channels_last"),),
+             against="against off (NCHW), PyTorch's default memory format"),
 )
 
 
@@ -83,12 +117,17 @@ def _comparisons(last: pd.DataFrame, h: Headline) -> tuple[pd.DataFrame, pd.Data
     one computation per technique, not per cell, so the grid costs the same at 2 machines or 20."""
     mine = last[last["technique"] == h.technique]
     if h.paired:
-        rows = report.paired(mine[mine["suite"] == h.suite])
+        own = mine[mine["suite"] == h.suite]
+        rows = report.paired(own)
         hits = _fixed(rows, h) if not rows.empty else rows
         hits = hits[hits["baseline"] == h.baseline] if not hits.empty else hits
+        more = [_against(own, h, b) for b in _extra(h)]
     else:
-        rows = report.speedups(mine[(mine["suite"] == h.suite) & (mine["metric"] == h.metric)], baseline=h.baseline)
-        hits = _fixed(rows, h) if not rows.empty else rows
+        own = mine[(mine["suite"] == h.suite) & (mine["metric"] == h.metric)]
+        hits, *more = [_unpaired(own, h, b) for b in (h.baseline, *_extra(h))]
+    more = [m for m in more if not m.empty]
+    if more:
+        hits = pd.concat([hits, *more], ignore_index=True) if not hits.empty else pd.concat(more, ignore_index=True)
     memory = mine.iloc[0:0]
     if h.memory_suite:
         memory = report.speedups(mine[(mine["suite"] == h.memory_suite) & (mine["metric"] == "peak_memory")],
@@ -97,21 +136,124 @@ def _comparisons(last: pd.DataFrame, h: Headline) -> tuple[pd.DataFrame, pd.Data
     return hits, memory
 
 
+def _extra(h: Headline) -> list[str]:
+    """The baselines `h`'s cells may show besides the source's: PyTorch's defaults, `beside`."""
+    return [b for b in dict.fromkeys([*(v for _, v in h.default), *h.beside]) if b != h.baseline]
+
+
+def _unpaired(own: pd.DataFrame, h: Headline, baseline: str) -> pd.DataFrame:
+    """`h`'s variant against `baseline`, from separately timed values of its metric."""
+    rows = report.speedups(own, baseline=baseline)
+    return _fixed(rows, h) if not rows.empty else rows
+
+
+def _against(own: pd.DataFrame, h: Headline, other: str) -> pd.DataFrame:
+    """`h`'s variant against `other`, another variant of its paired class, as report.paired
+    gives it against the class's baseline. The class stores per-round speedups against that
+    baseline only; the two variants' seconds of the same rounds give this ratio just as paired
+    (round i of each, speedbench.paired.paired_ratio). A row is the variant's own seconds row
+    with the ratio's columns, its samples the per-round ratios and `other`'s seconds row as
+    its baseline's result ID."""
+    if own.empty or "samples" not in own:  # frames built by hand may hold no samples
+        return own.iloc[0:0]
+    seconds = own[own["benchmark"].str.endswith(".track_seconds")]
+    theirs = seconds[seconds["variant"] == other]
+    found = {(m, c, b, report._config(p)): (x, i, e) for m, c, b, p, x, i, e in zip(
+        theirs["machine"], theirs["commit"], theirs["benchmark"], theirs["params"], theirs["samples"],
+        theirs["result_id"] if "result_id" in theirs else [None] * len(theirs), report.earlier_version(theirs))}
+    mine = _fixed(seconds, h) if not seconds.empty else seconds
+    out = []
+    for (_, r), mine_earlier in zip(mine.iterrows(), report.earlier_version(mine)):
+        config = report._config(r["params"])
+        samples, result_id, earlier = found.get((r["machine"], r["commit"], r["benchmark"], config), (None, None, False))
+        if not isinstance(samples, list) or not isinstance(r["samples"], list) or len(samples) != len(r["samples"]):
+            continue  # `other` did not run in these rounds
+        # the rounds report.paired keeps: both variants' seconds come from the same rounds, so
+        # the variant's verdict on them drops the same disturbed rounds from both
+        state, disturbed = r.get("contention", ""), r.get("disturbed")
+        disturbed = disturbed if isinstance(disturbed, list) else []
+        theirs_kept, mine_kept = (contention.keep(x, state, disturbed) for x in (samples, r["samples"]))
+        try:
+            e = paired_ratio(theirs_kept, mine_kept)
+        except ValueError:  # a time no measurement can have: no ratio rather than a wrong one
+            continue
+        ratios = [b / v for b, v in zip(theirs_kept, mine_kept)]
+        out.append({**r.to_dict(), "kind": "paired speedup", "samples": ratios, "baseline": other,
+                    "ratio": e.ratio, "ratio_low": e.low, "ratio_high": e.high, "n": e.n,
+                    "width": e.high / e.low, "wide_because": report._why_wide(ratios, e.high / e.low),
+                    "config": config, "result_id_base": result_id, "earlier_version": bool(mine_earlier or earlier),
+                    "dropped": len(samples) - len(theirs_kept)})
+    return pd.DataFrame(out) if out else own.iloc[0:0]
+
+
 EARLIER = report.EARLIER  # the dagger the tables use too
+
+
+def _kind(gpu) -> str | None:
+    """"gpu" or "cpu": the kind of machine a column measured on, whose PyTorch defaults
+    differ (Adam's foreach needs every parameter on CUDA); None where its run did not say."""
+    gpu = str(gpu)
+    if gpu == "CPU only":
+        return "cpu"
+    return None if gpu in ("unknown", "", "nan", "None") else "gpu"
+
+
+def _order(h: Headline, kind: str | None, present) -> list[str]:
+    """The baselines a cell shows, the lead first: PyTorch's default on this kind of machine
+    where it was measured, then `h.beside`, then the source's baseline (which leads where the
+    default is unknown or was not measured)."""
+    default = dict(h.default).get(kind)
+    order = [default, *h.beside, h.baseline] if default in present else [h.baseline, *h.beside]
+    return [b for b in dict.fromkeys(order) if b in present]
+
+
+def _tag(h: Headline, baseline: str, kind: str | None) -> str:
+    """What a baseline is, said after its name: PyTorch's default here, the source's baseline."""
+    said = []
+    if dict(h.default).get(kind) == baseline:
+        anywhere = len({v for _, v in h.default}) == 1
+        said.append("PyTorch's default" + ("" if anywhere else f" on {'CUDA' if kind == 'gpu' else 'CPUs'}"))
+    if baseline == h.baseline and h.source:
+        said.append(h.source)
+    return ", ".join(said)
+
+
+def _versus(r, h: Headline, kind: str | None, lead: bool) -> str:
+    """One ratio of a cell that shows several baselines, naming its baseline; N with the lead
+    only (every ratio of a paired class comes from the same rounds)."""
+    ratio = report._fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)
+    name, tag = dict(h.names).get(r.baseline, r.baseline), _tag(h, r.baseline, kind)
+    if h.paired:
+        return f"{ratio}{f' N={r.n}' if lead else ''} vs {name}" + (f" ({tag})" if tag else "")
+    said = [tag, _values(r), f"N={r.n} each, not paired" if lead else ""]
+    return f"{ratio} vs {name} ({'; '.join(x for x in said if x)})"
 
 
 def _cell(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, gpu: str) -> tuple[str, pd.DataFrame]:
     """The text of one machine's cell (from that machine's rows) and the rows it was computed from."""
-    if h.paired:
-        texts = [f"{report._fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)} N={r.n}" for r in hits.itertuples()]
+    if h.default or h.beside:  # several baselines: each ratio names its own, the lead first
+        kind = _kind(gpu)
+        order = _order(h, kind, set(hits["baseline"]) if not hits.empty else set())
+        hits = hits[hits["baseline"].isin(order)] if not hits.empty else hits
+        groups: dict[str, list] = {}  # rows told apart by other parameters (batch=...), each with its baselines
+        for other, r in zip((_others(row, h) for _, row in hits.iterrows()), hits.itertuples()):
+            groups.setdefault(other, []).append(r)
+        labelled = []
+        for other, rs in groups.items():
+            rs = sorted(rs, key=lambda r: order.index(r.baseline))
+            text = "; ".join(_versus(r, h, kind, lead=i == 0) for i, r in enumerate(rs))
+            labelled.append(f"{other}: {text}" if other else text)
     else:
-        # Not taking turns (DDP and DataParallel are separate launches; the transfer variants
-        # run one after another): say how many values each side has (asv tracks give one), so
-        # that a ratio without brackets does not read as a sure one.
-        texts = [f"{report._fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)} ({_values(r)}; N={r.n} each, not paired)"
-                 for r in hits.itertuples()]
-    labelled = [f"{other}: {t}" if other else t
-                for other, t in zip((_others(r, h) for _, r in hits.iterrows()), texts)]
+        if h.paired:
+            texts = [f"{report._fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)} N={r.n}" for r in hits.itertuples()]
+        else:
+            # Not taking turns (DDP and DataParallel are separate launches; the transfer variants
+            # run one after another): say how many values each side has (asv tracks give one), so
+            # that a ratio without brackets does not read as a sure one.
+            texts = [f"{report._fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)} ({_values(r)}; N={r.n} each, "
+                     "not paired)" for r in hits.itertuples()]
+        labelled = [f"{other}: {t}" if other else t
+                    for other, t in zip((_others(r, h) for _, r in hits.iterrows()), texts)]
     if not labelled:  # said first, so that a memory-only cell does not pass for the whole comparison
         labelled = [f"speed not measured yet ({_command(h)})"]
     used = [hits]
@@ -121,10 +263,36 @@ def _cell(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, gpu: str) -> tu
         used.append(memory)
     if any(len(u) for u in used):
         sources = pd.concat(used)
-        return "; ".join(labelled) + (f" {EARLIER}" if report.earlier_version(sources).any() else ""), sources
+        marks = (f" {EARLIER}" if report.earlier_version(sources).any() else "") + (
+            f" {report.CONTENDED}" if report.contended(sources).any() else "")
+        return "; ".join(labelled) + marks, sources
     if h.gpu_only and gpu == "CPU only":
         return "needs a GPU", hits.iloc[0:0]
     return f"not measured yet: {_command(h)}", hits.iloc[0:0]
+
+
+def _instead_of_contended(df: pd.DataFrame, sources: pd.DataFrame) -> list[str]:
+    """A note for each cell's result that is not its machine's latest because the latest was
+    measured on a contended machine (report.citable chose an earlier, clean one)."""
+    if sources.empty or df.empty:
+        return []
+    newest = report.latest(df).drop_duplicates(["machine", "benchmark"]).set_index(["machine", "benchmark"])["commit"]
+    said = set()
+    for r in sources.itertuples():
+        latest_commit = newest.get((r.machine, r.benchmark))
+        if latest_commit is not None and latest_commit != r.commit and (r.machine, r.benchmark) not in said:
+            said.add((r.machine, r.benchmark))
+            out_of = report.TECHNIQUES[r.technique].title if r.technique in report.TECHNIQUES else r.technique
+            said_note = (f"{out_of} on {r.machine}: commit {r.commit[:8]}, the newest measured on an uncontended "
+                         f"machine; the latest, {latest_commit[:8]}, was contended ({report.CONTENDED})")
+            said.add(said_note)
+    return sorted(n for n in said if isinstance(n, str))
+
+
+def _not_own(r) -> str:
+    """", vs foreach" for a ratio against another baseline than its technique's own."""
+    own = report.TECHNIQUES[r.technique].baseline if r.technique in report.TECHNIQUES else None
+    return "" if r.baseline == own else f", vs {r.baseline}"
 
 
 def _command(h: Headline) -> str:
@@ -152,8 +320,10 @@ def single_device_note(h: Headline, machine: str) -> str:
 
 
 def grid(df: pd.DataFrame) -> report.Table:
-    """Techniques down, machines (latest commit each) across; see the module docstring."""
-    last = report.latest(df)
+    """Techniques down, machines (latest commit each) across; see the module docstring. A
+    result measured on a contended machine gives way to the newest uncontended one of the same
+    machine (report.citable), and the notes say where; with none, it is shown marked."""
+    last = report.citable(df)
     machines = sorted(last["machine"].unique()) if not last.empty else []
     columns = {m: f"{m} ({last.loc[last['machine'] == m, 'gpu'].iloc[0]})" for m in machines}
     rows, used, few = [], [], []
@@ -168,14 +338,17 @@ def grid(df: pd.DataFrame) -> report.Table:
             used.append(source)
         rows.append({**row, "comparison": h.what})  # the numbers first, where the eye lands
     sources = pd.concat(used) if used else df.iloc[0:0]
-    notes = ["x faster than the baseline (peak memory: variant / baseline), latest commit per machine",
+    notes = ["x faster than the baseline (peak memory: variant / baseline), latest commit per machine; a cell "
+             "with several baselines names each, PyTorch's default on that machine first",
              "[low, high]: the 99 % Wilcoxon interval of a paired speedup (variants taking turns in one "
              "process, N rounds); separate launches: the worst-case bounds of two separately timed values"]
-    if report.earlier_version(sources).any():
-        notes.append(report.EARLIER_NOTE)
+    notes += [f"{report.TECHNIQUES[h.technique].title}: {h.against}" for h in HEADLINES if h.against]
+    notes = report._with_earlier_note(notes, sources)  # the dagger's note, the double dagger's and its counters
+    notes += _instead_of_contended(df, sources)
     notes += [single_device_note(h, m) for h, m in few]
-    wide = sources[sources["wide_because"].fillna("").astype(bool)] if "wide_because" in sources else sources.iloc[0:0]
-    notes += [f"{report.TECHNIQUES[r.technique].title} on {r.machine} ({r.params}): its 99 % interval "
+    wide = sources[sources["wide_because"].map(lambda w: isinstance(w, str) and bool(w))] \
+        if "wide_because" in sources else sources.iloc[0:0]
+    notes += [f"{report.TECHNIQUES[r.technique].title} on {r.machine} ({r.params}{_not_own(r)}): its 99 % interval "
               f"[{r.ratio_low:.3g}, {r.ratio_high:.3g}] spans {r.width:.2f}x (high / low), more than "
               f"{report.PAIRED_WIDTH_TARGET:.2f}x: {r.wide_because}" for r in wide.itertuples()]
     return report.Table("Headline: each technique's main comparison per machine", pd.DataFrame(rows), sources, notes)

@@ -33,6 +33,9 @@ from pathlib import Path
 
 import torch
 
+# The CPU frequency reader lives with the pre-flight check, which must work without torch.
+from speedbench.preflight import CPU_SYSFS, cpu_frequency_policy
+
 __all__ = [
     "device",
     "synchronize",
@@ -52,6 +55,10 @@ __all__ = [
     "cpu_frequency_policy",
     "machine_name",
     "cpu_model",
+    "cpu_slug",
+    "identity",
+    "benchmark_threads",
+    "usable_cores",
 ]
 
 
@@ -221,6 +228,37 @@ def host_copy_bandwidth(dev: torch.device | str, direction: str = "h2d", pinned:
     src, dst = (host, gpu) if direction == "h2d" else (gpu, host)
     dst.copy_(src, non_blocking=pinned)
     return nbytes / best_seconds(lambda: dst.copy_(src, non_blocking=pinned), dev, repeats)
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity mask: a container's or taskset's
+    limit), else all of the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+# $SPEEDLIB_THREADS sets the intra-op threads the benchmarks use; by default one per usable CPU.
+THREADS_ENV = "SPEEDLIB_THREADS"
+
+
+def benchmark_threads() -> int:
+    """The intra-op thread count every measuring process sets (`torch.set_num_threads`) before
+    it builds anything: torch's own default depends on its build and on OMP_NUM_THREADS, so a
+    ratio would otherwise depend on how the shell that started the run was set up. The
+    environment record keeps the number; `speedlib env --check` compares it with the CPUs free.
+    Raises ValueError for a $SPEEDLIB_THREADS that is not a positive integer."""
+    text = os.environ.get(THREADS_ENV)
+    if text is None or not text.strip():
+        return usable_cores()
+    try:
+        threads = int(text)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise ValueError(f"${THREADS_ENV} must be a positive integer, got {text!r}")
+    return threads
 
 
 def host_memory() -> int:
@@ -394,29 +432,15 @@ def gpu_state() -> list[dict] | None:
     return state if state is not None else _gpu_state_smi()
 
 
-CPU_SYSFS = "/sys/devices/system/cpu"
 
 
-def cpu_frequency_policy(sysfs: str | os.PathLike = CPU_SYSFS) -> dict:
-    """The CPU frequency governors in use (sorted, None where cpufreq is not exposed, as in
-    most VMs) and whether turbo/boost is on (None where unreadable). A `powersave` governor
-    or a changed boost setting moves every host-side timing: data loading, launch overhead."""
-    root = Path(sysfs)
-    governors = set()
-    for path in root.glob("cpu[0-9]*/cpufreq/scaling_governor"):
-        try:
-            governors.add(path.read_text(encoding="ascii").strip())
-        except OSError:
-            pass
-    boost = None
-    # intel_pstate says the opposite (no_turbo); acpi-cpufreq and amd-pstate say "boost".
-    for name, on in (("intel_pstate/no_turbo", "0"), ("cpufreq/boost", "1")):
-        try:
-            boost = (root / name).read_text(encoding="ascii").strip() == on
-            break
-        except OSError:
-            pass
-    return {"cpu_governors": sorted(governors) or None, "cpu_boost": boost}
+def identity() -> dict:
+    """This machine's name and the fields that say its hardware and build, without the slow
+    parts of `environment()` (nvidia-smi): what `speedlib run` checks against the machine
+    directory before anything else (speedbench.machines.check_directory)."""
+    gpus = _gpus()
+    return {"machine": machine_name(), "gpu_model": gpus[0]["name"] if gpus else None, "gpu_count": len(gpus),
+            "cpu_model": cpu_model(), "torch": torch.__version__, "cuda": torch.version.cuda}
 
 
 def environment(cpu_sysfs: str | os.PathLike = CPU_SYSFS) -> dict:
@@ -450,7 +474,9 @@ def environment(cpu_sysfs: str | os.PathLike = CPU_SYSFS) -> dict:
         "python": platform.python_version(),
         "cpu_model": cpu_model(),
         "cpu_cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
+        # What the benchmarks set (benchmark_threads), not this process's own default.
+        "torch_threads": benchmark_threads(),
+        "usable_cores": usable_cores(),
         "os": f"{platform.system()} {platform.release()}",
         "hostname": platform.node(),
     }
@@ -478,10 +504,33 @@ def _gpu_slug(name: str, memory_bytes: int) -> str:
     return slug
 
 
+# Parts of a CPU's marketing name that do not tell one CPU model from another: trademark
+# signs, "CPU"/"Processor", the clock ("@ 2.40GHz"), the core count ("64-Core", "Eight-Core")
+# and an APU's graphics ("with Radeon Graphics").
+_NOT_THE_MODEL = re.compile(
+    r"\((?:r|tm|c)\)|\b(?:cpu|processor)\b|@\s*[\d.]+\s*[gm]hz|\b[a-z0-9]+-core\b|\bwith\s.*\bgraphics\b",
+    re.IGNORECASE)
+_CPU_SLUG_MAX = 40
+
+
+def cpu_slug(model: str | None) -> str:
+    """A short, stable name for a CPU model: vendor, family and model number, lower case
+    ('Intel(R) Xeon(R) Processor' -> 'intel-xeon', 'AMD EPYC 7B13 64-Core Processor' ->
+    'amd-epyc-7b13'); 'unknown-cpu' where the name says nothing."""
+    words = _NOT_THE_MODEL.sub(" ", model or "").lower()
+    slug = re.sub(r"[^a-z0-9]+", "-", words).strip("-")
+    if len(slug) > _CPU_SLUG_MAX:  # cut at a word where there is one, so that a long name stays readable
+        cut = slug[:_CPU_SLUG_MAX + 1]
+        slug = cut.rsplit("-", 1)[0] if "-" in cut else slug[:_CPU_SLUG_MAX]
+    return slug or "unknown-cpu"
+
+
 def machine_name() -> str:
-    """asv machine name that says the hardware: 'h100-sxm-80gb', '8xh100-sxm-80gb', 'cpu-2core'."""
+    """asv machine name that says the hardware: 'h100-sxm-80gb', '8xh100-sxm-80gb', and for a
+    host without a GPU its cores and CPU model, 'cpu-2core-intel-xeon': the same code gave a
+    headline ratio 3.26x on one 2-core VM's CPU and 4.18x on another's (speedbench.machines)."""
     gpus = _gpus()
     if not gpus:
-        return f"cpu-{os.cpu_count()}core"
+        return f"cpu-{os.cpu_count()}core-{cpu_slug(cpu_model())}"
     slug = _gpu_slug(gpus[0]["name"], gpus[0]["memory_bytes"])
     return slug if len(gpus) == 1 else f"{len(gpus)}x{slug}"

@@ -28,22 +28,32 @@ from dataclasses import dataclass
 __all__ = ["take_turns", "PairedRatio", "paired_ratio", "ratio_estimate", "signed_rank_cutoff"]
 
 
-def take_turns(variants: dict[str, Callable[[], float]], rounds: int, warmup: int = 1) -> dict[str, list[float]]:
+def take_turns(variants: dict[str, Callable[[], float]], rounds: int, warmup: int = 1,
+               observe: Callable[[], Callable[[], object]] | None = None,
+               observed: list | None = None) -> dict[str, list[float]]:
     """Run each variant once per round, in rotated order; return each variant's samples.
 
     Each callable returns the seconds it measured (a synchronising timer around one step,
     for example). `warmup` rounds run first and are dropped: caches, allocators, autotuners.
+    observe: called as each measured round starts; what it returns is called as the round
+    ends, and its result appended to `observed`, one per round in the samples' order (the
+    interference counters of speedbench.interference: what else ran during the round).
     """
     if rounds < 1 or warmup < 0:
         raise ValueError(f"need rounds >= 1 and warmup >= 0, got {rounds} and {warmup}")
+    if (observe is None) != (observed is None):
+        raise ValueError("observe and observed go together")
     names = list(variants)
     samples: dict[str, list[float]] = {n: [] for n in names}
     for r in range(warmup + rounds):
         shift = r % len(names)
+        close = observe() if observe is not None and r >= warmup else None
         for name in names[shift:] + names[:shift]:
             seconds = variants[name]()
             if r >= warmup:
                 samples[name].append(seconds)
+        if close is not None:
+            observed.append(close())
     return samples
 
 

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 import speedlib
-from speedbench import plan
+from speedbench import contention, machines, plan
 from speedbench.paired import ratio_estimate
 from speedbench.results import COLUMNS, higher_is_better, printable
 
@@ -49,7 +49,8 @@ __all__ = ["Claim", "CLAIMS", "TECHNIQUES", "Table", "speedups", "speedup_table"
            "param_columns", "provenance", "reproduce_command", "to_markdown", "to_csv", "to_latex",
            "SIGNIFICANCE_FACTOR", "P_THRESHOLD", "MIN_SEGMENT", "MannWhitney", "mann_whitney_u", "differ",
            "resolve_commit", "compare_commits", "change_table", "paired", "paired_table", "paired_noise",
-           "PAIRED_NOISE_TARGET", "PAIRED_WIDTH_TARGET"]
+           "PAIRED_NOISE_TARGET", "PAIRED_WIDTH_TARGET", "citable", "contended", "machine_state", "CONTENDED",
+           "CONTENDED_NOTE"]
 
 
 @dataclass(frozen=True)
@@ -198,9 +199,11 @@ class Table:
 
 # Columns this module adds to the tidy frame; everything else outside COLUMNS is a parameter.
 _DERIVED = {"baseline", "baseline_value", "ratio", "ratio_low", "ratio_high", "interval", "change",
+            "environment_change",  # history(): where the environment changed, and how
             "significant", "direction", "test", "p_value", "step", "step_direction", "step_p", "result_id_base",
-            "config", "width", "wide_because"}  # paired(): the configuration without its variant, the
-                                                # interval's width and why it is wider than the target
+            "config", "width", "wide_because", "dropped"}  # paired(): the configuration without its variant, the
+                                                # interval's width and why it is wider than the target,
+                                                # and the disturbed rounds left out
 
 
 def param_columns(df: pd.DataFrame) -> list[str]:
@@ -325,13 +328,72 @@ def earlier_version(s: pd.DataFrame) -> pd.Series:
     return s["earlier_version"].fillna(False).astype(bool)
 
 
+# Marks a row measured while something else kept the machine busy (speedbench.contention).
+CONTENDED = contention.MARK
+CONTENDED_NOTE = (f"{CONTENDED}: contended: other work disturbed more than "
+                  f"{contention.MAX_DISTURBED_SHARE:.0%} of the rounds (or left fewer than "
+                  f"{contention.MIN_CLEAN_ROUNDS} undisturbed), so the figure is shown but is not a clean one: "
+                  "rerun it on an idle machine (speedlib env --check says what is busy)")
+
+
+def contended(s: pd.DataFrame) -> pd.Series:
+    """Per row: measured on a machine busy enough that the figure is not a clean one."""
+    if "contention" not in s:
+        return pd.Series(False, index=s.index)
+    return s["contention"].eq(contention.CONTENDED)
+
+
 def _commit_label(s: pd.DataFrame) -> pd.Series:
-    """The short commit, with the dagger where the row comes from an earlier benchmark version."""
-    return s["commit"].str[:8] + earlier_version(s).map({True: f" {EARLIER}", False: ""})
+    """The short commit, with the dagger where the row comes from an earlier benchmark version
+    and the double dagger where the machine was contended while it was measured."""
+    return (s["commit"].str[:8] + earlier_version(s).map({True: f" {EARLIER}", False: ""})
+            + contended(s).map({True: f" {CONTENDED}", False: ""}))
 
 
 def _with_earlier_note(notes: list[str], s: pd.DataFrame) -> list[str]:
-    return notes + [EARLIER_NOTE] if earlier_version(s).any() else notes
+    """`notes` and the notes of the marks that `s` carries: the dagger's, the double dagger's,
+    and each contended result's counters."""
+    out = notes + [EARLIER_NOTE] if earlier_version(s).any() else list(notes)
+    busy = s[contended(s)]
+    if not busy.empty:
+        out.append(CONTENDED_NOTE)
+        for (machine, commit, bench, note), _ in busy.groupby(
+                ["machine", "commit", busy["benchmark"].str.rsplit(".", n=1).str[0], "contention_note"], sort=True):
+            out.append(f"{CONTENDED} {machine} {commit[:8]} {bench}: {note}")
+    return out
+
+
+_STATE_WORDS = {contention.CLEAN: "idle", contention.UNKNOWN: "not recorded", "": "not recorded"}
+
+
+def machine_state(s: pd.DataFrame) -> pd.Series:
+    """Per row, what the interference counters said, in a few words: "idle", "2 disturbed
+    rounds left out of 15 (...)", "‡ contended: ...", or "not recorded" (measured before
+    speedlib recorded them)."""
+    if "contention" not in s:
+        return pd.Series("not recorded", index=s.index, dtype=object)
+    notes = s["contention_note"] if "contention_note" in s else pd.Series("", index=s.index)
+    return pd.Series([_STATE_WORDS.get(state) or (f"{CONTENDED} {note}" if state == contention.CONTENDED else note)
+                      for state, note in zip(s["contention"].fillna(""), notes.fillna(""))], index=s.index, dtype=object)
+
+
+def citable(df: pd.DataFrame) -> pd.DataFrame:
+    """`latest(df)`, but where its result is contended and the same machine measured the same
+    benchmark and parameters without contention at an earlier commit, the newest such result
+    instead: what a headline or a claim cites. The commit column shows which was taken; a
+    contended result stays (marked) where no clean one exists."""
+    last = latest(df)
+    busy = last[contended(last)]
+    if busy.empty:
+        return last
+    keys = ["machine", "benchmark", "params"]
+    clean = df[~contended(df)].merge(busy[keys].drop_duplicates(), on=keys, how="inner", suffixes=("", ""))
+    if clean.empty:
+        return last
+    # the newest clean result of each key (clean keeps df's columns; merge resets the index)
+    newest = clean.sort_values("commit_date", ascending=False, kind="stable").drop_duplicates(keys)
+    replaced = last.merge(newest[keys], on=keys, how="left", indicator=True)["_merge"].eq("both").to_numpy()
+    return pd.concat([last[~(contended(last).to_numpy() & replaced)], newest[last.columns]], ignore_index=True)
 
 
 def _identity(s: pd.DataFrame) -> dict:
@@ -348,9 +410,12 @@ def _numbers(s: pd.DataFrame, **columns) -> pd.DataFrame:
 
     return pd.DataFrame({
         "machine": column("machine"), "gpu": column("gpu"), "commit": column("commit"),
-        "benchmark": column("benchmark"), **{p: s[p] for p in _shown(s)},
+        "technique": column("technique"), "benchmark": column("benchmark"), **{p: s[p] for p in _shown(s)},
         **({"variant": s["variant"]} if "variant" in s else {}),
-        **columns, "N": column("n"), "result_id": column("result_id"),
+        **columns, "N": column("n"),
+        # the marks as columns, so a script can filter on them: † and ‡
+        "earlier_version": earlier_version(s), "contended": contended(s),
+        "contention": column("contention"), "result_id": column("result_id"),
     }).reset_index(drop=True)
 
 
@@ -441,12 +506,20 @@ def paired(df: pd.DataFrame) -> pd.DataFrame:
 
     Columns added: config (the parameters but the variant), baseline (the technique's
     baseline among the variants the class timed), ratio, ratio_low, ratio_high (Hodges-
-    Lehmann, 99 % Wilcoxon interval; NaN below 8 rounds), n (rounds), width (high / low) and
-    wide_because (why the interval is wider than PAIRED_WIDTH_TARGET, else "").
+    Lehmann, 99 % Wilcoxon interval; NaN below 8 rounds), n (rounds), width (high / low),
+    wide_because (why the interval is wider than PAIRED_WIDTH_TARGET, else "") and dropped
+    (disturbed rounds left out: speedbench.contention; `samples` and n are what remains).
     """
     s = df[(df["kind"] == "paired speedup") & (df["samples"].map(len) > 0)].copy() if "samples" in df else df.iloc[0:0]
     if s.empty:
-        return s.assign(config=[], baseline=[], ratio=[], ratio_low=[], ratio_high=[], width=[], wide_because=[])
+        return s.assign(config=[], baseline=[], ratio=[], ratio_low=[], ratio_high=[], width=[], wide_because=[],
+                        dropped=[])
+    # Disturbed rounds are left out where the verdict says enough others remain (DROPPED).
+    kept = [contention.keep(x, state, disturbed) if isinstance(disturbed, list) else list(x)
+            for x, state, disturbed in zip(s["samples"], s.get("contention", [""] * len(s)),
+                                           s.get("disturbed", [None] * len(s)))]
+    s["dropped"] = [len(x) - len(k) for x, k in zip(s["samples"], kept)]
+    s["samples"] = kept
     estimates = [ratio_estimate(x) for x in s["samples"]]
     s["ratio"] = [e.ratio for e in estimates]
     s["ratio_low"] = [e.low for e in estimates]
@@ -482,26 +555,54 @@ def paired_table(df: pd.DataFrame) -> Table:
         "technique": s["technique"],
         "comparison": _comparison(s["benchmark"], s["config"]),
         "variant": s["variant"], "baseline": s["baseline"],
-        "speedup": [_fmt_ratio(r, lo, hi) for r, lo, hi in zip(s["ratio"], s["ratio_low"], s["ratio_high"])],
+        "speedup": [_fmt_ratio(r, lo, hi) + (f" {CONTENDED}" if busy else "")
+                    for r, lo, hi, busy in zip(s["ratio"], s["ratio_low"], s["ratio_high"], contended(s))],
         "N": s["n"],
+        "machine state": machine_state(s),
         f"why wider than {PAIRED_WIDTH_TARGET:.2f}x": s["wide_because"],
     })
     wide = int((s["width"] > PAIRED_WIDTH_TARGET).sum())
     notes = ["speedup = baseline / variant per round, variants taking turns in one process; >1: the variant is faster",
              "estimate: Hodges-Lehmann of the per-round ratios; [low, high]: 99 % interval from the Wilcoxon "
-             "signed-rank test (none below 8 rounds); N: rounds",
+             "signed-rank test (none below 8 rounds); N: rounds (disturbed rounds left out, see machine state)",
              f"{wide} of {len(s)} intervals wider than {PAIRED_WIDTH_TARGET:.2f}x (high / low)" if len(s) else
              "no paired comparison measured"]
-    data = _numbers(s, config=s["config"], **_ratio_numbers(s), width=s["width"])
+    data = _numbers(s, config=s["config"], **_ratio_numbers(s), width=s["width"], dropped=s["dropped"],
+                    interference=s["contention_note"] if "contention_note" in s else "")
     return Table("Paired speedup", frame.reset_index(drop=True), s, _with_earlier_note(notes, s), data)
 
 
+# What a rerun is matched on: the same result, in the same environment (speedbench.machines).
+# A second run on another CPU or torch build measures the environment's effect, not noise.
+_RERUN = ["machine", "commit", "benchmark", "params"]
+_ENVIRONMENT_KEY = "_environment"
+# Said wherever two results are not set against each other because their environments differ
+# (noise table, history, regression gate).
+NOT_COMPARED = "not compared"
+
+
+def _beside_rerun(a: pd.DataFrame, b: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """`a`'s rows with `b`'s `columns` (suffixed _second) where machine, commit, benchmark,
+    parameters and environment agree."""
+    keys = [*_RERUN, _ENVIRONMENT_KEY]
+    a, b = (d.assign(**{_ENVIRONMENT_KEY: machines.environment_keys(d)}) for d in (a, b))
+    return a.merge(b[[*keys, *columns]], on=keys, suffixes=("", "_second")).drop(columns=_ENVIRONMENT_KEY)
+
+
+def _rerun_elsewhere(first: pd.DataFrame, second: pd.DataFrame) -> tuple[int, list[str]]:
+    """Results the noise table compares (times, paired speedups) measured in both runs but in
+    different environments: how many, and how the environment differed on each machine."""
+    kinds = ("time", "paired speedup")
+    m = first[first["kind"].isin(kinds)].merge(second[second["kind"].isin(kinds)], on=_RERUN,
+                                               suffixes=("_first", ""))
+    m = m[machines.environment_keys(m, "_first") != machines.environment_keys(m)]
+    return len(m), sorted({f"{r['machine']}: {machines.describe_change(r, r, '_first')}" for r in m.to_dict("records")})
+
+
 def paired_noise(first: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame:
-    """Every paired speedup measured in both runs (same machine, commit, benchmark and
-    parameters): run_to_run = larger / smaller estimate - 1, noisiest first."""
-    keys = ["machine", "commit", "benchmark", "params"]
-    a, b = paired(first), paired(second)
-    m = a.merge(b[[*keys, "ratio", "ratio_low", "ratio_high"]], on=keys, suffixes=("", "_second"))
+    """Every paired speedup measured in both runs (same machine, commit, benchmark, parameters
+    and environment): run_to_run = larger / smaller estimate - 1, noisiest first."""
+    m = _beside_rerun(paired(first), paired(second), ["ratio", "ratio_low", "ratio_high"])
     m["run_to_run"] = np.fmax(m["ratio"], m["ratio_second"]) / np.fmin(m["ratio"], m["ratio_second"]) - 1
     m["within_target"] = m["run_to_run"] <= PAIRED_NOISE_TARGET
     return m.sort_values("run_to_run", ascending=False, kind="stable").reset_index(drop=True)
@@ -513,15 +614,15 @@ NOISE_TARGET = 0.03
 
 
 def noise(first: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame:
-    """Every time benchmark measured in both runs of the same machine and commit.
+    """Every time benchmark measured in both runs of the same machine and commit, in the same
+    environment.
 
     Columns added: value_second, run_to_run (|second - first| over the smaller of the two),
     spread (the larger of the two runs' interquartile range over median) and
     within_target (run_to_run <= NOISE_TARGET). Sorted noisiest first.
     """
-    keys = ["machine", "commit", "benchmark", "params"]
     a, b = (d[d["kind"] == "time"] for d in (first, second))
-    m = a.merge(b[[*keys, "value", "iqr"]], on=keys, suffixes=("", "_second"))
+    m = _beside_rerun(a, b, ["value", "iqr"])
     m["run_to_run"] = (m["value_second"] - m["value"]).abs() / np.minimum(m["value"], m["value_second"])
     m["spread"] = np.fmax(m["iqr"] / m["value"], m["iqr_second"] / m["value_second"])
     m["within_target"] = m["run_to_run"] <= NOISE_TARGET
@@ -555,6 +656,10 @@ def noise_table(first: pd.DataFrame, second: pd.DataFrame) -> Table:
                      f"{PAIRED_NOISE_TARGET:.0%} run to run (worst {worst * 100:.1f} %); run to run = larger / smaller - 1")
     notes += [f"{int(m['within_target'].sum())} of {len(m)} times within {NOISE_TARGET:.0%} run to run; "
               "run to run = |second - first| / min(first, second); IQR / median: the larger of the two runs'"]
+    apart, how = _rerun_elsewhere(first, second)
+    if apart:
+        notes.append(f"{apart} result(s) measured in both runs but in different environments, {NOT_COMPARED} "
+                     f"(the difference would be the environment's, not noise): {'; '.join(how)}")
     rows = pd.concat([pr, m], ignore_index=True)
     return Table("Run-to-run noise", frame, rows, notes)
 
@@ -729,7 +834,7 @@ def _steps(rows: list[dict]) -> list[tuple[int, float, float]]:
 
 
 _HISTORY_COLUMNS = {"change": math.nan, "test": "", "p_value": math.nan, "significant": False, "direction": "",
-                    "step": False, "step_direction": "", "step_p": math.nan}
+                    "step": False, "step_direction": "", "step_p": math.nan, "environment_change": ""}
 
 
 def history(df: pd.DataFrame, benchmark: str | None = None) -> pd.DataFrame:
@@ -740,6 +845,9 @@ def history(df: pd.DataFrame, benchmark: str | None = None) -> pd.DataFrame:
     SIGNIFICANCE_FACTOR and different) and direction ("regression" / "improvement").
     Across commits: step is True at the first commit of a sustained level change (`_steps`),
     with step_direction and step_p.
+    Only like with like: where the environment (CPU, GPU, torch/CUDA build: speedbench.machines)
+    differs from the previous row's, that row gets no change but environment_change ('torch
+    2.15.0+cu132 -> 2.14.1+cu130'), and steps are sought within each stretch of one environment.
     """
     h = df if benchmark is None else df[df["benchmark"] == benchmark]
     if h.empty:
@@ -747,15 +855,23 @@ def history(df: pd.DataFrame, benchmark: str | None = None) -> pd.DataFrame:
     keys = ["machine", "benchmark", "params"]
     h = h.sort_values([*keys, "commit_date", "run_date"], kind="stable").reset_index(drop=True)
     records = h.to_dict("records")
+    env = machines.environment_keys(h).tolist()
     out = {c: [default] * len(h) for c, default in _HISTORY_COLUMNS.items()}
     for idx in h.groupby(keys, sort=False, dropna=False).indices.values():
+        stretches = [[idx[0]]]  # consecutive rows of one environment
         for before, i in zip(idx, idx[1:]):
+            if env[i] != env[before]:
+                out["environment_change"][i] = machines.describe_change(records[before], records[i])
+                stretches.append([i])
+                continue
+            stretches[-1].append(i)
             for c, v in _verdict(records[before], records[i]).items():
                 out[c][i] = v
-        for k, ratio, p in _steps([records[i] for i in idx]):
-            i = idx[k]
-            out["step"][i], out["step_p"][i] = True, p
-            out["step_direction"][i] = _direction(ratio, records[i]["kind"])
+        for stretch in stretches:
+            for k, ratio, p in _steps([records[i] for i in stretch]):
+                i = stretch[k]
+                out["step"][i], out["step_p"][i] = True, p
+                out["step_direction"][i] = _direction(ratio, records[i]["kind"])
     return h.assign(**out)
 
 
@@ -763,8 +879,9 @@ def _fmt_test(test: str, p: float) -> str:
     return f"{test}, p = {p:.2g}" if pd.notna(p) else test
 
 
-def _flag(direction: str, step: str) -> str:
-    return "; ".join([*([direction] if direction else []), *([f"step: {step}"] if step else [])])
+def _flag(direction: str, step: str, environment_change: str = "") -> str:
+    return "; ".join([*([f"{environment_change}: {NOT_COMPARED}"] if environment_change else []),
+                      *([direction] if direction else []), *([f"step: {step}"] if step else [])])
 
 
 _RULE_NOTE = (f"the ratio is beyond {SIGNIFICANCE_FACTOR:.2f}x and the two results differ: with samples kept on both "
@@ -781,13 +898,17 @@ def history_table(df: pd.DataFrame, benchmark: str) -> Table:
         "value": [_fmt_value(v, u) for v, u in zip(h["value"], h["unit"])],
         "change": [f"{c:+.1%}" if pd.notna(c) else "" for c in h["change"]],
         "test": [_fmt_test(t, p) for t, p in zip(h["test"], h["p_value"])],
-        "flag": [_flag(d, s) for d, s in zip(h["direction"], h["step_direction"])], "N": h["n"],
+        "flag": [_flag(d, s, e) for d, s, e in zip(h["direction"], h["step_direction"], h["environment_change"])],
+        "N": h["n"],
     })
     return Table(f"History of {benchmark}", frame, h,
                  [f"flag: regression or improvement against the previous commit where {_RULE_NOTE}",
                   f"step: the first commit of a sustained level change (binary segmentation; each level at least "
                   f"{MIN_SEGMENT} commits, its median beyond {SIGNIFICANCE_FACTOR:.2f}x of the previous level's, "
-                  "the levels' pooled samples different by the same test)"])
+                  "the levels' pooled samples different by the same test)",
+                  *([f"'{NOT_COMPARED}': the CPU, GPU or torch/CUDA build differs from the previous commit's, so "
+                     "the change would mix the environment with the code; steps are sought within one environment"]
+                    if h["environment_change"].any() else [])])
 
 
 def resolve_commit(df: pd.DataFrame, rev: str) -> str:
@@ -816,13 +937,23 @@ def compare_commits(df: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
     """Every (machine, benchmark, parameters) measured at both commits (hash prefixes), B
     against A by `history`'s rule: the B rows with value_base (A's value), change, test,
     p_value, significant and direction. ValueError for an unknown, ambiguous or equal commit,
-    or when no machine measured both."""
+    when no machine measured both, or when a machine measured them in different environments
+    (CPU, GPU, torch/CUDA build: speedbench.machines), whose difference no verdict could
+    tell from the code's."""
     a, b = resolve_commit(df, a), resolve_commit(df, b)
     if a == b:
         raise ValueError(f"{a[:8]} given twice: compare two different commits")
     m = _latest_run(df, b).merge(_latest_run(df, a), on=_CASE, suffixes=("", "_base"))
     if m.empty:
         raise ValueError(f"no benchmark was measured at both {a[:8]} and {b[:8]} on the same machine")
+    apart = m[machines.environment_keys(m) != machines.environment_keys(m, "_base")]
+    if not apart.empty:
+        where = sorted({f"on {r['machine']}: {machines.describe_change(r, r, '_base')}"
+                        for r in apart.to_dict("records")})
+        raise ValueError(f"{a[:8]} and {b[:8]} were measured in different environments, so a change between them "
+                         f"is not the code's alone ({'; '.join(where)}): {NOT_COMPARED}. Measure both in one "
+                         f"environment (speedlib run --commits {a[:8]}, then --commits {b[:8]}, on one machine and "
+                         "build), or gate on a machine that measured both alike with --machine")
     rows = m.to_dict("records")
     verdicts = [_verdict({c: r.get(f"{c}_base") for c in ("value", "samples", "ci99_low", "ci99_high", "repeat")}, r)
                 for r in rows]
@@ -955,7 +1086,10 @@ def never_run(suite: list[str], rows: pd.DataFrame, technique: str, machine: str
     table lists them, and the page must not say "nothing was skipped". With the command
     that measures each (speedbench.plan.how_to_measure)."""
     ran = set(rows.loc[rows["machine"] == machine, "benchmark"])
-    missing = sorted(b for b in suite if b.startswith(f"bench_{technique}.") and b not in ran)
+    # the interference counters' tracks travel with the results they describe, not as rows
+    counters = tuple(f".track_{m}" for m in contention.COUNTER_METRICS)
+    missing = sorted(b for b in suite if b.startswith(f"bench_{technique}.") and b not in ran
+                     and not b.endswith(counters))
     return pd.DataFrame({"benchmark": missing, "measured by": [plan.how_to_measure(b) for b in missing]})
 
 
@@ -984,8 +1118,9 @@ def why_not_measured(rows: pd.DataFrame) -> pd.Series:
 
 
 def claims_table(df: pd.DataFrame) -> Table:
-    """Each source's published claim beside what speedlib measured (latest commit per machine)."""
-    newest = latest(df)
+    """Each source's published claim beside what speedlib measured (latest commit per machine,
+    or the newest uncontended result where the latest was contended: `citable`)."""
+    newest = citable(df)
     s, pairs = speedups(newest), paired(newest)
     rows, used, numbers = [], [], []
     for c in CLAIMS:
@@ -1014,7 +1149,7 @@ def claims_table(df: pd.DataFrame) -> Table:
             numbers.append(claim_numbers)
             continue
         used.append(hit)
-        earlier = earlier_version(hit)
+        earlier, busy = earlier_version(hit), contended(hit)
         for _, r in hit.sort_values(["machine", "workload", *others], kind="stable").iterrows():
             setting = ", ".join(f"{p}={r[p]}" for p in others if r[p] != "")
             rows.append({"technique": c.technique, "source": c.source, "claim": c.claim, "claimed": claimed,
@@ -1022,18 +1157,21 @@ def claims_table(df: pd.DataFrame) -> Table:
                          "machine": f"{r['machine']} ({r['gpu']})",
                          "workload": f"{r['workload']} ({setting})" if setting else r["workload"],
                          "measured": _fmt_ratio(r["ratio"], r["ratio_low"], r["ratio_high"])
-                         + (f" {EARLIER}" if earlier[r.name] else ""),
+                         + (f" {EARLIER}" if earlier[r.name] else "") + (f" {CONTENDED}" if busy[r.name] else ""),
                          "comparable": comparable(str(r["gpu"]), c, r.get("world"))})
             numbers.append({**claim_numbers, "machine": r["machine"], "gpu": r["gpu"], "commit": r["commit"],
                             "workload": r["workload"], "setting": setting, "ratio": r["ratio"],
                             "low": r["ratio_low"], "high": r["ratio_high"], "N": r["n"],
+                            "earlier_version": bool(earlier[r.name]), "contended": bool(busy[r.name]),
                             "result_id": r.get("result_id", ""), "comparable": rows[-1]["comparable"]})
     sources = pd.concat(used) if used else df.iloc[0:0]
     # The figures beside the claim, then where they were measured and whether that compares;
     # the source's name and the measurement's name are long and go last.
     order = ["technique", "claim", "claimed", "measured", "machine", "workload", "comparable", "source", "measured as"]
     return Table("Claims versus measured", pd.DataFrame(rows, columns=order), sources,
-                 _with_earlier_note(["measured: latest commit per machine; ratio [99 % CI bounds]",
+                 _with_earlier_note(["measured: latest commit per machine, or its newest result measured on an "
+                                     f"uncontended machine where the latest was contended ({CONTENDED} where none "
+                                     "was); ratio [99 % CI bounds]",
                   "paired speedup: variants taking turns in one process; Hodges-Lehmann estimate of the per-round "
                   "ratios [99 % Wilcoxon interval]; otherwise the ratio of separate measurements [worst-case bounds]"],
                   sources),
@@ -1087,9 +1225,26 @@ def provenance(sources: pd.DataFrame) -> list[dict[str, str]]:
             "measured": str(r.get("recorded_at") or (r["run_date"].isoformat() if r["run_date"] is not None else "unknown")),
             **({"benchmark code": "an earlier version, changed since (the command below reruns that version)"}
                if earlier_version(rows).any() else {}),
+            "machine state": _run_state(rows),
             "command": reproduce_command(r["commit"], list(rows["benchmark"])),
         })
     return sorted(entries, key=lambda e: (e["machine"], e["commit date"], e["commit"], e["measured"]))
+
+
+def _run_state(rows: pd.DataFrame) -> str:
+    """What the interference counters of one run's rows said, for its provenance line."""
+    states = rows["contention"].fillna("").value_counts() if "contention" in rows else pd.Series(dtype=int)
+    busy = int(states.get(contention.CONTENDED, 0))
+    if busy:
+        return f"{CONTENDED} contended in {busy} of {len(rows)} results (not clean figures: see the notes)"
+    left_out = int(rows["dropped"].sum()) if "dropped" in rows else 0
+    if states.get(contention.DROPPED, 0):
+        return f"idle but for disturbed rounds, left out ({left_out} in all)" if left_out else \
+            "idle but for a few disturbed rounds"
+    if states.get(contention.CLEAN, 0) == len(rows):
+        return "idle (interference counters recorded, no round disturbed)"
+    return "interference not recorded (measured before speedlib recorded it)" if not states.get(contention.CLEAN) \
+        else "idle where recorded"
 
 
 def _footer_lines(table: Table, shared: list[str] = ()) -> list[str]:

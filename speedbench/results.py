@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from speedbench import contention
+
 __all__ = ["LoadedResults", "Problem", "load_results", "format_table", "metric_kind", "higher_is_better", "result_id",
            "printable", "MAX_FILE_BYTES"]
 
@@ -48,6 +50,9 @@ _SKIP_FILES = {"machine.json", "benchmarks.json"}
 # this suite are well under 1 MiB; the limit only keeps a stray huge file, or a link to an
 # endless one, from filling memory.
 MAX_FILE_BYTES = 64 * 2**20
+# The units of the interference counters' tracks (benchmarks/common.py `_Interference`).
+INTERFERENCE_UNITS = ("% of CPU time to other processes", "preemptions/s", "% of maximum SM clock",
+                      "other processes on the GPU")
 # Environment-record keys carried onto every row (provenance for exports and the dashboard).
 ENV_COLUMNS = ("gpu_model", "gpu_count", "driver", "cuda", "cudnn", "nccl", "torch", "torchvision",
                "cupy", "python", "cpu_model", "command", "recorded_at")
@@ -56,7 +61,9 @@ _NAMED_PARAMS = ("workload", "variant")
 COLUMNS = ("machine", "gpu", "commit", "commit_date", "run_date", "benchmark", "technique", "suite",
            "metric", "kind", "params", "workload", "variant", "value", "unit", "q25", "q75", "iqr",
            "ci99_low", "ci99_high", "n", "number", "repeat", "samples", "status", "version",
-           "earlier_version", "result_id", "file", *ENV_COLUMNS)
+           "earlier_version", "result_id", "file",
+           # speedbench.contention's verdict on the run's interference counters
+           "contention", "disturbed", "contention_note", *ENV_COLUMNS)
 # A benchmark parameter named like one of these would overwrite that column of its rows (a
 # parameter `machine` would refile the row under another machine): it gets this prefix.
 _RESERVED = frozenset(COLUMNS) - set(_NAMED_PARAMS)
@@ -79,6 +86,9 @@ class Problem:
     # True for the ordinary traces of history, not damage: results of a benchmark that has
     # since changed (outdated) or been removed. A viewer may list them more quietly.
     expected: bool = False
+    # Which of those traces (speedbench.problems counts them apart): "removed" (a benchmark no
+    # longer in benchmarks.json), "outdated" (set aside) or "earlier" (kept, flagged †).
+    kind: str = ""
 
     def __str__(self) -> str:
         return printable(f"{self.path}: {self.reason}")
@@ -108,6 +118,8 @@ def metric_kind(benchmark_type: str | None, unit: str | None) -> str:
         return "memory"
     if unit == "x":  # per-round ratios of a paired comparison (benchmarks/common.py)
         return "paired speedup"
+    if unit in INTERFERENCE_UNITS:  # what else the machine did per round: read with, not as, results
+        return "interference"
     if unit.startswith("% of"):
         return "fraction of floor"
     if unit.endswith("/s"):
@@ -397,7 +409,8 @@ def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], 
             (len(unnamed), "benchmark(s) with more parameters than benchmarks.json names, the others shown as "
                            "param<i>", unnamed, False)):
         if count:
-            problems.append(Problem(str(path), f"{count} {what}: {', '.join(sorted(names))}", expected))
+            problems.append(Problem(str(path), f"{count} {what}: {', '.join(sorted(names))}", expected,
+                                    "removed" if expected else ""))
     return rows
 
 
@@ -709,6 +722,42 @@ def _machine_rows(machine_dir: Path, root_real: Path, benchmarks: dict[str, _Ben
     return rows
 
 
+# How far apart a measurement and its counters may have started and still be of one run:
+# asv runs a class's track_* processes back to back once its setup_cache has measured.
+_SAME_RUN_S = 3600
+
+
+def _attach_counters(rows: list[dict]) -> list[dict]:
+    """The rows without the interference counters' own rows, each other row with the
+    verdict on the counters of its run (speedbench.contention): its class, parameters and
+    result file, started within the same run, one counter per round it measured. Rows with
+    no counters (measured before they existed) are UNKNOWN."""
+    counters: dict[tuple, dict[str, tuple]] = {}
+    kept = []
+    for r in rows:
+        name = contention.COUNTER_METRICS.get(r["metric"]) if r["kind"] == "interference" else None
+        if name is None:
+            kept.append(r)
+        elif r["status"] == "measured" and r["samples"]:
+            key = (r["file"], r["benchmark"].rsplit(".", 1)[0], r["params"])
+            counters.setdefault(key, {})[name] = (r["samples"], r["run_date"])
+    verdicts: dict[tuple, contention.Verdict] = {}
+    for r in kept:
+        found = counters.get((r["file"], r["benchmark"].rsplit(".", 1)[0], r["params"]), {})
+        rounds = len(r["samples"]) or 1
+        usable = {}
+        for name, (samples, started) in found.items():
+            apart = abs((started - r["run_date"]).total_seconds()) if not (pd.isna(started) or pd.isna(r["run_date"])) else 0
+            if apart <= _SAME_RUN_S:
+                usable[name] = samples
+        key = (rounds, *((n, tuple(v)) for n, v in sorted(usable.items())))
+        if key not in verdicts:
+            verdicts[key] = contention.judge(usable, rounds)
+        v = verdicts[key]
+        r["contention"], r["disturbed"], r["contention_note"] = v.state, list(v.disturbed), v.note
+    return kept
+
+
 def _settle_versions(rows: list[dict], problems: list[Problem]) -> None:
     """One version of each benchmark per machine. Rows of the version benchmarks.json names
     stand; where a machine has none of them, its rows of the version it measured last stand
@@ -736,10 +785,11 @@ def _settle_versions(rows: list[dict], problems: list[Problem]) -> None:
             apart.setdefault(r["file"], set()).add(r["benchmark"])
     for file, names in apart.items():
         problems.append(Problem(file, f"{len(names)} result(s) from an older version of their benchmark set aside: "
-                                      f"{', '.join(sorted(names))}", True))
+                                      f"{', '.join(sorted(names))}", True, "outdated"))
     for file, names in kept.items():
         problems.append(Problem(file, f"{len(names)} result(s) from an earlier version of their benchmark kept, the "
-                                      f"newest this machine has (flagged in tables): {', '.join(sorted(names))}", True))
+                                      f"newest this machine has (flagged in tables): {', '.join(sorted(names))}", True,
+                                "earlier"))
 
 
 def load_results(path: str | Path) -> LoadedResults:
@@ -753,6 +803,7 @@ def load_results(path: str | Path) -> LoadedResults:
         for machine_dir in _children(root, problems):
             if _subdirectory(machine_dir, root_real, problems) and _utf8_name(machine_dir, problems):
                 rows += _machine_rows(machine_dir, root_real, benchmarks, problems)
+    rows = _attach_counters(rows)
     _settle_versions(rows, problems)
     df = pd.DataFrame(rows)
     for col in COLUMNS:

@@ -10,7 +10,9 @@ them (`speedbench/`) come from the current checkout.
 `--quick` smoke runs go to a scratch directory and never touch `results/`.
 Options are checked before any work (a bad --bench regex, a --machine that is not a plain
 name, option-like --commits, an --archive that is a directory, a --results-dir that is a
-file), and one run at a time writes to a results directory: a second one refuses to start
+file), so is the machine directory: one whose environment records name other hardware, or
+another torch/CUDA build without --new-build, is refused (speedbench.machines), and one run
+at a time writes to a results directory: a second one refuses to start
 (`_ResultsLock`). Each run first removes the scratch directories and commit worktrees that
 runs killed outright left behind (`prune_stale`).
 A benchmark that fails does not stop the run: the other results, the environment records
@@ -24,6 +26,7 @@ import datetime as _dt
 import importlib.util
 import itertools
 import json
+import math
 import os
 import platform
 import re
@@ -70,6 +73,9 @@ class RunOptions:
     archive: Path | None = None  # also pack what the run wrote into this .tar.gz
     chunks: Sequence[str] = ()  # benchmarks/chunks.py names (or "all"), run in suite order
     budget_minutes: float | None = None  # with chunks: start no chunk that would not fit
+    require_quiet: bool = False  # refuse to measure when the pre-flight check finds the machine busy
+    wait_quiet: float | None = None  # seconds to wait for a busy machine to settle before measuring
+    new_build: bool = False  # file a torch/CUDA build the machine directory has not recorded (machines.py)
 
 
 @dataclass
@@ -143,6 +149,8 @@ def check_options(options: RunOptions) -> None:
         raise SuiteError(f"--archive {printable(str(options.archive))} is a directory: name the .tar.gz file to write")
     if options.results_dir is not None and options.results_dir.exists() and not options.results_dir.is_dir():
         raise SuiteError(f"--results-dir {printable(str(options.results_dir))} exists and is not a directory")
+    if options.wait_quiet is not None and not (math.isfinite(options.wait_quiet) and options.wait_quiet > 0):
+        raise SuiteError(f"--wait-quiet must be a positive number of seconds, got {options.wait_quiet:g}")
 
 
 def _results_dir(options: RunOptions, root: Path, conf: dict) -> Path:
@@ -367,7 +375,10 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
 def _run(options: RunOptions, root: Path, argv: Sequence[str], shas: list[str], steps: list) -> RunResult:
     from speedbench import measure  # noqa: PLC0415 - imports torch; keep `speedlib --help` fast
 
+    _check_machine(options, root, measure.identity())  # before the pre-flight check, which may wait
+    checked = _preflight(options)  # before anything is measured, and before asv starts
     env = measure.environment()
+    env["preflight"] = checked.record()  # in every commit's environment record
     machine = options.machine or env["machine"]
     with tempfile.TemporaryDirectory(prefix="speedlib-run-") as tmp:
         scratch = Path(tmp)
@@ -417,6 +428,55 @@ def _run(options: RunOptions, root: Path, argv: Sequence[str], shas: list[str], 
         print(f"\nspeedlib run: packed {packed}: unpack it in a checkout's root and commit results/", flush=True)
     _print_failed(failed)
     return RunResult(results_dir, machine, failed, not_run)
+
+
+def _check_machine(options: RunOptions, root: Path, identity: dict) -> None:
+    """Refuse (SuiteError) to file this run under a machine directory whose environment records
+    name other hardware, or another torch/CUDA build without --new-build (speedbench.machines).
+    A quick run files nothing."""
+    from speedbench import machines  # noqa: PLC0415
+
+    if options.quick:
+        return
+    machine = options.machine or identity["machine"]
+    results_dir = _results_dir(options, root, json.loads((root / CONFIG).read_text()))
+    try:
+        note = machines.check_directory(results_dir, machine, identity, options.new_build)
+    except machines.MachineMismatch as e:
+        raise SuiteError(str(e)) from None
+    if note:
+        print(f"speedlib run: {note}", flush=True)
+
+
+def _preflight(options: RunOptions):
+    """The pre-flight check (speedbench/preflight.py): its findings that are not ok, then one
+    summary line. --wait-quiet checks again until a busy machine settles; --require-quiet
+    refuses to measure on one (SuiteError: exit 2). Otherwise a busy machine is measured on,
+    with a warning; the environment record keeps the findings either way."""
+    from speedbench import preflight  # noqa: PLC0415
+
+    report = preflight.check()
+    waited = options.wait_quiet is not None and report.busy
+    if waited:
+        print(f"speedlib run: busy: {printable(report.busy_line())}", flush=True)
+        print(f"speedlib run: waiting up to {options.wait_quiet:g} s for the machine to settle", flush=True)
+        report = preflight.wait_until_quiet(options.wait_quiet, report,
+                                            say=lambda line: print(f"speedlib run: {printable(line)}", flush=True))
+    for finding in report.findings:
+        if finding.level != "ok":
+            print(f"speedlib run: {finding.level}: {printable(finding.line())}", flush=True)
+    print(f"speedlib run: {report.summary()} (speedlib env --check lists every check)", flush=True)
+    if report.busy:
+        still = f"still busy after --wait-quiet {options.wait_quiet:g} s" if waited else "the machine is busy"
+        if options.require_quiet:
+            raise SuiteError(f"{still} ({printable(report.busy_line())}), and --require-quiet refuses to measure "
+                             "on a busy machine: stop the other work"
+                             + ("" if waited else ", or give it time with --wait-quiet SECONDS"))
+        print(f"speedlib run: {still}; measuring anyway, and ratios may come out inflated (--require-quiet "
+              "refuses instead)", flush=True)
+    elif waited:
+        print("speedlib run: the machine is quiet now", flush=True)
+    return report
 
 
 def _steps(options: RunOptions, root: Path) -> list:
@@ -472,6 +532,9 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
         # limit) must leave the listing the results already on disk were filed against.
         listing = Path(results_dir) / "benchmarks.json"
         before = listing.read_bytes() if listing.is_file() else None
+        from speedbench.interference import load_average  # noqa: PLC0415
+
+        load_start = load_average()
         try:
             status = _asv(asv_args, env=process_env, cwd=root, failures_ok=True)
         except BaseException:
@@ -484,12 +547,53 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
         if not found:
             raise SuiteError(f"asv exited with status 2 at {sha[:8]} but recorded no failed benchmark: "
                              "see its output above")
-    from speedbench import measure  # noqa: PLC0415 - torch; already imported by _run()
+    from speedbench import contention, interference, measure  # noqa: PLC0415 - torch; already imported by _run()
 
+    # What else the machine did while this commit was measured: said at once, and kept.
+    counters = contention.summary(interference_counters(results_dir, machine, sha, started_ms))
+    print(f"speedlib run: {sha[:8]}: {contention.summary_line(counters)}", flush=True)
     # Clocks and temperature as this commit's benchmarks left them, not as the run began.
-    env = {**env, "gpu_state": measure.gpu_state()}
+    env = {**env, "gpu_state": measure.gpu_state(), "load_start": load_start,
+           "load_end": interference.load_average(), "interference": counters}
     _record_environment(environment_record_path(results_dir, machine, sha), sha, env, ["speedlib", *argv])
     return found
+
+
+def interference_counters(results_dir: Path, machine: str, sha: str, since_ms: int = 0) -> dict[str, dict]:
+    """The interference counters (benchmarks/common.py `_Interference`) that asv recorded for
+    `sha` from `since_ms` on, one entry per measurement: a paired configuration's rounds are
+    stored once per variant, and counted once."""
+    from speedbench.contention import COUNTER_METRICS  # noqa: PLC0415
+
+    found: dict[tuple, dict] = {}
+    for path in sorted((Path(results_dir) / machine).glob(f"{sha[:8]}-*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # unreadable: `speedlib report` names it; the run goes on
+        if not isinstance(data, dict) or data.get("commit_hash") != sha:
+            continue
+        for name, entry in (data.get("results") or {}).items():
+            cls, _, method = name.rpartition(".")
+            metric = COUNTER_METRICS.get(method.removeprefix("track_"))
+            record = dict(zip(data.get("result_columns") or [], entry if isinstance(entry, list) else []))
+            started = record.get("started_at")
+            if metric is None or not isinstance(started, (int, float)) or started < since_ms:
+                continue
+            params = record.get("params") or []
+            for combo, samples in zip(itertools.product(*params), record.get("samples") or []):
+                if isinstance(samples, list) and samples and all(isinstance(v, (int, float)) for v in samples):
+                    found.setdefault((cls, combo), {})[metric] = samples
+    unique: dict[str, tuple[str, dict]] = {}
+    for (cls, combo), counters in found.items():
+        # named by the parameters before the variant where that tells them apart (a paired
+        # configuration), else by all of them (one launch per parameter set)
+        label = f"{cls}({', '.join(combo[:-1] or combo)})"
+        unique.setdefault(json.dumps([cls, sorted(counters.items())]), (label, counters))
+    out: dict[str, dict] = {}
+    for label, counters in unique.values():
+        out[label if label not in out else f"{label} {len(out)}"] = counters
+    return out
 
 
 def _restore(path: Path, content: bytes | None) -> None:
@@ -620,5 +724,10 @@ def _print_table(results_dir: Path, machine: str, shas: Sequence[str] | None = N
         print("\nno measured results to show", flush=True)
     else:
         print("\n" + format_table(df, ("commit", "benchmark", "params", "value", "unit")), flush=True)
-    for problem in loaded.problems:  # also, and above all, when they leave nothing to show
-        print(f"skipped {problem}", flush=True)
+    from speedbench import problems  # noqa: PLC0415
+
+    # Also, and above all, when they leave nothing to show: damaged results one by one, the
+    # older results the loader set aside or kept in one line.
+    hint = f"speedlib report --results {printable(str(results_dir))} --verbose lists them"
+    for line in problems.lines(loaded.problems, hint=hint):
+        print(line, flush=True)

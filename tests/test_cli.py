@@ -38,7 +38,7 @@ def git(repo: Path, *args: str) -> str:
 
 
 def registered_machine(out: subprocess.CompletedProcess) -> str:
-    """The asv machine name the run announced: it depends on the hardware (cpu-2core, h100-sxm-80gb)."""
+    """The asv machine name the run announced: it depends on the hardware (cpu-2core-intel-xeon, h100-sxm-80gb)."""
     return re.search(r"^speedlib run: machine (\S+), ", out.stdout, flags=re.M).group(1)
 
 
@@ -175,11 +175,69 @@ def test_report_prints_the_problems_of_against_and_escapes_names(tmp_path, capsy
     assert cli.main(["report", "--results", str(first), "--table", "noise", "--against", str(second),
                      "--format", "csv"]) == 0
     err = capsys.readouterr().err
-    assert f"skipped {second}/synthetic-h100/broken\\x1b[2J.json: not valid JSON" in err and "\x1b" not in err
+    assert f"problem: {second}/synthetic-h100/broken\\x1b[2J.json: not valid JSON" in err and "\x1b" not in err
+    assert f"speedlib report: --against {second}: 1 problem(s) with damaged or incomplete results" in err
     (first / "synthetic-h100").rename(first / "evil\x1b]0;x\x07")
     assert cli.main(["report", "--results", str(first)]) == 0
     out = capsys.readouterr().out
     assert "evil\\x1b]0;x\\x07" in out and "\x1b" not in out and "\x07" not in out
+
+
+def _history_and_damage(tree: Path) -> Path:
+    """Results whose files hold the ordinary traces of history (a result set aside, one kept
+    and flagged, one of a removed benchmark) and one damaged file."""
+    synthetic.write_results(tree, commits=2, machines=2)
+    time_bench = "bench_contiguous.OptimizerStep.time_adam_step"
+    older, newer = sorted((tree / "synthetic-h100").glob("*-existing-*.json"))
+    for path, version, started in ((older, "1" * 64, 1_780_000_000_000), (newer, "2" * 64, 1_790_000_000_000)):
+        data = json.loads(path.read_text())
+        data["results"][time_bench][2:4] = [version, started]
+        path.write_text(json.dumps(data))
+    other = sorted((tree / "synthetic-h200").glob("*-existing-*.json"))[0]
+    data = json.loads(other.read_text())
+    data["results"]["bench_gone.Old.time_x"] = data["results"][time_bench]
+    other.write_text(json.dumps(data))
+    broken = tree / "synthetic-h200" / "torn.json"
+    broken.write_text('{"version": 2, "results": {')
+    return broken
+
+
+def test_report_counts_older_results_in_one_line_and_always_lists_damage(tmp_path, capsys):
+    broken = _history_and_damage(tmp_path)
+    assert cli.main(["report", "--results", str(tmp_path), "--table", "paired"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2
+    assert err[0].startswith(f"problem: {broken}: not valid JSON")
+    assert err[1] == ("speedlib report: 1 problem(s) with damaged or incomplete results; 3 result file(s) hold older "
+                      "results (1 set aside: older benchmark version; 1 skipped: benchmark removed; 1 kept, flagged †: "
+                      "the machine's newest); --verbose lists them")
+    assert not any(line.startswith("skipped ") for line in err)
+
+
+def test_report_verbose_lists_each_file_by_what_happened(tmp_path, capsys):
+    _history_and_damage(tmp_path)
+    assert cli.main(["report", "--results", str(tmp_path), "--table", "paired", "--verbose"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    listed = err[:-1]
+    assert sorted(line.split(": ", 1)[0] for line in listed) == ["kept, flagged †", "problem", "set aside", "skipped"]
+    kept = next(line for line in listed if line.startswith("kept"))
+    assert "kept, the newest this machine has" in kept and "set aside" not in kept and "skipped" not in kept
+    assert err[-1].startswith("speedlib report: 1 problem(s)") and "--verbose" not in err[-1]
+
+
+def test_the_table_at_the_end_of_a_run_counts_older_results_in_one_line(tmp_path, capsys):
+    broken = _history_and_damage(tmp_path)
+    suite._print_table(tmp_path, "synthetic-h200")
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2].startswith(f"problem: {broken}: not valid JSON")
+    assert out[-1].startswith("1 problem(s) with damaged or incomplete results; 3 result file(s) hold older results")
+    assert out[-1].endswith(f"speedlib report --results {tmp_path} --verbose lists them")
+
+
+def test_report_on_results_without_problems_prints_nothing_on_stderr(tmp_path, capsys):
+    synthetic.write_results(tmp_path, commits=1, machines=1)
+    assert cli.main(["report", "--results", str(tmp_path), "--table", "paired"]) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_dashboard_refuses_a_missing_results_directory(tmp_path, capsys):
@@ -321,12 +379,12 @@ def test_asv_status_2_without_a_recorded_failure_is_an_error(scratch_repo, tmp_p
 
 def test_pack_results_refuses_an_empty_run_and_quick_archives(tmp_path):
     with pytest.raises(suite.SuiteError, match="nothing to pack"):
-        suite.pack_results(tmp_path, "cpu-2core", ["a" * 40], tmp_path / "x.tar.gz")
-    (tmp_path / "cpu-2core").mkdir()
+        suite.pack_results(tmp_path, "cpu-2core-intel-xeon", ["a" * 40], tmp_path / "x.tar.gz")
+    (tmp_path / "cpu-2core-intel-xeon").mkdir()
     (tmp_path / "benchmarks.json").write_text("{}")
-    (tmp_path / "cpu-2core" / "machine.json").write_text("{}")
+    (tmp_path / "cpu-2core-intel-xeon" / "machine.json").write_text("{}")
     with pytest.raises(suite.SuiteError, match="result files"):
-        suite.pack_results(tmp_path, "cpu-2core", ["a" * 40], tmp_path / "x.tar.gz")
+        suite.pack_results(tmp_path, "cpu-2core-intel-xeon", ["a" * 40], tmp_path / "x.tar.gz")
     with pytest.raises(suite.SuiteError, match="a --quick run saves none"):
         suite.run(suite.RunOptions(quick=True, archive=tmp_path / "x.tar.gz"), root=ROOT)
 

@@ -71,7 +71,7 @@ def test_boxes_keep_classes_and_parameters_apart():
     assert sorted(set(one.data[0].x)) == ["mlp", "resnet50"]
 
 
-@pytest.mark.parametrize("machine", ["cpu-2core", "h100-sxm-80gb"])
+@pytest.mark.parametrize("machine", ["cpu-2core-intel-xeon", "cpu-2core-amd-epyc", "h100-sxm-80gb"])
 @pytest.mark.parametrize("name", list(report.TECHNIQUES))
 def test_technique_pages_draw_one_bar_per_configuration(name, machine, monkeypatch):
     for fig in figures(ROOT / "results", f"views/{name}.py", monkeypatch, machine=machine):
@@ -102,7 +102,7 @@ def test_the_tuning_page_shows_one_paired_bar_per_knob(monkeypatch):
 def test_a_page_defaults_to_the_baseline_that_ran_there(monkeypatch):
     """On CPUs DataParallel cannot run: the parallel page compares against one process, the
     technique's fallback, not against whichever variant sorts first (ddp)."""
-    at = app_on(ROOT / "results", "views/parallel.py", monkeypatch, machine="cpu-2core")
+    at = app_on(ROOT / "results", "views/parallel.py", monkeypatch, machine="cpu-2core-intel-xeon")
     assert not at.exception
     assert next(s for s in at.selectbox if s.label == "Baseline").value == "single"
     assert "driver n/a" in "\n".join(t.value for t in at.text)  # a CPU machine has no driver: not "nan"
@@ -164,10 +164,10 @@ def test_a_bar_whose_interval_includes_1x_is_faded_and_said_so():
 
 def test_a_chart_of_one_machine_still_names_it():
     """plotly hides a lone trace's legend: a CPU-only chart beside CPU-and-GPU ones read as a GPU's."""
-    s = pd.DataFrame({"case": ["a"], "machine": ["cpu-2core (CPU only)"], "ratio": [0.7],
+    s = pd.DataFrame({"case": ["a"], "machine": ["cpu-2core-intel-xeon (CPU only)"], "ratio": [0.7],
                       "ratio_low": [0.6], "ratio_high": [0.8]})
     fig = _view.ratio_chart(s, "case", "machine", "t")
-    assert fig.layout.showlegend and fig.data[0].name == "cpu-2core (CPU only)"
+    assert fig.layout.showlegend and fig.data[0].name == "cpu-2core-intel-xeon (CPU only)"
 
 
 @pytest.mark.parametrize("low, high", [(0.369, 1.44), (0.41, 3.4), (0.02, 3.5), (700, 45000), (1e8, 4e10)])
@@ -263,24 +263,25 @@ def test_memory_bars_put_each_variant_beside_its_own_baseline():
 def test_the_machines_table_says_why_a_cpu_machine_has_no_driver(monkeypatch):
     at = app_on(ROOT / "results", "views/machines.py", monkeypatch)
     machines = at.dataframe[0].value
-    cpu = machines[machines["machine"] == "cpu-2core"]
+    cpu = machines[machines["machine"].str.startswith("cpu-")]
     assert (cpu["driver"] == "n/a (no GPU)").all()  # it read "None"
     assert machines["driver"].notna().all() and machines["CUDA (torch build)"].notna().all()
     assert "cpu_model" not in machines and cpu["CPU"].all()  # headers in words
 
 
 def test_a_machine_is_described_by_every_environment_it_ran_in(monkeypatch):
-    """cpu-2core's newest commit was a dashboard-timing run on another CPU with another torch,
-    and the page described the whole machine by it: each environment gets its own row."""
+    """cpu-2core-amd-epyc's newest commit was a dashboard-timing run with another torch build,
+    and the page once described the whole machine by it: each environment gets its own row."""
     measured = load_results(ROOT / "results").measured
-    cpu = measured[measured["machine"] == "cpu-2core"]
+    cpu = measured[measured["machine"] == "cpu-2core-amd-epyc"]
     at = app_on(ROOT / "results", "views/machines.py", monkeypatch)
     rows = at.dataframe[0].value
-    rows = rows[rows["machine"] == "cpu-2core"]
+    rows = rows[rows["machine"] == "cpu-2core-amd-epyc"]
     assert set(rows["CPU"]) == set(cpu["cpu_model"]) and set(rows["torch"]) == set(cpu["torch"])
     assert rows["results"].sum() == len(cpu)
-    if len(rows) > 1:
-        assert any(c.value.startswith(f"cpu-2core has results from {len(rows)} environments") for c in at.caption)
+    assert len(rows) >= 2  # torch 2.15.0+cu132, then 2.14.1+cu130 at 3929b54b
+    assert any(c.value.startswith(f"cpu-2core-amd-epyc has results from {len(rows)} environments")
+               and "do not compare across them" in c.value for c in at.caption)
 
 
 def test_sample_axes_write_out_their_log_ticks():
@@ -294,12 +295,12 @@ def test_sample_axes_write_out_their_log_ticks():
 
 
 def test_comparing_a_cpu_with_a_gpu_warns_that_the_workloads_differ(monkeypatch):
-    at = app_on(ROOT / "results", "views/machines.py", monkeypatch, a="cpu-2core", b="h100-sxm-80gb")
+    at = app_on(ROOT / "results", "views/machines.py", monkeypatch, a="cpu-2core-intel-xeon", b="h100-sxm-80gb")
     assert any("measure different work" in i.value for i in at.info)
     # Only each machine's speedups against its own baseline: a table once read "fp32: 107.5 ms |
     # 72.8 ms | 1.48x", an H100 "1.48x" a 2-core CPU, right under the warning.
     (machines, speedups) = (d.value for d in at.dataframe)
-    assert list(speedups.columns[-2:]) == ["cpu-2core", "h100-sxm-80gb"]
+    assert list(speedups.columns[-2:]) == ["cpu-2core-intel-xeon", "h100-sxm-80gb"]
     paired = report.paired(report.latest(load_results(ROOT / "results").measured))
     h100 = paired[(paired["machine"] == "h100-sxm-80gb") & (paired["variant"] == "bf16_channels_last")
                   & (paired["technique"] == "amp") & (paired["workload"] == "resnet50")].iloc[0]
@@ -330,9 +331,27 @@ def test_history_writes_out_its_log_ticks(tmp_path, monkeypatch):
     assert values(axis["ticktext"]) == [f"{t:g}" for t in values(axis["tickvals"])]
 
 
+def test_history_draws_one_line_per_environment(monkeypatch):
+    """cpu-2core-amd-epyc timed the dashboard with torch 2.15.0 and then 2.14.1: no line joins
+    the two builds, and the table flags the boundary instead of a change."""
+    query = {"benchmark": "bench_dashboard.FirstView.time_load_results", "machine": ["cpu-2core-amd-epyc"],
+             "params": ["files=5000, cache=warm"]}
+    at = app_on(ROOT / "results", "views/history.py", monkeypatch, **query)
+    (fig,) = [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
+    lines = {trace["name"]: [x.split()[0] for x in values(trace["x"])] for trace in fig["data"]}
+    assert lines == {
+        "cpu-2core-amd-epyc: files=5000, cache=warm (CPU AMD EPYC, torch 2.15.0+cu132, CUDA 13.2)":
+            ["e8d01db5", "45485792", "4f4bb77a"],
+        "cpu-2core-amd-epyc: files=5000, cache=warm (CPU AMD EPYC, torch 2.14.1+cu130, CUDA 13.0)": ["3929b54b"]}
+    assert any("One line per environment" in c.value for c in at.caption)
+    (table,) = [d.value for d in at.dataframe if "flag" in d.value.columns]
+    assert table["flag"].iloc[-1] == "torch 2.15.0+cu132 -> 2.14.1+cu130, CUDA 13.2 -> 13.0: not compared"
+
+
 def test_a_cpu_against_a_gpu_gets_no_chart_of_time_ratios(monkeypatch):
     """Their workloads differ in size: a chart once said the H100 ran DDP at 0.25x a 2-core CPU."""
-    assert figures(ROOT / "results", "views/machines.py", monkeypatch, a="cpu-2core", b="h100-sxm-80gb") == []
+    assert figures(ROOT / "results", "views/machines.py", monkeypatch, a="cpu-2core-intel-xeon",
+                   b="h100-sxm-80gb") == []
 
 
 def test_a_technique_page_opens_on_a_tab_with_results(monkeypatch):
@@ -438,5 +457,6 @@ def test_a_technique_page_lists_what_never_ran_on_the_machine_and_how_to_run_it(
 def test_never_run_leaves_out_what_ran_or_was_skipped():
     rows = pd.DataFrame({"machine": ["m", "m", "other"], "benchmark": ["bench_t.A.track_x", "bench_t.B.track_y",
                                                                       "bench_t.C.track_z"]})
-    suite = ["bench_t.A.track_x", "bench_t.B.track_y", "bench_t.C.track_z", "bench_u.D.track_w"]
+    suite = ["bench_t.A.track_x", "bench_t.B.track_y", "bench_t.C.track_z", "bench_u.D.track_w",
+             "bench_t.A.track_interference", "bench_t.A.track_gpu_clock"]  # counters: no rows of their own
     assert report.never_run(suite, rows, "t", "m")["benchmark"].tolist() == ["bench_t.C.track_z"]

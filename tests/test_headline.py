@@ -9,12 +9,14 @@ import pytest
 pd = pytest.importorskip("pandas")
 
 from speedbench import headline, report  # noqa: E402
-from speedbench.paired import ratio_estimate  # noqa: E402
+from speedbench.paired import paired_ratio, ratio_estimate  # noqa: E402
 from speedbench.results import load_results  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 H100 = "h100-sxm-80gb (NVIDIA H100 80GB HBM3)"
-CPU = "cpu-2core (CPU only)"
+INTEL = "cpu-2core-intel-xeon"  # the headline commit's CPU machine
+CPU = f"{INTEL} (CPU only)"
+AMD = "cpu-2core-amd-epyc (CPU only)"  # earlier benchmark versions only, marked
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +32,13 @@ def test_one_row_per_technique_one_column_per_machine(measured):
     frame = headline.grid(measured).frame
     assert list(frame["technique"]) == [report.TECHNIQUES[h.technique].title for h in headline.HEADLINES]
     assert set(report.TECHNIQUES) == {h.technique for h in headline.HEADLINES}
-    assert list(frame.columns) == ["technique", CPU, H100, "comparison"]
+    assert list(frame.columns) == ["technique", AMD, CPU, H100, "comparison"]
 
 
 def test_a_paired_cell_is_the_paired_tables_estimate(measured):
     last = report.latest(measured)
     p = report.paired(last[(last["technique"] == "amp") & (last["suite"] == "TrainingStep")])
-    for machine, label in (("h100-sxm-80gb", H100), ("cpu-2core", CPU)):
+    for machine, label in (("h100-sxm-80gb", H100), (INTEL, CPU)):
         r = p[(p["machine"] == machine) & (p["workload"] == "resnet50") & (p["variant"] == "bf16_channels_last")].iloc[0]
         expected = f"{r['ratio']:.3g}x [{r['ratio_low']:.3g}, {r['ratio_high']:.3g}] N={r['n']}"
         assert cell(headline.grid(measured).frame, "amp", label) == expected + _mark(last, machine, "amp")
@@ -79,12 +81,12 @@ def test_an_unpaired_cell_shows_both_values(measured):
 
 def test_wide_intervals_and_earlier_benchmark_versions_are_said_beside_the_grid(measured):
     wild = [1.0, 3.0, 0.5, 2.0, 1.5, 0.8, 2.5, 1.1]
-    rows = (measured["technique"] == "amp") & (measured["kind"] == "paired speedup") & (measured["machine"] == "cpu-2core")
+    rows = (measured["technique"] == "amp") & (measured["kind"] == "paired speedup") & (measured["machine"] == INTEL)
     disturbed = measured.copy()
     disturbed.loc[rows, "samples"] = pd.Series([wild] * int(rows.sum()), index=disturbed.index[rows])
-    notes = [n for n in headline.grid(disturbed).notes if n.startswith("Mixed precision on cpu")]
+    notes = [n for n in headline.grid(disturbed).notes if n.startswith(f"Mixed precision on {INTEL}")]
     est = ratio_estimate(wild)
-    assert notes == [f"Mixed precision on cpu-2core (workload=resnet50, variant=bf16_channels_last): its 99 % "
+    assert notes == [f"Mixed precision on {INTEL} (workload=resnet50, variant=bf16_channels_last): its 99 % "
                      f"interval [{est.low:.3g}, {est.high:.3g}] spans {est.high / est.low:.2f}x (high / low), more "
                      "than 1.10x: only 8 rounds, the middle half of 8 per-round ratios spans 0.95x-2.12x (124 % apart)"]
     # a machine whose results predate a benchmark change keeps them, marked in its cell
@@ -108,3 +110,112 @@ def test_a_comparison_about_several_gpus_measured_on_one_says_so(measured):
     on = (two["machine"] == "h100-sxm-80gb") & (two["benchmark"] == "bench_parallel.Step.track_step")
     two.loc[on, "world"] = "2"
     assert not any(n.startswith(note) for n in headline.grid(two).notes)
+
+
+# --- baselines: PyTorch's default first (issue 29, item 5) ---------------------------------------
+# Small frames as the loader gives them, on machines named here: the committed results' names
+# may change, what a cell leads with must not depend on them.
+
+def _adam_run(machine: str, gpu: str, seconds: dict[str, list[float]]) -> pd.DataFrame:
+    """One AdamStep comparison (ResNet-50's parameters): every variant's seconds per round and
+    each variant's per-round speedup over forloop, the class's baseline (benchmarks/common.py)."""
+    rows = []
+    for v, s in seconds.items():
+        common = {"machine": machine, "gpu": gpu, "technique": "contiguous", "suite": "AdamStep", "workload": "resnet50",
+                  "variant": v, "params": f"workload=resnet50, variant={v}", "n": len(s)}
+        rows.append({**common, "benchmark": "bench_contiguous.AdamStep.track_seconds", "metric": "seconds",
+                     "kind": "time", "unit": "seconds", "samples": s, "value": sorted(s)[len(s) // 2],
+                     "result_id": f"{machine}-seconds-{v}"})
+        if v != "forloop":
+            ratios = [b / x for b, x in zip(seconds["forloop"], s)]
+            rows.append({**common, "benchmark": "bench_contiguous.AdamStep.track_speedup", "metric": "speedup",
+                         "kind": "paired speedup", "unit": "x", "samples": ratios, "value": sorted(ratios)[len(s) // 2],
+                         "result_id": f"{machine}-speedup-{v}"})
+    return pd.DataFrame(rows).assign(commit="c" * 40, commit_date=pd.Timestamp(0, tz="UTC"), earlier_version=False)
+
+
+# Ten rounds whose speed drifts (a round's factor hits every variant alike), with some
+# jitter of the baselines' own, so that the interval has a width to print.
+DRIFT = [1.0, 1.3, 0.9, 1.6, 1.1, 0.8, 1.4, 1.0, 1.2, 0.95]
+JITTER = [1.0, 1.02, 0.99, 1.01, 0.98, 1.0, 1.03, 0.97, 1.01, 1.0]
+
+
+def _seconds(**per_variant: float) -> dict[str, list[float]]:
+    return {v: [t * d * (j if v != "speedlib" else 1.0) for d, j in zip(DRIFT, JITTER)]
+            for v, t in per_variant.items()}
+
+
+def _vs(seconds: dict[str, list[float]], baseline: str) -> str:
+    r = paired_ratio(seconds[baseline], seconds["speedlib"])
+    return report._fmt_ratio(r.ratio, r.low, r.high)
+
+
+def test_the_flat_buffer_cell_leads_with_pytorchs_default_adam_on_each_kind_of_machine():
+    """torch.optim.Adam picks foreach when every parameter is on CUDA and the per-tensor loop
+    on CPUs: a GPU cell leads with foreach, a CPU cell with the loop, fused beside both, and
+    the per-tensor loop (contiguous_params' baseline) stays in the GPU cell after them."""
+    gpu = _seconds(forloop=10e-3, foreach=1.6e-3, fused=0.48e-3, speedlib=0.29e-3)
+    cpu = _seconds(forloop=48e-3, foreach=66e-3, fused=16e-3, speedlib=15e-3)
+    frame = pd.concat([_adam_run("box-gpu", "Some GPU 80GB", gpu), _adam_run("box-cpu", "CPU only", cpu)])
+    g = headline.grid(frame)
+    assert cell(g.frame, "contiguous", "box-gpu (Some GPU 80GB)") == (
+        f"{_vs(gpu, 'foreach')} N=10 vs foreach (PyTorch's default on CUDA); {_vs(gpu, 'fused')} vs fused; "
+        f"{_vs(gpu, 'forloop')} vs per-tensor loop (contiguous_params' baseline)")
+    assert cell(g.frame, "contiguous", "box-cpu (CPU only)") == (
+        f"{_vs(cpu, 'forloop')} N=10 vs per-tensor loop (PyTorch's default on CPUs, contiguous_params' baseline); "
+        f"{_vs(cpu, 'fused')} vs fused")  # foreach is neither the default nor the fused one there
+    # the rows behind the foreach figure are the two variants' seconds of the same rounds
+    foreach = g.sources[(g.sources["machine"] == "box-gpu") & (g.sources["baseline"] == "foreach")].iloc[0]
+    assert (foreach["result_id"], foreach["result_id_base"], foreach["n"]) == (
+        "box-gpu-seconds-speedlib", "box-gpu-seconds-foreach", 10)
+
+
+def test_a_flat_buffer_cell_without_the_default_measured_leads_with_the_sources_baseline():
+    """An older run without foreach, or a machine whose run did not record its GPU, cannot
+    say which Adam is the default there: the loop leads, named, and nothing claims to be it."""
+    old = {v: s for v, s in _seconds(forloop=10e-3, foreach=1.6e-3, speedlib=0.29e-3).items() if v != "foreach"}
+    unknown = _seconds(forloop=10e-3, foreach=1.6e-3, fused=0.48e-3, speedlib=0.29e-3)
+    g = headline.grid(pd.concat([_adam_run("old-gpu", "Some GPU 80GB", old), _adam_run("who", "unknown", unknown)]))
+    assert cell(g.frame, "contiguous", "old-gpu (Some GPU 80GB)") == \
+        f"{_vs(old, 'forloop')} N=10 vs per-tensor loop (contiguous_params' baseline)"
+    assert cell(g.frame, "contiguous", "who (unknown)") == \
+        f"{_vs(unknown, 'forloop')} N=10 vs per-tensor loop (contiguous_params' baseline); {_vs(unknown, 'fused')} vs fused"
+
+
+def test_the_transfer_cell_leads_with_the_pageable_copy_and_keeps_speedtorchs_pinned_beside():
+    unit = "% of pinned host->device bandwidth"
+    values = {"pageable": 11.0, "pinned": 42.4, "cupy": 38.8}
+    frame = pd.DataFrame([{"machine": "box-gpu", "gpu": "Some GPU 80GB", "technique": "transfer",
+                           "suite": "FractionOfFloor", "benchmark": "bench_transfer.FractionOfFloor."
+                           "track_gather_fraction_of_floor", "metric": "gather_fraction_of_floor",
+                           "kind": "fraction of floor", "unit": unit, "variant": v, "params": f"variant={v}",
+                           "workload": None, "value": x, "ci99_low": None, "ci99_high": None, "q25": None, "q75": None,
+                           "n": 1, "result_id": v} for v, x in values.items()])
+    frame = frame.assign(commit="c" * 40, commit_date=pd.Timestamp(0, tz="UTC"))
+    assert cell(headline.grid(frame).frame, "transfer", "box-gpu (Some GPU 80GB)") == (
+        f"{38.8 / 11.0:.3g}x vs pageable (PyTorch's default; 38.8 vs 11 {unit}; N=1 each, not paired); "
+        f"{38.8 / 42.4:.3g}x vs pinned (SpeedTorch's baseline; 38.8 vs 42.4 {unit})")
+
+
+def test_the_grid_says_which_baseline_every_row_uses_and_the_claims_keep_the_sources():
+    gpu = _seconds(forloop=10e-3, foreach=1.6e-3, fused=0.48e-3, speedlib=0.29e-3)
+    g = headline.grid(_adam_run("box-gpu", "Some GPU 80GB", gpu))
+    said = {n.split(": ", 1)[0]: n.split(": ", 1)[1] for n in g.notes}
+    for h in headline.HEADLINES:
+        assert "PyTorch" in said[report.TECHNIQUES[h.technique].title], h.technique
+    assert "foreach where every parameter is on CUDA" in said["Flat-buffer (contiguous) parameters"]
+    assert "does not measure" in said["Mixed precision"]  # Ampere's default TF32 convolutions: no number
+    # the claims table still compares with the sources' baselines
+    assert {(c.technique, c.baseline) for c in report.CLAIMS if c.technique in ("contiguous", "transfer")} == {
+        ("contiguous", "forloop"), ("transfer", "pinned")}
+
+
+@pytest.mark.parametrize("h", [h for h in headline.HEADLINES if h.default or h.beside], ids=lambda h: h.technique)
+def test_every_baseline_a_cell_names_is_a_variant_its_class_measures(h):
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(RESULTS.parent))
+    cls = getattr(importlib.import_module(f"benchmarks.bench_{h.technique}"), h.suite)
+    variants = dict(zip(cls.param_names, cls.params if isinstance(cls.params[0], (list, tuple)) else [cls.params]))
+    assert {v for _, v in h.default} | set(h.beside) <= set(variants["variant"])

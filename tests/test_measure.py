@@ -92,7 +92,44 @@ def test_machine_name_on_cpu():
     if torch.cuda.is_available():
         pytest.skip("a GPU machine is named after its GPU")
     import os
-    assert measure.machine_name() == f"cpu-{os.cpu_count()}core"
+
+    from speedbench import suite
+    name = measure.machine_name()
+    assert name == f"cpu-{os.cpu_count()}core-{measure.cpu_slug(measure.cpu_model())}"
+    assert suite._MACHINE_NAME.fullmatch(name)  # the name --machine would accept
+
+
+@pytest.mark.parametrize("model, slug", [
+    ("Intel(R) Xeon(R) Processor", "intel-xeon"),
+    ("AMD EPYC", "amd-epyc"),
+    ("AMD EPYC 7B13 64-Core Processor", "amd-epyc-7b13"),
+    ("Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz", "intel-xeon-platinum-8481c"),
+    ("Intel(R) Core(TM) i7-8700K CPU @ 3.70GHz", "intel-core-i7-8700k"),
+    ("AMD Ryzen 7 5800H with Radeon Graphics", "amd-ryzen-7-5800h"),
+    ("AMD FX(tm)-8350 Eight-Core Processor", "amd-fx-8350"),
+    ("Apple M2 Pro", "apple-m2-pro"),
+    ("", "unknown-cpu"),
+    ("(R) CPU @ 3GHz", "unknown-cpu"),
+])
+def test_a_cpu_model_gives_a_short_stable_name(model, slug):
+    """Vendor, family and model number; trademarks, 'CPU', the clock and the core count go."""
+    assert measure.cpu_slug(model) == slug
+
+
+def test_a_long_cpu_model_is_cut_at_a_word():
+    from speedbench import suite
+    slug = measure.cpu_slug("Intel(R) Xeon(R) Some Very Long Marketing Name With Many Words 12345")
+    assert slug == "intel-xeon-some-very-long-marketing-name"
+    assert len(measure.cpu_slug("x" * 80)) == 40
+    assert suite._MACHINE_NAME.fullmatch(f"cpu-2core-{measure.cpu_slug('x' * 200)}")
+
+
+def test_the_quick_identity_agrees_with_the_environment_record():
+    """`speedlib run` checks the machine directory with identity() before the slow record is
+    taken; the two must name the same machine, hardware and build."""
+    ident, env = measure.identity(), measure.environment()
+    assert ident == {k: env[k] for k in ident}
+    assert set(ident) == {"machine", "gpu_model", "gpu_count", "cpu_model", "torch", "cuda"}
 
 
 @pytest.mark.parametrize("name, mem, slug", [

@@ -131,9 +131,11 @@ def _fake_timer(monkeypatch):
 
     calls = []
 
-    def fake(steps, dev, rounds, warmup, number=1):
+    def fake(steps, dev, rounds, warmup, number=1, counters=None):
         build = next(iter(steps.values()))()[0]
         calls.append(rounds)
+        if counters is not None:  # each round's interference counters, told apart by build
+            counters.extend({"others_cpu": float(build), "preemptions": 0.0} for _ in range(rounds))
         return {v: [(build + 1.0) * (0.5 if v == "fast" else 1.0)] * rounds for v in steps}
 
     monkeypatch.setattr(common, "paired_times", fake)
@@ -148,6 +150,9 @@ def test_rounds_are_spread_over_fresh_builds_each_freed_before_the_next(monkeypa
     assert status == "ok" and calls == [5, 5, 5]  # 15 rounds: five in each of three builds
     assert times["base"] == [1.0] * 5 + [2.0] * 5 + [3.0] * 5  # pooled in build order
     assert cls().track_speedup(cache, "w", "fast")["samples"] == [2.0] * 15  # still per round
+    # the counters pool the same way, one per round, for every variant of the configuration
+    for variant in ("base", "fast"):
+        assert cls().track_interference(cache, "w", variant)["samples"] == [0.0] * 5 + [1.0] * 5 + [2.0] * 5
     assert cls.alive_at_build == [0, 0, 0]  # the last build was freed before each new one
     assert all(ref() is None for ref in cls.made)
 

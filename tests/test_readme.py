@@ -53,7 +53,7 @@ def test_report_works_without_torch(tmp_path):
     out = subprocess.run([sys.executable, "-m", "speedlib", "report", "--table", "paired"], cwd=ROOT,
                          env=_without_torch(tmp_path), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "| h100-sxm-80gb |" in out.stdout and "| cpu-2core |" in out.stdout
+    assert "| h100-sxm-80gb |" in out.stdout and "| cpu-2core-intel-xeon |" in out.stdout
 
 
 def test_every_dashboard_page_renders_without_torch(tmp_path):

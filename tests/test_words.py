@@ -67,3 +67,19 @@ def test_a_benchmark_and_a_metric_read_in_words():
     assert words.benchmark("bench_amp.TrainingStep.track_seconds") == "amp, TrainingStep: seconds per step"
     assert words.metric("gather_fraction_of_floor") == "gather, % of the pinned host->device copy"
     assert words.metric("something_new") == "something_new"
+
+
+def test_every_technique_says_which_variant_is_pytorchs_default():
+    """A baseline is not always what a user gets without changing anything (Adam's default on
+    CUDA is foreach, not the per-tensor loop the contiguous benchmarks compare with): every
+    technique's glossary says which variant is, after the names it explains."""
+    from speedbench import report
+
+    assert set(words.DEFAULTS) == set(report.TECHNIQUES)
+    line = words.glossary("contiguous", ["forloop", "foreach"])
+    assert line.startswith("forloop: ") and line.endswith(words.DEFAULTS["contiguous"])
+    assert "foreach when every parameter is on CUDA and forloop otherwise" in line
+    assert "fused is never picked by itself" in line
+    assert "does not measure" in words.DEFAULTS["amp"]  # cuDNN's default TF32 on Ampere+: no number invented
+    assert "zero_grad" in words.DEFAULTS["tuning"]  # grad = None, the knob's "on", is the default since 2.0
+    assert words.glossary("contiguous", ["nobody"]) == ""  # still nothing where nothing is named

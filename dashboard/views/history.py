@@ -8,6 +8,7 @@ import streamlit as st
 
 from _view import log_axis, page_data, pick, pick_many, table
 from speedbench import report, words
+from speedbench.machines import describe, environment_keys
 
 st.title("History across commits")
 df = page_data()
@@ -43,11 +44,16 @@ order = h.drop_duplicates("commit").sort_values("commit_date", kind="stable", na
 label = {c: html.escape(f"{c[:8]} " + ("date unknown" if pd.isna(d) else f"{d:%Y-%m-%d}"))
          for c, d in zip(order["commit"], order["commit_date"])}
 fig = go.Figure()
-for (machine, params), g in h.groupby(["machine", "params"], sort=True):
+# A line joins one environment's results (CPU, GPU, torch/CUDA build): history computes no
+# change across another, and a line drawn across it would read as the code's doing.
+h = h.assign(_environment=environment_keys(h))
+environments = h.groupby("machine")["_environment"].nunique()
+for (machine, params, _), g in h.groupby(["machine", "params", "_environment"], sort=True):
     g = g.assign(_order=g["commit"].map(list(label).index)).sort_values("_order")
+    where = f" ({describe(g.iloc[0])})" if environments[machine] > 1 else ""
     fig.add_trace(go.Scatter(
         x=[label[c] for c in g["commit"]], y=g["value"] * scale, mode="lines+markers",
-        name=html.escape(f"{machine}: {params}"),
+        name=html.escape(f"{machine}: {params}{where}"),
         marker={"symbol": [("diamond-x" if s else "diamond") if step else "x" if s else "circle"
                            for s, step in zip(g["significant"], g["step"])],
                 "size": [12 if s or step else 7 for s, step in zip(g["significant"], g["step"])]},
@@ -63,5 +69,8 @@ st.plotly_chart(fig)
 st.caption(f"x markers: significant change against the previous commit (beyond {report.SIGNIFICANCE_FACTOR:.2f}x, and "
            f"Mann-Whitney U p < {report.P_THRESHOLD} on the stored samples, else disjoint 99 % confidence intervals: "
            "asv compare's rule). Diamonds: first commit of a sustained step (a new level over at least "
-           f"{report.MIN_SEGMENT} commits). Error bars: asv's 99 % confidence interval.")
+           f"{report.MIN_SEGMENT} commits). Error bars: asv's 99 % confidence interval."
+           + (" One line per environment: where the CPU, GPU or torch/CUDA build changed, a new line starts and no "
+              "change or step is computed across it (the table's flag says 'not compared')."
+              if (environments > 1).any() else ""))
 table(history)

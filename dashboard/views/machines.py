@@ -8,9 +8,9 @@ from speedbench import report
 st.title("Machine comparison")
 df = page_data()
 st.subheader("Machines")
-# One row per machine and environment: a machine name can cover several (the 2-core VMs
-# came on Intel and AMD CPUs, with torch updated between runs), and the newest commit alone
-# once described cpu-2core by a dashboard-timing run's CPU and torch, not the suite's.
+# One row per machine and environment: a machine name stands for one kind of hardware, but a
+# torch/CUDA build can change under it (cpu-2core-amd-epyc ran torch 2.15 and then 2.14), and
+# the newest commit alone once described a machine by a dashboard-timing run's CPU and torch.
 env = ["machine", "gpu", "driver", "cuda", "torch", "cpu_model"]
 rows = df.assign(driver=df["driver"].replace("", None).fillna(
                      df["gpu"].map(lambda g: "n/a (no GPU)" if g == "CPU only" else "unknown")),
@@ -24,7 +24,8 @@ st.dataframe(machines_table, hide_index=True, column_config=widths(machines_tabl
 several = machines_table["machine"].value_counts()
 for m in several[several > 1].index:
     st.caption(f"{m} has results from {several[m]} environments (rows above): times from different ones differ "
-               "by the hardware or software, not only by the commit.")
+               "by the hardware or software, not only by the commit, so history, the regression gate and the "
+               "noise table do not compare across them.")
 machines = sorted(df["machine"].unique())
 if len(machines) < 2:
     st.info("Only one machine has results (listed above): a comparison needs a second machine "
@@ -62,6 +63,9 @@ ratios = report.compare_machines(df, a, b)
 # different questions, and one axis would mix them.
 timed = ratios[ratios["kind"] == "time"]
 if not timed.empty:
-    st.plotly_chart(ratio_chart(timed.assign(case=config_label(timed) + " / " + timed["variant"].astype(str)
+    # Benchmarks without variants (the dashboard's own timings) are labelled by their
+    # configuration alone: two CPU machines both ran them, and "nan" labels collided.
+    variant = timed["variant"].map(lambda v: f" / {v}" if isinstance(v, str) and v else "")
+    st.plotly_chart(ratio_chart(timed.assign(case=config_label(timed) + variant
                                              + " (" + timed["metric"].astype(str) + ")", pair=f"{b} vs {a}"),
                                 "case", "pair", f"times: {b} against {a} (above 1: {b} is faster)"))

@@ -7,9 +7,11 @@ from speedbench import headline, report, words
 
 st.title("speedlib: which PyTorch speed tricks pay off")
 st.caption("Headline speedups are paired: the variants took turns in one process, and each number is the "
-           "Hodges-Lehmann estimate of the per-round ratios against the technique's baseline, brackets its 99 % "
-           "Wilcoxon interval. A technique without a paired comparison shows the ratio of its separately timed "
-           "medians, which the machine's drift between processes can move. Every page's filters live in the URL.")
+           "Hodges-Lehmann estimate of the per-round ratios against a baseline, brackets its 99 % Wilcoxon "
+           "interval. A cell with several baselines names each, PyTorch's default on that machine first; the notes "
+           "under the table say which baseline every row uses. A technique without a paired comparison shows the "
+           "ratio of its separately timed medians, which the machine's drift between processes can move. Every "
+           "page's filters live in the URL.")
 df = page_data()
 note_missing_gpu(df)
 
@@ -21,7 +23,8 @@ c3.metric("Measured values", len(df))
 machines = pick_many("Machines", sorted(df["machine"].unique()), key="machine")
 last = report.latest(df[df["machine"].isin(machines)])
 st.subheader("At a glance: each technique's main comparison")
-glance = headline.grid(last)
+# all commits: where a machine's latest result was contended, the grid cites its newest clean one
+glance = headline.grid(df[df["machine"].isin(machines)])
 st.table(glance.frame.set_index("technique"))  # a static table: every cell whole, wrapped, no scrolling
 for n in glance.notes:
     st.caption(n)
