@@ -7,8 +7,8 @@ dashboard all use it.
 
 A round is *disturbed* when, during it,
   - other processes (or a hypervisor) took more than OTHERS_CPU_MAX % of the machine's CPU
-    time, or
-  - the scheduler preempted the measuring process more than PREEMPTIONS_MAX times a second, or
+    time, or, where that share cannot be read (no /proc/stat), the scheduler preempted the
+    measuring process more than PREEMPTIONS_MAX times a second, or
   - another process ran on the GPU, or
   - the GPU's SM clock was more than CLOCK_DROP_MAX % below the comparison's median round
     (a clock held down by heat or a hardware slowdown; a clock that every round shares,
@@ -17,10 +17,12 @@ The thresholds come from the flat-buffer Adam comparison (bench_contiguous.AdamS
 rounds) on the 2-core VM, idle, then with one busy-loop process per core, then idle again
 (docs/measurement.md gives the commands):
   others' CPU share   idle 0-3 % in every round of both idle runs; busy 50-57 % in every round
-  preemptions/s       idle 29-91; busy 79-237: the two overlap, so preemption is the second
-                      signal, set above every idle round (it catches what /proc/stat cannot
-                      see, such as a container whose /proc/stat is the host's), and the share
-                      of the machine decides where both are read.
+  preemptions/s       idle 29-91; busy 79-237: the two overlap. In the full suite, idle, a
+                      DataLoader's own workers preempted the measuring process 183 times a
+                      second with 0 % to others: preemption says the process shared its
+                      cores, not with whom. So the share of the machine decides, and the
+                      preemption rate (always recorded and shown) judges a round only where the
+                      share cannot be read, above everything idle rounds showed.
 
 A result's verdict:
   clean      no round disturbed;
@@ -44,7 +46,7 @@ __all__ = ["Verdict", "judge", "keep", "disturbances", "summary", "summary_line"
            "COUNTER_METRICS"]
 
 OTHERS_CPU_MAX = 15.0  # % of the machine's CPU time: idle rounds reached 3, busy ones 50
-PREEMPTIONS_MAX = 150.0  # involuntary context switches per second: idle rounds reached 91
+PREEMPTIONS_MAX = 250.0  # involuntary context switches per second; idle rounds reached 183
 CLOCK_DROP_MAX = 10.0  # % below the median round's SM clock
 MAX_DISTURBED_SHARE = 1 / 3
 MIN_CLEAN_ROUNDS = 8  # the fewest rounds with a 99 % Wilcoxon interval (speedbench.paired)
@@ -100,7 +102,7 @@ def disturbances(counters: dict[str, Sequence[float]]) -> list[list[str]]:
         others, preempted, neighbours, clock = at("others_cpu"), at("preemptions"), at("gpu_neighbours"), at("gpu_clock")
         if others is not None and others > OTHERS_CPU_MAX:
             out[i].append(f"others took {others:.0f} % of the CPUs")
-        if preempted is not None and preempted > PREEMPTIONS_MAX:
+        if others is None and preempted is not None and preempted > PREEMPTIONS_MAX:
             out[i].append(f"{preempted:.0f} preemptions/s")
         if neighbours is not None and neighbours > 0:
             out[i].append(f"{neighbours:.0f} other process(es) on the GPU")

@@ -345,6 +345,12 @@ def grid(df: pd.DataFrame) -> report.Table:
     notes += [f"{report.TECHNIQUES[h.technique].title}: {h.against}" for h in HEADLINES if h.against]
     notes = report._with_earlier_note(notes, sources)  # the dagger's note, the double dagger's and its counters
     notes += _instead_of_contended(df, sources)
+    if not sources.empty:  # whether each column's numbers were measured on a quiet machine, said once
+        states: dict[str, list[str]] = {}
+        for machine, its in sources.groupby("machine", sort=True):
+            states.setdefault(report._run_state(its), []).append(machine)
+        notes.append("machine state when measured: " + "; ".join(f"{', '.join(ms)}: {state}"
+                                                                   for state, ms in states.items()))
     notes += [single_device_note(h, m) for h, m in few]
     wide = sources[sources["wide_because"].map(lambda w: isinstance(w, str) and bool(w))] \
         if "wide_because" in sources else sources.iloc[0:0]

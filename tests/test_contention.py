@@ -22,11 +22,20 @@ def test_quiet_rounds_are_clean():
 
 
 def test_a_few_disturbed_rounds_are_left_out_and_counted():
-    counters = {"others_cpu": [1.0] * 12 + [48.0, 2.0, 3.0], "preemptions": [3.0] * 13 + [450.0, 2.0]}
+    counters = {"others_cpu": [1.0] * 12 + [48.0, 30.0, 3.0], "preemptions": [3.0] * 13 + [450.0, 2.0]}
     v = contention.judge(counters, 15)
     assert v.state == DROPPED and v.dropped == 2
     assert v.keep(list(range(15))) == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 14]
     assert v.note.startswith("2 disturbed rounds left out of 15")
+
+
+def test_preemptions_judge_a_round_only_where_the_share_of_the_machine_is_unknown():
+    # a DataLoader's own workers preempt the measuring process: no neighbour, not disturbed
+    own_workers = {"others_cpu": [0.0] * 15, "preemptions": [400.0] * 15}
+    assert contention.judge(own_workers, 15).state == CLEAN
+    no_proc_stat = {"preemptions": [400.0] * 15}  # macOS, or a /proc without stat
+    assert contention.judge(no_proc_stat, 15).state == CONTENDED
+    assert contention.judge({"preemptions": [contention.PREEMPTIONS_MAX - 1] * 15}, 15).state == CLEAN
 
 
 def test_mostly_disturbed_rounds_make_a_contended_result_that_keeps_every_round():
@@ -181,6 +190,8 @@ def test_the_headline_cites_the_newest_clean_result_and_says_the_latest_was_cont
     cell = g.frame.loc[g.frame["technique"] == report.TECHNIQUES["contiguous"].title].iloc[0, 1]
     assert cell.startswith("4") and report.CONTENDED not in cell  # commit b's 4.0x, its two blips left out
     assert any(f"commit {'b' * 8}" in n and f"the latest, {'c' * 8}, was contended" in n for n in g.notes)
+    assert g.frame.columns.tolist()[0] == "technique" and len(g.frame) == len(headline.HEADLINES)
+    assert "machine state when measured: m: idle but for disturbed rounds, left out (2 in all)" in g.notes
     busy = headline.grid(m[m["commit"] == "c" * 40])  # no clean result at all: shown, marked
     cell = busy.frame.loc[busy.frame["technique"] == report.TECHNIQUES["contiguous"].title].iloc[0, 1]
     assert cell.startswith("12") and cell.endswith(report.CONTENDED) and report.CONTENDED_NOTE in busy.notes
