@@ -187,3 +187,14 @@ def test_a_paired_class_stores_one_counter_per_round_beside_its_samples():
         assert bench.track_gpu_clock(cache, "w", variant) is common.SKIP  # no GPU here
     assert len(bench.track_speedup(cache, "w", "fast")["samples"]) == 9
     assert torch.get_num_threads() == common.set_threads()  # the count the environment record names
+
+
+def test_the_loader_knows_every_counter_track_by_its_unit():
+    """benchmarks/common.py names the tracks' units; speedbench.results reads a row of one of
+    them as a counter (kind "interference") and keeps it out of the results: the two must agree."""
+    from benchmarks import common
+    from speedbench import contention, results
+
+    tracks = {m: getattr(common._Interference, f"track_{m}").unit for m in contention.COUNTER_METRICS}
+    assert set(tracks.values()) == set(results.INTERFERENCE_UNITS)
+    assert all(results.metric_kind("track", u) == "interference" for u in tracks.values())
