@@ -266,6 +266,8 @@ def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x 
             y=esc(g[y]), x=g["ratio"] - 1.0, base=1.0, orientation="h", name=html.escape(str(name)),
             marker={"opacity": [0.35 if u else 1.0 for u in unsure],
                     "pattern": {"shape": ["x" if b else "/" if x else "" for x, b in zip(lone, busy)]}},
+            # the mark itself beside a contended bar: a faded, hatched bar alone can be hard to see
+            text=[report.CONTENDED if b else "" for b in busy], textposition="outside", cliponaxis=False,
             customdata=list(zip(g["ratio"], [report._fmt_ratio(r, lo, hi).partition(" ")[2] for r, lo, hi in
                                              zip(g["ratio"], g["ratio_low"], g["ratio_high"])],
                                 ["" if pd.isna(k) else f"N={k:g}" for k in n], said)),
@@ -429,7 +431,13 @@ def table(t: report.Table, hide: tuple[str, ...] = ()) -> None:
     """`t` as a table; `hide`: columns the page already states above it for every row (a
     technique page names its machine and GPU), which would push the numbers off the right."""
     frame = on_screen(t.frame, hide)
+    shared = []
+    # A machine state every row shares ("not recorded", "quiet: no round disturbed") is said once
+    # below the table: as a column it pushed the numbers' explanation past the right edge.
+    if "machine state" in frame and len(frame) and frame["machine state"].nunique() == 1:
+        shared.append(f"machine state of every row: {frame['machine state'].iloc[0]}")
+        frame = frame.drop(columns="machine state")
     st.dataframe(frame, hide_index=True, column_config=widths(frame))
-    for n in t.notes:
+    for n in [*shared, *t.notes]:
         # A caption is Markdown: a note opening with ">1: ..." would become a quote and lose its ">".
         st.caption("\\" + n if n.startswith((">", "#", "-", "+", "*")) else n)

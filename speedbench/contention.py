@@ -6,9 +6,10 @@ revised without measuring again. No torch, no pandas: the loader, the report and
 dashboard all use it.
 
 A round is *disturbed* when, during it,
-  - other processes (or a hypervisor) took more than OTHERS_CPU_MAX % of the machine's CPU
-    time, or, where that share cannot be read (no /proc/stat), the scheduler preempted the
-    measuring process more than PREEMPTIONS_MAX times a second, or
+  - other processes (or a hypervisor) kept more than OTHERS_CORES_MAX of a core busy beyond
+    the cores the benchmark leaves free (the machine's CPUs less its torch threads: none, by
+    default), or, where that share cannot be read (no /proc/stat), the scheduler preempted
+    the measuring process more than PREEMPTIONS_MAX times a second, or
   - another process ran on the GPU, or
   - the GPU's SM clock was more than CLOCK_DROP_MAX % below the comparison's median round
     (a clock held down by heat or a hardware slowdown; a clock that every round shares,
@@ -16,7 +17,11 @@ A round is *disturbed* when, during it,
 The thresholds come from the flat-buffer Adam comparison (bench_contiguous.AdamStep, 2 x 15
 rounds) on the 2-core VM, idle, then with one busy-loop process per core, then idle again
 (docs/measurement.md gives the commands):
-  others' CPU share   idle 0-3 % in every round of both idle runs; busy 50-57 % in every round
+  others' CPU share   idle 0-3 % in every round of both idle runs (0.06 of a core at most);
+                      busy 50-57 % in every round (a whole core): half a core lies between.
+                      Counted in cores, not as a share of the machine, because every torch
+                      thread needs its core: on a 16-core GPU host one data-loader process is
+                      6 % of the machine and still stalls one of 16 intra-op threads.
   preemptions/s       idle 29-91; busy 79-237: the two overlap. In the full suite, idle, a
                       DataLoader's own workers preempted the measuring process 183 times a
                       second with 0 % to others: preemption says the process shared its
@@ -41,11 +46,12 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Verdict", "judge", "keep", "disturbances", "summary", "summary_line", "OTHERS_CPU_MAX", "PREEMPTIONS_MAX", "CLOCK_DROP_MAX",
+__all__ = ["Verdict", "judge", "keep", "disturbances", "summary", "summary_line", "OTHERS_CORES_MAX",
+           "others_limit", "PREEMPTIONS_MAX", "CLOCK_DROP_MAX",
            "MAX_DISTURBED_SHARE", "MIN_CLEAN_ROUNDS", "CLEAN", "DROPPED", "CONTENDED", "UNKNOWN", "MARK",
            "COUNTER_METRICS"]
 
-OTHERS_CPU_MAX = 15.0  # % of the machine's CPU time: idle rounds reached 3, busy ones 50
+OTHERS_CORES_MAX = 0.5  # cores busy with other work beyond the free ones: idle rounds 0.06, busy 1.0
 PREEMPTIONS_MAX = 250.0  # involuntary context switches per second; idle rounds reached 183
 CLOCK_DROP_MAX = 10.0  # % below the median round's SM clock
 MAX_DISTURBED_SHARE = 1 / 3
@@ -86,22 +92,38 @@ def keep(samples: Sequence[float], state: str, disturbed: Sequence[bool]) -> lis
     return [x for x, bad in zip(samples, disturbed) if not bad]
 
 
-def disturbances(counters: dict[str, Sequence[float]]) -> list[list[str]]:
+def others_limit(cores: float | None, threads: float | None = None) -> float | None:
+    """The share of the machine (%) that other work may take before a round counts as
+    disturbed: OTHERS_CORES_MAX of a core beyond the `cores` the `threads` leave free (all of
+    them busy where `threads` is unknown). None where the machine's size is unknown."""
+    if not cores or cores <= 0 or cores != cores:  # None, 0 or NaN
+        return None
+    threads = cores if not threads or threads != threads else threads
+    return 100.0 * (max(cores - threads, 0.0) + OTHERS_CORES_MAX) / cores
+
+
+def disturbances(counters: dict[str, Sequence[float]], cores: float | None = None,
+                 threads: float | None = None) -> list[list[str]]:
     """Per round, what disturbed it in words (an empty list: nothing). `counters` maps the
     names of speedbench.interference (others_cpu, preemptions, gpu_clock, gpu_neighbours) to
-    one value per round; a counter that is missing is not judged."""
+    one value per round; a counter that is missing is not judged. `cores`, `threads`: the
+    machine's CPUs and the torch threads the benchmark ran (its environment record); without
+    `cores` the others' share cannot be judged, and preemptions stand in for it."""
     rounds = max((len(v) for v in counters.values()), default=0)
     out: list[list[str]] = [[] for _ in range(rounds)]
     clocks = counters.get("gpu_clock") or []
     typical = statistics.median(clocks) if clocks else None
+    limit = others_limit(cores, threads)
     for i in range(rounds):
         def at(name: str):
             values = counters.get(name) or []
             return values[i] if i < len(values) else None
 
         others, preempted, neighbours, clock = at("others_cpu"), at("preemptions"), at("gpu_neighbours"), at("gpu_clock")
-        if others is not None and others > OTHERS_CPU_MAX:
-            out[i].append(f"others took {others:.0f} % of the CPUs")
+        if limit is None:
+            others = None  # a share of an unknown machine: preemptions judge instead
+        if others is not None and others > limit:
+            out[i].append(f"others kept {others * cores / 100:.1f} of {cores:g} CPUs busy")
         if others is None and preempted is not None and preempted > PREEMPTIONS_MAX:
             out[i].append(f"{preempted:.0f} preemptions/s")
         if neighbours is not None and neighbours > 0:
@@ -111,28 +133,36 @@ def disturbances(counters: dict[str, Sequence[float]]) -> list[list[str]]:
     return out
 
 
-def judge(counters: dict[str, Sequence[float]], rounds: int) -> Verdict:
+def judge(counters: dict[str, Sequence[float]], rounds: int, cores: float | None = None,
+          threads: float | None = None) -> Verdict:
     """The verdict on a result of `rounds` rounds (or one unpaired measurement: rounds=1)
-    from its counters; UNKNOWN where no counter covers those rounds."""
+    from its counters (`disturbances` says what `cores` and `threads` are); UNKNOWN where no
+    counter covers those rounds."""
     usable = {k: list(v) for k, v in counters.items() if v is not None and len(v) == rounds and rounds > 0}
     if not usable:
         return Verdict(UNKNOWN, (), "")
-    per_round = disturbances(usable)
+    per_round = disturbances(usable, cores, threads)
     disturbed = tuple(bool(r) for r in per_round)
     bad = sum(disturbed)
     if not bad:
         return Verdict(CLEAN, disturbed, "")
     clean = rounds - bad
     state = DROPPED if bad <= MAX_DISTURBED_SHARE * rounds and clean >= MIN_CLEAN_ROUNDS else CONTENDED
-    return Verdict(state, disturbed, _note(state, per_round, usable, bad, rounds))
+    return Verdict(state, disturbed, _note(state, per_round, usable, bad, rounds, cores))
 
 
-def _note(state: str, per_round: list[list[str]], counters: dict[str, list[float]], bad: int, rounds: int) -> str:
-    """E.g. "contended: 15 of 15 rounds disturbed (others took 48 % of the CPUs, 310
-    preemptions/s: medians over the rounds)"."""
+def _note(state: str, per_round: list[list[str]], counters: dict[str, list[float]], bad: int, rounds: int,
+          cores: float | None = None) -> str:
+    """E.g. "contended: 15 of 15 rounds disturbed (other processes kept 1.0 of 2 CPUs busy,
+    182 preemptions/s in the disturbed rounds, median)"."""
     what = []
-    for name, unit in (("others_cpu", "% of the CPUs to other processes"), ("preemptions", "preemptions/s"),
-                       ("gpu_neighbours", "other GPU processes"), ("gpu_clock", "% of max SM clock")):
+    others = [v for v, r in zip(counters.get("others_cpu") or [], per_round) if r]
+    if others:
+        median = statistics.median(others)
+        what.append(f"other processes kept {median * cores / 100:.1f} of {cores:g} CPUs busy" if cores else
+                    f"{median:.0f} % of the CPUs to other processes")
+    for name, unit in (("preemptions", "preemptions/s"), ("gpu_neighbours", "other GPU processes"),
+                       ("gpu_clock", "% of max SM clock")):
         values = [v for v, r in zip(counters.get(name) or [], per_round) if r]
         if values:
             what.append(f"{statistics.median(values):.0f} {unit}")
@@ -146,17 +176,18 @@ def _note(state: str, per_round: list[list[str]], counters: dict[str, list[float
     return f"{head} ({', '.join(what)} in the disturbed rounds, median)" if what else head
 
 
-def summary(results: dict[str, dict[str, Sequence[float]]]) -> dict:
+def summary(results: dict[str, dict[str, Sequence[float]]], cores: float | None = None,
+            threads: float | None = None) -> dict:
     """What one run's counters said, for its environment record and the line `speedlib run`
-    prints after each commit. `results`: per measured result (its benchmark class and
-    parameters), the counters of its rounds (`judge`'s input)."""
+    prints after each commit. `results`: per measurement (a class's configuration), the
+    counters of its rounds (`judge`'s input); `cores` and `threads` as `judge` takes them."""
     states: dict[str, int] = {}
     rounds = disturbed = 0
     pooled: dict[str, list[float]] = {}
     busy = []
     for name, counters in sorted(results.items()):
         n = max((len(v) for v in counters.values()), default=0)
-        verdict = judge(counters, n)
+        verdict = judge(counters, n, cores, threads)
         states[verdict.state] = states.get(verdict.state, 0) + 1
         rounds += len(verdict.disturbed)
         disturbed += sum(verdict.disturbed)
@@ -164,20 +195,26 @@ def summary(results: dict[str, dict[str, Sequence[float]]]) -> dict:
             busy.append(name)
         for counter, values in counters.items():
             pooled.setdefault(counter, []).extend(values)
-    return {"results": len(results), "rounds": rounds, "disturbed_rounds": disturbed, "verdicts": states,
-            "contended": busy, **{f"{k}_median": statistics.median(v) for k, v in sorted(pooled.items()) if v}}
+    medians = {f"{k}_median": statistics.median(v) for k, v in sorted(pooled.items()) if v}
+    return {"measurements": len(results), "rounds": rounds, "disturbed_rounds": disturbed, "verdicts": states,
+            "contended": busy, "cores": cores, "threads": threads, **medians}
 
 
 def summary_line(s: dict) -> str:
     """`summary` in one line: what a user sees when a run was disturbed."""
-    if not s.get("results"):
+    if not s.get("measurements"):
         return "no interference counters were recorded"
-    busy = len(s["contended"])
-    head = (f"{MARK} {busy} of {s['results']} results contended" if busy else
-            f"{s['disturbed_rounds']} of {s['rounds']} rounds disturbed" if s["disturbed_rounds"] else
+    busy = s["contended"]
+    head = (f"{MARK} {len(busy)} of {s['measurements']} measurements contended ({', '.join(busy)})" if busy else
+            f"{s['disturbed_rounds']} of {s['rounds']} rounds disturbed, left out" if s["disturbed_rounds"] else
             f"no round of {s['rounds']} disturbed")
-    medians = [f"{s['others_cpu_median']:.0f} % of the CPUs to other processes" if "others_cpu_median" in s else "",
-               f"{s['preemptions_median']:.0f} preemptions/s" if "preemptions_median" in s else ""]
-    said = ", ".join(m for m in medians if m)
-    tail = ": rerun on an idle machine (speedlib env --check says what is busy)" if busy else ""
-    return f"{head} (median over all rounds: {said}){tail}" if said else head + tail
+    said = []
+    if "others_cpu_median" in s:
+        cores = s.get("cores")
+        said.append(f"other processes kept {s['others_cpu_median'] * cores / 100:.2g} of {cores:g} CPUs busy"
+                    if cores else f"{s['others_cpu_median']:.0f} % of the CPUs to other processes")
+    if "preemptions_median" in s:
+        said.append(f"{s['preemptions_median']:.0f} preemptions/s")
+    tail = (f": their figures are marked {MARK}, not clean; rerun on a quiet machine "
+            "(speedlib env --check says what is busy; --require-quiet refuses to start on a busy one)") if busy else ""
+    return f"{head} (median over all rounds: {', '.join(said)}){tail}" if said else head + tail

@@ -218,10 +218,15 @@ def _tag(h: Headline, baseline: str, kind: str | None) -> str:
     return ", ".join(said)
 
 
+def _busy(r) -> str:
+    """" ‡" after a figure measured on a contended machine."""
+    return f" {report.CONTENDED}" if getattr(r, "contention", "") == contention.CONTENDED else ""
+
+
 def _versus(r, h: Headline, kind: str | None, lead: bool) -> str:
     """One ratio of a cell that shows several baselines, naming its baseline; N with the lead
     only (every ratio of a paired class comes from the same rounds)."""
-    ratio = report._fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)
+    ratio = report._fmt_ratio(r.ratio, r.ratio_low, r.ratio_high) + _busy(r)
     name, tag = dict(h.names).get(r.baseline, r.baseline), _tag(h, r.baseline, kind)
     if h.paired:
         return f"{ratio}{f' N={r.n}' if lead else ''} vs {name}" + (f" ({tag})" if tag else "")
@@ -245,13 +250,14 @@ def _cell(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, gpu: str) -> tu
             labelled.append(f"{other}: {text}" if other else text)
     else:
         if h.paired:
-            texts = [f"{report._fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)} N={r.n}" for r in hits.itertuples()]
+            texts = [f"{report._fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)}{_busy(r)} N={r.n}"
+                     for r in hits.itertuples()]
         else:
             # Not taking turns (DDP and DataParallel are separate launches; the transfer variants
             # run one after another): say how many values each side has (asv tracks give one), so
             # that a ratio without brackets does not read as a sure one.
-            texts = [f"{report._fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)} ({_values(r)}; N={r.n} each, "
-                     "not paired)" for r in hits.itertuples()]
+            texts = [f"{report._fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)}{_busy(r)} ({_values(r)}; N={r.n} "
+                     "each, not paired)" for r in hits.itertuples()]
         labelled = [f"{other}: {t}" if other else t
                     for other, t in zip((_others(r, h) for _, r in hits.iterrows()), texts)]
     if not labelled:  # said first, so that a memory-only cell does not pass for the whole comparison
@@ -262,10 +268,10 @@ def _cell(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, gpu: str) -> tu
                      for _, r in memory.iterrows() if pd.notna(r.ratio)]
         used.append(memory)
     if any(len(u) for u in used):
+        # the dagger covers the cell (one benchmark version); the double dagger stands after
+        # each contended figure, the lead most of all (`_busy`)
         sources = pd.concat(used)
-        marks = (f" {EARLIER}" if report.earlier_version(sources).any() else "") + (
-            f" {report.CONTENDED}" if report.contended(sources).any() else "")
-        return "; ".join(labelled) + marks, sources
+        return "; ".join(labelled) + (f" {EARLIER}" if report.earlier_version(sources).any() else ""), sources
     if h.gpu_only and gpu == "CPU only":
         return "needs a GPU", hits.iloc[0:0]
     return f"not measured yet: {_command(h)}", hits.iloc[0:0]

@@ -228,18 +228,25 @@ def window(start: Snapshot, end: Snapshot) -> dict[str, float | None]:
 
 
 # The shortest time the CPU counters are taken over. /proc/stat counts whole 10 ms ticks per
-# CPU, so over a 1 ms round one tick of anyone's reads as 100 % of the machine; over 0.25 s on
-# 2 CPUs (50 ticks) the error is a few per cent. A shorter round takes its CPU counters from
-# the rounds around it, as many as make 0.25 s.
+# CPU, so over a 1 ms round one tick of anyone's reads as 100 % of the machine, and each CPU's
+# count can be a tick off at either end. Over 0.25 s on 2 CPUs that is at most 0.1 of a core,
+# well under the half core that makes a round disturbed (speedbench.contention); a machine of
+# more CPUs needs longer (CPUs / 20 s keeps it there: 0.8 s on 16). A shorter round takes its
+# CPU counters from the rounds around it, as many as make that time.
 MIN_WINDOW_S = 0.25
+_CPUS_PER_WINDOW_S = 20
 _CPU_COUNTERS = ("others_cpu", "steal", "preemptions", "cpu_per_wall", "load")
 
 
-def round_windows(rounds: list[tuple[Snapshot, Snapshot]], min_seconds: float = MIN_WINDOW_S) -> list[dict]:
+def round_windows(rounds: list[tuple[Snapshot, Snapshot]], min_seconds: float | None = None) -> list[dict]:
     """The counters of each round from its (start, end) snapshots, consecutive rounds in
-    order. The CPU counters of a round shorter than `min_seconds` are those of the smallest
-    run of rounds around it that lasts that long (or of all of them); the GPU counters are
-    always the round's own (NVML reads a clock, not a tick count)."""
+    order. The CPU counters of a round shorter than `min_seconds` (by default MIN_WINDOW_S,
+    longer on machines of many CPUs) are those of the smallest run of rounds around it that
+    lasts that long (or of all of them); the GPU counters are always the round's own (NVML
+    reads a clock, not a tick count)."""
+    if min_seconds is None:
+        cpus = next((s.machine[2] for pair in rounds for s in pair if s.machine is not None), 1)
+        min_seconds = max(MIN_WINDOW_S, cpus / _CPUS_PER_WINDOW_S)
     out = []
     for i, (start, end) in enumerate(rounds):
         own = window(start, end)

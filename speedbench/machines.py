@@ -33,7 +33,10 @@ __all__ = ["ENVIRONMENT", "environment_keys", "describe", "describe_change",
 
 # The fields of an environment record that make two results comparable, with the words a
 # change of each is described in. Rows that differ in any are different series.
-ENVIRONMENT = {"cpu_model": "CPU", "gpu_model": "GPU", "gpu_count": "GPUs", "torch": "torch", "cuda": "CUDA"}
+# The torch threads too: $SPEEDLIB_THREADS changes how a step uses the CPUs, so runs at two
+# thread counts are two series (the pre-flight check suggests setting it on a busy machine).
+ENVIRONMENT = {"cpu_model": "CPU", "gpu_model": "GPU", "gpu_count": "GPUs", "torch": "torch", "cuda": "CUDA",
+               "torch_threads": "torch threads"}
 
 
 def _text(value) -> str:

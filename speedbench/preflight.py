@@ -35,18 +35,18 @@ from pathlib import Path
 from speedbench import contention, interference
 
 __all__ = ["Finding", "Report", "check", "wait_until_quiet", "sample_processes", "cpu_frequency_policy",
-           "CPU_SYSFS", "BUSY_WARN", "BUSY_BAD", "LOAD_WARN"]
+           "CPU_SYSFS", "BUSY_WARN_CORES", "LOAD_WARN"]
 
 LEVELS = ("ok", "warn", "bad")
 
 # Other processes' share of the machine's CPU time (all cores, hypervisor steal included, as
 # in interference.window). "Busy" is the level at which speedbench.contention calls a
-# measured round disturbed: a run started there would have its rounds marked, so it is exit 1
-# from `speedlib env --check`, and `--require-quiet` refuses to measure. An idle VM's daemons
-# stay near 1 %; from 5 % (a tenth of a core on 2 CPUs, enough to take a benchmark thread's
-# core now and then) it is worth a warning.
-BUSY_BAD = contention.OTHERS_CPU_MAX
-BUSY_WARN = 5.0
+# measured round disturbed (contention.others_limit: half a core beyond the cores the
+# benchmark threads leave free): a run started there would have its rounds marked, so it is
+# exit 1 from `speedlib env --check`, and `--require-quiet` refuses to measure. An idle VM's
+# daemons stay near 1 %; from a tenth of a core beyond the free ones (enough to take a
+# benchmark thread's core now and then) it is worth a warning.
+BUSY_WARN_CORES = 0.1
 # 1-minute load average per usable CPU: at 0.5, half the CPUs had a runnable task on average
 # over the last minute. A warning only: it counts tasks waiting on disk too, and trails.
 LOAD_WARN = 0.5
@@ -178,6 +178,7 @@ class Sample:
     others: float  # % of the machine's CPU time taken by anything but this process and its children
     steal: float  # % of it the hypervisor gave to other guests (inside `others`)
     top: list[tuple[str, float]]  # busiest other processes by name: (name, % of the machine)
+    pids: dict[str, list[int]] = field(default_factory=dict)  # the processes behind each name, to stop them
 
 
 def sample_processes(seconds: float = SAMPLE_S, proc: str = PROC, pid: int | None = None,
@@ -197,6 +198,7 @@ def sample_processes(seconds: float = SAMPLE_S, proc: str = PROC, pid: int | Non
     capacity = wall * machine_after[2]
     ours = _tree(after, pid) | _tree(before, pid)
     per_name: dict[str, float] = {}
+    pids: dict[str, list[int]] = {}
     own = 0.0
     for p, (name, _, ticks) in after.items():
         # A process that started during the sample spent all its CPU time inside it.
@@ -205,6 +207,7 @@ def sample_processes(seconds: float = SAMPLE_S, proc: str = PROC, pid: int | Non
             own += used
         elif used > 0:
             per_name[name] = per_name.get(name, 0.0) + 100.0 * used / capacity
+            pids.setdefault(name, []).append(p)
     if pid not in after:  # this process is not in `proc` (a fake tree, another pid namespace)
         own = own_after - own_before
     busy = machine_after[0] - machine_before[0]
@@ -212,22 +215,33 @@ def sample_processes(seconds: float = SAMPLE_S, proc: str = PROC, pid: int | Non
     # 10 ms ticks make short samples coarse: clamp to what can be.
     others = min(max(100.0 * (busy - own) / capacity, 0.0), 100.0)
     top = sorted(((n, s) for n, s in per_name.items() if s >= NAMED_SHARE), key=lambda t: -t[1])[:TOP]
-    return Sample(wall, machine_after[2], others, min(max(100.0 * steal / capacity, 0.0), 100.0), top)
+    return Sample(wall, machine_after[2], others, min(max(100.0 * steal / capacity, 0.0), 100.0), top,
+                  {n: sorted(pids[n]) for n, _ in top})
 
 
-def _busy_finding(sample: Sample | None) -> Finding:
+def _busy_finding(sample: Sample | None, threads: int | None = None) -> Finding:
+    """Bad where a measured round would count as disturbed (contention.others_limit for the
+    benchmark's `threads`, all CPUs where unknown); a warning from a tenth of a core beyond
+    the free ones."""
     if sample is None:
         return Finding("busy", "ok", "not checked: no /proc/stat to read the machine's CPU time from")
-    named = [f"{name} {share:.0f} %" for name, share in sample.top]
+    named = [f"{name} {share:.0f} %" + (f" (pid {', '.join(map(str, sample.pids[name][:3]))}"
+                                         f"{', ...' if len(sample.pids[name]) > 3 else ''})"
+                                         if sample.pids.get(name) else "")
+             for name, share in sample.top]
     if sample.steal >= 1.0:
         named.append(f"hypervisor steal {sample.steal:.0f} %")
     what = (f"other processes used {sample.others:.0f} % of the machine's {sample.cpus} CPU(s) over "
             f"{sample.seconds:.1f} s" + (f" ({', '.join(named)})" if named else ""))
     data = {"others_cpu": round(sample.others, 1), "steal": round(sample.steal, 1), "cpus": sample.cpus,
             "seconds": round(sample.seconds, 2), "top": [[n, round(s, 1)] for n, s in sample.top]}
-    if sample.others > BUSY_BAD:
-        return Finding("busy", "bad", what, "stop them or wait; --wait-quiet SECONDS waits", True, data)
-    if sample.others > BUSY_WARN:
+    bad = contention.others_limit(sample.cpus, threads)
+    warn = bad - 100.0 * (contention.OTHERS_CORES_MAX - BUSY_WARN_CORES) / sample.cpus
+    data.update(busy_above=round(bad, 1), warn_above=round(warn, 1))
+    if sample.others > bad:
+        return Finding("busy", "bad", what, "stop them, or wait: speedlib run --wait-quiet SECONDS waits for them",
+                       True, data)
+    if sample.others > warn:
         return Finding("busy", "warn", what, "ratios may come out inflated: stop them if you can", True, data)
     return Finding("busy", "ok", what, data=data)
 
@@ -238,8 +252,8 @@ def _load_finding(load: float | None, usable: int) -> Finding | None:
     what = f"1-minute load average {load:.2f} for {usable} usable CPU(s)"
     data = {"load": round(load, 2), "usable_cpus": usable}
     if load >= LOAD_WARN * usable:
-        return Finding("load", "warn", what + ": something ran until recently",
-                       "wait a minute and check again (speedlib env --check)", data=data)
+        return Finding("load", "warn", what + ": something ran in the last minute (it may still be running: "
+                       "see busy)", "wait a minute and check again (speedlib env --check)", data=data)
     return Finding("load", "ok", what, data=data)
 
 
@@ -338,7 +352,7 @@ def _one_gpu(index: int, probe, proc: str) -> list[Finding]:
     if others:
         findings.append(Finding(name, "bad", f"{others} other process(es) compute on GPU {index}"
                                              f"{_process_names(probe, proc)}",
-                                "stop them or wait; --wait-quiet SECONDS waits", True, data))
+                                "stop them, or wait: speedlib run --wait-quiet SECONDS waits for them", True, data))
     held = [words for bit, words in _REASONS.items() if reasons and reasons & bit]
     if held:
         at = f" (SM clock {clock:.0f} % of its maximum)" if clock is not None else ""
@@ -384,7 +398,7 @@ def check(sample_s: float = SAMPLE_S, proc: str = PROC, sysfs: str | os.PathLike
     `load` the 1-minute load average, `nvml` a pynvml-like module."""
     usable, bench_threads, error = threads()
     sample = sample_processes(sample_s, proc, pid, sleep, clock)
-    findings = [_busy_finding(sample)]
+    findings = [_busy_finding(sample, bench_threads)]
     load_finding = _load_finding(load(), usable)
     if load_finding is not None:
         findings.append(load_finding)

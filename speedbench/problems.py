@@ -50,7 +50,9 @@ def summary(problems: Iterable[Problem], hint: str = "") -> str | None:
         files = {p.path for p in history}
         counts = [f"{len({p.path for p in history if kind(p) == k})} {words}"
                   for k, (_, words) in _KINDS.items() if k != "damaged" and any(kind(p) == k for p in history)]
-        parts.append(f"{len(files)} result file(s) hold older results ({'; '.join(counts)})")
+        # a file can hold results of several kinds: the counts are files with each, not a partition
+        parts.append(f"{len(files)} result file(s) hold older results (files per kind, one file may hold "
+                     f"several: {'; '.join(counts)})")
     if not parts:
         return None
     return "; ".join(parts) + (f"; {hint}" if hint else "")

@@ -337,10 +337,13 @@ CONTENDED_NOTE = (f"{CONTENDED}: contended: other work disturbed more than "
 
 
 def contended(s: pd.DataFrame) -> pd.Series:
-    """Per row: measured on a machine busy enough that the figure is not a clean one."""
-    if "contention" not in s:
-        return pd.Series(False, index=s.index)
-    return s["contention"].eq(contention.CONTENDED)
+    """Per row: measured on a machine busy enough that the figure is not a clean one; for a
+    row that divides two results (one machine against another: `contention_base`), either."""
+    busy = pd.Series(False, index=s.index)
+    for column in ("contention", "contention_base"):
+        if column in s:
+            busy |= s[column].eq(contention.CONTENDED)
+    return busy
 
 
 def _commit_label(s: pd.DataFrame) -> pd.Series:
@@ -357,19 +360,22 @@ def _with_earlier_note(notes: list[str], s: pd.DataFrame) -> list[str]:
     busy = s[contended(s)]
     if not busy.empty:
         out.append(CONTENDED_NOTE)
-        for (machine, commit, bench, note), _ in busy.groupby(
-                ["machine", "commit", busy["benchmark"].str.rsplit(".", n=1).str[0], "contention_note"], sort=True):
+        where = busy["benchmark"].str.rsplit(".", n=1).str[0] + busy["params"].map(
+            lambda p: f" ({_config(p)})" if _config(p) else "")  # the configuration: which of a class's rounds
+        for (machine, commit, bench, note), _ in busy.groupby(["machine", "commit", where, "contention_note"],
+                                                              sort=True):
             out.append(f"{CONTENDED} {machine} {commit[:8]} {bench}: {note}")
     return out
 
 
-_STATE_WORDS = {contention.CLEAN: "idle", contention.UNKNOWN: "not recorded", "": "not recorded"}
+_STATE_WORDS = {contention.CLEAN: "quiet: no round disturbed", contention.UNKNOWN: "not recorded", "": "not recorded"}
 
 
 def machine_state(s: pd.DataFrame) -> pd.Series:
-    """Per row, what the interference counters said, in a few words: "idle", "2 disturbed
-    rounds left out of 15 (...)", "‡ contended: ...", or "not recorded" (measured before
-    speedlib recorded them)."""
+    """Per row, what the interference counters said, in a few words: "quiet: no round
+    disturbed", "2 disturbed rounds left out of 15 (...)", "‡ contended: ...", or "not
+    recorded" (measured before speedlib recorded them). The CSV's `contention` column holds
+    the same verdict as clean, dropped, contended or unknown."""
     if "contention" not in s:
         return pd.Series("not recorded", index=s.index, dtype=object)
     notes = s["contention_note"] if "contention_note" in s else pd.Series("", index=s.index)
@@ -834,7 +840,8 @@ def _steps(rows: list[dict]) -> list[tuple[int, float, float]]:
 
 
 _HISTORY_COLUMNS = {"change": math.nan, "test": "", "p_value": math.nan, "significant": False, "direction": "",
-                    "step": False, "step_direction": "", "step_p": math.nan, "environment_change": ""}
+                    "step": False, "step_direction": "", "step_p": math.nan, "environment_change": "",
+                    "left_out": False}
 
 
 def history(df: pd.DataFrame, benchmark: str | None = None) -> pd.DataFrame:
@@ -848,6 +855,8 @@ def history(df: pd.DataFrame, benchmark: str | None = None) -> pd.DataFrame:
     Only like with like: where the environment (CPU, GPU, torch/CUDA build: speedbench.machines)
     differs from the previous row's, that row gets no change but environment_change ('torch
     2.15.0+cu132 -> 2.14.1+cu130'), and steps are sought within each stretch of one environment.
+    A contended result (speedbench.contention) is left out (`left_out`): it gets no change, is
+    no step, and the next result is compared with the last one measured on a quiet machine.
     """
     h = df if benchmark is None else df[df["benchmark"] == benchmark]
     if h.empty:
@@ -856,10 +865,15 @@ def history(df: pd.DataFrame, benchmark: str | None = None) -> pd.DataFrame:
     h = h.sort_values([*keys, "commit_date", "run_date"], kind="stable").reset_index(drop=True)
     records = h.to_dict("records")
     env = machines.environment_keys(h).tolist()
+    busy = contended(h).tolist()
     out = {c: [default] * len(h) for c, default in _HISTORY_COLUMNS.items()}
+    out["left_out"] = busy
     for idx in h.groupby(keys, sort=False, dropna=False).indices.values():
-        stretches = [[idx[0]]]  # consecutive rows of one environment
-        for before, i in zip(idx, idx[1:]):
+        quiet = [i for i in idx if not busy[i]]
+        if not quiet:
+            continue
+        stretches = [[quiet[0]]]  # consecutive quiet rows of one environment
+        for before, i in zip(quiet, quiet[1:]):
             if env[i] != env[before]:
                 out["environment_change"][i] = machines.describe_change(records[before], records[i])
                 stretches.append([i])
@@ -879,8 +893,9 @@ def _fmt_test(test: str, p: float) -> str:
     return f"{test}, p = {p:.2g}" if pd.notna(p) else test
 
 
-def _flag(direction: str, step: str, environment_change: str = "") -> str:
-    return "; ".join([*([f"{environment_change}: {NOT_COMPARED}"] if environment_change else []),
+def _flag(direction: str, step: str, environment_change: str = "", left_out: bool = False) -> str:
+    return "; ".join([*([f"{CONTENDED} contended: {NOT_COMPARED}"] if left_out else []),
+                      *([f"{environment_change}: {NOT_COMPARED}"] if environment_change else []),
                       *([direction] if direction else []), *([f"step: {step}"] if step else [])])
 
 
@@ -893,16 +908,21 @@ _RULE_NOTE = (f"the ratio is beyond {SIGNIFICANCE_FACTOR:.2f}x and the two resul
 def history_table(df: pd.DataFrame, benchmark: str) -> Table:
     h = history(df, benchmark)
     frame = pd.DataFrame({
-        "machine": h["machine"], "commit": h["commit"].str[:8],
+        "machine": h["machine"], "commit": _commit_label(h) if not h.empty else h["commit"],
         "commit date": h["commit_date"].dt.strftime("%Y-%m-%d"), "params": h["params"],
         "value": [_fmt_value(v, u) for v, u in zip(h["value"], h["unit"])],
         "change": [f"{c:+.1%}" if pd.notna(c) else "" for c in h["change"]],
         "test": [_fmt_test(t, p) for t, p in zip(h["test"], h["p_value"])],
-        "flag": [_flag(d, s, e) for d, s, e in zip(h["direction"], h["step_direction"], h["environment_change"])],
+        "flag": [_flag(d, s, e, x) for d, s, e, x in zip(h["direction"], h["step_direction"], h["environment_change"],
+                                                         h["left_out"])],
         "N": h["n"],
     })
+    contended_notes = [f"'{CONTENDED} contended: {NOT_COMPARED}': measured on a busy machine; the next commit is "
+                       "compared with the last one measured on a quiet one", *_with_earlier_note([], h[h["left_out"]])] \
+        if h["left_out"].any() else []
     return Table(f"History of {benchmark}", frame, h,
-                 [f"flag: regression or improvement against the previous commit where {_RULE_NOTE}",
+                 [*contended_notes,
+                  f"flag: regression or improvement against the previous commit where {_RULE_NOTE}",
                   f"step: the first commit of a sustained level change (binary segmentation; each level at least "
                   f"{MIN_SEGMENT} commits, its median beyond {SIGNIFICANCE_FACTOR:.2f}x of the previous level's, "
                   "the levels' pooled samples different by the same test)",
@@ -954,6 +974,14 @@ def compare_commits(df: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
                          f"is not the code's alone ({'; '.join(where)}): {NOT_COMPARED}. Measure both in one "
                          f"environment (speedlib run --commits {a[:8]}, then --commits {b[:8]}, on one machine and "
                          "build), or gate on a machine that measured both alike with --machine")
+    busy = m[contended(m) | (m["contention_base"].eq(contention.CONTENDED) if "contention_base" in m else False)]
+    if not busy.empty:
+        where = sorted({f"{r['machine']} at {r['commit'][:8] if r.get('contention') == contention.CONTENDED else r['commit_base'][:8]}"
+                        for r in busy.to_dict("records")})
+        raise ValueError(f"{len(busy)} of the results compared were measured on a contended machine "
+                         f"({CONTENDED}: {'; '.join(where)}), so a change between {a[:8]} and {b[:8]} could be the "
+                         f"machine's, not the code's: {NOT_COMPARED}. Measure again on a quiet machine "
+                         "(speedlib run --require-quiet --commits ...)")
     rows = m.to_dict("records")
     verdicts = [_verdict({c: r.get(f"{c}_base") for c in ("value", "samples", "ci99_low", "ci99_high", "repeat")}, r)
                 for r in rows]
@@ -1018,15 +1046,17 @@ def machine_comparison(df: pd.DataFrame, machine_a: str, machine_b: str) -> Tabl
         "benchmark": m["benchmark"], "params": m["params"],
         machine_a: [_fmt_value(v, u) for v, u in zip(m["value_base"], m["unit"])],
         machine_b: [_fmt_value(v, u) for v, u in zip(m["value"], m["unit"])],
-        f"{machine_b} vs {machine_a}": [_fmt_ratio(r, lo, hi) for r, lo, hi in zip(m["ratio"], m["ratio_low"], m["ratio_high"])],
+        f"{machine_b} vs {machine_a}": [_fmt_ratio(r, lo, hi) + (f" {CONTENDED}" if busy else "") for r, lo, hi, busy
+                                         in zip(m["ratio"], m["ratio_low"], m["ratio_high"], contended(m))],
         "commits": m["commit_base"].str[:8] + " / " + m["commit"].str[:8],
     })
     last = latest(df[df["machine"].isin([machine_a, machine_b])])
     used = last.set_index(["benchmark", "params"]).index.isin(m.set_index(["benchmark", "params"]).index)
     return Table(f"{machine_b} versus {machine_a}", frame, last[used],
-                 [f">1: {machine_b} is better; each machine at its latest commit",
-                  "[low, high]: worst-case bounds from each machine's own 99 % interval (or IQR): two separate runs, "
-                  "so the machines' drift between processes is inside them"])
+                 _with_earlier_note([f">1: {machine_b} is better; each machine at its latest commit",
+                                     "[low, high]: worst-case bounds from each machine's own 99 % interval (or IQR): "
+                                     "two separate runs, so the machines' drift between processes is inside them"],
+                                    last[used]))
 
 
 def speedup_comparison(df: pd.DataFrame, machine_a: str, machine_b: str) -> Table:
@@ -1039,9 +1069,11 @@ def speedup_comparison(df: pd.DataFrame, machine_a: str, machine_b: str) -> Tabl
     m = a.merge(b, on=keys, suffixes=("_a", "_b"))
 
     def cell(side: str) -> list[str]:
-        return [_fmt_ratio(r, lo, hi) + f" N={n}" + (f" {EARLIER}" if e else "") for r, lo, hi, n, e in
-                zip(m[f"ratio_{side}"], m[f"ratio_low_{side}"], m[f"ratio_high_{side}"], m[f"n_{side}"],
-                    earlier_version(m.rename(columns={f"earlier_version_{side}": "earlier_version"})))]
+        own = m.rename(columns={f"earlier_version_{side}": "earlier_version", f"contention_{side}": "contention"})
+        return [_fmt_ratio(r, lo, hi) + f" N={n}" + (f" {EARLIER}" if e else "") + (f" {CONTENDED}" if c else "")
+                for r, lo, hi, n, e, c in zip(m[f"ratio_{side}"], m[f"ratio_low_{side}"], m[f"ratio_high_{side}"],
+                                              m[f"n_{side}"], earlier_version(own), contended(own[["contention"]])
+                                              if "contention" in own else [False] * len(m))]
 
     frame = pd.DataFrame({
         "technique": m["technique"],
@@ -1154,7 +1186,7 @@ def claims_table(df: pd.DataFrame) -> Table:
             setting = ", ".join(f"{p}={r[p]}" for p in others if r[p] != "")
             rows.append({"technique": c.technique, "source": c.source, "claim": c.claim, "claimed": claimed,
                          "measured as": label,
-                         "machine": f"{r['machine']} ({r['gpu']})",
+                         "machine": f"{r['machine']} ({r['gpu']})", "commit": r["commit"][:8],
                          "workload": f"{r['workload']} ({setting})" if setting else r["workload"],
                          "measured": _fmt_ratio(r["ratio"], r["ratio_low"], r["ratio_high"])
                          + (f" {EARLIER}" if earlier[r.name] else "") + (f" {CONTENDED}" if busy[r.name] else ""),
@@ -1163,11 +1195,13 @@ def claims_table(df: pd.DataFrame) -> Table:
                             "workload": r["workload"], "setting": setting, "ratio": r["ratio"],
                             "low": r["ratio_low"], "high": r["ratio_high"], "N": r["n"],
                             "earlier_version": bool(earlier[r.name]), "contended": bool(busy[r.name]),
+                            "contention": r.get("contention", ""),
                             "result_id": r.get("result_id", ""), "comparable": rows[-1]["comparable"]})
     sources = pd.concat(used) if used else df.iloc[0:0]
     # The figures beside the claim, then where they were measured and whether that compares;
     # the source's name and the measurement's name are long and go last.
-    order = ["technique", "claim", "claimed", "measured", "machine", "workload", "comparable", "source", "measured as"]
+    order = ["technique", "claim", "claimed", "measured", "machine", "commit", "workload", "comparable", "source",
+             "measured as"]
     return Table("Claims versus measured", pd.DataFrame(rows, columns=order), sources,
                  _with_earlier_note(["measured: latest commit per machine, or its newest result measured on an "
                                      f"uncontended machine where the latest was contended ({CONTENDED} where none "
@@ -1180,11 +1214,13 @@ def claims_table(df: pd.DataFrame) -> Table:
 
 # --- provenance and exports --------------------------------------------------------------
 
-def reproduce_command(commit: str, benchmarks: list[str]) -> str:
-    """The command that reruns these benchmarks with the library and suite of `commit`."""
+def reproduce_command(commit: str, benchmarks: list[str], quiet: bool = False) -> str:
+    """The command that reruns these benchmarks with the library and suite of `commit`;
+    `quiet`: they were measured on a contended machine, so the rerun waits for a quiet one."""
     names = "|".join(re.escape(b) for b in sorted(set(benchmarks)))
+    wait = " --wait-quiet 600 --require-quiet" if quiet else ""
     return (f'git checkout {commit} && python3 -m pip install -e ".[bench]" && '
-            f"speedlib run --bench '^({names})'")
+            f"speedlib run{wait} --bench '^({names})'")
 
 
 def _statistic(kinds: set[str], n: pd.Series) -> str:
@@ -1221,12 +1257,14 @@ def provenance(sources: pd.DataFrame) -> list[dict[str, str]]:
             "driver": r.get("driver") or "n/a",
             "CUDA": f"{r['cuda']} (torch build)" if r.get("cuda") else "n/a",
             "torch": r.get("torch") or "unknown",
+            **({"torch threads": f"{r['torch_threads']:g}"} if isinstance(r.get("torch_threads"), (int, float))
+               else {}),
             "statistic": _statistic(set(rows["kind"]), rows["n"]),
             "measured": str(r.get("recorded_at") or (r["run_date"].isoformat() if r["run_date"] is not None else "unknown")),
             **({"benchmark code": "an earlier version, changed since (the command below reruns that version)"}
                if earlier_version(rows).any() else {}),
             "machine state": _run_state(rows),
-            "command": reproduce_command(r["commit"], list(rows["benchmark"])),
+            "command": reproduce_command(r["commit"], list(rows["benchmark"]), quiet=bool(contended(rows).any())),
         })
     return sorted(entries, key=lambda e: (e["machine"], e["commit date"], e["commit"], e["measured"]))
 
@@ -1239,12 +1277,12 @@ def _run_state(rows: pd.DataFrame) -> str:
         return f"{CONTENDED} contended in {busy} of {len(rows)} results (not clean figures: see the notes)"
     left_out = int(rows["dropped"].sum()) if "dropped" in rows else 0
     if states.get(contention.DROPPED, 0):
-        return f"idle but for disturbed rounds, left out ({left_out} in all)" if left_out else \
-            "idle but for a few disturbed rounds"
+        return f"quiet but for disturbed rounds, left out ({left_out} in all)" if left_out else \
+            "quiet but for a few disturbed rounds"
     if states.get(contention.CLEAN, 0) == len(rows):
-        return "idle (interference counters recorded, no round disturbed)"
+        return "quiet (interference counters recorded, no round disturbed)"
     return "interference not recorded (measured before speedlib recorded it)" if not states.get(contention.CLEAN) \
-        else "idle where recorded"
+        else "quiet where recorded"
 
 
 def _footer_lines(table: Table, shared: list[str] = ()) -> list[str]:

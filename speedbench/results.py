@@ -26,6 +26,7 @@ import json
 import math
 import os
 import stat
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,7 +56,10 @@ INTERFERENCE_UNITS = ("% of CPU time to other processes", "preemptions/s", "% of
                       "other processes on the GPU")
 # Environment-record keys carried onto every row (provenance for exports and the dashboard).
 ENV_COLUMNS = ("gpu_model", "gpu_count", "driver", "cuda", "cudnn", "nccl", "torch", "torchvision",
-               "cupy", "python", "cpu_model", "command", "recorded_at")
+               "cupy", "python", "cpu_model", "command", "recorded_at",
+               # the machine's CPUs and the torch threads the benchmarks set: how many cores
+               # other work may take before a round counts as disturbed (speedbench.contention)
+               "cpu_cores", "torch_threads")
 # Parameters with a meaning of their own; any others keep their asv name as column.
 _NAMED_PARAMS = ("workload", "variant")
 COLUMNS = ("machine", "gpu", "commit", "commit_date", "run_date", "benchmark", "technique", "suite",
@@ -63,7 +67,7 @@ COLUMNS = ("machine", "gpu", "commit", "commit_date", "run_date", "benchmark", "
            "ci99_low", "ci99_high", "n", "number", "repeat", "samples", "status", "version",
            "earlier_version", "result_id", "file",
            # speedbench.contention's verdict on the run's interference counters
-           "contention", "disturbed", "contention_note", *ENV_COLUMNS)
+           "contention", "disturbed", "contention_note", "others_cpu", "preemptions", *ENV_COLUMNS)
 # A benchmark parameter named like one of these would overwrite that column of its rows (a
 # parameter `machine` would refile the row under another machine): it gets this prefix.
 _RESERVED = frozenset(COLUMNS) - set(_NAMED_PARAMS)
@@ -750,12 +754,22 @@ def _attach_counters(rows: list[dict]) -> list[dict]:
             apart = abs((started - r["run_date"]).total_seconds()) if not (pd.isna(started) or pd.isna(r["run_date"])) else 0
             if apart <= _SAME_RUN_S:
                 usable[name] = samples
-        key = (rounds, *((n, tuple(v)) for n, v in sorted(usable.items())))
+        cores, threads = _count(r.get("cpu_cores")), _count(r.get("torch_threads"))
+        key = (rounds, cores, threads, *((n, tuple(v)) for n, v in sorted(usable.items())))
         if key not in verdicts:
-            verdicts[key] = contention.judge(usable, rounds)
+            verdicts[key] = contention.judge(usable, rounds, cores, threads)
         v = verdicts[key]
         r["contention"], r["disturbed"], r["contention_note"] = v.state, list(v.disturbed), v.note
+        # the medians over the result's rounds, so an export shows 0 % apart from 14 %
+        for name in ("others_cpu", "preemptions"):
+            values = usable.get(name) if len(usable.get(name) or []) == rounds else None
+            r[name] = statistics.median(values) if values else math.nan
     return kept
+
+
+def _count(value) -> float | None:
+    """A positive count from an environment record, else None (absent, damaged, not a number)."""
+    return float(value) if _is_number(value) and math.isfinite(_to_float(value)) and value > 0 else None
 
 
 def _settle_versions(rows: list[dict], problems: list[Problem]) -> None:

@@ -550,7 +550,8 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
     from speedbench import contention, interference, measure  # noqa: PLC0415 - torch; already imported by _run()
 
     # What else the machine did while this commit was measured: said at once, and kept.
-    counters = contention.summary(interference_counters(results_dir, machine, sha, started_ms))
+    counters = contention.summary(interference_counters(results_dir, machine, sha, started_ms),
+                                  env.get("cpu_cores"), env.get("torch_threads"))
     print(f"speedlib run: {sha[:8]}: {contention.summary_line(counters)}", flush=True)
     # Clocks and temperature as this commit's benchmarks left them, not as the run began.
     env = {**env, "gpu_state": measure.gpu_state(), "load_start": load_start,
@@ -723,7 +724,11 @@ def _print_table(results_dir: Path, machine: str, shas: Sequence[str] | None = N
     if df.empty:
         print("\nno measured results to show", flush=True)
     else:
-        print("\n" + format_table(df, ("commit", "benchmark", "params", "value", "unit")), flush=True)
+        columns = ("commit", "benchmark", "params", "value", "unit")
+        busy = df["contention"].eq("contended")
+        if busy.any():  # the line above the table says so too, but a figure copied from here must carry it
+            df, columns = df.assign(state=busy.map({True: "‡ contended", False: ""})), (*columns, "state")
+        print("\n" + format_table(df, columns), flush=True)
     from speedbench import problems  # noqa: PLC0415
 
     # Also, and above all, when they leave nothing to show: damaged results one by one, the

@@ -209,7 +209,7 @@ def test_report_counts_older_results_in_one_line_and_always_lists_damage(tmp_pat
     assert len(err) == 2
     assert err[0].startswith(f"problem: {broken}: not valid JSON")
     assert err[1] == ("speedlib report: 1 problem(s) with damaged or incomplete results; 3 result file(s) hold older "
-                      "results (1 set aside: older benchmark version; 1 skipped: benchmark removed; 1 kept, flagged †: "
+                      "results (files per kind, one file may hold several: 1 set aside: older benchmark version; 1 skipped: benchmark removed; 1 kept, flagged †: "
                       "the machine's newest); --verbose lists them")
     assert not any(line.startswith("skipped ") for line in err)
 

@@ -17,13 +17,13 @@ QUIET = {"others_cpu": [1.0] * 15, "preemptions": [3.0] * 15}
 
 
 def test_quiet_rounds_are_clean():
-    v = contention.judge(QUIET, 15)
+    v = contention.judge(QUIET, 15, 2, 2)
     assert v.state == CLEAN and v.disturbed == (False,) * 15 and v.note == "" and v.dropped == 0
 
 
 def test_a_few_disturbed_rounds_are_left_out_and_counted():
     counters = {"others_cpu": [1.0] * 12 + [48.0, 30.0, 3.0], "preemptions": [3.0] * 13 + [450.0, 2.0]}
-    v = contention.judge(counters, 15)
+    v = contention.judge(counters, 15, 2, 2)
     assert v.state == DROPPED and v.dropped == 2
     assert v.keep(list(range(15))) == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 14]
     assert v.note.startswith("2 disturbed rounds left out of 15")
@@ -32,7 +32,7 @@ def test_a_few_disturbed_rounds_are_left_out_and_counted():
 def test_preemptions_judge_a_round_only_where_the_share_of_the_machine_is_unknown():
     # a DataLoader's own workers preempt the measuring process: no neighbour, not disturbed
     own_workers = {"others_cpu": [0.0] * 15, "preemptions": [400.0] * 15}
-    assert contention.judge(own_workers, 15).state == CLEAN
+    assert contention.judge(own_workers, 15, 2, 2).state == CLEAN
     no_proc_stat = {"preemptions": [400.0] * 15}  # macOS, or a /proc without stat
     assert contention.judge(no_proc_stat, 15).state == CONTENDED
     assert contention.judge({"preemptions": [contention.PREEMPTIONS_MAX - 1] * 15}, 15).state == CLEAN
@@ -40,19 +40,29 @@ def test_preemptions_judge_a_round_only_where_the_share_of_the_machine_is_unknow
 
 def test_mostly_disturbed_rounds_make_a_contended_result_that_keeps_every_round():
     busy = {"others_cpu": [50.0] * 15, "preemptions": [300.0] * 15}
-    v = contention.judge(busy, 15)
+    v = contention.judge(busy, 15, 2, 2)
     assert v.state == CONTENDED and v.dropped == 0 and v.keep([1.0] * 15) == [1.0] * 15
-    assert "contended: 15 of 15 rounds disturbed" in v.note and "50 % of the CPUs" in v.note
+    assert "contended: 15 of 15 rounds disturbed" in v.note and "kept 1.0 of 2 CPUs busy" in v.note
     assert "300 preemptions/s" in v.note
 
 
 def test_too_few_undisturbed_rounds_for_an_interval_is_contended_too():
     # 2 of 9 disturbed: under a third, but 7 left cannot give a 99 % interval
-    v = contention.judge({"others_cpu": [50.0, 50.0] + [1.0] * 7}, 9)
+    v = contention.judge({"others_cpu": [50.0, 50.0] + [1.0] * 7}, 9, 2, 2)
     assert v.state == CONTENDED
-    one = contention.judge({"others_cpu": [60.0]}, 1)  # an unpaired timing: one window
+    one = contention.judge({"others_cpu": [60.0]}, 1, 2, 2)  # an unpaired timing: one window
     assert one.state == CONTENDED and one.note.startswith("contended: the measurement was disturbed")
-    assert contention.judge({"others_cpu": [2.0]}, 1).state == CLEAN
+    assert contention.judge({"others_cpu": [2.0]}, 1, 2, 2).state == CLEAN
+
+
+def test_other_work_counts_in_cores_beyond_the_ones_the_benchmark_leaves_free():
+    one_busy_process = {"others_cpu": [100 / 16] * 9}  # one core of a 16-core GPU host
+    assert contention.judge(one_busy_process, 9, 16, 16).state == CONTENDED  # every core had a torch thread
+    assert contention.judge(one_busy_process, 9, 16, 8).state == CLEAN  # 8 cores were free
+    assert contention.others_limit(2, 2) == 25.0 and contention.others_limit(2, 1) == 75.0
+    assert contention.others_limit(None) is None
+    # the machine's size unknown: its share cannot be judged, preemptions stand in
+    assert contention.judge({"others_cpu": [90.0] * 9, "preemptions": [1.0] * 9}, 9).state == CLEAN
 
 
 def test_no_counters_or_counters_of_another_run_are_unknown():
@@ -108,7 +118,7 @@ def write_run(root: Path, machine: str, sha: str, when_ms: int, ratios: list[flo
     (mdir / f"{sha[:8]}-existing-py.json").write_text(json.dumps(data))
     recorded = pd.Timestamp(when_ms + 60_000, unit="ms", tz="UTC").isoformat()
     record = {"commit": sha, "recorded_at": recorded, "command": "speedlib run", "gpu_model": None, "gpu_count": 0,
-              "torch": "2.14.1", "cpu_model": "test CPU"}
+              "torch": "2.14.1", "cpu_model": "test CPU", "cpu_cores": 2, "torch_threads": 2}
     with (mdir / "environment" / f"{sha[:8]}.jsonl").open("a") as f:
         f.write(json.dumps(record) + "\n")
     listing = {"version": 2, **{f"{CLASS}.{m}": {"name": f"{CLASS}.{m}", "type": "track", "unit": u, "version": "v1",
@@ -158,6 +168,7 @@ def test_every_export_marks_a_contended_result_and_says_why(tree):
     row = t.frame.iloc[0]
     assert row["speedup"].endswith(report.CONTENDED) and report.CONTENDED in row["commit"]
     assert row["machine state"].startswith(f"{report.CONTENDED} contended: 15 of 15 rounds disturbed")
+    assert "kept 1.0 of 2 CPUs busy" in row["machine state"]
     md = report.to_markdown(t)
     assert report.CONTENDED_NOTE.split(":")[0] in md and "400 preemptions/s" in md
     assert "machine state ‡ contended in 1 of 1 results" in md  # the provenance footer too
@@ -191,10 +202,47 @@ def test_the_headline_cites_the_newest_clean_result_and_says_the_latest_was_cont
     assert cell.startswith("4") and report.CONTENDED not in cell  # commit b's 4.0x, its two blips left out
     assert any(f"commit {'b' * 8}" in n and f"the latest, {'c' * 8}, was contended" in n for n in g.notes)
     assert g.frame.columns.tolist()[0] == "technique" and len(g.frame) == len(headline.HEADLINES)
-    assert "machine state when measured: m: idle but for disturbed rounds, left out (2 in all)" in g.notes
+    assert "machine state when measured: m: quiet but for disturbed rounds, left out (2 in all)" in g.notes
     busy = headline.grid(m[m["commit"] == "c" * 40])  # no clean result at all: shown, marked
     cell = busy.frame.loc[busy.frame["technique"] == report.TECHNIQUES["contiguous"].title].iloc[0, 1]
-    assert cell.startswith("12") and cell.endswith(report.CONTENDED) and report.CONTENDED_NOTE in busy.notes
+    # the mark stands right after the figure it qualifies, where a reader quoting the lead looks
+    assert cell.startswith(f"12x [11.9, 12.1] {report.CONTENDED} N=15") and report.CONTENDED_NOTE in busy.notes
+
+
+def test_history_compares_around_a_contended_result_and_the_gate_refuses_it(tree, capsys):
+    from speedbench import cli
+
+    m = load_results(tree).measured
+    bench = f"{CLASS}.track_speedup"
+    h = report.history(m, bench).set_index("commit")
+    assert h.loc["c" * 40, "left_out"] and pd.isna(h.loc["c" * 40, "change"])  # 3x the others: no verdict
+    t = report.history_table(m, bench)
+    busy = t.frame[t.frame["commit"].str.startswith("c" * 8)].iloc[0]
+    assert busy["commit"].endswith(report.CONTENDED) and busy["flag"].startswith(f"{report.CONTENDED} contended")
+    assert any("compared with the last one measured on a quiet one" in n for n in t.notes)
+    # the gate: a change to a contended commit could be the machine's
+    assert cli.main(["report", "--results", str(tree), "--fail-on-regression", "a" * 8, "c" * 8]) == 2
+    err = capsys.readouterr().err
+    assert "contended machine" in err and f"m at {'c' * 8}" in err and "--require-quiet" in err
+    assert cli.main(["report", "--results", str(tree), "--fail-on-regression", "a" * 8, "b" * 8]) in (0, 1)
+
+
+def test_the_claims_command_and_machine_comparisons_see_contention(tree, capsys):
+    from speedbench import cli
+
+    # `report --table claims` cites commit b's quiet result, not the latest (contended) c's
+    assert cli.main(["report", "--results", str(tree), "--table", "claims", "--format", "csv"]) == 0
+    claims = pd.read_csv(io.StringIO(capsys.readouterr().out), comment="#")
+    mine = claims[claims["technique"] == "contiguous"]
+    assert mine["commit"].tolist() == ["b" * 40] and mine["contention"].tolist() == [DROPPED]
+    # one machine against another: contended on either side is marked
+    m = load_results(tree).measured
+    other = m.assign(machine="n", result_id=m["result_id"] + "n", contention=CLEAN)
+    both = pd.concat([m, other], ignore_index=True)
+    rows = report.compare_machines(both, "m", "n")
+    assert report.contended(rows).all()  # m, the reference side, is contended at its latest commit
+    t = report.speedup_comparison(both, "m", "n")
+    assert t.frame["m"].str.endswith(report.CONTENDED).all() and not t.frame["n"].str.contains(report.CONTENDED).any()
 
 
 def test_results_without_counters_load_as_before_and_say_so(tmp_path):
@@ -219,6 +267,7 @@ def test_the_dashboard_chart_cross_hatches_a_contended_bar(tree):
     fig = ratio_chart(s, "case", "label", "t")
     shapes = list(fig.data[0].marker.pattern.shape)
     assert shapes == ["", "", "x"]  # commits a, b (clean, dropped) and c (contended)
+    assert list(fig.data[0].text) == ["", "", report.CONTENDED]  # and the mark beside the bar
     assert "cross-hatched" in fig.layout.annotations[0].text
 
 
@@ -284,7 +333,7 @@ def test_a_run_beside_busy_loops_is_marked_contended_and_an_idle_run_is_not(tmp_
     for name, contended in (("idle", False), ("busy", True)):
         results = repo / name
         # the run says so as it ends, and the environment record keeps the summary
-        assert ("1 of 1 results contended" in said[name]) == contended, said[name]
+        assert ("1 of 1 measurements contended (bench_busy.Busy('w'))" in said[name]) == contended, said[name]
         (record_file,) = results.glob("*/environment/*.jsonl")
         summary = json.loads(record_file.read_text().splitlines()[-1])["interference"]
         assert summary["rounds"] == 12 and len(summary["contended"]) == int(contended)
@@ -293,7 +342,8 @@ def test_a_run_beside_busy_loops_is_marked_contended_and_an_idle_run_is_not(tmp_
         data = json.loads(file.read_text())
         record = dict(zip(data["result_columns"], data["results"]["bench_busy.Busy.track_interference"]))
         others = record["samples"][1]
-        assert len(others) == 12 and (min(others) > contention.OTHERS_CPU_MAX) == contended, others
+        limit = contention.others_limit(os.cpu_count())  # one torch thread per CPU
+        assert len(others) == 12 and (min(others) > limit) == contended, others
         # the loader's verdict, the report's mark and the CSV's column
         m = load_results(results).measured
         state = m.loc[m["benchmark"] == "bench_busy.Busy.track_speedup", "contention"].dropna().iloc[0]
@@ -303,3 +353,13 @@ def test_a_run_beside_busy_loops_is_marked_contended_and_an_idle_run_is_not(tmp_
         csv = run_cli("report", "--results", name, "--table", "paired", "--format", "csv", cwd=repo, home=tmp_path)
         table = pd.read_csv(io.StringIO(csv.stdout), comment="#")
         assert table["contended"].tolist() == [contended]
+
+
+def test_the_table_after_a_run_marks_contended_rows(tree, capsys):
+    from speedbench import suite
+
+    suite._print_table(tree, "m", ["c" * 40])
+    rows = [line for line in capsys.readouterr().out.splitlines() if "track_speedup" in line]
+    assert rows and all(line.rstrip().endswith("‡ contended") for line in rows)
+    suite._print_table(tree, "m", ["a" * 40])
+    assert "contended" not in capsys.readouterr().out

@@ -340,9 +340,10 @@ def test_history_draws_one_line_per_environment(monkeypatch):
     (fig,) = [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
     lines = {trace["name"]: [x.split()[0] for x in values(trace["x"])] for trace in fig["data"]}
     assert lines == {
-        "cpu-2core-amd-epyc: files=5000, cache=warm (CPU AMD EPYC, torch 2.15.0+cu132, CUDA 13.2)":
+        "cpu-2core-amd-epyc: files=5000, cache=warm (CPU AMD EPYC, torch 2.15.0+cu132, CUDA 13.2, torch threads 2)":
             ["e8d01db5", "45485792", "4f4bb77a"],
-        "cpu-2core-amd-epyc: files=5000, cache=warm (CPU AMD EPYC, torch 2.14.1+cu130, CUDA 13.0)": ["3929b54b"]}
+        "cpu-2core-amd-epyc: files=5000, cache=warm (CPU AMD EPYC, torch 2.14.1+cu130, CUDA 13.0, torch threads 2)":
+            ["3929b54b"]}
     assert any("One line per environment" in c.value for c in at.caption)
     (table,) = [d.value for d in at.dataframe if "flag" in d.value.columns]
     assert table["flag"].iloc[-1] == "torch 2.15.0+cu132 -> 2.14.1+cu130, CUDA 13.2 -> 13.0: not compared"

@@ -198,3 +198,15 @@ def test_the_loader_knows_every_counter_track_by_its_unit():
     tracks = {m: getattr(common._Interference, f"track_{m}").unit for m in contention.COUNTER_METRICS}
     assert set(tracks.values()) == set(results.INTERFERENCE_UNITS)
     assert all(results.metric_kind("track", u) == "interference" for u in tracks.values())
+
+
+def test_a_machine_of_many_cpus_takes_its_cpu_counters_over_longer_windows():
+    """Two 0.3 s rounds, others busy in the first only: each round alone on 2 CPUs (0.25 s is
+    enough); pooled on 16, where whole ticks need 0.8 s to resolve half a core."""
+    def two_rounds(cpus):
+        return [(snap(0.0, cores=cpus), snap(0.3, cores=cpus, busy=0.3)),
+                (snap(0.3, cores=cpus, busy=0.3), snap(0.6, cores=cpus, busy=0.3))]
+
+    assert [round(w["others_cpu"]) for w in interference.round_windows(two_rounds(2))] == [50, 0]
+    sixteen = interference.round_windows(two_rounds(16))
+    assert sixteen[0]["others_cpu"] == sixteen[1]["others_cpu"] == pytest.approx(100 * 0.3 / (0.6 * 16))

@@ -186,6 +186,13 @@ def test_history_compares_across_a_cpu_change_no_more_than_a_build_change():
     assert not h["step"].any() and not h["significant"].any()
 
 
+def test_a_change_of_torch_threads_is_another_environment_too():
+    """$SPEEDLIB_THREADS=1 on a machine measured at 2 threads: a new series, not a regression."""
+    h = _history([1.0] * 4 + [1.5] * 4, ["2.15.0+cu132"] * 8).assign(torch_threads=[2] * 4 + [1] * 4)
+    h = report.history(h)
+    assert h["environment_change"].iloc[4] == "torch threads 2 -> 1" and not h["significant"].any()
+
+
 @pytest.fixture
 def two_commits(tmp_path) -> tuple[Path, str, str]:
     synthetic.write_results(tmp_path, commits=2, machines=2)

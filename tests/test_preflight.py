@@ -92,24 +92,28 @@ def test_a_busy_sample_is_bad_and_names_the_busiest(tmp_path):
                              load=lambda: 0.1, pid=SELF, sleep=sleep, clock=clock)
     busy = report.findings[0]
     assert busy.check == "busy" and busy.level == "bad" and busy.busy and report.busy
-    assert busy.data["others_cpu"] > preflight.BUSY_BAD
-    assert "python3 40 %" in busy.line() and "--wait-quiet" in busy.todo
+    assert busy.data["others_cpu"] > busy.data["busy_above"] == 25.0  # half a core of 2, both threads busy
+    assert "python3 40 % (pid " in busy.line() and "speedlib run --wait-quiet" in busy.todo
     assert report.level == "bad" and "the machine is busy" in report.summary()
     threads = next(f for f in report.findings if f.check == "threads")
     assert threads.level == "warn" and "SPEEDLIB_THREADS" in threads.todo  # 2 threads, 1 CPU free
     json.dumps(report.record())  # goes into the environment record as it is
 
 
-@pytest.mark.parametrize("others, level", [(preflight.BUSY_WARN, "ok"), (preflight.BUSY_WARN + 0.5, "warn"),
-                                           (preflight.BUSY_BAD, "warn"), (preflight.BUSY_BAD + 0.5, "bad")])
-def test_busy_thresholds(others, level):
-    """Busy where speedbench.contention would call a measured round disturbed."""
+# On 2 CPUs with 2 benchmark threads, busy from half a core (25 %), a warning from 0.1 core (5 %);
+# with 1 thread, one CPU is free: busy from 1.5 cores (75 %). On 16 CPUs and 16 threads, one
+# busy process (6.25 %) is already more than half a core.
+@pytest.mark.parametrize("cpus, threads, others, level", [
+    (2, 2, 5.0, "ok"), (2, 2, 5.5, "warn"), (2, 2, 25.0, "warn"), (2, 2, 25.5, "bad"),
+    (2, 1, 50.0, "ok"), (2, 1, 55.5, "warn"), (2, 1, 75.5, "bad"), (16, 16, 6.25, "bad"), (16, None, 6.25, "bad")])
+def test_busy_where_a_measured_round_would_count_as_disturbed(cpus, threads, others, level):
     from speedbench import contention
 
-    assert preflight.BUSY_BAD == contention.OTHERS_CPU_MAX
-    finding = preflight._busy_finding(preflight.Sample(1.0, 2, others, 0.0, []))
+    finding = preflight._busy_finding(preflight.Sample(1.0, cpus, others, 0.0, []), threads)
     assert finding.level == level and finding.busy == (level != "ok")
     assert preflight.Report([finding]).busy == (level == "bad")  # only bad holds a run back
+    rounds = contention.judge({"others_cpu": [others] * 9}, 9, cpus, threads)  # the same rule
+    assert (rounds.state == contention.CONTENDED) == (level == "bad")
 
 
 def test_steal_is_named_and_no_proc_stat_is_said_plainly():

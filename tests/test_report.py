@@ -449,7 +449,7 @@ def test_provenance_names_everything_needed_to_rerun(df):
     (entry,) = report.provenance(t.sources)
     assert set(entry) == {"results", "commit", "commit date", "machine", "GPU", "driver", "CUDA", "torch",
                           "statistic", "measured", "machine state", "command"}
-    # synthetic results carry no interference counters: the footer says so rather than "idle"
+    # synthetic results carry no interference counters: the footer says so rather than "quiet"
     assert entry["machine state"].startswith("interference not recorded")
     # every result the table shows is cited, and so is each baseline it was divided by
     rows = df[(df["machine"] == "synthetic-h100") & (df["commit"] == entry["commit"]) & (df["benchmark"] == TIME)]
