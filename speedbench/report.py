@@ -333,7 +333,8 @@ CONTENDED = contention.MARK
 CONTENDED_NOTE = (f"{CONTENDED}: contended: other work disturbed more than "
                   f"{contention.MAX_DISTURBED_SHARE:.0%} of the rounds (or left fewer than "
                   f"{contention.MIN_CLEAN_ROUNDS} undisturbed), so the figure is shown but is not a clean one: "
-                  "rerun it on an idle machine (speedlib env --check says what is busy)")
+                  "rerun it on a quiet machine (speedlib env --check says what is busy; speedlib run --require-quiet "
+                  "refuses to measure on a busy one)")
 
 
 def contended(s: pd.DataFrame) -> pd.Series:
