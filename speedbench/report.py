@@ -959,8 +959,8 @@ def compare_commits(df: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
     against A by `history`'s rule: the B rows with value_base (A's value), change, test,
     p_value, significant and direction. ValueError for an unknown, ambiguous or equal commit,
     when no machine measured both, or when a machine measured them in different environments
-    (CPU, GPU, torch/CUDA build: speedbench.machines), whose difference no verdict could
-    tell from the code's."""
+    (CPU, GPU, torch/CUDA build: speedbench.machines), or on a contended machine
+    (speedbench.contention), whose difference no verdict could tell from the code's."""
     a, b = resolve_commit(df, a), resolve_commit(df, b)
     if a == b:
         raise ValueError(f"{a[:8]} given twice: compare two different commits")
@@ -975,7 +975,7 @@ def compare_commits(df: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
                          f"is not the code's alone ({'; '.join(where)}): {NOT_COMPARED}. Measure both in one "
                          f"environment (speedlib run --commits {a[:8]}, then --commits {b[:8]}, on one machine and "
                          "build), or gate on a machine that measured both alike with --machine")
-    busy = m[contended(m) | (m["contention_base"].eq(contention.CONTENDED) if "contention_base" in m else False)]
+    busy = m[contended(m)]  # either side: `contended` reads contention_base too
     if not busy.empty:
         where = sorted({f"{r['machine']} at {r['commit'][:8] if r.get('contention') == contention.CONTENDED else r['commit_base'][:8]}"
                         for r in busy.to_dict("records")})
