@@ -283,16 +283,14 @@ def _instead_of_contended(df: pd.DataFrame, sources: pd.DataFrame) -> list[str]:
     if sources.empty or df.empty:
         return []
     newest = report.latest(df).drop_duplicates(["machine", "benchmark"]).set_index(["machine", "benchmark"])["commit"]
-    said = set()
+    notes = set()
     for r in sources.itertuples():
         latest_commit = newest.get((r.machine, r.benchmark))
-        if latest_commit is not None and latest_commit != r.commit and (r.machine, r.benchmark) not in said:
-            said.add((r.machine, r.benchmark))
+        if latest_commit is not None and latest_commit != r.commit:
             out_of = report.TECHNIQUES[r.technique].title if r.technique in report.TECHNIQUES else r.technique
-            said_note = (f"{out_of} on {r.machine}: commit {r.commit[:8]}, the newest measured on an uncontended "
-                         f"machine; the latest, {latest_commit[:8]}, was contended ({report.CONTENDED})")
-            said.add(said_note)
-    return sorted(n for n in said if isinstance(n, str))
+            notes.add(f"{out_of} on {r.machine}: commit {r.commit[:8]}, the newest measured on an uncontended "
+                      f"machine; the latest, {latest_commit[:8]}, was contended ({report.CONTENDED})")
+    return sorted(notes)
 
 
 def _not_own(r) -> str:

@@ -37,15 +37,15 @@ import time
 from dataclasses import dataclass
 
 __all__ = ["Snapshot", "snapshot", "window", "round_windows", "MIN_WINDOW_S", "machine_cpu_times", "own_cpu_seconds", "load_average", "gpu_probe",
-           "GpuProbe", "COUNTERS"]
+           "GpuProbe", "COUNTERS", "TICK_S"]
 
 # The counters `window` returns, in the order the benchmarks store them.
 COUNTERS = ("others_cpu", "steal", "preemptions", "cpu_per_wall", "load", "gpu_clock", "gpu_reasons",
             "gpu_neighbours")
 
 PROC_STAT = "/proc/stat"
-# /proc/stat counts in USER_HZ ticks (100 per second on every Linux ABI in use).
-_TICK = 1 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+# /proc/stat and /proc/<pid>/stat count in USER_HZ ticks (100 per second on every Linux ABI in use).
+TICK_S = 1 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 
 
 def machine_cpu_times(path: str = PROC_STAT) -> tuple[float, float, int] | None:
@@ -65,7 +65,7 @@ def machine_cpu_times(path: str = PROC_STAT) -> tuple[float, float, int] | None:
         return None
     # guest time is already inside user (the kernel adds it there), so it is not added again
     busy = user + nice + system + irq + softirq + steal
-    return busy * _TICK, steal * _TICK, max(cores, 1)
+    return busy * TICK_S, steal * TICK_S, max(cores, 1)
 
 
 def _live_children_cpu(pid: int | str = "self", depth: int = 0) -> float:
@@ -90,7 +90,7 @@ def _live_children_cpu(pid: int | str = "self", depth: int = 0) -> float:
                 utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
             except (OSError, IndexError, ValueError):
                 continue
-            total += (utime + stime + cutime + cstime) * _TICK
+            total += (utime + stime + cutime + cstime) * TICK_S
             if depth < 8:  # a tree deeper than this is not one a benchmark starts
                 total += _live_children_cpu(child, depth + 1)
     return total
@@ -112,16 +112,17 @@ def load_average() -> float | None:
         return None
 
 
+# NVML's clock-event reasons (nvml.h, nvmlClocksEventReason*) that say the clock was held down
+# by something other than the work asked of it, in words. Left out: idle, application-clock
+# settings, and the software power cap, which a heavy kernel reaches on its own (the work's
+# own limit, not a neighbour's). The pre-flight check names them.
+DISTURBING_REASONS = {0x08: "hardware slowdown", 0x10: "sync boost", 0x20: "software thermal slowdown",
+                      0x40: "hardware thermal slowdown", 0x80: "power brake"}
+
+
 class GpuProbe:
     """NVML reads of one CUDA device: SM clock, its maximum, throttle reasons and the other
     compute processes on it. Built by `gpu_probe`, which returns None where NVML is absent."""
-
-    # Reasons that say the clock was held down by something other than the work asked of it
-    # (nvml.h, nvmlClocksEventReason*): software and hardware thermal slowdown, the hardware
-    # slowdown and power brake signals, and a sync-boost group held back by another GPU.
-    # Left out: idle, application-clock settings, and the software power cap, which a
-    # heavy kernel reaches on its own (the work's own limit, not a neighbour's).
-    DISTURBING_REASONS = 0x10 | 0x08 | 0x20 | 0x40 | 0x80
 
     def __init__(self, nvml, handle, max_clock: int):
         self.nvml, self.handle, self.max_clock = nvml, handle, max_clock

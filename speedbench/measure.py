@@ -33,8 +33,9 @@ from pathlib import Path
 
 import torch
 
-# The CPU frequency reader lives with the pre-flight check, which must work without torch.
-from speedbench.preflight import CPU_SYSFS, cpu_frequency_policy
+# The CPU frequency reader and the thread rule live with the pre-flight check, which must
+# work without torch; the benchmarks and the environment record read them from here.
+from speedbench.preflight import CPU_SYSFS, THREADS_ENV, benchmark_threads, cpu_frequency_policy, usable_cores
 
 __all__ = [
     "device",
@@ -230,37 +231,6 @@ def host_copy_bandwidth(dev: torch.device | str, direction: str = "h2d", pinned:
     return nbytes / best_seconds(lambda: dst.copy_(src, non_blocking=pinned), dev, repeats)
 
 
-def usable_cores() -> int:
-    """The CPUs this process may run on (its affinity mask: a container's or taskset's
-    limit), else all of the machine's."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-# $SPEEDLIB_THREADS sets the intra-op threads the benchmarks use; by default one per usable CPU.
-THREADS_ENV = "SPEEDLIB_THREADS"
-
-
-def benchmark_threads() -> int:
-    """The intra-op thread count every measuring process sets (`torch.set_num_threads`) before
-    it builds anything: torch's own default depends on its build and on OMP_NUM_THREADS, so a
-    ratio would otherwise depend on how the shell that started the run was set up. The
-    environment record keeps the number; `speedlib env --check` compares it with the CPUs free.
-    Raises ValueError for a $SPEEDLIB_THREADS that is not a positive integer."""
-    text = os.environ.get(THREADS_ENV)
-    if text is None or not text.strip():
-        return usable_cores()
-    try:
-        threads = int(text)
-    except ValueError:
-        threads = 0
-    if threads < 1:
-        raise ValueError(f"${THREADS_ENV} must be a positive integer, got {text!r}")
-    return threads
-
-
 def host_memory() -> int:
     """Resident host memory of this process in bytes (Linux; pinned pages are resident too)."""
     try:
@@ -432,8 +402,6 @@ def gpu_state() -> list[dict] | None:
     return state if state is not None else _gpu_state_smi()
 
 
-
-
 def identity() -> dict:
     """This machine's name and the fields that say its hardware and build, without the slow
     parts of `environment()` (nvidia-smi): what `speedlib run` checks against the machine
@@ -455,15 +423,11 @@ def environment(cpu_sysfs: str | os.PathLike = CPU_SYSFS) -> dict:
             nccl = None
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     return {
-        "machine": machine_name(),
-        "gpu_model": gpus[0]["name"] if gpus else None,
-        "gpu_count": len(gpus),
+        **identity(),  # name, GPU model and count, CPU model, torch and CUDA
         "gpus": gpus,
         "driver": _nvidia_driver() if gpus else None,
-        "cuda": torch.version.cuda,
         "cudnn": cudnn,
         "nccl": nccl,
-        "torch": torch.__version__,
         "torchvision": _version("torchvision"),
         "cupy": _cupy_version(),
         # asv and its runner decide how samples are taken and summarised.
@@ -472,7 +436,6 @@ def environment(cpu_sysfs: str | os.PathLike = CPU_SYSFS) -> dict:
         "gpu_state": gpu_state(),
         **cpu_frequency_policy(cpu_sysfs),
         "python": platform.python_version(),
-        "cpu_model": cpu_model(),
         "cpu_cores": os.cpu_count(),
         # What the benchmarks set (benchmark_threads), not this process's own default.
         "torch_threads": benchmark_threads(),

@@ -24,6 +24,7 @@ twice; every path is a parameter, so the tests run on fake ones.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import resource
@@ -56,7 +57,7 @@ NAMED_SHARE = 1.0  # % of the machine below which a process is not named (a tick
 
 PROC = "/proc"
 CPU_SYSFS = "/sys/devices/system/cpu"
-_TICK = 1 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01  # /proc counts in these
+_TICK = interference.TICK_S  # /proc counts in these
 _PF_KTHREAD = 0x00200000  # /proc/<pid>/stat flags: a kernel thread, not a process anyone started
 
 
@@ -210,12 +211,11 @@ def sample_processes(seconds: float = SAMPLE_S, proc: str = PROC, pid: int | Non
             pids.setdefault(name, []).append(p)
     if pid not in after:  # this process is not in `proc` (a fake tree, another pid namespace)
         own = own_after - own_before
-    busy = machine_after[0] - machine_before[0]
-    steal = machine_after[1] - machine_before[1]
-    # 10 ms ticks make short samples coarse: clamp to what can be.
-    others = min(max(100.0 * (busy - own) / capacity, 0.0), 100.0)
+    # the same others' share and steal as a measured round's (interference.window)
+    shares = interference.window(interference.Snapshot(0.0, 0.0, 0, machine_before, None, None),
+                                 interference.Snapshot(wall, own, 0, machine_after, None, None))
     top = sorted(((n, s) for n, s in per_name.items() if s >= NAMED_SHARE), key=lambda t: -t[1])[:TOP]
-    return Sample(wall, machine_after[2], others, min(max(100.0 * steal / capacity, 0.0), 100.0), top,
+    return Sample(wall, machine_after[2], shares["others_cpu"], shares["steal"], top,
                   {n: sorted(pids[n]) for n, _ in top})
 
 
@@ -291,27 +291,52 @@ def _threads_finding(threads: int | None, usable: int, sample: Sample | None, er
     return Finding("threads", "ok", what, data=data)
 
 
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity mask: a container's or taskset's
+    limit), else all of the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+# $SPEEDLIB_THREADS sets the intra-op threads the benchmarks use; by default one per usable CPU.
+THREADS_ENV = "SPEEDLIB_THREADS"
+
+
+def benchmark_threads() -> int:
+    """The intra-op thread count every measuring process sets (`torch.set_num_threads`,
+    benchmarks/common.py) before it builds anything: torch's own default depends on its build
+    and on OMP_NUM_THREADS, so a ratio would otherwise depend on how the shell that started the
+    run was set up. The environment record keeps the number (speedbench.measure). Raises
+    ValueError for a $SPEEDLIB_THREADS that is not a positive integer."""
+    text = os.environ.get(THREADS_ENV)
+    if text is None or not text.strip():
+        return usable_cores()
+    try:
+        threads = int(text)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise ValueError(f"${THREADS_ENV} must be a positive integer, got {text!r}")
+    return threads
+
+
 def _usable_and_threads() -> tuple[int, int | None, str | None]:
     """(usable CPUs, benchmark threads or None without torch, error of a bad $SPEEDLIB_THREADS).
-    speedbench.measure has the rule the benchmarks use, and imports torch."""
+    Without torch nothing would run those threads; with it, torch is not imported here (the
+    rule needs none, and importing it costs seconds)."""
+    if importlib.util.find_spec("torch") is None:
+        return usable_cores(), None, None
     try:
-        from speedbench import measure  # noqa: PLC0415 - imports torch
-    except ImportError:
-        try:
-            return len(os.sched_getaffinity(0)), None, None
-        except (AttributeError, OSError):
-            return os.cpu_count() or 1, None, None
-    try:
-        return measure.usable_cores(), measure.benchmark_threads(), None
+        return usable_cores(), benchmark_threads(), None
     except ValueError as e:
-        return measure.usable_cores(), None, str(e)
+        return usable_cores(), None, str(e)
 
 
 # --- the GPU -----------------------------------------------------------------------------
 
-# NVML's clock-event reasons that interference.GpuProbe counts as disturbing, in words.
-_REASONS = {0x08: "hardware slowdown", 0x10: "sync boost", 0x20: "software thermal slowdown",
-            0x40: "hardware thermal slowdown", 0x80: "power brake"}
+_REASONS = interference.DISTURBING_REASONS  # the clock-event reasons that hold a GPU's clock down, in words
 NVIDIA_GPUS = "/proc/driver/nvidia/gpus"  # one directory per GPU the driver sees
 
 

@@ -1073,8 +1073,7 @@ def speedup_comparison(df: pd.DataFrame, machine_a: str, machine_b: str) -> Tabl
         own = m.rename(columns={f"earlier_version_{side}": "earlier_version", f"contention_{side}": "contention"})
         return [_fmt_ratio(r, lo, hi) + f" N={n}" + (f" {EARLIER}" if e else "") + (f" {CONTENDED}" if c else "")
                 for r, lo, hi, n, e, c in zip(m[f"ratio_{side}"], m[f"ratio_low_{side}"], m[f"ratio_high_{side}"],
-                                              m[f"n_{side}"], earlier_version(own), contended(own[["contention"]])
-                                              if "contention" in own else [False] * len(m))]
+                                              m[f"n_{side}"], earlier_version(own), contended(own))]
 
     frame = pd.DataFrame({
         "technique": m["technique"],
