@@ -18,6 +18,8 @@ vocabulary, without changing what the model computes.
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 from collections.abc import Callable, Iterator
 
 import torch
@@ -40,6 +42,17 @@ def tf32(enabled: bool) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
+def _check_init_scale(init_scale: object) -> None:
+    # The scale multiplies the loss and divides the gradients: at 0 every gradient is 0/0,
+    # and NaN or inf make every gradient non-finite, so the scaler would skip every step
+    # (halving a scale of 0 or inf changes nothing) and the model would never train.
+    what = f"init_scale must be a positive finite number (GradScaler's default is 2.0**16), got {init_scale!r}"
+    if not isinstance(init_scale, numbers.Real) or isinstance(init_scale, bool):
+        raise TypeError(what)
+    if not (math.isfinite(init_scale) and init_scale > 0):
+        raise ValueError(what)
+
+
 class Precision:
     """One precision policy on one device type, with the training step that goes with it.
 
@@ -55,6 +68,7 @@ class Precision:
             raise ValueError(f"unknown precision policy {policy!r}; choose one of {', '.join(POLICIES)}")
         if device_type not in ("cuda", "cpu"):
             raise ValueError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
+        _check_init_scale(init_scale)
         self.policy, self.device_type = policy, device_type
         self.scaler = torch.amp.GradScaler(device_type, init_scale=init_scale) if policy == "fp16" else None
         self._scale_before: torch.Tensor | None = None

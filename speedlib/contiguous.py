@@ -88,6 +88,9 @@ __all__ = ["ContiguousParams", "FlatParameter", "InvalidBufferError"]
 # unaligned views would make forward and backward slower and change which kernels run.
 # 64 bytes (a cache line) costs at most a few hundred padding elements per model.
 ALIGN_BYTES = 64
+# A memory page: no kernel wants more, and every parameter costs up to align_bytes of padding,
+# so a larger value only wastes memory (2**36 asks the allocator for 64 GiB per parameter).
+MAX_ALIGN_BYTES = 4096
 
 _BASE_GRAD = torch._C.TensorBase.grad  # the C-level .grad descriptor FlatParameter wraps
 
@@ -157,6 +160,16 @@ def _consumed_hint(parameters: Any) -> str:
             "model.parameters() again or pass a list")
 
 
+def _as_list(items: Any, expected: str) -> list:
+    """list(items), or a TypeError that says what was expected instead of Python's "not iterable"."""
+    try:
+        iterator = iter(items)
+    except TypeError:
+        got = "None" if items is None else type(items).__name__
+        raise TypeError(f"{expected}; got {got}: pass model.parameters() or a list of parameters") from None
+    return list(iterator)
+
+
 def _normalise_groups(parameters: Any) -> tuple[list[dict], bool]:
     """Turn what an optimizer would accept into a list of group dicts; say if groups were given."""
     if isinstance(parameters, ContiguousParams):
@@ -166,7 +179,8 @@ def _normalise_groups(parameters: Any) -> tuple[list[dict], bool]:
             "ContiguousParams takes an iterable of parameters or parameter-group dicts, "
             f"not a single {type(parameters).__name__}; use model.parameters()"
         )
-    items = list(parameters)
+    items = _as_list(parameters, "ContiguousParams takes an iterable of parameters or parameter-group dicts, "
+                                 "as an optimizer does")
     if not items:
         raise ValueError("ContiguousParams got an empty parameter list" + _consumed_hint(parameters))
     if all(isinstance(i, dict) for i in items):
@@ -175,7 +189,8 @@ def _normalise_groups(parameters: Any) -> tuple[list[dict], bool]:
             if "params" not in g:
                 raise ValueError(f"parameter group {i} has no 'params' key")
             ps = g["params"]
-            ps = [ps] if isinstance(ps, torch.Tensor) else list(ps)
+            ps = [ps] if isinstance(ps, torch.Tensor) else _as_list(
+                ps, f"the 'params' of parameter group {i} must be a parameter or an iterable of parameters")
             if not ps and _consumed_hint(g["params"]):
                 raise ValueError(f"parameter group {i} has no parameters{_consumed_hint(g['params'])}")
             groups.append({**g, "params": ps})
@@ -212,6 +227,59 @@ def _check_parameter(p: Any, where: str) -> None:
         raise ValueError(f"{where} is already a flat buffer; wrap the model's parameters, not contiguous()")
 
 
+def _byte_span(p: torch.Tensor) -> tuple[int, int] | None:
+    """[first, end) addresses of the bytes p can reach; None for a tensor without memory."""
+    if p.numel() == 0 or p.device.type == "meta":
+        return None
+    last = sum((n - 1) * s for n, s in zip(p.shape, p.stride()))  # strides are never negative
+    return p.data_ptr(), p.data_ptr() + (last + 1) * p.element_size()
+
+
+def _refuse_shared_memory(labelled: list[tuple[torch.Tensor, str]]) -> None:
+    """Refuse two parameters over the same memory (tied weights as two Parameter objects, or a
+    parameter and a view of it) when at least one is trainable: _build copies each trainable
+    one into a slot of its own, which would silently untie them.
+
+    Spans, not elements, are compared, so two interleaved strided views (a[::2], a[1::2]) are
+    refused although they share no element; disjoint pieces of one tensor, such as the
+    parameters of an earlier ContiguousParams, are wrapped as they should be.
+    """
+    spans = sorted((str(p.device), *span, i) for i, (p, _) in enumerate(labelled)
+                   if (span := _byte_span(p)) is not None)
+    # Swept by start address, an earlier span overlaps this one iff it ends after this one
+    # starts, so the furthest-reaching earlier span is the one to compare with: of any
+    # parameter for a trainable one, of a trainable one for a frozen one (frozen parameters
+    # are not moved, so two frozen ones stay tied).
+    reach: dict[tuple[str, str], tuple[int, int]] = {}  # (device, "any" | "trainable") -> (end, index)
+    for device, start, end, i in spans:
+        trainable = labelled[i][0].requires_grad
+        rival = reach.get((device, "any" if trainable else "trainable"))
+        if rival is not None and rival[0] > start:
+            raise ValueError(
+                f"{labelled[rival[1]][1]} and {labelled[i][1]} share memory (tied weights as two Parameter "
+                "objects, or one is a view of the other): copying them into the flat buffer would untie "
+                "them, each then training on its own. Tie weights by reusing one Parameter object "
+                "(model.parameters() lists it once), or give each tensor memory of its own with .clone() "
+                "if they are meant to be separate")
+        for kind in ("any", "trainable") if trainable else ("any",):
+            if (device, kind) not in reach or reach[(device, kind)][0] < end:
+                reach[(device, kind)] = (end, i)
+
+
+def _check_align_bytes(align_bytes: Any) -> None:
+    # A power of two, because element sizes are powers of two: then align_bytes is a whole
+    # number of elements of every dtype (or smaller than one element, which then sets the
+    # alignment: 1 packs the parameters as contiguous_params did).
+    if not isinstance(align_bytes, int) or isinstance(align_bytes, bool):
+        raise TypeError(f"align_bytes must be an int, got {align_bytes!r} ({type(align_bytes).__name__})")
+    if align_bytes < 1 or align_bytes & (align_bytes - 1):
+        raise ValueError(f"align_bytes must be a power of two (1, 2, 4, ... {MAX_ALIGN_BYTES}), got {align_bytes}; "
+                         f"the default {ALIGN_BYTES} suits every kernel, 1 packs the parameters without padding")
+    if align_bytes > MAX_ALIGN_BYTES:
+        raise ValueError(f"align_bytes must be at most {MAX_ALIGN_BYTES} (a memory page), got {align_bytes}: "
+                         "every parameter may cost that much padding, and no kernel needs more")
+
+
 class _Slot:
     """Where one parameter lives in the buffers, and the pointers that prove it still does."""
 
@@ -229,11 +297,18 @@ class ContiguousParams:
     `parameters` is what an optimizer takes: an iterable of parameters, of (name, parameter)
     pairs, or of group dicts holding either (per-group options such as lr and weight_decay
     are carried over to `contiguous()`).
-    Parameters with `requires_grad=False` are left where they are.
+    Parameters with `requires_grad=False` are left where they are. Two parameters over the
+    same memory (tied weights as two Parameter objects) are refused: copying would untie them.
+
+    `align_bytes`: each parameter starts at a multiple of this many bytes from the start of
+    its buffer; a power of two from 1 (no padding, contiguous_params' layout) to 4096 (a
+    memory page). The buffer itself is as aligned as torch's allocator makes it (64 bytes on
+    CPUs, more on CUDA), so larger values align pointers no further than that on a CPU.
     """
 
     def __init__(self, parameters: Iterable[torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | Iterable[dict],
                  *, align_bytes: int = ALIGN_BYTES):
+        _check_align_bytes(align_bytes)
         groups, self._grouped = _normalise_groups(parameters)
         _install_hooks()
         seen: set[int] = set()
@@ -244,6 +319,7 @@ class ContiguousParams:
         self._frozen_labels: list[str] = []
         self._ref = weakref.ref(self)
         names: list[str | None] = []  # of the trainable parameters, in slot order
+        labelled: list[tuple[torch.Tensor, str]] = []  # every parameter, frozen ones too
         for gi, group in enumerate(groups):
             tensors, group_names = _split_names(
                 group["params"], f"parameter group {gi}" if self._grouped else "the parameter list")
@@ -254,6 +330,7 @@ class ContiguousParams:
                 if id(p) in seen:
                     raise ValueError(f"{where} appears more than once; each parameter may be wrapped once")
                 seen.add(id(p))
+                labelled.append((p, where))
                 if p.requires_grad:
                     trainable.append(p)
                     names.append(name)
@@ -268,6 +345,7 @@ class ContiguousParams:
             raise ValueError("ContiguousParams got an empty parameter list")
         if not self.num_tensors:
             raise ValueError(f"all {self._frozen} parameters are frozen (requires_grad=False); nothing to optimise")
+        _refuse_shared_memory(labelled)
         self._replaced: str | None = None
         self._build(align_bytes, names)
         # Only now, once nothing can fail: this wrapper takes over every parameter handed to

@@ -53,6 +53,7 @@ __all__ = ["MODES", "FAULTS", "RunConfig", "RunResult", "RunFailed", "RunTimedOu
 
 MODES = ("single", "dataparallel", "ddp")
 FAULTS = ("raise", "kill", "hang")  # injected into one rank, to test the failure handling
+_INT_FIELDS = ("world_size", "batch", "steps", "warmup", "micro_batches", "seed", "fault_rank", "fault_step")
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,10 @@ class RunConfig:
     fault_step: int = 1
 
     def __post_init__(self):
+        for name in _INT_FIELDS:  # JSON configs and typos: "2" would fail later in a raw comparison
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; choose one of {MODES}")
         if self.device not in ("cpu", "cuda"):
@@ -87,6 +92,9 @@ class RunConfig:
             raise ValueError(f"world_size must be >= 1 (and 1 for single), got {self.world_size}")
         if self.mode == "dataparallel" and self.device != "cuda":
             raise ValueError("DataParallel splits a batch over CUDA devices; on CPU it would just call the module")
+        if self.batch < 1 or self.micro_batches < 1:
+            which = "batch" if self.batch < 1 else "micro_batches"
+            raise ValueError(f"{which} must be >= 1, got {getattr(self, which)}")
         if self.batch % (self.world_size * self.micro_batches):
             raise ValueError(f"batch {self.batch} must split evenly into {self.world_size} ranks x "
                              f"{self.micro_batches} micro-batches (unequal shards would weight samples unequally)")
@@ -94,8 +102,23 @@ class RunConfig:
             raise ValueError(f"need steps >= 1 and warmup >= 0, got {self.steps}, {self.warmup}")
         if self.checkpoint not in workloads.CHECKPOINT_VARIANTS:
             raise ValueError(f"unknown checkpoint variant {self.checkpoint!r}; choose one of {workloads.CHECKPOINT_VARIANTS}")
-        if self.fault is not None and self.fault not in FAULTS:
+        if self.fault is not None:
+            self._check_fault()
+
+    def _check_fault(self) -> None:
+        # A fault aimed at a rank or step that never runs would let the whole job finish,
+        # and a test of the failure handling pass without anything having failed.
+        if self.fault not in FAULTS:
             raise ValueError(f"unknown fault {self.fault!r}; choose one of {FAULTS}")
+        if self.mode != "ddp":
+            raise ValueError("faults are injected into DDP ranks only")
+        if not 0 <= self.fault_rank < self.world_size:
+            raise ValueError(f"fault_rank must be one of the {self.world_size} ranks (0 to {self.world_size - 1}), "
+                             f"got {self.fault_rank}")
+        total = self.warmup + self.steps
+        if not 0 <= self.fault_step < total:
+            raise ValueError(f"fault_step must be one of the {total} steps (0 to {total - 1}, the {self.warmup} "
+                             f"warmup steps first), got {self.fault_step}")
 
     @property
     def backend(self) -> str:
@@ -328,9 +351,7 @@ def run(config: RunConfig, *, launcher: str = "mp", timeout: float = 600.0) -> R
     if launcher not in ("mp", "torchrun"):
         raise ValueError(f"launcher must be 'mp' or 'torchrun', got {launcher!r}")
     _check_devices(config)
-    if config.mode != "ddp":
-        if config.fault is not None:
-            raise ValueError("faults are injected into DDP ranks only")
+    if config.mode != "ddp":  # RunConfig refuses a fault outside DDP
         out = train(config)
         return RunResult(config, [out["step_times"]], None, out["losses"], out["state_dict"])
     with tempfile.TemporaryDirectory(prefix="speedlib-ddp-") as out_dir:

@@ -453,13 +453,36 @@ class HostTable:
         self._storage()[start:start + src.shape[0]].copy_(src)
         return self
 
-    def fill_(self, row: torch.Tensor) -> HostTable:
-        """Set every row to `row` (dim values)."""
-        row = row.reshape(1, self.shape[1]).to(self.dtype)
+    def fill_(self, row) -> HostTable:
+        """Set every row to `row`: dim values (a tensor, a NumPy array or a list), or one number
+        for every value as `Tensor.fill_` takes; converted to the table's dtype."""
+        row = self._fill_row(row)
         self._check_writable()
         target = self._storage()
         target.copy_(row.to(target.device).expand(self.shape))
         return self
+
+    def _fill_row(self, row) -> torch.Tensor:
+        """`row` as a 1 x dim tensor of the table's dtype, checked before anything is written."""
+        if isinstance(row, torch.Tensor):
+            values = row.detach()  # filling a table is no step of a graph
+        else:
+            try:
+                values = torch.as_tensor(row)
+            except (TypeError, ValueError, RuntimeError):
+                values = None
+        # Real numbers only: a cast to the table's dtype would drop an imaginary part silently,
+        # and True/False are no values of an embedding.
+        if values is None or values.dtype == torch.bool or values.is_complex():
+            what = type(row).__name__ if values is None else f"{type(row).__name__} of {values.dtype}"
+            raise TypeError(f"a row must be a tensor, a list or array of numbers, or a number, got {what}")
+        dim = self.shape[1]
+        if values.numel() == 1:
+            values = values.reshape(1).expand(dim)
+        if values.numel() != dim:
+            raise ValueError(f"fill_ takes {dim} values (one row) or one number, got {values.numel()} values "
+                             f"(shape {tuple(values.shape)}); write several rows with copy_ or scatter_")
+        return values.reshape(1, dim).to(self.dtype)
 
     def _indices(self, indices) -> torch.Tensor:
         if isinstance(indices, torch.Tensor):

@@ -134,6 +134,19 @@ def test_bad_arguments():
     assert set(POLICIES) == {"fp32", "tf32", "fp16", "bf16"}
 
 
+@pytest.mark.parametrize("init_scale,error,message", [
+    (0, ValueError, "got 0"), (-1.0, ValueError, "got -1.0"), (math.nan, ValueError, "got nan"),
+    (math.inf, ValueError, "got inf"), ("65536", TypeError, "got '65536'"), (True, TypeError, "got True"),
+])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_init_scale_must_be_a_positive_finite_number(policy, init_scale, error, message):
+    """A zero scale zeroes every gradient and NaN or inf makes each look overflowed, so fp16
+    would skip every step and never train; the other policies refuse it too, as a typo."""
+    with pytest.raises(error, match=f"init_scale must be a positive finite number.*{message}"):
+        Precision(policy, "cpu", init_scale=init_scale)
+    assert Precision(policy, "cpu", init_scale=2).state_dict()["policy"] == policy
+
+
 def test_pad_to_multiple():
     assert [pad_to_multiple(n) for n in (0, 1, 8, 9, 50257)] == [0, 8, 8, 16, 50264]
     assert pad_to_multiple(10, 64) == 64

@@ -141,6 +141,35 @@ def test_bad_configs_are_refused(kwargs, message):
         RunConfig(**kwargs)
 
 
+@pytest.mark.parametrize("kwargs,message", [
+    ({"micro_batches": 0}, "micro_batches must be >= 1, got 0"),
+    ({"batch": 0}, "batch must be >= 1, got 0"),
+    ({"mode": "ddp", "world_size": 2, "fault": "raise", "fault_rank": 7}, r"fault_rank must be one of the 2 ranks \(0 to 1\), got 7"),
+    ({"mode": "ddp", "world_size": 2, "fault": "kill", "fault_rank": -1}, "fault_rank must be one of the 2 ranks"),
+    ({"mode": "ddp", "world_size": 2, "fault": "hang", "fault_step": 4}, r"fault_step must be one of the 4 steps \(0 to 3"),
+    ({"mode": "single", "fault": "raise", "fault_rank": 0}, "faults are injected into DDP ranks only"),
+])
+def test_configs_that_would_fail_later_or_never_fire_are_refused(kwargs, message):
+    """micro_batches=0 divided by zero; a fault aimed at a rank or step that does not exist ran
+    the whole job without ever firing, so a test of the failure handling passed vacuously."""
+    with pytest.raises(ValueError, match=message):
+        RunConfig(**{**BASE, **kwargs})
+
+
+@pytest.mark.parametrize("field,value", [("world_size", "2"), ("batch", 16.0), ("steps", None),
+                                         ("micro_batches", True), ("fault_rank", "1"), ("seed", 0.5)])
+def test_config_fields_of_the_wrong_type_are_a_clear_type_error(field, value):
+    with pytest.raises(TypeError, match=f"{field} must be an int, got {value!r}"):
+        RunConfig(**{**BASE, "mode": "ddp", field: value})
+
+
+def test_default_configs_stay_valid():
+    """fault_rank defaults to 1 while world_size defaults to 1: only a fault that is set is checked."""
+    assert RunConfig().fault_rank == 1
+    assert RunConfig(mode="single").world_size == 1
+    assert RunConfig(**BASE, mode="ddp", world_size=2, fault="raise").fault_rank == 1
+
+
 def test_bad_launches_are_refused():
     with pytest.raises(ValueError, match="launcher"):
         parallel.run(RunConfig(mode="single"), launcher="slurm")

@@ -202,6 +202,44 @@ def test_bad_input_gives_clear_errors():
     assert torch.equal(table.cpu(), _reference())
 
 
+@pytest.mark.parametrize("row", [
+    pytest.param(lambda: torch.arange(4, dtype=torch.float64), id="tensor-of-another-dtype"),
+    pytest.param(lambda: torch.arange(4.0).reshape(1, 4), id="1xdim-tensor"),
+    pytest.param(lambda: [0.0, 1.0, 2.0, 3.0], id="list"),
+    pytest.param(lambda: (0, 1, 2, 3), id="tuple-of-ints"),
+    pytest.param(lambda: np.arange(4, dtype=np.float32), id="ndarray"),
+    pytest.param(lambda: np.arange(4, dtype=np.int16), id="int16-ndarray"),
+])
+def test_fill_takes_a_row_as_a_tensor_a_list_or_an_array(row):
+    table = HostTable(3, 4, dtype=torch.float16, backend="pageable", device="cpu")
+    assert table.fill_(row()) is table
+    assert torch.equal(table.cpu(), torch.arange(4, dtype=torch.float16).expand(3, 4))
+
+
+def test_fill_with_one_number_sets_every_value_as_tensor_fill_does():
+    table = HostTable(3, 4, backend="pageable", device="cpu")
+    table.fill_(2.5)
+    assert torch.equal(table.cpu(), torch.full((3, 4), 2.5))
+    table.fill_(torch.tensor(-1.0))
+    assert torch.equal(table.cpu(), torch.full((3, 4), -1.0))
+
+
+@pytest.mark.parametrize("row,error,message", [
+    ([1.0, 2.0], ValueError, r"4 values \(one row\) or one number, got 2 values"),
+    (torch.zeros(2, 4), ValueError, r"4 values \(one row\) or one number, got 8 values"),
+    ("abc", TypeError, "a row must be a tensor, a list or array of numbers, or a number, got str"),
+    ([["a"]] * 4, TypeError, "a row must be .* got list"),
+    (None, TypeError, "got NoneType"),
+    ([True, False, True, False], TypeError, "got list of torch.bool"),
+    (torch.ones(4, dtype=torch.complex64), TypeError, "got Tensor of torch.complex64"),
+])
+def test_a_bad_fill_row_is_refused_and_writes_nothing(row, error, message):
+    table = HostTable.from_tensor(_reference(rows=3, dim=4), backend="pageable", device="cpu")
+    with pytest.raises(error, match=message):
+        table.fill_(row)
+    assert torch.equal(table.cpu(), _reference(rows=3, dim=4))
+
+
 def test_constructor_rejects_bad_arguments():
     with pytest.raises(ValueError, match="unknown backend 'gpu'"):
         HostTable(10, 4, backend="gpu", device="cpu")
