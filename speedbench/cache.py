@@ -2,9 +2,14 @@
 
 Parsing is what grows with the results: thousands of asv files take seconds, while the
 loaded frames come back from one pickle in a fraction of that. The cache is keyed on the
-whole results tree, every entry's path, type, size, mtime and inode (a symlink's target
-too), and on the loader's own source: any change to any file, a file added or removed, or a
-new speedlib, and the tree is loaded afresh (and the cache rewritten).
+whole results tree, every entry's path, type, size, mtime, ctime, device and inode (a
+symlink's target too), and on the loader's own source: any change to any file, a file added
+or removed, or a new speedlib, and the tree is loaded afresh (and the cache rewritten).
+The ctime is what an edit cannot hide: an editor can keep a file's size and set its mtime
+back (`touch -r`), but every write sets the ctime to the time of the change, and nothing
+but the system clock can set it back. (Its clock ticks every few milliseconds: only an edit
+within a tick of the write before it keeps it, and a whole load lies between a cached state
+and the next edit.) No file is read: the dashboard takes this key on every page view.
 
 It lives outside `results/` (`$SPEEDLIB_CACHE_DIR`, else `$XDG_CACHE_HOME/speedlib`, else
 `~/.cache/speedlib`), so a results directory stays what asv wrote. A cache file that cannot be
@@ -60,13 +65,13 @@ def fingerprint(root: Path) -> str:
                 st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue  # gone meanwhile: the listing above already differs
-            h.update(f"{entry.path}\0{st.st_mode}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\n"
-                     .encode(errors="surrogateescape"))
+            h.update(f"{entry.path}\0{st.st_mode}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_dev}\0"
+                     f"{st.st_ino}\n".encode(errors="surrogateescape"))
             if stat.S_ISLNK(st.st_mode):  # the loader may read through it: its target counts
                 try:
                     target = os.stat(entry.path)
-                    h.update(f"-> {os.readlink(entry.path)} {target.st_size} {target.st_mtime_ns}\n"
-                             .encode(errors="surrogateescape"))
+                    h.update(f"-> {os.readlink(entry.path)} {target.st_size} {target.st_mtime_ns} "
+                             f"{target.st_ctime_ns} {target.st_dev} {target.st_ino}\n".encode(errors="surrogateescape"))
                 except OSError:
                     h.update(b"-> dangling\n")
             elif stat.S_ISDIR(st.st_mode):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from speedbench.results import printable
+from speedbench.results import MAX_FILE_BYTES, printable
 
 __all__ = ["ENVIRONMENT", "environment_keys", "describe", "describe_change",
            "MachineMismatch", "directory_records", "check_directory"]
@@ -88,13 +88,22 @@ class MachineMismatch(ValueError):
 
 def directory_records(machine_dir: Path) -> list[dict]:
     """The environment records under `machine_dir`/environment, oldest first. A line that is
-    not a record is passed over here: the results loader reports it."""
+    not a record, or a file the loader would not read, is passed over here: the results
+    loader reports it."""
     records = []
     for file in sorted((Path(machine_dir) / "environment").glob("*.jsonl")):
-        for line in file.read_bytes().splitlines():
+        try:
+            # Regular files only, of a size the loader reads: opening a FIFO would wait for
+            # a writer, and the run with it.
+            if not file.is_file() or file.stat().st_size > MAX_FILE_BYTES:
+                continue
+            lines = file.read_bytes().splitlines()
+        except OSError:
+            continue
+        for line in lines:
             try:
                 record = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested too deeply to read
                 continue
             if isinstance(record, dict):
                 records.append(record)

@@ -25,6 +25,7 @@ import itertools
 import json
 import math
 import os
+import re
 import stat
 import statistics
 from dataclasses import dataclass, field
@@ -32,10 +33,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from speedbench import contention
+from speedbench import contention, safekeep
 
 __all__ = ["LoadedResults", "Problem", "load_results", "format_table", "metric_kind", "higher_is_better", "result_id",
-           "printable", "MAX_FILE_BYTES"]
+           "printable", "MAX_FILE_BYTES", "MAX_COMBINATIONS", "MAX_FILE_COMBINATIONS", "too_many_combinations"]
 
 # asv's statistics columns -> our column names
 _STATS = {
@@ -51,6 +52,17 @@ _SKIP_FILES = {"machine.json", "benchmarks.json"}
 # this suite are well under 1 MiB; the limit only keeps a stray huge file, or a link to an
 # endless one, from filling memory.
 MAX_FILE_BYTES = 64 * 2**20
+# The most parameter combinations one benchmark may have. The suite's largest has 30, and asv
+# starts a process per combination to report each, so a thousand would keep a GPU slot busy
+# for hours while its rows take a few MB. A few KB of JSON can list parameters that multiply
+# out to 1e12 (asv writes a failed benchmark's result as one null for all of them): they are
+# counted before any is built, so no file makes the loader, a plan or a page fill memory.
+MAX_COMBINATIONS = 1000
+# The most parameter combinations one result file may hold in all. Each benchmark under
+# MAX_COMBINATIONS is not enough: 64 MiB (MAX_FILE_BYTES) holds some 10^5 small entries, each
+# listing up to a thousand combinations, or 10^8 rows. The whole suite's file holds about
+# 300, so a hundred times that leaves room for any real suite.
+MAX_FILE_COMBINATIONS = 30_000
 # The units of the interference counters' tracks (benchmarks/common.py `_Interference`).
 INTERFERENCE_UNITS = ("% of CPU time to other processes", "preemptions/s", "% of maximum SM clock",
                       "other processes on the GPU")
@@ -165,6 +177,14 @@ def _describe(value) -> str:
     return f"a {type(value).__name__}"
 
 
+# The dates a result may carry: those pandas' nanosecond times hold, the years 1677 to 2262.
+# pandas 2 and later parse dates beyond in a coarser unit, but `.value`, a frame that mixes
+# them with nanosecond times and the pages' arithmetic overflow on them (a record dated 2300
+# stopped the load); and no measurement was made in 1600 or 9999.
+_FIRST_DATE = pd.Timestamp.min.tz_localize("UTC")
+_LAST_DATE = pd.Timestamp.max.tz_localize("UTC")
+
+
 def _ms_time(value, what: str) -> pd.Timestamp:
     """asv's milliseconds since the epoch as a UTC time; _Malformed when no date can hold it."""
     if not _is_number(value):
@@ -173,9 +193,12 @@ def _ms_time(value, what: str) -> pd.Timestamp:
     if not math.isfinite(ms):
         raise _Malformed(f"{what} {_describe(value)} is not a finite time")
     try:
-        return pd.Timestamp(ms, unit="ms", tz="UTC")
-    except (ValueError, OverflowError):  # pandas holds the years 1677 to 2262
-        raise _Malformed(f"{what} {_describe(value)} is out of the range of dates") from None
+        t = pd.Timestamp(ms, unit="ms", tz="UTC")
+    except (ValueError, OverflowError):
+        t = None
+    if t is None or not _FIRST_DATE <= t <= _LAST_DATE:
+        raise _Malformed(f"{what} {_describe(value)} is out of the range of dates (the years 1677 to 2262)")
+    return t
 
 
 def _check_file(data) -> pd.Timestamp:
@@ -189,7 +212,22 @@ def _check_file(data) -> pd.Timestamp:
             raise _Malformed(f"'{key}' missing or not a {kind.__name__}")
     if not all(isinstance(c, str) for c in data["result_columns"]):
         raise _Malformed("'result_columns' is not a list of strings")
+    if "result" not in data["result_columns"]:  # else every entry would read as failed
+        raise _Malformed("'result_columns' does not name 'result': no value of any entry can be read")
+    _check_commit_hash(data["commit_hash"])
     return _ms_time(data["date"], "'date'") if "date" in data else pd.NaT
+
+
+# A commit as git names it: 7 (its shortest abbreviation) to 64 (a SHA-256 repository's)
+# hexadecimal digits. The hash goes into every row, the result IDs and the command an export
+# gives to reproduce a figure, so nothing else may pass.
+_COMMIT_HASH = re.compile(r"[0-9a-fA-F]{7,64}")
+
+
+def _check_commit_hash(commit) -> None:
+    if not _COMMIT_HASH.fullmatch(commit):
+        length = f" ({len(commit)} characters)" if len(commit) > 40 else ""  # _describe shows 40
+        raise _Malformed(f"'commit_hash' {_describe(commit)}{length} is not a commit hash (7 to 64 hexadecimal digits)")
 
 
 # Statistics that count (timings per sample, samples): a negative count is no count, and
@@ -216,12 +254,43 @@ def _check_stats(name: str, record: dict) -> None:
             raise _Malformed(f"{name}: '{col}' holds a negative or implausibly large count")
 
 
+def too_many_combinations(params: list[list]) -> str | None:
+    """Why the values of each parameter in `params` may not be multiplied out (their product
+    counted without building one, against MAX_COMBINATIONS); None when they may."""
+    count = math.prod(float(len(p)) for p in params)  # a float: the count of a hostile file has no bound
+    if count <= MAX_COMBINATIONS:
+        return None
+    shown = f"{count:.0f}" if count < 1e6 else f"{count:.3g}"
+    return f"{shown} parameter combinations, over the limit of {MAX_COMBINATIONS} for one benchmark"
+
+
+def _check_file_combinations(results: dict, columns: list) -> None:
+    """_Malformed when the entries of one file multiply out past MAX_FILE_COMBINATIONS in
+    all: counted before any row is built. An entry that is over MAX_COMBINATIONS on its own,
+    or whose parameters cannot be read, is skipped and reported alone (_check_entry): it
+    builds no row, so it does not count here."""
+    at = columns.index("params") if "params" in columns else None
+    total = 0.0
+    for entry in results.values():
+        params = entry[at] if at is not None and isinstance(entry, list) and len(entry) > at else None
+        readable = isinstance(params, list) and all(isinstance(p, list) for p in params)
+        count = math.prod(float(len(p)) for p in params) if readable else 1.0
+        total += count if count <= MAX_COMBINATIONS else 0.0
+    if total > MAX_FILE_COMBINATIONS:
+        shown = f"{total:.0f}" if total < 1e6 else f"{total:.3g}"
+        raise _Malformed(f"{shown} parameter combinations in all, over the limit of {MAX_FILE_COMBINATIONS} "
+                         "for one result file")
+
+
 def _check_entry(name: str, record: dict) -> tuple[list[tuple], list]:
     """The entry's parameter combinations and values (floats or None); raises _Malformed when
-    types are wrong."""
+    types are wrong or the combinations are too many."""
     params = record.get("params") or []
     if not isinstance(params, list) or not all(isinstance(p, list) and all(isinstance(v, str) for v in p) for p in params):
         raise _Malformed(f"{name}: 'params' is not a list of lists of strings")
+    too_many = too_many_combinations(params)
+    if too_many:
+        raise _Malformed(f"{name}: {too_many}")
     combos = list(itertools.product(*params))  # asv's order: the last parameter varies fastest
     values = record.get("result")
     if not isinstance(values, list):
@@ -298,6 +367,11 @@ def _benchmark(meta) -> _Benchmark:
     names = meta.get("param_names") or []
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise _Malformed("'param_names' is not a list of strings")
+    # The loader reads the parameters from the result files; a plan and the pages expand these.
+    params = meta.get("params")
+    too_many = isinstance(params, list) and all(isinstance(p, list) for p in params) and too_many_combinations(params)
+    if too_many:
+        raise _Malformed(too_many)
     return _Benchmark(meta.get("type"), meta.get("unit"), meta.get("version"), tuple(names))
 
 
@@ -315,7 +389,8 @@ def _benchmarks(raw: dict, path: str, problems: list[Problem]) -> dict[str, _Ben
             continue
         renamed += [f"{name}: {n}" for n in good[name].param_names if n in _RESERVED]
     if bad:
-        problems.append(Problem(path, f"{len(bad)} benchmark entr(ies) with wrong types skipped: {'; '.join(bad)}"))
+        problems.append(Problem(path, f"{len(bad)} benchmark entr(ies) with wrong types or over a limit skipped: "
+                                      f"{'; '.join(bad)}"))
     if renamed:
         problems.append(Problem(path, f"parameter(s) named like a column of the results, shown as "
                                       f"{RENAMED_PARAM_PREFIX}<name>: {'; '.join(renamed)}"))
@@ -343,6 +418,7 @@ def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], 
     if not data["results"]:  # asv never writes one; a file emptied by hand or by a bad merge
         problems.append(Problem(str(path), "holds no results"))
     columns = data["result_columns"]
+    _check_file_combinations(data["results"], columns)
     rows, unknown, invalid, malformed, unnamed = [], [], [], [], []
     for name, entry in data["results"].items():
         try:
@@ -406,7 +482,7 @@ def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], 
             }
             rows.append(row)
     for count, what, names, expected in (
-            (len(malformed), "entr(ies) with wrong types skipped", malformed, False),
+            (len(malformed), "entr(ies) with wrong types or over a limit skipped", malformed, False),
             (len(unknown), "result(s) of benchmarks not in benchmarks.json skipped", unknown, True),
             (len(invalid), "benchmark(s) with an infinite value, or a time or ratio of zero or less, set aside as "
                            "not measured", invalid, False),
@@ -480,6 +556,12 @@ def _read(path: Path, root_real: Path, parent_real: Path | None = None) -> bytes
     """The bytes of a regular file inside the tree, at most MAX_FILE_BYTES; _Unreadable
     otherwise. Anything else is refused before it is opened: opening a FIFO could block or
     release a writer waiting on it, reading a device could never end."""
+    return _read_identified(path, root_real, parent_real)[0]
+
+
+def _read_identified(path: Path, root_real: Path, parent_real: Path | None = None) -> tuple[bytes, tuple[int, int]]:
+    """`_read`, and the (st_dev, st_ino) of the file it read: which file that was, whichever
+    link led there."""
     real = _inside(path, root_real, parent_real)
     try:
         st = os.stat(real)
@@ -495,7 +577,8 @@ def _read(path: Path, root_real: Path, parent_real: Path | None = None) -> bytes
     except OSError as e:
         raise _Unreadable(e.strerror or str(e)) from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):
             raise _Unreadable("not a regular file")
         chunks, size = [], 0
         while size <= MAX_FILE_BYTES:
@@ -506,7 +589,7 @@ def _read(path: Path, root_real: Path, parent_real: Path | None = None) -> bytes
             size += len(chunk)
         if size > MAX_FILE_BYTES:  # it grew while being read
             raise _Unreadable(f"over the limit of {MAX_FILE_BYTES} bytes for one file")
-        return b"".join(chunks)
+        return b"".join(chunks), (opened.st_dev, opened.st_ino)
     except _Unreadable:
         raise
     except OSError as e:
@@ -546,9 +629,12 @@ def _subdirectory(path: Path, root_real: Path, problems: list[Problem]) -> bool:
 
 
 def _file_rows(file: Path, machine: str, root_real: Path, benchmarks: dict[str, _Benchmark],
-               problems: list[Problem], parent_real: Path | None = None) -> list[dict]:
+               problems: list[Problem], parent_real: Path | None, seen: dict[tuple[int, int], Path]) -> list[dict]:
     try:
-        return _rows_of(file, _parse_json(_read(file, root_real, parent_real)), machine, benchmarks, problems)
+        raw, identity = _read_identified(file, root_real, parent_real)
+        if not _first_visit(file, identity, seen, "file", problems):
+            return []
+        return _rows_of(file, _parse_json(raw), machine, benchmarks, problems)
     except _Unreadable as e:
         problems.append(Problem(str(file), f"unreadable ({e})"))
     except _NotJson as e:
@@ -576,7 +662,9 @@ def _timestamp(text) -> pd.Timestamp:
         t = pd.Timestamp(text)
     except (ValueError, OverflowError, TypeError):
         return pd.NaT
-    return pd.NaT if t is pd.NaT or t.tzinfo is None else t.tz_convert("UTC")
+    if t is pd.NaT or t.tzinfo is None or not _FIRST_DATE <= t <= _LAST_DATE:
+        return pd.NaT
+    return t.tz_convert("UTC")
 
 
 def _clean_environment(record: dict) -> list[str]:
@@ -636,8 +724,9 @@ def _environment_records(machine_dir: Path, root_real: Path, problems: list[Prob
                 continue
             bad = _clean_environment(record)
             if bad:
-                problems.append(Problem(f"{file}:{number}", f"environment field(s) left out: {', '.join(bad)} "
-                                                            "(wrong type, or a time without a timezone)"))
+                problems.append(Problem(f"{file}:{number}", f"environment field(s) left out: {', '.join(bad)} (wrong "
+                                                            "type, or a time without a timezone or outside the years "
+                                                            "1677 to 2262)"))
             records.setdefault(record["commit"], []).append((_timestamp(record.get("recorded_at")), record, bad))
     for recs in records.values():
         recs.sort(key=lambda r: (pd.isna(r[0]), 0 if pd.isna(r[0]) else r[0].value))
@@ -675,13 +764,27 @@ def _join_environment(rows: list[dict], records: dict[str, list[tuple]], problem
 
 # --- the whole tree ----------------------------------------------------------------------
 
-def _utf8_name(machine_dir: Path, problems: list[Problem]) -> bool:
-    """Whether the directory's name, the machine column of its rows, is text. Python keeps
-    undecodable bytes of a file name as lone surrogates, which no page or export can encode."""
+def _utf8_name(path: Path, what: str, problems: list[Problem]) -> bool:
+    """Whether the name of `path` (`what`: a machine directory, the machine column of its
+    rows, or a result file, their file column) is text. Python keeps undecodable bytes of a
+    file name as lone surrogates, which no page or export can encode (nor pandas store)."""
     try:
-        machine_dir.name.encode("utf-8")
+        path.name.encode("utf-8")
     except UnicodeEncodeError:
-        problems.append(Problem(str(machine_dir), "machine directory name is not UTF-8, skipped"))
+        problems.append(Problem(str(path), f"{what} name is not UTF-8, skipped; rename it"))
+        return False
+    return True
+
+
+def _first_visit(path: Path, identity: tuple[int, int], seen: dict[tuple[int, int], Path], what: str,
+                 problems: list[Problem]) -> bool:
+    """Whether `path` is the first way to the file or directory `identity` (st_dev, st_ino)
+    names. A symlink inside the tree or a hard link is a second way: its results would be
+    counted twice, so they are read once, from the first, and the second reported."""
+    first = seen.setdefault(identity, path)
+    if first != path:
+        problems.append(Problem(str(path), f"the same {what} as {first} (a link): its results are loaded once, "
+                                           "from there"))
         return False
     return True
 
@@ -696,9 +799,15 @@ def _load_benchmarks(root: Path, problems: list[Problem]) -> dict[str, _Benchmar
         problems.append(Problem(str(root), f"no results directory here ({e.strerror or e})"))
         return None
     bench_file = root / "benchmarks.json"
-    if not os.path.lexists(bench_file):
+    try:
+        os.lstat(bench_file)
+    except FileNotFoundError:
         problems.append(Problem(str(bench_file), "missing: without it units and parameter names are unknown, "
                                                  "so no result file was read"))
+        return None
+    except OSError as e:  # a directory without read or search permission hides what it holds
+        problems.append(Problem(str(bench_file), f"unreadable ({e.strerror or e}), so no result file was read; "
+                                                 "check the results directory's permissions"))
         return None
     try:
         raw = _parse_json(_read(bench_file, root.resolve()))
@@ -710,8 +819,20 @@ def _load_benchmarks(root: Path, problems: list[Problem]) -> dict[str, _Benchmar
     return _benchmarks(raw, str(bench_file), problems)
 
 
+def _check_machine_json(path: Path, root_real: Path, parent_real: Path | None, problems: list[Problem]) -> None:
+    """Report a machine.json that is not asv's (a JSON object). The loader takes nothing from
+    it (the directory's name is the machine's), so the results beside it load all the same."""
+    try:
+        if not isinstance(_parse_json(_read(path, root_real, parent_real)), dict):
+            raise _NotJson("not a JSON object")
+    except (_Unreadable, _NotJson) as e:
+        why = f"unreadable ({e})" if isinstance(e, _Unreadable) else str(e)
+        problems.append(Problem(str(path), f"{why}; the results beside it are loaded all the same (restore it from "
+                                           "git, or a `speedlib run` on this machine writes it anew)"))
+
+
 def _machine_rows(machine_dir: Path, root_real: Path, benchmarks: dict[str, _Benchmark],
-                  problems: list[Problem]) -> list[dict]:
+                  problems: list[Problem], seen: dict[tuple[int, int], Path]) -> list[dict]:
     children = _children(machine_dir, problems)
     if "machine.json" not in {c.name for c in children}:
         if any(c.suffix == ".json" for c in children):
@@ -719,11 +840,20 @@ def _machine_rows(machine_dir: Path, root_real: Path, benchmarks: dict[str, _Ben
         return []
     rows: list[dict] = []
     machine_real = _real_dir(machine_dir, root_real)
+    _check_machine_json(machine_dir / "machine.json", root_real, machine_real, problems)
     for file in children:
-        if file.suffix == ".json" and file.name not in _SKIP_FILES:
-            rows += _file_rows(file, machine_dir.name, root_real, benchmarks, problems, machine_real)
+        if file.suffix == ".json" and file.name not in _SKIP_FILES and _utf8_name(file, "result file", problems):
+            rows += _file_rows(file, machine_dir.name, root_real, benchmarks, problems, machine_real, seen)
     _join_environment(rows, _environment_records(machine_dir, root_real, problems), problems)
     return rows
+
+
+def _machine_dirs(root: Path, root_real: Path, problems: list[Problem]) -> list[Path]:
+    """The directories under `root` to load as machines, real directories before links: a
+    link to one of them, met first, would file its results under the link's name."""
+    found = [d for d in _children(root, problems)
+             if _subdirectory(d, root_real, problems) and _utf8_name(d, "machine directory", problems)]
+    return sorted(found, key=os.path.islink)  # stable: by name within each
 
 
 # How far apart a measurement and its counters may have started and still be of one run:
@@ -806,17 +936,33 @@ def _settle_versions(rows: list[dict], problems: list[Problem]) -> None:
                                 "earlier"))
 
 
+def _killed_run(root: Path, problems: list[Problem]) -> None:
+    """A `speedlib run` killed outright while asv wrote here left its copy of asv's files
+    (speedbench.safekeep): what asv left may read as damaged until the next run puts it back."""
+    snapshot = safekeep.left_by_killed_run(root)
+    if snapshot is not None:
+        problems.append(Problem(str(snapshot), "a speedlib run was killed while asv wrote here; the files from "
+                                               "before it are kept in this directory, and the next speedlib run "
+                                               "puts them back"))
+
+
 def load_results(path: str | Path) -> LoadedResults:
     """Every result under `path` (all machines, all commits) as tidy frames."""
     root = Path(path)
     problems: list[Problem] = []
+    _killed_run(root, problems)
     rows: list[dict] = []
     benchmarks = _load_benchmarks(root, problems)
     if benchmarks is not None:
         root_real = root.resolve()
-        for machine_dir in _children(root, problems):
-            if _subdirectory(machine_dir, root_real, problems) and _utf8_name(machine_dir, problems):
-                rows += _machine_rows(machine_dir, root_real, benchmarks, problems)
+        seen: dict[tuple[int, int], Path] = {}  # (st_dev, st_ino) -> the path it was loaded from
+        for machine_dir in _machine_dirs(root, root_real, problems):
+            try:
+                st = os.stat(machine_dir)
+            except OSError:  # gone since it was listed: its listing reports it
+                st = None
+            if st is None or _first_visit(machine_dir, (st.st_dev, st.st_ino), seen, "directory", problems):
+                rows += _machine_rows(machine_dir, root_real, benchmarks, problems, seen)
     rows = _attach_counters(rows)
     _settle_versions(rows, problems)
     df = pd.DataFrame(rows)

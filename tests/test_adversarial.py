@@ -17,6 +17,7 @@ reader would.
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import errno
 import hashlib
 import io
@@ -26,6 +27,7 @@ import re
 import shutil
 import socket
 import stat
+import threading
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +36,8 @@ from typing import Callable
 import pandas as pd
 import pytest
 
+from speedbench import machines, plan, synthetic
 from speedbench import results as results_module
-from speedbench import synthetic
 from speedbench.results import COLUMNS, format_table, load_results
 
 TIME = "bench_contiguous.OptimizerStep.time_adam_step"
@@ -145,6 +147,7 @@ def check(tmp_path: Path, template: Path, baseline: pd.DataFrame, case: Case, al
     assert (m[m["kind"] == "time"]["value"] > 0).all()
     assert m["gpu"].map(lambda g: isinstance(g, str)).all()
     assert m["machine"].isin(["synthetic-h100", "synthetic-h200"]).all()
+    assert m["result_id"].is_unique, "a result loaded twice"
     assert not any(c in format_table(m) for c in "\x1b\r\x07")
     assert not any(ord(c) < 32 for p in loaded.problems for c in str(p))
 
@@ -243,7 +246,19 @@ def _time_value(value) -> Callable[[dict], None]:
     return lambda d: d["results"][TIME][0].__setitem__(2, value)
 
 
+# Years a date can name that pandas' nanosecond times cannot hold (they end at 1677 and 2262;
+# pandas 2 and later still parse them, in a coarser unit).
+OUT_OF_RANGE_YEARS = (1, 1600, 2300, 9999)
+
+
+def _year_ms(year: int) -> float:
+    """1 January of `year` as asv writes a time: milliseconds since the epoch."""
+    utc = dt.timezone.utc
+    return (dt.datetime(year, 1, 1, tzinfo=utc) - dt.datetime(1970, 1, 1, tzinfo=utc)).total_seconds() * 1000
+
+
 V = f"{VICTIM_MACHINE}/VICTIM"
+MACHINE_JSON = f"{VICTIM_MACHINE}/machine.json"
 KNOWN = {
     # whole result files
     "deep list": (_write(V, "[" * 100_000), V, "nested too deeply"),
@@ -277,6 +292,23 @@ KNOWN = {
     "time negative": (_edit(_time_value(-0.5)), V, "set aside as not measured"),
     "time -inf": (_edit(_time_value(float("-inf"))), V, "set aside as not measured"),
     "bool result": (_edit(_time_value(True)), V, "neither a number nor null"),
+    **{f"date year {y}": (_edit(lambda d, y=y: d.__setitem__("date", _year_ms(y))), V,
+                          "'date' .* is out of the range of dates") for y in OUT_OF_RANGE_YEARS},
+    **{f"started_at year {y}": (_edit(lambda d, y=y: d["results"][TIME].__setitem__(3, _year_ms(y))), V,
+                                "'started_at'.* is out of the range of dates") for y in OUT_OF_RANGE_YEARS},
+    # without a 'result' column every entry would read as failed
+    "no result column": (_edit(lambda d: d["result_columns"].__setitem__(0, "value")), V,
+                         "'result_columns' does not name 'result'"),
+    "commit hash not hex": (_set_top("commit_hash", "g" * 40), V, "'commit_hash' 'g+' is not a commit hash"),
+    "commit hash 100k": (_set_top("commit_hash", "a" * 100_000), V,
+                         r"'commit_hash' 'a+' \(100000 characters\) is not a commit hash"),
+    "commit hash short": (_set_top("commit_hash", "abc123"), V, "'commit_hash' 'abc123' is not a commit hash"),
+    "commit hash with a space": (_set_top("commit_hash", "0123456 89"), V, "is not a commit hash"),
+    "commit hash with a newline": (_set_top("commit_hash", "0123456789\n"), V, "is not a commit hash"),
+    # machine.json: reported, the machine's results loaded all the same
+    "machine.json torn": (_write(MACHINE_JSON, '{"machine": '), MACHINE_JSON, "not valid JSON.*loaded all the same"),
+    "machine.json a list": (_write(MACHINE_JSON, "[]"), MACHINE_JSON, "not a JSON object.*loaded all the same"),
+    "machine.json invalid utf-8": (_write(MACHINE_JSON, b"\xff"), MACHINE_JSON, "not UTF-8"),
     # benchmarks.json
     "benchmarks deep": (_write("benchmarks.json", "[" * 100_000), "benchmarks.json", "nested too deeply"),
     "benchmarks invalid utf-8": (_write("benchmarks.json", b"{\"a\": \"\xff\"}"), "benchmarks.json", "not UTF-8"),
@@ -296,11 +328,13 @@ KNOWN = {
     "env list torch": (_set_environment("torch", ["2.1"]), None, "torch"),
     "env inf count": (_set_environment("gpu_count", float("inf")), None, "gpu_count"),
     "env no commit": (_set_environment("commit", 5), None, "not an object with a 'commit'"),
+    **{f"env year {y}": (_set_environment("recorded_at", f"{y:04d}-01-01T00:00:00+00:00"), None, "recorded_at")
+       for y in OUT_OF_RANGE_YEARS},
 }
 
 
 def _may_lose(name: str, where: str | None) -> str:
-    if name.startswith("env"):
+    if name.startswith(("env", "machine.json")):
         return NO_ROW
     return ANY_ROW if where == "benchmarks.json" else VICTIM_ROWS
 
@@ -375,6 +409,15 @@ FILESYSTEM = {
     "benchmarks.json out of the tree": (
         _both(lambda t: shutil.move(t / "benchmarks.json", t.parent / "b.json"),
               _link("benchmarks.json", lambda t: t.parent / "b.json")), "benchmarks.json", "out of the results tree"),
+    # one file reached twice is loaded once; a link sorting first does not rename the machine
+    "machine dir linked inside the tree": (_link("a-alias", M), "a-alias", f"the same directory as .*{M}"),
+    "result file hard-linked to another machine": (
+        lambda t: os.link(victim_file(t), t / "synthetic-h200" / "linked.json"), "synthetic-h200/linked.json",
+        "the same file as .*-existing-"),
+    "result file hard-linked beside it": (
+        lambda t: os.link(victim_file(t), t / M / "zz-linked.json"), f"{M}/zz-linked.json", "the same file as"),
+    "result file linked inside the tree": (_link(f"{M}/zz-alias.json", lambda t: victim_file(t).name),
+                                           f"{M}/zz-alias.json", "the same file as"),
 }
 
 
@@ -402,6 +445,86 @@ def test_a_file_over_the_size_limit_is_not_read(tmp_path, template, baseline, mo
     may_lose = ANY_ROW if relative == "benchmarks.json" else NO_ROW
     check(tmp_path, template, baseline, Case(damage, _named(relative), "over the limit of 20000 bytes", may_lose),
           always_problem=True)
+
+
+# 30 values in each of 8 parameters: 30**8 = 6.6e11 parameter combinations from 2 KB of JSON.
+EXPLODING_PARAMS = [[repr(str(i)) for i in range(30)]] * 8
+
+
+@pytest.fixture
+def memory_cap():
+    """This process's address space capped at 1 GiB above its size for the test, so that code
+    building every one of billions of combinations fails with a MemoryError instead of taking
+    the machine's memory (which the loader once did)."""
+    resource = pytest.importorskip("resource", reason="capping memory needs the resource module (POSIX)")
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        pytest.skip("capping memory needs this process's size from /proc/self/statm (Linux)")
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = pages * os.sysconf("SC_PAGE_SIZE") + 2**30
+    if hard != resource.RLIM_INFINITY and hard < cap:
+        pytest.skip(f"this process's hard address-space limit ({hard} bytes) leaves no room to cap it")
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def _explode_entry(data: dict) -> None:
+    """The entry of a benchmark that failed (null: one null spread over every combination)."""
+    data["results"][TIME][:2] = [None, EXPLODING_PARAMS]
+
+
+@pytest.mark.parametrize("where", ["result file", "benchmarks.json"])
+def test_parameter_combinations_over_the_limit_are_reported_not_built(tmp_path, template, baseline, memory_cap, where):
+    if where == "result file":
+        case = Case(_edit(_explode_entry), victim_file, rf"{TIME}: 6.56e\+11 parameter combinations, over the limit")
+    else:
+        case = Case(_set_benchmark("params", EXPLODING_PARAMS), lambda t: t / "benchmarks.json",
+                    rf"{TIME} \(6.56e\+11 parameter combinations, over the limit", ANY_ROW)
+    check(tmp_path, template, baseline, case, always_problem=True)
+    # Only that benchmark is skipped (in the one file, or everywhere): the rest loads.
+    loaded = load_results(tmp_path / "results")
+    lost = baseline["benchmark"] == TIME
+    if where == "result file":
+        lost &= baseline["file"] == str(victim_file(template))
+    assert len(loaded.measured) == len(baseline) - lost.sum()
+    assert len(loaded.not_measured) == len(load_results(template).not_measured)
+
+
+def _many_entries_each_under_the_limit(data: dict) -> None:
+    """Entries that each stay under MAX_COMBINATIONS but together multiply out past the file's
+    limit: a 64 MiB file of such entries would otherwise build 10^8 rows."""
+    params = [[repr(str(i)) for i in range(10)]] * 3  # 1000 combinations: at the per-benchmark limit
+    template_entry = data["results"][TIME]
+    for i in range(results_module.MAX_FILE_COMBINATIONS // 1000 + 1):
+        entry = list(template_entry)
+        entry[:2] = [None, params]
+        data["results"][f"{TIME}_{i}"] = entry
+
+
+def test_a_result_file_over_the_limit_in_all_is_reported_not_built(tmp_path, template, baseline, memory_cap):
+    case = Case(_edit(_many_entries_each_under_the_limit), victim_file,
+                r"parameter combinations in all, over the limit of \d+ for one result file")
+    check(tmp_path, template, baseline, case, always_problem=True)
+    # The whole file is skipped, the other files load.
+    loaded = load_results(tmp_path / "results")
+    assert len(loaded.measured) == len(baseline) - (baseline["file"] == str(victim_file(template))).sum()
+
+
+def test_a_plan_skips_a_benchmark_over_the_limit_and_says_so(tmp_path, template, memory_cap):
+    tree = tmp_path / "results"
+    shutil.copytree(template, tree, symlinks=True)
+    _set_benchmark("params", EXPLODING_PARAMS)(tree)
+    assert TIME not in plan.combinations(tree / "benchmarks.json")  # as `speedlib run --plan` calls it
+    skipped: list[str] = []
+    names = plan.combinations(tree / "benchmarks.json", skipped)
+    everything = plan.combinations(template / "benchmarks.json")
+    assert names == {name: combos for name, combos in everything.items() if name != TIME}
+    assert len(skipped) == 1 and re.fullmatch(rf"{TIME}: 6.56e\+11 parameter combinations, over the limit .*",
+                                              skipped[0]), skipped
 
 
 def _unreadable_directory(monkeypatch, path_of: Callable[[Path], Path]) -> Callable[[Path], None]:
@@ -438,6 +561,74 @@ def test_an_unreadable_results_directory_is_reported(tmp_path, template, monkeyp
     assert "unreadable directory (Permission denied)" in loaded.problems[0].reason
 
 
+def _without_permission(monkeypatch, tree: Path) -> None:
+    """`tree` as a user without read and search permission on it meets it (no mode bit stops
+    root, who runs the tests): it can be examined from outside, but not listed, and nothing
+    in it examined or opened. For the loader's `os` and `os.path` only, as above."""
+    inside = os.path.join(str(tree), "")
+
+    def refused(call, blocked):
+        def guarded(path, *args, **kwargs):
+            if blocked(os.fsdecode(path)):
+                raise PermissionError(errno.EACCES, "Permission denied", str(path))
+            return call(path, *args, **kwargs)
+        return guarded
+
+    def answers_false_on_error(call):  # os.path's tests say False, whatever the error
+        def test(path):
+            try:
+                return bool(call(path))
+            except (OSError, ValueError):
+                return False
+        return test
+
+    fake_os = types.ModuleType("os")
+    fake_os.__dict__.update(os.__dict__)
+    fake_os.scandir = refused(os.scandir, lambda p: p == str(tree) or p.startswith(inside))
+    for name in ("stat", "lstat", "open"):
+        setattr(fake_os, name, refused(getattr(os, name), lambda p: p.startswith(inside)))
+    fake_path = types.ModuleType("posixpath")
+    fake_path.__dict__.update(os.path.__dict__)
+    fake_path.lexists = answers_false_on_error(fake_os.lstat)
+    fake_path.exists = answers_false_on_error(fake_os.stat)
+    fake_path.islink = answers_false_on_error(lambda p: stat.S_ISLNK(fake_os.lstat(p).st_mode))
+    fake_os.path = fake_path
+    monkeypatch.setattr(results_module, "os", fake_os)
+
+
+@pytest.mark.parametrize("entry", ["deep record", "fifo", "directory"])
+def test_a_run_checking_its_machine_passes_over_odd_environment_entries(tmp_path, template, entry):
+    """`speedlib run` reads the machine directory's environment records before it measures
+    (machines.check_directory): an entry the loader reports must neither stop nor hang it."""
+    tree = tmp_path / "results"
+    shutil.copytree(template, tree, symlinks=True)
+    env = tree / M / "environment"
+    if entry == "deep record":
+        (env / "deep.jsonl").write_text("[" * 100_000 + "\n")
+    elif entry == "fifo":
+        os.mkfifo(env / "fifo.jsonl")
+    else:
+        (env / "dir.jsonl").mkdir()
+    found = []
+    # A daemon thread: opening a FIFO waits for a writer, and the test must fail, not hang.
+    reader = threading.Thread(target=lambda: found.append(machines.directory_records(tree / M)), daemon=True)
+    reader.start()
+    reader.join(timeout=20)
+    assert not reader.is_alive(), f"blocked reading {entry}"
+    assert found == [machines.directory_records(template / M)] and found[0]
+
+
+def test_a_results_directory_without_permission_is_not_called_missing(tmp_path, template, monkeypatch):
+    tree = tmp_path / "results"
+    shutil.copytree(template, tree, symlinks=True)
+    _without_permission(monkeypatch, tree)
+    loaded = load_results(tree)
+    assert loaded.measured.empty and loaded.not_measured.empty and len(loaded.problems) == 1
+    problem = loaded.problems[0]
+    assert problem.path.startswith(str(tree)) and "missing" not in problem.reason
+    assert re.search(r"unreadable \(Permission denied\).*no result file was read", problem.reason), problem
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads through any mode bits")
 @pytest.mark.parametrize("mode", [0o000, 0o400])  # unreadable; listable but not searchable
 def test_a_directory_without_permissions_is_reported(tmp_path, template, baseline, mode):
@@ -466,6 +657,16 @@ def test_a_machine_directory_name_that_is_not_utf8_is_skipped(tmp_path, template
     check(tmp_path, template, baseline, Case(damage, odd, "not UTF-8", ANY_ROW), always_problem=True)
     loaded = load_results(tmp_path / "results")
     assert set(loaded.measured["machine"]) == {M} and "h200\\udcff" in str(loaded.problems[0])
+
+
+def test_a_result_file_name_that_is_not_utf8_is_skipped(tmp_path, template, baseline):
+    odd = lambda t: Path(os.fsdecode(os.fsencode(t) + b"/synthetic-h200/existing-\xff.json"))  # noqa: E731
+    damage = lambda t: shutil.copy(victim_file(t), odd(t))  # noqa: E731
+    check(tmp_path, template, baseline, Case(damage, odd, "file name is not UTF-8", NO_ROW), always_problem=True)
+    loaded = load_results(tmp_path / "results")
+    files = pd.concat([loaded.measured, loaded.not_measured])["file"]
+    assert len(files) and not any("\udcff" in f for f in files)  # no page or export could encode it
+    assert "existing-\\udcff" in " ".join(map(str, loaded.problems))
 
 
 def test_names_with_control_characters_are_escaped(tmp_path, template):

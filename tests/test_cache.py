@@ -68,6 +68,23 @@ def test_any_change_under_the_tree_is_loaded_afresh(tree, change):
     _same(cache.load(tree), results.load_results(tree))
 
 
+def test_a_same_size_edit_in_place_with_its_mtime_restored_is_loaded_afresh(tree):
+    cache.load(tree)
+    key = cache.fingerprint(tree)
+    result = next((tree / "synthetic-h200").glob("*-existing-*.json"))
+    before = result.stat()
+    data = result.read_bytes()
+    edited = data.replace(b'"version"', b'"versiom"', 1)  # its entries' version column renamed
+    assert len(edited) == len(data) and edited != data
+    with result.open("r+b") as f:  # the same inode, the same size ...
+        f.write(edited)
+    os.utime(result, ns=(before.st_atime_ns, before.st_mtime_ns))  # ... and the old mtime, as `touch -r` sets it
+    after = result.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+    assert cache.fingerprint(tree) != key
+    _same(cache.load(tree), results.load_results(tree))
+
+
 def test_a_corrupt_cache_file_is_replaced(tree, monkeypatch):
     fresh = cache.load(tree)
     (stored,) = cache.cache_dir().glob("results-*.pickle")
