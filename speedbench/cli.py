@@ -47,12 +47,12 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         show_stderr=args.show_stderr,
         archive=Path(args.archive) if args.archive else None,
         chunks=args.chunk or (),
-        budget_minutes=args.budget_minutes,
         new_build=args.new_build,
         require_quiet=args.require_quiet,
     )
     try:
-        options.wait_quiet = _seconds(args.wait_quiet, "--wait-quiet")
+        options.wait_quiet = _number(args.wait_quiet, "--wait-quiet", "seconds")
+        options.budget_minutes = _number(args.budget_minutes, "--budget-minutes", "minutes")
         suite.check_options(options)  # also inside run(); here it is refused before asv or torch load
     except suite.SuiteError as e:
         print(f"speedlib run: {e}", file=sys.stderr)
@@ -77,8 +77,9 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return CHUNKS_LEFT if result.not_run else 0
 
 
-def _seconds(text: str | None, option: str) -> float | None:
-    """A number of seconds from the command line; one line (SuiteError) if it is not one."""
+def _number(text: str | None, option: str, unit: str) -> float | None:
+    """A number of `unit` from the command line; one line (SuiteError) if it is not one
+    (suite.check_options refuses one that is not finite and positive)."""
     from speedbench import suite  # noqa: PLC0415
     from speedbench.results import printable  # noqa: PLC0415
 
@@ -87,11 +88,12 @@ def _seconds(text: str | None, option: str) -> float | None:
     try:
         return float(text)
     except ValueError:
-        raise suite.SuiteError(f"{option} must be a positive number of seconds, got '{printable(text)}'") from None
+        raise suite.SuiteError(f"{option} must be a positive number of {unit}, got '{printable(text)}'") from None
 
 
 def _print_plan(options) -> int:
     from speedbench import plan, suite  # noqa: PLC0415
+    from speedbench.results import printable  # noqa: PLC0415 - the listing's names come from a file
 
     try:
         root = suite.find_root()
@@ -104,12 +106,22 @@ def _print_plan(options) -> int:
         from speedbench import measure  # noqa: PLC0415 - imports torch, only to name this machine
 
         options.machine = measure.machine_name()
-    listing = plan.benchmark_listing(root, results_dir)
+    try:
+        listing = plan.benchmark_listing(root, results_dir)
+    except plan.PlanError as e:
+        print(f"speedlib run: {e}", file=sys.stderr)
+        return 2
     if listing is None:
         print(f"speedlib run: no benchmarks.json in {results_dir} or the checkout to count the benchmarks from; "
               "run the suite once", file=sys.stderr)
         return 2
-    names = plan.combinations(listing)
+    skipped: list[str] = []
+    names = plan.combinations(listing, skipped)
+    for line in skipped:  # benchmarks the listing describes in a way that cannot be priced
+        print(f"speedlib run: {printable(str(listing))}: {printable(line)}", file=sys.stderr)
+    note = plan.chunk_times_note(results_dir, options.machine)
+    if note:
+        print(f"speedlib run: {note}", file=sys.stderr)
     per_combination, basis = plan.seconds_per_combination(plan.load_chunks(root), names, results_dir,
                                                           options.machine)
     print(f"chunks on {options.machine}, per commit: a chunk's measured time on this machine where there is one, "
@@ -266,6 +278,11 @@ def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
     import os  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
 
+    bad = _bad_port(args.port) or _bad_address(args.address)
+    if bad:
+        print(f"speedlib dashboard: {bad}", file=sys.stderr)
+        return 2
+    port = int(args.port)
     app = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
     if not app.is_file():
         print(f"speedlib dashboard: no dashboard at {app}: run it from a checkout "
@@ -278,9 +295,9 @@ def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if not results.is_dir():
         print(f"speedlib dashboard: no results directory at {results}", file=sys.stderr)
         return 2
-    unavailable = _cannot_listen(args.address, args.port)
+    unavailable = _cannot_listen(args.address, port)
     if unavailable:
-        print(f"speedlib dashboard: cannot listen on {args.address}:{args.port} ({unavailable}); is a dashboard "
+        print(f"speedlib dashboard: cannot listen on {args.address}:{port} ({unavailable}); is a dashboard "
               "already running there? Pass another --port.", file=sys.stderr)
         return 2
     # The results directory is fixed here, at start-up, and never read from the URL.
@@ -289,12 +306,12 @@ def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
     # first run and, with no terminal to answer (CI, ssh -T, a batch job), exits 255 with
     # nothing served. The browser is opened from here instead, once the port is bound.
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", args.address,
-           "--server.port", str(args.port), "--browser.gatherUsageStats", "false",
+           "--server.port", str(port), "--browser.gatherUsageStats", "false",
            "--server.headless", "true",
            # a results viewer, not an app being developed: no "Deploy" button, no developer menu
            "--client.toolbarMode", "viewer"]
-    url = f"http://{args.address}:{args.port}"
-    proc = subprocess.Popen(cmd, env=env)
+    url = f"http://{args.address}:{port}"
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=_dies_with(os.getpid()))
     # A SIGTERM to speedlib (kill, a service manager) must stop Streamlit too, not orphan it.
     import signal  # noqa: PLC0415
 
@@ -302,7 +319,7 @@ def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise KeyboardInterrupt
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
-        if not _wait_until_listening(proc, args.address, args.port, timeout=STARTUP_TIMEOUT_S):
+        if not _wait_until_listening(proc, args.address, port, timeout=STARTUP_TIMEOUT_S):
             if proc.poll() is None:
                 proc.terminate()
                 print(f"speedlib dashboard: Streamlit did not listen on {url} within {STARTUP_TIMEOUT_S:.0f} s; "
@@ -325,6 +342,60 @@ def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 STARTUP_TIMEOUT_S = 120.0  # Streamlit imports pandas and plotly: seconds on a cold, busy machine
+
+
+def _bad_port(text: str) -> str | None:
+    """Why `text` is no port to serve on, or None. Not 0: the system would pick one, and the
+    URL printed could not name it."""
+    from speedbench.results import printable  # noqa: PLC0415
+
+    try:
+        if 1 <= int(text) <= 65535:
+            return None
+    except ValueError:
+        pass
+    return f"--port must be a whole number from 1 to 65535, got '{printable(text)}'"
+
+
+def _bad_address(address: str) -> str | None:
+    """Why `address` is no address to serve on, or None: an IP address, or a host name this
+    machine resolves (asked of the resolver, as Streamlit will)."""
+    import ipaddress  # noqa: PLC0415
+    import socket  # noqa: PLC0415
+
+    from speedbench.results import printable  # noqa: PLC0415
+
+    try:
+        ipaddress.ip_address(address)
+        return None
+    except ValueError:
+        pass
+    try:
+        socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
+        return None
+    except (OSError, UnicodeError):  # UnicodeError: not even a host name (an empty label: "a..b")
+        return (f"--address '{printable(address)}' is neither an IP address nor a host name this machine resolves: "
+                "pass one such as 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)")
+
+
+def _dies_with(parent: int):
+    """A preexec_fn for Streamlit: the kernel stops it (SIGTERM, which Streamlit handles by
+    shutting down) when speedlib dies, even by SIGKILL, where speedlib cannot stop it
+    itself and it would go on serving the port. Linux only (prctl); None elsewhere."""
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    from speedbench import supervise  # noqa: PLC0415
+
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def arm() -> None:
+        supervise.die_with_parent(signal.SIGTERM)
+        if os.getppid() != parent:  # speedlib died before the signal was armed
+            os._exit(1)
+
+    return arm
 
 
 def _wait_until_listening(proc, address: str, port: int, timeout: float) -> bool:
@@ -403,7 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--chunk", action="append", metavar="NAME",
                      help="run this chunk of the suite (benchmarks/chunks.py; repeatable; 'all': every chunk, "
                           "headline first); each chunk is archived as it finishes")
-    run.add_argument("--budget-minutes", type=float, metavar="M",
+    run.add_argument("--budget-minutes", metavar="M",
                      help="with --chunk: start only chunks whose cost (this machine's recorded durations, else "
                           "an estimate) fits in what is left of M minutes")
     run.add_argument("--plan", action="store_true",
@@ -454,7 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="results directory (default: this checkout's results/)")
     dash.add_argument("--address", default="127.0.0.1",
                       help="address to listen on (default: 127.0.0.1, this machine only)")
-    dash.add_argument("--port", type=int, default=8501, help="port (default: 8501)")
+    dash.add_argument("--port", default="8501", help="port (default: 8501)")
     dash.add_argument("--no-browser", action="store_true",
                       help="do not open a browser window (none is opened without a display anyway)")
     dash.set_defaults(func=_cmd_dashboard)

@@ -10,15 +10,19 @@ import functools
 import importlib.util
 import itertools
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from speedbench import results, safekeep
 
 __all__ = ["Chunk", "CHECKOUT", "how_to_measure", "load_chunks", "benchmark_listing", "select_chunks", "combinations",
            "estimate_seconds",
            "SECONDS_PER_COMBINATION", "SECONDS_PER_CLASS", "SECONDS_PER_REPORT", "REPORT_SECONDS", "LAUNCH_METHOD",
            "HEADROOM", "PlanError",
-           "chunk_times_path", "record_chunk_time", "recorded_chunk_seconds", "seconds_per_combination", "chunk_cost"]
+           "chunk_times_path", "record_chunk_time", "recorded_chunk_seconds", "seconds_per_combination", "chunk_cost",
+           "chunk_times_note"]
 
 # A chunk's cost, process by process. Each class is one measuring process (benchmarks/common.py:
 # its setup_cache measures every parameter combination, variants taking turns): a start
@@ -120,24 +124,62 @@ def _checkout_chunks(root: Path) -> tuple[Chunk, ...]:
 
 def benchmark_listing(root: Path, results_dir: Path) -> Path | None:
     """asv's benchmark listing: the results directory's (a run writes it first thing), else
-    the checkout's committed one; None before the suite ever ran."""
+    the checkout's committed one; None before the suite ever ran. PlanError (one line) when
+    that file cannot be read as a listing: a plan or a budget priced from it would be wrong."""
     for listing in (Path(results_dir) / "benchmarks.json", Path(root) / "results" / "benchmarks.json"):
         if listing.is_file():
+            _check_listing(listing)
             return listing
     return None
 
 
-def combinations(benchmarks_json: Path) -> dict[str, list[str]]:
+def _check_listing(path: Path) -> None:
+    """PlanError unless `path` is JSON text holding an object (asv's listing: benchmark name ->
+    its description). A run killed while asv wrote it leaves it torn; anyone can drop one in."""
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        problem = f"cannot be read ({e.strerror or e})"
+    except UnicodeDecodeError as e:  # before ValueError, which it is
+        problem = f"not UTF-8 text (byte {e.start})"
+    except ValueError as e:
+        problem = f"not valid JSON, torn by a killed run? ({getattr(e, 'msg', e)})"
+    except RecursionError:
+        problem = "not valid JSON: nested too deeply"
+    else:
+        if isinstance(data, dict):
+            return
+        problem = f"not a JSON object of benchmarks (a JSON {type(data).__name__})"
+    raise PlanError(f"{results.printable(str(path))}: {problem}: restore it from git, or delete it and the next "
+                    "run writes it again")
+
+
+def combinations(benchmarks_json: Path, skipped: list[str] | None = None) -> dict[str, list[str]]:
     """Every benchmark's selectable names, as asv's --bench sees them: `name(p0, p1)` per
-    parameter combination (the parameters' reprs), or just `name`."""
+    parameter combination (the parameters' reprs), or just `name`. A benchmark whose
+    parameters are not lists of strings, or multiply out past results.MAX_COMBINATIONS, is
+    left out (never expanded), with a line saying why appended to `skipped`."""
     data = json.loads(Path(benchmarks_json).read_text(encoding="utf-8"))
     names = {}
     for name, bench in data.items():
         if not isinstance(bench, dict):  # the file's "version" entry
             continue
         params = bench.get("params") or []
+        why = _unusable_params(params)
+        if why:
+            if skipped is not None:
+                skipped.append(f"{name}: {why}; left out")
+            continue
         names[name] = [f"{name}({', '.join(c)})" for c in itertools.product(*params)] if params else [name]
     return names
+
+
+def _unusable_params(params) -> str | None:
+    """Why a listing's `params` cannot be expanded into names, or None."""
+    if not isinstance(params, list) or not all(isinstance(p, list) and all(isinstance(v, str) for v in p)
+                                               for p in params):
+        return "'params' is not a list of lists of strings"
+    return results.too_many_combinations(params)
 
 
 def _selected(chunk: Chunk, names: dict[str, list[str]]) -> tuple[dict[str, set[str]], int]:
@@ -173,27 +215,72 @@ def chunk_times_path(results_dir: Path, machine: str) -> Path:
 
 
 def record_chunk_time(results_dir: Path, machine: str, chunk: str, sha: str, seconds: float) -> None:
-    path = chunk_times_path(results_dir, machine)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Add a line to chunk-times.jsonl, or raise OSError (a full disk) and leave it as it was."""
     entry = {"chunk": chunk, "commit": sha, "seconds": round(seconds, 1), "launch": LAUNCH_METHOD}
-    with path.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(entry) + "\n")
+    safekeep.append_line(chunk_times_path(results_dir, machine), json.dumps(entry))
 
 
 def _recorded(results_dir: Path, machine: str) -> dict[str, tuple[float, str]]:
     """Per chunk, (wall time, launch method) of its latest measured run over one commit on
-    this machine. Lines from before the launch method was recorded were spawn runs."""
+    this machine. Lines that are not a chunk time are left out (chunk_times_note says so)."""
     recorded: dict[str, tuple[float, str]] = {}
-    path = chunk_times_path(results_dir, machine)
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                entry = json.loads(line)
-                launch = str(entry.get("launch", "spawn"))
-                recorded[str(entry["chunk"])] = (float(entry["seconds"]), launch if launch in REPORT_SECONDS else "spawn")
-            except (ValueError, KeyError, TypeError, AttributeError):
-                continue  # a torn line from a killed run says nothing
+    try:
+        lines = _chunk_time_lines(chunk_times_path(results_dir, machine))
+    except OSError:
+        return recorded  # chunk_times_note says why
+    for line in lines:
+        entry = _chunk_time(line)
+        if entry is not None:
+            recorded[entry[0]] = entry[1:]
     return recorded
+
+
+def _chunk_time_lines(path: Path) -> list[bytes]:
+    """The non-blank lines of chunk-times.jsonl as bytes (decoded one by one: a line that is
+    not UTF-8 spoils only itself); none when there is no file."""
+    if not path.is_file():
+        return []
+    return [line for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def _chunk_time(line: bytes) -> tuple[str, float, str] | None:
+    """(chunk, seconds, launch method) of one line, or None when it is not a chunk time: torn
+    by a killed run, not UTF-8, not an object, or seconds that are not a finite number >= 0
+    (a NaN would fit any budget, a negative time make room in it). Lines from before the
+    launch method was recorded were spawn runs."""
+    try:
+        entry = json.loads(line.decode("utf-8"))
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return None
+    if not isinstance(entry, dict) or not isinstance(entry.get("chunk"), str):
+        return None
+    seconds, launch = entry.get("seconds"), entry.get("launch", "spawn")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        return None
+    try:
+        seconds = float(seconds)
+    except OverflowError:  # an integer too large for a float
+        return None
+    if not math.isfinite(seconds) or seconds < 0:
+        return None
+    return entry["chunk"], seconds, launch if isinstance(launch, str) and launch in REPORT_SECONDS else "spawn"
+
+
+def chunk_times_note(results_dir: Path, machine: str) -> str | None:
+    """One line saying that this machine's chunk-times.jsonl has lines that are not chunk
+    times, which the estimates leave out; None when every line is one (or there is no file).
+    Said once per command, not per chunk priced."""
+    path = chunk_times_path(results_dir, machine)
+    shown = results.printable(str(path))
+    try:
+        lines = _chunk_time_lines(path)
+    except OSError as e:
+        return f"{shown} cannot be read ({e.strerror or e}): every chunk is priced by its estimate"
+    bad = sum(_chunk_time(line) is None for line in lines)
+    if not bad:
+        return None
+    return (f"{shown}: {bad} of {len(lines)} line(s) are not a chunk time (torn by a killed run, not UTF-8, or "
+            "seconds that are not a finite number >= 0): estimated as if they were absent")
 
 
 def recorded_chunk_seconds(results_dir: Path, machine: str) -> dict[str, float]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import importlib.util
 import itertools
 import json
@@ -43,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from speedbench import plan, supervise
+from speedbench import plan, safekeep, supervise
 from speedbench.results import printable
 
 try:
@@ -95,12 +96,17 @@ def find_root(start: Path | None = None) -> Path:
     raise SuiteError(f"no {CONFIG} in {here} or its parents: run speedlib from a speedlib checkout")
 
 
-def _git(root: Path, *args: str) -> str:
+def _git(root: Path, *args: str, strip: bool = True) -> str:
+    """git's output; `strip=False` keeps it byte for byte (porcelain output starts with a
+    status column that may be a space). A failure is one printable line, git's first (the
+    rest is advice or a usage screen): git echoes revisions as given, and --commits comes
+    from the command line."""
     try:
         out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True)
     except subprocess.CalledProcessError as e:
-        raise SuiteError(f"git {' '.join(args)} failed: {e.stderr.strip()}") from e
-    return out.stdout.strip()
+        said = (e.stderr.strip().splitlines() or [""])[0]
+        raise SuiteError(printable(f"git {' '.join(args)} failed: {said}")) from e
+    return out.stdout.strip() if strip else out.stdout
 
 
 # A source tree copied to an offline host (a batch node, a borrowed GPU) often arrives
@@ -151,6 +157,25 @@ def check_options(options: RunOptions) -> None:
         raise SuiteError(f"--results-dir {printable(str(options.results_dir))} exists and is not a directory")
     if options.wait_quiet is not None and not (math.isfinite(options.wait_quiet) and options.wait_quiet > 0):
         raise SuiteError(f"--wait-quiet must be a positive number of seconds, got {options.wait_quiet:g}")
+    # nan would start every chunk (nothing is > nan), a negative budget none
+    if options.budget_minutes is not None and not (math.isfinite(options.budget_minutes) and options.budget_minutes > 0):
+        raise SuiteError(f"--budget-minutes must be a positive number of minutes, got {options.budget_minutes:g}")
+    if options.archive is not None:  # else found out only when the first chunk or the whole run is packed
+        _check_writable(options.archive.parent, f"--archive {printable(str(options.archive))}",
+                        "name a file in a directory you can write to")
+
+
+def _check_writable(directory: Path, what: str, instead: str) -> None:
+    """SuiteError, one line, unless this user can write to `directory` or create it (its
+    nearest existing ancestor is a writable directory). Asked before anything is measured:
+    asv and the archive would find out only after the run, and its results with nowhere to go."""
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise SuiteError(f"{what} cannot be written: {printable(str(existing))} is not a directory; {instead}")
+    if not os.access(existing, os.W_OK | os.X_OK):  # a read-only mount too, for root as well
+        raise SuiteError(f"{what} cannot be written: {printable(str(existing))} is read-only for this user; {instead}")
 
 
 def _results_dir(options: RunOptions, root: Path, conf: dict) -> Path:
@@ -173,12 +198,20 @@ class _ResultsLock:
         if fcntl is None:
             return self
         self.created = not self.results_dir.exists()
-        self.results_dir.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(self.results_dir, os.O_RDONLY)
+        try:
+            self.results_dir.mkdir(parents=True, exist_ok=True)
+            self.fd = os.open(self.results_dir, os.O_RDONLY)
+        except OSError as e:  # run() checked that it can be written; this is what changed since
+            raise SuiteError(f"cannot use {printable(str(self.results_dir))} for results ({e.strerror or e}): give "
+                             "the run another with --results-dir") from None
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except OSError as e:
             os.close(self.fd)
+            self.fd = None
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise SuiteError(f"cannot lock {printable(str(self.results_dir))} against other runs "
+                                 f"({e.strerror or e}): give the run another --results-dir") from None
             raise SuiteError(f"another speedlib run is writing to {printable(str(self.results_dir))}: wait for "
                              "it to finish, or give this one its own --results-dir") from None
         return self
@@ -203,10 +236,20 @@ _NOT_CODE = (":(exclude,glob)**/__pycache__/**", ":(exclude,glob)**/*.pyc")
 
 
 def _dirty(root: Path, parts: Sequence[str] = _CHECKOUT_PARTS) -> list[str]:
-    """Changed and untracked files under `parts`: an untracked benchmark runs as surely as
-    an edited one."""
-    out = _git(root, "status", "--porcelain", "--untracked-files=all", "--", *parts, *_NOT_CODE)
-    return [line for line in out.splitlines() if line.strip()]
+    """The paths of changed and untracked files under `parts`: an untracked benchmark runs as
+    surely as an edited one. Read with -z: each entry is 'XY path' exactly (no quoting, no
+    stripped status column), a rename's original path following as an entry of its own."""
+    out = _git(root, "status", "--porcelain", "-z", "--untracked-files=all", "--", *parts, *_NOT_CODE,
+               strip=False)
+    entries = iter(out.split("\0"))
+    paths = []
+    for entry in entries:
+        if len(entry) < 4:
+            continue  # the empty string after the last NUL
+        paths.append(entry[3:])
+        if entry[0] in "RC":
+            next(entries, None)  # the path it was renamed or copied from
+    return paths
 
 
 def environment_record_path(results_dir: Path, machine: str, sha: str) -> Path:
@@ -225,8 +268,20 @@ def _record_environment(path: Path, sha: str, env: dict, command: list[str]) -> 
         "command": shlex.join(command),
         **env,
     }
-    with path.open("a", encoding="utf-8") as f:  # appended: a rerun never loses the last record
-        f.write(json.dumps(record, sort_keys=True) + "\n")
+    with _writing(path):  # appended: a rerun never loses the last record
+        safekeep.append_line(path, json.dumps(record, sort_keys=True))
+
+
+@contextlib.contextmanager
+def _writing(path: Path):
+    """An OSError while speedlib writes one of its own files (safekeep writes them whole or
+    not at all) as one line that says the file is unharmed."""
+    try:
+        yield
+    except OSError as e:
+        full = ": the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        raise SuiteError(f"could not write {printable(str(path))} ({e.strerror or e}){full}; it is as it was "
+                         "before: free some space and run again") from None
 
 
 class Interrupted(SuiteError):
@@ -251,19 +306,34 @@ def _asv(args: list[str], *, env: dict | None = None, cwd: Path, failures_ok: bo
     every process it started are stopped with it instead of running on, holding the GPU and
     writing results nobody packs."""
     cmd = [sys.executable, "-m", "asv", *args]
-    # The supervisor gets a process group of its own so that a terminal's Ctrl+C reaches
-    # speedlib alone, which then stops the supervisor in order. asv's own per-benchmark
-    # progress lines stream straight through.
-    proc = subprocess.Popen([sys.executable, str(_SUPERVISE), str(os.getpid()), "--", *cmd],
-                            cwd=cwd, env=env, process_group=0)
-    try:
-        returncode = proc.wait()
-    except BaseException:
-        _stop_supervisor(proc)
-        raise
+    # asv and its benchmarks leave files in $TMPDIR, stopped or not (the forkserver's socket
+    # directory, benchmark working directories, torchrun's error files): they get a directory
+    # of this run's, removed once the supervisor has stopped them all. After a SIGKILL the
+    # next run's prune_stale removes it (its owner file says whose it was).
+    with tempfile.TemporaryDirectory(prefix="speedlib-asv-", ignore_cleanup_errors=True) as tmp:
+        _claim(Path(tmp))
+        env = dict(os.environ if env is None else env)
+        if len(os.fsencode(tmp)) <= _TMPDIR_MAX:
+            env["TMPDIR"] = tmp
+        # The supervisor gets a process group of its own so that a terminal's Ctrl+C reaches
+        # speedlib alone, which then stops the supervisor in order. asv's own per-benchmark
+        # progress lines stream straight through.
+        proc = subprocess.Popen([sys.executable, str(_SUPERVISE), str(os.getpid()), "--", *cmd],
+                                cwd=cwd, env=env, process_group=0)
+        try:
+            returncode = proc.wait()
+        except BaseException:
+            _stop_supervisor(proc)
+            raise
     if returncode != 0 and not (failures_ok and returncode == 2):
         raise SuiteError(f"asv exited with status {returncode}: {shlex.join(cmd)}")
     return returncode
+
+
+# asv's forkserver listens on $TMPDIR/asv-forkserver-XXXXXXXX/socket, and a Unix socket's path
+# holds at most 107 bytes: under a TMPDIR so long that the directory above would overflow it,
+# asv keeps the caller's.
+_TMPDIR_MAX = 107 - len("/asv-forkserver-XXXXXXXX/socket")
 
 
 def _stop_supervisor(proc: subprocess.Popen) -> None:
@@ -279,8 +349,39 @@ def _stop_supervisor(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+_STOPPING = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _stopped_by_signals():
+    """While the run lasts, SIGINT and SIGTERM raise Interrupted. Only the main thread may set
+    handlers: elsewhere the caller's stay."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, _raise_interrupted) for signum in _STOPPING}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def _raise_interrupted(signum: int, frame) -> None:
+    # The first signal stops the run. Stopping asv (up to its grace period) and removing the
+    # worktrees and scratch take a while; a second Ctrl+C raised in the middle of that would
+    # cut the cleanup short and leave asv running. From here on both only say to wait.
+    for each in _STOPPING:
+        signal.signal(each, _still_stopping)
     raise Interrupted(signum)
+
+
+def _still_stopping(signum: int, frame) -> None:
+    try:  # os.write, not print: the code this interrupts may be inside a print to stderr
+        os.write(2, f"speedlib run: still stopping asv and removing the run's scratch (up to "
+                    f"{supervise.GRACE_S + 10:.0f} s)\n".encode())
+    except OSError:
+        pass
 
 
 def failed_benchmarks(results_dir: Path, machine: str, sha: str, since_ms: int = 0) -> list[str]:
@@ -348,27 +449,28 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
         parts = _CHECKOUT_PARTS if options.commits is None else _HARNESS_PARTS
         changed = _dirty(root, parts)
         if changed:
-            shown = ", ".join(printable(line[3:]) for line in changed[:3]) + (", ..." if len(changed) > 3 else "")
+            shown = ", ".join(printable(path) for path in changed[:3]) + (", ..." if len(changed) > 3 else "")
             raise SuiteError(
                 f"uncommitted changes or untracked files in {', '.join(parts)} ({shown}): results would be "
                 "filed under a commit that did not produce them. Commit first, use --quick for a "
                 "smoke run, or pass --allow-dirty."
             )
     steps = _steps(options, root)  # a bad chunk name is refused before any work
+    results_dir = _results_dir(options, root, json.loads((root / CONFIG).read_text()))
+    if not options.quick:
+        _check_writable(results_dir, f"the results directory {printable(str(results_dir))}",
+                        "give the run another with --results-dir")
+    if options.budget_minutes is not None:  # priced from the listing: a torn one is refused now, not mid-run
+        _listing(root, root / "results" if options.quick else results_dir)
     # A quick run writes to a scratch directory of its own: nothing to lock.
-    lock = contextlib.nullcontext() if options.quick else _ResultsLock(
-        _results_dir(options, root, json.loads((root / CONFIG).read_text())))
-    with lock:
+    lock = contextlib.nullcontext() if options.quick else _ResultsLock(results_dir)
+    # SIGINT and SIGTERM (Ctrl+C, a time limit, a batch system) unwind the run: asv is
+    # stopped, worktrees and the scratch directories are removed, the lock released.
+    with _stopped_by_signals(), lock:
         for stale in prune_stale(root):
             print(f"speedlib run: removed {printable(str(stale))}, left by a run that was killed", flush=True)
-        # SIGTERM (a time limit, a batch system) unwinds like Ctrl+C: asv is stopped, worktrees
-        # and the scratch directory are removed. Only the main thread may set handlers.
-        if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGTERM, _raise_interrupted)
-            try:
-                return _run(options, root, argv, shas, steps)
-            finally:
-                signal.signal(signal.SIGTERM, previous)
+        if not options.quick:
+            _recover(lock.results_dir)
         return _run(options, root, argv, shas, steps)
 
 
@@ -389,6 +491,8 @@ def _run(options: RunOptions, root: Path, argv: Sequence[str], shas: list[str], 
         _register_machine(conf_path, root, machine, env)
         print(f"speedlib run: machine {machine}, {len(shas)} commit(s), results -> "
               f"{'scratch (quick run, not saved)' if options.quick else results_dir}", flush=True)
+        if options.budget_minutes is not None:  # said once here, not once per chunk priced
+            _say_what_prices_leave_out(root, results_dir, machine)
         failed: list[str] = []
         started, not_run = time.monotonic(), []
         for chunk, bench in steps:
@@ -409,7 +513,8 @@ def _run(options: RunOptions, root: Path, argv: Sequence[str], shas: list[str], 
                 failed += _run_commit(options, root, conf_path, results_dir, machine, env, argv, sha,
                                       f"[{i}/{len(shas)}]", bench)
                 if chunk is not None:  # the next budget decision for this chunk uses this, not a guess
-                    plan.record_chunk_time(results_dir, machine, chunk.name, sha, time.monotonic() - began)
+                    with _writing(plan.chunk_times_path(results_dir, machine)):
+                        plan.record_chunk_time(results_dir, machine, chunk.name, sha, time.monotonic() - began)
             if chunk is not None and options.archive is not None and not options.quick:
                 # After every chunk: a command killed in the next one keeps this archive.
                 pack_results(results_dir, machine, shas, options.archive)
@@ -494,9 +599,30 @@ def _steps(options: RunOptions, root: Path) -> list:
     return [(c, [c.regex]) for c in chunks]
 
 
+def _listing(root: Path, results_dir: Path) -> Path | None:
+    """plan.benchmark_listing; a listing it cannot read is a SuiteError (one line)."""
+    try:
+        return plan.benchmark_listing(root, results_dir)
+    except plan.PlanError as e:
+        raise SuiteError(str(e)) from None
+
+
+def _say_what_prices_leave_out(root: Path, results_dir: Path, machine: str) -> None:
+    """The chunk times and listed benchmarks a budget's prices leave out (as `--plan` says them):
+    a chunk priced without them may not fit where the budget said it would."""
+    note = plan.chunk_times_note(results_dir, machine)
+    if note:
+        print(f"speedlib run: {note}", flush=True)
+    listing, skipped = _listing(root, results_dir), []
+    if listing is not None:
+        plan.combinations(listing, skipped)
+    for line in skipped:
+        print(f"speedlib run: not priced: {printable(line)}", flush=True)
+
+
 def _chunk_seconds(chunk, root: Path, results_dir: Path, machine: str) -> float:
     """What `chunk` should take here for one commit (see plan.chunk_cost)."""
-    listing = plan.benchmark_listing(root, results_dir)
+    listing = _listing(root, results_dir)
     if listing is None:
         return 0.0  # nothing known about the suite yet: run it and learn
     names = plan.combinations(listing)
@@ -508,7 +634,7 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
                 argv: Sequence[str], sha: str, counter: str, bench: Sequence[str]) -> list[str]:
     """One `asv run` of `bench` at `sha`; the failed benchmarks it recorded."""
     subject = _git(root, "log", "-1", "--format=%s", sha)
-    print(f"\n{counter} {sha[:8]} {subject}", flush=True)
+    print(f"\n{counter} {sha[:8]} {printable(subject)}", flush=True)  # anyone's commit may restyle a terminal
     with _library_at(root, sha, use_checkout=options.commits is None) as lib:
         asv_args = [
             "run", "--config", str(conf_path), "--machine", machine,
@@ -528,18 +654,10 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
         process_env = {**os.environ, "ASV_PYTHONPATH": path}
         if options.quick:  # paired comparisons: one round each (benchmarks/common.py)
             process_env["SPEEDLIB_QUICK"] = "1"
-        # asv rewrites the listing when it starts: an asv stopped mid-run (Ctrl+C, a time
-        # limit) must leave the listing the results already on disk were filed against.
-        listing = Path(results_dir) / "benchmarks.json"
-        before = listing.read_bytes() if listing.is_file() else None
         from speedbench.interference import load_average  # noqa: PLC0415
 
         load_start = load_average()
-        try:
-            status = _asv(asv_args, env=process_env, cwd=root, failures_ok=True)
-        except BaseException:
-            _restore(listing, before)
-            raise
+        status = _asv_keeping_results(asv_args, process_env, root, Path(results_dir), machine, sha)
     found = []
     if status == 2:
         # asv also exits 2 on errors of its own (a bad argument): then it saved no failure.
@@ -597,15 +715,67 @@ def interference_counters(results_dir: Path, machine: str, sha: str, since_ms: i
     return out
 
 
-def _restore(path: Path, content: bytes | None) -> None:
-    """Put `path` back as it was (`None`: it did not exist), through a temporary file so that
-    a second interruption cannot leave it torn."""
-    if content is None:
-        path.unlink(missing_ok=True)
-        return
-    tmp = path.with_name(path.name + ".restoring")
-    tmp.write_bytes(content)
-    os.replace(tmp, path)
+def _asv_keeping_results(asv_args: list[str], env: dict, root: Path, results_dir: Path, machine: str,
+                         sha: str) -> int:
+    """`_asv(asv_args)` with asv's files in `results_dir` copied first and put back where it
+    leaves them torn (speedbench.safekeep): asv rewrites them in place, so a full disk, a
+    Ctrl+C or a time limit would otherwise cut the listing or a commit's earlier results."""
+    try:
+        snapshot = safekeep.take(results_dir, machine, sha)
+    except safekeep.SnapshotError as e:
+        raise SuiteError(printable(str(e))) from None
+    try:
+        status = _asv(asv_args, env=env, cwd=root, failures_ok=True)
+    except BaseException as e:
+        # asv failed (not stopped by a signal): was the disk full? Asked before putting back,
+        # which frees what the torn files took.
+        full = _full_disk(results_dir) if type(e) is SuiteError else ""
+        _settle(snapshot, failed=True)
+        if full:
+            raise SuiteError(f"{e}{full}") from None
+        raise
+    _settle(snapshot, failed=False)
+    return status
+
+
+def _recover(results_dir: Path) -> None:
+    """Put back what asv left torn in a run that was killed outright (SIGKILL, a lost
+    machine): its snapshot is still in `results_dir`. Under the results lock, so that run is gone."""
+    try:
+        lines = safekeep.recover(results_dir)
+    except safekeep.SnapshotError as e:
+        raise SuiteError(printable(str(e))) from None
+    for line in lines:
+        print(f"speedlib run: a run was killed while asv wrote here: {printable(line)}", flush=True)
+
+
+def _settle(snapshot, failed: bool) -> None:
+    """safekeep.settle after an asv run, each file it put back or removed said in one line."""
+    try:
+        lines = safekeep.settle(snapshot, failed)
+    except safekeep.SnapshotError as e:
+        raise SuiteError(printable(str(e))) from None
+    for line in lines:
+        print(f"speedlib run: asv {'stopped' if failed else 'ran'}: {printable(line)}", flush=True)
+
+
+def _full_disk(results_dir: Path) -> str:
+    """What to add to asv's failure when the disk holding the results has (next to) no room
+    left: then that is why asv failed, and its files were put back."""
+    try:
+        st = os.statvfs(results_dir)
+    except (OSError, AttributeError):
+        return ""
+    free = st.f_bavail * st.f_frsize
+    if free >= _FULL_BELOW:
+        return ""
+    return (f"; the disk holding {printable(str(results_dir))} is full ({free // 1024} KiB free): what asv tore "
+            "there was put back; free some space and run again")
+
+
+# Less free space than this reads as a full disk: a write fails with ENOSPC once no block is
+# free, and asv exiting frees little; a disk this full fails the next run anyway.
+_FULL_BELOW = 1 << 20
 
 
 def _print_failed(failed: Sequence[str]) -> None:
@@ -630,13 +800,22 @@ def pack_results(results_dir: Path, machine: str, shas: Sequence[str], dest: Pat
     if missing or len(files) == 3 + len(shas):
         raise SuiteError(f"nothing to pack for {machine} in {results_dir}: missing {missing or 'result files'}")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    # Written aside and renamed: a run killed while packing keeps the previous archive whole.
+    # Written aside and renamed: a run killed while packing, or a full disk, keeps the
+    # previous archive whole.
     partial = dest.with_name(dest.name + ".partial")
-    with tarfile.open(partial, "w:gz") as tar:
-        for f in files:
-            if f.is_file():
-                tar.add(f, arcname=str(Path("results") / f.relative_to(results_dir)))
-    os.replace(partial, dest)
+    with _writing(dest):
+        try:
+            with partial.open("wb") as raw:
+                with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+                    for f in files:
+                        if f.is_file():
+                            tar.add(f, arcname=str(Path("results") / f.relative_to(results_dir)))
+                raw.flush()
+                os.fsync(raw.fileno())
+            os.replace(partial, dest)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
     return dest
 
 
@@ -699,17 +878,22 @@ class _library_at:
         if self.use_checkout:
             return self.root
         self.scratch = Path(tempfile.mkdtemp(prefix=f"speedlib-{self.sha[:8]}-"))
-        _claim(self.scratch)
-        tree, only_library = self.scratch / "tree", self.scratch / "path"
-        _git(self.root, "worktree", "add", "--detach", "--force", str(tree), self.sha)
-        only_library.mkdir()
-        (only_library / "speedlib").symlink_to(tree / "speedlib", target_is_directory=True)
+        try:
+            _claim(self.scratch)
+            tree, only_library = self.scratch / "tree", self.scratch / "path"
+            _git(self.root, "worktree", "add", "--detach", "--force", str(tree), self.sha)
+            only_library.mkdir()
+            (only_library / "speedlib").symlink_to(tree / "speedlib", target_is_directory=True)
+        except BaseException:  # a failed or interrupted set-up: no __exit__ will remove it
+            self.__exit__()
+            raise
         return only_library
 
     def __exit__(self, *exc) -> None:
         if self.scratch is not None:
+            # A group of its own: a Ctrl+C at the terminal during the cleanup must not kill it.
             subprocess.run(["git", "worktree", "remove", "--force", str(self.scratch / "tree")],
-                           cwd=self.root, capture_output=True)
+                           cwd=self.root, capture_output=True, process_group=0)
             shutil.rmtree(self.scratch, ignore_errors=True)
 
 

@@ -48,6 +48,12 @@ def _prctl(option: int, value: int) -> bool:
         return False  # not Linux: only the direct child can be stopped
 
 
+def die_with_parent(signum: int = signal.SIGTERM) -> bool:
+    """Ask the kernel to send this process `signum` when its parent dies, even by SIGKILL
+    (Linux prctl; False elsewhere). Also a child's preexec_fn uses it (speedlib dashboard)."""
+    return _prctl(_PR_SET_PDEATHSIG, signum)
+
+
 def descendants(root: int) -> list[int]:
     """Live (non-zombie) descendants of `root`, read from /proc; parents before children."""
     children: dict[int, list[int]] = {}
@@ -111,7 +117,7 @@ def main(argv: list[str]) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _raise_stopped)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    die_with_parent(signal.SIGTERM)
     status = None
     try:
         if os.getppid() != leader:  # the leader died before the death signal was armed

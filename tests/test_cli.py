@@ -547,10 +547,13 @@ def test_dashboard_reports_a_streamlit_that_exits_before_serving(tmp_path, capsy
     pytest.importorskip("streamlit")
     real_popen = subprocess.Popen
     monkeypatch.setattr(subprocess, "Popen", lambda cmd, **kw: real_popen([sys.executable, "-c", "raise SystemExit(3)"]))
-    assert cli.main(["dashboard", "--results", str(tmp_path), "--port", "0", "--no-browser"]) == 2
+    with socket.socket() as s:  # a free port (0 is refused: the URL could not name the port)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert cli.main(["dashboard", "--results", str(tmp_path), "--port", str(port), "--no-browser"]) == 2
     out = capsys.readouterr()
     assert "serving" not in out.out
-    assert "Streamlit exited with status 3 before serving http://127.0.0.1:0" in out.err
+    assert f"Streamlit exited with status 3 before serving http://127.0.0.1:{port}" in out.err
 
 
 @pytest.mark.parametrize("platform, env, opened", [

@@ -1,0 +1,478 @@
+"""`speedlib run` and `speedlib dashboard` against hostile input and rough handling: bad
+options are refused up front in one line, damaged plan files are reported and never crash,
+a second Ctrl+C does not cut the cleanup short, and nothing is left behind in the temporary
+directory or listening on a port.
+
+asv is stood in by a small fake package (`python -m asv` finds it first on PYTHONPATH), so
+nothing here measures anything."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from speedbench import cli, plan, suite
+
+ROOT = Path(__file__).resolve().parents[1]
+SHA = "0123456789abcdef" * 2 + "01234567"
+LINUX_PROC = pytest.mark.skipif(not Path("/proc/self/stat").exists(),
+                                reason="the supervisor and the death signal are Linux's (/proc, prctl)")
+
+
+def _commit(repo: Path, message: str) -> None:
+    for args in (["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message]):
+        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+
+
+@pytest.fixture
+def checkout(tmp_path) -> Path:
+    """A committed checkout with the parts a run reads: asv.conf.json, speedlib/, benchmarks/."""
+    repo = tmp_path / "repo"
+    for name in ("speedlib/__init__.py", "speedbench/__init__.py", "benchmarks/bench_x.py"):
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text("")
+    (repo / "asv.conf.json").write_text(json.dumps({"results_dir": "results"}))
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)
+    _commit(repo, "c")
+    return repo
+
+
+@pytest.fixture
+def unwritable(tmp_path) -> Path:
+    """A directory this user cannot write to: a read-only one of our own, or, for root (whom
+    permissions do not stop), the read-only /proc/sys."""
+    if os.geteuid() != 0:
+        ro = tmp_path / "read-only"
+        ro.mkdir()
+        ro.chmod(0o555)
+        yield ro
+        ro.chmod(0o755)
+        return
+    if Path("/proc/sys").is_dir() and not os.access("/proc/sys", os.W_OK):
+        yield Path("/proc/sys")
+        return
+    pytest.skip("running as root, and no read-only file system (/proc/sys) to stand for a read-only directory")
+
+
+def _one_line(err: str, prefix: str) -> None:
+    assert err.count("\n") == 1 and err.startswith(prefix) and "Traceback" not in err, err
+
+
+# --- 1. dashboard options -------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, message", [
+    (["--port", "70000"], "--port must be a whole number from 1 to 65535, got '70000'"),
+    (["--port", "0"], "--port must be a whole number from 1 to 65535, got '0'"),
+    (["--port", "http"], "--port must be a whole number from 1 to 65535, got 'http'"),
+    (["--address", "not..an..address"],
+     "--address 'not..an..address' is neither an IP address nor a host name this machine resolves"),
+    (["--address", "bad\x1b[2J"], "--address 'bad\\x1b[2J' is neither an IP address"),
+])
+def test_bad_dashboard_options_are_refused_with_one_line(tmp_path, monkeypatch, capsys, args, message):
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("Streamlit was started"))
+    assert cli.main(["dashboard", "--results", str(tmp_path), "--no-browser", *args]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    _one_line(out.err, "speedlib dashboard: ")
+    assert message in out.err and "\x1b" not in out.err
+
+
+# --- 2. unwritable results directory and archive ----------------------------------------------
+
+def test_a_results_directory_that_cannot_be_written_is_refused_before_any_work(checkout, unwritable, monkeypatch):
+    monkeypatch.setattr(suite, "_run", lambda *a, **k: pytest.fail("the run started"))
+    for results in (unwritable, unwritable / "speedlib-results"):
+        with pytest.raises(suite.SuiteError, match="cannot be written") as refused:
+            suite.run(suite.RunOptions(results_dir=results, allow_dirty=True), root=checkout)
+        assert "\n" not in str(refused.value) and str(results) in str(refused.value)
+        assert not (unwritable / "speedlib-results").exists()
+
+
+def test_an_archive_that_cannot_be_written_is_refused_before_any_work(unwritable, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(suite, "run", lambda *a, **k: pytest.fail("the run started"))
+    (tmp_path / "a-file").write_text("")
+    for archive in (unwritable / "run.tar.gz", unwritable / "new" / "run.tar.gz", tmp_path / "a-file" / "run.tar.gz"):
+        assert cli.main(["run", "--archive", str(archive)]) == 2
+        err = capsys.readouterr().err
+        _one_line(err, "speedlib run: --archive ")
+        assert str(archive) in err
+
+
+def test_a_writable_archive_place_is_accepted(tmp_path):
+    suite.check_options(suite.RunOptions(archive=tmp_path / "not" / "yet" / "there.tar.gz"))
+    suite.check_options(suite.RunOptions(archive=Path("relative.tar.gz")))
+
+
+# --- 3. damaged benchmarks.json and chunk-times.jsonl -------------------------------------------
+
+@pytest.mark.parametrize("content, what", [
+    (b'{"version": 2, "bench_a.A.track_x": {"par', "not valid JSON"),
+    (b'\xff\xfe{"version": 2}', "not UTF-8 text"),
+    (b"[1, 2]", "not a JSON object"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+])
+def test_a_listing_that_cannot_be_read_is_one_line_for_the_plan(tmp_path, monkeypatch, capsys, content, what):
+    monkeypatch.chdir(ROOT)
+    (tmp_path / "benchmarks.json").write_bytes(content)
+    assert cli.main(["run", "--plan", "--chunk", "all", "--results-dir", str(tmp_path), "--machine", "m"]) == 2
+    err = capsys.readouterr().err
+    _one_line(err, f"speedlib run: {tmp_path / 'benchmarks.json'}: ")
+    assert what in err
+
+
+@pytest.mark.parametrize("params", ["5", "[[1, 2]]", '[["1"], "23"]'])
+def test_a_benchmark_the_listing_describes_wrongly_is_named_in_one_line_by_the_plan(tmp_path, monkeypatch, capsys,
+                                                                                     params):
+    monkeypatch.chdir(ROOT)
+    (tmp_path / "benchmarks.json").write_text(f'{{"version": 2, "bench_a.A.track_\\u001b[2J": {{"params": {params}}}}}')
+    assert cli.main(["run", "--plan", "--chunk", "all", "--results-dir", str(tmp_path), "--machine", "m"]) == 0
+    err = capsys.readouterr().err
+    _one_line(err, f"speedlib run: {tmp_path / 'benchmarks.json'}: bench_a.A.track_\\x1b[2J: ")
+
+
+def test_a_damaged_listing_refuses_a_budgeted_run_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setattr(suite, "_run", lambda *a, **k: pytest.fail("the run started"))
+    (tmp_path / "benchmarks.json").write_bytes(b'{"version": 2, "bench_a.A.tr')
+    options = suite.RunOptions(results_dir=tmp_path, chunks=["all"], budget_minutes=10, allow_dirty=True)
+    with pytest.raises(suite.SuiteError, match="benchmarks.json: not valid JSON") as refused:
+        suite.run(options, root=ROOT)
+    assert "\n" not in str(refused.value)
+
+
+def _bad_chunk_times(results: Path, good: str, bad: str) -> Path:
+    """A chunk-times.jsonl with one good line for `good` and every kind of bad line for `bad`."""
+    path = plan.chunk_times_path(results, "m")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"chunk": good, "commit": SHA, "seconds": 100.0, "launch": plan.LAUNCH_METHOD}).encode()]
+    for seconds in (float("nan"), float("inf"), -5.0, "soon", True, None):
+        lines.append(json.dumps({"chunk": bad, "commit": SHA, "seconds": seconds, "launch": plan.LAUNCH_METHOD}).encode())
+    lines += [b'{"chunk": "' + bad.encode() + b'", "seconds": 1\xff}', b"[1, 2]", b'{"chunk": "' + bad.encode() + b'", "sec']
+    path.write_bytes(b"\n".join(lines))
+    return path
+
+
+def test_bad_chunk_times_are_ignored_and_reported_once_by_the_plan(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    good, bad = (c.name for c in plan.load_chunks(ROOT)[:2])
+    shutil.copy(ROOT / "results" / "benchmarks.json", tmp_path)
+    path = _bad_chunk_times(tmp_path, good, bad)
+    assert cli.main(["run", "--plan", "--chunk", "all", "--results-dir", str(tmp_path), "--machine", "m"]) == 0
+    out = capsys.readouterr()
+    _one_line(out.err, f"speedlib run: {path}: 9 of 10 line(s)")
+    assert "as if they were absent" in out.err
+    rows = {line.split()[0]: line for line in out.out.splitlines() if line.startswith("  ")}
+    assert "measured chunk time" in rows[good] and "estimate" in rows[bad]
+    assert "nan min" not in out.out and "inf min" not in out.out
+
+
+def test_a_chunk_time_that_is_not_a_finite_positive_number_does_not_price_the_chunk(tmp_path):
+    chunk = plan.Chunk("c", "", r"^(?:a\.B\.time_x)")
+    names = {"a.B.time_x": ["a.B.time_x(1)", "a.B.time_x(2)"]}
+    estimate = plan.chunk_cost(chunk, names, tmp_path, "m")
+    path = plan.chunk_times_path(tmp_path, "m")
+    path.parent.mkdir(parents=True)
+    for seconds in (float("nan"), float("-inf"), -1.0):
+        path.write_text(json.dumps({"chunk": "c", "commit": SHA, "seconds": seconds, "launch": plan.LAUNCH_METHOD}))
+        assert plan.chunk_cost(chunk, names, tmp_path, "m") == estimate
+        assert plan.seconds_per_combination([chunk], names, tmp_path, "m") == (plan.SECONDS_PER_COMBINATION, "default")
+    assert plan.chunk_times_note(tmp_path, "m").startswith(f"{path}: 1 of 1 line(s)")
+    path.write_text(json.dumps({"chunk": "c", "commit": SHA, "seconds": 42.0, "launch": plan.LAUNCH_METHOD}) + "\n")
+    assert plan.chunk_times_note(tmp_path, "m") is None
+
+
+def test_a_budgeted_run_is_not_driven_by_bad_chunk_times_and_says_so_once(tmp_path, monkeypatch, capsys):
+    """A NaN chunk time 'fits' any budget (nan > left is False): the chunk must be priced by
+    its estimate instead, and the bad lines named once, not once per chunk."""
+    from speedbench import measure
+
+    results = tmp_path / "results"
+    results.mkdir()
+    shutil.copy(ROOT / "results" / "benchmarks.json", results)
+    chunks = plan.load_chunks(ROOT)
+    path = _bad_chunk_times(results, chunks[0].name, chunks[1].name)
+    ran = []
+    monkeypatch.setattr(suite, "_check_machine", lambda *a: None)
+    monkeypatch.setattr(suite, "_preflight", lambda options: SimpleNamespace(record=lambda: {}))
+    monkeypatch.setattr(measure, "environment", lambda: {"machine": "m"})
+    monkeypatch.setattr(suite, "_register_machine", lambda *a, **k: None)
+    monkeypatch.setattr(suite, "_run_commit", lambda *a: ran.append(a[-1]) or [])
+    monkeypatch.setattr(suite, "_print_table", lambda *a, **k: None)
+    options = suite.RunOptions(results_dir=results, machine="m", chunks=["all"], budget_minutes=0.5)
+    result = suite._run(options, ROOT, [], [SHA], suite._steps(options, ROOT))
+    assert ran == [] and result.not_run == [c.name for c in chunks]
+    out = capsys.readouterr().out
+    assert out.count(str(path)) == 1 and "as if they were absent" in out
+
+
+def test_a_budgeted_run_names_the_benchmarks_its_prices_leave_out(tmp_path, monkeypatch, capsys):
+    """A benchmark whose listed parameters multiply out past the limit is left out of every
+    chunk's price (plan.combinations): the run says so once, as --plan does."""
+    from speedbench import measure
+
+    results = tmp_path / "results"
+    results.mkdir()
+    listing = json.loads((ROOT / "results" / "benchmarks.json").read_text())
+    name = next(n for n, b in listing.items() if isinstance(b, dict) and b.get("params"))
+    listing[name]["params"] = [[repr(str(i)) for i in range(30)]] * 8
+    (results / "benchmarks.json").write_text(json.dumps(listing))
+    monkeypatch.setattr(suite, "_check_machine", lambda *a: None)
+    monkeypatch.setattr(suite, "_preflight", lambda options: SimpleNamespace(record=lambda: {}))
+    monkeypatch.setattr(measure, "environment", lambda: {"machine": "m"})
+    monkeypatch.setattr(suite, "_register_machine", lambda *a, **k: None)
+    monkeypatch.setattr(suite, "_run_commit", lambda *a: [])
+    monkeypatch.setattr(suite, "_print_table", lambda *a, **k: None)
+    options = suite.RunOptions(results_dir=results, machine="m", chunks=["all"], budget_minutes=0.01)
+    suite._run(options, ROOT, [], [SHA], suite._steps(options, ROOT))
+    out = capsys.readouterr().out
+    said = [line for line in out.splitlines() if "not priced" in line]
+    assert len(said) == 1 and said[0].startswith(f"speedlib run: not priced: {name}: ") and "over the limit" in said[0]
+
+
+# --- 4. --budget-minutes ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-5", "0", "soon"])
+def test_a_budget_that_is_not_a_positive_number_is_refused_up_front(monkeypatch, capsys, value):
+    monkeypatch.setattr(suite, "run", lambda *a, **k: pytest.fail("the run started"))
+    assert cli.main(["run", "--chunk", "all", f"--budget-minutes={value}"]) == 2
+    err = capsys.readouterr().err
+    _one_line(err, "speedlib run: --budget-minutes must be a positive number of minutes, got ")
+
+
+def test_run_itself_refuses_a_budget_that_is_not_a_positive_number():
+    for value in (float("nan"), float("inf"), -5.0, 0.0):
+        with pytest.raises(suite.SuiteError, match="--budget-minutes must be a positive number of minutes"):
+            suite.check_options(suite.RunOptions(chunks=["all"], budget_minutes=value))
+
+
+# --- 5, 6. two Ctrl+C; asv's scratch files -------------------------------------------------------
+
+# Stands in for asv: what a stopped asv leaves in $TMPDIR (its forkserver's socket, a
+# benchmark's working directory), then, per FAKE_ASV: exit at once, or wait to be stopped and
+# take a while to stop.
+FAKE_ASV = '''
+import os, signal, socket, sys, tempfile, time
+from pathlib import Path
+
+marks = Path(os.environ["MARKS"])
+server = tempfile.mkdtemp(prefix="asv-forkserver-")
+socket.socket(socket.AF_UNIX).bind(os.path.join(server, "socket"))
+tempfile.mkdtemp()
+if os.environ["FAKE_ASV"] == "exit":
+    sys.exit(0)
+
+
+def stopping(signum, frame):
+    (marks / "stopping").write_text("")
+    time.sleep(2)
+    (marks / "stopped").write_text("")
+    sys.exit(1)
+
+
+signal.signal(signal.SIGTERM, stopping)
+(marks / "ready").write_text(str(os.getpid()))
+time.sleep(300)
+'''
+
+
+@pytest.fixture
+def fake_asv(tmp_path) -> dict:
+    """Environment variables under which `python -m asv` is the stand-in; MARKS is where it
+    says what it does."""
+    package = tmp_path / "fake" / "asv"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text(FAKE_ASV)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    return {"PYTHONPATH": os.pathsep.join([str(package.parent), str(ROOT)]), "MARKS": str(marks)}
+
+
+@pytest.fixture
+def short_tmp() -> Path:
+    """An empty directory with a short path, for a TMPDIR: a Unix socket's path (asv's
+    forkserver makes one there) holds at most 107 bytes, and pytest's tmp_path is long."""
+    path = Path(tempfile.mkdtemp(prefix="speedlib-test-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _wait_for(check, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return check()
+
+
+@LINUX_PROC
+def test_what_asv_leaves_in_the_temporary_directory_goes_with_it(tmp_path, fake_asv, short_tmp, monkeypatch):
+    system_tmp = short_tmp
+    monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))
+    env = {**os.environ, **fake_asv, "TMPDIR": str(system_tmp), "FAKE_ASV": "exit"}
+    assert suite._asv(["run"], env=env, cwd=tmp_path) == 0
+    assert list(system_tmp.iterdir()) == []
+
+
+@LINUX_PROC
+def test_what_a_stopped_asv_leaves_in_the_temporary_directory_goes_with_it(tmp_path, fake_asv, short_tmp, monkeypatch):
+    system_tmp = short_tmp
+    monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))
+    env = {**os.environ, **fake_asv, "TMPDIR": str(system_tmp), "FAKE_ASV": "slow-stop"}
+    ready = Path(fake_asv["MARKS"]) / "ready"
+    stopper = threading.Thread(target=lambda: _wait_for(ready.exists, 60) and os.kill(os.getpid(), signal.SIGTERM))
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGTERM, suite._raise_interrupted)
+    try:
+        stopper.start()
+        with pytest.raises(suite.Interrupted):
+            suite._asv(["run"], env=env, cwd=tmp_path)
+    finally:
+        stopper.join()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    assert (Path(fake_asv["MARKS"]) / "stopped").exists()
+    assert list(system_tmp.iterdir()) == []
+
+
+# Runs `speedlib` with the run's commit work stood in: a worktree of the commit and a (fake)
+# asv under the supervisor, as a run has them while it measures.
+INTERRUPTIBLE = '''
+import sys
+from speedbench import cli, suite
+
+
+def _run(options, root, argv, shas, steps):
+    with suite._library_at(root, shas[0], use_checkout=False):
+        suite._asv(["run"], cwd=root)
+    return suite.RunResult(root, "m", [])
+
+
+suite._run = _run
+sys.exit(cli.main(sys.argv[1:]))
+'''
+
+
+@LINUX_PROC
+def test_a_second_ctrl_c_while_asv_is_stopped_still_ends_cleanly_with_130(checkout, tmp_path, fake_asv, short_tmp):
+    script = tmp_path / "bin" / "speedlib_run.py"
+    script.parent.mkdir()
+    script.write_text(INTERRUPTIBLE)
+    run_tmp = short_tmp
+    marks = Path(fake_asv["MARKS"])
+    env = {**os.environ, **fake_asv, "TMPDIR": str(run_tmp), "FAKE_ASV": "slow-stop"}
+    # Output to files, not pipes: asv inherits them, and reading a pipe to its end would wait
+    # for asv too, hiding a speedlib that exits before asv has stopped.
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, str(script), "run", "--commits", "HEAD", "--allow-dirty",
+                                 "--results-dir", str(tmp_path / "results")], cwd=checkout, env=env,
+                                stdout=stdout, stderr=stderr)
+    try:
+        assert _wait_for(lambda: (marks / "ready").exists() or proc.poll() is not None, 120)
+        assert proc.poll() is None, err.read_text()
+        proc.send_signal(signal.SIGINT)
+        assert _wait_for((marks / "stopping").exists, 60), "asv was never told to stop"
+        proc.send_signal(signal.SIGINT)  # while asv is still stopping
+        proc.wait(timeout=120)
+        # asv had stopped before speedlib ended
+        stopped_first = (marks / "stopped").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _wait_for((marks / "stopped").exists, 10)
+    err = err.read_text()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.splitlines()[-1].startswith("speedlib run: stopped by SIGINT"), err
+    assert stopped_first, "speedlib ended while asv was still stopping"
+    # and its scratch is gone: the commit's worktree, what asv left in the temporary directory
+    assert list(run_tmp.iterdir()) == []
+    worktrees = subprocess.run(["git", "worktree", "list"], cwd=checkout, capture_output=True, text=True).stdout
+    assert len(worktrees.splitlines()) == 1, worktrees
+
+
+# --- 7, 8. git data in messages ------------------------------------------------------------------
+
+def test_the_dirty_tree_refusal_names_a_modified_file_whole(checkout, monkeypatch):
+    monkeypatch.setattr(suite, "_run", lambda *a, **k: pytest.fail("the run started"))
+    (checkout / "speedlib" / "__init__.py").write_text("# edited\n")  # porcelain: " M speedlib/__init__.py"
+    (checkout / "benchmarks" / "bench new\x1b[2J.py").write_text("")
+    with pytest.raises(suite.SuiteError, match="uncommitted changes") as refused:
+        suite.run(suite.RunOptions(), root=checkout)
+    message = str(refused.value)
+    assert "(speedlib/__init__.py, " in message and "benchmarks/bench new\\x1b[2J.py" in message
+    assert "\x1b" not in message and '"' not in message  # the name as it is, not git's quoting
+
+
+def test_a_commit_subject_is_printed_escaped(checkout, tmp_path, monkeypatch, capsys):
+    (checkout / "speedlib" / "NOTE.txt").write_text("x")
+    _commit(checkout, "evil \x1b]0;pwned\x07 \x1b[2J subject")
+    monkeypatch.setattr(suite, "_asv", lambda *a, **k: 0)
+    head = suite.resolve_commits(checkout, None)[0]
+    suite._run_commit(suite.RunOptions(), checkout, tmp_path / "asv.conf.json", tmp_path, "m", {}, [], head,
+                      "[1/1]", [])
+    out = capsys.readouterr().out
+    assert f"[1/1] {head[:8]} evil \\x1b]0;pwned\\x07 \\x1b[2J subject" in out
+    assert "\x1b" not in out and "\x07" not in out
+
+
+def test_what_git_says_about_a_bad_range_is_escaped_and_one_line(checkout):
+    with pytest.raises(suite.SuiteError) as refused:
+        suite.resolve_commits(checkout, "HEAD..no\x1b[2Jsuch")
+    assert "\x1b" not in str(refused.value) and "\n" not in str(refused.value)
+    assert "no\\x1b[2Jsuch" in str(refused.value)
+
+
+# --- 9. the dashboard dies with speedlib ---------------------------------------------------------
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def _streamlit_on(port: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"streamlit" in cmdline and str(port).encode() in cmdline:
+                pids.append(int(entry.name))
+    return pids
+
+
+@LINUX_PROC
+def test_streamlit_stops_listening_when_speedlib_dashboard_is_killed(tmp_path):
+    pytest.importorskip("streamlit")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "speedlib", "dashboard", "--results", str(tmp_path),
+                             "--port", str(port), "--no-browser"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert _wait_for(lambda: _listening(port) or proc.poll() is not None, 180)
+        assert proc.poll() is None and _listening(port), "the dashboard never served"
+        proc.kill()  # SIGKILL: speedlib gets no chance to stop Streamlit itself
+        proc.wait()
+        assert _wait_for(lambda: not _listening(port), 10), "Streamlit outlived speedlib dashboard"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _streamlit_on(port):
+            os.kill(pid, signal.SIGKILL)
