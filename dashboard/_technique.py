@@ -45,7 +45,7 @@ def technique_page(name: str) -> None:
     commits = list(rows.sort_values("commit_date", ascending=False)["commit"].str[:8].unique())
     with c2:
         commit = pick("Commit (newest first)", commits, key="commit")
-    rows = rows[rows["commit"].str[:8] == commit]
+    rows = report.newest_runs(rows[rows["commit"].str[:8] == commit])  # a commit run twice: its latest run
     with c3:
         workloads = pick_many("Workloads", sorted(rows["workload"].dropna().unique()), key="workload")
     rows = rows[rows["workload"].isin(workloads) | rows["workload"].isna()]
@@ -86,8 +86,9 @@ def technique_page(name: str) -> None:
                           default="seconds" if "seconds" in metrics else technique.headline, words=words.metric)
             timed = timed[timed["metric"] == metric]
             speedup = report.speedup_table(timed, "time", baseline)
-            st.markdown(f"**Separately timed**: {words.metric(metric)} (`{metric}`), medians against `{baseline}` "
-                        "(worst-case bounds)")
+            # names from result files: escaped, and in code spans that no backtick of theirs can close
+            st.markdown(f"**Separately timed**: {report._md(words.metric(metric))} ({report._md_code(metric)}), "
+                        f"medians against {report._md_code(baseline)} (worst-case bounds)")
             table(speedup, hide=STATED)
             st.plotly_chart(spread_chart(timed, f"{words.metric(metric)}: every sample, {where}"))
             s = speedup.sources
@@ -194,7 +195,7 @@ def _not_measured(data: dict, name: str, machine: str | None = None) -> None:
         seen = pd.concat([data["measured"], data["not_measured"]])
         missing = report.never_run(suite_listing(), seen[seen["technique"] == name], name, machine)
         if not missing.empty:
-            st.markdown(f"**Never run on {machine}**: no chunk that measures these has run there yet")
+            st.markdown(f"**Never run on {report._md(machine)}**: no chunk that measures these has run there yet")
             missing = missing.assign(benchmark=missing["benchmark"].str.replace(r"^bench_\w+\.", "", regex=True))
             st.dataframe(missing, hide_index=True, column_config=widths(missing))
     if rows.empty:

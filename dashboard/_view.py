@@ -14,6 +14,7 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
@@ -55,16 +56,29 @@ def results() -> dict:
     # without a restart; a short string keeps Streamlit's own hashing of it cheap.
     data = _load(str(RESULTS), cache.fingerprint(RESULTS))
     newest = data["measured"]["run_date"].max() if not data["measured"].empty else pd.NaT
-    until = pd.to_datetime(st.query_params.get(UNTIL), utc=True, errors="coerce")
-    if pd.isna(until):  # absent or unreadable: pin to what there is now
-        until = newest.ceil("s")  # the link holds whole seconds: round up, or the newest drops out
-    if pd.isna(until):
+    pin = _link_time(pd.to_datetime(st.query_params.get(UNTIL), utc=True, errors="coerce"))
+    if pin is None:  # absent, unreadable or out of range: pin to what there is now
+        pin = _link_time(newest, ceil=True)  # the link holds whole seconds: round up, or the newest drops out
+    if pin is None:
         return {**data, "newer": 0}
-    st.query_params[UNTIL] = until.strftime("%Y-%m-%dT%H:%M:%SZ")
-    until = pd.Timestamp(st.query_params[UNTIL])  # whole seconds, as the link says
+    st.query_params[UNTIL] = pin
+    until = pd.Timestamp(pin)  # whole seconds, as the link says
     measured = _pin(data["measured"], until)
     return {**data, "measured": measured, "not_measured": _pin(data["not_measured"], until),
             "newer": len(data["measured"]) - len(measured), "until": until}
+
+
+def _link_time(t, ceil: bool = False) -> str | None:
+    """`t` as a link writes it (whole seconds, UTC), or None where no link can hold it: NaT,
+    or a year outside 1-9999 (pandas reads `?until=-1` as the year -1, which strftime cannot
+    write, and rounding up a time at the end of pandas' range overflows)."""
+    if pd.isna(t):
+        return None
+    try:
+        t = t.ceil("s") if ceil else t
+    except (OverflowError, ValueError):  # pandas' OutOfBoundsDatetime is a ValueError
+        return None
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ") if 1 <= t.year <= 9999 else None
 
 
 @st.cache_data(max_entries=4)
@@ -263,7 +277,9 @@ def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x 
                 + ("interval includes 1x" if u else "single value, no interval" if x else "")
                 for u, x, b in zip(unsure, lone, busy)]
         fig.add_trace(go.Bar(
-            y=esc(g[y]), x=g["ratio"] - 1.0, base=1.0, orientation="h", name=html.escape(str(name)),
+            # no bar for a ratio over 0 (`report.UNDEFINED`): it has no length
+            y=esc(g[y]), x=g["ratio"].where(np.isfinite(g["ratio"])) - 1.0, base=1.0, orientation="h",
+            name=html.escape(str(name)),
             marker={"opacity": [0.35 if u else 1.0 for u in unsure],
                     "pattern": {"shape": ["x" if b else "/" if x else "" for x, b in zip(lone, busy)]}},
             # the mark itself beside a contended bar: a faded, hatched bar alone can be hard to see
@@ -291,7 +307,7 @@ def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x 
     # Log scale, so that 0.5x and 2x lie equally far from the 1x line, with ticks at 1-2-5
     # steps written as ratios (plotly's own log ticks read "1, 2, 5, 10, 2, 5, 100").
     values = pd.concat([s["ratio"], s["ratio_low"], s["ratio_high"]]).dropna()
-    values = values[values > 0]
+    values = values[(values > 0) & np.isfinite(values)]  # a ratio over 0 has no value and no place on the axis
     low, high = (min(values.min(), 1.0), max(values.max(), 1.0)) if len(values) else (0.5, 2.0)
     # The axis spans the data and a little more, and the ticks are chosen inside that span:
     # plotly hides ticks outside its range, so ticks picked over a wider one left a lone "1x".
@@ -439,5 +455,12 @@ def table(t: report.Table, hide: tuple[str, ...] = ()) -> None:
         frame = frame.drop(columns="machine state")
     st.dataframe(frame, hide_index=True, column_config=widths(frame))
     for n in [*shared, *t.notes]:
-        # A caption is Markdown: a note opening with ">1: ..." would become a quote and lose its ">".
-        st.caption("\\" + n if n.startswith((">", "#", "-", "+", "*")) else n)
+        caption(n)
+
+
+def caption(text: str) -> None:
+    """A note as a caption, which is Markdown: notes name machines and benchmarks from result
+    files, so links, HTML and code are escaped (report._md), and so is a first character
+    that would start a heading or a list (">" is already "&gt;", never a quote)."""
+    text = report._md(text)
+    st.caption("\\" + text if text.startswith(("#", "-", "+", "*")) else text)

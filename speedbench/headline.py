@@ -17,6 +17,7 @@ says, per technique, which variant is PyTorch's default, and where the suite doe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pandas as pd
@@ -264,7 +265,8 @@ def _cell(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, gpu: str) -> tu
         labelled = [f"speed not measured yet ({_command(h)})"]
     used = [hits]
     if h.memory_suite:
-        labelled += [f"{_others(r, h)}: peak memory {1 / r.ratio:.3g}x".lstrip(": ")
+        # the ratio is baseline / variant, inverted here: a baseline that used no memory divides by 0
+        labelled += [f"{_others(r, h)}: peak memory {_memory_ratio(r.ratio)}".lstrip(": ")
                      for _, r in memory.iterrows() if pd.notna(r.ratio)]
         used.append(memory)
     if any(len(u) for u in used):
@@ -275,6 +277,11 @@ def _cell(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, gpu: str) -> tu
     if h.gpu_only and gpu == "CPU only":
         return "needs a GPU", hits.iloc[0:0]
     return f"not measured yet: {_command(h)}", hits.iloc[0:0]
+
+
+def _memory_ratio(ratio: float) -> str:
+    """Variant / baseline peak memory from `ratio` (baseline / variant)."""
+    return report._fmt_ratio(1 / ratio if ratio else math.inf, None, None)
 
 
 def _instead_of_contended(df: pd.DataFrame, sources: pd.DataFrame) -> list[str]:

@@ -33,6 +33,8 @@ from __future__ import annotations
 import functools
 import math
 import re
+import shlex
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -46,7 +48,7 @@ from speedbench.results import COLUMNS, higher_is_better, printable
 
 __all__ = ["Claim", "CLAIMS", "TECHNIQUES", "Table", "speedups", "speedup_table", "memory_table",
            "floor_table", "noise", "noise_table", "NOISE_TARGET", "case_label", "history", "history_table", "compare_machines", "machine_comparison", "same_work", "speedup_comparison", "is_own_baseline", "why_not_measured", "never_run", "bibtex", "claims_table", "latest",
-           "param_columns", "provenance", "reproduce_command", "to_markdown", "to_csv", "to_latex",
+           "newest_runs", "param_columns", "provenance", "reproduce_command", "is_commit", "to_markdown", "to_csv", "to_latex",
            "SIGNIFICANCE_FACTOR", "P_THRESHOLD", "MIN_SEGMENT", "MannWhitney", "mann_whitney_u", "differ",
            "resolve_commit", "compare_commits", "change_table", "paired", "paired_table", "paired_noise",
            "PAIRED_NOISE_TARGET", "PAIRED_WIDTH_TARGET", "citable", "contended", "machine_state", "CONTENDED",
@@ -212,11 +214,38 @@ def param_columns(df: pd.DataFrame) -> list[str]:
 
 
 def latest(df: pd.DataFrame) -> pd.DataFrame:
-    """Only each machine's most recent commit (by commit date) per benchmark."""
+    """Only each machine's most recent commit (by commit date) per benchmark, each result of
+    it once (`newest_runs`)."""
     if df.empty:
         return df
     newest = df.groupby(["machine", "benchmark"])["commit_date"].transform("max")
-    return df[df["commit_date"] == newest]
+    return newest_runs(df[df["commit_date"] == newest])
+
+
+def newest_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """Each result (machine, commit, benchmark, parameters) once: its latest run. A commit
+    measured again under another environment name (another interpreter's result file) gave
+    every table two rows nothing told apart, and every chart two bars under one label."""
+    # every parameter column too: a frame built by hand may set one without `params`
+    keys = list(dict.fromkeys(c for c in ("machine", "commit", "benchmark", "params", "variant", *param_columns(df))
+                              if c in df))
+    if df.empty or not keys or not _repeated(df[keys]).any():  # the usual case: each result once
+        return df
+    # positions, oldest run first (a run without a date before any dated one; ties keep the
+    # frame's order), so that the last of each result is its newest
+    when = df["run_date"].reset_index(drop=True) if "run_date" in df else pd.Series(0, index=range(len(df)))
+    order = when.sort_values(kind="stable", na_position="first").index.to_numpy()
+    older = np.zeros(len(df), dtype=bool)
+    older[order] = _repeated(df[keys].iloc[order]).to_numpy()
+    return df[~older]
+
+
+def _repeated(keys: pd.DataFrame) -> pd.Series:
+    """Rows whose keys a later row repeats."""
+    try:
+        return keys.duplicated(keep="last")
+    except TypeError:  # a list in a column built by hand: compared as text
+        return keys.astype(str).duplicated(keep="last")
 
 
 def _interval_bounds(df: pd.DataFrame, suffix: str = "") -> tuple[pd.Series, pd.Series, pd.Series]:
@@ -283,9 +312,16 @@ def speedups(df: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:
         columns=["ci99_low_base", "ci99_high_base", "q25_base", "q75_base"])
 
 
+# A ratio with a 0 below the line (a variant that took no time, a baseline that retained no
+# bytes) has no value: said so, where "infx" read as a figure.
+UNDEFINED = "undefined (divides by 0)"
+
+
 def _fmt_ratio(ratio: float, low: float, high: float) -> str:
     if pd.isna(ratio):
         return ""
+    if not math.isfinite(ratio):
+        return UNDEFINED
     text = f"{ratio:.3g}x"
     return text if pd.isna(low) else f"{text} [{low:.3g}, {high:.3g}]"
 
@@ -465,7 +501,8 @@ def memory_table(df: pd.DataFrame, baseline: str | None = None) -> Table:
         "bytes": [_fmt_value(v, "bytes") for v in s["value"]],
         "baseline bytes": [_fmt_value(v, "bytes") for v in s["baseline_value"]],
         "memory ratio": [_fmt_ratio(r, lo, hi) for r, lo, hi in zip(s["ratio"], s["ratio_low"], s["ratio_high"])],
-        "change": [f"{c:+.1f} %" for c in change], "N": s["n"],
+        "change": [f"{c:+.1f} %" if math.isfinite(c) else UNDEFINED if pd.notna(c) else "" for c in change],
+        "N": s["n"],
     })
     data = _numbers(s, **_ratio_numbers(s), value=s["value"], baseline_value=s["baseline_value"], unit=s["unit"],
                     change_percent=change)
@@ -790,10 +827,19 @@ def _direction(ratio: float, kind: str) -> str:
     return "regression" if worse else "improvement"
 
 
+def _change_ratio(new: float, old: float) -> float:
+    """new / old, where a value of 0 (a benchmark that retains no bytes) divides nothing: the
+    same value twice is no change (1), a move away from 0 has no ratio but a direction (inf,
+    signed), as asv compare prints "n/a" and still flags it by its factor rule."""
+    if old == 0:
+        return 1.0 if new == 0 else math.copysign(math.inf, new)
+    return new / old
+
+
 def _verdict(old, new) -> dict:
     """`new` against `old`: the change, and whether it is significant by asv compare's rule
     (ratio beyond SIGNIFICANCE_FACTOR and the two results differ)."""
-    ratio = new["value"] / old["value"]
+    ratio = _change_ratio(new["value"], old["value"])
     different, p, test = differ(old, new)
     significant = bool(different and _beyond(ratio))
     return {"change": ratio - 1, "test": test, "p_value": p, "significant": significant,
@@ -807,7 +853,7 @@ def _best_split(values: list[float], data: list[list[float]], lo: int, hi: int):
     'Most significant' is the largest |z|, which, unlike p, does not underflow to 0."""
     best = None
     for k in range(lo + MIN_SEGMENT, hi - MIN_SEGMENT + 1):
-        ratio = float(np.median(values[k:hi]) / np.median(values[lo:k]))
+        ratio = _change_ratio(float(np.median(values[k:hi])), float(np.median(values[lo:k])))
         before, after = np.concatenate(data[lo:k]), np.concatenate(data[k:hi])
         if not _beyond(ratio) or not _can_reject(len(before), len(after)):
             continue
@@ -890,6 +936,13 @@ def history(df: pd.DataFrame, benchmark: str | None = None) -> pd.DataFrame:
     return h.assign(**out)
 
 
+def _fmt_change(change: float) -> str:
+    """A change against the previous result; from a value of 0 it has no ratio (`_change_ratio`)."""
+    if pd.isna(change):
+        return ""
+    return f"{change:+.1%}" if math.isfinite(change) else "n/a (from 0)"
+
+
 def _fmt_test(test: str, p: float) -> str:
     return f"{test}, p = {p:.2g}" if pd.notna(p) else test
 
@@ -912,7 +965,7 @@ def history_table(df: pd.DataFrame, benchmark: str) -> Table:
         "machine": h["machine"], "commit": _commit_label(h) if not h.empty else h["commit"],
         "commit date": h["commit_date"].dt.strftime("%Y-%m-%d"), "params": h["params"],
         "value": [_fmt_value(v, u) for v, u in zip(h["value"], h["unit"])],
-        "change": [f"{c:+.1%}" if pd.notna(c) else "" for c in h["change"]],
+        "change": [_fmt_change(c) for c in h["change"]],
         "test": [_fmt_test(t, p) for t, p in zip(h["test"], h["p_value"])],
         "flag": [_flag(d, s, e, x) for d, s, e, x in zip(h["direction"], h["step_direction"], h["environment_change"],
                                                          h["left_out"])],
@@ -934,7 +987,8 @@ def history_table(df: pd.DataFrame, benchmark: str) -> Table:
 
 def resolve_commit(df: pd.DataFrame, rev: str) -> str:
     """The full hash of the one measured commit that starts with `rev`; ValueError otherwise."""
-    known = sorted(df["commit"].unique())
+    # only hashes: a commit_hash that is not one must not reach the commands the errors suggest
+    known = sorted(c for c in df["commit"].unique() if is_commit(c))
     if not re.fullmatch(r"[0-9a-fA-F]{4,40}", rev):
         raise ValueError(f"{rev!r} is not a commit hash prefix (4 to 40 hex digits, as in the results)")
     hits = [c for c in known if c.startswith(rev.lower())]
@@ -1000,7 +1054,7 @@ def change_table(df: pd.DataFrame, a: str, b: str) -> Table:
         "machine": s["machine"], "benchmark": s["benchmark"], "params": s["params"],
         a8: [_fmt_value(v, u) for v, u in zip(s["value_base"], s["unit"])],
         b8: [_fmt_value(v, u) for v, u in zip(s["value"], s["unit"])],
-        "change": [f"{c:+.1%}" for c in s["change"]],
+        "change": [_fmt_change(c) for c in s["change"]],
         "test": [_fmt_test(t, p) for t, p in zip(s["test"], s["p_value"])], "verdict": s["direction"],
         "N": [f"{na} / {nb}" for na, nb in zip(s["n_base"], s["n"])],
     })
@@ -1214,13 +1268,37 @@ def claims_table(df: pd.DataFrame) -> Table:
 
 # --- provenance and exports --------------------------------------------------------------
 
+# A commit as git names it: the hash, abbreviated to no fewer than 7 hex digits (SHA-1 has
+# 40, SHA-256 64). Anything else in a result file's commit_hash is not put in a command.
+_COMMIT = re.compile(r"[0-9a-fA-F]{7,64}")
+# The install step holds nothing from a file, so it stays as the docs and goldens spell it.
+_INSTALL = 'python3 -m pip install -e ".[bench]"'
+
+
+def is_commit(commit) -> bool:
+    """Whether `commit` is a commit hash (7 to 64 hex digits), safe to check out by name."""
+    return isinstance(commit, str) and bool(_COMMIT.fullmatch(commit))
+
+
+def _not_a_commit(commit) -> str:
+    """Why a run with `commit` gets no command that reruns it, in one line."""
+    return (f"no Reproduce line for the run of commit '{printable(commit)}': it is not a commit hash (7 to 64 hex "
+            "digits), so a command that checks it out could run something else; the result file's commit_hash "
+            "needs fixing")
+
+
 def reproduce_command(commit: str, benchmarks: list[str], quiet: bool = False) -> str:
     """The command that reruns these benchmarks with the library and suite of `commit`;
-    `quiet`: they were measured on a contended machine, so the rerun waits for a quiet one."""
+    `quiet`: they were measured on a contended machine, so the rerun waits for a quiet one.
+    Names come from result files: every word is shell-quoted (shlex), so a pasted command
+    runs git, pip and speedlib with exactly these arguments; ValueError for a commit that
+    is not a hash."""
+    if not is_commit(commit):
+        raise ValueError(_not_a_commit(commit))
     names = "|".join(re.escape(b) for b in sorted(set(benchmarks)))
-    wait = " --wait-quiet 600 --require-quiet" if quiet else ""
-    return (f'git checkout {commit} && python3 -m pip install -e ".[bench]" && '
-            f"speedlib run{wait} --bench '^({names})'")
+    wait = ["--wait-quiet", "600", "--require-quiet"] if quiet else []
+    return " && ".join([shlex.join(["git", "checkout", commit]), _INSTALL,
+                        shlex.join(["speedlib", "run", *wait, "--bench", f"^({names})"])])
 
 
 def _statistic(kinds: set[str], n: pd.Series) -> str:
@@ -1264,7 +1342,9 @@ def provenance(sources: pd.DataFrame) -> list[dict[str, str]]:
             **({"benchmark code": "an earlier version, changed since (the command below reruns that version)"}
                if earlier_version(rows).any() else {}),
             "machine state": _run_state(rows),
-            "command": reproduce_command(r["commit"], list(rows["benchmark"]), quiet=bool(contended(rows).any())),
+            # None: the commit is no hash, and the footer says so instead (`_footer_lines`)
+            "command": reproduce_command(r["commit"], list(rows["benchmark"]), quiet=bool(contended(rows).any()))
+            if is_commit(r["commit"]) else None,
         })
     return sorted(entries, key=lambda e: (e["machine"], e["commit date"], e["commit"], e["measured"]))
 
@@ -1292,7 +1372,7 @@ def _footer_lines(table: Table, shared: list[str] = ()) -> list[str]:
         lines.append("Provenance: no measured results in this table.")
     for e in entries:
         lines.append("Provenance: " + ", ".join(f"{k} {v}" for k, v in e.items() if k != "command"))
-        lines.append(f"Reproduce: {e['command']}")
+        lines.append(f"Reproduce: {e['command']}" if e["command"] else f"Note: {_not_a_commit(e['commit'])}")
     lines.append(f"Exported by speedlib {speedlib.__version__}; cite with CITATION.cff and the lines above.")
     return lines
 
@@ -1350,13 +1430,21 @@ def _md_code(text: str) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
+# What an export of a table without rows says in place of the table.
+NO_ROWS = "No rows: this table is empty."
+
+
 def to_markdown(table: Table) -> str:
     """A GitHub-flavoured Markdown table under a `##` title, the footer as a list. Every cell,
     the title and each footer line are escaped (`_md`); the reproduce command is a code span."""
     frame, shared = _informative(table)
     rows = [[_md(c) for c in row] for row in _cells(frame)]
-    out = [f"## {_md(table.title)}", "", "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-    out += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    out = [f"## {_md(table.title)}", ""]
+    if frame.empty:  # no row (or no column): a header of no cells is no Markdown table
+        out.append(NO_ROWS)
+    else:
+        out += ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+        out += ["| " + " | ".join(r) + " |" for r in rows[1:]]
     out.append("")
     for line in _footer_lines(table, shared):
         kind, _, text = line.partition(": ")
@@ -1417,31 +1505,129 @@ def to_latex(table: Table) -> str:
     """A plain `table` environment (no package needed) with the footer in small print."""
     frame, shared = _informative(table)
     rows = _cells(frame)
-    out = [f"% speedlib export: {printable(table.title)}", r"\begin{table}[ht]", r"\centering", r"\footnotesize",
-           r"\begin{tabular}{" + "l" * len(rows[0]) + "}", r"\hline",
-           " & ".join(_tex(c) for c in rows[0]) + r" \\", r"\hline"]
-    out += [" & ".join(_tex(c) for c in r) + r" \\" for r in rows[1:]]
-    out += [r"\hline", r"\end{tabular}", f"\\caption{{{_tex(table.title)}}}", r"\par\scriptsize"]
+    out = [f"% speedlib export: {printable(table.title)}", r"\begin{table}[ht]", r"\centering", r"\footnotesize"]
+    if frame.empty:  # a tabular of no columns does not compile
+        out.append(NO_ROWS + r"\par")
+    else:
+        out += [r"\begin{tabular}{" + "l" * len(rows[0]) + "}", r"\hline",
+                " & ".join(_tex(c) for c in rows[0]) + r" \\", r"\hline"]
+        out += [" & ".join(_tex(c) for c in r) + r" \\" for r in rows[1:]]
+        out += [r"\hline", r"\end{tabular}"]
+    out += [f"\\caption{{{_tex(table.title)}}}", r"\par\scriptsize"]
     out += [_tex(line) + r"\\" for line in _footer_lines(table, shared)]
     out.append(r"\end{table}")
     return "\n".join(out) + "\n"
 
 
 def bibtex(cff_text: str) -> str:
-    """A BibTeX @software entry from the text of CITATION.cff (yaml.safe_load: no code runs)."""
-    import yaml  # noqa: PLC0415 - only the dashboard needs it
+    """A BibTeX @software entry from the text of CITATION.cff (yaml.safe_load: no code runs).
 
-    meta = yaml.safe_load(cff_text) or {}
-    names = []
-    for a in meta.get("authors") or []:
-        if a.get("name"):
-            names.append("{" + a["name"] + "}")  # an organisation: braces keep BibTeX from splitting it
-        else:
-            names.append(f"{a.get('family-names', '')}, {a.get('given-names', '')}".strip(", "))
-    year = str(meta.get("date-released", ""))[:4]
-    fields = {"author": " and ".join(names), "title": meta.get("title"), "version": meta.get("version"),
-              "year": year, "url": meta.get("repository-code") or meta.get("url"), "license": meta.get("license"),
-              "note": meta.get("message")}
-    key = f"speedlib{year}"
+    Every value is made literal (`_bib`, `_bib_url`): a title in the file cannot close its
+    field, add a field or an entry, or run a TeX command. ValueError, in one line, for a file
+    that is not a CITATION.cff (not YAML, tagged objects, a list where text belongs)."""
+    meta = _citation(cff_text)
+
+    def text(key: str) -> str:
+        return _cff_text(meta.get(key), key)
+
+    names = [_bib_author(a) for a in _cff_list(meta, "authors")]
+    year = re.match(r"\d{4}", text("date-released"))
+    # CFF allows one SPDX identifier or a list of them, any of which applies
+    licenses = meta["license"] if isinstance(meta.get("license"), list) else [meta.get("license")]
+    fields = {"author": " and ".join(names), "title": _bib(text("title")), "version": _bib(text("version")),
+              "year": year.group() if year else "", "url": _bib_url(text("repository-code") or text("url")),
+              "license": _bib(" or ".join(t for t in (_cff_text(x, "license") for x in licenses) if t)),
+              "note": _bib(text("message"))}
+    key = f"speedlib{fields['year']}"
     body = ",\n".join(f"  {k} = {{{v}}}" for k, v in fields.items() if v)
     return f"@software{{{key},\n{body}\n}}\n"
+
+
+def _citation(cff_text: str) -> dict:
+    """CITATION.cff's top-level mapping; ValueError in one line where it is none."""
+    import yaml  # noqa: PLC0415 - only the dashboard needs it
+
+    try:
+        meta = yaml.safe_load(cff_text)
+    except yaml.constructor.ConstructorError as e:  # !!python/object and the like: safe_load refuses them
+        raise ValueError(f"CITATION.cff{_yaml_where(e)} holds a YAML tag that is not plain data "
+                         f"({printable(str(e.problem))[:120]}): remove it") from None
+    except yaml.YAMLError as e:
+        said = ", ".join(str(x) for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x) or str(e)
+        raise ValueError(f"CITATION.cff is not valid YAML{_yaml_where(e)}: {printable(said)[:120]}; fix the file") \
+            from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise ValueError("CITATION.cff nests too deeply to be read: it is not a citation file; fix it") from None
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict):
+        raise ValueError(f"CITATION.cff holds {_yaml_kind(meta)}, not a mapping of fields (title:, authors:, ...): "
+                         "fix the file")
+    return meta
+
+
+def _yaml_where(error) -> str:
+    mark = getattr(error, "problem_mark", None)
+    return f" (line {mark.line + 1})" if mark is not None else ""
+
+
+def _yaml_kind(value) -> str:
+    return {list: "a list", dict: "a mapping", str: "text", int: "a number", float: "a number",
+            bool: "true or false"}.get(type(value), f"a {type(value).__name__}")
+
+
+def _cff_text(value, key: str) -> str:
+    """The value of field `key` as text ("" where absent): a date or a number is text too, a
+    list or a mapping is a ValueError, in one line."""
+    if value is None:
+        return ""
+    if isinstance(value, (list, dict)):
+        raise ValueError(f"CITATION.cff: '{key}' is {_yaml_kind(value)}, where text belongs: fix the file")
+    return str(value)
+
+
+def _cff_list(meta: dict, key: str) -> list:
+    value = meta.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValueError(f"CITATION.cff: '{key}' is {_yaml_kind(value)}, where a list belongs: fix the file")
+    return value
+
+
+def _bib_author(author) -> str:
+    """One author as BibTeX names them: an organisation braced whole (else BibTeX would split
+    it into first and last names), a person as "family, given"."""
+    if not isinstance(author, dict):
+        raise ValueError(f"CITATION.cff: an author is {_yaml_kind(author)}, where a mapping (name: or family-names:, "
+                         "given-names:) belongs: fix the file")
+    if _cff_text(author.get("name"), "name"):
+        return "{" + _bib(_cff_text(author["name"], "name")) + "}"
+    parts = [_bib_name_part(_cff_text(author.get(k), k)) for k in ("family-names", "given-names")]
+    return ", ".join(p for p in parts if p)
+
+
+def _bib_name_part(text: str) -> str:
+    """A family or given name, braced where BibTeX would otherwise split it: at a comma, or at
+    the word 'and' (which separates authors)."""
+    text = _bib(text)
+    return "{" + text + "}" if re.search(r",|\band\b", text, re.IGNORECASE) else text
+
+
+# LaTeX's specials, as for tables (`_tex`), but braces as commands: BibTeX matches every
+# brace of a field, escaped or not, so a `\}` from a file would still close the field.
+_BIBTEX = {**_LATEX, "{": r"\textbraceleft{}", "}": r"\textbraceright{}"}
+_BIBTEX_RE = re.compile("|".join(re.escape(k) for k in _BIBTEX))
+
+
+def _bib(text: str) -> str:
+    """`text` as a BibTeX field value that prints it: control characters as escapes (a blank
+    line would end the paragraph), every special character and brace as a command."""
+    return _BIBTEX_RE.sub(lambda m: _BIBTEX[m.group()], printable(text))
+
+
+def _bib_url(url: str) -> str:
+    """A URL, read verbatim by biblatex: characters a URL cannot hold (braces, backslash,
+    spaces, quotes, control characters) percent-encoded, so it neither closes its field nor
+    reads as a command."""
+    return urllib.parse.quote(url, safe=":/?#[]@!$&'()*+,;=%~-._")

@@ -47,8 +47,12 @@ def writeup(measured: pd.DataFrame, rerun: pd.DataFrame | None = None) -> str:
     for machine, rows in measured.groupby("machine", sort=True):
         per_commit = rows.groupby("commit").agg(date=("commit_date", "min"), benchmarks=("benchmark", "nunique"))
         per_commit = per_commit.sort_values("date", kind="stable")
-        commits = ", ".join(f"`{c[:8]}` ({n} benchmarks)" for c, n in zip(per_commit.index, per_commit["benchmarks"]))
-        lines.append(f"- `{machine}`: {rows['gpu'].iloc[-1]}; commits, oldest first: {commits}")
+        # Names come from result files: code spans that no backtick in them can close, and the
+        # GPU escaped like every table cell (report._md), so no name is read as Markdown or HTML.
+        commits = ", ".join(f"{report._md_code(c[:8])} ({n} benchmarks)"
+                            for c, n in zip(per_commit.index, per_commit["benchmarks"]))
+        lines.append(f"- {report._md_code(machine)}: {report._md(rows['gpu'].iloc[-1])}; commits, oldest first: "
+                     f"{commits}")
     parts.append("## Machines\n\nThe tables below show each benchmark at the newest commit that measured it.\n\n"
                  + "\n".join(lines) + "\n")
     parts.append("## At a glance\n\nEach technique's main comparison, one column per machine; a cell without a "

@@ -44,7 +44,21 @@ d2.download_button("Download CSV", report.to_csv(t), file_name=f"speedlib-{kind}
 d3.download_button("Download LaTeX", report.to_latex(t), file_name=f"speedlib-{kind}.tex", mime="application/x-tex")
 st.subheader("BibTeX")
 cff = ROOT / "CITATION.cff"
-if cff.is_file():
+
+
+def cff_problem(line: str) -> None:
+    # The line may quote the file: shown as text, never as Markdown.
+    st.warning("CITATION.cff gives no BibTeX entry; what is wrong with it:")
+    st.text(line)
+
+
+try:
     st.code(report.bibtex(cff.read_text(encoding="utf-8")), language="bibtex", wrap_lines=True)
-else:
+except FileNotFoundError:
     st.info(f"No CITATION.cff at {cff}.")
+except UnicodeDecodeError as e:  # a ValueError too: caught before the next ones
+    cff_problem(f"CITATION.cff is not UTF-8 text (byte {e.start}): save it as UTF-8")
+except OSError as e:
+    cff_problem(f"CITATION.cff cannot be read: {e.strerror or e}")
+except ValueError as e:  # not a citation file: report.bibtex says what is wrong, in one line
+    cff_problem(str(e))

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from _view import config_label, page_data, pick, ratio_chart, table, widths
+from _view import caption, config_label, page_data, pick, ratio_chart, table, widths
 from speedbench import report
 
 st.title("Machine comparison")
@@ -23,9 +23,9 @@ machines_table = rows.sort_values("commit_date").groupby(env, sort=True).agg(
 st.dataframe(machines_table, hide_index=True, column_config=widths(machines_table))
 several = machines_table["machine"].value_counts()
 for m in several[several > 1].index:
-    st.caption(f"{m} has results from {several[m]} environments (rows above): times from different ones differ "
-               "by the hardware or software, not only by the commit, so history, the regression gate and the "
-               "noise table do not compare across them.")
+    caption(f"{m} has results from {several[m]} environments (rows above): times from different ones differ "
+            "by the hardware or software, not only by the commit, so history, the regression gate and the "
+            "noise table do not compare across them.")
 machines = sorted(df["machine"].unique())
 if len(machines) < 2:
     st.info("Only one machine has results (listed above): a comparison needs a second machine "

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from _view import note_missing_gpu, on_screen, page_data, pick_many, ratio_chart, say_names, table
+from _view import caption, note_missing_gpu, on_screen, page_data, pick_many, ratio_chart, say_names, table
 from speedbench import headline, report, words
 
 st.title("speedlib: which PyTorch speed tricks pay off")
@@ -27,7 +27,7 @@ st.subheader("At a glance: each technique's main comparison")
 glance = headline.grid(df[df["machine"].isin(machines)])
 st.table(glance.frame.set_index("technique"))  # a static table: every cell whole, wrapped, no scrolling
 for n in glance.notes:
-    st.caption(n)
+    caption(n)
 st.subheader("Every comparison, per technique (latest commit per machine)")
 shown = False
 for h in headline.HEADLINES:
@@ -83,4 +83,4 @@ st.subheader("Claims of the sources versus measured")
 claims = report.claims_table(df[df["machine"].isin(machines)])
 st.table(on_screen(claims.frame, hide=("measured as",)))  # how it was measured: in the exports
 for n in claims.notes:
-    st.caption(n)
+    caption(n)
