@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -539,8 +540,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args, argv)
     except KeyboardInterrupt:
         # Ctrl+C while results load or a table is drawn: one line, not a traceback (`run`
-        # catches it itself, after stopping asv).
-        print(f"speedlib {args.command}: stopped by Ctrl+C", file=sys.stderr)
+        # catches it itself, after stopping asv). A further Ctrl+C while this is said would
+        # escape as a KeyboardInterrupt and end the process by SIGINT (status -2, not 130).
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            print(f"speedlib {args.command}: stopped by Ctrl+C", file=sys.stderr)
+        finally:  # main() runs inside other programs (tests) too: their handler comes back
+            signal.signal(signal.SIGINT, previous)
         return 130
 
 
