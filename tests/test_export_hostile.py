@@ -392,6 +392,9 @@ def test_the_history_page_of_a_zero_value(app):
     at = app(ROOT / "results", "views/history.py", benchmark=RETAINED)
     assert not at.exception, at.exception
     assert at.dataframe  # the table is there, 0 -> 0 and all
+    # the 0-byte line is in the legend but off the log axis: the page says so
+    said = [c.value for c in at.caption if c.value.startswith("Not drawn on the log scale")]
+    assert len(said) == 1 and "variant=on" in said[0], [c.value for c in at.caption]
 
 
 PAGES = ["views/overview.py", "views/history.py", "views/machines.py", "views/cite.py",

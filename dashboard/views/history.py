@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from _view import log_axis, page_data, pick, pick_many, table
+from _view import caption, log_axis, page_data, pick, pick_many, table
 from speedbench import report, words
 from speedbench.machines import describe, environment_keys
 
@@ -66,6 +66,12 @@ fig.update_layout(height=460, margin={"t": 30},
                   yaxis=log_axis(list(h["ci99_low"].fillna(h["value"]) * scale) + list(h["ci99_high"].fillna(h["value"]) * scale)
                                  + list(h["value"] * scale), f"{unit} (log scale)"))
 st.plotly_chart(fig)
+# A log axis has no 0 (a variant that retains no bytes): such a line is in the legend but not
+# drawn, which reads as missing data unless said.
+off_axis = sorted(set(h.loc[h["value"] <= 0, "machine"] + ": " + h.loc[h["value"] <= 0, "params"]))
+if off_axis:
+    caption(f"Not drawn on the log scale, which has no 0 or below: {'; '.join(off_axis)} (values of 0 or less "
+            "at some commits; the table below lists every value).")
 st.caption(f"x markers: significant change against the previous commit (beyond {report.SIGNIFICANCE_FACTOR:.2f}x, and "
            f"Mann-Whitney U p < {report.P_THRESHOLD} on the stored samples, else disjoint 99 % confidence intervals: "
            "asv compare's rule). Diamonds: first commit of a sustained step (a new level over at least "
