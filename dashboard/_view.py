@@ -130,6 +130,10 @@ def _show_pin(data: dict) -> None:
 def require_results(data: dict) -> pd.DataFrame | None:
     """The measured rows, or None after saying clearly why there are none."""
     df = data["measured"]
+    if df.empty and data.get("newer"):  # a link pinned before the first result: the button above shows them
+        st.info(f"No result was measured up to {data['until']:%Y-%m-%d %H:%M:%S} UTC, the time this link is pinned "
+                f"to; the results directory holds {data['newer']} newer one(s): the button above shows them.")
+        return None
     if df.empty:
         st.info("No measured results in the results directory below. Produce some with `speedlib run` "
                 "(see the README), or start the dashboard on another one with `speedlib dashboard --results DIR`.")

@@ -89,7 +89,7 @@ def _number(text: str | None, option: str, unit: str) -> float | None:
     try:
         return float(text)
     except ValueError:
-        raise suite.SuiteError(f"{option} must be a positive number of {unit}, got '{printable(text)}'") from None
+        raise suite.SuiteError(f"{option} must be a positive, finite number of {unit}, got '{printable(text)}'") from None
 
 
 def _print_plan(options) -> int:
@@ -188,10 +188,15 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
     loaded = cache.load(path)
     df = loaded.measured
     if args.machine:
+        known = sorted(set(df["machine"]))
         df = df[df["machine"] == args.machine]
     _print_problems(loaded.problems, args.verbose, "speedlib report: ")
     if args.fail_on_regression:
         return _regression_gate(report, df, args)
+    if args.machine and df.empty and known:  # a typo, most likely: say which names there are
+        print(f"speedlib report: no measured results for machine {printable(args.machine)}; the results hold "
+              f"{', '.join(printable(m) for m in known)}", file=sys.stderr)
+        return 1
     if df.empty:
         print("no measured results", file=sys.stderr)
         return 1
@@ -210,9 +215,12 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(format_table(df))
         return 0
     if args.table == "noise":
-        if not args.against or not Path(args.against).is_dir():
+        if not args.against:
             print("speedlib report: --table noise needs --against DIR, the results of a second run of the same "
                   "commit on the same machine", file=sys.stderr)
+            return 2
+        if not Path(args.against).is_dir():
+            print(f"speedlib report: no results directory at {printable(args.against)} (--against)", file=sys.stderr)
             return 2
         second = _second_run(args.against, args.verbose)
         table = report.noise_table(df, second[second["machine"] == args.machine] if args.machine else second)
@@ -311,7 +319,7 @@ def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
            "--server.headless", "true",
            # a results viewer, not an app being developed: no "Deploy" button, no developer menu
            "--client.toolbarMode", "viewer"]
-    url = f"http://{args.address}:{port}"
+    url = _url(args.address, port)
     proc = subprocess.Popen(cmd, env=env, preexec_fn=_dies_with(os.getpid()))
     # A SIGTERM to speedlib (kill, a service manager) must stop Streamlit too, not orphan it.
     import signal  # noqa: PLC0415
@@ -340,6 +348,11 @@ def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _url(address: str, port: int) -> str:
+    """The dashboard's address as a browser takes it: an IPv6 address in brackets."""
+    return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
 
 
 STARTUP_TIMEOUT_S = 120.0  # Streamlit imports pandas and plotly: seconds on a cold, busy machine

@@ -150,19 +150,23 @@ def _check_listing(path: Path) -> None:
         if isinstance(data, dict):
             return
         problem = f"not a JSON object of benchmarks (a JSON {type(data).__name__})"
-    raise PlanError(f"{results.printable(str(path))}: {problem}: restore it from git, or delete it and the next "
-                    "run writes it again")
+    snapshot = safekeep.left_by_killed_run(path.parent)
+    todo = (f"a killed run left its copy in {results.printable(str(snapshot))}, and the next speedlib run puts it "
+            "back first" if snapshot is not None else "restore it from git, or delete it and the next run writes it again")
+    raise PlanError(f"{results.printable(str(path))}: {problem}: {todo}")
 
 
 def combinations(benchmarks_json: Path, skipped: list[str] | None = None) -> dict[str, list[str]]:
     """Every benchmark's selectable names, as asv's --bench sees them: `name(p0, p1)` per
     parameter combination (the parameters' reprs), or just `name`. A benchmark whose
-    parameters are not lists of strings, or multiply out past results.MAX_COMBINATIONS, is
-    left out (never expanded), with a line saying why appended to `skipped`."""
+    parameters are not lists of strings, or go past the loader's limits (too many
+    combinations, too long a value: results.params_over_limits), is left out (never expanded), with a line saying why appended to `skipped`."""
     data = json.loads(Path(benchmarks_json).read_text(encoding="utf-8"))
     names = {}
     for name, bench in data.items():
-        if not isinstance(bench, dict):  # the file's "version" entry
+        if not isinstance(bench, dict):
+            if name != "version" and skipped is not None:  # the file's own "version" is a number
+                skipped.append(f"{name}: not an object describing a benchmark; left out")
             continue
         params = bench.get("params") or []
         why = _unusable_params(params)
@@ -179,7 +183,7 @@ def _unusable_params(params) -> str | None:
     if not isinstance(params, list) or not all(isinstance(p, list) and all(isinstance(v, str) for v in p)
                                                for p in params):
         return "'params' is not a list of lists of strings"
-    return results.too_many_combinations(params)
+    return results.params_over_limits(params)
 
 
 def _selected(chunk: Chunk, names: dict[str, list[str]]) -> tuple[dict[str, set[str]], int]:
@@ -214,6 +218,12 @@ def chunk_times_path(results_dir: Path, machine: str) -> Path:
     return Path(results_dir) / machine / "chunk-times.jsonl"
 
 
+# The longest a chunk may be recorded to have taken over one commit: the whole suite takes
+# under an hour on one GPU, and a device slot lasts minutes; a week is far beyond any real
+# run, and a figure beyond it (a hand-edited or damaged line) would price every chunk out.
+MAX_CHUNK_SECONDS = 7 * 24 * 3600
+
+
 def record_chunk_time(results_dir: Path, machine: str, chunk: str, sha: str, seconds: float) -> None:
     """Add a line to chunk-times.jsonl, or raise OSError (a full disk) and leave it as it was."""
     entry = {"chunk": chunk, "commit": sha, "seconds": round(seconds, 1), "launch": LAUNCH_METHOD}
@@ -245,8 +255,9 @@ def _chunk_time_lines(path: Path) -> list[bytes]:
 
 def _chunk_time(line: bytes) -> tuple[str, float, str] | None:
     """(chunk, seconds, launch method) of one line, or None when it is not a chunk time: torn
-    by a killed run, not UTF-8, not an object, or seconds that are not a finite number >= 0
-    (a NaN would fit any budget, a negative time make room in it). Lines from before the
+    by a killed run, not UTF-8, not an object, or seconds that are not a number from 0 to
+    MAX_CHUNK_SECONDS (a NaN would fit any budget, a negative time make room in it, 1e308
+    price every chunk out of it). Lines from before the
     launch method was recorded were spawn runs."""
     try:
         entry = json.loads(line.decode("utf-8"))
@@ -261,7 +272,7 @@ def _chunk_time(line: bytes) -> tuple[str, float, str] | None:
         seconds = float(seconds)
     except OverflowError:  # an integer too large for a float
         return None
-    if not math.isfinite(seconds) or seconds < 0:
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_CHUNK_SECONDS:
         return None
     return entry["chunk"], seconds, launch if isinstance(launch, str) and launch in REPORT_SECONDS else "spawn"
 
@@ -280,7 +291,7 @@ def chunk_times_note(results_dir: Path, machine: str) -> str | None:
     if not bad:
         return None
     return (f"{shown}: {bad} of {len(lines)} line(s) are not a chunk time (torn by a killed run, not UTF-8, or "
-            "seconds that are not a finite number >= 0): estimated as if they were absent")
+            "seconds that are not a number from 0 to a week): estimated as if they were absent")
 
 
 def recorded_chunk_seconds(results_dir: Path, machine: str) -> dict[str, float]:

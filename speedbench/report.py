@@ -1295,6 +1295,8 @@ def reproduce_command(commit: str, benchmarks: list[str], quiet: bool = False) -
     is not a hash."""
     if not is_commit(commit):
         raise ValueError(_not_a_commit(commit))
+    if not benchmarks:  # '^()' would match every benchmark: a whole-suite rerun, not this one
+        raise ValueError("a reproduce command needs the benchmarks it reruns; none were given")
     names = "|".join(re.escape(b) for b in sorted(set(benchmarks)))
     wait = ["--wait-quiet", "600", "--require-quiet"] if quiet else []
     return " && ".join([shlex.join(["git", "checkout", commit]), _INSTALL,
@@ -1413,7 +1415,7 @@ def _cells(frame: pd.DataFrame) -> list[list[str]]:
 # file), the pipe that ends a cell, backticks that open code, the brackets of link, image
 # and reference syntax; HTML's <, > and & as entities, so no tag, autolink or entity is
 # read from a file.
-_MARKDOWN = {"\\": "\\\\", "|": "\\|", "`": "\\`", "[": "\\[", "]": "\\]", "<": "&lt;", ">": "&gt;", "&": "&amp;"}
+_MARKDOWN = {"\\": "\\\\", "|": "\\|", "`": "\\`", "[": "\\[", "]": "\\]", "<": "&lt;", ">": "&gt;", "&": "&amp;", "*": "\\*"}
 _MARKDOWN_RE = re.compile("|".join(re.escape(k) for k in _MARKDOWN))
 
 
@@ -1550,16 +1552,22 @@ def _citation(cff_text: str) -> dict:
     try:
         meta = yaml.safe_load(cff_text)
     except yaml.constructor.ConstructorError as e:  # !!python/object and the like: safe_load refuses them
+        if "unhashable" in str(e.problem):  # `? [a, b]`: a list or mapping used as a field's name
+            raise ValueError(f"CITATION.cff{_yaml_where(e)} uses a list or mapping as a field's name: fix the "
+                             "file") from None
         raise ValueError(f"CITATION.cff{_yaml_where(e)} holds a YAML tag that is not plain data "
                          f"({printable(str(e.problem))[:120]}): remove it") from None
+    except ValueError as e:  # a value YAML reads as a date that is none (date-released: 2026-13-45)
+        raise ValueError(f"CITATION.cff holds a date that is no date ({printable(str(e))[:120]}): write it as "
+                         "YYYY-MM-DD") from None
     except yaml.YAMLError as e:
         said = ", ".join(str(x) for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x) or str(e)
         raise ValueError(f"CITATION.cff is not valid YAML{_yaml_where(e)}: {printable(said)[:120]}; fix the file") \
             from None
     except RecursionError:  # PyYAML composes nested collections recursively
         raise ValueError("CITATION.cff nests too deeply to be read: it is not a citation file; fix it") from None
-    if meta is None:
-        return {}
+    if meta is None:  # an empty file would give an entry with no field at all
+        raise ValueError("CITATION.cff is empty: it needs at least title: and authors:; fix the file")
     if not isinstance(meta, dict):
         raise ValueError(f"CITATION.cff holds {_yaml_kind(meta)}, not a mapping of fields (title:, authors:, ...): "
                          "fix the file")

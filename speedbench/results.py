@@ -36,7 +36,8 @@ import pandas as pd
 from speedbench import contention, safekeep
 
 __all__ = ["LoadedResults", "Problem", "load_results", "format_table", "metric_kind", "higher_is_better", "result_id",
-           "printable", "MAX_FILE_BYTES", "MAX_COMBINATIONS", "MAX_FILE_COMBINATIONS", "too_many_combinations"]
+           "printable", "MAX_FILE_BYTES", "MAX_COMBINATIONS", "MAX_FILE_COMBINATIONS", "MAX_PARAM_CHARS", "too_many_combinations",
+           "params_over_limits"]
 
 # asv's statistics columns -> our column names
 _STATS = {
@@ -63,6 +64,10 @@ MAX_COMBINATIONS = 1000
 # listing up to a thousand combinations, or 10^8 rows. The whole suite's file holds about
 # 300, so a hundred times that leaves room for any real suite.
 MAX_FILE_COMBINATIONS = 30_000
+# The longest text one parameter value may have. Every row carries its combination's values
+# as text, so a few long values crossed with many others multiply: a 1 MB value among a
+# thousand combinations took gigabytes. The suite's longest value has 20 characters.
+MAX_PARAM_CHARS = 200
 # The units of the interference counters' tracks (benchmarks/common.py `_Interference`).
 INTERFERENCE_UNITS = ("% of CPU time to other processes", "preemptions/s", "% of maximum SM clock",
                       "other processes on the GPU")
@@ -90,7 +95,13 @@ def printable(text) -> str:
     """`text` with every character that could move the cursor, colour a terminal, start a new
     line or not encode (control characters, lone surrogates from undecodable file names)
     written as its Python escape. Names come from files anyone can drop in results/."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+    return "".join(c if c.isprintable() else _escape(c) for c in str(text))
+
+
+def _escape(c: str) -> str:
+    # A byte of an undecodable file name arrives as a lone surrogate (U+DC80 to U+DCFF, Python's
+    # surrogateescape): shown as the byte it stands for, as `ls -b` would.
+    return f"\\x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF else repr(c)[1:-1]
 
 
 @dataclass(frozen=True)
@@ -172,8 +183,8 @@ def _describe(value) -> str:
     repr: a 4000-digit integer or a deeply nested list would make the message itself fail)."""
     if _is_number(value):
         return f"{_to_float(value):g}"
-    if isinstance(value, str):
-        return repr(value[:40])
+    if isinstance(value, str):  # a long one by its start and its end: what is wrong may be at either
+        return repr(value if len(value) <= 40 else f"{value[:24]}...{value[-13:]}")
     return f"a {type(value).__name__}"
 
 
@@ -226,7 +237,7 @@ _COMMIT_HASH = re.compile(r"[0-9a-fA-F]{7,64}")
 
 def _check_commit_hash(commit) -> None:
     if not _COMMIT_HASH.fullmatch(commit):
-        length = f" ({len(commit)} characters)" if len(commit) > 40 else ""  # _describe shows 40
+        length = f" ({len(commit)} characters)" if len(commit) > 40 else ""  # _describe shortens it
         raise _Malformed(f"'commit_hash' {_describe(commit)}{length} is not a commit hash (7 to 64 hexadecimal digits)")
 
 
@@ -282,13 +293,25 @@ def _check_file_combinations(results: dict, columns: list) -> None:
                          "for one result file")
 
 
+def params_over_limits(params: list[list]) -> str | None:
+    """Why `params` (lists of values) may not be expanded into rows or names: too many
+    combinations, or a value too long (MAX_COMBINATIONS, MAX_PARAM_CHARS); None when they may."""
+    too_many = too_many_combinations(params)
+    if too_many:
+        return too_many
+    longest = max((len(v) if isinstance(v, str) else 0 for p in params for v in p), default=0)
+    if longest > MAX_PARAM_CHARS:
+        return f"a parameter value of {longest} characters, over the limit of {MAX_PARAM_CHARS}"
+    return None
+
+
 def _check_entry(name: str, record: dict) -> tuple[list[tuple], list]:
     """The entry's parameter combinations and values (floats or None); raises _Malformed when
     types are wrong or the combinations are too many."""
     params = record.get("params") or []
     if not isinstance(params, list) or not all(isinstance(p, list) and all(isinstance(v, str) for v in p) for p in params):
         raise _Malformed(f"{name}: 'params' is not a list of lists of strings")
-    too_many = too_many_combinations(params)
+    too_many = params_over_limits(params)
     if too_many:
         raise _Malformed(f"{name}: {too_many}")
     combos = list(itertools.product(*params))  # asv's order: the last parameter varies fastest
@@ -369,7 +392,7 @@ def _benchmark(meta) -> _Benchmark:
         raise _Malformed("'param_names' is not a list of strings")
     # The loader reads the parameters from the result files; a plan and the pages expand these.
     params = meta.get("params")
-    too_many = isinstance(params, list) and all(isinstance(p, list) for p in params) and too_many_combinations(params)
+    too_many = isinstance(params, list) and all(isinstance(p, list) for p in params) and params_over_limits(params)
     if too_many:
         raise _Malformed(too_many)
     return _Benchmark(meta.get("type"), meta.get("unit"), meta.get("version"), tuple(names))

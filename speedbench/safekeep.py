@@ -137,8 +137,9 @@ def take(results_dir: Path, machine: str, sha: str) -> Snapshot:
         _write_whole(snapshot.directory / _JOURNAL, json.dumps(journal, indent=1).encode())
     except OSError as e:
         shutil.rmtree(snapshot.directory, ignore_errors=True)
+        todo = "free some space" if _disk_full(e) else "give the run a results directory it can write (--results-dir)"
         raise SnapshotError(f"could not copy asv's files into {snapshot.directory} before asv runs "
-                            f"({e.strerror or e}){_disk_full(e)}; nothing was run or changed: free some space "
+                            f"({e.strerror or e}){_disk_full(e)}; nothing was run or changed: {todo} "
                             "and run again") from None
     return snapshot
 
@@ -244,9 +245,10 @@ def settle(snapshot: Snapshot, failed: bool) -> list[str]:
     if problems:
         rel, e = problems[0]
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        todo = "free some space and run" if _disk_full(e) else "fix what stopped it and run"
         raise SnapshotError(f"could not put back {snapshot.results_dir / rel}{more} ({e.strerror or e})"
-                            f"{_disk_full(e)}; the copy from before the run is kept in {snapshot.directory}: free "
-                            "some space and run speedlib run again, which puts it back first")
+                            f"{_disk_full(e)}; the copy from before the run is kept in {snapshot.directory}: {todo} "
+                            "speedlib run again, which puts it back first")
     _drop(snapshot.directory)
     return done
 

@@ -156,10 +156,10 @@ def check_options(options: RunOptions) -> None:
     if options.results_dir is not None and options.results_dir.exists() and not options.results_dir.is_dir():
         raise SuiteError(f"--results-dir {printable(str(options.results_dir))} exists and is not a directory")
     if options.wait_quiet is not None and not (math.isfinite(options.wait_quiet) and options.wait_quiet > 0):
-        raise SuiteError(f"--wait-quiet must be a positive number of seconds, got {options.wait_quiet:g}")
+        raise SuiteError(f"--wait-quiet must be a positive, finite number of seconds, got {options.wait_quiet:g}")
     # nan would start every chunk (nothing is > nan), a negative budget none
     if options.budget_minutes is not None and not (math.isfinite(options.budget_minutes) and options.budget_minutes > 0):
-        raise SuiteError(f"--budget-minutes must be a positive number of minutes, got {options.budget_minutes:g}")
+        raise SuiteError(f"--budget-minutes must be a positive, finite number of minutes, got {options.budget_minutes:g}")
     if options.archive is not None:  # else found out only when the first chunk or the whole run is packed
         _check_writable(options.archive.parent, f"--archive {printable(str(options.archive))}",
                         "name a file in a directory you can write to")
@@ -176,6 +176,15 @@ def _check_writable(directory: Path, what: str, instead: str) -> None:
         raise SuiteError(f"{what} cannot be written: {printable(str(existing))} is not a directory; {instead}")
     if not os.access(existing, os.W_OK | os.X_OK):  # a read-only mount too, for root as well
         raise SuiteError(f"{what} cannot be written: {printable(str(existing))} is read-only for this user; {instead}")
+    # os.access says yes to root wherever the mode allows, and /proc or a full quota says no
+    # only when a file is made: one is made, and removed at once.
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".speedlib-probe-", dir=existing)
+    except OSError as e:
+        raise SuiteError(f"{what} cannot be written: no file can be made in {printable(str(existing))} "
+                         f"({e.strerror or e}); {instead}") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _results_dir(options: RunOptions, root: Path, conf: dict) -> Path:

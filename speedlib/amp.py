@@ -42,6 +42,10 @@ def tf32(enabled: bool) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
+# GradScaler keeps its scale as a float32 tensor: a larger one fails at the first step.
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
 def _check_init_scale(init_scale: object) -> None:
     # The scale multiplies the loss and divides the gradients: at 0 every gradient is 0/0,
     # and NaN or inf make every gradient non-finite, so the scaler would skip every step
@@ -49,8 +53,8 @@ def _check_init_scale(init_scale: object) -> None:
     what = f"init_scale must be a positive finite number (GradScaler's default is 2.0**16), got {init_scale!r}"
     if not isinstance(init_scale, numbers.Real) or isinstance(init_scale, bool):
         raise TypeError(what)
-    if not (math.isfinite(init_scale) and init_scale > 0):
-        raise ValueError(what)
+    if not (math.isfinite(init_scale) and 0 < init_scale <= _FLOAT32_MAX):
+        raise ValueError(what + " (and at most float32's largest, where the scale is kept)")
 
 
 class Precision:

@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import datetime
 import json
+import math
 import os
 import signal
 import statistics
@@ -86,6 +87,11 @@ class RunConfig:
                 raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; choose one of {MODES}")
+        if self.workload not in workloads.WORKLOADS:  # else found out in every rank, after the launch
+            raise ValueError(f"unknown workload {self.workload!r}; choose one of {sorted(workloads.WORKLOADS)}")
+        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not (math.isfinite(self.lr)
+                                                                                       and self.lr > 0):
+            raise ValueError(f"lr must be a positive finite number, got {self.lr!r}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         if self.world_size < 1 or (self.mode == "single" and self.world_size != 1):

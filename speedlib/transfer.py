@@ -344,7 +344,15 @@ class HostTable:
         self.shape = (rows, dim)
         self.writable, self.file, self._mmap = True, None, None
         self._trainer: weakref.ref | None = None  # the HostEmbedding training this table, if any
-        self._impl = _IMPLS[backend](rows, dim, dtype, dev, *(() if _host is None else (_host,)))
+        try:
+            self._impl = _IMPLS[backend](rows, dim, dtype, dev, *(() if _host is None else (_host,)))
+        except (RuntimeError, MemoryError) as e:  # torch's allocator names neither the table nor a way out
+            if _host is not None or "alloc" not in str(e).lower():
+                raise
+            size = rows * dim * torch.empty((), dtype=dtype).element_size()
+            raise MemoryError(f"a {rows} x {dim} {dtype} table needs {size / 2**30:.3g} GiB, which the '{backend}' "
+                              "backend could not allocate here: fewer rows, a smaller dtype, or a file-backed "
+                              "table (HostTable.from_file) for one larger than memory") from None
 
     @classmethod
     def from_tensor(cls, weight: torch.Tensor, *, backend: str = "pinned",

@@ -301,7 +301,9 @@ KNOWN = {
                          "'result_columns' does not name 'result'"),
     "commit hash not hex": (_set_top("commit_hash", "g" * 40), V, "'commit_hash' 'g+' is not a commit hash"),
     "commit hash 100k": (_set_top("commit_hash", "a" * 100_000), V,
-                         r"'commit_hash' 'a+' \(100000 characters\) is not a commit hash"),
+                         r"'commit_hash' 'a{24}\.\.\.a{13}' \(100000 characters\) is not a commit hash"),
+    "commit hash with a command after it": (_set_top("commit_hash", "1f8674ca" * 5 + ";id"), V,
+                                            r"'commit_hash' '1f8674ca.*\.\.\..*;id' \(43 characters\)"),
     "commit hash short": (_set_top("commit_hash", "abc123"), V, "'commit_hash' 'abc123' is not a commit hash"),
     "commit hash with a space": (_set_top("commit_hash", "0123456 89"), V, "is not a commit hash"),
     "commit hash with a newline": (_set_top("commit_hash", "0123456789\n"), V, "is not a commit hash"),
@@ -514,6 +516,37 @@ def test_a_result_file_over_the_limit_in_all_is_reported_not_built(tmp_path, tem
     assert len(loaded.measured) == len(baseline) - (baseline["file"] == str(victim_file(template))).sum()
 
 
+# A few long values crossed with many others: each row carries its combination as text, so a
+# 300 KB file once took gigabytes while staying under the combination limit.
+LONG_VALUE_PARAMS = [[repr("x" * 200_000)], [repr(str(i)) for i in range(1000)]]
+
+
+@pytest.mark.parametrize("where", ["result file", "benchmarks.json"])
+def test_a_parameter_value_over_the_length_limit_is_reported_not_copied(tmp_path, template, baseline, memory_cap,
+                                                                         where):
+    reason = rf"a parameter value of 200002 characters, over the limit of {results_module.MAX_PARAM_CHARS}"
+    if where == "result file":
+        def long_entry(data: dict) -> None:
+            data["results"][TIME][:2] = [None, LONG_VALUE_PARAMS]
+        case = Case(_edit(long_entry), victim_file, reason)
+    else:
+        case = Case(_set_benchmark("params", LONG_VALUE_PARAMS), lambda t: t / "benchmarks.json", reason, ANY_ROW)
+    check(tmp_path, template, baseline, case, always_problem=True)
+
+
+def test_a_plan_leaves_out_long_values_and_entries_that_describe_no_benchmark(tmp_path, template):
+    tree = tmp_path / "results"
+    shutil.copytree(template, tree, symlinks=True)
+    _set_benchmark("params", LONG_VALUE_PARAMS)(tree)
+    listing = json.loads((tree / "benchmarks.json").read_text())
+    listing["bench_x.Y.time_z"] = 5
+    (tree / "benchmarks.json").write_text(json.dumps(listing))
+    skipped: list[str] = []
+    names = plan.combinations(tree / "benchmarks.json", skipped)
+    assert TIME not in names and "bench_x.Y.time_z" not in names
+    assert sorted(line.split(":")[0] for line in skipped) == sorted([TIME, "bench_x.Y.time_z"]), skipped
+
+
 def test_a_plan_skips_a_benchmark_over_the_limit_and_says_so(tmp_path, template, memory_cap):
     tree = tmp_path / "results"
     shutil.copytree(template, tree, symlinks=True)
@@ -656,7 +689,7 @@ def test_a_machine_directory_name_that_is_not_utf8_is_skipped(tmp_path, template
     odd = lambda t: Path(os.fsdecode(os.fsencode(t) + b"/h200\xff"))  # noqa: E731
     check(tmp_path, template, baseline, Case(damage, odd, "not UTF-8", ANY_ROW), always_problem=True)
     loaded = load_results(tmp_path / "results")
-    assert set(loaded.measured["machine"]) == {M} and "h200\\udcff" in str(loaded.problems[0])
+    assert set(loaded.measured["machine"]) == {M} and "h200\\xff" in str(loaded.problems[0])
 
 
 def test_a_result_file_name_that_is_not_utf8_is_skipped(tmp_path, template, baseline):
@@ -666,7 +699,7 @@ def test_a_result_file_name_that_is_not_utf8_is_skipped(tmp_path, template, base
     loaded = load_results(tmp_path / "results")
     files = pd.concat([loaded.measured, loaded.not_measured])["file"]
     assert len(files) and not any("\udcff" in f for f in files)  # no page or export could encode it
-    assert "existing-\\udcff" in " ".join(map(str, loaded.problems))
+    assert "existing-\\xff" in " ".join(map(str, loaded.problems))
 
 
 def test_names_with_control_characters_are_escaped(tmp_path, template):
@@ -769,7 +802,7 @@ def test_latex_escapes_every_cell_title_and_footer(report_module, baseline, name
     assert all(line.endswith(r"\\") and not re.search(r"[\\{}&%$#_^~<>|]", _plain_latex(line[:-2])) for line in footer)
 
 
-MARKDOWN_ESCAPE = re.compile(r"\\[\\|`\[\]]|&(lt|gt|amp);")
+MARKDOWN_ESCAPE = re.compile(r"\\[\\|`\[\]*]|&(lt|gt|amp);")
 
 
 @pytest.mark.parametrize("name", INJECTIONS)
@@ -785,7 +818,7 @@ def test_markdown_escapes_html_links_and_newlines(report_module, baseline, name)
         cells = row[2:-2].split(" | ")
         assert len(cells) == 3
         for cell in cells:
-            assert not re.search(r"[<>\[\]`|&\\]", MARKDOWN_ESCAPE.sub("", cell)), cell
+            assert not re.search(r"[<>\[\]`|&\\*]", MARKDOWN_ESCAPE.sub("", cell)), cell
     for line in lines[5 + len(table.frame):-1]:
         assert line.startswith("- ")
         if line.startswith("- Reproduce: "):
@@ -793,5 +826,5 @@ def test_markdown_escapes_html_links_and_newlines(report_module, baseline, name)
             fence = re.match("`+", span).group()
             assert span.endswith(fence) and fence not in span[len(fence):-len(fence)]
         else:
-            assert not re.search(r"[<>\[\]`|&\\]", MARKDOWN_ESCAPE.sub("", line[2:])), line
+            assert not re.search(r"[<>\[\]`|&\\*]", MARKDOWN_ESCAPE.sub("", line[2:])), line
 

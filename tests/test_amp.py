@@ -137,6 +137,7 @@ def test_bad_arguments():
 @pytest.mark.parametrize("init_scale,error,message", [
     (0, ValueError, "got 0"), (-1.0, ValueError, "got -1.0"), (math.nan, ValueError, "got nan"),
     (math.inf, ValueError, "got inf"), ("65536", TypeError, "got '65536'"), (True, TypeError, "got True"),
+    (1e39, ValueError, "got 1e\\+39 .*float32's largest"),  # finite in Python, overflows GradScaler's float32
 ])
 @pytest.mark.parametrize("policy", POLICIES)
 def test_init_scale_must_be_a_positive_finite_number(policy, init_scale, error, message):

@@ -100,6 +100,16 @@ def test_a_results_directory_that_cannot_be_written_is_refused_before_any_work(c
         assert not (unwritable / "speedlib-results").exists()
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc, where no file can be made whatever the mode")
+def test_a_place_whose_mode_allows_writing_but_that_takes_no_file_is_refused_up_front(monkeypatch, capsys):
+    """/proc's mode lets root write, and os.access says yes; only making a file says no."""
+    monkeypatch.setattr(suite, "run", lambda *a, **k: pytest.fail("the run started"))
+    assert cli.main(["run", "--archive", "/proc/run.tar.gz"]) == 2
+    _one_line(capsys.readouterr().err, "speedlib run: --archive /proc/run.tar.gz cannot be written: no file can be made")
+    with pytest.raises(suite.SuiteError, match="no file can be made in /proc"):
+        suite.check_options(suite.RunOptions(archive=Path("/proc/new/run.tar.gz")))
+
+
 def test_an_archive_that_cannot_be_written_is_refused_before_any_work(unwritable, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(suite, "run", lambda *a, **k: pytest.fail("the run started"))
     (tmp_path / "a-file").write_text("")
@@ -132,6 +142,21 @@ def test_a_listing_that_cannot_be_read_is_one_line_for_the_plan(tmp_path, monkey
     assert what in err
 
 
+def test_a_listing_torn_by_a_killed_run_points_the_plan_to_the_copy_it_left(tmp_path, monkeypatch, capsys):
+    """After a SIGKILL the listing's copy is in the snapshot, and the next run puts it back:
+    'restore it from git' would throw away results filed against the listing on disk."""
+    from speedbench import safekeep
+
+    monkeypatch.chdir(ROOT)
+    (tmp_path / "benchmarks.json").write_text('{"version": 2}')
+    safekeep.take(tmp_path, "m", SHA)  # what a run does before asv starts; then it was killed
+    (tmp_path / "benchmarks.json").write_bytes(b'{"version": 2, "bench_a.A.tr')
+    assert cli.main(["run", "--plan", "--chunk", "all", "--results-dir", str(tmp_path), "--machine", "m"]) == 2
+    err = capsys.readouterr().err
+    _one_line(err, f"speedlib run: {tmp_path / 'benchmarks.json'}: ")
+    assert f"a killed run left its copy in {tmp_path / safekeep.SNAPSHOT}" in err and "from git" not in err
+
+
 @pytest.mark.parametrize("params", ["5", "[[1, 2]]", '[["1"], "23"]'])
 def test_a_benchmark_the_listing_describes_wrongly_is_named_in_one_line_by_the_plan(tmp_path, monkeypatch, capsys,
                                                                                      params):
@@ -156,7 +181,7 @@ def _bad_chunk_times(results: Path, good: str, bad: str) -> Path:
     path = plan.chunk_times_path(results, "m")
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps({"chunk": good, "commit": SHA, "seconds": 100.0, "launch": plan.LAUNCH_METHOD}).encode()]
-    for seconds in (float("nan"), float("inf"), -5.0, "soon", True, None):
+    for seconds in (float("nan"), float("inf"), -5.0, 1e308, "soon", True, None):
         lines.append(json.dumps({"chunk": bad, "commit": SHA, "seconds": seconds, "launch": plan.LAUNCH_METHOD}).encode())
     lines += [b'{"chunk": "' + bad.encode() + b'", "seconds": 1\xff}', b"[1, 2]", b'{"chunk": "' + bad.encode() + b'", "sec']
     path.write_bytes(b"\n".join(lines))
@@ -170,7 +195,7 @@ def test_bad_chunk_times_are_ignored_and_reported_once_by_the_plan(tmp_path, mon
     path = _bad_chunk_times(tmp_path, good, bad)
     assert cli.main(["run", "--plan", "--chunk", "all", "--results-dir", str(tmp_path), "--machine", "m"]) == 0
     out = capsys.readouterr()
-    _one_line(out.err, f"speedlib run: {path}: 9 of 10 line(s)")
+    _one_line(out.err, f"speedlib run: {path}: 10 of 11 line(s)")
     assert "as if they were absent" in out.err
     rows = {line.split()[0]: line for line in out.out.splitlines() if line.startswith("  ")}
     assert "measured chunk time" in rows[good] and "estimate" in rows[bad]
@@ -183,7 +208,7 @@ def test_a_chunk_time_that_is_not_a_finite_positive_number_does_not_price_the_ch
     estimate = plan.chunk_cost(chunk, names, tmp_path, "m")
     path = plan.chunk_times_path(tmp_path, "m")
     path.parent.mkdir(parents=True)
-    for seconds in (float("nan"), float("-inf"), -1.0):
+    for seconds in (float("nan"), float("-inf"), -1.0, 1e308, plan.MAX_CHUNK_SECONDS + 1):
         path.write_text(json.dumps({"chunk": "c", "commit": SHA, "seconds": seconds, "launch": plan.LAUNCH_METHOD}))
         assert plan.chunk_cost(chunk, names, tmp_path, "m") == estimate
         assert plan.seconds_per_combination([chunk], names, tmp_path, "m") == (plan.SECONDS_PER_COMBINATION, "default")
@@ -247,12 +272,12 @@ def test_a_budget_that_is_not_a_positive_number_is_refused_up_front(monkeypatch,
     monkeypatch.setattr(suite, "run", lambda *a, **k: pytest.fail("the run started"))
     assert cli.main(["run", "--chunk", "all", f"--budget-minutes={value}"]) == 2
     err = capsys.readouterr().err
-    _one_line(err, "speedlib run: --budget-minutes must be a positive number of minutes, got ")
+    _one_line(err, "speedlib run: --budget-minutes must be a positive, finite number of minutes, got ")
 
 
 def test_run_itself_refuses_a_budget_that_is_not_a_positive_number():
     for value in (float("nan"), float("inf"), -5.0, 0.0):
-        with pytest.raises(suite.SuiteError, match="--budget-minutes must be a positive number of minutes"):
+        with pytest.raises(suite.SuiteError, match="--budget-minutes must be a positive, finite number of minutes"):
             suite.check_options(suite.RunOptions(chunks=["all"], budget_minutes=value))
 
 
@@ -476,3 +501,21 @@ def test_streamlit_stops_listening_when_speedlib_dashboard_is_killed(tmp_path):
             proc.kill()
         for pid in _streamlit_on(port):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_the_dashboard_link_brackets_an_ipv6_address():
+    assert cli._url("::1", 8501) == "http://[::1]:8501"
+    assert cli._url("127.0.0.1", 8501) == "http://127.0.0.1:8501"
+
+
+def test_a_machine_the_results_do_not_hold_is_named_with_those_they_do(capsys):
+    assert cli.main(["report", "--results", str(ROOT / "results"), "--machine", "../x"]) == 1
+    last = capsys.readouterr().err.splitlines()[-1]  # after the line that counts older result files
+    assert last.startswith("speedlib report: no measured results for machine ../x; the results hold ")
+    assert "cpu-2core-intel-xeon" in last
+
+
+def test_a_noise_table_against_a_missing_directory_says_it_is_missing(tmp_path, capsys):
+    missing = tmp_path / "nowhere"
+    assert cli.main(["report", "--results", str(ROOT / "results"), "--table", "noise", "--against", str(missing)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"speedlib report: no results directory at {missing} (--against)"

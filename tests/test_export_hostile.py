@@ -243,6 +243,8 @@ BAD_CFF = {
     "unterminated": "title: 'unterminated\n", "bad indentation": "title: t\n  - x\n: y\n",
     "tab": "title:\n\t- x\n", "deep": "[" * 10_000 + "]" * 10_000 + "\n",
     "two documents": "title: a\n---\ntitle: b\n",
+    "a date that is no date": "title: t\ndate-released: 2026-13-45\n", "empty": "",
+    "a list as a field's name": "? [a, b]\n: c\n",
 }
 
 
@@ -435,6 +437,14 @@ def test_an_unreadable_or_out_of_range_until_is_treated_as_absent(app, tree, unt
     assert dict(at.query_params)["until"] == newest
 
 
+def test_a_link_pinned_before_the_first_result_says_so_not_that_there_are_none(app, tree):
+    at = app(tree, "views/overview.py", until="2000-01-01T00:00:00Z")
+    assert not at.exception, at.exception
+    said = " ".join(i.value for i in at.info)
+    assert "No result was measured up to 2000-01-01 00:00:00 UTC" in said and "newer one(s)" in said, said
+    assert "Produce some with" not in said
+
+
 def _cite_page(results: Path, citation: bytes, tmp_path: Path, monkeypatch):
     """The cite page with `citation` as the repository's CITATION.cff."""
     from streamlit.testing.v1 import AppTest  # noqa: PLC0415
@@ -542,3 +552,9 @@ def test_captions_that_name_a_machine_are_text_not_markdown(app, tmp_path):
     assert not at.exception, at.exception
     (said,) = [c.value for c in at.caption if "environments" in c.value]
     assert not re.search(r"[<>\[\]]", re.sub(r"\\[\\|`\[\]]|&(lt|gt|amp);", "", said)), said
+
+
+def test_a_reproduce_command_for_no_benchmark_is_refused_not_a_whole_suite_rerun():
+    """'--bench ^()' matches every benchmark: a citation's rerun would measure the whole suite."""
+    with pytest.raises(ValueError, match="needs the benchmarks it reruns"):
+        report.reproduce_command("1f8674ca", [])

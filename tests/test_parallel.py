@@ -148,6 +148,10 @@ def test_bad_configs_are_refused(kwargs, message):
     ({"mode": "ddp", "world_size": 2, "fault": "kill", "fault_rank": -1}, "fault_rank must be one of the 2 ranks"),
     ({"mode": "ddp", "world_size": 2, "fault": "hang", "fault_step": 4}, r"fault_step must be one of the 4 steps \(0 to 3"),
     ({"mode": "single", "fault": "raise", "fault_rank": 0}, "faults are injected into DDP ranks only"),
+    ({"workload": "bogus"}, r"unknown workload 'bogus'; choose one of \["),
+    ({"lr": float("nan")}, "lr must be a positive finite number, got nan"),
+    ({"lr": 0.0}, "lr must be a positive finite number, got 0.0"),
+    ({"lr": "0.1"}, "lr must be a positive finite number, got '0.1'"),
 ])
 def test_configs_that_would_fail_later_or_never_fire_are_refused(kwargs, message):
     """micro_batches=0 divided by zero; a fault aimed at a rank or step that does not exist ran

@@ -377,7 +377,7 @@ def test_a_bad_wait_quiet_is_refused_in_one_line(value, monkeypatch, capsys):
     monkeypatch.setattr(suite, "run", lambda *a, **k: pytest.fail("the run started"))
     assert cli.main(["run", "--wait-quiet", value]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--wait-quiet must be a positive number of seconds" in err
+    assert err.count("\n") == 1 and "--wait-quiet must be a positive, finite number of seconds" in err
 
 
 def test_records_with_and_without_the_check_load_alike(tmp_path):

@@ -1345,3 +1345,9 @@ def test_from_file_refuses_bad_files_and_backends(tmp_path):
         with pytest.raises(error, match=message):
             HostTable.from_file(file, **{"backend": "pageable", "device": "cpu", **kwargs})
     assert HostTable.from_file(good, backend="pageable", device="cpu").shape == (4, 3)
+
+
+def test_a_table_larger_than_memory_is_a_memory_error_that_says_what_to_do():
+    """torch's allocator says only how many bytes it could not get, and nothing of the table."""
+    with pytest.raises(MemoryError, match=r"a 1000000000000 x 1000000 torch.float32 table needs .* GiB.*from_file"):
+        HostTable(10**12, 10**6, backend="pageable", device="cpu")
