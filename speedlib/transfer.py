@@ -557,18 +557,54 @@ def _world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def _only_from_step(emb_ref: weakref.ref):
-    """An optimizer step pre-hook refusing steps that HostEmbedding.step() did not start: the
-    optimizer's parameter is a copy of the rows, which only step() gathers and writes back.
-    A weak reference, so the module is not kept alive by its own optimizer's hook."""
-    def hook(optimizer, args, kwargs):
+def _step_hooks(emb_ref: weakref.ref):
+    """Optimizer step pre- and post-hooks that make any step of a HostEmbedding's optimizer
+    (emb.step(), a direct `emb.optimizer.step()`, `scaler.step(emb.optimizer)`) one step of
+    the embedding: the optimizer's parameter is a copy of the touched rows, which must be
+    gathered with their state before the update and written back after it. Weak references,
+    so the module is not kept alive by its own optimizer's hooks."""
+    def before(optimizer, args, kwargs):
         emb = emb_ref()
-        if emb is None or not emb._stepping:
-            raise RuntimeError("a HostEmbedding's optimizer is stepped by emb.step() only: optimizer.step() alone "
-                               "would update a copy of the rows and leave the table unchanged (and a following "
-                               "emb.step() would apply the update twice). Call emb.step() instead, and leave "
-                               "emb.optimizer out of loops that step every optimizer")
-    return hook
+        if emb is not None and not emb._stepping:  # emb.step() prepares before it steps
+            emb._prepare_step()
+
+    def after(optimizer, args, kwargs):
+        emb = emb_ref()
+        if emb is not None:
+            emb._finish_step()
+    return before, after
+
+
+_TIE_MESSAGE = (
+    "HostEmbedding's table (emb.weight) was used in a computation that needs its gradient, which it "
+    "would not get: only lookups emb(indices) train the table, so a layer tied to emb.weight (or to an "
+    "nn.Parameter made from it) would silently stay untied. To tie an output layer, look the whole "
+    "table up: F.linear(h, emb(torch.arange(emb.num_embeddings))) trains it as tying does (the whole "
+    "table travels to the device each step), or score sampled candidate rows emb(candidate_ids). "
+    "To use the values as a constant, take emb.weight.as_subclass(torch.Tensor).clone()")
+
+
+class _TableWeight(torch.Tensor):
+    """`HostEmbedding.weight`: the table's own memory as a tensor, so that in-place
+    initialisation (`.data.uniform_`, `.normal_`, `.copy_`, `nn.init.*`) writes the rows.
+
+    It is no leaf of any graph: nn.Embedding's weight would receive a gradient from every
+    computation that uses it, this one cannot. So an operation under grad mode that mixes it
+    (or a tensor derived from it: results keep this type) with tensors requiring grad raises
+    instead of training silently without it."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if torch.is_grad_enabled() and _needs_grad(args, kwargs):
+            raise RuntimeError(_TIE_MESSAGE)
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+def _needs_grad(args, kwargs) -> bool:
+    leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+    with torch._C.DisableTorchFunctionSubclass():  # reading requires_grad is itself a torch function
+        return any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves)
 
 
 class HostEmbedding(nn.Module):
@@ -577,9 +613,10 @@ class HostEmbedding(nn.Module):
 
     optimizer: called with a list of one tensor, returns the optimizer, e.g.
     `functools.partial(torch.optim.Adam, lr=1e-3)`; reach it as `.optimizer` (for LR schedulers).
-    Only `emb.step()` may step it: `emb.optimizer.step()` called directly (a loop stepping
-    every optimizer) raises RuntimeError, since it would update a copy of the rows and leave
-    the table unchanged.
+    Stepping it (`emb.optimizer.step()`, a loop stepping every optimizer, or
+    `scaler.step(emb.optimizer)` under AMP's GradScaler, which unscales, checks for infs and
+    skips as for any optimizer) is `emb.step()`: step hooks gather the touched rows and their
+    state before the update and write them back after it.
     weight: a tensor to copy into the table, or a `HostTable` to train in place (no copy,
     e.g. `HostTable.from_file`; it brings its own backend, device and dtype, so leave those
     unset). Without one, rows start N(0, 1) as in `nn.Embedding`. A table is trained by one
@@ -598,8 +635,10 @@ class HostEmbedding(nn.Module):
     **Update semantics: only rows that received a gradient change, with their own state**, as
     in `torch.optim.SparseAdam`; scalar state (Adam's step count) is shared by all rows, also
     as in SparseAdam. So SGD without momentum or weight decay equals `nn.Embedding` + SGD
-    exactly; Adam equals SparseAdam up to where eps enters (SparseAdam adds it before the
-    bias correction); momentum and weight decay act on touched rows only (lazy updates).
+    exactly; Adam(eps) is exactly SparseAdam whose eps at step t is eps * sqrt(1 - beta2**t)
+    (SparseAdam adds eps before dividing by that bias correction, Adam after), so it is close
+    to SparseAdam with the same eps only where gradients are far above eps; momentum and
+    weight decay act on touched rows only (lazy updates).
     A row's state starts as what the optimizer's step leaves after a zero gradient: the
     initial state for SGD, Adam, AdamW, RMSprop, Adagrad (its initial_accumulator_value),
     Adadelta and Adamax.
@@ -617,7 +656,11 @@ class HostEmbedding(nn.Module):
     that row, it gets no gradient and is never written, not even by momentum or weight
     decay; random initialisation sets it to zeros. freeze=True: lookups return rows that do
     not require grad, and step() writes nothing (it drops pending gradients); the setter
-    `emb.freeze = False` unfreezes. See `from_pretrained`.
+    `emb.freeze = False` unfreezes. See `from_pretrained`. max_norm, norm_type,
+    scale_grad_by_freq: as in `nn.Embedding` (max_norm rewrites looked-up rows in the table);
+    sparse=True is the update this class always does, sparse=False is refused. A tensor
+    `weight` sets the dtype unless `dtype` is given. `emb.weight`: the table's memory, for
+    in-place initialisation and reading; see the property.
 
     Gradient clipping: `emb.touched_rows()` after the last backward returns the dense tensor
     holding this step's rows, whose `.grad` is their summed gradient, so
@@ -654,8 +697,10 @@ class HostEmbedding(nn.Module):
                  optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None,
                  *, backend: str | None = None, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
                  weight: torch.Tensor | HostTable | None = None, padding_idx: int | None = None, freeze: bool = False,
-                 process_group=None):
+                 process_group=None, max_norm: float | None = None, norm_type: float = 2.0,
+                 scale_grad_by_freq: bool = False, sparse: bool | None = None):
         super().__init__()
+        self._check_embedding_options(max_norm, sparse)
         if optimizer is None:
             if not freeze:
                 raise ValueError("optimizer=None is for frozen embeddings only (freeze=True): training needs an optimizer")
@@ -671,7 +716,9 @@ class HostEmbedding(nn.Module):
         else:
             if weight is not None and tuple(weight.shape) != (num_embeddings, embedding_dim):
                 raise ValueError(f"weight must have shape {(num_embeddings, embedding_dim)}, got {tuple(weight.shape)}")
-            self.table = HostTable(num_embeddings, embedding_dim, dtype=dtype or torch.float32,
+            if dtype is None:  # as nn.Embedding.from_pretrained, the table takes the weight's dtype
+                dtype = weight.dtype if weight is not None else torch.float32
+            self.table = HostTable(num_embeddings, embedding_dim, dtype=dtype,
                                    backend=backend or "pinned", device=device)
             if weight is not None:
                 self.table.copy_(weight)
@@ -680,6 +727,11 @@ class HostEmbedding(nn.Module):
                 if pad is not None:  # as nn.Embedding's reset_parameters does
                     self.table.copy_(torch.zeros(1, embedding_dim, dtype=self.table.dtype), pad)
         self.padding_idx = pad
+        if max_norm is not None and not self.table.writable:
+            raise ValueError(f"max_norm renormalises looked-up rows in the table, which maps {self.table.file!r} "
+                             "read-only: open it with mode 'r+', or leave max_norm unset")
+        self.max_norm, self.norm_type, self.scale_grad_by_freq = max_norm, norm_type, bool(scale_grad_by_freq)
+        self.sparse = True  # its update is always sparse=True's (only touched rows change)
         # The rows of the current step. A plain tensor, not an nn.Parameter, so that a model
         # optimizer built from model.parameters() does not update them a second time.
         self._rows_weight = torch.empty(0, embedding_dim, dtype=self.table.dtype, device=self.table.device,
@@ -687,15 +739,18 @@ class HostEmbedding(nn.Module):
         self.optimizer = None if optimizer is None else optimizer([self._rows_weight])
         if optimizer is not None and not isinstance(self.optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer(...) must return a torch.optim.Optimizer, got {type(self.optimizer).__name__}")
-        self._stepping = False  # step() is running the optimizer
+        self._stepping = False  # emb.step() is running the optimizer
         if self.optimizer is not None:
-            self.optimizer.register_step_pre_hook(_only_from_step(weakref.ref(self)))
+            before, after = _step_hooks(weakref.ref(self))
+            self.optimizer.register_step_pre_hook(before)
+            self.optimizer.register_step_post_hook(after)
         self._freeze = False
         self.freeze = freeze  # the setter checks that the table can be trained
         self._state_tables: dict[str, HostTable] = {}
         self._rows: torch.Tensor | None = None  # the rows holding gradient this step (sorted, distinct)
         self._tracked = False  # a lookup tracked gradients since the last step
-        self._generation = 0  # counts steps: a lookup's rows are stale once the table has changed
+        self._generation = 0  # counts table changes: a lookup's rows are stale once the table has changed
+        self._rows_generation = 0  # the generation whose values _rows_weight holds
         self._combined = False  # this step's gradients are already summed over the ranks
         # Some optimizers (Adagrad) create their state in the constructor, shaped like the
         # empty rows tensor: give those their tables now, before a step needs them.
@@ -716,7 +771,9 @@ class HostEmbedding(nn.Module):
     @classmethod
     def from_pretrained(cls, embeddings, optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None = None,
                         *, freeze: bool = True, padding_idx: int | None = None, backend: str | None = None,
-                        device: torch.device | str | None = None, process_group=None) -> HostEmbedding:
+                        device: torch.device | str | None = None, process_group=None, max_norm: float | None = None,
+                        norm_type: float = 2.0, scale_grad_by_freq: bool = False,
+                        sparse: bool | None = None) -> HostEmbedding:
         """An embedding holding `embeddings`, like `nn.Embedding.from_pretrained` (frozen by default).
 
         embeddings: a 2-D tensor or NumPy array, copied into a table of `backend` (default
@@ -743,7 +800,18 @@ class HostEmbedding(nn.Module):
             raise TypeError("embeddings must be a tensor, a NumPy array, a HostTable, or a .npy path / numpy.memmap, "
                             f"got {type(embeddings).__name__}")
         return cls(*shape, optimizer, backend=backend, device=device, dtype=dtype, weight=embeddings,
-                   padding_idx=padding_idx, freeze=freeze, process_group=process_group)
+                   padding_idx=padding_idx, freeze=freeze, process_group=process_group, max_norm=max_norm,
+                   norm_type=norm_type, scale_grad_by_freq=scale_grad_by_freq, sparse=sparse)
+
+    @staticmethod
+    def _check_embedding_options(max_norm, sparse) -> None:
+        if sparse is not None and not sparse:
+            raise ValueError("sparse=False asks for nn.Embedding's dense update, which changes every row each step; "
+                             "HostEmbedding updates only the rows a batch touched (sparse=True's semantics, as with "
+                             "SparseAdam), since a dense update would move the whole table to the device every "
+                             "step: leave sparse unset or pass sparse=True")
+        if max_norm is not None and not (isinstance(max_norm, (int, float)) and max_norm > 0):
+            raise ValueError(f"max_norm must be positive (rows with a larger norm are scaled down to it), got {max_norm!r}")
 
     @staticmethod
     def _padding_index(padding_idx, rows: int) -> int | None:
@@ -772,6 +840,28 @@ class HostEmbedding(nn.Module):
         return self.table.shape[1]
 
     @property
+    def weight(self) -> torch.Tensor:
+        """The table's memory as a (rows, dim) tensor, for in-place initialisation and reading
+        (`emb.weight.data.uniform_(-0.1, 0.1)`, `nn.init.normal_(emb.weight)`, `.copy_(w)`).
+        Not a parameter: only lookups train the table, and using it where a gradient would be
+        needed (tying another layer to it) raises, naming the tie that works."""
+        if not self.table.writable:
+            # A write through a view of a read-only mapping would crash the process, not raise.
+            raise ValueError(f"the table maps {self.table.file!r} read-only, so it has no writable weight: read "
+                             "rows with emb.table.gather(indices), or open the file with mode 'r+'")
+        # Writes through the view change rows that pending gradients and lookups gathered:
+        # step() and backward re-gather them (as nn.Embedding's step sees its weight as it is).
+        self._generation += 1
+        return self.table._storage().as_subclass(_TableWeight)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "weight":  # nn.Module would otherwise report "attribute 'weight' already exists"
+            raise AttributeError("HostEmbedding.weight cannot be replaced: it is the host table itself. Write new "
+                                 "values into it with emb.weight.data.copy_(w), or build the embedding with weight=w "
+                                 "(HostEmbedding.from_pretrained(w, ...))")
+        super().__setattr__(name, value)
+
+    @property
     def freeze(self) -> bool:
         """True: lookups only (no gradients), step() writes nothing."""
         return self._freeze
@@ -797,24 +887,44 @@ class HostEmbedding(nn.Module):
     def extra_repr(self) -> str:
         extra = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
         extra += ", freeze=True" if self.freeze else ""
+        extra += "" if self.max_norm is None else f", max_norm={self.max_norm}, norm_type={self.norm_type}"
+        extra += ", scale_grad_by_freq=True" if self.scale_grad_by_freq else ""
         return (f"{self.num_embeddings}, {self.embedding_dim}{extra}, backend={self.table.backend!r}, "
                 f"device={self.table.device}, optimizer={type(self.optimizer).__name__ if self.optimizer else None}")
 
     def forward(self, indices) -> torch.Tensor:
         idx = self.table._indices(indices)
-        if self.freeze or not torch.is_grad_enabled():
+        track = not self.freeze and torch.is_grad_enabled()
+        if not track and self.max_norm is None:
             return self.table.gather(idx)
-        self._tracked = True
         if self.table.backend in _GPU_INDEXED:  # these index on the GPU: find the distinct rows there too
             idx = idx.to(self.table.device, non_blocking=True)
         rows, inverse = torch.unique(idx.reshape(-1), sorted=True, return_inverse=True)
-        leaf = self.table.gather(rows).requires_grad_()
+        values = self.table.gather(rows)
+        if self.max_norm is not None:
+            self._renorm(rows, values)
+        inverse = inverse.to(self.table.device, non_blocking=True).reshape(idx.shape)
+        if not track:
+            return F.embedding(inverse, values)
+        self._tracked = True
+        leaf = values.requires_grad_()
         # Nothing here keeps the leaf: a lookup that never sees a backward is freed with its
         # output. One that does hands its gradient over in the hook.
         generation = self._generation
         leaf.register_post_accumulate_grad_hook(lambda t: self._accumulate(rows, t, generation))
-        inverse = inverse.to(self.table.device, non_blocking=True).reshape(idx.shape)
-        return F.embedding(inverse, leaf)
+        # Distinct rows have the frequencies of the indices they stand for, so scaling by
+        # the frequency of `inverse` is nn.Embedding's scaling by index frequency.
+        return F.embedding(inverse, leaf, scale_grad_by_freq=self.scale_grad_by_freq)
+
+    def _renorm(self, rows: torch.Tensor, values: torch.Tensor) -> None:
+        """nn.Embedding's max_norm: looked-up rows whose norm exceeds it are scaled down, in the
+        table too (with torch's own renorm kernel, so the values are nn.Embedding's)."""
+        before = values.clone()
+        torch.embedding_renorm_(values, torch.arange(rows.numel(), device=values.device), self.max_norm, self.norm_type)
+        changed = (values != before).any(1)
+        if changed.any():  # write back only what changed: a memory-mapped table stays clean otherwise
+            self.table._write_unique(rows[changed.to(rows.device)], values[changed])
+            self._generation += 1  # rows gathered before (pending gradients, other lookups) are stale
 
     def _accumulate(self, rows: torch.Tensor, leaf: torch.Tensor, generation: int) -> None:
         """Add a lookup's gradient into the step's rows (union) and gradient (summed by row)."""
@@ -829,6 +939,10 @@ class HostEmbedding(nn.Module):
             grad, values = grad[keep], values[keep]
         if generation != self._generation:  # step() ran since the lookup: use the current rows
             values = self.table.gather(rows)
+        if self._rows is not None and self._rows_weight.grad is None:
+            # emb.optimizer.zero_grad() dropped the pending gradient (a step GradScaler skipped):
+            # those rows got no gradient since, so they are no touched rows any more.
+            self._rows = None
         if self._rows is not None:
             old = self._rows_weight
             n = self._rows.numel()
@@ -839,6 +953,10 @@ class HostEmbedding(nn.Module):
             values = values.new_empty(rows.numel(), self.embedding_dim).index_copy_(0, where[:n], old.detach()) \
                 .index_copy_(0, where[n:], values)
             grad = torch.zeros_like(values).index_add_(0, where[:n], old.grad).index_add_(0, where[n:], grad)
+        if self._rows is not None and self._rows_generation != self._generation:
+            self._rows_generation = -1  # the earlier rows' values are stale: step() re-gathers
+        else:
+            self._rows_generation = self._generation
         self._rows = rows
         weight = values.requires_grad_()
         weight.grad = grad
@@ -865,26 +983,49 @@ class HostEmbedding(nn.Module):
         self._swap_rows_weight(self._rows_weight.detach().new_empty(0, self.embedding_dim).requires_grad_())
 
     def step(self) -> None:
-        """Update the rows that received gradients since the last step, and their optimizer state."""
+        """Update the rows that received gradients since the last step, and their optimizer state.
+
+        The same as `emb.optimizer.step()` (which `scaler.step(emb.optimizer)` calls), except
+        that it raises when no lookup tracked gradients since the last step."""
         if self.freeze:
             self.zero_grad()
             return
         # Distributed, a rank without lookups still joins its peers' collective: no error there.
         if self._rows is None and not self._tracked and self._group is None:
-            raise RuntimeError("step() needs a forward pass that tracked gradients first")
+            raise RuntimeError("step() needs a forward pass that tracked gradients first (or the optimizer was "
+                               "already stepped since: emb.optimizer.step() and scaler.step(emb.optimizer) "
+                               "are emb.step() too, so call one of them per step)")
+        self._stepping = True
+        try:
+            self._prepare_step()
+            if self._rows is not None and self._rows.numel():
+                self.optimizer.step()  # through the optimizer, so LR schedulers see the step
+            else:
+                self._finish_step()
+        finally:
+            self._stepping = False
+
+    def _prepare_step(self) -> None:
+        """Before the optimizer updates the touched rows: combine the ranks' gradients, re-gather
+        rows the table changed under (writes through .weight, max_norm), gather their state."""
         w = self.touched_rows()
         rows = self._rows
+        if rows is None or not rows.numel():
+            return
+        if self._rows_generation != self._generation:
+            with torch.no_grad():
+                w.copy_(self.table.gather(rows))
+            self._rows_generation = self._generation
+        state = self.optimizer.state.get(w)
+        if state:
+            for key, table in self._state_tables.items():
+                state[key] = table.gather(rows)
+
+    def _finish_step(self) -> None:
+        """After the optimizer step: write rows and state back, start the next step afresh."""
+        w, rows = self._rows_weight, self._rows
         self._rows, self._tracked, self._combined = None, False, False
         if rows is not None and rows.numel():
-            state = self.optimizer.state.get(w)
-            if state:
-                for key, table in self._state_tables.items():
-                    state[key] = table.gather(rows)
-            self._stepping = True
-            try:
-                self.optimizer.step()
-            finally:
-                self._stepping = False
             with torch.no_grad():
                 self.table._write_unique(rows, w)
                 for key, value in self.optimizer.state[w].items():

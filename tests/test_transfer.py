@@ -699,10 +699,10 @@ def test_a_table_has_one_trainer_at_a_time():
     trainer.freeze = False  # ...or gone
 
 
-def test_only_step_steps_the_optimizer_and_lr_schedulers_still_work():
-    """emb.optimizer.step() alone would leave the table unchanged, and a following
-    emb.step() would apply the update twice: it is refused. LR schedulers, which wrap
-    optimizer.step to count calls, keep working through emb.step()."""
+def test_stepping_the_optimizer_directly_is_emb_step_and_lr_schedulers_still_work():
+    """emb.optimizer.step() (a loop stepping every optimizer, GradScaler) is emb.step(): it
+    writes the rows back; a following emb.step() raises instead of updating twice. LR
+    schedulers, which wrap optimizer.step to count calls, keep working through emb.step()."""
     w, make = _reference(ROWS, DIM), functools.partial(torch.optim.SGD, lr=0.1)
     emb = HostEmbedding(ROWS, DIM, make, backend="pageable", device="cpu", weight=w)
     ref = nn.Embedding.from_pretrained(w.clone(), freeze=False)
@@ -713,9 +713,11 @@ def test_only_step_steps_the_optimizer_and_lr_schedulers_still_work():
         for step, (idx, target) in enumerate(_batches(steps=3)):
             _loss(emb(idx), target).backward()
             if step == 0:
-                with pytest.raises(RuntimeError, match="stepped by emb.step\\(\\) only"):
-                    emb.optimizer.step()
-            emb.step()
+                emb.optimizer.step()
+                with pytest.raises(RuntimeError, match="needs a forward pass.*already stepped"):
+                    emb.step()
+            else:
+                emb.step()
             ref_opt.zero_grad()
             _loss(ref(idx), target).backward()
             ref_opt.step()
@@ -1315,6 +1317,10 @@ def test_read_only_mapping_looks_up_but_never_writes(tmp_path):
         frozen.table.copy_(torch.zeros(1, DIM))
     with pytest.raises(ValueError, match="read-only and cannot be trained"):
         HostEmbedding.from_pretrained(np.load(path, mmap_mode="r"), make, freeze=False, backend="pageable", device="cpu")
+    with pytest.raises(ValueError, match="no writable weight"):  # a write through a view would crash, not raise
+        frozen.weight.data.zero_()
+    with pytest.raises(ValueError, match="max_norm renormalises .* read-only"):
+        HostEmbedding.from_pretrained(path, max_norm=1.0, backend="pageable", device="cpu")
     assert torch.equal(torch.from_numpy(np.load(path)), w)
 
 
@@ -1351,3 +1357,187 @@ def test_a_table_larger_than_memory_is_a_memory_error_that_says_what_to_do():
     """torch's allocator says only how many bytes it could not get, and nothing of the table."""
     with pytest.raises(MemoryError, match=r"a 1000000000000 x 1000000 torch.float32 table needs .* GiB.*from_file"):
         HostTable(10**12, 10**6, backend="pageable", device="cpu")
+
+
+# --- drop-in gaps with nn.Embedding (issue 31): .weight, nn.Embedding's options, dtypes, GradScaler, Adam ---
+
+def _host(weight=None, make=functools.partial(torch.optim.SGD, lr=0.1), backend="pageable", **kwargs):
+    return HostEmbedding(ROWS, DIM, make, backend=backend, device=_train_device(backend), weight=weight, **kwargs)
+
+
+@pytest.mark.parametrize("backend", ALL)
+def test_weight_initialisers_write_into_the_table_as_into_nn_embedding(backend):
+    """`emb.weight.data.uniform_(...)`, `.normal_`, `.copy_` and nn.init change the rows the
+    table holds, exactly as they change nn.Embedding's weight."""
+    emb, ref = _host(backend=backend), nn.Embedding(ROWS, DIM)
+    inits = [lambda w: w.data.uniform_(-0.1, 0.1), lambda w: w.data.normal_(0, 0.02),
+             lambda w: nn.init.xavier_uniform_(w), lambda w: w.data.copy_(torch.arange(ROWS * DIM).reshape(ROWS, DIM).float())]
+    for init in inits:
+        for w in (emb.weight, ref.weight):
+            torch.manual_seed(7)
+            init(w)
+        assert torch.equal(emb.table.cpu().cpu(), ref.weight.detach())
+        idx = torch.tensor([[3, 5], [5, 39]])
+        assert torch.equal(emb(idx).detach().cpu(), ref(idx).detach())
+    assert emb.weight.shape == ref.weight.shape and emb.weight.dtype == ref.weight.dtype
+    assert [p.shape for p in emb.parameters()] == []  # still no parameter for a model optimizer
+
+
+def test_weight_written_between_backward_and_step_is_what_step_updates():
+    """A write through .weight after the lookup reaches the update, as with nn.Embedding (whose
+    optimizer steps the weight as it is at step time)."""
+    w, (idx, target) = _reference(ROWS, DIM), _batches(steps=1)[0]
+    ref = nn.Embedding.from_pretrained(w.clone(), freeze=False)
+    emb = _host(w)
+    for e in (ref, emb):
+        _loss(e(idx), target).backward()
+        with torch.no_grad():
+            e.weight[idx[0, 0]] = 3.0
+    torch.optim.SGD(ref.parameters(), lr=0.1).step()
+    emb.step()
+    assert torch.equal(emb.table.cpu(), ref.weight.detach())
+
+
+def test_tying_the_table_to_another_layer_is_refused_with_what_to_do():
+    """A layer computing with the table would get no gradient into it (only lookups train
+    it): silently untied. Refused, naming the full-vocabulary lookup that ties correctly."""
+    emb = _host(_reference(ROWS, DIM))
+    h = torch.randn(3, DIM, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"emb\(torch.arange\(emb.num_embeddings\)\)"):
+        F.linear(h, emb.weight)
+    with pytest.raises(RuntimeError, match=r"emb\(torch.arange"):
+        F.linear(h.detach(), nn.Parameter(emb.weight))
+    with pytest.raises(AttributeError, match="cannot be replaced.*copy_"):
+        emb.weight = nn.Parameter(torch.zeros(ROWS, DIM))
+    # Reading the table under grad mode stays possible, and the tie that works trains as tying does.
+    assert torch.equal(emb.weight.sum(0), emb.table.cpu().sum(0))
+    ref = nn.Embedding.from_pretrained(_reference(ROWS, DIM), freeze=False)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for e in (ref, emb):
+        logits = F.linear(e(torch.tensor([1, 2, 2])), e.weight if e is ref else e(torch.arange(e.num_embeddings)))
+        F.cross_entropy(logits, torch.tensor([4, 5, 6])).backward()
+    ref_opt.step()
+    emb.step()
+    torch.testing.assert_close(emb.table.cpu(), ref.weight.detach(), rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("options", [
+    {"max_norm": 1.0}, {"max_norm": 2.5, "norm_type": 1.0}, {"scale_grad_by_freq": True}, {"sparse": True},
+    {"max_norm": 1.0, "scale_grad_by_freq": True, "padding_idx": 2},
+], ids=["max-norm", "max-norm-l1", "scale-grad-by-freq", "sparse", "all-with-padding"])
+def test_nn_embedding_options_train_as_in_nn_embedding(options):
+    w, make = _reference(ROWS, DIM), functools.partial(torch.optim.SGD, lr=0.1)
+    batches = _with_padding(_batches(), options["padding_idx"]) if "padding_idx" in options else _batches()
+    ref = nn.Embedding(ROWS, DIM, _weight=w.clone(), **options)
+    opt = make(ref.parameters())
+    ref_outs = []
+    for idx, target in batches:
+        opt.zero_grad()
+        out = ref(idx)
+        ref_outs.append(out.detach().clone())
+        _loss(out, target).backward()
+        opt.step()
+    emb, outs = _train_host(w, make, batches, **options)
+    # A sparse gradient sums repeated indices in another order than a dense one: one ulp apart.
+    tol = {"rtol": 1e-6, "atol": 1e-6} if options.get("sparse") else {"rtol": 0, "atol": 1e-7}
+    for a, b in zip(outs, ref_outs):
+        torch.testing.assert_close(a, b, **tol)
+    torch.testing.assert_close(emb.table.cpu(), ref.weight.detach(), **tol)
+    assert not torch.equal(emb.table.cpu(), w)
+
+
+def test_max_norm_renormalises_looked_up_rows_in_place_also_without_gradients():
+    """nn.Embedding renormalises the rows a lookup uses in the weight itself, frozen or not."""
+    w = _reference(ROWS, DIM) * 3
+    ref = nn.Embedding.from_pretrained(w.clone(), max_norm=1.0)
+    emb = HostEmbedding.from_pretrained(w, max_norm=1.0, backend="pageable", device="cpu")
+    idx = torch.tensor([[1, 4], [4, 9]])
+    with torch.no_grad():
+        assert torch.equal(emb(idx), ref(idx))
+    assert torch.equal(emb.table.cpu(), ref.weight.detach())
+    assert not torch.equal(emb.table.cpu(), w)
+
+
+def test_sparse_false_and_impossible_options_are_refused_by_name():
+    with pytest.raises(ValueError, match="sparse=False.*only the rows a batch touched"):
+        _host(sparse=False)
+    with pytest.raises(ValueError, match="max_norm must be positive"):
+        _host(max_norm=0.0)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'sprase'"):
+        _host(sprase=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
+def test_weight_dtype_is_inferred_as_from_pretrained_does(dtype):
+    w = _reference(ROWS, DIM, dtype=dtype)
+    emb, ref = _host(w), nn.Embedding.from_pretrained(w, freeze=False)
+    pre = HostEmbedding.from_pretrained(w, backend="pageable", device="cpu")
+    idx = torch.tensor([1, 7])
+    assert emb.table.dtype == pre.table.dtype == ref.weight.dtype == dtype
+    assert torch.equal(emb(idx).detach(), ref(idx).detach()) and torch.equal(emb.weight, pre.weight)
+    with pytest.raises(TypeError, match="cast explicitly"):  # an explicit dtype that disagrees is not a silent cast
+        _host(w, dtype=torch.float32)
+
+
+def _amp_batches():
+    """Partial-coverage batches and, at step 2, a target so large that the scaled loss overflows."""
+    batches = _batches(steps=5)
+    batches[2] = (batches[2][0], torch.full_like(batches[2][1], 3e38))
+    return batches
+
+
+def test_grad_scaler_steps_the_embedding_optimizer_as_any_other():
+    """scaler.step(emb.optimizer) unscales, checks for infs and skips the overflowing step,
+    exactly as for nn.Embedding + SGD under the same scaler."""
+    w, make = _reference(ROWS, DIM), functools.partial(torch.optim.SGD, lr=0.1)
+    ref = nn.Embedding.from_pretrained(w.clone(), freeze=False)
+    ref_opt, emb = make(ref.parameters()), _host(w)
+    scalers = [torch.amp.GradScaler("cpu", init_scale=1024.0) for _ in range(2)]
+    for idx, target in _amp_batches():
+        for (model, opt), scaler in zip([(ref, ref_opt), (emb, emb.optimizer)], scalers):
+            opt.zero_grad()
+            scaler.scale(_loss(model(idx), target)).backward()
+            scaler.step(opt)
+            scaler.update()
+    assert scalers[0].get_scale() == scalers[1].get_scale() < 1024.0  # the overflowing step was skipped
+    assert torch.equal(emb.table.cpu(), ref.weight.detach())
+    assert torch.isfinite(emb.table.cpu()).all()
+
+
+def test_grad_scaler_with_unscale_then_emb_step_also_matches():
+    w, make = _reference(ROWS, DIM), functools.partial(torch.optim.SGD, lr=0.1)
+    ref = nn.Embedding.from_pretrained(w.clone(), freeze=False)
+    ref_opt, emb = make(ref.parameters()), _host(w)
+    scalers = [torch.amp.GradScaler("cpu", init_scale=1024.0) for _ in range(2)]
+    for idx, target in _batches(steps=3):
+        ref_opt.zero_grad()
+        scalers[0].scale(_loss(ref(idx), target)).backward()
+        scalers[0].step(ref_opt)
+        scalers[0].update()
+        scalers[1].scale(_loss(emb(idx), target)).backward()
+        scalers[1].unscale_(emb.optimizer)
+        scalers[1].step(emb.optimizer)  # after unscale_: no second unscale
+        scalers[1].update()
+    assert torch.equal(emb.table.cpu(), ref.weight.detach())
+
+
+def test_adam_is_sparse_adam_whose_eps_is_scaled_by_the_bias_correction():
+    """What HostEmbedding + Adam(eps) is exactly: SparseAdam whose eps at step t is
+    eps * sqrt(1 - beta2**t) (SparseAdam adds eps before dividing by that square root, Adam
+    after). With gradients ~1e-8 plain SparseAdam differs visibly; the rescaled one does not."""
+    w, eps, beta2, lr = _reference(ROWS, DIM), 1e-8, 0.999, 0.05
+    batches = _batches()
+    tiny = lambda out, target: _loss(out, target) * 1e-8  # noqa: E731 - gradients ~1e-8, near eps
+    ref = nn.Embedding(ROWS, DIM, sparse=True, _weight=w.clone())
+    plain = nn.Embedding(ROWS, DIM, sparse=True, _weight=w.clone())
+    ref_opt = torch.optim.SparseAdam(ref.parameters(), lr=lr, eps=eps)
+    plain_opt = torch.optim.SparseAdam(plain.parameters(), lr=lr, eps=eps)
+    emb = _host(w, functools.partial(torch.optim.Adam, lr=lr, eps=eps))
+    for t, (idx, target) in enumerate(batches, start=1):
+        ref_opt.param_groups[0]["eps"] = eps * (1 - beta2 ** t) ** 0.5
+        for model, opt in ((ref, ref_opt), (plain, plain_opt), (emb, emb.optimizer)):
+            opt.zero_grad()
+            tiny(model(idx), target).backward()
+            model.step() if model is emb else opt.step()
+    torch.testing.assert_close(emb.table.cpu(), ref.weight.detach(), rtol=1e-6, atol=1e-6)
+    assert (emb.table.cpu() - plain.weight.detach()).abs().max() > 1e-3  # the docs' old "1e-5" does not hold here
