@@ -24,6 +24,15 @@ What the original `CheckpointFunction` got wrong, fixed here:
   a parameter listed twice (tied weights) counts once instead of getting its gradient twice;
 - the autocast state of the first run is used for the rerun.
 
+Where torch's non-reentrant checkpoint (which keeps the segment's own graph) already
+behaved well, this one now does too: a parameter's gradient hook runs once (the inner
+autograd.grad of the rerun leaves it to the outer pass); dataclass results and arguments
+are flattened; each output has its own node (a hook on one output may backpropagate from
+another) and autograd.grad(b, a) between outputs works; a segment may call autograd.grad
+itself; and a rerun that saves other tensors than the first run (a nondeterministic
+segment) raises NondeterministicSegmentError. docs/techniques/checkpoint.md lists what
+still deliberately differs.
+
 BatchNorm: both `torch.utils.checkpoint` variants (and any checkpoint) run a segment's
 forward twice, and a plain `nn.BatchNorm*d` updates its running statistics and
 `num_batches_tracked` on both runs. speedlib's `BatchNorm1d/2d/3d` skip the update when
@@ -36,6 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 import contextlib
+import dataclasses
 import math
 from typing import Any
 
@@ -46,7 +56,7 @@ from torch.nn import functional as F
 from torch.utils import _pytree as pytree
 
 __all__ = ["checkpoint", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "convert_batchnorm",
-           "in_backward", "ForgottenParameterError", "SEGMENT_VARIANTS", "run_segment", "CheckpointedSequential"]
+           "in_backward", "ForgottenParameterError", "NondeterministicSegmentError", "SEGMENT_VARIANTS", "run_segment", "CheckpointedSequential"]
 
 
 class ForgottenParameterError(RuntimeError):
@@ -71,48 +81,160 @@ def _autocast_state() -> list[tuple[str, bool, torch.dtype]]:
     return [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in types]
 
 
+def _is_plain_dataclass(obj: Any) -> bool:
+    """A dataclass instance that torch's pytree does not flatten (not registered with it)."""
+    return dataclasses.is_dataclass(obj) and not isinstance(obj, type) and type(obj) not in pytree.SUPPORTED_NODES
+
+
+def _flatten(tree: Any) -> tuple[list[Any], Any]:
+    """pytree's flatten that also opens dataclass instances.
+
+    torch's checkpoint never flattens (its graph is the segment's own), so a dataclass
+    holding tensors just works there; here every tensor must become an input or output of
+    the node, and pytree would keep a dataclass whole as one opaque leaf, cutting its
+    tensors off the graph. Its fields are flattened instead, in declaration order.
+    """
+    flat, spec = pytree.tree_flatten(tree, is_leaf=_is_plain_dataclass)
+    leaves: list[Any] = []
+    inner: list[Any] = []
+    for item in flat:
+        if _is_plain_dataclass(item):
+            names = tuple(f.name for f in dataclasses.fields(item))
+            sub_leaves, sub_spec = _flatten([getattr(item, n) for n in names])
+            inner.append((type(item), names, sub_spec, len(sub_leaves)))
+            leaves.extend(sub_leaves)
+        else:
+            inner.append(None)
+            leaves.append(item)
+    return leaves, (spec, tuple(inner))
+
+
+def _unflatten(leaves: list[Any], spec: Any) -> Any:
+    """Inverse of _flatten. A dataclass is rebuilt without calling __init__ or __post_init__
+    (its fields already hold what the function made; init=False and frozen fields too)."""
+    tree_spec, inner = spec
+    items, pos = [], 0
+    for node in inner:
+        if node is None:
+            items.append(leaves[pos])
+            pos += 1
+            continue
+        cls, names, sub_spec, n = node
+        obj = cls.__new__(cls)
+        for name, value in zip(names, _unflatten(leaves[pos:pos + n], sub_spec)):
+            object.__setattr__(obj, name, value)
+        items.append(obj)
+        pos += n
+    return pytree.tree_unflatten(items, tree_spec)
+
+
+def _meta(t: torch.Tensor) -> tuple[Any, ...]:
+    return tuple(t.shape), t.dtype, t.device
+
+
+class NondeterministicSegmentError(RuntimeError):
+    """The rerun of a checkpointed segment in backward did not repeat its first run."""
+
+
+def _nondeterministic(what: str) -> NondeterministicSegmentError:
+    return NondeterministicSegmentError(
+        f"speedlib.checkpoint: the segment is not deterministic: {what}. The rerun in backward must repeat the "
+        "first run, or its gradients belong to another computation. Make the segment depend only on its "
+        "arguments, params= and the default RNG (which is restored): no counters or other state that changes "
+        "between forward and backward, no random generator of its own.")
+
+
+class _SavedLog:
+    """Shape, dtype and device of every tensor a run saves for backward, in order.
+
+    The first run keeps nothing ("none": the point of checkpointing) unless the segment
+    itself needs its graph (it calls autograd.grad: "all"). The rerun keeps values
+    ("values"): its graph is only evaluated, never differentiated, so a detached alias of
+    a computed tensor serves, and a saved output does not hold its own node in a reference
+    cycle (which would leave the rerun's memory to the garbage collector). Comparing the two logs is
+    how torch's checkpoint detects a nondeterministic segment.
+    """
+
+    def __init__(self, keep: str):
+        self.keep, self.meta, self.unpacked_dropped = keep, [], False
+
+    def pack(self, t: torch.Tensor) -> Any:
+        self.meta.append(_meta(t))
+        if self.keep == "none":
+            return None
+        # Only a tensor with a history can close a cycle; others stay the same object.
+        return t.detach() if self.keep == "values" and t.grad_fn is not None else t
+
+    def unpack(self, packed: Any) -> torch.Tensor:
+        if packed is None:  # the segment differentiates its own first run: checkpoint() retries keeping them
+            self.unpacked_dropped = True
+            raise RuntimeError("speedlib.checkpoint: a tensor the first run did not keep was needed")
+        return packed
+
+    def hooks(self) -> Any:
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+    def compare(self, first: list[tuple[Any, ...]]) -> None:
+        if len(first) != len(self.meta):
+            raise _nondeterministic(f"a different number of tensors was saved during the original forward and "
+                                    f"recomputation ({len(first)} in forward, {len(self.meta)} in the rerun)")
+        for i, (a, b) in enumerate(zip(first, self.meta)):
+            if a != b:
+                raise _nondeterministic(f"saved tensor {i} had shape, dtype and device {a} in forward and {b} "
+                                        "in the rerun")
+
+
 class _Segment:
     """The user's function seen through flat argument and result lists.
 
     Arguments and results may be nested lists, tuples and dicts (any structure torch's
-    pytree knows) holding tensors and other objects. autograd.Function only tracks tensors
-    passed as its own arguments, so both sides are flattened: every tensor anywhere in the
-    arguments becomes an input of the node (its gradient flows back to whatever produced
-    it, which a list hidden from the node would silently cut), and every tensor anywhere
-    in the result becomes an output.
+    pytree knows) and dataclasses, holding tensors and other objects. autograd.Function
+    only tracks tensors passed as its own arguments, so both sides are flattened: every
+    tensor anywhere in the arguments becomes an input of the node (its gradient flows back
+    to whatever produced it, which a list hidden from the node would silently cut), and
+    every tensor anywhere in the result becomes an output.
     """
 
     # The autograd node holds this object, and the node is held by its outputs: a tensor
     # kept here would make a cycle that only the garbage collector frees, keeping the
-    # segment's inputs and outputs (GPU memory) alive until it runs. Only structure is kept.
+    # segment's inputs and outputs (GPU memory) alive until it runs. Only structure,
+    # metadata and weak references are kept.
     _TENSOR = object()  # where a tensor stood in the first run's result
 
-    def __init__(self, function: Callable[..., Any], in_spec: pytree.TreeSpec, names: dict[int, str]):
+    def __init__(self, function: Callable[..., Any], in_spec: Any, names: dict[int, str]):
         self.function, self.in_spec, self.names = function, in_spec, names
-        self.out_spec: pytree.TreeSpec | None = None
+        self.out_spec: Any = None
         self.out_leaves: list[Any] = []  # the first run's flat result, tensors replaced by _TENSOR
+        self.out_meta: list[tuple[Any, ...]] = []  # the first run's output shapes, dtypes, devices
+        self.saved_meta: list[tuple[Any, ...]] | None = None  # what the first run saved (None: not recorded)
+        self.links: dict[int, list[int]] = {}  # output j -> the earlier outputs it was computed from (_Link)
 
     def call(self, leaves: list[Any]) -> list[torch.Tensor]:
         """Run the function on `leaves`; return the tensors of its result, in order."""
-        args, kwargs = pytree.tree_unflatten(leaves, self.in_spec)
+        args, kwargs = _unflatten(leaves, self.in_spec)
         result = self.function(*args, **kwargs)
         if result is None:
             raise TypeError("speedlib.checkpoint: the function returned None; a checkpointed function must "
                             "return its output (a tensor, or a structure holding tensors)")
-        flat, spec = pytree.tree_flatten(result)
+        flat, spec = _flatten(result)
         tensors = [o for o in flat if torch.is_tensor(o)]
         shape = [self._TENSOR if torch.is_tensor(o) else o for o in flat]
         if self.out_spec is None:  # the first run fixes the structure (no tensor at all is fine: no rerun)
-            self.out_spec, self.out_leaves = spec, shape
+            self.out_spec, self.out_leaves, self.out_meta = spec, shape, [_meta(t) for t in tensors]
         elif spec != self.out_spec or [o is self._TENSOR for o in shape] != [o is self._TENSOR for o in self.out_leaves]:
             raise RuntimeError("speedlib.checkpoint: the rerun in backward returned a different structure than "
                                "the first run; a checkpointed function must return the same structure each time")
+        else:
+            for i, (a, t) in enumerate(zip(self.out_meta, tensors)):
+                if a != _meta(t):
+                    raise _nondeterministic(f"output {i} had shape, dtype and device {a} in forward and "
+                                            f"{_meta(t)} in the rerun")
         return tensors
 
     def rebuild(self, tensors: tuple[torch.Tensor, ...]) -> Any:
         """The first run's result, with the node's outputs in place of its tensors."""
         it = iter(tensors)
-        return pytree.tree_unflatten([next(it) if o is self._TENSOR else o for o in self.out_leaves], self.out_spec)
+        return _unflatten([next(it) if o is self._TENSOR else o for o in self.out_leaves], self.out_spec)
 
 
 class _Gate:
@@ -142,14 +264,154 @@ class _Bridge(torch.autograd.Function):
         return (None if ctx.gate.closed else grad), None
 
 
+def _set_rng(ctx) -> None:
+    torch.set_rng_state(ctx.cpu_rng)
+    for dev, state in zip(ctx.cuda_devices, ctx.cuda_rng):
+        torch.cuda.set_rng_state(state, dev)
+
+
+def _first_run(ctx, segment: _Segment, leaves: tuple[Any, ...], record: bool) -> list[torch.Tensor]:
+    """The forward run. With `record` (grad mode was on at the call) it runs with grad
+    from fresh leaves under saved-tensor hooks that log, and drop, what it saves: the log
+    is what the rerun is checked against, and nothing is kept. A segment that
+    differentiates itself (autograd.grad inside) needs its graph: it is run once more
+    keeping it, from the same RNG state."""
+    if not record:
+        with torch.no_grad():
+            return segment.call(list(leaves))
+    for keep in ("none", "all"):
+        log = _SavedLog(keep)
+        try:
+            with torch.enable_grad(), log.hooks():
+                raw = segment.call(_fresh(leaves, ctx.input_grad))
+        except Exception:
+            if keep == "all" or not log.unpacked_dropped:
+                raise
+            if ctx.preserve_rng:
+                _set_rng(ctx)
+            continue
+        # A segment that differentiates itself needs its rerun's saved tensors with their
+        # graphs, which only the default saving keeps without a cycle: no log for it.
+        segment.saved_meta = log.meta if keep == "none" else None
+        if sum(o.requires_grad for o in raw) > 1:
+            segment.links = _links(raw)
+        # Detached: the first run's graph (and whatever it kept) dies here; the node's
+        # outputs get their history from the node.
+        return [o.detach() for o in raw]
+    raise AssertionError("unreachable")
+
+
+def _fresh(leaves: Any, input_grad: list[bool]) -> list[Any]:
+    """The first run's arguments: tensors needing a gradient as new leaves, so its graph stops there."""
+    return [t.detach().requires_grad_() if g else t for t, g in zip(leaves, input_grad)]
+
+
+def _edges_below(t: torch.Tensor) -> set[tuple[Any, int]]:
+    """Every graph edge (node, output number) that `t` was computed through."""
+    edges: set[tuple[Any, int]] = set()
+    stack, seen = list(t.grad_fn.next_functions) if t.grad_fn is not None else [], set()
+    while stack:
+        node, nr = stack.pop()
+        if node is None:
+            continue
+        edges.add((node, nr))
+        if node not in seen:
+            seen.add(node)
+            stack.extend(node.next_functions)
+    return edges
+
+
+def _links(outputs: list[torch.Tensor]) -> dict[int, list[int]]:
+    """For each output, the earlier outputs it was computed from (see _Link). An edge, not
+    a node, marks the dependence: two results of one multi-output op (chunk's) are not
+    computed from each other."""
+    links = {}
+    for j, o in enumerate(outputs):
+        if not (j and o.requires_grad):
+            continue
+        below = _edges_below(o)
+        deps = [i for i in range(j) if outputs[i].grad_fn is not None
+                and (outputs[i].grad_fn, outputs[i].output_nr) in below]
+        if deps:
+            links[j] = deps
+    return links
+
+
+@contextlib.contextmanager
+def _hooks_silenced(tensors: Iterable[torch.Tensor]):
+    """Empty the tensors' Python gradient-hook dicts while the segment computes its own gradients.
+
+    The node returns those gradients to the outer pass, which runs the hooks on them (on
+    the total, once, as without checkpointing); the inner autograd.grad would otherwise
+    run them too, on the partial gradient, and a hook that changes the gradient would
+    count twice. autograd reads the dict when it calls the hooks, so emptying it is
+    enough. The outer pass cannot reach these parameters meanwhile: their gradient
+    nodes wait for this node's result.
+    """
+    emptied = []
+    for t in tensors:
+        hooks = t._backward_hooks
+        if hooks:
+            emptied.append((hooks, dict(hooks)))
+            hooks.clear()
+    try:
+        yield
+    finally:
+        for hooks, items in emptied:
+            added = dict(hooks)  # a hook registered meanwhile goes after the old ones
+            hooks.clear()
+            hooks.update(items)
+            hooks.update(added)
+
+
+def _rerun(ctx, create_graph: bool) -> tuple[list[Any], list[torch.Tensor], _Gate]:
+    """Rerun the segment as in forward (RNG, autocast); return its leaves and outputs."""
+    gate = _Gate()
+    leaves = list(ctx.others)
+    for i, t in zip(ctx.tensor_at, ctx.saved_tensors):
+        if create_graph and ctx.input_grad[i]:
+            # A bridge per position: autograd.grad then reports each position's own
+            # gradient even when one tensor is passed twice (a leaf listed twice would
+            # get the total twice, and the outer pass would add it twice).
+            leaves[i] = _Bridge.apply(t, gate)
+        elif ctx.input_grad[i]:
+            # A fresh leaf per input: the rerun's graph starts here and stops here.
+            leaves[i] = t.detach().requires_grad_()
+        else:
+            leaves[i] = t  # no graph to cut: the segment sees the very object it got in forward
+    if [p._version for p in ctx.params] != ctx.param_versions:
+        raise RuntimeError("speedlib.checkpoint: a parameter of the segment was modified in place between "
+                           "forward and backward (an optimizer step?); the rerun would not match the first run")
+    # Under create_graph the rerun's saved tensors are differentiated again and must keep
+    # their graphs: the default saving does that without a cycle, so nothing is logged.
+    log = _SavedLog("values") if ctx.segment.saved_meta is not None and not create_graph else None
+    with torch.random.fork_rng(devices=ctx.cuda_devices, enabled=ctx.preserve_rng):
+        if ctx.preserve_rng:
+            _set_rng(ctx)
+        with torch.enable_grad(), contextlib.ExitStack() as stack:
+            for device_type, enabled, dtype in ctx.autocast:  # re-enter the first run's autocast state
+                stack.enter_context(torch.autocast(device_type, enabled=enabled, dtype=dtype))
+            if torch.get_default_device() != ctx.default_device:
+                stack.enter_context(torch.device(ctx.default_device))
+            if log is not None:
+                stack.enter_context(log.hooks())
+            outputs = ctx.segment.call(leaves)
+    if log is not None:
+        log.compare(ctx.segment.saved_meta)
+    return leaves, outputs, gate
+
+
 class _Checkpoint(torch.autograd.Function):
-    # Arguments: segment, n_leaves, preserve_rng, check_params, *leaves, *params.
+    # Arguments: segment, n_leaves, preserve_rng, check_params, record, *leaves, *params.
 
     @staticmethod
-    def forward(ctx, segment, n_leaves, preserve_rng, check_params, *args):
+    def forward(ctx, segment, n_leaves, preserve_rng, check_params, record, *args):
         leaves, params = args[:n_leaves], args[n_leaves:]
         ctx.segment, ctx.check_params, ctx.preserve_rng = segment, check_params, preserve_rng
         ctx.autocast = _autocast_state()
+        # A `with torch.device(...)` around the call makes tensors created inside the segment
+        # land there; the rerun, outside that block, must create them in the same place.
+        ctx.default_device = torch.get_default_device()
         # Unused outputs get None instead of a zero tensor: no backward work for them.
         ctx.set_materialize_grads(False)
         # Tensors go through save_for_backward (so in-place changes after this are caught);
@@ -170,8 +432,7 @@ class _Checkpoint(torch.autograd.Function):
         # save_for_backward's check that nothing changed them in place before backward.
         ctx.params = params
         ctx.param_versions = [p._version for p in params]
-        with torch.no_grad():
-            outputs = segment.call(list(leaves))
+        outputs = _first_run(ctx, segment, leaves, record)
         ctx.mark_non_differentiable(*(o for o in outputs if not (o.is_floating_point() or o.is_complex())))
         return tuple(outputs)
 
@@ -183,45 +444,88 @@ class _Checkpoint(torch.autograd.Function):
         # from the real inputs and autograd.grad keeps its graph. Otherwise the rerun starts
         # from detached leaves and its graph is freed as soon as the gradients exist.
         create_graph = torch.is_grad_enabled()
-        gate = _Gate()
-        leaves = list(ctx.others)
-        for i, t in zip(ctx.tensor_at, ctx.saved_tensors):
-            if create_graph and ctx.input_grad[i]:
-                # A bridge per position: autograd.grad then reports each position's own
-                # gradient even when one tensor is passed twice (a leaf listed twice would
-                # get the total twice, and the outer pass would add it twice).
-                leaves[i] = _Bridge.apply(t, gate)
-            else:
-                # A fresh leaf per input: the rerun's graph starts here and stops here.
-                leaves[i] = t.detach().requires_grad_(ctx.input_grad[i])
+        leaves, outputs, gate = _rerun(ctx, create_graph)
         params = ctx.params
-        if [p._version for p in params] != ctx.param_versions:
-            raise RuntimeError("speedlib.checkpoint: a parameter of the segment was modified in place between "
-                               "forward and backward (an optimizer step?); the rerun would not match the first run")
-        with torch.random.fork_rng(devices=ctx.cuda_devices, enabled=ctx.preserve_rng):
-            if ctx.preserve_rng:
-                torch.set_rng_state(ctx.cpu_rng)
-                for dev, state in zip(ctx.cuda_devices, ctx.cuda_rng):
-                    torch.cuda.set_rng_state(state, dev)
-            with torch.enable_grad(), contextlib.ExitStack() as stack:
-                for device_type, enabled, dtype in ctx.autocast:  # re-enter the first run's autocast state
-                    stack.enter_context(torch.autocast(device_type, enabled=enabled, dtype=dtype))
-                outputs = ctx.segment.call(leaves)
-
         wrt = [leaves[i] for i in ctx.tensor_at if ctx.input_grad[i]] + [p for p in params if p.requires_grad]
         pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if o.requires_grad and g is not None]
         if ctx.check_params and pairs:
             _check_no_forgotten(ctx.segment.names, [o for o, _ in pairs], wrt)
         gate.closed = True
         try:
-            grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True,
-                                             create_graph=create_graph)
-                         if pairs and wrt else [None] * len(wrt))
+            with _hooks_silenced(params):
+                grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True,
+                                                 create_graph=create_graph)
+                             if pairs and wrt else [None] * len(wrt))
         finally:
             gate.closed = False
         input_grads = [next(grads) if needs else None for needs in ctx.input_grad]
         param_grads = [next(grads) if p.requires_grad else None for p in params]
-        return (None, None, None, None, *input_grads, *param_grads)
+        return (None, None, None, None, None, *input_grads, *param_grads)
+
+
+class _Own(torch.autograd.Function):
+    """Identity giving one output of a segment a node of its own.
+
+    Every output of the segment comes out of one _Checkpoint node, so a hook on one output
+    (a pre-hook of that node) would also run when another output is backpropagated from
+    inside it, which re-enters the hook without end. torch's checkpoint has one node per
+    output (the segment's own), and so does this, at the cost of one cheap node each.
+    """
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.set_materialize_grads(False)
+        return x.detach()  # not a view: the output stays modifiable in place, as the node's own is
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class _Link(torch.autograd.Function):
+    """_Own for an output computed from earlier outputs of the same segment.
+
+    torch's checkpoint keeps the segment's own graph, so autograd.grad(b, a) works when b
+    was computed from a inside the segment; here a and b are separate results of one
+    node. The link gives b an edge to each such a: in an ordinary backward pass it sends
+    nothing along it (the node's rerun already follows b's path through a), and when only
+    those outputs are asked for (the node itself will not run) it sends db/da from a rerun.
+    """
+
+    @staticmethod
+    def forward(ctx, checkpoint_ctx, j, deps, x, *earlier):
+        ctx.set_materialize_grads(False)
+        ctx.checkpoint_ctx, ctx.j, ctx.deps = checkpoint_ctx, j, deps
+        return x.detach()
+
+    @staticmethod
+    def backward(ctx, grad):
+        none = [None] * len(ctx.deps)
+        if grad is None or torch._C._will_engine_execute_node(ctx.checkpoint_ctx):
+            return (None, None, None, grad, *none)
+        create_graph = torch.is_grad_enabled()
+        _, outputs, _ = _rerun(ctx.checkpoint_ctx, create_graph)
+        earlier = [outputs[i] for i in ctx.deps]
+        with _hooks_silenced(ctx.checkpoint_ctx.params):
+            grads = torch.autograd.grad(outputs[ctx.j], earlier, grad, allow_unused=True, create_graph=create_graph)
+        return (None, None, None, None, *grads)
+
+
+def _own_nodes(segment: _Segment, outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """Each differentiable output through its own node (_Own, or _Link when it depends on others)."""
+    if sum(o.requires_grad for o in outputs) < 2:
+        return outputs
+    node = next(o.grad_fn for o in outputs if o.requires_grad)
+    result: list[torch.Tensor] = []
+    for j, o in enumerate(outputs):
+        if not o.requires_grad:
+            result.append(o)
+        elif j in segment.links:
+            deps = segment.links[j]
+            result.append(_Link.apply(node, j, deps, o, *(result[i] for i in deps)))
+        else:
+            result.append(_Own.apply(o))
+    return tuple(result)
 
 
 def _check_no_forgotten(names: dict[int, str], outputs: list[torch.Tensor], known: list[torch.Tensor]) -> None:
@@ -310,10 +614,13 @@ def checkpoint(function: Callable[..., Any], *args: Any, params: Iterable[torch.
         raise TypeError(f"speedlib.checkpoint: the function to checkpoint must be callable, got {type(function).__name__}")
     params = _explicit_params(function, params)
     named = function.named_parameters() if check_params and isinstance(function, nn.Module) else ()
-    leaves, in_spec = pytree.tree_flatten((args, kwargs))
+    leaves, in_spec = _flatten((args, kwargs))
     segment = _Segment(function, in_spec, {id(p): f"parameter {n!r}" for n, p in named})
-    outputs = _Checkpoint.apply(segment, len(leaves), preserve_rng_state, check_params, *leaves, *params)
-    return segment.rebuild(outputs)
+    # Recording the first run's saved tensors needs grad mode (without it there is no
+    # backward to check) and saved-tensor hooks that are not disabled.
+    record = torch.is_grad_enabled() and torch._C._autograd._saved_tensors_hooks_is_enabled()
+    outputs = _Checkpoint.apply(segment, len(leaves), preserve_rng_state, check_params, record, *leaves, *params)
+    return segment.rebuild(_own_nodes(segment, outputs))
 
 
 # --- the variants the benchmark compares ------------------------------------------------

@@ -586,3 +586,171 @@ def test_benchmark_pairs_the_variants_and_counts_saved_activations(monkeypatch):
     assert all(0 < saved[v] < saved["none"] for v in checkpointed), saved
     # The three per-block variants keep the same thing: each block's input.
     assert saved["reentrant"] == saved["non_reentrant"] == saved["speedlib"]
+
+
+# --- behaving like torch's non-reentrant checkpoint (issue 31) ---------------------------
+
+def _torch_cp(function, *args, **_params):
+    return torch_checkpoint(function, *args, use_reentrant=False)
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_a_parameter_hook_runs_once_and_sees_torchs_gradient(create_graph):
+    """The rerun's inner autograd.grad must not fire a parameter's hook: the outer pass
+    fires it on the accumulated gradient, once, as torch's checkpoint does."""
+    results = []
+    for run in (_torch_cp, checkpoint):
+        torch.manual_seed(0)
+        lin = nn.Linear(3, 3).double()
+        seen = []
+        lin.weight.register_hook(lambda g: seen.append(g.clone()) or g * 2)  # scales: twice would show
+        x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+        out = run(lambda t: lin(t).tanh(), x, params=lin.parameters())
+        grads = torch.autograd.grad(out.sum(), [x, lin.weight], create_graph=create_graph)
+        second = torch.autograd.grad(sum((g ** 2).sum() for g in grads), x) if create_graph else ()
+        results.append((len(seen), grads, second))
+    (n_torch, g_torch, s_torch), (n_ours, g_ours, s_ours) = results
+    assert n_ours == n_torch == 1
+    for e, g in zip([*g_torch, *s_torch], [*g_ours, *s_ours]):
+        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-14)
+
+
+@dataclasses.dataclass
+class _Pair:
+    main: torch.Tensor
+    aux: torch.Tensor
+    tag: str = "pair"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Frozen:
+    value: torch.Tensor
+    scale: float = dataclasses.field(default=3.0)
+
+
+def test_dataclass_results_and_arguments_get_torchs_gradients():
+    def segment(pair, frozen):
+        h = lin(pair.main) + pair.aux * frozen.value * frozen.scale
+        return _Pair(h.relu(), h.sum(dim=1), tag=pair.tag + "!")
+
+    results = []
+    for run in (_torch_cp, checkpoint):
+        torch.manual_seed(0)
+        lin = nn.Linear(4, 4)
+        x = torch.randn(3, 4, requires_grad=True)
+        w = torch.randn(4, requires_grad=True)
+        out = run(segment, _Pair(x * 2, x), _Frozen(w), params=lin.parameters())
+        assert isinstance(out, _Pair) and out.tag == "pair!"
+        ((out.main ** 2).sum() + out.aux.sum()).backward()
+        results.append([x.grad, w.grad, lin.weight.grad, lin.bias.grad])
+    assert all(g is not None and torch.equal(e, g) for e, g in zip(*results))
+
+
+def _counter_segment(make):
+    """A segment that is not the same function on its rerun: it reads a call counter."""
+    calls = []
+
+    def segment(x):
+        calls.append(1)
+        return make(x, len(calls))
+    return segment
+
+
+@pytest.mark.parametrize("case, torch_raises", [
+    ("saved_shape", True),       # an intermediate that is saved changes shape
+    ("saved_count", False),      # another op that saves more tensors (torch stops reading early)
+    ("output_shape", False),     # the result changes shape (torch checks saved tensors only)
+])
+def test_a_nondeterministic_segment_is_an_error_not_the_reruns_gradient(case, torch_raises):
+    make = {
+        "saved_shape": lambda x, n: (x[:n] ** 2).sum(),
+        "saved_count": lambda x, n: x.sin().sum() if n == 1 else (x.exp() * x).sum(),
+        "output_shape": lambda x, n: x[:n] * 2,
+    }[case]
+    x = torch.randn(4, 3, requires_grad=True)
+    if torch_raises:  # the case is one torch catches too: same verdict, not a stricter one
+        with pytest.raises(RuntimeError, match="different metadata"):
+            _torch_cp(_counter_segment(make), x).sum().backward()
+    out = checkpoint(_counter_segment(make), x, params=())
+    with pytest.raises(RuntimeError, match="not deterministic"):
+        out.sum().backward()
+    assert x.grad is None
+
+
+def test_a_hook_on_one_output_calling_backward_on_another_terminates():
+    """All outputs of one segment used to share one autograd node, so a hook on one output
+    that backpropagates from another re-entered itself without end."""
+    results = []
+    for run in (_torch_cp, checkpoint):
+        x = torch.randn(4, 3, requires_grad=True, generator=torch.Generator().manual_seed(0))
+        a, b = run(lambda t: (t * 2, t.sin()), x, params=())
+        calls = []
+
+        def hook(g, b=b, calls=calls):
+            calls.append(1)
+            if len(calls) > 5:
+                raise RuntimeError("the hook re-entered itself")
+            with torch.enable_grad():
+                b.sum().backward(retain_graph=True)
+            return g
+        a.register_hook(hook)
+        a.sum().backward()
+        results.append((len(calls), x.grad))
+    assert results[1][0] == results[0][0] == 1
+    assert torch.equal(results[0][1], results[1][1])
+
+
+def test_a_segment_may_call_autograd_grad_inside_itself():
+    def segment(t):
+        y = (t ** 3).sum()
+        g, = torch.autograd.grad(y, t, create_graph=True)
+        return g * t.sin()
+
+    results = []
+    for run in (_torch_cp, checkpoint):
+        x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True, generator=torch.Generator().manual_seed(0))
+        out = run(segment, x, params=())
+        out.sum().backward()
+        results.append((out.detach(), x.grad))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=0, atol=0)
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-12, atol=1e-14)
+
+
+def test_gradient_of_one_output_with_respect_to_another():
+    def segment(t):
+        h = t * 2
+        return h, h.sin() * t
+
+    results = []
+    for run in (_torch_cp, checkpoint):
+        x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True, generator=torch.Generator().manual_seed(0))
+        a, b = run(segment, x, params=())
+        from_a, = torch.autograd.grad(b.sum(), a, retain_graph=True)  # b was computed from a in the segment
+        (a.sum() + b.sum()).backward()  # and an ordinary pass does not count b's path through a twice
+        results.append((from_a, x.grad))
+    for e, g in zip(*results):
+        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_the_reruns_tensors_are_freed_without_the_garbage_collector(create_graph):
+    """Checking the rerun against the first run watches what it saves; a saved output
+    kept as is would hold its own node in a cycle (exp saves its result), and the rerun's
+    memory would wait for the garbage collector, here with one output left unused."""
+    made = []
+
+    def segment(t):
+        h = t.exp()  # exp saves its result; only the unused output needs it
+        made.append(weakref.ref(h))
+        return t * 2, h.sin()
+
+    x = torch.randn(3, requires_grad=True)
+    gc.disable()
+    try:
+        used, _unused = checkpoint(segment, x, params=())
+        grad, = torch.autograd.grad(used.sum(), x, create_graph=create_graph)
+        torch.testing.assert_close(grad, torch.full_like(x, 2.0))
+        del grad, used, _unused
+        assert len(made) == 2 and [r() for r in made] == [None, None]
+    finally:
+        gc.enable()

@@ -1,0 +1,808 @@
+"""PyTorch's own checkpoint tests, adapted to speedlib's explicit-parameter checkpoint.
+
+Each test names the PyTorch test it adapts (TestCheckpoint in test/test_utils.py, the
+non-reentrant cases of TestAutograd and TestNestedCheckpoint in test/test_autograd.py). The
+code is ours: every case runs the same function without checkpointing, under
+`torch.utils.checkpoint(use_reentrant=False)` and under `speedlib.checkpoint`, and asks for
+the same outputs, the same gradients, the same hook counts and the same kinds of errors.
+A case that needs a GPU skips itself on CPU and has a CPU twin where the logic allows.
+
+Torch cases judged NOT applicable to an explicit-parameter checkpoint, and why:
+
+- test_utils.py test_checkpoint_sequential_deprecated_multiple_args, _no_args: argument
+  checks of `checkpoint_sequential`, not of a checkpoint (speedlib has no sequential API;
+  CheckpointedSequential delegates to torch's).
+- test_utils.py test_get_device_states_recursive, test_infer_device_state_recursive_meta,
+  test_infer_device_state_recursive_multi_gpu: unit tests of torch's private helpers
+  `get_device_states` / `_infer_device_type`; speedlib has no such public surface.
+- test_autograd.py test_checkpoint_valid_reset_on_error (test_utils test_checkpoint_valid's
+  first half too): the reentrant variant's refusal of autograd.grad; speedlib is not
+  reentrant and test_checkpoint_valid's working half is adapted below.
+- test_autograd.py test_checkpointing_without_reentrant_with_context_fn, the whole
+  TestSelectiveActivationCheckpoint class: `context_fn` and selective-checkpoint policies,
+  options speedlib does not have.
+- test_autograd.py test_checkpoint_warns_if_use_reentrant_not_passed_explcitly,
+  test_checkpoint_sequential_warns_if_use_reentrant_not_passed_explcitly: speedlib has no
+  use_reentrant (passing it is a TypeError, tested in test_checkpoint.py).
+- test_autograd.py test_access_saved_tensor_twice_without_recomputation_works: reads
+  `grad_fn._saved_result` of a node inside the segment, which only torch's saved-tensor-hook
+  design exposes; speedlib's graph has one node per segment with no inner nodes.
+- test_autograd.py test_nested_checkpoint_set_early_stop,
+  test_nested_checkpoint_set_early_stop_no_recompution_needed: the `early_stop` option;
+  speedlib always reruns the whole segment.
+- test_autograd.py test_checkpoint_graph_execution_group, its GraphExecGroup half (the
+  half without the group is adapted below); the debug=True halves of
+  test_checkpoint_detects_non_determinism (no debug option).
+- test_autograd.py test_checkpointing (reentrant only, no assertion): merged into the
+  adaptation of test_checkpointing_without_reentrant, which checks the same network.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import subprocess
+import sys
+import textwrap
+import weakref
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
+from torch.utils.checkpoint import checkpoint_sequential
+
+from speedlib.checkpoint import checkpoint
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; the CPU twin covers the logic")
+
+
+def _torch_ckpt(fn, *args, **kwargs):
+    return torch_checkpoint(fn, *args, use_reentrant=False, **kwargs)
+
+
+def _speedlib_ckpt(params=()):
+    """A checkpoint wrapper with the same call shape as `_torch_ckpt`, for parametrising."""
+    return lambda fn, *args, **kwargs: checkpoint(fn, *args, params=params, **kwargs)
+
+
+def _close(actual, expected) -> None:
+    torch.testing.assert_close(actual, expected)
+
+
+def _grads(tensors):
+    return [None if t.grad is None else t.grad.clone() for t in tensors]
+
+
+def _mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(100, 50), nn.ReLU(), nn.Linear(50, 20), nn.ReLU(), nn.Linear(20, 5), nn.ReLU())
+
+
+# --- test_utils.py: TestCheckpoint ---------------------------------------------------------
+
+class _Counting(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.counter = 0
+
+    def forward(self, x):
+        self.counter += 1
+        return x * torch.tensor(2.0)
+
+
+def test_forward_runs_once_and_reruns_once_in_backward():
+    """Adapts test_utils.py TestCheckpoint.test_checkpoint_trigger."""
+    modules = [_Counting() for _ in range(10)]
+    x = torch.randn(3, 4, requires_grad=True)
+    # The first half is one checkpointed segment, the second half runs plainly, as
+    # checkpoint_sequential does with its last chunk.
+    out = checkpoint(nn.Sequential(*modules[:5]), x)
+    for m in modules[5:]:
+        out = m(out)
+    assert [m.counter for m in modules] == [1] * 10
+    out.sum().backward()
+    assert [m.counter for m in modules] == [2] * 5 + [1] * 5
+
+
+def test_autograd_grad_with_create_graph_matches_no_checkpoint():
+    """Adapts test_utils.py TestCheckpoint.test_checkpoint_valid (its non-reentrant half)."""
+    model = _mlp()
+    x = torch.randn(1, 100, requires_grad=True)
+    ones = torch.ones(1, 5)
+    expected = torch.autograd.grad(model(x), x, ones, create_graph=True)
+    chunks = [model[:3], model[3:]]
+    out = x
+    for chunk in chunks:
+        out = checkpoint(chunk, out)
+    _close(out, model(x))
+    _close(torch.autograd.grad(out, x, ones, create_graph=True), expected)
+
+
+def _module_list_net() -> nn.Module:
+    class ModuleListNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.module_list = nn.ModuleList(_mlp())
+
+        def forward(self, x):
+            for layer in self.module_list:
+                x = layer(x)
+            return x
+
+    return ModuleListNet()
+
+
+@pytest.mark.parametrize("make", [_mlp, _module_list_net], ids=["sequential", "module_list"])
+def test_segments_in_sequence_match_no_checkpoint_and_checkpoint_sequential(make):
+    """Adapts test_utils.py TestCheckpoint.test_checkpoint and test_checkpoint_module_list."""
+    model = make()
+    layers = list(model.children()) if isinstance(model, nn.Sequential) else list(model.module_list)
+    x = torch.randn(1, 100)
+    runs = {
+        "none": lambda inp: model(inp),
+        "torch": lambda inp: checkpoint_sequential(layers, 2, inp, use_reentrant=False),
+        # two segments of three layers each, their parameters passed explicitly
+        "speedlib": lambda inp: checkpoint(nn.Sequential(*layers[3:]), checkpoint(nn.Sequential(*layers[:3]), inp)),
+    }
+    results = {}
+    for name, run in runs.items():
+        model.zero_grad()
+        inp = x.clone().requires_grad_()
+        out = run(inp)
+        out.sum().backward()
+        results[name] = (out.detach(), inp.grad, _grads(model.parameters()))
+    for name in ("torch", "speedlib"):
+        _close(results[name], results["none"])
+
+
+def _dropout_run(device, ckpt):
+    """Gradient of a dropout before and inside a segment, with the RNG fixed first."""
+    inp = torch.randn(20000, device=device).requires_grad_()
+    before, inside = nn.Dropout(), nn.Dropout()
+    torch.manual_seed(7)
+    out = before(inp)
+    out = ckpt(inside, out) if ckpt else inside(out)
+    out.sum().backward()
+    return inp.grad
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_dropout_mask_is_the_same_on_the_rerun(device):
+    """Adapts test_utils.py TestCheckpoint.test_checkpoint_rng_cpu and test_checkpoint_rng_gpu."""
+    expected = _dropout_run(device, None)
+    for _ in range(5):
+        _close(_dropout_run(device, _speedlib_ckpt()), expected)
+    _close(_dropout_run(device, _torch_ckpt), expected)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_preserve_rng_state_false_runs(device):
+    """Adapts test_utils.py TestCheckpoint.test_checkpoint_not_preserve_rng_state_and_without_reentrant
+    (a GPU test in torch; the logic is the same on CPU)."""
+    inp = torch.randn(2, device=device).requires_grad_()
+    layer = nn.Dropout()
+    out = checkpoint(layer, inp, preserve_rng_state=False)
+    out.sum().backward()
+    assert inp.grad is not None and inp.grad.shape == inp.shape
+
+
+def test_none_argument():
+    """Adapts test_utils.py TestCheckpoint.test_checkpoint_non_tensor."""
+    def run_fn(t1, t2):
+        return t1 if t2 is None else t1 + t2
+
+    x = torch.randn(1, 100, requires_grad=True)
+    checkpoint(run_fn, x, None, params=()).sum().backward()
+    _close(x.grad, torch.ones_like(x))
+
+
+def _mixed(t1, t2, scale, t3):
+    t4 = t1 + t2 * t3
+    t5 = t1 * t2 + t3
+    t4 *= scale
+    t5 *= scale
+    return scale, t4, None, True, t5, "bar", t1
+
+
+def test_non_tensor_inputs_and_outputs():
+    """Adapts test_utils.py TestCheckpoint.test_checkpoint_non_tensor_inputs_outputs."""
+    torch.manual_seed(0)
+    t1, t2, t3 = torch.rand(10, requires_grad=True), torch.rand(10, requires_grad=True), torch.rand(10)
+    scale = 4
+    res = checkpoint(_mixed, t1, t2, scale, t3, params=())
+    expected = _mixed(t1, t2, scale, t3)
+    assert (res[0], res[2], res[3], res[5]) == (scale, None, True, "bar")
+    for i in (1, 4, 6):
+        _close(res[i], expected[i])
+    # One backward per output, as the torch test does; the last frees the segment's node.
+    res[1].sum().backward(retain_graph=True)
+    res[4].sum().backward(retain_graph=True)
+    res[6].sum().backward()
+    with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
+        res[6].sum().backward()
+    got = _grads([t1, t2])
+    t1.grad = t2.grad = None
+    torch.autograd.backward([expected[1].sum(), expected[4].sum(), expected[6].sum()])
+    _close(got, _grads([t1, t2]))
+
+
+def test_no_tensors_at_all():
+    """Adapts test_utils.py TestCheckpoint.test_checkpoint_no_tensors."""
+    args = (0.25, 0.5, 3, 0.75)
+    expected = _mixed(*args)
+    assert checkpoint(_mixed, *args, params=()) == expected
+    assert _torch_ckpt(_mixed, *args) == expected
+
+
+def test_partial_grad_outputs():
+    """Adapts test_utils.py TestCheckpoint.test_checkpoint_partial_grad."""
+    x = torch.randn(1, 4, requires_grad=True)
+    other = torch.randn(1, 4)
+    out = checkpoint(lambda a, b: (a, b), x, other, params=())
+    out[0].sum().backward()
+    _close(x.grad, torch.ones_like(x))
+
+    # The only output does not depend on the input that requires grad. Torch's
+    # non-reentrant checkpoint returns an output without grad (backward then raises);
+    # whatever speedlib does, it must not invent a gradient.
+    x, y = torch.randn(1, 4), torch.randn(1, 4, requires_grad=True)
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        _torch_ckpt(lambda a, b: a, x, y).sum().backward()
+    try:
+        checkpoint(lambda a, b: a, x, y, params=()).sum().backward()
+    except RuntimeError as error:
+        assert "does not require grad" in str(error)
+    assert y.grad is None or not y.grad.any()
+
+
+def _chain(x, track):
+    """Four squarings, each saving its input; `track` sees the three intermediate results."""
+    for idx in (None, 2, 1, 0):
+        x = x ** 2
+        if idx is not None:
+            track(x, idx)
+    return x.sum()
+
+
+@needs_cuda
+@pytest.mark.parametrize("retain_graph", [False, True])
+def test_rerun_buffers_are_freed_during_backward_on_gpu(retain_graph):
+    """Adapts test_utils.py TestCheckpoint.test_checkpointing_without_reentrant_early_free:
+    during backward each step frees what it saved, even under retain_graph=True.
+
+    No CPU twin: CPU tensors have no allocation counter to watch during backward."""
+    def memory_trace(run):
+        stats = []
+
+        def track(x, _idx):
+            if x.requires_grad:  # speedlib's first run records no graph; its rerun does
+                x.register_hook(lambda _grad: stats.append((torch.cuda.synchronize(), torch.cuda.memory_allocated())[1]))
+
+        run(lambda x: _chain(x, track))
+        return stats
+
+    x = torch.zeros(10, device="cuda", requires_grad=True)
+    x.grad = torch.zeros_like(x)
+    plain = memory_trace(lambda fn: fn(x).backward())
+    ours = memory_trace(lambda fn: checkpoint(fn, x, params=()).backward(retain_graph=retain_graph))
+    assert len(plain) == len(ours) == 3
+    assert all(b < a for a, b in zip(plain, plain[1:]))  # a plain backward frees as it goes
+    assert all(b < a for a, b in zip(ours, ours[1:]))
+
+
+def _device_context_case(device):
+    seen = []
+
+    def fn(x):
+        intermediate = torch.empty(4)  # no device given: the torch.device context decides
+        seen.append(intermediate.device.type)
+        return x * intermediate.sum()
+
+    x = torch.randn(4, device=device, requires_grad=True)
+    with torch.device(device):
+        y = checkpoint(fn, x, params=())
+        y.sum().backward()
+    return seen
+
+
+@pytest.mark.parametrize("device", ["meta", pytest.param("cuda", marks=needs_cuda)])
+def test_rerun_keeps_the_device_context(device):
+    """Adapts test_utils.py TestCheckpoint.test_checkpoint_preserves_device_context
+    (a GPU test in torch; "meta" is its CPU twin: a default device other than the CPU)."""
+    assert _device_context_case(device) == [device, device]
+
+
+# --- test_autograd.py: TestAutograd, the non-reentrant checkpoint cases --------------------
+
+def _autocast_segment(enabled):
+    def foo(x, y, z):
+        x = torch.mm(x, y)
+        y = torch.mm(x, z)
+        z = torch.mm(z, z)
+        # mm runs in autocast's precision on the first run and on the rerun alike
+        assert z.dtype == (torch.bfloat16 if enabled else torch.float32)
+        return z
+    return foo
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+@pytest.mark.parametrize("enabled", [True, False])
+def test_rerun_uses_the_first_runs_autocast(device, enabled):
+    """Adapts test_autograd.py test_checkpointing_non_reentrant_autocast_cpu and _gpu."""
+    if device == "cuda" and not torch.cuda.is_bf16_supported():
+        pytest.skip("needs a GPU with bf16")
+    torch.manual_seed(0)
+    inputs = [torch.randn(3, 3, device=device, requires_grad=True) for _ in range(3)]
+    grads = {}
+    for name, ckpt in (("torch", _torch_ckpt), ("speedlib", _speedlib_ckpt())):
+        for t in inputs:
+            t.grad = None
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=enabled):
+            loss = ckpt(_autocast_segment(enabled), *inputs).sum()
+        loss.backward()  # outside autocast: the rerun must restore it
+        grads[name] = _grads(inputs)
+    _close(grads["speedlib"], grads["torch"])
+
+
+def _layers(n=8):
+    torch.manual_seed(0)
+    return nn.ModuleList(nn.Sequential(nn.Linear(256, 256), nn.Linear(256, 256), nn.Linear(256, 256)) for _ in range(n))
+
+
+def _through(layers, x, ckpt):
+    for layer in layers:
+        x = ckpt(layer, x) if ckpt else layer(x)
+    return x
+
+
+@needs_cuda
+def test_checkpointing_saves_memory_on_gpu():
+    """Adapts test_autograd.py test_checkpointing_without_reentrant_memory_savings."""
+    layers = _layers().cuda()
+    for p in layers.parameters():  # gradients exist up front: the peak is activations
+        p.grad = torch.ones_like(p)
+    x = torch.randn(100, 256, device="cuda", requires_grad=True)
+    peaks = {}
+    for name, ckpt in (("none", None), ("speedlib", lambda m, t: checkpoint(m, t))):
+        torch.cuda.reset_peak_memory_stats()
+        _through(layers, x.clone(), ckpt).sum().backward()
+        peaks[name] = torch.cuda.max_memory_allocated()
+    assert peaks["speedlib"] < peaks["none"]
+
+
+def test_checkpointing_saves_fewer_activations():
+    """CPU twin of test_checkpointing_without_reentrant_memory_savings: bytes autograd saves."""
+    layers = _layers(4)
+    x = torch.randn(10, 256, requires_grad=True)
+
+    def saved_bytes(ckpt):
+        total = [0]
+
+        def pack(t):
+            total[0] += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            _through(layers, x, ckpt)
+        return total[0]
+
+    assert saved_bytes(lambda m, t: checkpoint(m, t)) < saved_bytes(None)
+
+
+def test_custom_autograd_function_inside_the_segment():
+    """Adapts test_autograd.py test_checkpointing_without_reentrant_custom_function_works
+    (its check is that a custom Function in the segment works; the double-unpack error it
+    also asserts is an artefact of torch's saved-tensor hooks)."""
+    class MyFunc(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, y, z):
+            w = x * y * z
+            out = w + w
+            ctx.save_for_backward(x, y, z, w, out)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            x, y, z, _, _ = ctx.saved_tensors
+            return x * grad_out, y * grad_out, z * grad_out
+
+    def foo(x, y, z):
+        return MyFunc.apply(x * y * z, y * y * z, z * z)
+
+    leaves = [torch.tensor(v, requires_grad=True) for v in (1.0, 2.0, 3.0)]
+    foo(*leaves).sum().backward()
+    expected = _grads(leaves)
+    for t in leaves:
+        t.grad = None
+    checkpoint(foo, *leaves, params=()).sum().backward()
+    _close(_grads(leaves), expected)
+
+
+def test_gradient_of_one_output_with_respect_to_another():
+    """Adapts test_autograd.py test_checkpoint_graph_execution_group (without the group)."""
+    def fn(x):
+        y = x.sin().cos()
+        return y, y.sin().cos()
+
+    def grads(ckpt):
+        x = torch.randn(3, 3, requires_grad=True, generator=torch.Generator().manual_seed(0))
+        y, z = ckpt(fn, x) if ckpt else fn(x)
+        (grad_y,) = torch.autograd.grad(z, y, torch.ones(3, 3))
+        (grad_x,) = torch.autograd.grad(y, x, grad_y)
+        return grad_y, grad_x
+
+    expected = grads(None)
+    _close(grads(_torch_ckpt), expected)
+    _close(grads(_speedlib_ckpt()), expected)
+
+
+def _non_deterministic(first, rerun):
+    calls = [0]
+
+    def fn(x):
+        calls[0] += 1
+        return first(x) if calls[0] == 1 else rerun(x)
+    return fn
+
+
+def _saves_three(x):
+    return x.sin().exp().sin()
+
+
+def _saves_two(x):
+    return x.sin().exp()
+
+
+def _saves_two_other_shape(x):
+    # The result has the first run's shape, so nothing downstream notices; only the
+    # tensors saved inside differ (a (2,) product instead of a (1,) one).
+    return (x.sin().expand(2) * torch.tensor([1.0, 2.0])).sum(0, keepdim=True).exp()
+
+
+@pytest.mark.parametrize("first, rerun", [(_saves_three, _saves_two), (_saves_two, _saves_two_other_shape)],
+                         ids=["fewer_tensors", "other_shapes"])
+def test_a_nondeterministic_segment_is_an_error(first, rerun):
+    """Adapts test_autograd.py test_checkpoint_detects_non_determinism (fewer tensors saved
+    on the rerun; the same number with other shapes)."""
+    a = torch.randn(1, requires_grad=True)
+    with pytest.raises(RuntimeError, match="different"):  # torch: "A different number ...", "... different metadata"
+        _torch_ckpt(_non_deterministic(first, rerun), a).backward()
+    with pytest.raises(RuntimeError, match="(?i)different|determinis"):
+        checkpoint(_non_deterministic(first, rerun), a, params=()).backward()
+
+
+def test_a_rerun_that_does_more_is_an_error_or_correct():
+    """Adapts test_autograd.py test_checkpoint_detects_non_determinism, the case of more
+    tensors saved on the rerun: torch (early stop) stops the rerun where the first run ended
+    and gets the right gradient; an error is acceptable too, a wrong gradient is not."""
+    a = torch.randn(1, requires_grad=True)
+    (expected,) = torch.autograd.grad(_saves_two(a), a)
+    (from_torch,) = torch.autograd.grad(_torch_ckpt(_non_deterministic(_saves_two, _saves_three), a), a)
+    _close(from_torch, expected)
+    try:
+        (ours,) = torch.autograd.grad(checkpoint(_non_deterministic(_saves_two, _saves_three), a, params=()), a)
+    except RuntimeError:
+        return
+    _close(ours, expected)
+
+
+@pytest.mark.parametrize("input_requires_grad", [True, False])
+def test_many_segments_with_a_keyword_input_match_no_checkpoint(input_requires_grad):
+    """Adapts test_autograd.py test_checkpointing_without_reentrant (and test_checkpointing):
+    one module checkpointed per input, called with a keyword argument."""
+    class Holder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.module = nn.Sequential(nn.Linear(10, 100), nn.ReLU(), nn.Linear(100, 10))
+
+        def forward(self, data):
+            return self.module(data)
+
+    module = Holder()
+    plain = copy.deepcopy(module)
+    ours, theirs = [], []
+    for _ in range(50):
+        data = torch.rand(1, 10).requires_grad_(input_requires_grad)
+        ours.append(checkpoint(module, data=data))
+        theirs.append(plain(data.clone()))
+    torch.stack(ours).mean().backward()
+    torch.stack(theirs).mean().backward()
+    _close(_grads(module.parameters()), _grads(plain.parameters()))
+
+
+@pytest.mark.parametrize("variant", ["torch", "speedlib"])
+def test_a_segment_computing_under_no_grad(variant):
+    """Adapts test_autograd.py test_checkpointing_without_reentrant_detached_tensor."""
+    class NoGradModule(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(2, 2, bias=False)
+            self.lin2 = nn.Linear(2, 2, bias=False)
+
+        def forward(self, x):
+            with torch.no_grad():
+                return self.lin2(self.linear(x))
+
+    module = NoGradModule()
+    a = torch.randn(2, 2, requires_grad=True)
+    for _ in range(3):
+        out = _torch_ckpt(module, a) if variant == "torch" else checkpoint(module, a)
+        out += a
+        out.sum().backward()
+    _close(a.grad, torch.full_like(a, 3.0))
+    assert all(p.grad is None or not p.grad.any() for p in module.parameters())
+
+
+def test_the_rerun_sees_the_same_tensor_objects():
+    """Adapts test_autograd.py test_checkpointing_without_reentrant_saved_object_identity:
+    a tensor argument that needs no gradient reaches the rerun as the same object."""
+    seen = []
+
+    class Keep(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            ctx.save_for_backward(y)
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            seen.append(ctx.saved_tensors[0])
+            return grad, None
+
+    a, b = torch.tensor(1.0, requires_grad=True), torch.tensor(1.0)
+    _torch_ckpt(Keep.apply, a, b).backward()
+    checkpoint(Keep.apply, a, b, params=()).backward()
+    assert seen[0] is b
+    assert seen[1] is b
+
+
+def test_backward_and_autograd_grad_agree():
+    """Adapts test_autograd.py test_checkpointing_without_reentrant_correct_grad."""
+    a = torch.randn(2, 2, requires_grad=True)
+    torch.exp(a).sum().backward()
+    expected, a.grad = a.grad, None
+    checkpoint(torch.exp, a, params=()).sum().backward()
+    _close(a.grad, expected)
+    (via_grad,) = torch.autograd.grad(checkpoint(torch.exp, a, params=()).sum(), a)
+    _close(via_grad, expected)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_data_parallel_module(device):
+    """Adapts test_autograd.py test_checkpointing_without_reentrant_dataparallel (on CPU,
+    DataParallel runs the module itself: the twin checks the wrapping, not the replicas)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 2, bias=False)).to(device)
+    a = torch.randn(2, 2, device=device, requires_grad=True)
+    copy.deepcopy(model)(a).sum().backward()
+    expected, a.grad = a.grad, None
+    checkpoint(nn.DataParallel(copy.deepcopy(model)), a).sum().backward()
+    _close(a.grad, expected)
+
+
+def _hooked_parameter_run(segment):
+    """A weight used outside and inside the segment, with a gradient hook that doubles.
+
+    `segment(w, h)` computes w * h, checkpointed or not."""
+    w = torch.randn(10, 10, requires_grad=True, generator=torch.Generator().manual_seed(0))
+    calls = [0]
+
+    def hook(grad):
+        calls[0] += 1
+        return grad * 2
+
+    w.register_hook(hook)
+    x = torch.rand(10, 10, requires_grad=True, generator=torch.Generator().manual_seed(1))
+    h = w * x  # w outside the segment
+    segment(w, h).sum().backward()  # and inside it
+    return calls[0], w.grad, x.grad
+
+
+def test_a_parameter_hook_runs_once():
+    """Adapts test_autograd.py test_checkpointing_without_reentrant_parameter_used_in_an_out
+    (a hook that changes the gradient shows a second call in the gradient too)."""
+    expected = _hooked_parameter_run(lambda w, h: w * h)
+    assert expected[0] == 1
+    _close(_hooked_parameter_run(lambda w, h: _torch_ckpt(lambda t: w * t, h)), expected)
+    _close(_hooked_parameter_run(lambda w, h: checkpoint(lambda t: w * t, h, params=[w])), expected)
+
+
+def test_dict_input_and_dict_output():
+    """Adapts test_autograd.py test_checkpointing_without_reentrant_arbitrary_input_output."""
+    class DictModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.layer = nn.Linear(5, 5, bias=False)
+
+        def forward(self, inputs):
+            return {"result": self.layer(inputs["tensor"])}
+
+    plain = DictModel()
+    ours = copy.deepcopy(plain)
+    inp = {"tensor": torch.randn(5, 5)}
+    expected = plain(inp)["result"].sum()
+    got = checkpoint(ours, inp)["result"].sum()
+    _close(got, expected)
+    expected.backward()
+    got.backward()
+    _close(_grads(ours.parameters()), _grads(plain.parameters()))
+
+
+# --- test_autograd.py: TestNestedCheckpoint ------------------------------------------------
+
+def _grad_of(fn):
+    """x -> d fn(x) / dx, differentiable (create_graph), as TestNestedCheckpoint's `grad`."""
+    def wrapper(x):
+        with torch.enable_grad():
+            (g,) = torch.autograd.grad(fn(x), x, create_graph=True)
+        return g
+    return wrapper
+
+
+def _sum_of(fn):
+    return lambda x: fn(x).sum()
+
+
+def _ckpt_of(fn):
+    return lambda x: checkpoint(fn, x, params=())
+
+
+def _nested_cases(fn):
+    """(reference, [the same function with checkpoints nested in various ways])."""
+    g, c = _grad_of, _ckpt_of
+    return [
+        (fn, [c(fn), c(c(fn))]),
+        (g(fn), [g(c(fn)), g(c(c(fn)))]),
+        (g(g(fn)), [g(c(g(fn))), c(g(g(c(fn)))), g(c(g(c(fn))))]),
+        (g(g(g(fn))), [g(c(g(g(c(fn))))), g(c(g(c(g(c(fn))))))]),
+    ]
+
+
+def _graph_nodes(root):
+    seen, queue = {root}, collections.deque([root])
+    while queue:
+        node = queue.popleft()
+        yield node
+        for nxt, _ in node.next_functions:
+            if nxt is not None and nxt not in seen:
+                seen.add(nxt)
+                queue.append(nxt)
+
+
+def _assert_graph_dies(fn):
+    """Once its output is gone, no node of the graph `fn` built stays alive (no cycle)."""
+    class Marker:
+        pass
+
+    def build():
+        out = fn(torch.randn((), requires_grad=True))
+        refs = []
+        for node in _graph_nodes(out.grad_fn):
+            marker = Marker()
+            node.metadata["marker"] = marker
+            refs.append(weakref.ref(marker))
+        return refs
+
+    assert [r for r in build() if r() is not None] == []
+
+
+def _smooth(x):
+    return x.sin().exp().sin()
+
+
+def _grads_inside(x):
+    """A segment that itself calls autograd.grad twice, then returns something else."""
+    a, b = x.sin().exp().sin(), x.sin().exp().sin()
+    torch.autograd.grad(a, x)
+    torch.autograd.grad(b, x)
+    return x.sin()
+
+
+@pytest.mark.parametrize("fn", [_smooth, _grads_inside], ids=["plain", "autograd_grad_inside"])
+def test_nested_checkpoints_and_higher_order_gradients(fn):
+    """Adapts test_autograd.py TestNestedCheckpoint.test_nested_checkpoint."""
+    x = torch.randn((), requires_grad=True)
+    for reference, variants in _nested_cases(fn):
+        expected = reference(x)
+        for variant in variants:
+            _close(variant(x), expected)
+            _assert_graph_dies(variant)
+
+
+def test_nested_checkpoint_with_two_children():
+    """Adapts test_autograd.py TestNestedCheckpoint.test_nested_checkpoint_two_children."""
+    g, s, c = _grad_of, _sum_of, _ckpt_of
+
+    def second(x):
+        return x.cos().sin().exp()
+
+    def plain(x):
+        return second(_smooth(x))
+
+    def checkpointed(x):
+        return c(second)(c(_smooth)(x))
+
+    a = torch.randn(3, 3, requires_grad=True)
+    expected = g(s(g(s(plain))))(a)
+    _close(g(s(g(s(c(checkpointed)))))(a), expected)
+    _close(g(s(c(g(s(c(checkpointed))))))(a), expected)
+    _assert_graph_dies(g(c(checkpointed)))
+    _assert_graph_dies(g(s(g(s(c(checkpointed))))))
+    _assert_graph_dies(g(s(c(g(s(c(checkpointed)))))))
+
+
+def test_nested_non_tensor_inputs_and_outputs():
+    """Adapts test_autograd.py TestNestedCheckpoint.test_nested_checkpoint_non_tensor_inputs_and_outputs:
+    an int and a function among the arguments, an int and a string among the results."""
+    def fn(k, a, b, f):
+        return f(k * a * b.exp()), 1, "abcd"
+
+    a, b = torch.tensor(2.0, requires_grad=True), torch.tensor(3.0, requires_grad=True)
+    out, one, text = checkpoint(fn, 3, a, b, torch.sin, params=())
+    assert (one, text) == (1, "abcd")
+    _close(torch.autograd.grad(out, (a, b)), torch.autograd.grad(fn(3, a, b, torch.sin)[0], (a, b)))
+
+
+def test_nested_keyword_argument():
+    """Adapts test_autograd.py TestNestedCheckpoint.test_nested_checkpoint_kwargs."""
+    def fn(a, blah=None):
+        out = a.sin().exp()
+        if blah is not None:
+            out = out * blah
+        return out.sin().exp()
+
+    a, b = torch.tensor(2.0, requires_grad=True), torch.tensor(3.0, requires_grad=True)
+    got = torch.autograd.grad(checkpoint(fn, a, blah=b, params=()), (a, b))
+    _close(got, torch.autograd.grad(fn(a, blah=b), (a, b)))
+
+
+@pytest.mark.parametrize("variant", ["torch", "speedlib"])
+def test_a_hook_on_the_original_graph_runs_once(variant):
+    """Adapts test_autograd.py TestNestedCheckpoint.test_nested_checkpoint_same_graph: a hook
+    on a node of the graph the forward built (for speedlib, the segment's node and the node
+    before it; the rerun's nodes are not in that graph) runs once per backward."""
+    calls = collections.Counter()
+    leaf = torch.tensor(1.0, requires_grad=True)
+    a = leaf * 1.5
+    out = _torch_ckpt(_smooth, a) if variant == "torch" else checkpoint(_smooth, a, params=())
+    out.grad_fn.register_hook(lambda *_: calls.update(["segment"]))
+    a.grad_fn.register_hook(lambda *_: calls.update(["before"]))
+    out.backward()
+    assert calls == {"segment": 1, "before": 1}
+
+
+_REENTRANT_HOOK = textwrap.dedent("""
+    import torch
+    from torch.utils.checkpoint import checkpoint as torch_checkpoint
+    from speedlib.checkpoint import checkpoint
+
+    def fn(a):
+        x = a.sin().cos()
+        return x, x.sin()
+
+    def run(ckpt):
+        a = torch.tensor(1.0, requires_grad=True)
+        x, out = ckpt(fn, a)
+        # the hook starts a backward from the other output of the same segment
+        out.grad_fn.register_hook(lambda *_: x.backward(retain_graph=True))
+        out.backward(retain_graph=True)
+        return a.grad
+
+    expected = run(lambda f, a: torch_checkpoint(f, a, use_reentrant=False))
+    got = run(lambda f, a: checkpoint(f, a, params=()))
+    torch.testing.assert_close(got, expected)
+    print("ok")
+""")
+
+
+def test_a_hook_that_backwards_through_another_output_finishes():
+    """Adapts test_autograd.py TestNestedCheckpoint.test_nested_checkpoint_reentrant_backwards.
+    Run in a child process: the failure this guards against is a hang."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _REENTRANT_HOOK], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("backward from a hook on one output through another output of the same segment hangs")
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
