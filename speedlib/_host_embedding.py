@@ -1,0 +1,574 @@
+"""`HostEmbedding`: an embedding whose table and optimizer state live in a `HostTable`.
+
+Imported through `speedlib.transfer` (or `speedlib.HostEmbedding`); what keeps several
+ranks' tables and gradients in step is in `speedlib._embedding_ranks`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import weakref
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from speedlib._embedding_ranks import _RankSync, _world_size
+from speedlib._host_table import HostTable
+from speedlib._transfer_backends import _GPU_INDEXED
+
+
+def _step_hooks(emb_ref: weakref.ref):
+    """Optimizer step pre- and post-hooks that make any step of a HostEmbedding's optimizer
+    (emb.step(), a direct `emb.optimizer.step()`, `scaler.step(emb.optimizer)`) one step of
+    the embedding: the optimizer's parameter is a copy of the touched rows, which must be
+    gathered with their state before the update and written back after it. Weak references,
+    so the module is not kept alive by its own optimizer's hooks."""
+    def before(optimizer, args, kwargs):
+        emb = emb_ref()
+        if emb is not None and not emb._stepping:  # emb.step() prepares before it steps
+            emb._prepare_step()
+
+    def after(optimizer, args, kwargs):
+        emb = emb_ref()
+        if emb is not None:
+            emb._finish_step()
+    return before, after
+
+
+_TIE_MESSAGE = (
+    "HostEmbedding's table (emb.weight) was used in a computation that needs its gradient, which it "
+    "would not get: only lookups emb(indices) train the table, so a layer tied to emb.weight (or to an "
+    "nn.Parameter made from it) would silently stay untied. To tie an output layer, look the whole "
+    "table up: F.linear(h, emb(torch.arange(emb.num_embeddings))) trains it as tying does (the whole "
+    "table travels to the device each step), or score sampled candidate rows emb(candidate_ids). "
+    "To use the values as a constant, take emb.weight.as_subclass(torch.Tensor).clone()")
+
+
+class _TableWeight(torch.Tensor):
+    """`HostEmbedding.weight`: the table's own memory as a tensor, so that in-place
+    initialisation (`.data.uniform_`, `.normal_`, `.copy_`, `nn.init.*`) writes the rows.
+
+    It is no leaf of any graph: nn.Embedding's weight would receive a gradient from every
+    computation that uses it, this one cannot. So an operation under grad mode that mixes it
+    (or a tensor derived from it: results keep this type) with tensors requiring grad raises
+    instead of training silently without it."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if torch.is_grad_enabled() and _needs_grad(args, kwargs):
+            raise RuntimeError(_TIE_MESSAGE)
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+def _needs_grad(args, kwargs) -> bool:
+    leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+    with torch._C.DisableTorchFunctionSubclass():  # reading requires_grad is itself a torch function
+        return any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves)
+
+
+class HostEmbedding(_RankSync, nn.Module):
+    """An embedding whose table and optimizer state live in a `HostTable`, trained with any
+    dense `torch.optim` optimizer.
+
+    optimizer: called with a list of one tensor, returns the optimizer, e.g.
+    `functools.partial(torch.optim.Adam, lr=1e-3)`; reach it as `.optimizer` (for LR schedulers).
+    Stepping it (`emb.optimizer.step()`, a loop stepping every optimizer, or
+    `scaler.step(emb.optimizer)` under AMP's GradScaler, which unscales, checks for infs and
+    skips as for any optimizer) is `emb.step()`: step hooks gather the touched rows and their
+    state before the update and write them back after it.
+    weight: a tensor to copy into the table, or a `HostTable` to train in place (no copy,
+    e.g. `HostTable.from_file`; it brings its own backend, device and dtype, so leave those
+    unset). Without one, rows start N(0, 1) as in `nn.Embedding`. A table is trained by one
+    non-frozen HostEmbedding at a time (a second one raises ValueError); frozen ones may
+    share it. For tied weights, look one HostEmbedding up several times per step.
+
+    A training step is any number of lookups, backward, `emb.step()`:
+      1. each forward gathers the distinct rows its indices use onto the device as a leaf
+         tensor of its own, so lookups of one step need not know about each other;
+      2. when backward reaches a leaf, its gradient is added by row into the step's
+         gradient (a post-accumulate-grad hook), so a row several lookups share gets the sum
+         of their gradients, as `nn.Embedding` would;
+      3. step() gathers the same rows of every optimizer state tensor, runs the optimizer's
+         own step on them (each touched row updated once), and writes rows and state back.
+    Word2vec's `emb(pos)`, `emb(neg)`, one backward, one step() is therefore one step.
+    **Update semantics: only rows that received a gradient change, with their own state**, as
+    in `torch.optim.SparseAdam`; scalar state (Adam's step count) is shared by all rows, also
+    as in SparseAdam. So SGD without momentum or weight decay equals `nn.Embedding` + SGD
+    exactly; Adam(eps) is exactly SparseAdam whose eps at step t is eps * sqrt(1 - beta2**t)
+    (SparseAdam adds eps before dividing by that bias correction, Adam after), so it is close
+    to SparseAdam with the same eps only where gradients are far above eps; momentum and
+    weight decay act on touched rows only (lazy updates).
+    A row's state starts as what the optimizer's step leaves after a zero gradient: the
+    initial state for SGD, Adam, AdamW, RMSprop, Adagrad (its initial_accumulator_value),
+    Adadelta and Adamax.
+
+    Lookups that never see a backward (evaluation without `torch.no_grad()`, a loss that is
+    dropped) touch nothing: no gradient reaches their rows, so step() leaves those rows and
+    their state alone, and their leaves are freed with their outputs. step() with no gradient
+    at all changes nothing; in one process it raises if no lookup tracked gradients since
+    the last step (a forward under no_grad followed by step() is a bug). `zero_grad()`
+    drops the gradients gathered so far without applying them. A gradient that arrives after step()
+    (from an output looked up before it) is applied at the next step() to the rows' current
+    values, as a dense parameter's would be.
+
+    padding_idx: as in `nn.Embedding` (negative values count from the end): lookups return
+    that row, it gets no gradient and is never written, not even by momentum or weight
+    decay; random initialisation sets it to zeros. freeze=True: lookups return rows that do
+    not require grad, and step() writes nothing (it drops pending gradients); the setter
+    `emb.freeze = False` unfreezes. See `from_pretrained`. max_norm, norm_type,
+    scale_grad_by_freq: as in `nn.Embedding` (max_norm rewrites looked-up rows in the table);
+    sparse=True is the update this class always does, sparse=False is refused. A tensor
+    `weight` sets the dtype unless `dtype` is given. `emb.weight`: the table's memory, for
+    in-place initialisation and reading; see the property.
+
+    Gradient clipping: `emb.touched_rows()` after the last backward returns the dense tensor
+    holding this step's rows, whose `.grad` is their summed gradient, so
+    `clip_grad_norm_([*model.parameters(), emb.touched_rows()], max_norm)` then `emb.step()`
+    clips as for `nn.Embedding` (rows no lookup touched have zero gradient and add nothing
+    to the norm). The same holds for any code that reads or scales gradients before step().
+
+    DistributedDataParallel: the table holds no `nn.Parameter`, so DDP never sees it; this
+    module does the part DDP would. With `process_group` (default: the default group when
+    torch.distributed is initialised with more than one rank at construction), construction
+    makes every rank's table equal to rank 0's (chunks that differ are copied from it, as
+    DDP broadcasts parameters), and step() (or touched_rows()) all-gathers every rank's rows
+    and gradients, sums them by row, divides by the world size like DDP's averaging, and
+    every rank applies the same update to the union of rows: one process on the global
+    batch, when the loss is a mean over the local batch. Construction, step() and
+    touched_rows() are collectives then: call them on every rank. Gloo communicates CPU tensors, NCCL CUDA tensors. An embedding built before
+    init_process_group refuses to step on more than one rank; pass a single-rank group
+    (`dist.new_group([rank])`) to train each rank's table on its own.
+
+    Memory-mapped tables: train a `HostTable.from_file` table (or pass a `.npy` path or
+    `numpy.memmap` to `from_pretrained`) and its rows are updated in the file. Optimizer
+    state tables are ordinary RAM, the size of the table each (Adam: two), and are saved
+    through `state_dict()`.
+
+    `state_dict()` holds the table (`weight`) and optimizer state (`optimizer.<name>`) as host
+    tensors; hyper-parameters belong to the optimizer factory. Loading replaces the optimizer
+    state with the loaded one, an entry absent (a state saved before the first step) with
+    its fresh value. An embedding without an optimizer (frozen, for inference) loads the
+    weight and ignores `optimizer.*` entries. Device placement is fixed at construction:
+    `.to()` on the module does not move the table.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int,
+                 optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None,
+                 *, backend: str | None = None, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                 weight: torch.Tensor | HostTable | None = None, padding_idx: int | None = None, freeze: bool = False,
+                 process_group=None, max_norm: float | None = None, norm_type: float = 2.0,
+                 scale_grad_by_freq: bool = False, sparse: bool | None = None):
+        super().__init__()
+        self._check_embedding_options(max_norm, sparse)
+        if optimizer is None:
+            if not freeze:
+                raise ValueError("optimizer=None is for frozen embeddings only (freeze=True): training needs an optimizer")
+        elif not callable(optimizer):
+            raise TypeError("optimizer must be a callable taking a list of tensors, e.g. functools.partial(torch.optim.Adam, lr=1e-3)")
+        pad = self._padding_index(padding_idx, num_embeddings)
+        if isinstance(weight, HostTable):
+            if (backend, device, dtype) != (None, None, None):
+                raise ValueError("a HostTable weight brings its own backend, device and dtype: leave those unset")
+            if weight.shape != (num_embeddings, embedding_dim):
+                raise ValueError(f"weight must have shape {(num_embeddings, embedding_dim)}, got {weight.shape}")
+            self.table = weight
+        else:
+            if weight is not None and tuple(weight.shape) != (num_embeddings, embedding_dim):
+                raise ValueError(f"weight must have shape {(num_embeddings, embedding_dim)}, got {tuple(weight.shape)}")
+            if dtype is None:  # as nn.Embedding.from_pretrained, the table takes the weight's dtype
+                dtype = weight.dtype if weight is not None else torch.float32
+            self.table = HostTable(num_embeddings, embedding_dim, dtype=dtype,
+                                   backend=backend or "pinned", device=device)
+            if weight is not None:
+                self.table.copy_(weight)
+            else:
+                self._init_normal()
+                if pad is not None:  # as nn.Embedding's reset_parameters does
+                    self.table.copy_(torch.zeros(1, embedding_dim, dtype=self.table.dtype), pad)
+        self.padding_idx = pad
+        if max_norm is not None and not self.table.writable:
+            raise ValueError(f"max_norm renormalises looked-up rows in the table, which maps {self.table.file!r} "
+                             "read-only: open it with mode 'r+', or leave max_norm unset")
+        self.max_norm, self.norm_type, self.scale_grad_by_freq = max_norm, norm_type, bool(scale_grad_by_freq)
+        self.sparse = True  # its update is always sparse=True's (only touched rows change)
+        # The rows of the current step. A plain tensor, not an nn.Parameter, so that a model
+        # optimizer built from model.parameters() does not update them a second time.
+        self._rows_weight = torch.empty(0, embedding_dim, dtype=self.table.dtype, device=self.table.device,
+                                        requires_grad=True)
+        self.optimizer = None if optimizer is None else optimizer([self._rows_weight])
+        if optimizer is not None and not isinstance(self.optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer(...) must return a torch.optim.Optimizer, got {type(self.optimizer).__name__}")
+        self._stepping = False  # emb.step() is running the optimizer
+        if self.optimizer is not None:
+            before, after = _step_hooks(weakref.ref(self))
+            self.optimizer.register_step_pre_hook(before)
+            self.optimizer.register_step_post_hook(after)
+        self._freeze = False
+        self.freeze = freeze  # the setter checks that the table can be trained
+        self._state_tables: dict[str, HostTable] = {}
+        self._rows: torch.Tensor | None = None  # the rows holding gradient this step (sorted, distinct)
+        self._tracked = False  # a lookup tracked gradients since the last step
+        self._generation = 0  # counts table changes: a lookup's rows are stale once the table has changed
+        self._rows_generation = 0  # the generation whose values _rows_weight holds
+        self._combined = False  # this step's gradients are already summed over the ranks
+        # Some optimizers (Adagrad) create their state in the constructor, shaped like the
+        # empty rows tensor: give those their tables now, before a step needs them.
+        fresh = self.optimizer.state.get(self._rows_weight, {}) if self.optimizer else {}
+        for key, value in fresh.items():
+            if isinstance(value, torch.Tensor) and value.shape == self._rows_weight.shape:
+                self._state_tables[key] = self._new_state_table(key)
+        # What load_state_dict restores for entries a state_dict lacks.
+        self._fresh_state = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in fresh.items()}
+        self._group_given = process_group is not None
+        if process_group is None and _world_size() > 1:
+            process_group = torch.distributed.group.WORLD
+        self._group = None
+        if process_group is not None and torch.distributed.get_world_size(process_group) > 1:
+            self._group = process_group
+            self._copy_rank0_table()
+
+    @classmethod
+    def from_pretrained(cls, embeddings, optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None = None,
+                        *, freeze: bool = True, padding_idx: int | None = None, backend: str | None = None,
+                        device: torch.device | str | None = None, process_group=None, max_norm: float | None = None,
+                        norm_type: float = 2.0, scale_grad_by_freq: bool = False,
+                        sparse: bool | None = None) -> HostEmbedding:
+        """An embedding holding `embeddings`, like `nn.Embedding.from_pretrained` (frozen by default).
+
+        embeddings: a 2-D tensor or NumPy array, copied into a table of `backend` (default
+        'pinned') with its dtype; a `HostTable`, used as is; or a `.npy` path or
+        `numpy.memmap`, mapped rather than copied (`HostTable.from_file`: 'pageable' or
+        'pinned'; a path opens read-only when frozen, read-write otherwise).
+        The padding row keeps its pretrained value, as in nn.Embedding.
+        """
+        import numpy as np  # noqa: PLC0415 - torch needs it for from_numpy anyway
+
+        if isinstance(embeddings, (str, os.PathLike, np.memmap)):
+            embeddings = HostTable.from_file(embeddings, mode="r" if freeze else "r+", backend=backend or "pinned",
+                                             device=device)
+            backend = device = None
+        elif isinstance(embeddings, np.ndarray):
+            embeddings = torch.from_numpy(embeddings)
+        if isinstance(embeddings, HostTable):
+            shape, dtype = embeddings.shape, None
+        elif isinstance(embeddings, torch.Tensor):
+            if embeddings.dim() != 2:
+                raise ValueError(f"embeddings must be 2-D (rows x dim), got shape {tuple(embeddings.shape)}")
+            shape, dtype = tuple(embeddings.shape), embeddings.dtype
+        else:
+            raise TypeError("embeddings must be a tensor, a NumPy array, a HostTable, or a .npy path / numpy.memmap, "
+                            f"got {type(embeddings).__name__}")
+        return cls(*shape, optimizer, backend=backend, device=device, dtype=dtype, weight=embeddings,
+                   padding_idx=padding_idx, freeze=freeze, process_group=process_group, max_norm=max_norm,
+                   norm_type=norm_type, scale_grad_by_freq=scale_grad_by_freq, sparse=sparse)
+
+    @staticmethod
+    def _check_embedding_options(max_norm, sparse) -> None:
+        if sparse is not None and not sparse:
+            raise ValueError("sparse=False asks for nn.Embedding's dense update, which changes every row each step; "
+                             "HostEmbedding updates only the rows a batch touched (sparse=True's semantics, as with "
+                             "SparseAdam), since a dense update would move the whole table to the device every "
+                             "step: leave sparse unset or pass sparse=True")
+        if max_norm is not None and not (isinstance(max_norm, (int, float)) and max_norm > 0):
+            raise ValueError(f"max_norm must be positive (rows with a larger norm are scaled down to it), got {max_norm!r}")
+
+    @staticmethod
+    def _padding_index(padding_idx, rows: int) -> int | None:
+        if padding_idx is None:
+            return None
+        if not isinstance(padding_idx, int) or isinstance(padding_idx, bool):
+            raise TypeError(f"padding_idx must be an int or None, got {padding_idx!r}")
+        if not -rows <= padding_idx < rows:
+            raise ValueError(f"padding_idx must be within num_embeddings: -{rows} <= padding_idx < {rows}, got {padding_idx}")
+        return padding_idx % rows  # negative counts from the end, as in nn.Embedding
+
+    def _init_normal(self, chunk: int = 1 << 20) -> None:
+        # N(0, 1) like nn.Embedding, generated a chunk at a time: a 10M-row table needs no
+        # second full-size temporary.
+        rows, dim = self.table.shape
+        for start in range(0, rows, chunk):
+            n = min(chunk, rows - start)
+            self.table.copy_(torch.randn(n, dim, dtype=self.table.dtype), start)
+
+    @property
+    def num_embeddings(self) -> int:
+        return self.table.shape[0]
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.table.shape[1]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The table's memory as a (rows, dim) tensor, for in-place initialisation and reading
+        (`emb.weight.data.uniform_(-0.1, 0.1)`, `nn.init.normal_(emb.weight)`, `.copy_(w)`).
+        Not a parameter: only lookups train the table, and using it where a gradient would be
+        needed (tying another layer to it) raises, naming the tie that works."""
+        if not self.table.writable:
+            # A write through a view of a read-only mapping would crash the process, not raise.
+            raise ValueError(f"the table maps {self.table.file!r} read-only, so it has no writable weight: read "
+                             "rows with emb.table.gather(indices), or open the file with mode 'r+'")
+        # Writes through the view change rows that pending gradients and lookups gathered:
+        # step() and backward re-gather them (as nn.Embedding's step sees its weight as it is).
+        self._generation += 1
+        return self.table._storage().as_subclass(_TableWeight)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "weight":  # nn.Module would otherwise report "attribute 'weight' already exists"
+            raise AttributeError("HostEmbedding.weight cannot be replaced: it is the host table itself. Write new "
+                                 "values into it with emb.weight.data.copy_(w), or build the embedding with weight=w "
+                                 "(HostEmbedding.from_pretrained(w, ...))")
+        super().__setattr__(name, value)
+
+    @property
+    def freeze(self) -> bool:
+        """True: lookups only (no gradients), step() writes nothing."""
+        return self._freeze
+
+    @freeze.setter
+    def freeze(self, value: bool) -> None:
+        if not value and self.optimizer is None:
+            raise ValueError("this embedding was built without an optimizer (optimizer=None), so it can only be frozen")
+        if not value and not self.table.writable:
+            raise ValueError(f"the table maps {self.table.file!r} read-only and cannot be trained: "
+                             "open it with mode 'r+' (numpy.load(path, mmap_mode='r+'))")
+        if not value:
+            # Two trainers of one table would each write back rows gathered before the
+            # other's step(), silently losing its update.
+            other = self.table._trainer() if self.table._trainer is not None else None
+            if other is not None and other is not self and not other.freeze:
+                raise ValueError("this HostTable is already trained by another HostEmbedding, and two would each "
+                                 "overwrite the other's updates: look one HostEmbedding up several times per step "
+                                 "(emb(a), emb(b), one backward, one emb.step()), or freeze the other first")
+            self.table._trainer = weakref.ref(self)
+        self._freeze = bool(value)
+
+    def extra_repr(self) -> str:
+        extra = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
+        extra += ", freeze=True" if self.freeze else ""
+        extra += "" if self.max_norm is None else f", max_norm={self.max_norm}, norm_type={self.norm_type}"
+        extra += ", scale_grad_by_freq=True" if self.scale_grad_by_freq else ""
+        return (f"{self.num_embeddings}, {self.embedding_dim}{extra}, backend={self.table.backend!r}, "
+                f"device={self.table.device}, optimizer={type(self.optimizer).__name__ if self.optimizer else None}")
+
+    def forward(self, indices) -> torch.Tensor:
+        idx = self.table._indices(indices)
+        track = not self.freeze and torch.is_grad_enabled()
+        if not track and self.max_norm is None:
+            return self.table.gather(idx)
+        if self.table.backend in _GPU_INDEXED:  # these index on the GPU: find the distinct rows there too
+            idx = idx.to(self.table.device, non_blocking=True)
+        rows, inverse = torch.unique(idx.reshape(-1), sorted=True, return_inverse=True)
+        values = self.table.gather(rows)
+        if self.max_norm is not None:
+            self._renorm(rows, values)
+        inverse = inverse.to(self.table.device, non_blocking=True).reshape(idx.shape)
+        if not track:
+            return F.embedding(inverse, values)
+        self._tracked = True
+        leaf = values.requires_grad_()
+        # Nothing here keeps the leaf: a lookup that never sees a backward is freed with its
+        # output. One that does hands its gradient over in the hook.
+        generation = self._generation
+        leaf.register_post_accumulate_grad_hook(lambda t: self._accumulate(rows, t, generation))
+        # Distinct rows have the frequencies of the indices they stand for, so scaling by
+        # the frequency of `inverse` is nn.Embedding's scaling by index frequency.
+        return F.embedding(inverse, leaf, scale_grad_by_freq=self.scale_grad_by_freq)
+
+    def _renorm(self, rows: torch.Tensor, values: torch.Tensor) -> None:
+        """nn.Embedding's max_norm: looked-up rows whose norm exceeds it are scaled down, in the
+        table too (with torch's own renorm kernel, so the values are nn.Embedding's)."""
+        before = values.clone()
+        torch.embedding_renorm_(values, torch.arange(rows.numel(), device=values.device), self.max_norm, self.norm_type)
+        changed = (values != before).any(1)
+        if changed.any():  # write back only what changed: a memory-mapped table stays clean otherwise
+            self.table._write_unique(rows[changed.to(rows.device)], values[changed])
+            self._generation += 1  # rows gathered before (pending gradients, other lookups) are stale
+
+    def _accumulate(self, rows: torch.Tensor, leaf: torch.Tensor, generation: int) -> None:
+        """Add a lookup's gradient into the step's rows (union) and gradient (summed by row)."""
+        if self._combined:
+            raise RuntimeError("a backward reached HostEmbedding after touched_rows() combined this step's "
+                               "gradients over the ranks: call touched_rows() after the last backward")
+        grad, leaf.grad = leaf.grad, None  # taken over: a second backward adds only its own
+        values = leaf.detach()
+        if self.padding_idx is not None:  # the padding row never trains: it is not a touched row
+            keep = rows != self.padding_idx
+            rows, keep = rows[keep], keep.to(grad.device)
+            grad, values = grad[keep], values[keep]
+        if generation != self._generation:  # step() ran since the lookup: use the current rows
+            values = self.table.gather(rows)
+        if self._rows is not None and self._rows_weight.grad is None:
+            # emb.optimizer.zero_grad() dropped the pending gradient (a step GradScaler skipped):
+            # those rows got no gradient since, so they are no touched rows any more.
+            self._rows = None
+        if self._rows is not None:
+            old = self._rows_weight
+            n = self._rows.numel()
+            rows, where = torch.unique(torch.cat([self._rows, rows]), sorted=True, return_inverse=True)
+            where = where.to(grad.device)
+            # Positions are distinct within each index_add_, so the sums are deterministic
+            # on GPUs too: (0 + old) + new, in lookup order.
+            values = values.new_empty(rows.numel(), self.embedding_dim).index_copy_(0, where[:n], old.detach()) \
+                .index_copy_(0, where[n:], values)
+            grad = torch.zeros_like(values).index_add_(0, where[:n], old.grad).index_add_(0, where[n:], grad)
+        if self._rows is not None and self._rows_generation != self._generation:
+            self._rows_generation = -1  # the earlier rows' values are stale: step() re-gathers
+        else:
+            self._rows_generation = self._generation
+        self._rows = rows
+        weight = values.requires_grad_()
+        weight.grad = grad
+        self._swap_rows_weight(weight)
+
+    def touched_rows(self) -> torch.Tensor:
+        """This step's rows as a dense tensor whose `.grad` is their gradient (None before
+        any backward), for gradient clipping: `clip_grad_norm_([*params, emb.touched_rows()])`.
+
+        Call it after the last backward of the step; step() applies the `.grad` as it then
+        is. Distributed, this combines the ranks' gradients (a collective: every rank calls it).
+        """
+        if self.freeze:
+            return self._rows_weight
+        group = self._process_group()
+        if group is not None and not self._combined:
+            self._combine(group)
+        return self._rows_weight
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop the gradients gathered since the last step() without applying them (a parent
+        module's zero_grad() does not reach here: it only visits parameters)."""
+        self._rows, self._combined = None, False
+        self._swap_rows_weight(self._rows_weight.detach().new_empty(0, self.embedding_dim).requires_grad_())
+
+    def step(self) -> None:
+        """Update the rows that received gradients since the last step, and their optimizer state.
+
+        The same as `emb.optimizer.step()` (which `scaler.step(emb.optimizer)` calls), except
+        that it raises when no lookup tracked gradients since the last step."""
+        if self.freeze:
+            self.zero_grad()
+            return
+        # Distributed, a rank without lookups still joins its peers' collective: no error there.
+        if self._rows is None and not self._tracked and self._group is None:
+            raise RuntimeError("step() needs a forward pass that tracked gradients first (or the optimizer was "
+                               "already stepped since: emb.optimizer.step() and scaler.step(emb.optimizer) "
+                               "are emb.step() too, so call one of them per step)")
+        self._stepping = True
+        try:
+            self._prepare_step()
+            if self._rows is not None and self._rows.numel():
+                self.optimizer.step()  # through the optimizer, so LR schedulers see the step
+            else:
+                self._finish_step()
+        finally:
+            self._stepping = False
+
+    def _prepare_step(self) -> None:
+        """Before the optimizer updates the touched rows: combine the ranks' gradients, re-gather
+        rows the table changed under (writes through .weight, max_norm), gather their state."""
+        w = self.touched_rows()
+        rows = self._rows
+        if rows is None or not rows.numel():
+            return
+        if self._rows_generation != self._generation:
+            with torch.no_grad():
+                w.copy_(self.table.gather(rows))
+            self._rows_generation = self._generation
+        state = self.optimizer.state.get(w)
+        if state:
+            for key, table in self._state_tables.items():
+                state[key] = table.gather(rows)
+
+    def _finish_step(self) -> None:
+        """After the optimizer step: write rows and state back, start the next step afresh."""
+        w, rows = self._rows_weight, self._rows
+        self._rows, self._tracked, self._combined = None, False, False
+        if rows is not None and rows.numel():
+            with torch.no_grad():
+                self.table._write_unique(rows, w)
+                for key, value in self.optimizer.state[w].items():
+                    if isinstance(value, torch.Tensor) and value.shape == w.shape:
+                        if key not in self._state_tables:
+                            self._state_tables[key] = self._new_state_table(key)
+                        self._state_tables[key]._write_unique(rows, value)
+                        # The rows are on the host now; free the device copy until next step.
+                        self.optimizer.state[w][key] = value.new_empty(0, self.embedding_dim)
+            self._generation += 1
+        self.zero_grad()
+
+    def _swap_rows_weight(self, new: torch.Tensor) -> None:
+        # A fresh leaf whenever the rows change (autograd caches a leaf's shape, so resizing
+        # one in place fails); the optimizer's param entry and state move over to it.
+        old = self._rows_weight
+        if self.optimizer is not None:
+            self.optimizer.param_groups[0]["params"][0] = new
+            if old in self.optimizer.state:
+                self.optimizer.state[new] = self.optimizer.state.pop(old)
+        self._rows_weight = new
+
+    # --- several processes: _process_group, _combine, _copy_rank0_table (from _RankSync) ---
+
+    # --- state ------------------------------------------------------------------------
+
+    def _new_state_table(self, key: str) -> HostTable:
+        """A state table whose rows start where the optimizer's state starts (see the class doc)."""
+        probe = torch.zeros(1, self.embedding_dim, dtype=self.table.dtype, device=self.table.device, requires_grad=True)
+        probe.grad = torch.zeros_like(probe)
+        # The same hyper-parameters as constructor arguments (Adagrad reads its initial value
+        # there), leaving out what schedulers add to param groups (initial_lr, ...).
+        accepted = inspect.signature(type(self.optimizer)).parameters
+        group = self.optimizer.param_groups[0]
+        opt = type(self.optimizer)([probe], **{k: v for k, v in group.items() if k in accepted and k != "params"})
+        opt.step()
+        table = HostTable(*self.table.shape, dtype=self.table.dtype, backend=self.table.backend, device=self.table.device)
+        initial = opt.state[probe].get(key)
+        if isinstance(initial, torch.Tensor) and initial.any():
+            table.fill_(initial.detach())
+        return table
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        destination[prefix + "weight"] = self.table.cpu()
+        for key, value in (self.optimizer.state.get(self._rows_weight, {}) if self.optimizer else {}).items():
+            table = self._state_tables.get(key)
+            destination[prefix + "optimizer." + key] = table.cpu() if table is not None else value
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        mine = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        if "weight" not in mine:
+            missing_keys.append(prefix + "weight")
+            return
+        try:
+            self.table.copy_(mine.pop("weight"))
+        except (ValueError, TypeError) as e:
+            error_msgs.append(f"{prefix}weight: {e}")
+            return
+        self._generation += 1  # rows gathered before the load are stale
+        loaded = {}
+        for name, value in mine.items():
+            if not name.startswith("optimizer."):
+                unexpected_keys.append(prefix + name)
+            elif self.optimizer is not None:  # without one (inference), training state is ignored
+                loaded[name.removeprefix("optimizer.")] = value
+        if self.optimizer is None:
+            return
+        # The loaded state replaces this embedding's whole state, absent entries by their fresh
+        # values: keeping ours (Adam's step count, momentum rows) would make training continue
+        # differently from the source.
+        self._state_tables, state = {}, {}
+        for key, value in {**self._fresh_state, **loaded}.items():
+            if isinstance(value, torch.Tensor) and tuple(value.shape) == self.table.shape:
+                self._state_tables[key] = HostTable.from_tensor(value, backend=self.table.backend, device=self.table.device)
+                value = value.new_empty(0, self.embedding_dim).to(self.table.device)
+            elif isinstance(value, torch.Tensor) and tuple(value.shape) == (0, self.embedding_dim):  # fresh per-row state
+                self._state_tables[key] = self._new_state_table(key)
+            state[key] = value.clone() if isinstance(value, torch.Tensor) else value
+        if state:
+            self.optimizer.state[self._rows_weight] = state
+        else:
+            self.optimizer.state.pop(self._rows_weight, None)
+
