@@ -31,7 +31,7 @@ Metrics (parameters: workload, batch, variant):
   DataParallelStep.track_seconds / track_speedup (parameters: batch, variant): two or more
                                GPUs only, the source's 2-GPU rows, variants taking turns.
   DistributedStep.track_step_time (batch, variant): two or more GPUs only, one
-                               speedlib.parallel launch (DDP, SGD, momentum 0.9) per variant.
+                               speedbench.ddp_launch launch (DDP, SGD, momentum 0.9) per variant.
 
 Batch sizes are parameters: 64 and 256 on GPUs (the source's table), 4 and 16 on CPUs
 (DenseNet-BC-100 at 16 already takes about a second a step on two cores). Nothing here
@@ -228,17 +228,17 @@ class DataParallelStep(common.Paired):
 
 
 class DistributedStep(common.Timed):
-    """DistributedDataParallel, one process per GPU (NCCL), through speedlib.parallel: the
+    """DistributedDataParallel, one process per GPU (NCCL), through speedbench.ddp_launch: the
     median step time of the slowest rank.
 
-    Not paired: each variant is its own launch (speedlib.parallel.run starts a process
+    Not paired: each variant is its own launch (speedbench.ddp_launch.run starts a process
     group per configuration), so variants cannot take turns step by step in one process,
     and pairing whole launches would cost a launch of several seconds per sample.
     """
 
     params = (PARALLEL_BATCHES, VARIANTS)
     param_names = ["batch", "variant"]
-    timeout = 3600  # ten launches, each allowed parallel.run's own limit
+    timeout = 3600  # ten launches, each allowed ddp_launch.run's own limit
 
     def setup_cache(self):
         return self.measure_all()
@@ -248,8 +248,8 @@ class DistributedStep(common.Timed):
         workloads = _workloads()
         if variant not in getattr(workloads, "CHECKPOINT_VARIANTS", ()):
             raise NotImplementedError(f"this commit's workloads have no checkpoint variant {variant!r}")
-        parallel = common.technique("parallel")
-        return parallel.run(parallel.RunConfig(
+        launch = common.ddp_launch()
+        return launch.run(launch.RunConfig(
             mode="ddp", world_size=world, workload=PARALLEL_WORKLOAD, batch=batch, checkpoint=variant,
             steps=10, warmup=1, device="cuda")).step_seconds
 

@@ -1,9 +1,9 @@
-"""DistributedDataParallel vs DataParallel vs one process (speedlib.parallel).
+"""DistributedDataParallel vs DataParallel vs one process (speedlib.parallel.wrap).
 
 Weak scaling: every rank (or device) gets the same batch, so a world of N trains on N
 times the samples per step. GPUs: ResNet-50, 64 images of 224 x 224 per device; CPUs: the
 100-layer MLP, 32 samples per rank (gloo, the cores shared between ranks). Each
-measurement is one launch: `speedlib.parallel.run` with 10 timed steps after warm-up; the
+measurement is one launch: `speedbench.ddp_launch.run` with 10 timed steps after warm-up; the
 step time is the median over steps of the slowest rank.
 
   Step.track_step                 seconds per step, per world size and mode
@@ -67,7 +67,7 @@ def _check(mode: str, world: int) -> None:
 
 def _config(mode: str, world: int, **options):
     _check(mode, world)
-    RunConfig = common.technique("parallel").RunConfig
+    RunConfig = common.ddp_launch().RunConfig
     return RunConfig(mode=mode, world_size=world, workload=_SETUP["workload"], batch=_SETUP["per_rank"] * world,
                      steps=_SETUP["steps"], warmup=_SETUP["warmup"], device="cuda" if common.ON_GPU else "cpu",
                      **options)
@@ -82,7 +82,7 @@ def _run(config):
     if config.device == "cuda" and torch.cuda.device_count() < config.world_size:
         raise NotImplementedError(f"world size {config.world_size} needs {config.world_size} GPUs; torch sees "
                                   f"{torch.cuda.device_count()}")
-    return common.technique("parallel").run(config, timeout=_TIMEOUT)
+    return common.ddp_launch().run(config, timeout=_TIMEOUT)
 
 
 class Step(common.Timed):

@@ -125,6 +125,18 @@ def technique(name: str):
         raise NotImplementedError(f"speedlib has no {name} module here: {e}") from e
 
 
+def ddp_launch():
+    """speedbench.ddp_launch, the harness's DDP / DataParallel launcher, which trains with the
+    commit's `speedlib.parallel.wrap`; a commit whose speedlib.parallel has no `wrap` (before
+    the launcher moved to the harness) skips instead of failing."""
+    technique("parallel")
+    try:
+        from speedbench import ddp_launch  # noqa: PLC0415
+    except ImportError as e:
+        raise NotImplementedError(f"this commit's speedlib.parallel has no wrap() for the harness's launcher: {e}") from e
+    return ddp_launch
+
+
 _cache: dict = {}
 
 

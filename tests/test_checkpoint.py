@@ -520,9 +520,9 @@ def test_data_parallel_replicas_get_gradients():
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["speedlib", "reentrant"])
 def test_distributed_data_parallel_two_processes_match(variant):
-    """DDP with gloo, 2 processes, through speedlib.parallel: the checkpointed
+    """DDP with gloo, 2 processes, through speedbench.ddp_launch: the checkpointed
     model ends bitwise equal to the uncheckpointed one (parameters and BN statistics)."""
-    from speedlib.parallel import RunConfig, run  # noqa: PLC0415
+    from speedbench.ddp_launch import RunConfig, run  # noqa: PLC0415
 
     config = RunConfig(mode="ddp", world_size=2, workload="densenet_bc", batch=8, steps=2, warmup=1)
     none = run(config)

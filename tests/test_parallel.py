@@ -1,17 +1,20 @@
 """DistributedDataParallel (gloo, 2 processes) against one process on the same global batch,
-no_sync accumulation, the DDP options, flat-buffer parameters, and failing ranks."""
+no_sync accumulation, the DDP options and flat-buffer parameters; speedlib.parallel.wrap.
+
+The runs go through the harness's launcher (speedbench.ddp_launch), which wraps the model
+with speedlib.parallel.wrap and steps it with speedlib.tuning.accumulation_step."""
 
 from __future__ import annotations
 
 import math
 import os
-import time
 
 import pytest
 import torch
 
+from speedbench import ddp_launch
+from speedbench.ddp_launch import RunConfig, RunFailed, RunResult
 from speedlib import parallel
-from speedlib.parallel import RunConfig, RunFailed, RunResult, RunTimedOut
 
 HAS_CUDA = torch.cuda.is_available()
 # Small but real: the 100-layer MLP of the contiguous benchmark at a global batch of 16.
@@ -19,7 +22,7 @@ BASE = {"workload": "mlp", "batch": 16, "steps": 3, "warmup": 1}
 
 
 def _run(**kw) -> RunResult:
-    return parallel.run(RunConfig(**{**BASE, **kw}), timeout=180)
+    return ddp_launch.run(RunConfig(**{**BASE, **kw}), timeout=180)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +54,7 @@ def test_ddp_on_two_processes_equals_one_process(single):
 
 
 def test_torchrun_launcher_gives_the_same_run(single):
-    _assert_same_parameters(single, parallel.run(RunConfig(**BASE, mode="ddp", world_size=2), launcher="torchrun",
+    _assert_same_parameters(single, ddp_launch.run(RunConfig(**BASE, mode="ddp", world_size=2), launcher="torchrun",
                                                  timeout=180))
 
 
@@ -75,129 +78,23 @@ def test_flat_buffers_refuse_gradient_bucket_views():
         _run(mode="ddp", world_size=2, contiguous=True, gradient_as_bucket_view=True)
 
 
-def _gone(pids: list[int]) -> bool:
-    def alive(pid: int) -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-
-    return not any(alive(p) for p in pids)
-
-
-@pytest.mark.parametrize("fault,error,message", [("raise", RunFailed, "rank 1 raised"),
-                                                 ("kill", RunFailed, "rank 1 died.*SIGKILL")])
-def test_a_failing_rank_ends_the_run(fault, error, message):
-    start = time.monotonic()
-    with pytest.raises(error, match=message) as info:
-        parallel.run(RunConfig(**BASE, mode="ddp", world_size=2, fault=fault), timeout=120)
-    assert time.monotonic() - start < 60, "the peer waiting in all-reduce must be stopped, not waited for"
-    assert info.value.pids and _gone(info.value.pids)
-    if fault == "raise":
-        assert "fault injected on rank 1 at step 1" in str(info.value)
-
-
-def test_a_hung_rank_times_out_and_leaves_no_process():
-    with pytest.raises(RunTimedOut, match="did not finish within 25 s") as info:
-        parallel.run(RunConfig(**BASE, mode="ddp", world_size=2, fault="hang"), timeout=25)
-    assert isinstance(info.value, TimeoutError) and _gone(info.value.pids)
-
-
-def test_a_hung_torchrun_is_killed_with_its_workers(tmp_path):
-    with pytest.raises(RunTimedOut, match="torchrun did not finish") as info:
-        parallel.run(RunConfig(**BASE, mode="ddp", world_size=2, fault="hang"), launcher="torchrun", timeout=25)
-    assert _gone(info.value.pids)
-    marker = '"fault": "hang"'
-    leftovers = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if marker.encode() in f.read():
-                    leftovers.append(pid)
-        except OSError:
-            continue
-    assert not leftovers, f"worker processes survived: {leftovers}"
-
-
-def test_step_time_is_the_slowest_ranks_median():
-    result = RunResult(RunConfig(mode="ddp", world_size=2, batch=8), [[1.0, 3.0, 2.0], [2.0, 1.0, 5.0]], None, [], {})
-    assert result.step_seconds == 3.0  # steps end at max(1, 2), max(3, 1), max(2, 5)
-    assert result.samples_per_second == 8 / 3.0
-
-
-@pytest.mark.parametrize("kwargs,message", [
-    ({"mode": "pipeline"}, "unknown mode"),
-    ({"mode": "single", "world_size": 2}, "world_size"),
-    ({"mode": "dataparallel"}, "CUDA devices"),
-    ({"mode": "ddp", "world_size": 3, "batch": 16}, "split evenly"),
-    ({"mode": "ddp", "world_size": 2, "micro_batches": 3, "batch": 16}, "split evenly"),
-    ({"mode": "ddp", "fault": "segfault"}, "unknown fault"),
-    ({"device": "tpu"}, "device"),
-    ({"checkpoint": "everything"}, "unknown checkpoint variant"),
-])
-def test_bad_configs_are_refused(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        RunConfig(**kwargs)
-
-
-@pytest.mark.parametrize("kwargs,message", [
-    ({"micro_batches": 0}, "micro_batches must be >= 1, got 0"),
-    ({"batch": 0}, "batch must be >= 1, got 0"),
-    ({"mode": "ddp", "world_size": 2, "fault": "raise", "fault_rank": 7}, r"fault_rank must be one of the 2 ranks \(0 to 1\), got 7"),
-    ({"mode": "ddp", "world_size": 2, "fault": "kill", "fault_rank": -1}, "fault_rank must be one of the 2 ranks"),
-    ({"mode": "ddp", "world_size": 2, "fault": "hang", "fault_step": 4}, r"fault_step must be one of the 4 steps \(0 to 3"),
-    ({"mode": "single", "fault": "raise", "fault_rank": 0}, "faults are injected into DDP ranks only"),
-    ({"workload": "bogus"}, r"unknown workload 'bogus'; choose one of \["),
-    ({"lr": float("nan")}, "lr must be a positive finite number, got nan"),
-    ({"lr": 0.0}, "lr must be a positive finite number, got 0.0"),
-    ({"lr": "0.1"}, "lr must be a positive finite number, got '0.1'"),
-])
-def test_configs_that_would_fail_later_or_never_fire_are_refused(kwargs, message):
-    """micro_batches=0 divided by zero; a fault aimed at a rank or step that does not exist ran
-    the whole job without ever firing, so a test of the failure handling passed vacuously."""
-    with pytest.raises(ValueError, match=message):
-        RunConfig(**{**BASE, **kwargs})
-
-
-@pytest.mark.parametrize("field,value", [("world_size", "2"), ("batch", 16.0), ("steps", None),
-                                         ("micro_batches", True), ("fault_rank", "1"), ("seed", 0.5)])
-def test_config_fields_of_the_wrong_type_are_a_clear_type_error(field, value):
-    with pytest.raises(TypeError, match=f"{field} must be an int, got {value!r}"):
-        RunConfig(**{**BASE, "mode": "ddp", field: value})
-
-
-def test_default_configs_stay_valid():
-    """fault_rank defaults to 1 while world_size defaults to 1: only a fault that is set is checked."""
-    assert RunConfig().fault_rank == 1
-    assert RunConfig(mode="single").world_size == 1
-    assert RunConfig(**BASE, mode="ddp", world_size=2, fault="raise").fault_rank == 1
-
-
-def test_bad_launches_are_refused():
-    with pytest.raises(ValueError, match="launcher"):
-        parallel.run(RunConfig(mode="single"), launcher="slurm")
-    with pytest.raises(ValueError, match="DDP ranks only"):
-        parallel.run(RunConfig(mode="single", fault="raise"))
-    if not HAS_CUDA:
-        with pytest.raises(ValueError, match="needs 1 CUDA devices; this machine has 0"):
-            parallel.run(RunConfig(mode="ddp", device="cuda"))
-
-
-def test_the_torchrun_entry_point_needs_torchrun(monkeypatch, capsys):
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(var, raising=False)
-    with pytest.raises(SystemExit):
-        parallel.main(["--config", "{}", "--out", "x"])
-    assert "start this module with torchrun" in capsys.readouterr().err
+def test_wrap_gives_each_mode_its_module_and_refuses_options_it_would_ignore():
+    model = torch.nn.Linear(4, 2)
+    assert parallel.wrap(model, "single") is model
+    if HAS_CUDA:
+        assert isinstance(parallel.wrap(model.cuda(), "dataparallel", [0]), torch.nn.DataParallel)
+    with pytest.raises(ValueError, match="unknown mode 'pipeline'"):
+        parallel.wrap(model, "pipeline")
+    with pytest.raises(ValueError, match="are DDP options"):
+        parallel.wrap(model, "single", static_graph=True)
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU; DDP's equivalence is tested on CPU with gloo above")
 def test_dataparallel_and_nccl_ddp_on_one_gpu_equal_one_process():
     base = {**BASE, "device": "cuda"}
-    single_gpu = parallel.run(RunConfig(**base, mode="single"))
+    single_gpu = ddp_launch.run(RunConfig(**base, mode="single"))
     for mode in ("dataparallel", "ddp"):
-        _assert_same_parameters(single_gpu, parallel.run(RunConfig(**base, mode=mode, world_size=1), timeout=180))
+        _assert_same_parameters(single_gpu, ddp_launch.run(RunConfig(**base, mode=mode, world_size=1), timeout=180))
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the CPU behaviour of the benchmark")
@@ -210,8 +107,8 @@ def test_benchmark_measures_its_grid_in_one_process_and_skips_what_this_machine_
     monkeypatch.setitem(bench._SETUP, "warmup", 0)
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     monkeypatch.setattr(bench.Step, "params", ([1, 2], bench.MODES))
-    launched, launch = [], parallel.run
-    monkeypatch.setattr(parallel, "run", lambda config, **kw: launched.append(config) or launch(config, **kw))
+    launched, launch = [], ddp_launch.run
+    monkeypatch.setattr(ddp_launch, "run", lambda config, **kw: launched.append(config) or launch(config, **kw))
     step = bench.Step()
     cache = step.measure_all()
     assert [(c.mode, c.world_size) for c in launched] == [("single", 1), ("ddp", 1)]
