@@ -123,19 +123,19 @@ def techniques() -> list[str]:
 
 def test_every_benchmarked_technique_has_all_its_parts():
     """A technique is a library module, its equivalence test, its dashboard page, its docs page
-    and its entry in speedbench/report.py's TECHNIQUES (docs/adding-a-technique.md). Files are
+    and its entry in speedbench/techniques.py's TECHNIQUES (docs/adding-a-technique.md). Files are
     read as text: nothing is imported."""
     names = techniques()
     assert names, "no benchmarks/bench_<name>.py found"
-    report = (ROOT / "speedbench" / "report.py").read_text(encoding="utf-8")
+    registry = (ROOT / "speedbench" / "techniques.py").read_text(encoding="utf-8")
     missing = []
     for name in names:
         for part in (f"speedlib/{name}.py", f"tests/test_{name}.py", f"dashboard/views/{name}.py",
                      f"docs/techniques/{name}.md"):
             if not (ROOT / part).is_file():
                 missing.append(part)
-        if f'"{name}":' not in report:
-            missing.append(f'"{name}": in speedbench/report.py (TECHNIQUES)')
+        if f'"{name}":' not in registry:
+            missing.append(f'"{name}": in speedbench/techniques.py (TECHNIQUES)')
     assert not missing, f"techniques with benchmarks lack: {missing}"
 
 
