@@ -19,23 +19,15 @@ import pandas as pd
 
 import speedlib
 from speedbench import contention
-from speedbench.results import printable
+from speedbench.results import is_commit, printable  # the loader's rule: one home for what a hash is
 from speedbench.tables import CONTENDED, Table, contended, earlier_version
 
 __all__ = ["provenance", "reproduce_command", "is_commit", "to_markdown", "to_csv", "to_latex", "bibtex", "NO_ROWS"]
 
 # --- provenance and exports --------------------------------------------------------------
 
-# A commit as git names it: the hash, abbreviated to no fewer than 7 hex digits (SHA-1 has
-# 40, SHA-256 64). Anything else in a result file's commit_hash is not put in a command.
-_COMMIT = re.compile(r"[0-9a-fA-F]{7,64}")
 # The install step holds nothing from a file, so it stays as the docs and goldens spell it.
 _INSTALL = 'python3 -m pip install -e ".[bench]"'
-
-
-def is_commit(commit) -> bool:
-    """Whether `commit` is a commit hash (7 to 64 hex digits), safe to check out by name."""
-    return isinstance(commit, str) and bool(_COMMIT.fullmatch(commit))
 
 
 def _not_a_commit(commit) -> str:

@@ -14,7 +14,7 @@ import re
 import pandas as pd
 
 from speedbench import contention, machines
-from speedbench.exports import is_commit
+from speedbench.results import is_commit
 from speedbench.significance import (EXACT_MAX, MIN_SEGMENT, P_THRESHOLD, SIGNIFICANCE_FACTOR, _direction, _steps,
                                    _verdict)
 from speedbench.tables import (CONTENDED, NOT_COMPARED, Table, _commit_label, _fmt_value, _with_earlier_note,

@@ -37,7 +37,7 @@ from speedbench import contention, safekeep
 
 __all__ = ["LoadedResults", "Problem", "load_results", "format_table", "metric_kind", "higher_is_better", "result_id",
            "printable", "MAX_FILE_BYTES", "MAX_COMBINATIONS", "MAX_FILE_COMBINATIONS", "MAX_PARAM_CHARS", "too_many_combinations",
-           "params_over_limits"]
+           "params_over_limits", "is_commit"]
 
 # asv's statistics columns -> our column names
 _STATS = {
@@ -235,8 +235,13 @@ def _check_file(data) -> pd.Timestamp:
 _COMMIT_HASH = re.compile(r"[0-9a-fA-F]{7,64}")
 
 
+def is_commit(commit) -> bool:
+    """Whether `commit` is a commit hash (7 to 64 hex digits), safe to check out by name."""
+    return isinstance(commit, str) and bool(_COMMIT_HASH.fullmatch(commit))
+
+
 def _check_commit_hash(commit) -> None:
-    if not _COMMIT_HASH.fullmatch(commit):
+    if not is_commit(commit):
         length = f" ({len(commit)} characters)" if len(commit) > 40 else ""  # _describe shortens it
         raise _Malformed(f"'commit_hash' {_describe(commit)}{length} is not a commit hash (7 to 64 hexadecimal digits)")
 

@@ -26,6 +26,7 @@ machine.json, so neither asv nor speedlib's loader reads it as results.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fnmatch
 import json
@@ -34,7 +35,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-__all__ = ["SNAPSHOT", "SnapshotError", "Snapshot", "append_line", "take", "settle", "recover",
+__all__ = ["SNAPSHOT", "SnapshotError", "Snapshot", "append_line", "written_whole", "disk_full", "take", "settle", "recover",
            "left_by_killed_run"]
 
 SNAPSHOT = ".speedlib-snapshot"
@@ -47,7 +48,8 @@ class SnapshotError(RuntimeError):
     """asv's files could not be copied or put back; the message says what to do."""
 
 
-def _disk_full(e: OSError) -> str:
+def disk_full(e: OSError) -> str:
+    """': the disk is full' where that is why `e` happened, else ''; for one-line errors."""
     return ": the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
 
 
@@ -65,12 +67,15 @@ def _sync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _write_whole(path: Path, data: bytes) -> None:
-    """`path` holds `data`, or is as it was: written beside it, flushed, renamed over it."""
+@contextlib.contextmanager
+def written_whole(path: Path):
+    """A binary file to write `path`'s new content into: on leaving the block it is flushed
+    and renamed over `path`, so `path` ends up whole or as it was (an exception, a kill or a
+    full disk leave no partial file behind)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
         with tmp.open("wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -78,6 +83,12 @@ def _write_whole(path: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
         raise
     _sync_dir(path.parent)
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """`path` holds `data`, or is as it was."""
+    with written_whole(path) as f:
+        f.write(data)
 
 
 def append_line(path: Path, line: str) -> None:
@@ -137,9 +148,9 @@ def take(results_dir: Path, machine: str, sha: str) -> Snapshot:
         _write_whole(snapshot.directory / _JOURNAL, json.dumps(journal, indent=1).encode())
     except OSError as e:
         shutil.rmtree(snapshot.directory, ignore_errors=True)
-        todo = "free some space" if _disk_full(e) else "give the run a results directory it can write (--results-dir)"
+        todo = "free some space" if disk_full(e) else "give the run a results directory it can write (--results-dir)"
         raise SnapshotError(f"could not copy asv's files into {snapshot.directory} before asv runs "
-                            f"({e.strerror or e}){_disk_full(e)}; nothing was run or changed: {todo} "
+                            f"({e.strerror or e}){disk_full(e)}; nothing was run or changed: {todo} "
                             "and run again") from None
     return snapshot
 
@@ -245,9 +256,9 @@ def settle(snapshot: Snapshot, failed: bool) -> list[str]:
     if problems:
         rel, e = problems[0]
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        todo = "free some space and run" if _disk_full(e) else "fix what stopped it and run"
+        todo = "free some space and run" if disk_full(e) else "fix what stopped it and run"
         raise SnapshotError(f"could not put back {snapshot.results_dir / rel}{more} ({e.strerror or e})"
-                            f"{_disk_full(e)}; the copy from before the run is kept in {snapshot.directory}: {todo} "
+                            f"{disk_full(e)}; the copy from before the run is kept in {snapshot.directory}: {todo} "
                             "speedlib run again, which puts it back first")
     _drop(snapshot.directory)
     return done

@@ -288,8 +288,7 @@ def _writing(path: Path):
     try:
         yield
     except OSError as e:
-        full = ": the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
-        raise SuiteError(f"could not write {printable(str(path))} ({e.strerror or e}){full}; it is as it was "
+        raise SuiteError(f"could not write {printable(str(path))} ({e.strerror or e}){safekeep.disk_full(e)}; it is as it was "
                          "before: free some space and run again") from None
 
 
@@ -811,20 +810,10 @@ def pack_results(results_dir: Path, machine: str, shas: Sequence[str], dest: Pat
     dest.parent.mkdir(parents=True, exist_ok=True)
     # Written aside and renamed: a run killed while packing, or a full disk, keeps the
     # previous archive whole.
-    partial = dest.with_name(dest.name + ".partial")
-    with _writing(dest):
-        try:
-            with partial.open("wb") as raw:
-                with tarfile.open(fileobj=raw, mode="w:gz") as tar:
-                    for f in files:
-                        if f.is_file():
-                            tar.add(f, arcname=str(Path("results") / f.relative_to(results_dir)))
-                raw.flush()
-                os.fsync(raw.fileno())
-            os.replace(partial, dest)
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
+    with _writing(dest), safekeep.written_whole(dest) as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        for f in files:
+            if f.is_file():
+                tar.add(f, arcname=str(Path("results") / f.relative_to(results_dir)))
     return dest
 
 

@@ -37,16 +37,8 @@ def _commit(repo: Path, message: str) -> None:
 
 
 @pytest.fixture
-def checkout(tmp_path) -> Path:
-    """A committed checkout with the parts a run reads: asv.conf.json, speedlib/, benchmarks/."""
-    repo = tmp_path / "repo"
-    for name in ("speedlib/__init__.py", "speedbench/__init__.py", "benchmarks/bench_x.py"):
-        (repo / name).parent.mkdir(parents=True, exist_ok=True)
-        (repo / name).write_text("")
-    (repo / "asv.conf.json").write_text(json.dumps({"results_dir": "results"}))
-    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)
-    _commit(repo, "c")
-    return repo
+def checkout(tiny_checkout) -> Path:
+    return tiny_checkout  # tests/conftest.py's
 
 
 @pytest.fixture

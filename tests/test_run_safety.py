@@ -100,16 +100,9 @@ def fake_asv(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def checkout(tmp_path) -> tuple[Path, str]:
-    """A committed checkout with what a run reads (as tests/test_suite.py's tiny_checkout), and its HEAD."""
-    repo = tmp_path / "repo"
-    for name in ("speedlib/__init__.py", "speedbench/__init__.py", "benchmarks/bench_x.py"):
-        (repo / name).parent.mkdir(parents=True, exist_ok=True)
-        (repo / name).write_text("")
-    (repo / "asv.conf.json").write_text(json.dumps({"results_dir": "results"}))
-    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c"]):
-        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
-    return repo, suite.resolve_commits(repo, None)[0]
+def checkout(tiny_checkout) -> tuple[Path, str]:
+    """tests/conftest.py's tiny_checkout, and its HEAD."""
+    return tiny_checkout, suite.resolve_commits(tiny_checkout, None)[0]
 
 
 @pytest.fixture

@@ -314,18 +314,6 @@ def test_a_quick_run_takes_no_lock(monkeypatch, tmp_path):
     assert suite.run(suite.RunOptions(quick=True, results_dir=tmp_path / "r"), root=ROOT) == "ran"
 
 
-@pytest.fixture
-def tiny_checkout(tmp_path) -> Path:
-    """A committed checkout with the parts a run reads: asv.conf.json, speedlib/, benchmarks/."""
-    repo = tmp_path / "repo"
-    for name in ("speedlib/__init__.py", "speedbench/__init__.py", "benchmarks/bench_x.py"):
-        (repo / name).parent.mkdir(parents=True, exist_ok=True)
-        (repo / name).write_text("")
-    (repo / "asv.conf.json").write_text(json.dumps({"results_dir": "results"}))
-    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c"]):
-        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
-    return repo
-
 
 def test_untracked_files_make_the_tree_dirty_and_commit_runs_check_the_harness(tiny_checkout, monkeypatch):
     monkeypatch.setattr(suite, "_run", lambda *a, **k: "ran")
