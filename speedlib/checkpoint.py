@@ -45,15 +45,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 import contextlib
-import dataclasses
 import math
 from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
-# torch's own checkpoint and torch.compile flatten arguments with it; there is no public twin.
-from torch.utils import _pytree as pytree
+
+# Two parts live in private modules, each readable on its own: the flattening of a segment's
+# arguments and results and the log of its saved tensors (speedlib/_checkpoint_tree.py), and
+# the BatchNorm that counts a step once (_checkpoint_batchnorm.py). This module keeps the
+# autograd node and stays the technique's one import.
+from speedlib._checkpoint_batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d, convert_batchnorm, in_backward
+from speedlib._checkpoint_tree import NondeterministicSegmentError, _flatten, _meta, _nondeterministic, _SavedLog, _unflatten
 
 __all__ = ["checkpoint", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "convert_batchnorm",
            "in_backward", "ForgottenParameterError", "NondeterministicSegmentError", "SEGMENT_VARIANTS", "run_segment", "CheckpointedSequential"]
@@ -61,13 +64,6 @@ __all__ = ["checkpoint", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "convert_b
 
 class ForgottenParameterError(RuntimeError):
     """A checkpointed segment used a tensor that needs a gradient but was not passed to it."""
-
-
-def in_backward() -> bool:
-    """True while this thread runs part of an autograd backward pass (where checkpoints rerun)."""
-    # torch.utils.checkpoint relies on the same call (-1 outside backward); there is no
-    # public equivalent. Checked by tests, so a torch that drops it fails loudly.
-    return torch._C._current_graph_task_id() != -1
 
 
 # --- the explicit-parameter checkpoint ---------------------------------------------------
@@ -79,109 +75,6 @@ def _cuda_devices(tensors: Iterable[torch.Tensor]) -> list[int]:
 def _autocast_state() -> list[tuple[str, bool, torch.dtype]]:
     types = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     return [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in types]
-
-
-def _is_plain_dataclass(obj: Any) -> bool:
-    """A dataclass instance that torch's pytree does not flatten (not registered with it)."""
-    return dataclasses.is_dataclass(obj) and not isinstance(obj, type) and type(obj) not in pytree.SUPPORTED_NODES
-
-
-def _flatten(tree: Any) -> tuple[list[Any], Any]:
-    """pytree's flatten that also opens dataclass instances.
-
-    torch's checkpoint never flattens (its graph is the segment's own), so a dataclass
-    holding tensors just works there; here every tensor must become an input or output of
-    the node, and pytree would keep a dataclass whole as one opaque leaf, cutting its
-    tensors off the graph. Its fields are flattened instead, in declaration order.
-    """
-    flat, spec = pytree.tree_flatten(tree, is_leaf=_is_plain_dataclass)
-    leaves: list[Any] = []
-    inner: list[Any] = []
-    for item in flat:
-        if _is_plain_dataclass(item):
-            names = tuple(f.name for f in dataclasses.fields(item))
-            sub_leaves, sub_spec = _flatten([getattr(item, n) for n in names])
-            inner.append((type(item), names, sub_spec, len(sub_leaves)))
-            leaves.extend(sub_leaves)
-        else:
-            inner.append(None)
-            leaves.append(item)
-    return leaves, (spec, tuple(inner))
-
-
-def _unflatten(leaves: list[Any], spec: Any) -> Any:
-    """Inverse of _flatten. A dataclass is rebuilt without calling __init__ or __post_init__
-    (its fields already hold what the function made; init=False and frozen fields too)."""
-    tree_spec, inner = spec
-    items, pos = [], 0
-    for node in inner:
-        if node is None:
-            items.append(leaves[pos])
-            pos += 1
-            continue
-        cls, names, sub_spec, n = node
-        obj = cls.__new__(cls)
-        for name, value in zip(names, _unflatten(leaves[pos:pos + n], sub_spec)):
-            object.__setattr__(obj, name, value)
-        items.append(obj)
-        pos += n
-    return pytree.tree_unflatten(items, tree_spec)
-
-
-def _meta(t: torch.Tensor) -> tuple[Any, ...]:
-    return tuple(t.shape), t.dtype, t.device
-
-
-class NondeterministicSegmentError(RuntimeError):
-    """The rerun of a checkpointed segment in backward did not repeat its first run."""
-
-
-def _nondeterministic(what: str) -> NondeterministicSegmentError:
-    return NondeterministicSegmentError(
-        f"speedlib.checkpoint: the segment is not deterministic: {what}. The rerun in backward must repeat the "
-        "first run, or its gradients belong to another computation. Make the segment depend only on its "
-        "arguments, params= and the default RNG (which is restored): no counters or other state that changes "
-        "between forward and backward, no random generator of its own.")
-
-
-class _SavedLog:
-    """Shape, dtype and device of every tensor a run saves for backward, in order.
-
-    The first run keeps nothing ("none": the point of checkpointing) unless the segment
-    itself needs its graph (it calls autograd.grad: "all"). The rerun keeps values
-    ("values"): its graph is only evaluated, never differentiated, so a detached alias of
-    a computed tensor serves, and a saved output does not hold its own node in a reference
-    cycle (which would leave the rerun's memory to the garbage collector). Comparing the two logs is
-    how torch's checkpoint detects a nondeterministic segment.
-    """
-
-    def __init__(self, keep: str):
-        self.keep, self.meta, self.unpacked_dropped = keep, [], False
-
-    def pack(self, t: torch.Tensor) -> Any:
-        self.meta.append(_meta(t))
-        if self.keep == "none":
-            return None
-        # Only a tensor with a history can close a cycle; others stay the same object.
-        return t.detach() if self.keep == "values" and t.grad_fn is not None else t
-
-    def unpack(self, packed: Any) -> torch.Tensor:
-        if packed is None:  # the segment differentiates its own first run: checkpoint() retries keeping them
-            self.unpacked_dropped = True
-            raise RuntimeError("speedlib.checkpoint: a tensor the first run did not keep was needed")
-        return packed
-
-    def hooks(self) -> Any:
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
-
-    def compare(self, first: list[tuple[Any, ...]]) -> None:
-        if len(first) != len(self.meta):
-            raise _nondeterministic(f"a different number of tensors was saved during the original forward and "
-                                    f"recomputation ({len(first)} in forward, {len(self.meta)} in the rerun)")
-        for i, (a, b) in enumerate(zip(first, self.meta)):
-            if a != b:
-                raise _nondeterministic(f"saved tensor {i} had shape, dtype and device {a} in forward and {b} "
-                                        "in the rerun")
 
 
 class _Segment:
@@ -657,50 +550,3 @@ class CheckpointedSequential(nn.Sequential):
 
         segments = max(1, math.ceil(math.sqrt(len(self))))
         return checkpoint_sequential(self, segments, input, use_reentrant=False)
-
-
-# --- BatchNorm that updates its statistics once per step -----------------------------------
-
-class _OnceBatchNorm:
-    """Mixin for nn.BatchNorm*d: no running-statistics update when rerun in backward."""
-
-    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - nn.Module's name
-        if not (self.training and self.track_running_stats and in_backward()):
-            return super().forward(input)
-        self._check_input_dim(input)
-        # A rerun: normalise with the batch's statistics exactly as the first run did (the
-        # same kernel, hence scratch copies of the running buffers rather than None), and
-        # throw the update away. num_batches_tracked is left alone too.
-        return F.batch_norm(input, self.running_mean.clone(), self.running_var.clone(), self.weight, self.bias,
-                            True, 0.0 if self.momentum is None else self.momentum, self.eps)
-
-
-class BatchNorm1d(_OnceBatchNorm, nn.BatchNorm1d):
-    """nn.BatchNorm1d whose running statistics see each training step once under checkpointing."""
-
-
-class BatchNorm2d(_OnceBatchNorm, nn.BatchNorm2d):
-    """nn.BatchNorm2d whose running statistics see each training step once under checkpointing."""
-
-
-class BatchNorm3d(_OnceBatchNorm, nn.BatchNorm3d):
-    """nn.BatchNorm3d whose running statistics see each training step once under checkpointing."""
-
-
-_SWAP = {nn.BatchNorm1d: BatchNorm1d, nn.BatchNorm2d: BatchNorm2d, nn.BatchNorm3d: BatchNorm3d}
-
-
-def convert_batchnorm(module: nn.Module) -> nn.Module:
-    """Replace every plain nn.BatchNorm1d/2d/3d in `module` (in place) by speedlib's.
-
-    Parameters and buffers are the same objects, so optimizers, state_dicts and flat
-    buffers built before the call stay valid. Returns `module` (or the replacement when
-    `module` is itself a BatchNorm).
-    """
-    swap = _SWAP.get(type(module))
-    if swap is not None:
-        module.__class__ = swap  # same attributes, new forward: no copy, nothing re-registered
-        return module
-    for child in module.children():
-        convert_batchnorm(child)
-    return module

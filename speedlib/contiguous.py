@@ -81,22 +81,20 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_pre_hook
-from torch.utils.weak import WeakIdKeyDictionary
+
+# Two parts live in private modules, each readable on its own: the argument checks
+# (speedlib/_contiguous_checks.py, with the alignment limits) and the process-wide module,
+# optimizer and gradient hooks with their weak tables (_contiguous_hooks.py). This module
+# keeps the buffers and stays the technique's one import.
+from speedlib._contiguous_checks import (ALIGN_BYTES, MAX_ALIGN_BYTES, _check_align_bytes,  # noqa: F401
+                                         _check_parameter, _dense_strides, _normalise_groups,
+                                         _refuse_shared_memory, _round_up, _split_names)
+from speedlib._contiguous_hooks import _FROZEN_IN, _OWNER_OF, _install_hooks, _watch_gradient
 
 __all__ = ["ContiguousParams", "FlatParameter", "InvalidBufferError"]
-
-# cuBLAS, cuDNN and the vectorised element-wise kernels want 16-byte aligned pointers;
-# unaligned views would make forward and backward slower and change which kernels run.
-# 64 bytes (a cache line) costs at most a few hundred padding elements per model.
-ALIGN_BYTES = 64
-# A memory page: no kernel wants more, and every parameter costs up to align_bytes of padding,
-# so a larger value only wastes memory (2**36 asks the allocator for 64 GiB per parameter).
-MAX_ALIGN_BYTES = 4096
 
 _BASE_GRAD = torch._C.TensorBase.grad  # the C-level .grad descriptor FlatParameter wraps
 
@@ -135,155 +133,6 @@ class FlatParameter(nn.Parameter):
         elif value is not linked:
             linked.copy_(value)
         _BASE_GRAD.__set__(self, linked)
-
-
-def _dense_strides(p: torch.Tensor) -> tuple[int, ...]:
-    """p's strides if they describe a dense, non-overlapping layout, else contiguous strides.
-
-    Keeping them means a channels_last model stays channels_last once wrapped.
-    """
-    expected = 1
-    for size, stride in sorted(zip(p.shape, p.stride()), key=lambda d: d[1]):
-        if size == 1:
-            continue
-        if stride != expected:
-            return torch.empty(p.shape, device="meta").stride()
-        expected *= size
-    return tuple(p.stride())
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
-def _consumed_hint(parameters: Any) -> str:
-    """Why an iterable came out empty when it is an iterator: model.parameters() is a
-    generator, read once, and handing the same one to an optimizer first leaves nothing."""
-    if iter(parameters) is not parameters:  # a list or a tuple: really empty
-        return ""
-    return (": the iterator yielded nothing. A generator such as model.parameters() can be read once, so this "
-            "one was most likely already consumed (by an optimizer or an earlier ContiguousParams); call "
-            "model.parameters() again or pass a list")
-
-
-def _as_list(items: Any, expected: str) -> list:
-    """list(items), or a TypeError that says what was expected instead of Python's "not iterable"."""
-    try:
-        iterator = iter(items)
-    except TypeError:
-        got = "None" if items is None else type(items).__name__
-        raise TypeError(f"{expected}; got {got}: pass model.parameters() or a list of parameters") from None
-    return list(iterator)
-
-
-def _normalise_groups(parameters: Any) -> tuple[list[dict], bool]:
-    """Turn what an optimizer would accept into a list of group dicts; say if groups were given."""
-    if isinstance(parameters, ContiguousParams):
-        raise TypeError("these parameters are already a ContiguousParams; use it as it is")
-    if isinstance(parameters, torch.Tensor):
-        raise TypeError(
-            "ContiguousParams takes an iterable of parameters or parameter-group dicts, "
-            f"not a single {type(parameters).__name__}; use model.parameters()"
-        )
-    items = _as_list(parameters, "ContiguousParams takes an iterable of parameters or parameter-group dicts, "
-                                 "as an optimizer does")
-    if not items:
-        raise ValueError("ContiguousParams got an empty parameter list" + _consumed_hint(parameters))
-    if all(isinstance(i, dict) for i in items):
-        groups = []
-        for i, g in enumerate(items):
-            if "params" not in g:
-                raise ValueError(f"parameter group {i} has no 'params' key")
-            ps = g["params"]
-            ps = [ps] if isinstance(ps, torch.Tensor) else _as_list(
-                ps, f"the 'params' of parameter group {i} must be a parameter or an iterable of parameters")
-            if not ps and _consumed_hint(g["params"]):
-                raise ValueError(f"parameter group {i} has no parameters{_consumed_hint(g['params'])}")
-            groups.append({**g, "params": ps})
-        return groups, True
-    if any(isinstance(i, dict) for i in items):
-        raise TypeError("mix of parameters and parameter-group dicts; pass one or the other")
-    return [{"params": items}], False
-
-
-def _split_names(params: list, where: str) -> tuple[list, list[str | None]]:
-    """Tensors and their names from what model.parameters() or model.named_parameters() yields."""
-    named = [isinstance(p, tuple) for p in params]
-    if not any(named):
-        return params, [None] * len(params)
-    if not all(named):
-        raise TypeError(f"{where} mixes (name, parameter) pairs with bare parameters; pass "
-                        "model.named_parameters() or model.parameters(), not both")
-    for p in params:
-        if len(p) != 2 or not isinstance(p[0], str):
-            raise TypeError(f"{where} has a tuple that is not a (name, parameter) pair")
-    return [p for _, p in params], [n for n, _ in params]
-
-
-def _check_parameter(p: Any, where: str) -> None:
-    if not isinstance(p, torch.Tensor):
-        raise TypeError(f"{where} is a {type(p).__name__}, not a tensor")
-    if isinstance(p, nn.parameter.UninitializedParameter):
-        raise ValueError(f"{where} is uninitialised (a lazy module): run one forward pass first")
-    if not p.is_leaf:
-        raise ValueError(f"{where} is not a leaf tensor; optimizers can only update leaves")
-    if p.layout != torch.strided:
-        raise ValueError(f"{where} has layout {p.layout}; only dense (strided) tensors can be flattened")
-    if isinstance(p, FlatParameter):
-        raise ValueError(f"{where} is already a flat buffer; wrap the model's parameters, not contiguous()")
-
-
-def _byte_span(p: torch.Tensor) -> tuple[int, int] | None:
-    """[first, end) addresses of the bytes p can reach; None for a tensor without memory."""
-    if p.numel() == 0 or p.device.type == "meta":
-        return None
-    last = sum((n - 1) * s for n, s in zip(p.shape, p.stride()))  # strides are never negative
-    return p.data_ptr(), p.data_ptr() + (last + 1) * p.element_size()
-
-
-def _refuse_shared_memory(labelled: list[tuple[torch.Tensor, str]]) -> None:
-    """Refuse two parameters over the same memory (tied weights as two Parameter objects, or a
-    parameter and a view of it) when at least one is trainable: _build copies each trainable
-    one into a slot of its own, which would silently untie them.
-
-    Spans, not elements, are compared, so two interleaved strided views (a[::2], a[1::2]) are
-    refused although they share no element; disjoint pieces of one tensor, such as the
-    parameters of an earlier ContiguousParams, are wrapped as they should be.
-    """
-    spans = sorted((str(p.device), *span, i) for i, (p, _) in enumerate(labelled)
-                   if (span := _byte_span(p)) is not None)
-    # Swept by start address, an earlier span overlaps this one iff it ends after this one
-    # starts, so the furthest-reaching earlier span is the one to compare with: of any
-    # parameter for a trainable one, of a trainable one for a frozen one (frozen parameters
-    # are not moved, so two frozen ones stay tied).
-    reach: dict[tuple[str, str], tuple[int, int]] = {}  # (device, "any" | "trainable") -> (end, index)
-    for device, start, end, i in spans:
-        trainable = labelled[i][0].requires_grad
-        rival = reach.get((device, "any" if trainable else "trainable"))
-        if rival is not None and rival[0] > start:
-            raise ValueError(
-                f"{labelled[rival[1]][1]} and {labelled[i][1]} share memory (tied weights as two Parameter "
-                "objects, or one is a view of the other): copying them into the flat buffer would untie "
-                "them, each then training on its own. Tie weights by reusing one Parameter object "
-                "(model.parameters() lists it once), or give each tensor memory of its own with .clone() "
-                "if they are meant to be separate")
-        for kind in ("any", "trainable") if trainable else ("any",):
-            if (device, kind) not in reach or reach[(device, kind)][0] < end:
-                reach[(device, kind)] = (end, i)
-
-
-def _check_align_bytes(align_bytes: Any) -> None:
-    # A power of two, because element sizes are powers of two: then align_bytes is a whole
-    # number of elements of every dtype (or smaller than one element, which then sets the
-    # alignment: 1 packs the parameters as contiguous_params did).
-    if not isinstance(align_bytes, int) or isinstance(align_bytes, bool):
-        raise TypeError(f"align_bytes must be an int, got {align_bytes!r} ({type(align_bytes).__name__})")
-    if align_bytes < 1 or align_bytes & (align_bytes - 1):
-        raise ValueError(f"align_bytes must be a power of two (1, 2, 4, ... {MAX_ALIGN_BYTES}), got {align_bytes}; "
-                         f"the default {ALIGN_BYTES} suits every kernel, 1 packs the parameters without padding")
-    if align_bytes > MAX_ALIGN_BYTES:
-        raise ValueError(f"align_bytes must be at most {MAX_ALIGN_BYTES} (a memory page), got {align_bytes}: "
-                         "every parameter may cost that much padding, and no kernel needs more")
 
 
 class _Slot:
@@ -630,104 +479,3 @@ class ContiguousParams:
                  for k, b in self.param_buffers.items()]
         return (f"ContiguousParams({self.num_tensors} tensors, {self.num_parameters:,} parameters, "
                 f"{self._frozen} frozen; buffers: {'; '.join(parts)})")
-
-
-# -- process-wide hooks ----------------------------------------------------------------
-# Installed on the first ContiguousParams. They cost nothing for modules and optimizers
-# that never touch a flat buffer beyond a dictionary lookup.
-
-_OWNER_OF: WeakIdKeyDictionary = WeakIdKeyDictionary()  # wrapped param -> weakref(owner)
-# Parameter that was frozen when it was last wrapped -> weakref(that wrapper). A wrapper
-# reports such a parameter once it requires grad, unless a later wrapper took it over.
-_FROZEN_IN: WeakIdKeyDictionary = WeakIdKeyDictionary()
-_OWNERS_BY_OPTIMIZER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# Wrapped param -> the handle of its re-attach hook, so a new wrapper replaces the old one's.
-_GRAD_WATCH: WeakIdKeyDictionary = WeakIdKeyDictionary()
-_hooks_installed = False
-
-
-def _watch_gradient(param: torch.Tensor, owner_ref: weakref.ref, index: int) -> None:
-    """Have autograd re-attach param's gradient before accumulating into it, if it is None.
-
-    A tensor hook runs before AccumulateGrad, which then adds in place into the re-attached
-    view. It holds the owner weakly (no reference cycle through the parameter) and is marked
-    unserializable so torch.save(model) does not warn that it is not saved.
-    """
-    @torch.utils.hooks.unserializable_hook
-    def before_accumulate(grad: torch.Tensor) -> None:
-        owner = owner_ref()
-        if owner is not None:
-            owner._before_accumulate(index)
-
-    old = _GRAD_WATCH.get(param)
-    if old is not None:
-        old.remove()
-    _GRAD_WATCH[param] = param.register_hook(before_accumulate)
-
-
-def _on_parameter_registered(module: nn.Module, name: str, param: nn.Parameter) -> None:
-    # Called by Module.register_parameter before the new parameter replaces the old one,
-    # which is how load_state_dict(assign=True) and attribute assignment swap parameters.
-    old = module._parameters.get(name)
-    if old is None or old is param:
-        return None
-    ref = _OWNER_OF.get(old)
-    owner = ref() if ref is not None else None
-    if owner is not None:
-        owner._mark_replaced(module, name)
-    return None
-
-
-def _owners_of(optimizer: torch.optim.Optimizer) -> list[ContiguousParams]:
-    signature = tuple(len(g["params"]) for g in optimizer.param_groups)
-    cached = _OWNERS_BY_OPTIMIZER.get(optimizer)
-    if cached is not None and cached[0] == signature:
-        return cached[1]
-    owners: dict[int, ContiguousParams] = {}
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            owner = p.__dict__.get("_owner") if isinstance(p, FlatParameter) else None
-            if owner is not None:
-                owners[id(owner)] = owner
-    _OWNERS_BY_OPTIMIZER[optimizer] = (signature, list(owners.values()))
-    return list(owners.values())
-
-
-def _prepare_for_update(owners: list[ContiguousParams]) -> None:
-    for owner in owners:
-        owner.reattach_grads()  # a parameter without a gradient since the last zero_grad: zero
-        owner.assert_buffer_is_valid()
-
-
-def _check_before_step(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> tuple | None:
-    owners = _owners_of(optimizer)
-    if not owners:
-        return None
-    _prepare_for_update(owners)
-    return _with_checked_closure(owners, args, kwargs)
-
-
-def _with_checked_closure(owners: list[ContiguousParams], args: tuple, kwargs: dict) -> tuple | None:
-    """step(closure) runs forward and backward inside the step (PyTorch Lightning always does,
-    zeroing gradients there), after this hook: check again once the closure has run."""
-    def checked(closure):
-        def run():
-            loss = closure()
-            _prepare_for_update(owners)
-            return loss
-        return run
-
-    if len(args) > 1 and callable(args[1]):  # args[0] is the optimizer
-        return (args[0], checked(args[1]), *args[2:]), kwargs
-    if callable(kwargs.get("closure")):
-        return args, {**kwargs, "closure": checked(kwargs["closure"])}
-    return None
-
-
-def _install_hooks() -> None:
-    global _hooks_installed
-    if _hooks_installed:
-        return
-    nn.modules.module.register_module_parameter_registration_hook(_on_parameter_registered)
-    register_optimizer_step_pre_hook(_check_before_step)  # may wrap the step's closure
-    _hooks_installed = True
