@@ -18,8 +18,6 @@ run adds benchmarks to it, so a hash of the file would rename results that did n
 
 from __future__ import annotations
 
-import bisect
-import errno
 import hashlib
 import itertools
 import json
@@ -27,13 +25,19 @@ import math
 import os
 import re
 import stat
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from speedbench import contention, safekeep
+from speedbench import safekeep
+# The loader's parts, each in a module of its own: the names other modules and the tests
+# use are re-exported here, so `speedbench.results` stays the one place to import from.
+from speedbench._results_common import _FIRST_DATE, _LAST_DATE, Problem, _is_number, _to_float, printable
+from speedbench._results_environment import ENV_COLUMNS, _environment_records, _join_environment
+from speedbench._results_files import (MAX_FILE_BYTES, _children, _first_visit, _NotJson, _parse_json, _read,
+                                       _read_identified, _real_dir, _subdirectory, _Unreadable, _utf8_name)
+from speedbench._results_settle import _attach_counters, _settle_versions
 
 __all__ = ["LoadedResults", "Problem", "load_results", "format_table", "metric_kind", "higher_is_better", "result_id",
            "printable", "MAX_FILE_BYTES", "MAX_COMBINATIONS", "MAX_FILE_COMBINATIONS", "MAX_PARAM_CHARS", "too_many_combinations",
@@ -49,10 +53,6 @@ _STATS = {
     "stats_repeat": "repeat",
 }
 _SKIP_FILES = {"machine.json", "benchmarks.json"}
-# The largest file read (result file, benchmarks.json, environment records). asv's files for
-# this suite are well under 1 MiB; the limit only keeps a stray huge file, or a link to an
-# endless one, from filling memory.
-MAX_FILE_BYTES = 64 * 2**20
 # The most parameter combinations one benchmark may have. The suite's largest has 30, and asv
 # starts a process per combination to report each, so a thousand would keep a GPU slot busy
 # for hours while its rows take a few MB. A few KB of JSON can list parameters that multiply
@@ -71,12 +71,6 @@ MAX_PARAM_CHARS = 200
 # The units of the interference counters' tracks (benchmarks/common.py `_Interference`).
 INTERFERENCE_UNITS = ("% of CPU time to other processes", "preemptions/s", "% of maximum SM clock",
                       "other processes on the GPU")
-# Environment-record keys carried onto every row (provenance for exports and the dashboard).
-ENV_COLUMNS = ("gpu_model", "gpu_count", "driver", "cuda", "cudnn", "nccl", "torch", "torchvision",
-               "cupy", "python", "cpu_model", "command", "recorded_at",
-               # the machine's CPUs and the torch threads the benchmarks set: how many cores
-               # other work may take before a round counts as disturbed (speedbench.contention)
-               "cpu_cores", "torch_threads")
 # Parameters with a meaning of their own; any others keep their asv name as column.
 _NAMED_PARAMS = ("workload", "variant")
 COLUMNS = ("machine", "gpu", "commit", "commit_date", "run_date", "benchmark", "technique", "suite",
@@ -91,36 +85,6 @@ _RESERVED = frozenset(COLUMNS) - set(_NAMED_PARAMS)
 RENAMED_PARAM_PREFIX = "param_"
 
 
-def printable(text) -> str:
-    """`text` with every character that could move the cursor, colour a terminal, start a new
-    line or not encode (control characters, lone surrogates from undecodable file names)
-    written as its Python escape. Names come from files anyone can drop in results/."""
-    return "".join(c if c.isprintable() else _escape(c) for c in str(text))
-
-
-def _escape(c: str) -> str:
-    # A byte of an undecodable file name arrives as a lone surrogate (U+DC80 to U+DCFF, Python's
-    # surrogateescape): shown as the byte it stands for, as `ls -b` would.
-    return f"\\x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF else repr(c)[1:-1]
-
-
-@dataclass(frozen=True)
-class Problem:
-    """Something under results/ that was not loaded (or loaded with a gap), and why."""
-
-    path: str
-    reason: str
-    # True for the ordinary traces of history, not damage: results of a benchmark that has
-    # since changed (outdated) or been removed. A viewer may list them more quietly.
-    expected: bool = False
-    # Which of those traces (speedbench.problems counts them apart): "removed" (a benchmark no
-    # longer in benchmarks.json), "outdated" (set aside) or "earlier" (kept, flagged †).
-    kind: str = ""
-
-    def __str__(self) -> str:
-        return printable(f"{self.path}: {self.reason}")
-
-
 @dataclass
 class LoadedResults:
     measured: pd.DataFrame
@@ -130,10 +94,6 @@ class LoadedResults:
 
 class _Malformed(ValueError):
     """A result file (or one of its entries) whose structure is not asv's: it is skipped."""
-
-
-class _Unreadable(OSError):
-    """A path the loader will not read: not a regular file, outside the tree, too large."""
 
 
 def metric_kind(benchmark_type: str | None, unit: str | None) -> str:
@@ -165,19 +125,6 @@ def _strip(value: str) -> str:
     return value
 
 
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _to_float(x) -> float:
-    """A JSON number as a float. json reads 1e400 as inf, but an integer too large for a float
-    stays an int; it becomes an infinity here, so one check catches every overflow."""
-    try:
-        return float(x)
-    except OverflowError:
-        return math.inf if x > 0 else -math.inf
-
-
 def _describe(value) -> str:
     """A short, safe description of a value from a file, for a problem's reason (never its
     repr: a 4000-digit integer or a deeply nested list would make the message itself fail)."""
@@ -186,14 +133,6 @@ def _describe(value) -> str:
     if isinstance(value, str):  # a long one by its start and its end: what is wrong may be at either
         return repr(value if len(value) <= 40 else f"{value[:24]}...{value[-13:]}")
     return f"a {type(value).__name__}"
-
-
-# The dates a result may carry: those pandas' nanosecond times hold, the years 1677 to 2262.
-# pandas 2 and later parse dates beyond in a coarser unit, but `.value`, a frame that mixes
-# them with nanosecond times and the pages' arithmetic overflow on them (a record dated 2300
-# stopped the load); and no measurement was made in 1600 or 9999.
-_FIRST_DATE = pd.Timestamp.min.tz_localize("UTC")
-_LAST_DATE = pd.Timestamp.max.tz_localize("UTC")
 
 
 def _ms_time(value, what: str) -> pd.Timestamp:
@@ -522,140 +461,6 @@ def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], 
     return rows
 
 
-class _NotJson(ValueError):
-    """A file that is not UTF-8 JSON a Python process can hold; the message says why."""
-
-
-def _parse_json(raw: bytes):
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise _NotJson(f"not UTF-8 text ({e.reason} at byte {e.start})") from None
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise _NotJson("nested too deeply to read") from None
-    except ValueError as e:  # JSONDecodeError, and integers too long for Python to convert
-        raise _NotJson(f"not valid JSON, truncated? ({e})") from None
-
-
-# --- reading the tree: only regular files inside it, never blocking -------------------------
-
-def _inside(path: Path, root_real: Path, parent_real: Path | None = None) -> Path:
-    """The real path of `path`; _Unreadable when it loops or leaves the results tree.
-    `parent_real`: the real path of `path`'s directory, already checked to be inside the
-    tree. Then an entry that is no symlink is known without resolving every component of
-    its path again (thousands of files share one directory)."""
-    if parent_real is not None:
-        try:
-            if not stat.S_ISLNK(os.lstat(path).st_mode):
-                return parent_real / path.name
-        except OSError:
-            pass  # resolved below, which names the reason
-    try:
-        real = path.resolve(strict=True)
-    except RuntimeError:  # Python < 3.13 reports a symlink loop so
-        raise _Unreadable("a symlink loop") from None
-    except OSError as e:
-        raise _Unreadable("a symlink loop" if e.errno == errno.ELOOP else f"cannot be resolved ({e.strerror})") from None
-    if real != root_real and root_real not in real.parents:
-        raise _Unreadable(f"a symlink out of the results tree (to {real})")
-    return real
-
-
-def _real_dir(directory: Path, root_real: Path) -> Path | None:
-    """The real path of a directory `_subdirectory` accepted, for `_inside`'s shortcut; None
-    (every file resolved in full) should it have changed since."""
-    try:
-        return _inside(directory, root_real)
-    except _Unreadable:
-        return None
-
-
-def _kind_of(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def _read(path: Path, root_real: Path, parent_real: Path | None = None) -> bytes:
-    """The bytes of a regular file inside the tree, at most MAX_FILE_BYTES; _Unreadable
-    otherwise. Anything else is refused before it is opened: opening a FIFO could block or
-    release a writer waiting on it, reading a device could never end."""
-    return _read_identified(path, root_real, parent_real)[0]
-
-
-def _read_identified(path: Path, root_real: Path, parent_real: Path | None = None) -> tuple[bytes, tuple[int, int]]:
-    """`_read`, and the (st_dev, st_ino) of the file it read: which file that was, whichever
-    link led there."""
-    real = _inside(path, root_real, parent_real)
-    try:
-        st = os.stat(real)
-        if not stat.S_ISREG(st.st_mode):
-            raise _Unreadable(f"{_kind_of(st.st_mode)}, not a regular file")
-        if st.st_size > MAX_FILE_BYTES:
-            raise _Unreadable(f"{st.st_size} bytes, over the limit of {MAX_FILE_BYTES} bytes for one file")
-        # O_NONBLOCK and O_NOFOLLOW: should the path have been swapped for a FIFO or a link
-        # since the checks above, the open neither waits nor follows it.
-        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    except _Unreadable:
-        raise
-    except OSError as e:
-        raise _Unreadable(e.strerror or str(e)) from None
-    try:
-        opened = os.fstat(fd)
-        if not stat.S_ISREG(opened.st_mode):
-            raise _Unreadable("not a regular file")
-        chunks, size = [], 0
-        while size <= MAX_FILE_BYTES:
-            chunk = os.read(fd, min(1 << 20, MAX_FILE_BYTES + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > MAX_FILE_BYTES:  # it grew while being read
-            raise _Unreadable(f"over the limit of {MAX_FILE_BYTES} bytes for one file")
-        return b"".join(chunks), (opened.st_dev, opened.st_ino)
-    except _Unreadable:
-        raise
-    except OSError as e:
-        raise _Unreadable(e.strerror or str(e)) from None
-    finally:
-        os.close(fd)
-
-
-def _children(directory: Path, problems: list[Problem]) -> list[Path]:
-    """The entries of `directory`, sorted by name; an unreadable directory is reported."""
-    try:
-        with os.scandir(directory) as it:
-            names = sorted(entry.name for entry in it)
-    except OSError as e:
-        problems.append(Problem(str(directory), f"unreadable directory ({e.strerror or e}), skipped"))
-        return []
-    return [directory / n for n in names]
-
-
-def _subdirectory(path: Path, root_real: Path, problems: list[Problem]) -> bool:
-    """Whether `path` is a directory inside the tree to descend into. Links that loop, dangle
-    or leave the tree, and entries that cannot be examined, are reported; files are not."""
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        if e.errno != errno.ENOENT or os.path.islink(path):
-            problems.append(Problem(str(path), f"cannot be examined ({e.strerror or e}), skipped"))
-        return False
-    if not stat.S_ISDIR(st.st_mode):
-        return False
-    try:
-        _inside(path, root_real)
-    except _Unreadable as e:
-        problems.append(Problem(str(path), f"{e}, skipped"))
-        return False
-    return True
-
-
 def _file_rows(file: Path, machine: str, root_real: Path, benchmarks: dict[str, _Benchmark],
                problems: list[Problem], parent_real: Path | None, seen: dict[tuple[int, int], Path]) -> list[dict]:
     try:
@@ -675,147 +480,7 @@ def _file_rows(file: Path, machine: str, root_real: Path, benchmarks: dict[str, 
     return []
 
 
-# --- environment records -----------------------------------------------------------------
-
-# Fields that name something (shown as text); the others are counts or versions as numbers.
-_ENV_TEXT = ("gpu_model", "driver", "cuda", "torch", "torchvision", "cupy", "python", "cpu_model", "command",
-             "recorded_at", "nccl")
-
-
-def _timestamp(text) -> pd.Timestamp:
-    """A time with its timezone, in UTC; NaT for anything else (a naive time is no instant)."""
-    if not isinstance(text, str):
-        return pd.NaT
-    try:
-        t = pd.Timestamp(text)
-    except (ValueError, OverflowError, TypeError):
-        return pd.NaT
-    if t is pd.NaT or t.tzinfo is None or not _FIRST_DATE <= t <= _LAST_DATE:
-        return pd.NaT
-    return t.tz_convert("UTC")
-
-
-def _clean_environment(record: dict) -> list[str]:
-    """Drop (set to None) fields of `record` that a page or an export could not show; their names."""
-    bad = []
-    for key in ENV_COLUMNS:
-        value = record.get(key)
-        if value is None:
-            continue
-        if key in _ENV_TEXT:
-            ok = isinstance(value, str) and (key != "recorded_at" or not pd.isna(_timestamp(value)))
-        else:
-            ok = _is_number(value) and math.isfinite(_to_float(value)) or isinstance(value, str)
-        if not ok:
-            record[key] = None
-            bad.append(key)
-    return bad
-
-
-def _environment_line(line: bytes) -> dict:
-    """One record; ValueError says why it cannot be used."""
-    try:
-        record = json.loads(line.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise ValueError(f"not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except RecursionError:
-        raise ValueError("nested too deeply to read") from None
-    if not isinstance(record, dict) or not isinstance(record.get("commit"), str):
-        raise ValueError("not an object with a 'commit'")
-    return record
-
-
-def _environment_records(machine_dir: Path, root_real: Path, problems: list[Problem]) -> dict[str, list[tuple]]:
-    """commit -> its (recorded_at, record, fields left out) (one per `speedlib run`), oldest
-    first, those without a usable time last. Each line stands alone: a bad one is reported
-    and skipped."""
-    records: dict[str, list[tuple]] = {}
-    env_dir = machine_dir / "environment"
-    if not _subdirectory(env_dir, root_real, problems):
-        return records
-    env_real = _real_dir(env_dir, root_real)
-    for file in _children(env_dir, problems):
-        if file.suffix != ".jsonl":
-            continue
-        try:
-            raw = _read(file, root_real, env_real)
-        except _Unreadable as e:
-            problems.append(Problem(str(file), f"unreadable ({e})"))
-            continue
-        for number, line in enumerate(raw.split(b"\n"), 1):
-            if not line.strip():
-                continue
-            try:
-                record = _environment_line(line)
-            except ValueError as e:  # also invalid UTF-8 and JSON errors
-                problems.append(Problem(f"{file}:{number}", f"environment record skipped ({e})"))
-                continue
-            bad = _clean_environment(record)
-            if bad:
-                problems.append(Problem(f"{file}:{number}", f"environment field(s) left out: {', '.join(bad)} (wrong "
-                                                            "type, or a time without a timezone or outside the years "
-                                                            "1677 to 2262)"))
-            records.setdefault(record["commit"], []).append((_timestamp(record.get("recorded_at")), record, bad))
-    for recs in records.values():
-        recs.sort(key=lambda r: (pd.isna(r[0]), 0 if pd.isna(r[0]) else r[0].value))
-    return records
-
-
-def _join_environment(rows: list[dict], records: dict[str, list[tuple]], problems: list[Problem]) -> None:
-    """Each row gets the record of the run that produced it: the first one written after the
-    benchmark started (speedlib appends a record when asv finishes), else the latest."""
-    missing = set()
-    chosen: dict[tuple, dict] = {}
-    for row in rows:
-        key = (row["commit"], row["run_date"])
-        if key not in chosen:
-            recs = records.get(row["commit"])
-            if not recs:
-                missing.add(row["file"])
-                chosen[key] = ({}, [])
-            else:
-                at, times = row["run_date"], [t for t, _, _ in recs]
-                i = len(recs) - 1
-                if not pd.isna(at) and not any(pd.isna(t) for t in times):
-                    i = min(bisect.bisect_left(times, at), len(recs) - 1)
-                chosen[key] = recs[i][1:]
-            record, left_out = chosen[key]
-            # The columns one run's rows share, built once per run (rows number tens of thousands).
-            # No GPU model in a record means a CPU machine, unless the model was left out as unusable.
-            chosen[key] = {**{name: record.get(name) for name in ENV_COLUMNS},
-                           "gpu": record.get("gpu_model") or ("CPU only" if record and "gpu_model" not in left_out
-                                                              else "unknown")}
-        row.update(chosen[key])
-    for file in sorted(missing):
-        problems.append(Problem(file, "no environment record for this commit: GPU, driver and versions unknown"))
-
-
 # --- the whole tree ----------------------------------------------------------------------
-
-def _utf8_name(path: Path, what: str, problems: list[Problem]) -> bool:
-    """Whether the name of `path` (`what`: a machine directory, the machine column of its
-    rows, or a result file, their file column) is text. Python keeps undecodable bytes of a
-    file name as lone surrogates, which no page or export can encode (nor pandas store)."""
-    try:
-        path.name.encode("utf-8")
-    except UnicodeEncodeError:
-        problems.append(Problem(str(path), f"{what} name is not UTF-8, skipped; rename it"))
-        return False
-    return True
-
-
-def _first_visit(path: Path, identity: tuple[int, int], seen: dict[tuple[int, int], Path], what: str,
-                 problems: list[Problem]) -> bool:
-    """Whether `path` is the first way to the file or directory `identity` (st_dev, st_ino)
-    names. A symlink inside the tree or a hard link is a second way: its results would be
-    counted twice, so they are read once, from the first, and the second reported."""
-    first = seen.setdefault(identity, path)
-    if first != path:
-        problems.append(Problem(str(path), f"the same {what} as {first} (a link): its results are loaded once, "
-                                           "from there"))
-        return False
-    return True
-
 
 def _load_benchmarks(root: Path, problems: list[Problem]) -> dict[str, _Benchmark] | None:
     """benchmarks.json's checked entries; None (reported) when the tree cannot be read."""
@@ -882,86 +547,6 @@ def _machine_dirs(root: Path, root_real: Path, problems: list[Problem]) -> list[
     found = [d for d in _children(root, problems)
              if _subdirectory(d, root_real, problems) and _utf8_name(d, "machine directory", problems)]
     return sorted(found, key=os.path.islink)  # stable: by name within each
-
-
-# How far apart a measurement and its counters may have started and still be of one run:
-# asv runs a class's track_* processes back to back once its setup_cache has measured.
-_SAME_RUN_S = 3600
-
-
-def _attach_counters(rows: list[dict]) -> list[dict]:
-    """The rows without the interference counters' own rows, each other row with the
-    verdict on the counters of its run (speedbench.contention): its class, parameters and
-    result file, started within the same run, one counter per round it measured. Rows with
-    no counters (measured before they existed) are UNKNOWN."""
-    counters: dict[tuple, dict[str, tuple]] = {}
-    kept = []
-    for r in rows:
-        name = contention.COUNTER_METRICS.get(r["metric"]) if r["kind"] == "interference" else None
-        if name is None:
-            kept.append(r)
-        elif r["status"] == "measured" and r["samples"]:
-            key = (r["file"], r["benchmark"].rsplit(".", 1)[0], r["params"])
-            counters.setdefault(key, {})[name] = (r["samples"], r["run_date"])
-    verdicts: dict[tuple, contention.Verdict] = {}
-    for r in kept:
-        found = counters.get((r["file"], r["benchmark"].rsplit(".", 1)[0], r["params"]), {})
-        rounds = len(r["samples"]) or 1
-        usable = {}
-        for name, (samples, started) in found.items():
-            apart = abs((started - r["run_date"]).total_seconds()) if not (pd.isna(started) or pd.isna(r["run_date"])) else 0
-            if apart <= _SAME_RUN_S:
-                usable[name] = samples
-        cores, threads = _count(r.get("cpu_cores")), _count(r.get("torch_threads"))
-        key = (rounds, cores, threads, *((n, tuple(v)) for n, v in sorted(usable.items())))
-        if key not in verdicts:
-            verdicts[key] = contention.judge(usable, rounds, cores, threads)
-        v = verdicts[key]
-        r["contention"], r["disturbed"], r["contention_note"] = v.state, list(v.disturbed), v.note
-        # the medians over the result's rounds, so an export shows 0 % apart from 14 %
-        for name in ("others_cpu", "preemptions"):
-            values = usable.get(name) if len(usable.get(name) or []) == rounds else None
-            r[name] = statistics.median(values) if values else math.nan
-    return kept
-
-
-def _count(value) -> float | None:
-    """A positive count from an environment record, else None (absent, damaged, not a number)."""
-    return float(value) if _is_number(value) and math.isfinite(_to_float(value)) and value > 0 else None
-
-
-def _settle_versions(rows: list[dict], problems: list[Problem]) -> None:
-    """One version of each benchmark per machine. Rows of the version benchmarks.json names
-    stand; where a machine has none of them, its rows of the version it measured last stand
-    instead, flagged `earlier_version` (the benchmark's code has changed since, so they do not
-    enter a history beside newer versions; a GPU measured once keeps its numbers until it
-    measures the new version). Every other row is set aside as "outdated"."""
-    current = {(r["machine"], r["benchmark"]) for r in rows if not r["earlier_version"]}
-    last: dict[tuple, tuple] = {}  # (machine, benchmark) -> (run date, version) of its newest earlier run
-    for r in rows:
-        key = (r["machine"], r["benchmark"])
-        if r["earlier_version"] and key not in current:
-            when = r["run_date"] if not pd.isna(r["run_date"]) else pd.Timestamp.min.tz_localize("UTC")
-            if key not in last or when > last[key][0]:
-                last[key] = (when, r["version"])
-    kept: dict[str, set] = {}
-    apart: dict[str, set] = {}
-    for r in rows:
-        if not r["earlier_version"]:
-            continue
-        key = (r["machine"], r["benchmark"])
-        if key in last and r["version"] == last[key][1]:
-            kept.setdefault(r["file"], set()).add(r["benchmark"])
-        else:
-            r["status"] = "outdated"
-            apart.setdefault(r["file"], set()).add(r["benchmark"])
-    for file, names in apart.items():
-        problems.append(Problem(file, f"{len(names)} result(s) from an older version of their benchmark set aside: "
-                                      f"{', '.join(sorted(names))}", True, "outdated"))
-    for file, names in kept.items():
-        problems.append(Problem(file, f"{len(names)} result(s) from an earlier version of their benchmark kept, the "
-                                      f"newest this machine has (flagged in tables): {', '.join(sorted(names))}", True,
-                                "earlier"))
 
 
 def _killed_run(root: Path, problems: list[Problem]) -> None:

@@ -36,7 +36,7 @@ from typing import Callable
 import pandas as pd
 import pytest
 
-from speedbench import machines, plan, synthetic
+from speedbench import _results_files, machines, plan, synthetic
 from speedbench import results as results_module
 from speedbench.results import COLUMNS, format_table, load_results
 
@@ -442,7 +442,7 @@ def test_a_device_node_in_the_tree_is_not_opened(tmp_path, template, baseline):
 
 @pytest.mark.parametrize("relative", [f"{M}/big.json", f"{M}/environment/big.jsonl", "benchmarks.json"])
 def test_a_file_over_the_size_limit_is_not_read(tmp_path, template, baseline, monkeypatch, relative):
-    monkeypatch.setattr(results_module, "MAX_FILE_BYTES", 20_000)  # the synthetic files are far smaller
+    monkeypatch.setattr(_results_files, "MAX_FILE_BYTES", 20_000)  # the synthetic files are far smaller
     damage = _write(relative, " " * 20_001)
     may_lose = ANY_ROW if relative == "benchmarks.json" else NO_ROW
     check(tmp_path, template, baseline, Case(damage, _named(relative), "over the limit of 20000 bytes", may_lose),
@@ -560,6 +560,11 @@ def test_a_plan_skips_a_benchmark_over_the_limit_and_says_so(tmp_path, template,
                                               skipped[0]), skipped
 
 
+# The loader's modules that call `os` themselves (speedbench._results_files reads the tree for
+# speedbench.results): a fake `os` stands in for the loader's in each.
+LOADER_MODULES_USING_OS = (results_module, _results_files)
+
+
 def _unreadable_directory(monkeypatch, path_of: Callable[[Path], Path]) -> Callable[[Path], None]:
     """As root no mode bit stops a read, so the loader's listing of the directory is made to
     fail as it would (its own `os` only: the test's copying and fingerprinting are unaffected)."""
@@ -573,7 +578,8 @@ def _unreadable_directory(monkeypatch, path_of: Callable[[Path], Path]) -> Calla
         fake_os = types.ModuleType("os")
         fake_os.__dict__.update(os.__dict__)
         fake_os.scandir = scandir
-        monkeypatch.setattr(results_module, "os", fake_os)
+        for module in LOADER_MODULES_USING_OS:
+            monkeypatch.setattr(module, "os", fake_os)
     return damage
 
 
@@ -626,7 +632,8 @@ def _without_permission(monkeypatch, tree: Path) -> None:
     fake_path.exists = answers_false_on_error(fake_os.stat)
     fake_path.islink = answers_false_on_error(lambda p: stat.S_ISLNK(fake_os.lstat(p).st_mode))
     fake_os.path = fake_path
-    monkeypatch.setattr(results_module, "os", fake_os)
+    for module in LOADER_MODULES_USING_OS:
+        monkeypatch.setattr(module, "os", fake_os)
 
 
 @pytest.mark.parametrize("entry", ["deep record", "fifo", "directory"])
@@ -758,9 +765,10 @@ def test_csv_cells_cannot_run_as_formulas_nor_break_rows(report_module, baseline
     text = report_module.to_csv(table)
     lines = text.split("\n")
     assert lines[-1] == ""
-    body = [line for line in lines[:-1] if not line.startswith("# ")]
-    footer = [line for line in lines[:-1] if line.startswith("# ")]
+    body = lines[:-1]  # plain data: the footer travels beside it (csv_provenance), a line each
+    footer = report_module.csv_provenance(table).split("\n")[2:-1]
     assert len(footer) == _footer_count(report_module, table) and len(body) == 1 + len(table.frame)
+    assert not any(ord(c) < 32 for line in footer for c in line)
     rows = list(csv.reader(io.StringIO("\n".join(body))))
     assert all(len(r) == 3 for r in rows)
     for cell in (c for r in rows for c in r):

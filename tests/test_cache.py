@@ -141,3 +141,17 @@ def test_a_new_loader_does_not_reuse_old_frames(tree, monkeypatch):
 def test_a_missing_results_directory_is_reported(tmp_path):
     loaded = cache.load(tmp_path / "nope")
     assert loaded.measured.empty and "no results directory" in str(loaded.problems[0])
+
+
+def test_a_change_to_any_part_of_the_loader_changes_the_key(tmp_path, monkeypatch):
+    """The loader lives in speedbench/results.py and its private parts (_results_*.py): an
+    edit to a part must not reuse frames parsed by the old one."""
+
+    source = Path(cache.results.__file__).parent
+    for part in ["results.py", *(p.name for p in source.glob("_results_*.py"))]:
+        shutil.copy(source / part, tmp_path / part)
+    monkeypatch.setattr(cache.results, "__file__", str(tmp_path / "results.py"))
+    before = cache._loader_digest()
+    with (tmp_path / "_results_files.py").open("a") as f:
+        f.write("\n# a parser change\n")
+    assert cache._loader_digest() != before
