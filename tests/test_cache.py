@@ -146,7 +146,6 @@ def test_a_missing_results_directory_is_reported(tmp_path):
 def test_a_change_to_any_part_of_the_loader_changes_the_key(tmp_path, monkeypatch):
     """The loader lives in speedbench/results.py and its private parts (_results_*.py): an
     edit to a part must not reuse frames parsed by the old one."""
-
     source = Path(cache.results.__file__).parent
     for part in ["results.py", *(p.name for p in source.glob("_results_*.py"))]:
         shutil.copy(source / part, tmp_path / part)
