@@ -17,34 +17,61 @@ at a time writes to a results directory: a second one refuses to start
 runs killed outright left behind (`prune_stale`).
 A benchmark that fails does not stop the run: the other results, the environment records
 and the archive are still written, and the failures are listed at the end (`RunResult.failed`).
+
+This module is the run itself: its options and their checks, the results lock, and the loop
+over chunks and commits. Beside it, and re-exported here as `suite.X`: the checkout, its
+commits and the run's scratch directories (speedbench/_checkout.py), asv under the supervisor
+and the signals that stop it (speedbench/_asv_process.py), and the records a run reads and
+writes beside asv's results (speedbench/_run_records.py). Tests patch `suite._asv`,
+`suite._run_commit` and the like: the run calls them through this module's names.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import errno
 import importlib.util
-import itertools
 import json
 import math
 import os
 import platform
 import re
-import shlex
-import shutil
-import signal
-import subprocess
 import sys
-import tarfile
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from speedbench import plan, safekeep, supervise
+from speedbench import plan, safekeep
+from speedbench._asv_process import (  # noqa: F401 - re-exported: tests patch and call them as suite.X
+    Interrupted,
+    _asv,
+    _raise_interrupted,
+    _stopped_by_signals,
+)
+from speedbench._checkout import (  # noqa: F401 - re-exported: cli.py and tests use them as suite.X
+    _CHECKOUT_PARTS,
+    _HARNESS_PARTS,
+    CONFIG,
+    RESTORE_GIT,
+    _claim,
+    _dirty,
+    _git,
+    _library_at,
+    find_root,
+    prune_stale,
+    resolve_commits,
+)
+from speedbench._run_records import (  # noqa: F401 - re-exported: tests use them as suite.X
+    _record_environment,
+    _writing,
+    environment_record_path,
+    failed_benchmarks,
+    interference_counters,
+    pack_results,
+)
+from speedbench._suite_error import SuiteError
 from speedbench.results import printable
 
 try:
@@ -54,12 +81,6 @@ except ImportError:  # not a POSIX system: runs are not locked against each othe
 
 __all__ = ["RunOptions", "RunResult", "run", "failed_benchmarks", "find_root", "resolve_commits",
            "environment_record_path", "pack_results", "check_options", "prune_stale"]
-
-CONFIG = "asv.conf.json"
-
-
-class SuiteError(RuntimeError):
-    """A `speedlib run` precondition failed; the message says how to fix it."""
 
 
 @dataclass
@@ -85,51 +106,6 @@ class RunResult:
     machine: str
     failed: list[str]  # one printable line per benchmark that failed: "<commit> <name> ..."
     not_run: list[str] = field(default_factory=list)  # chunks left out to keep within the budget
-
-
-def find_root(start: Path | None = None) -> Path:
-    """The directory holding asv.conf.json, from `start` (default: cwd) upwards."""
-    here = (start or Path.cwd()).resolve()
-    for d in (here, *here.parents):
-        if (d / CONFIG).is_file():
-            return d
-    raise SuiteError(f"no {CONFIG} in {here} or its parents: run speedlib from a speedlib checkout")
-
-
-def _git(root: Path, *args: str, strip: bool = True) -> str:
-    """git's output; `strip=False` keeps it byte for byte (porcelain output starts with a
-    status column that may be a space). A failure is one printable line, git's first (the
-    rest is advice or a usage screen): git echoes revisions as given, and --commits comes
-    from the command line."""
-    try:
-        out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True)
-    except subprocess.CalledProcessError as e:
-        said = (e.stderr.strip().splitlines() or [""])[0]
-        raise SuiteError(printable(f"git {' '.join(args)} failed: {said}")) from e
-    return out.stdout.strip() if strip else out.stdout
-
-
-# A source tree copied to an offline host (a batch node, a borrowed GPU) often arrives
-# without .git; asv files results under commits, so git history has to come back first.
-RESTORE_GIT = ("git init -q -b main && git fetch -q BUNDLE main && git reset -q FETCH_HEAD "
-               "(BUNDLE made where the history is: git bundle create speedlib.bundle main)")
-
-
-def resolve_commits(root: Path, spec: str | None) -> list[str]:
-    """Full hashes, oldest first: HEAD, every commit of 'A..B', or one revision."""
-    top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, text=True)
-    # A copy without .git inside some other repository would find that one's HEAD.
-    if top.returncode != 0 or Path(top.stdout.strip()).resolve() != Path(root).resolve():
-        raise SuiteError(f"{root} is not a git checkout, and results are filed under commits: restore its "
-                         f"history from a bundle: {RESTORE_GIT}")
-    if not spec:
-        return [_git(root, "rev-parse", "HEAD")]
-    if ".." in spec:
-        shas = _git(root, "rev-list", "--reverse", spec).split()
-        if not shas:
-            raise SuiteError(f"commit range {spec!r} is empty")
-        return shas
-    return [_git(root, "rev-parse", "--verify", f"{spec}^{{commit}}")]
 
 
 # An asv machine name is a directory under results/: one path component, nothing that
@@ -233,191 +209,6 @@ class _ResultsLock:
                 self.results_dir.rmdir()  # only if empty: a failed first run leaves nothing behind
             except OSError:
                 pass
-
-
-# What a run takes from the checkout: everything for a plain run (filed under HEAD); with
-# --commits the library comes from each commit, the benchmarks, harness and config still
-# from the checkout.
-_CHECKOUT_PARTS = ("speedlib", "speedbench", "benchmarks", CONFIG)
-_HARNESS_PARTS = ("speedbench", "benchmarks", CONFIG)
-# Python's caches appear beside any module that ran (a scratch copy has no .gitignore).
-_NOT_CODE = (":(exclude,glob)**/__pycache__/**", ":(exclude,glob)**/*.pyc")
-
-
-def _dirty(root: Path, parts: Sequence[str] = _CHECKOUT_PARTS) -> list[str]:
-    """The paths of changed and untracked files under `parts`: an untracked benchmark runs as
-    surely as an edited one. Read with -z: each entry is 'XY path' exactly (no quoting, no
-    stripped status column), a rename's original path following as an entry of its own."""
-    out = _git(root, "status", "--porcelain", "-z", "--untracked-files=all", "--", *parts, *_NOT_CODE,
-               strip=False)
-    entries = iter(out.split("\0"))
-    paths = []
-    for entry in entries:
-        if len(entry) < 4:
-            continue  # the empty string after the last NUL
-        paths.append(entry[3:])
-        if entry[0] in "RC":
-            next(entries, None)  # the path it was renamed or copied from
-    return paths
-
-
-def environment_record_path(results_dir: Path, machine: str, sha: str) -> Path:
-    """Where a run's environment record goes: beside asv's files, one JSON line per run.
-
-    Not a .json file in the machine directory, which asv would try to read as a result.
-    """
-    return results_dir / machine / "environment" / f"{sha[:8]}.jsonl"
-
-
-def _record_environment(path: Path, sha: str, env: dict, command: list[str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = {
-        "commit": sha,
-        "recorded_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join(command),
-        **env,
-    }
-    with _writing(path):  # appended: a rerun never loses the last record
-        safekeep.append_line(path, json.dumps(record, sort_keys=True))
-
-
-@contextlib.contextmanager
-def _writing(path: Path):
-    """An OSError while speedlib writes one of its own files (safekeep writes them whole or
-    not at all) as one line that says the file is unharmed."""
-    try:
-        yield
-    except OSError as e:
-        raise SuiteError(f"could not write {printable(str(path))} ({e.strerror or e}){safekeep.disk_full(e)}; it is as it was "
-                         "before: free some space and run again") from None
-
-
-class Interrupted(SuiteError):
-    """SIGINT or SIGTERM stopped the run; asv and its benchmark processes were stopped too."""
-
-    def __init__(self, signum: int):
-        super().__init__(f"stopped by {signal.Signals(signum).name}: asv and its benchmarks were stopped; "
-                         "results of finished chunks and commits are kept")
-        self.signum = signum
-
-
-# asv runs under this supervisor; see its docstring for why stopping asv's process group
-# is not enough (asv gives every benchmark process a group of its own).
-_SUPERVISE = Path(supervise.__file__)
-
-
-def _asv(args: list[str], *, env: dict | None = None, cwd: Path, failures_ok: bool = False) -> int:
-    """asv's exit status: 0, or 2 when `failures_ok` (`asv run`: some benchmark failed, the
-    results were saved). Any other status means asv itself failed, and raises.
-
-    When this run is stopped (Ctrl+C, a SIGTERM from a time limit, even a SIGKILL), asv and
-    every process it started are stopped with it instead of running on, holding the GPU and
-    writing results nobody packs."""
-    cmd = [sys.executable, "-m", "asv", *args]
-    # asv and its benchmarks leave files in $TMPDIR, stopped or not (the forkserver's socket
-    # directory, benchmark working directories, torchrun's error files): they get a directory
-    # of this run's, removed once the supervisor has stopped them all. After a SIGKILL the
-    # next run's prune_stale removes it (its owner file says whose it was).
-    with tempfile.TemporaryDirectory(prefix="speedlib-asv-", ignore_cleanup_errors=True) as tmp:
-        _claim(Path(tmp))
-        env = dict(os.environ if env is None else env)
-        if len(os.fsencode(tmp)) <= _TMPDIR_MAX:
-            env["TMPDIR"] = tmp
-        # The supervisor gets a process group of its own so that a terminal's Ctrl+C reaches
-        # speedlib alone, which then stops the supervisor in order. asv's own per-benchmark
-        # progress lines stream straight through.
-        proc = subprocess.Popen([sys.executable, str(_SUPERVISE), str(os.getpid()), "--", *cmd],
-                                cwd=cwd, env=env, process_group=0)
-        try:
-            returncode = proc.wait()
-        except BaseException:
-            _stop_supervisor(proc)
-            raise
-    if returncode != 0 and not (failures_ok and returncode == 2):
-        raise SuiteError(f"asv exited with status {returncode}: {shlex.join(cmd)}")
-    return returncode
-
-
-# asv's forkserver listens on $TMPDIR/asv-forkserver-XXXXXXXX/socket, and a Unix socket's path
-# holds at most 107 bytes: under a TMPDIR so long that the directory above would overflow it,
-# asv keeps the caller's.
-_TMPDIR_MAX = 107 - len("/asv-forkserver-XXXXXXXX/socket")
-
-
-def _stop_supervisor(proc: subprocess.Popen) -> None:
-    """SIGTERM the supervisor, which stops asv's whole tree; SIGKILL its group if it hangs."""
-    try:
-        proc.terminate()
-        proc.wait(timeout=supervise.GRACE_S + 10)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-
-
-_STOPPING = (signal.SIGINT, signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def _stopped_by_signals():
-    """While the run lasts, SIGINT and SIGTERM raise Interrupted. Only the main thread may set
-    handlers: elsewhere the caller's stay."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {signum: signal.signal(signum, _raise_interrupted) for signum in _STOPPING}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
-def _raise_interrupted(signum: int, frame) -> None:
-    # The first signal stops the run. Stopping asv (up to its grace period) and removing the
-    # worktrees and scratch take a while; a second Ctrl+C raised in the middle of that would
-    # cut the cleanup short and leave asv running. From here on both only say to wait.
-    for each in _STOPPING:
-        signal.signal(each, _still_stopping)
-    raise Interrupted(signum)
-
-
-def _still_stopping(signum: int, frame) -> None:
-    try:  # os.write, not print: the code this interrupts may be inside a print to stderr
-        os.write(2, f"speedlib run: still stopping asv and removing the run's scratch (up to "
-                    f"{supervise.GRACE_S + 10:.0f} s)\n".encode())
-    except OSError:
-        pass
-
-
-def failed_benchmarks(results_dir: Path, machine: str, sha: str, since_ms: int = 0) -> list[str]:
-    """One printable line per benchmark of `sha` that asv recorded as failed (result null)
-    and that started at `since_ms` or later: the result file keeps earlier runs' entries of
-    the commit, and a failure from one of those is not this run's."""
-    lines = []
-    for path in sorted((Path(results_dir) / machine).glob(f"{sha[:8]}-*.json")):
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("commit_hash") != sha:
-            continue
-        for name, entry in sorted(data.get("results", {}).items()):
-            record = dict(zip(data["result_columns"], entry))
-            if not isinstance(record.get("started_at"), (int, float)) or record["started_at"] < since_ms:
-                continue
-            params = record.get("params") or []
-            combos = list(itertools.product(*params))  # a benchmark without parameters has one, ()
-            values = record.get("result")
-            values = values if isinstance(values, list) else [values] * len(combos)
-            bad = [c for c, v in zip(combos, values) if v is None]
-            if not bad:
-                continue
-            line = f"{sha[:8]} {name}"
-            if params:  # which parameter sets, as asv prints them (reprs)
-                line += f" for {len(bad)} of {len(combos)} parameter sets: " + "; ".join(
-                    f"({', '.join(c)})" for c in bad)
-            lines.append(printable(line))  # names come from benchmark code
-    return lines
 
 
 def _register_machine(conf: Path, root: Path, name: str, env: dict) -> None:
@@ -686,43 +477,6 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
     return found
 
 
-def interference_counters(results_dir: Path, machine: str, sha: str, since_ms: int = 0) -> dict[str, dict]:
-    """The interference counters (benchmarks/common.py `_Interference`) that asv recorded for
-    `sha` from `since_ms` on, one entry per measurement: a paired configuration's rounds are
-    stored once per variant, and counted once."""
-    from speedbench.contention import COUNTER_METRICS  # noqa: PLC0415
-
-    found: dict[tuple, dict] = {}
-    for path in sorted((Path(results_dir) / machine).glob(f"{sha[:8]}-*.json")):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue  # unreadable: `speedlib report` names it; the run goes on
-        if not isinstance(data, dict) or data.get("commit_hash") != sha:
-            continue
-        for name, entry in (data.get("results") or {}).items():
-            cls, _, method = name.rpartition(".")
-            metric = COUNTER_METRICS.get(method.removeprefix("track_"))
-            record = dict(zip(data.get("result_columns") or [], entry if isinstance(entry, list) else []))
-            started = record.get("started_at")
-            if metric is None or not isinstance(started, (int, float)) or started < since_ms:
-                continue
-            params = record.get("params") or []
-            for combo, samples in zip(itertools.product(*params), record.get("samples") or []):
-                if isinstance(samples, list) and samples and all(isinstance(v, (int, float)) for v in samples):
-                    found.setdefault((cls, combo), {})[metric] = samples
-    unique: dict[str, tuple[str, dict]] = {}
-    for (cls, combo), counters in found.items():
-        # named by the parameters before the variant where that tells them apart (a paired
-        # configuration), else by all of them (one launch per parameter set)
-        label = f"{cls}({', '.join(combo[:-1] or combo)})"
-        unique.setdefault(json.dumps([cls, sorted(counters.items())]), (label, counters))
-    out: dict[str, dict] = {}
-    for label, counters in unique.values():
-        out[label if label not in out else f"{label} {len(out)}"] = counters
-    return out
-
-
 def _asv_keeping_results(asv_args: list[str], env: dict, root: Path, results_dir: Path, machine: str,
                          sha: str) -> int:
     """`_asv(asv_args)` with asv's files in `results_dir` copied first and put back where it
@@ -792,107 +546,6 @@ def _print_failed(failed: Sequence[str]) -> None:
               "(asv's output above says why):", file=sys.stderr, flush=True)
         for line in failed:
             print(f"  FAILED {line}", file=sys.stderr, flush=True)
-
-
-def pack_results(results_dir: Path, machine: str, shas: Sequence[str], dest: Path) -> Path:
-    """One .tar.gz of what a run wrote, laid out as `results/...` so that unpacking it in a
-    checkout's root adds it there: the machine's result files and environment records for
-    `shas`, its machine.json, and benchmarks.json (the benchmark versions asv compares)."""
-    results_dir, dest = Path(results_dir), Path(dest)
-    machine_dir = results_dir / machine
-    files = [results_dir / "benchmarks.json", machine_dir / "machine.json", machine_dir / "chunk-times.jsonl"]
-    for sha in shas:
-        files += sorted(machine_dir.glob(f"{sha[:8]}-*.json"))
-        files.append(environment_record_path(results_dir, machine, sha))
-    missing = [str(f) for f in files[:2] if not f.is_file()]
-    if missing or len(files) == 3 + len(shas):
-        raise SuiteError(f"nothing to pack for {machine} in {results_dir}: missing {missing or 'result files'}")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    # Written aside and renamed: a run killed while packing, or a full disk, keeps the
-    # previous archive whole.
-    with _writing(dest), safekeep.written_whole(dest) as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
-        for f in files:
-            if f.is_file():
-                tar.add(f, arcname=str(Path("results") / f.relative_to(results_dir)))
-    return dest
-
-
-# In each scratch directory a run makes (its asv config, a commit's worktree): the run's pid,
-# so that a later run can tell what a killed one left behind.
-_OWNER = "owner.pid"
-
-
-def _claim(scratch: Path) -> None:
-    (scratch / _OWNER).write_text(str(os.getpid()))
-
-
-def _owner_gone(scratch: Path) -> bool:
-    """Whether the run that made `scratch` has ended. A directory without an owner file is
-    not known to be a run's (or is being set up): left alone."""
-    try:
-        pid = int((scratch / _OWNER).read_text())
-    except (OSError, ValueError):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, someone else's
-        return False
-    return False
-
-
-def prune_stale(root: Path) -> list[Path]:
-    """Remove what runs killed outright (SIGKILL, a lost machine) left: their scratch
-    directories and commit worktrees under the temporary directory, where the owner process
-    is gone; then `git worktree prune` forgets worktrees whose directory no longer exists."""
-    removed = []
-    for scratch in sorted(Path(tempfile.gettempdir()).glob("speedlib-*")):
-        if scratch.is_symlink() or not scratch.is_dir() or not _owner_gone(scratch):
-            continue
-        if (scratch / "tree").exists():
-            subprocess.run(["git", "worktree", "remove", "--force", str(scratch / "tree")], cwd=root,
-                           capture_output=True)
-        shutil.rmtree(scratch, ignore_errors=True)
-        removed.append(scratch)
-    subprocess.run(["git", "worktree", "prune"], cwd=root, capture_output=True)
-    return removed
-
-
-class _library_at:
-    """Context manager: a directory on whose path `speedlib` is the package at commit `sha`,
-    and nothing else.
-
-    The commit is checked out as a worktree, but the directory handed to the benchmarks
-    holds only a link to its `speedlib/`: a commit's own `speedbench/` (timers, memory
-    counters, workloads) must never replace the checkout's, or a harness change would
-    show up as a technique's regression."""
-
-    def __init__(self, root: Path, sha: str, use_checkout: bool):
-        self.root, self.sha, self.use_checkout = root, sha, use_checkout
-        self.scratch: Path | None = None
-
-    def __enter__(self) -> Path:
-        if self.use_checkout:
-            return self.root
-        self.scratch = Path(tempfile.mkdtemp(prefix=f"speedlib-{self.sha[:8]}-"))
-        try:
-            _claim(self.scratch)
-            tree, only_library = self.scratch / "tree", self.scratch / "path"
-            _git(self.root, "worktree", "add", "--detach", "--force", str(tree), self.sha)
-            only_library.mkdir()
-            (only_library / "speedlib").symlink_to(tree / "speedlib", target_is_directory=True)
-        except BaseException:  # a failed or interrupted set-up: no __exit__ will remove it
-            self.__exit__()
-            raise
-        return only_library
-
-    def __exit__(self, *exc) -> None:
-        if self.scratch is not None:
-            # A group of its own: a Ctrl+C at the terminal during the cleanup must not kill it.
-            subprocess.run(["git", "worktree", "remove", "--force", str(self.scratch / "tree")],
-                           cwd=self.root, capture_output=True, process_group=0)
-            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def _print_table(results_dir: Path, machine: str, shas: Sequence[str] | None = None) -> None:
