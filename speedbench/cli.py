@@ -543,6 +543,13 @@ def build_parser() -> argparse.ArgumentParser:
     dash.add_argument("--no-browser", action="store_true",
                       help="do not open a browser window (none is opened without a display anyway)")
     dash.set_defaults(func=_cmd_dashboard)
+
+    from speedbench import merge  # noqa: PLC0415 - stdlib only at import: the parser stays fast
+
+    merge.add_parser(sub)  # `speedlib merge`: archives and results trees into one tree (speedbench/merge.py)
+    from speedbench import slurm  # noqa: PLC0415 - stdlib only at import: the parser stays fast
+
+    slurm.add_parser(sub)  # `speedlib slurm`: the suite as a Slurm job array (speedbench/slurm.py)
     return parser
 
 

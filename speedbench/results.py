@@ -557,6 +557,11 @@ def _killed_run(root: Path, problems: list[Problem]) -> None:
         problems.append(Problem(str(snapshot), "a speedlib run was killed while asv wrote here; the files from "
                                                "before it are kept in this directory, and the next speedlib run "
                                                "puts them back"))
+    # speedbench.merge's staging directory (its name, not an import: merge imports the suite)
+    if (root / ".speedlib-merge" / "journal").is_file():
+        problems.append(Problem(str(root / ".speedlib-merge"), "a speedlib merge was stopped while renaming its "
+                                                               "files, so some are merged and some not yet; the "
+                                                               "next speedlib merge or speedlib run finishes it"))
 
 
 def load_results(path: str | Path) -> LoadedResults:

@@ -502,13 +502,19 @@ def _asv_keeping_results(asv_args: list[str], env: dict, root: Path, results_dir
 
 def _recover(results_dir: Path) -> None:
     """Put back what asv left torn in a run that was killed outright (SIGKILL, a lost
-    machine): its snapshot is still in `results_dir`. Under the results lock, so that run is gone."""
+    machine): its snapshot is still in `results_dir`; finish a merge stopped between its renames.
+    Under the results lock, so that run or merge is gone."""
+    from speedbench import merge  # noqa: PLC0415 - merge imports this module (the results lock)
+
     try:
         lines = safekeep.recover(results_dir)
     except safekeep.SnapshotError as e:
         raise SuiteError(printable(str(e))) from None
     for line in lines:
         print(f"speedlib run: a run was killed while asv wrote here: {printable(line)}", flush=True)
+    # and a `speedlib merge` stopped between its renames: finished, so no run reads a half-merged tree
+    for line in merge.recover(results_dir):
+        print(f"speedlib run: {printable(line)}", flush=True)
 
 
 def _settle(snapshot, failed: bool) -> None:

@@ -1,0 +1,461 @@
+"""Combine results from several hosts into one results tree (`speedlib merge`).
+
+Why: a chunked run on two GPU nodes at once leaves two archives of one commit, each holding a
+whole asv result file for it. Unpacking the second replaces the first, so one node's work was
+lost (docs/gpu-slots.md). This module merges instead of unpacking.
+
+What: the inputs are `.tar.gz` archives made by `speedlib run --archive` and results trees, in
+any mix. Archives are read in memory, never extracted: a member that is absolute, climbs out
+with `..`, is a link, a device or anything but a plain file or directory refuses the archive,
+so is a torn JSON file. Into the `--into` tree (default results/):
+- a result file new there is added as it is; one of the same machine, commit and environment
+  (the same file name) is merged benchmark by benchmark in asv's own format (asv's columns,
+  the newest `date`, `durations` united), so `asv publish` and speedbench.results read it;
+- environment records, chunk times and the side files below are appended line by line,
+  lines already there left out;
+- machine.json and benchmarks.json are taken where missing and must agree where present.
+Identical entries are no conflict, so merging an archive twice changes nothing.
+
+Conflicts: one benchmark measured twice for one machine, commit and environment with other
+data, or benchmarks.json versions that disagree. By default the merge is refused (exit 1,
+nothing written, one line per conflict with both sources' start times). `--prefer newer`
+keeps the entry that started later (the one already there on a tie; for the listing, the
+side whose results of that benchmark started later) and writes each displaced entry whole,
+one JSON line, into `merge-displaced.jsonl` (in the machine's directory, or the tree's for a
+listing entry), so nothing is lost. Two sources whose recorded hardware differs under one
+machine name (machine.json's cpu, arch, num_cpu, ram; the environment records' GPU or CPU
+model) are always refused: rerun one with another `--machine`.
+
+Atomic: under the results lock every output file is written in full into `.speedlib-merge/`
+inside the tree (same filesystem, not *.json: neither asv nor the loader reads it), then a
+journal naming the renames, then the renames. A merge stopped before the journal leaves the
+tree as it was (the next merge removes the leftovers); one stopped after it is rolled
+forward by the next merge. A full disk stops the merge before any rename.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from speedbench import safekeep
+from speedbench._merge_sources import (BAD_INPUT, CONFLICTS, DISPLACED, MergeError, _bad, _loads, _Machine,
+                                       _read_dir, _read_source, _Tree, printable)
+
+__all__ = ["MergeError", "merge", "recover", "add_parser", "STAGING", "DISPLACED", "CONFLICTS", "BAD_INPUT"]
+
+STAGING = ".speedlib-merge"
+_JOURNAL = "journal"
+# machine.json's fields that name the hardware (asv machine --cpu/--arch/--num_cpu/--ram)
+_HARDWARE = ("arch", "cpu", "num_cpu", "ram")
+
+
+# --- merging -------------------------------------------------------------------------------
+
+def _when(ms) -> str:
+    try:
+        return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).isoformat(timespec="seconds")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "at an unknown time"
+
+
+def _same(a, b) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # NaN equals NaN
+
+
+def _row_start(obj: dict, row: list):
+    i = obj["result_columns"].index("started_at")
+    return row[i] if i < len(row) else None
+
+
+def _later(a, b) -> bool:
+    """Whether start time `a` is later than `b` (an unknown one is earliest)."""
+    num = (int, float)
+    return isinstance(a, num) and (not isinstance(b, num) or a > b)
+
+
+@dataclass
+class _Merge:
+    into: _Tree
+    prefer: str | None
+    conflicts: list[str] = field(default_factory=list)
+    hardware: list[str] = field(default_factory=list)
+    said: list[str] = field(default_factory=list)
+    changed: set[tuple[str, str]] = field(default_factory=set)  # (machine or '', path) to write
+    added: dict[tuple, list[int]] = field(default_factory=dict)  # (machine, file) -> [added, replaced]
+    origin: dict[tuple, str] = field(default_factory=dict)
+    appended: dict[tuple[str, str], int] = field(default_factory=dict)  # (machine, jsonl) -> lines
+
+    def source_of(self, key: tuple) -> str:
+        return self.origin.get(key, self.into.label)
+
+    def displace(self, machine: str, record: dict, why: str) -> None:
+        side = (self.into.machines[machine].lines if machine else self.into.lines).setdefault(DISPLACED, [])
+        if _displaced_key(record) not in {_displaced_key(_loads(line)) for line in side}:  # wherever it came from
+            side.append(json.dumps(record, sort_keys=True).encode())
+            self.changed.add((machine, DISPLACED))
+        self.said.append(f"{why}; the displaced entry is kept in "
+                         f"{printable(str(PurePosixPath(machine or '.', DISPLACED)))}")
+
+    def touch_listing(self) -> None:
+        self.changed.add(("", "benchmarks.json"))
+        self.into.listing_raw = b""  # rewritten in asv's format
+
+    def check_hardware(self, name: str, src: _Machine, label: str) -> None:
+        from speedbench import machines  # noqa: PLC0415 - it loads pandas
+
+        have = self.into.machines.get(name)
+        if have is None:
+            return
+        if have.info and src.info:
+            differ = [f for f in _HARDWARE if f in have.info and f in src.info and have.info[f] != src.info[f]]
+            if differ:
+                f = differ[0]
+                self.hardware.append(
+                    f"machine {printable(name)}: {printable(self.source_of(('info', name)))} has {f} "
+                    f"{printable(str(have.info[f]))} and {label} {printable(str(src.info[f]))}")
+                return
+        mine = [machines._hardware(r) for r in _records(have)]
+        for theirs in map(machines._hardware, _records(src)):
+            other = next((h for h in mine if machines._differs(h, theirs)), None)
+            if other is not None:
+                self.hardware.append(
+                    f"machine {printable(name)}: {printable(self.source_of(('env', name)))} recorded "
+                    f"{printable(machines.describe(other))} and {label} {printable(machines.describe(theirs))}")
+                return
+
+    def listing(self, src: _Tree) -> None:
+        if src.listing is None:
+            return
+        if self.into.listing is None:
+            self.into.listing, self.into.listing_raw = dict(src.listing), src.listing_raw
+            self.changed.add(("", "benchmarks.json"))  # as it was written, unless a later source adds to it
+            for name in src.listing:
+                self.origin[("listing", name)] = src.label
+            return
+        for name, entry in src.listing.items():
+            have = self.into.listing.get(name)
+            if have is None or name == "version":
+                if have is None:
+                    self.into.listing[name] = entry
+                    self.origin[("listing", name)] = src.label
+                    self.touch_listing()
+                continue
+            if not isinstance(have, dict) or not isinstance(entry, dict) or have.get("version") == entry.get("version"):
+                continue
+            old, new = _latest_start(self.into, name), _latest_start(src, name)
+            where = (f"benchmarks.json, benchmark {printable(name)}: version {printable(str(have.get('version')))[:12]} "
+                     f"in {printable(self.source_of(('listing', name)))} (results started {_when(old)}), "
+                     f"{printable(str(entry.get('version')))[:12]} in {src.label} (started {_when(new)})")
+            if self.prefer != "newer":
+                self.conflicts.append(where)
+                continue
+            keep_new = _later(new, old)
+            gone, gone_from = (have, self.source_of(("listing", name))) if keep_new else (entry, src.label)
+            if keep_new:
+                self.into.listing[name] = entry
+                self.origin[("listing", name)] = src.label
+                self.touch_listing()
+            self.displace("", {"benchmark": name, "listing_entry": gone, "source": Path(gone_from).name},
+                          f"kept the newer listing of {printable(name)}")
+
+    def machine(self, name: str, src: _Machine, label: str) -> None:
+        if name not in self.into.machines:
+            self.into.machines[name] = _Machine()
+        have = self.into.machines[name]
+        if have.info is None and src.info is not None:
+            have.info, have.info_raw = src.info, src.info_raw
+            self.origin[("info", name)] = label
+            self.changed.add((name, "machine.json"))
+        for file, obj in src.results.items():
+            if file not in have.results:
+                have.results[file], have.raw[file] = obj, src.raw[file]
+                self.changed.add((name, file))
+                self.said.append(f"added {printable(name)}/{printable(file)} ({len(obj['results'])} benchmark(s)) "
+                                 f"from {label}")
+                for bench in obj["results"]:
+                    self.origin[(name, file, bench)] = label
+            elif self.result_file(name, file, have.results[file], obj, label):
+                have.raw.pop(file, None)  # rewritten in asv's format
+        if src.lines.keys() - {DISPLACED} and not any(k.startswith("environment/") for k in have.lines):
+            self.origin[("env", name)] = label
+        for inner, lines in src.lines.items():
+            added = _append(have.lines, inner, lines)
+            if added:
+                self.changed.add((name, inner))
+                if inner != DISPLACED:
+                    self.appended[(name, inner)] = self.appended.get((name, inner), 0) + added
+
+    def result_file(self, name: str, file: str, have: dict, obj: dict, label: str) -> bool:
+        """Merge result object `obj` into `have`; whether `have` changed."""
+        where = f"{printable(name)}/{printable(file)}"
+        for key in ("commit_hash", "env_name", "result_columns"):
+            if not _same(have.get(key), obj.get(key)):
+                raise _bad(f"{where} in {label} differs from the one it merges with in {key}: not one commit's "
+                           "results in one environment")
+        counts = self.added.setdefault((name, file), [0, 0])
+        dirty = False
+        for bench, row in obj["results"].items():
+            old = have["results"].get(bench)
+            if old is None:
+                have["results"][bench] = row
+                self.origin[(name, file, bench)] = label
+                counts[0] += 1
+                dirty = True
+                continue
+            if _same(old, row):
+                continue
+            was = self.source_of((name, file, bench))
+            t_old, t_new = _row_start(have, old), _row_start(obj, row)
+            what = (f"machine {printable(name)}, commit {printable(have['commit_hash'][:8])}, benchmark "
+                    f"{printable(bench)}: {printable(was)} started {_when(t_old)}, {label} started {_when(t_new)}")
+            if self.prefer != "newer":
+                self.conflicts.append(what)
+                continue
+            keep_new = _later(t_new, t_old)
+            gone, gone_from, gone_at = (old, was, t_old) if keep_new else (row, label, t_new)
+            if keep_new:
+                have["results"][bench] = row
+                self.origin[(name, file, bench)] = label
+                counts[1] += 1
+                dirty = True
+            self.displace(name, {"file": file, "commit_hash": have["commit_hash"], "env_name": have["env_name"],
+                                 "benchmark": bench, "result_columns": have["result_columns"], "row": gone,
+                                 "source": Path(gone_from).name},
+                          f"displaced {printable(name)} {printable(have['commit_hash'][:8])} {printable(bench)} from "
+                          f"{printable(gone_from)} (started {_when(gone_at)}) by the newer one")
+        durations = {**have.get("durations", {})}
+        newer = _later(obj.get("date"), have.get("date"))
+        for key, value in obj.get("durations", {}).items():
+            if key not in durations or (newer and durations[key] != value):
+                durations[key] = value
+        if not _same(durations, have.get("durations", {})):
+            have["durations"], dirty = durations, True
+        if newer:
+            have["date"], dirty = obj["date"], True
+        if dirty:
+            self.changed.add((name, file))
+        return dirty
+
+
+def _displaced_key(record) -> str:
+    """A displaced entry's identity: the same entry displaced again, from a source by another
+    name, is not written twice."""
+    if not isinstance(record, dict):
+        return ""
+    return json.dumps({k: v for k, v in record.items() if k != "source"}, sort_keys=True)
+
+
+def _records(m: _Machine) -> list[dict]:
+    out = []
+    for inner, lines in m.lines.items():
+        if inner.startswith("environment/"):
+            out += [r for r in map(_loads, lines) if isinstance(r, dict)]
+    return out
+
+
+def _latest_start(tree: _Tree, bench: str):
+    starts = [_row_start(obj, obj["results"][bench]) for m in tree.machines.values()
+              for obj in m.results.values() if bench in obj["results"]]
+    known = [s for s in starts if isinstance(s, (int, float))]
+    return max(known) if known else None
+
+
+def _append(store: dict[str, list[bytes]], inner: str, lines: list[bytes]) -> int:
+    """Add the lines of `lines` not yet in store[inner]; how many were added."""
+    have = store.setdefault(inner, [])
+    seen = {line.strip() for line in have}
+    new = []
+    for line in lines:
+        if line.strip() not in seen:
+            seen.add(line.strip())
+            new.append(line)
+    have += new
+    return len(new)
+
+
+# --- writing -------------------------------------------------------------------------------
+
+def _content(tree: _Tree, machine: str, inner: str, old: bytes | None) -> bytes:
+    if not machine and inner == "benchmarks.json":
+        if tree.listing_raw:
+            return tree.listing_raw
+        return json.dumps(tree.listing, indent=4, sort_keys=True).encode()  # asv's write_json
+    m = tree.machines[machine] if machine else None
+    if inner.endswith(".jsonl"):
+        lines = (m.lines if m else tree.lines)[inner]
+        return b"".join(line.rstrip(b"\r\n") + b"\n" for line in lines)
+    if inner == "machine.json":
+        return m.info_raw
+    if inner in m.raw:  # added whole from one source
+        return m.raw[inner]
+    return json.dumps(m.results[inner]).encode()  # asv's compact result format
+
+
+def _rename(tmp: Path, final: Path) -> None:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, final)
+
+
+def recover(into: Path) -> list[str]:
+    """Finish or drop what a stopped merge left in `into` (hold its lock): renames a journal
+    names are completed; files staged before the journal was written are removed."""
+    stage = Path(into) / STAGING
+    if not (stage.exists() or stage.is_symlink()):
+        return []
+    journal = stage / _JOURNAL
+    if stage.is_symlink() or not journal.is_file():
+        if stage.is_symlink() or not stage.is_dir():
+            stage.unlink()
+        else:
+            shutil.rmtree(stage)
+        return []
+    entries = [json.loads(line) for line in journal.read_bytes().splitlines() if line.strip()]
+    for tmp, rel in entries:
+        if (stage / tmp).exists():
+            _rename(stage / tmp, Path(into) / rel)
+    journal.unlink()
+    shutil.rmtree(stage)
+    return [f"finished a merge that was stopped while renaming its files ({len(entries)} file(s))"]
+
+
+def _write(into: Path, files: list[tuple[str, bytes]]) -> None:
+    stage = into / STAGING
+    entries = []
+    try:
+        stage.mkdir()
+        for i, (rel, data) in enumerate(files):
+            tmp = f"{i}.new"
+            with (stage / tmp).open("wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            entries.append([tmp, rel])
+        with safekeep.written_whole(stage / _JOURNAL) as f:
+            f.write(b"".join(json.dumps(e).encode() + b"\n" for e in entries))
+    except OSError as e:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise MergeError(BAD_INPUT, [f"could not write into {printable(str(into))} ({e.strerror or e})"
+                                     f"{safekeep.disk_full(e)}; it is as it was: free some space and merge again"]) from None
+    try:
+        recover(into)  # the renames
+    except OSError as e:
+        raise MergeError(BAD_INPUT, [f"stopped while renaming into {printable(str(into))} ({e.strerror or e}); "
+                                     "run speedlib merge again to finish"]) from None
+
+
+def merge(sources: Sequence[Path], into: Path, prefer: str | None = None) -> list[str]:
+    """Merge `sources` (archives, results trees) into the results tree `into`; the lines to
+    print. MergeError (nothing written) on bad input, conflicts or a full disk."""
+    from speedbench.suite import SuiteError, _ResultsLock  # noqa: PLC0415 - one lock for runs and merges
+
+    into = Path(into)
+    if prefer not in (None, "newer"):
+        raise _bad(f"--prefer must be 'newer', got {printable(prefer)}")
+    if into.exists() and not into.is_dir():
+        raise _bad(f"--into {printable(str(into))} is not a directory")
+    trees = [_read_source(Path(s)) for s in sources]
+    said = []
+    try:
+        with _ResultsLock(into):
+            try:
+                said += recover(into)
+                said += safekeep.recover(into)  # what a killed `speedlib run` left torn
+            except (OSError, ValueError, safekeep.SnapshotError) as e:
+                raise MergeError(BAD_INPUT, [f"cannot settle what a stopped run left in {printable(str(into))}: "
+                                             f"{printable(str(e))}"]) from None
+            return said + _merge_locked(trees, into, prefer)
+    except SuiteError as e:
+        raise MergeError(BAD_INPUT, [printable(str(e))]) from None
+
+
+def _merge_locked(trees: list[_Tree], into: Path, prefer: str | None) -> list[str]:
+    base = _read_dir(into, printable(str(into)), strict=False)
+    m = _Merge(base, prefer)
+    for tree in trees:
+        m.listing(tree)  # first: its start times are the tree's own and those already merged
+        for name, src in tree.machines.items():
+            m.check_hardware(name, src, tree.label)
+            m.machine(name, src, tree.label)
+    if m.hardware:
+        raise MergeError(CONFLICTS, [*(f"hardware differs: {h}" for h in m.hardware),
+                                     "a machine name stands for one kind of hardware: rerun one of them with "
+                                     "speedlib run --machine NEWNAME; nothing was written"])
+    if m.conflicts:
+        raise MergeError(CONFLICTS, [*(f"conflict: {c}" for c in m.conflicts),
+                                     f"{len(m.conflicts)} entr(y/ies) measured twice with different data; nothing was "
+                                     "written: --prefer newer keeps the later one and the other in merge-displaced.jsonl"])
+    files = []
+    for machine, inner in sorted(m.changed):
+        rel = str(PurePosixPath(machine, inner)) if machine else inner
+        path = into / rel
+        old = path.read_bytes() if path.is_file() else None
+        data = _content(base, machine, inner, old)
+        if data != old:
+            files.append((rel, data))
+    for (machine, file), (added, replaced) in sorted(m.added.items()):
+        if added or replaced:
+            m.said.append(f"{printable(machine)} commit {printable(base.machines[machine].results[file]['commit_hash'][:8])}"
+                          f": {added} benchmark(s) added" + (f", {replaced} replaced by newer ones" if replaced else ""))
+    for (machine, inner), n in sorted(m.appended.items()):
+        m.said.append(f"appended {n} line(s) to {printable(machine)}/{printable(inner)}")
+    if not files:
+        return [*m.said, f"nothing changed: {printable(str(into))} already holds everything in the sources"]
+    _write(into, files)
+    return [*m.said, f"{len(files)} file(s) written in {printable(str(into))}"]
+
+
+# --- the command ---------------------------------------------------------------------------
+
+EXIT_STATUS = """exit status:
+  0  merged (or nothing to add: the tree already held everything); one line per change
+  1  refused, nothing written: an entry measured twice with different data (without
+     --prefer newer), benchmarks.json versions that disagree, or hardware that differs
+     under one machine name (always refused); one line per conflict
+  2  refused, nothing written: a missing or unreadable input, an archive with unsafe
+     members (absolute paths, '..', links, devices), a torn file, a full disk, or another
+     run or merge holding the results directory"""
+
+
+DESCRIPTION = """Merge results from several hosts into one results tree. Result files of one machine, commit and
+environment are merged benchmark by benchmark in asv's format; environment records and chunk
+times are appended line by line. Identical entries merge silently, so merging twice changes
+nothing. An entry measured twice with different data is refused, or with --prefer newer the
+one that started later is kept and the other written whole into merge-displaced.jsonl.
+Hardware that differs under one machine name is always refused. Files are written in full
+aside, then renamed under a journal: a stopped merge is finished by the next one."""
+
+
+def add_parser(sub) -> None:
+    """The `merge` subcommand on `speedlib`'s subparsers."""
+    import argparse  # noqa: PLC0415
+
+    p = sub.add_parser("merge", help="merge archives of `speedlib run --archive` and results trees into one results "
+                                     "tree, benchmark by benchmark", description=DESCRIPTION,
+                       epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sources", nargs="+", metavar="ARCHIVE_OR_DIR",
+                   help="a .tar.gz made by speedlib run --archive, or a results directory")
+    p.add_argument("--into", default="results", metavar="DIR", help="the results tree to merge into (default: results)")
+    p.add_argument("--prefer", choices=["newer"],
+                   help="resolve a benchmark measured twice with different data: keep the entry that started later, "
+                        "and write the other whole into merge-displaced.jsonl (default: refuse)")
+    p.set_defaults(func=_cmd_merge)
+
+
+def _cmd_merge(args, argv) -> int:
+    import sys  # noqa: PLC0415
+
+    try:
+        lines = merge([Path(s) for s in args.sources], Path(args.into), args.prefer)
+    except MergeError as e:
+        for line in e.lines:
+            print(f"speedlib merge: {line}", file=sys.stderr)
+        return e.status
+    for line in lines:
+        print(f"speedlib merge: {line}")
+    return 0
