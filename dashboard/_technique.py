@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from _view import (config_label, log_axis, pick, pick_many, ratio_chart, results, say_names, show_problems,
-                   spread_chart, suite_listing, table, tabs, widths)
+                   show, spread_chart, suite_listing, table, tabs)
 from speedbench import headline, plan, report, words
 
 
@@ -197,7 +197,7 @@ def _not_measured(data: dict, name: str, machine: str | None = None) -> None:
         if not missing.empty:
             st.markdown(f"**Never run on {report._md(machine)}**: no chunk that measures these has run there yet")
             missing = missing.assign(benchmark=missing["benchmark"].str.replace(r"^bench_\w+\.", "", regex=True))
-            st.dataframe(missing, hide_index=True, column_config=widths(missing))
+            show(missing)
     if rows.empty:
         st.caption("Nothing that ran was skipped or failed.")
         return
@@ -207,4 +207,4 @@ def _not_measured(data: dict, name: str, machine: str | None = None) -> None:
     frame = rows.assign(commit=rows["commit"].str[:8], why=report.why_not_measured(rows),
                         benchmark=rows["benchmark"].str.replace(r"^bench_\w+\.", "", regex=True))[
         [*(["machine"] if machine is None else []), "benchmark", "params", "status", "why", "commit"]]
-    st.dataframe(frame, hide_index=True, column_config=widths(frame))
+    show(frame)

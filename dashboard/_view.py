@@ -3,7 +3,7 @@ problems banner, and the plotly charts. All numbers come from `speedbench.report
 
 Safety: the results directory comes from `SPEEDLIB_RESULTS` (set by `speedlib dashboard`
 when the server starts) or the repository's `results/`, never from the URL; text from result
-files is shown through st.dataframe / st.text / st.code (escaped) and plotly labels are
+files is shown through st.dataframe / st.table / st.text / st.code (escaped) and plotly labels are
 HTML-escaped, so nothing from a file is rendered as HTML.
 """
 
@@ -436,15 +436,40 @@ WHERE = ("machine", "GPU", "commit")
 # Pixels per character of the grid's font, and the widest a column gets (a long note wraps
 # nowhere in a grid; past this it is cut, and the full text is in the exports).
 _CHAR_PX, _MAX_PX = 7.2, 340
+# The grid's room on a 1440-px screen with the sidebar open: the main column is 980 px wide
+# and the grid's frame and scrollbar take a few. A grid wider than this scrolls sideways, and
+# a reader at 1440 px did not see "why wider than 1.10x" or "baseline value" at all.
+FIT_PX = 960
 
 
 def widths(frame: pd.DataFrame) -> dict:
     """A column width per column from its longest text: Streamlit sized columns from a few
     rows and cut "bf16_channels_last" to "bf16_channels_" further down."""
+    return {c: st.column_config.Column(width=w) for c, w in _natural_widths(frame).items()}
+
+
+def _natural_widths(frame: pd.DataFrame) -> dict[str, int]:
     def longest(c) -> int:
         return max([len(str(c)), *(len(str(v)) for v in frame[c].tolist())])
 
-    return {c: st.column_config.Column(width=int(min(_MAX_PX, 22 + _CHAR_PX * longest(c)))) for c in frame.columns}
+    return {c: int(min(_MAX_PX, 22 + _CHAR_PX * longest(c))) for c in frame.columns}
+
+
+def fits(frame: pd.DataFrame) -> bool:
+    """Whether `frame` fits the screen as a grid with every column whole."""
+    widths_px = _natural_widths(frame)
+    # A column at _MAX_PX is already cut: its text needs wrapping, which only a static table does.
+    return sum(widths_px.values()) <= FIT_PX and all(w < _MAX_PX for w in widths_px.values())
+
+
+def show(frame: pd.DataFrame) -> None:
+    """`frame` on screen without sideways scrolling: a sortable grid where every column fits
+    whole, else a static table whose cells wrap (Streamlit's grid cannot wrap a cell). Both
+    show text as text, never as HTML or Markdown."""
+    if fits(frame):
+        st.dataframe(frame, hide_index=True, column_config=widths(frame))
+    else:
+        st.table(frame.style.hide(axis="index"))
 
 
 def table(t: report.Table, hide: tuple[str, ...] = ()) -> None:
@@ -457,9 +482,27 @@ def table(t: report.Table, hide: tuple[str, ...] = ()) -> None:
     if "machine state" in frame and len(frame) and frame["machine state"].nunique() == 1:
         shared.append(f"machine state of every row: {frame['machine state'].iloc[0]}")
         frame = frame.drop(columns="machine state")
-    st.dataframe(frame, hide_index=True, column_config=widths(frame))
+    show(frame)
     for n in [*shared, *t.notes]:
         caption(n)
+
+
+def comparison_index(t: report.Table) -> str:
+    """speedbench.comparisons' lines as a Markdown table, each technique named once and linked
+    to its page (a static table wraps, so thirty lines fit 1440 px). Every text from result
+    files is escaped (report._md): a variant name cannot become a link or HTML."""
+    machines = [c for c in t.frame.columns if c not in ("technique", "page", "comparison")]
+    head = ["technique", "comparison", *machines]
+    lines = ["| " + " | ".join(report._md(h) for h in head) + " |", "|" + "---|" * len(head)]
+    previous = None
+    for row in t.frame.to_dict("records"):  # not itertuples: machine columns are no identifiers
+        # pages are views/<name>.py, served at ./<name>; the name is a TECHNIQUES key, not file text
+        name = f"[{report._md(row['technique'])}](./{row['page']})" if row["page"] != previous else ""
+        previous = row["page"]
+        cells = [name, report._md(row["comparison"]),
+                 *(report._md(str(row[m])) or "not measured" for m in machines)]
+        lines.append("| " + " | ".join(cells) + " |")  # report._md escapes "|": no cell adds a column
+    return "\n".join(lines)
 
 
 def caption(text: str) -> None:

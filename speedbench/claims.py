@@ -17,8 +17,22 @@ from speedbench.tables import (CONTENDED, EARLIER, Table, _fmt_ratio, _shown, _w
                                contended, earlier_version, paired, speedups)
 from speedbench.techniques import TECHNIQUES
 
-__all__ = ["Claim", "CLAIMS", "comparable", "claims_table", "is_own_baseline", "never_run", "why_not_measured"]
+__all__ = ["Claim", "CLAIMS", "SourceRow", "comparable", "claims_table", "is_own_baseline", "never_run", "why_not_measured"]
 
+
+
+@dataclass(frozen=True)
+class SourceRow:
+    """One row of a source's published table: its label, as the source prints it, and its
+    figures, e.g. SourceRow("This (1 GPU, batch 256)", (("memory GB", 5.37), ("time s", 0.50))).
+    A claim that compares two figures takes both from one row each (`Claim.rows`), so a
+    memory and a time are never paired across rows."""
+
+    label: str
+    figures: tuple[tuple[str, float], ...]
+
+    def figure(self, name: str) -> float:
+        return dict(self.figures)[name]
 
 
 @dataclass(frozen=True)
@@ -51,6 +65,20 @@ class Claim:
     measured_by: str | None = None
     # Devices the claim is about: DDP against DataParallel means nothing on one GPU.
     devices: int = 1
+    # Where the figure is the ratio of two figures of the source's table: the variant's row
+    # and the baseline's row, and which of their figures (`figure`) the claim compares.
+    # `claimed` is then `from_rows` (the tests hold every claim to it).
+    rows: tuple[SourceRow, SourceRow] | None = None
+    figure: str | None = None
+
+    @property
+    def from_rows(self) -> float | None:
+        """The ratio the source rows give, in the direction of `measured_as`: variant /
+        baseline for a memory ratio, baseline / variant for a speedup (a time: lower is better)."""
+        if self.rows is None or self.figure is None:
+            return None
+        variant, baseline = (row.figure(self.figure) for row in self.rows)
+        return variant / baseline if self.measured_as == "memory ratio" else baseline / variant
 
     @property
     def how_to_measure(self) -> str:
@@ -82,6 +110,14 @@ def comparable(gpu: str, claim: Claim, world=None) -> str:
 _ANY_GPU = ("a GPU", "Volta or newer GPUs")
 
 
+# pytorch-checkpoint's README table (DenseNet-BC-100, TITAN X Pascal): one GPU, batch 256.
+# Its "Previous" row (torch.utils.checkpoint: 5.38G, 0.52s) is not the one compared here.
+_NAIVE = SourceRow("Naive (1 GPU, batch 256)", (("memory GB", 9.93), ("time s", 0.42)))
+_THIS = SourceRow("This (1 GPU, batch 256)", (("memory GB", 5.37), ("time s", 0.50)))
+# SpeedTorch's README (Colab): host memory of a 10M x 128 float32 table.
+_CUPY_PINNED = SourceRow("CuPy pinned", (("host memory GB", 9.93),))
+_TORCH_PINNED = SourceRow("PyTorch pinned", (("host memory GB", 6.59),))
+
 CLAIMS = (
     Claim("contiguous", "contiguous_params README", "optimizer step 7x-100x faster", 7.0, 100.0,
           "speedup", "adam_step", "speedlib", "forloop", suite="AdamStep"),
@@ -92,13 +128,14 @@ CLAIMS = (
           410.0, None, "speedup", "scatter", "cupy", "pinned", suite="Transfer",
           where=(("op", "scatter"), ("indices", "random")), hardware="a Tesla K80", also="scatter_fraction_of_floor"),
     Claim("transfer", "SpeedTorch README (Colab)", "10M x 128 float32 table: CuPy pinned 9.93 GB of host memory, PyTorch pinned 6.59 GB",
-          9.93 / 6.59, None, "memory ratio", "host_footprint", "cupy", "pinned", hardware=None, measured_by="Footprint"),
+          9.93 / 6.59, None, "memory ratio", "host_footprint", "cupy", "pinned", hardware=None, measured_by="Footprint",
+          rows=(_CUPY_PINNED, _TORCH_PINNED), figure="host memory GB"),
     Claim("checkpoint", "efficient DenseNet / pytorch-checkpoint (TITAN X, DenseNet-BC-100)",
-          "about -46 % memory (9.93 -> 5.38 GB)", 5.38 / 9.93, None, "memory ratio", "peak_memory", "speedlib", "none",
-          "densenet_bc", hardware="a TITAN X", measured_by="PeakMemory"),
+          "about -46 % memory (9.93 -> 5.37 GB)", 5.37 / 9.93, None, "memory ratio", "peak_memory", "speedlib", "none",
+          "densenet_bc", hardware="a TITAN X", measured_by="PeakMemory", rows=(_THIS, _NAIVE), figure="memory GB"),
     Claim("checkpoint", "efficient DenseNet / pytorch-checkpoint (TITAN X, DenseNet-BC-100)",
           "about +19 % step time (0.42 -> 0.50 s)", 0.42 / 0.50, None, "speedup", "step", "speedlib", "none",
-          "densenet_bc", suite="TrainingStep", hardware="a TITAN X"),
+          "densenet_bc", suite="TrainingStep", hardware="a TITAN X", rows=(_THIS, _NAIVE), figure="time s"),
     Claim("amp", "PyTorch Performance Tuning Guide", "mixed precision up to 3x faster", None, 3.0,
           "speedup", "step", "bf16", "fp32", suite="TrainingStep", hardware="Volta or newer GPUs"),
     Claim("amp", "PyTorch Performance Tuning Guide", "mixed precision up to 3x faster (with channels_last)", None, 3.0,

@@ -212,6 +212,10 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(writeup.writeup(df, rerun), end="")
         return 0
     if args.table == "results":
+        if args.output:
+            print("speedlib report: --output writes an export; --table results prints every measured value "
+                  "(redirect it), pick another --table to export", file=sys.stderr)
+            return 2
         print(format_table(df))
         return 0
     if args.table == "noise":
@@ -238,9 +242,36 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
         rows = df if args.all_commits else report.latest(df)
         if args.table == "claims":  # all commits: a contended latest result gives way to an earlier quiet one
             rows = df
-        table = {"paired": report.paired_table, "speedup": report.speedup_table, "memory": report.memory_table,
-                 "floor": report.floor_table, "claims": report.claims_table}[args.table](rows)
-    print({"md": report.to_markdown, "csv": report.to_csv, "tex": report.to_latex}[args.format](table), end="")
+        if args.table == "headline":  # the overview's "At a glance" grid: it picks each machine's results itself
+            from speedbench import headline  # noqa: PLC0415
+
+            table = headline.grid(df)
+        else:
+            table = {"paired": report.paired_table, "speedup": report.speedup_table, "memory": report.memory_table,
+                     "floor": report.floor_table, "claims": report.claims_table}[args.table](rows)
+    return _export(report, table, args)
+
+
+def _export(report, table, args: argparse.Namespace) -> int:
+    """Print `table` in --format, or write it to --output. CSV is plain data: its provenance
+    (commits, machines, run dates, the Reproduce command) goes to X.provenance.txt beside
+    --output X.csv, and to stderr where the CSV goes to stdout."""
+    text = {"md": report.to_markdown, "csv": report.to_csv, "tex": report.to_latex}[args.format](table)
+    footer = report.csv_provenance(table) if args.format == "csv" else None
+    if not args.output:
+        print(text, end="")
+        if footer:
+            print(footer, end="", file=sys.stderr)
+        return 0
+    try:
+        Path(args.output).write_text(text, encoding="utf-8")
+        if footer:
+            report.provenance_path(args.output).write_text(footer, encoding="utf-8")
+    except OSError as e:
+        print(f"speedlib report: cannot write {args.output}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    beside = f" and its provenance to {report.provenance_path(args.output)}" if footer else ""
+    print(f"speedlib report: wrote {args.output}{beside}", file=sys.stderr)
     return 0
 
 
@@ -278,7 +309,8 @@ def _regression_gate(report, df, args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"speedlib report: {printable(str(e))}", file=sys.stderr)  # it may quote commits from result files
         return 2
-    print({"md": report.to_markdown, "csv": report.to_csv, "tex": report.to_latex}[args.format](table), end="")
+    if _export(report, table, args):
+        return 2
     return 1 if (table.frame["verdict"] == "regression").any() else 0
 
 
@@ -513,10 +545,16 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--results", default="results", help="results directory (default: results)")
     report.add_argument("--machine", help="only this machine")
     report.add_argument("--table", default="results",
-                        choices=["results", "paired", "speedup", "memory", "floor", "claims", "history", "noise"],
-                        help="results: every measured value; the others as in the dashboard (default: results)")
+                        choices=["results", "headline", "paired", "speedup", "memory", "floor", "claims", "history",
+                                 "noise"],
+                        help="results: every measured value; headline: the overview's 'At a glance' grid; the "
+                             "others as in the dashboard (default: results)")
     report.add_argument("--format", default="md", choices=["md", "csv", "tex"],
-                        help="export format for every table but 'results' (default: md)")
+                        help="export format for every table but 'results' (default: md); csv is plain data, its "
+                             "provenance goes to stderr, or with --output X.csv to X.provenance.txt")
+    report.add_argument("--output", "-o", metavar="PATH",
+                        help="write the export to PATH instead of stdout (csv: and its provenance to "
+                             "PATH's name with .provenance.txt in place of .csv)")
     report.add_argument("--benchmark", help="the benchmark whose history to show (--table history)")
     report.add_argument("--against", metavar="DIR",
                         help="--table noise: results of a second run of the same commit (speedlib run --results-dir DIR)")

@@ -2,6 +2,10 @@
 
 Each export carries a provenance footer (per run: the result IDs, commit, machine, GPU,
 driver, CUDA, torch, statistic and N, date, and the command that reproduces the measurement).
+Markdown and LaTeX hold it below the table; the CSV is plain data (a header and the rows,
+numbers as numbers, so `pandas.read_csv(path)` and a spreadsheet read it as it is), and its
+provenance travels beside it as text (`csv_provenance`: the CLI writes `X.provenance.txt`
+next to `X.csv`, the dashboard offers both in one zip, `csv_bundle`).
 Names in them come from result files, so each format escapes every cell, the title and the
 footer for its reader: control characters as escapes everywhere, spreadsheet formulas
 neutralised in CSV, HTML and link syntax in Markdown, every special character in LaTeX. No
@@ -10,10 +14,13 @@ Streamlit import: the dashboard and the `speedlib report` command share this mod
 
 from __future__ import annotations
 
+import io
 import math
 import re
 import shlex
 import urllib.parse
+import zipfile
+from pathlib import Path
 
 import pandas as pd
 
@@ -22,7 +29,8 @@ from speedbench import contention
 from speedbench.results import is_commit, printable  # the loader's rule: one home for what a hash is
 from speedbench.tables import CONTENDED, Table, contended, earlier_version
 
-__all__ = ["provenance", "reproduce_command", "is_commit", "to_markdown", "to_csv", "to_latex", "bibtex", "NO_ROWS"]
+__all__ = ["provenance", "reproduce_command", "is_commit", "to_markdown", "to_csv", "csv_provenance",
+           "provenance_path", "csv_bundle", "to_latex", "bibtex", "NO_ROWS"]
 
 # --- provenance and exports --------------------------------------------------------------
 
@@ -221,8 +229,8 @@ def _csv_cell(text: str) -> str:
 
 
 def _csv_field(text: str) -> str:
-    """The csv module's minimal quoting, and also for a '#': read with comment='#', an
-    unquoted one would drop the rest of its row (quoted, pandas keeps it)."""
+    """The csv module's minimal quoting, and also for a '#': a reader told comment='#' would
+    drop the rest of an unquoted one's row (quoted, pandas keeps it)."""
     if any(c in text for c in ',"#\n\r'):
         return '"' + text.replace('"', '""') + '"'
     return text
@@ -230,12 +238,39 @@ def _csv_field(text: str) -> str:
 
 def to_csv(table: Table) -> str:
     """The table's numbers (`Table.data`: ratio, low, high, value, unit, N, result ID, every
-    column kept), then the footer as '#' comment lines (pandas: read_csv(comment='#')).
-    Cells that a spreadsheet would run as formulas are neutralised (`_csv_cell`)."""
+    column kept) as plain data: a header and one line per row, nothing else, so
+    `pandas.read_csv(path)` with no options gives numbers for the numeric columns and a
+    spreadsheet opens it as a table. Its provenance footer is `csv_provenance`, kept beside
+    it. Cells that a spreadsheet would run as formulas are neutralised (`_csv_cell`)."""
     frame = table.frame if table.data is None else table.data
     rows = [[_csv_field(_csv_cell(c)) for c in row] for row in _cells(frame)]
-    body = "".join(",".join(row) + "\n" for row in rows)
-    return body + "".join(f"# {printable(line)}\n" for line in _footer_lines(table))
+    return "".join(",".join(row) + "\n" for row in rows)
+
+
+def csv_provenance(table: Table) -> str:
+    """The footer that goes with `to_csv(table)`, as plain text, one line each (Note:,
+    Provenance:, Reproduce:, Exported by): the commits, machines, run dates and the command
+    that reruns every number in the CSV. Control characters are written as escapes."""
+    lines = [f"Provenance of the CSV export '{printable(table.title)}' (speedlib; the CSV holds the data only):", ""]
+    return "\n".join(lines + [printable(line) for line in _footer_lines(table)]) + "\n"
+
+
+def provenance_path(csv_path: str | Path) -> Path:
+    """Where the provenance of the CSV at `csv_path` is written: X.csv -> X.provenance.txt."""
+    path = Path(csv_path)
+    return path.with_name((path.stem if path.suffix.lower() == ".csv" else path.name) + ".provenance.txt")
+
+
+def csv_bundle(table: Table, name: str) -> bytes:
+    """A zip of `name`.csv (`to_csv`) and `name`.provenance.txt (`csv_provenance`), for a
+    download that keeps the two together."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        for member, text in ((f"{name}.csv", to_csv(table)),
+                             (provenance_path(f"{name}.csv").name, csv_provenance(table))):
+            # a fixed date: the same table gives the same bytes
+            z.writestr(zipfile.ZipInfo(member, date_time=(1980, 1, 1, 0, 0, 0)), text, zipfile.ZIP_DEFLATED)
+    return buffer.getvalue()
 
 
 # < > | print as other glyphs in LaTeX's default font encoding, so they are named.

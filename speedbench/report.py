@@ -27,7 +27,8 @@ from speedbench.claims import (CLAIMS, Claim, _claim_rows, claims_table, compara
                                why_not_measured)
 from speedbench.exports import (NO_ROWS, _cells, _csv_cell, _csv_field, _footer_lines, _informative, _md,
                                 _md_code, _not_a_commit, _run_state, _statistic, _tex, bibtex, is_commit,
-                                provenance, reproduce_command, to_csv, to_latex, to_markdown)
+                                csv_bundle, csv_provenance, provenance, provenance_path, reproduce_command, to_csv,
+                                to_latex, to_markdown)
 from speedbench.history import (_fmt_change, _fmt_test, change_table, compare_commits, history, history_table,
                                 resolve_commit)
 from speedbench.significance import (EXACT_MAX, MIN_SEGMENT, P_THRESHOLD, SIGNIFICANCE_FACTOR, MannWhitney,
@@ -42,7 +43,7 @@ from speedbench.techniques import TECHNIQUES, Technique
 
 __all__ = ["Claim", "CLAIMS", "TECHNIQUES", "Table", "speedups", "speedup_table", "memory_table",
            "floor_table", "noise", "noise_table", "NOISE_TARGET", "case_label", "history", "history_table", "compare_machines", "machine_comparison", "same_work", "speedup_comparison", "is_own_baseline", "why_not_measured", "never_run", "bibtex", "claims_table", "latest",
-           "newest_runs", "param_columns", "provenance", "reproduce_command", "is_commit", "to_markdown", "to_csv", "to_latex",
+           "newest_runs", "param_columns", "provenance", "reproduce_command", "is_commit", "to_markdown", "to_csv", "csv_provenance", "provenance_path", "csv_bundle", "to_latex",
            "SIGNIFICANCE_FACTOR", "P_THRESHOLD", "MIN_SEGMENT", "MannWhitney", "mann_whitney_u", "differ",
            "resolve_commit", "compare_commits", "change_table", "paired", "paired_table", "paired_noise",
            "PAIRED_NOISE_TARGET", "PAIRED_WIDTH_TARGET", "citable", "contended", "machine_state", "CONTENDED",

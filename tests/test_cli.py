@@ -145,10 +145,10 @@ def test_report_on_missing_directory(tmp_path, capsys):
 def test_report_tables_and_formats(tmp_path, capsys):
     synthetic.write_results(tmp_path, commits=2, machines=2)
     assert cli.main(["report", "--results", str(tmp_path), "--table", "speedup", "--format", "csv"]) == 0
-    out = capsys.readouterr().out
-    table = pd.read_csv(io.StringIO(out), comment="#")
+    said = capsys.readouterr()
+    table = pd.read_csv(io.StringIO(said.out))  # plain data: its provenance goes to stderr
     assert set(table["machine"]) == {"synthetic-h100", "synthetic-h200"} and len(table) == 8  # latest commit only
-    assert "# Reproduce: git checkout " in out
+    assert "\nReproduce: git checkout " in said.err and "Reproduce" not in said.out
     assert cli.main(["report", "--results", str(tmp_path), "--table", "claims", "--format", "tex"]) == 0
     assert r"\begin{tabular}" in capsys.readouterr().out
     assert cli.main(["report", "--results", str(tmp_path), "--table", "history", "--benchmark", "nope"]) == 2
@@ -161,7 +161,7 @@ def test_report_noise_between_two_runs_of_one_commit(tmp_path, capsys):
     synthetic.write_results(second, commits=1, machines=1, seed=1)
     assert cli.main(["report", "--results", str(first), "--table", "noise", "--against", str(second),
                      "--format", "csv"]) == 0
-    table = pd.read_csv(io.StringIO(capsys.readouterr().out), comment="#")
+    table = pd.read_csv(io.StringIO(capsys.readouterr().out))
     assert len(table) == 6 and table["run to run"].str.endswith(" %").all()  # 2 time benchmarks x 3 variants
     assert cli.main(["report", "--results", str(first), "--table", "noise"]) == 2
     assert "needs --against DIR" in capsys.readouterr().err

@@ -18,7 +18,7 @@ pd = pytest.importorskip("pandas")
 pytest.importorskip("streamlit")
 pytest.importorskip("plotly")
 
-from test_dashboard import app_on  # noqa: E402  (the app run the page tests use)
+from test_dashboard import app_on, frames  # noqa: E402  (the app run the page tests use)
 
 from speedbench import report  # noqa: E402
 from speedbench.results import load_results  # noqa: E402
@@ -262,7 +262,7 @@ def test_memory_bars_put_each_variant_beside_its_own_baseline():
 
 def test_the_machines_table_says_why_a_cpu_machine_has_no_driver(monkeypatch):
     at = app_on(ROOT / "results", "views/machines.py", monkeypatch)
-    machines = at.dataframe[0].value
+    machines = frames(at)[0]
     cpu = machines[machines["machine"].str.startswith("cpu-")]
     assert (cpu["driver"] == "n/a (no GPU)").all()  # it read "None"
     assert machines["driver"].notna().all() and machines["CUDA (torch build)"].notna().all()
@@ -275,7 +275,7 @@ def test_a_machine_is_described_by_every_environment_it_ran_in(monkeypatch):
     measured = load_results(ROOT / "results").measured
     cpu = measured[measured["machine"] == "cpu-2core-amd-epyc"]
     at = app_on(ROOT / "results", "views/machines.py", monkeypatch)
-    rows = at.dataframe[0].value
+    rows = frames(at)[0]
     rows = rows[rows["machine"] == "cpu-2core-amd-epyc"]
     assert set(rows["CPU"]) == set(cpu["cpu_model"]) and set(rows["torch"]) == set(cpu["torch"])
     assert rows["results"].sum() == len(cpu)
@@ -299,7 +299,7 @@ def test_comparing_a_cpu_with_a_gpu_warns_that_the_workloads_differ(monkeypatch)
     assert any("measure different work" in i.value for i in at.info)
     # Only each machine's speedups against its own baseline: a table once read "fp32: 107.5 ms |
     # 72.8 ms | 1.48x", an H100 "1.48x" a 2-core CPU, right under the warning.
-    (machines, speedups) = (d.value for d in at.dataframe)
+    (machines, speedups) = frames(at)
     assert list(speedups.columns[-2:]) == ["cpu-2core-intel-xeon", "h100-sxm-80gb"]
     paired = report.paired(report.latest(load_results(ROOT / "results").measured))
     h100 = paired[(paired["machine"] == "h100-sxm-80gb") & (paired["variant"] == "bf16_channels_last")
@@ -345,7 +345,7 @@ def test_history_draws_one_line_per_environment(monkeypatch):
         "cpu-2core-amd-epyc: files=5000, cache=warm (CPU AMD EPYC, torch 2.14.1+cu130, CUDA 13.0, torch threads 2)":
             ["3929b54b"]}
     assert any("One line per environment" in c.value for c in at.caption)
-    (table,) = [d.value for d in at.dataframe if "flag" in d.value.columns]
+    (table,) = [d for d in frames(at) if "flag" in d.columns]
     assert table["flag"].iloc[-1] == "torch 2.15.0+cu132 -> 2.14.1+cu130, CUDA 13.2 -> 13.0: not compared"
 
 
@@ -448,7 +448,7 @@ def test_a_technique_page_lists_what_never_ran_on_the_machine_and_how_to_run_it(
     """The H100 transfer page's Not measured tab said "Nothing was skipped or failed" while its
     Time tab was empty: the classes its run never selected were listed nowhere."""
     at = app_on(ROOT / "results", "views/transfer.py", monkeypatch, machine="h100-sxm-80gb", tab="Not measured")
-    never = [d.value for d in at.dataframe if "measured by" in d.value.columns]
+    never = [d for d in frames(at) if "measured by" in d.columns]
     assert len(never) == 1 and (never[0]["measured by"] == "speedlib run --chunk transfer-parallel").all()
     assert "Transfer.track_seconds" in set(never[0]["benchmark"])
     # and the Time tab names the chunk that times the variants (not headline-transfer, which ran)
@@ -461,3 +461,26 @@ def test_never_run_leaves_out_what_ran_or_was_skipped():
     suite = ["bench_t.A.track_x", "bench_t.B.track_y", "bench_t.C.track_z", "bench_u.D.track_w",
              "bench_t.A.track_interference", "bench_t.A.track_gpu_clock"]  # counters: no rows of their own
     assert report.never_run(suite, rows, "t", "m")["benchmark"].tolist() == ["bench_t.C.track_z"]
+
+
+def test_a_table_too_wide_for_1440px_becomes_a_static_table_that_wraps():
+    """Streamlit's grid cannot wrap a cell, so a table whose columns do not fit scrolled
+    sideways at 1440 px and hid its right-hand columns: _view.show draws it as a static table."""
+    narrow = pd.DataFrame({"variant": ["speedlib"], "speedup": ["1.2x [1.1, 1.3]"]})
+    assert _view.fits(narrow)
+    wide = pd.DataFrame({f"column {i}": ["a value of some thirty characters"] for i in range(6)})
+    assert not _view.fits(wide)
+    long_note = pd.DataFrame({"why wider than 1.10x": ["x" * 200]})  # one column, cut at _MAX_PX: wrap it
+    assert not _view.fits(long_note)
+
+
+def test_the_comparison_index_links_each_technique_once_and_escapes_result_text():
+    frame = pd.DataFrame({"technique": ["Mixed precision", "Mixed precision"], "page": ["amp", "amp"],
+                          "comparison": ["TrainingStep: [evil](http://x) vs fp32", "TrainingStep: a|b vs fp32"],
+                          "m (GPU)": ["<b>2x</b>", ""]})
+    text = _view.comparison_index(report.Table("t", frame, frame, []))
+    rows = text.splitlines()
+    assert rows[0] == "| technique | comparison | m (GPU) |" and len(rows) == 4
+    assert rows[2].startswith("| [Mixed precision](./amp) |") and rows[3].startswith("|  |")  # linked once
+    assert "[evil](" not in text and "\\[evil\\]" in text and "<b>" not in text  # no link, no HTML from a file
+    assert "a\\|b" in rows[3] and rows[3].endswith("| not measured |")  # a pipe cannot add a column

@@ -24,8 +24,19 @@ def measured() -> pd.DataFrame:
     return load_results(RESULTS).measured
 
 
-def cell(frame: pd.DataFrame, technique: str, machine: str) -> str:
-    return frame.loc[frame["technique"] == report.TECHNIQUES[technique].title, machine].iloc[0]
+def cell(frame: pd.DataFrame, technique: str, machine: str, part: str = "main") -> str:
+    """The cell's figures for the headline's own comparison ("main") or for the whole step
+    beside it ("whole"), each without the scope the cell says it in."""
+    text = frame.loc[frame["technique"] == report.TECHNIQUES[technique].title, machine].iloc[0]
+    h = next(h for h in headline.HEADLINES if h.technique == technique)
+    assert text.startswith(_said(h.scope)), text  # every cell opens with what its timed region holds
+    main, _, whole = text[len(_said(h.scope)):].partition(". " + _said(h.whole.scope) if h.whole else "\0")
+    assert bool(whole) == bool(h.whole), text
+    return main if part == "main" else whole
+
+
+def _said(scope: str) -> str:
+    return scope[0].upper() + scope[1:] + ": "
 
 
 def test_one_row_per_technique_one_column_per_machine(measured):
@@ -219,3 +230,31 @@ def test_every_baseline_a_cell_names_is_a_variant_its_class_measures(h):
     cls = getattr(importlib.import_module(f"benchmarks.bench_{h.technique}"), h.suite)
     variants = dict(zip(cls.param_names, cls.params if isinstance(cls.params[0], (list, tuple)) else [cls.params]))
     assert {v for _, v in h.default} | set(h.beside) <= set(variants["variant"])
+
+
+def test_each_cell_says_its_scope_and_a_part_of_a_step_shows_the_whole_step_beside_it(measured):
+    """A 35.8x optimizer step stood in one column with a 3.18x training step: each cell opens
+    with what it times, and the flat buffer's shows the whole iteration's paired estimate."""
+    frame = headline.grid(measured).frame
+    scopes = {h.technique: h.scope for h in headline.HEADLINES}
+    assert scopes["contiguous"] == "optimizer step only" and scopes["transfer"].startswith("row gather only")
+    assert {scopes[t] for t in ("amp", "checkpoint", "tuning")} == {"whole training step"}
+    last = report.latest(measured)
+    p = report.paired(last[(last["technique"] == "contiguous") & (last["suite"] == "Iteration")])
+    r = p[(p["machine"] == INTEL) & (p["workload"] == "resnet50") & (p["variant"] == "speedlib")].iloc[0]
+    expected = f"{r['ratio']:.3g}x [{r['ratio_low']:.3g}, {r['ratio_high']:.3g}] N={r['n']} vs per-tensor loop"
+    assert cell(frame, "contiguous", CPU, "whole").startswith(expected)
+    # The H100 ran the optimizer step but not the whole iteration: the cell says which chunk would.
+    assert cell(frame, "contiguous", H100, "whole") == "not measured yet: speedlib run --chunk contiguous-amp"
+    assert cell(frame, "transfer", CPU, "whole") == "needs a GPU"  # CuPy's embedding step needs CUDA
+
+
+def test_the_whole_step_has_its_own_marks_and_wide_interval_notes(measured):
+    """A whole-step figure from an earlier benchmark version carries its own dagger, and its
+    wide-interval note names its class (it shares the headline's parameters)."""
+    t = headline.grid(measured)
+    assert cell(t.frame, "contiguous", AMD, "whole").endswith(headline.EARLIER)
+    assert any(n.startswith("Flat-buffer (contiguous) parameters on cpu-2core-amd-epyc (Iteration, workload=resnet50")
+               for n in t.notes)
+    assert any("times optimizer step only, and its cells add whole training iteration (Iteration)" in n
+               for n in t.notes)

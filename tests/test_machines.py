@@ -292,4 +292,4 @@ def test_the_committed_history_and_rerun_compare_like_with_like():
     table = report.noise_table(measured, rerun)
     assert not any("different environments" in n for n in table.notes)
     csv = report.to_csv(report.history_table(measured, "bench_dashboard.FirstView.time_load_results"))
-    assert "not compared" in pd.read_csv(io.StringIO(csv), comment="#")["flag"].fillna("").str.cat()
+    assert "not compared" in pd.read_csv(io.StringIO(csv))["flag"].fillna("").str.cat()

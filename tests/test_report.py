@@ -381,11 +381,12 @@ def test_fail_on_regression_exits_1_on_a_significant_regression(two_commits, cap
     tree, a, b = two_commits
     _scale_time(tree, "synthetic-h100", 1, 1.5)
     assert gate(tree, a, b) == 1
-    out = capsys.readouterr().out
-    table = pd.read_csv(io.StringIO(out), comment="#")
+    said = capsys.readouterr()
+    table = pd.read_csv(io.StringIO(said.out))
     assert len(table) == 6 and set(table["verdict"]) == {"regression"} and set(table["machine"]) == {"synthetic-h100"}
     assert table["test"].str.startswith("Mann-Whitney U, p = ").all()
-    assert "36 results compared (synthetic-h100, synthetic-h200): 6 significant regression(s)" in out
+    # the CSV is plain data: its notes, this summary among them, go with its provenance to stderr
+    assert "36 results compared (synthetic-h100, synthetic-h200): 6 significant regression(s)" in said.err
     assert gate(tree, a, b, "--machine", "synthetic-h200") == 0  # the other machine did not change
     assert gate(tree, b, a) == 0  # backwards it is an improvement
 
@@ -393,10 +394,10 @@ def test_fail_on_regression_exits_1_on_a_significant_regression(two_commits, cap
 def test_fail_on_regression_exits_0_without_one(two_commits, capsys):
     tree, a, b = two_commits
     assert gate(tree, a, b) == 0
-    assert pd.read_csv(io.StringIO(capsys.readouterr().out), comment="#").empty  # noise only: nothing to show
+    assert pd.read_csv(io.StringIO(capsys.readouterr().out)).empty  # noise only: nothing to show
     _scale_time(tree, "synthetic-h200", 1, 0.5)
     assert gate(tree, a, b) == 0
-    table = pd.read_csv(io.StringIO(capsys.readouterr().out), comment="#")
+    table = pd.read_csv(io.StringIO(capsys.readouterr().out))
     assert len(table) == 6 and set(table["verdict"]) == {"improvement"}
 
 
@@ -482,7 +483,7 @@ def test_csv_export_reads_back_as_numbers(df):
     bounds, the value in its unit, N and the result ID, equal to what the table was made of."""
     t = report.speedup_table(report.latest(df))
     text = report.to_csv(t)
-    back = pd.read_csv(io.StringIO(text), comment="#")
+    back = pd.read_csv(io.StringIO(text))
     for column in ("ratio", "low", "high", "value", "baseline_value", "N"):
         assert pd.api.types.is_numeric_dtype(back[column]), column
     s = t.sources.reset_index(drop=True)
@@ -492,8 +493,92 @@ def test_csv_export_reads_back_as_numbers(df):
     # The text table shows the same ratios, rounded.
     assert list(t.frame["speedup"]) == [report._fmt_ratio(r, lo, hi) for r, lo, hi in
                                         zip(back["ratio"], back["low"], back["high"])]
-    footer = [line for line in text.splitlines() if line.startswith("# ")]
-    assert any(line.startswith("# Reproduce: git checkout ") for line in footer)
+    assert not any(line.startswith("#") for line in text.splitlines())  # the footer travels beside it
+    assert any(line.startswith("Reproduce: git checkout ") for line in report.csv_provenance(t).splitlines())
+
+
+NUMERIC = ("ratio", "low", "high", "value", "baseline_value", "width", "dropped", "N", "claimed_low", "claimed_high")
+TABLES = {"paired": report.paired_table, "speedup": report.speedup_table, "memory": report.memory_table,
+          "floor": report.floor_table, "claims": report.claims_table}
+
+
+@pytest.fixture(scope="module")
+def committed() -> pd.DataFrame:
+    return load_results(ROOT / "results").measured
+
+
+@pytest.mark.parametrize("name", TABLES)
+def test_the_csv_export_is_plain_data_a_bare_read_csv_loads(committed, tmp_path, name):
+    """What the cite page and `report --format csv` hand out opens as it is: pandas with no
+    options (and a spreadsheet) reads a header and the table's rows, numbers as numbers."""
+    t = TABLES[name](report.latest(committed))
+    path = tmp_path / f"{name}.csv"
+    path.write_text(report.to_csv(t), encoding="utf-8")
+    back = pd.read_csv(path)
+    assert len(back) == len(t.frame) > 0 and list(back.columns) == list(t.data.columns)
+    numeric = [c for c in NUMERIC if c in back]
+    assert {"ratio", "value"} & set(numeric) and "N" in numeric
+    assert all(pd.api.types.is_numeric_dtype(back[c]) for c in numeric), back.dtypes[numeric]
+
+
+def test_the_csv_provenance_names_the_commits_and_the_command_that_reruns_them(committed):
+    t = report.speedup_table(report.latest(committed))
+    lines = report.csv_provenance(t).splitlines()
+    for commit in set(t.sources["commit"]):
+        assert any(line.startswith(f"Reproduce: git checkout {commit} && ") for line in lines), commit
+        assert any(line.startswith("Provenance: ") and f"commit {commit}," in line for line in lines), commit
+    assert lines[-1].startswith("Exported by speedlib ") and not any(line.startswith("#") for line in lines)
+    assert report.provenance_path("out/x.csv") == Path("out/x.provenance.txt")
+    assert report.provenance_path("x.data") == Path("x.data.provenance.txt")
+
+
+def test_the_csv_zip_holds_the_data_and_its_provenance(committed):
+    import zipfile
+
+    t = report.claims_table(committed)
+    bundle = report.csv_bundle(t, "speedlib-claims")
+    assert bundle == report.csv_bundle(t, "speedlib-claims")  # the same table, the same bytes
+    with zipfile.ZipFile(io.BytesIO(bundle)) as z:
+        assert sorted(z.namelist()) == ["speedlib-claims.csv", "speedlib-claims.provenance.txt"]
+        assert len(pd.read_csv(z.open("speedlib-claims.csv"))) == len(t.frame)
+        assert z.read("speedlib-claims.provenance.txt").decode() == report.csv_provenance(t)
+
+
+def test_report_csv_output_writes_the_provenance_beside_it(tmp_path, capsys):
+    synthetic.write_results(tmp_path / "r", commits=2, machines=2)
+    out = tmp_path / "speedups.csv"
+    assert cli.main(["report", "--results", str(tmp_path / "r"), "--table", "speedup", "--format", "csv",
+                     "--output", str(out)]) == 0
+    said = capsys.readouterr()
+    assert said.out == "" and f"wrote {out} and its provenance to {tmp_path / 'speedups.provenance.txt'}" in said.err
+    back = pd.read_csv(out)
+    assert len(back) == 8 and pd.api.types.is_float_dtype(back["ratio"])
+    footer = (tmp_path / "speedups.provenance.txt").read_text()
+    for commit in set(back["commit"]):
+        assert f"Reproduce: git checkout {commit} && " in footer
+    # Without --output: the data on stdout, its provenance on stderr.
+    assert cli.main(["report", "--results", str(tmp_path / "r"), "--table", "speedup", "--format", "csv"]) == 0
+    said = capsys.readouterr()
+    assert said.out == out.read_text() and footer in said.err
+
+
+@pytest.mark.parametrize("fmt", ["md", "csv", "tex"])
+def test_report_table_headline_exports_the_grid_in_every_format(tmp_path, capsys, fmt):
+    from speedbench import headline
+
+    tree = ROOT / "results"  # the committed results: the synthetic tree has no headline class
+    grid = headline.grid(load_results(tree).measured)
+    assert len(grid.frame) == len(headline.HEADLINES)
+    assert cli.main(["report", "--results", str(tree), "--table", "headline", "--format", fmt]) == 0
+    said = capsys.readouterr()
+    assert said.out == {"md": report.to_markdown, "csv": report.to_csv, "tex": report.to_latex}[fmt](grid)
+    assert cli.main(["report", "--results", str(tree), "--table", "headline", "--format", fmt,
+                     "--output", str(tmp_path / f"grid.{fmt}")]) == 0
+    assert (tmp_path / f"grid.{fmt}").read_text() == said.out
+    if fmt == "csv":
+        assert len(pd.read_csv(tmp_path / "grid.csv")) == len(headline.HEADLINES)
+        assert (tmp_path / "grid.provenance.txt").read_text() == report.csv_provenance(grid)
+        assert report.csv_provenance(grid) in said.err and "Reproduce: git checkout " in said.err
 
 
 @pytest.mark.parametrize("build", [report.paired_table, report.memory_table, report.floor_table, report.claims_table])
@@ -501,7 +586,7 @@ def test_every_exported_table_has_numeric_ratio_or_value_columns(build):
     from speedbench.results import load_results
 
     t = build(report.latest(load_results(ROOT / "results").measured))  # the committed results
-    back = pd.read_csv(io.StringIO(report.to_csv(t)), comment="#")
+    back = pd.read_csv(io.StringIO(report.to_csv(t)))
     assert len(back) == len(t.frame) > 0
     numeric = [c for c in ("ratio", "low", "high", "value") if c in back]
     assert numeric and all(pd.api.types.is_numeric_dtype(back[c]) for c in numeric)
@@ -560,7 +645,8 @@ EXPORTS = {
     "claims": report.claims_table,
     "history": lambda d: report.history_table(d[d["machine"] == "synthetic-h200"], TIME),
 }
-FORMATS = {"md": report.to_markdown, "csv": report.to_csv, "tex": report.to_latex}
+FORMATS = {"md": report.to_markdown, "csv": report.to_csv, "provenance.txt": report.csv_provenance,
+           "tex": report.to_latex}
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -577,8 +663,43 @@ def test_golden_exports(df, name, fmt):
 def test_golden_files_come_from_synthetic_results_only():
     for golden in GOLDEN.iterdir():
         machines = set(re.findall(r"machine (\S+?),", golden.read_text()))
+        if golden.suffix == ".csv":  # plain data: the machines are a column
+            machines = set(pd.read_csv(golden, keep_default_na=False)["machine"]) - {""}
         assert machines and all(m.startswith("synthetic-") for m in machines), golden
     assert json.loads(json.dumps(synthetic.BENCHMARKS))  # the fixture's benchmarks are plain data
+
+
+@pytest.mark.parametrize("claim", report.CLAIMS, ids=lambda c: c.claim[:40])
+def test_each_claims_figures_come_from_one_row_of_its_source(claim):
+    """A claim that sets two of its source's figures side by side takes each from one row of
+    the source's table (`Claim.rows`: the variant's row, the baseline's row): every figure its
+    text quotes is that figure of one of those rows, and `claimed` is their ratio. The
+    checkpoint memory claim once quoted 5.38 GB (the "Previous" row) beside the time of the
+    "This" row; 5.38 is in neither of its rows."""
+    quoted = [float(x) for x in re.findall(r"\d+\.\d+", claim.claim)]
+    if claim.rows is None:  # a figure the source states as a ratio ("3.1x faster"), not two rows' figures
+        assert len(quoted) < 2 and "->" not in claim.claim, f"{claim.claim}: quotes two figures, so give it rows"
+        return
+    variant, baseline = claim.rows
+    assert variant != baseline
+    figures = {variant.figure(claim.figure), baseline.figure(claim.figure)}
+    assert len(quoted) == 2 and set(quoted) == figures, (claim.claim, variant, baseline)
+    arrow = re.search(r"\((\d+\.\d+) -> (\d+\.\d+)", claim.claim)
+    if arrow:  # "(baseline -> variant)"
+        assert (float(arrow[1]), float(arrow[2])) == (baseline.figure(claim.figure), variant.figure(claim.figure))
+    assert claim.claimed == pytest.approx(claim.from_rows) and claim.claimed_high is None
+
+
+def test_claims_of_one_comparison_share_their_source_rows():
+    """The memory and the time of one comparison come from the same two rows of the table."""
+    by_comparison: dict = {}
+    for c in report.CLAIMS:
+        if c.rows is not None:
+            by_comparison.setdefault((c.source, c.variant, c.baseline), set()).add(c.rows)
+    assert all(len(rows) == 1 for rows in by_comparison.values()), by_comparison
+    memory, time = (c for c in report.CLAIMS if c.technique == "checkpoint")
+    assert [r.label for r in memory.rows] == ["This (1 GPU, batch 256)", "Naive (1 GPU, batch 256)"]
+    assert (memory.from_rows, time.from_rows) == (pytest.approx(5.37 / 9.93), pytest.approx(0.42 / 0.50))
 
 
 def test_claims_keep_to_the_claims_model_and_show_the_batch(df):

@@ -1,13 +1,18 @@
-"""Cite and export: a table as Markdown, CSV or LaTeX with its provenance footer, and BibTeX."""
+"""Cite and export: a table as Markdown, CSV (plain data, its provenance beside it) or LaTeX
+with its provenance footer, and BibTeX."""
+
+from dataclasses import replace
 
 import streamlit as st
 
-from _view import ROOT, on_screen, page_data, pick, pick_many, widths
-from speedbench import report
+from _view import ROOT, on_screen, page_data, pick, pick_many, show
+from speedbench import headline, report
 
 st.title("Cite and export")
 df = page_data()
-KINDS = {"paired": "Paired speedup (the headline)", "speedup": "Speedup (time)",
+# The keys are `speedlib report --table` names: the same table either way.
+KINDS = {"headline": "Headline grid (At a glance: each technique's main comparison per machine)",
+         "paired": "Paired speedups (every comparison measured in turns)", "speedup": "Speedup (time)",
          "memory": "Memory (peak, saved activations, retained bytes)", "floor": "Fraction of the floor",
          "claims": "Claims vs measured"}
 c1, c2, c3 = st.columns(3)
@@ -16,32 +21,42 @@ with c1:
 with c2:
     machines = pick_many("Machines", sorted(df["machine"].unique()), key="machine")
 with c3:
-    techniques = pick_many("Techniques", sorted(df["technique"].unique()), key="technique")
+    # techniques only: the results also hold the viewer's own timing benchmark ("dashboard")
+    techniques = pick_many("Techniques", [t for t in report.TECHNIQUES if t in set(df["technique"])], key="technique")
 commits = pick("Commits", ["latest", "all"], key="commits")
 rows = df[df["machine"].isin(machines) & df["technique"].isin(techniques)]
-if commits == "latest" and kind != "claims":  # claims pick the latest quiet result themselves (report.citable)
-    rows = report.latest(rows)
-build = {"paired": report.paired_table, "speedup": report.speedup_table, "memory": report.memory_table, "floor": report.floor_table,
-         "claims": report.claims_table}[kind]
-t = build(rows)
+if commits == "latest" and kind not in ("claims", "headline"):  # these pick the latest quiet result themselves
+    rows = report.latest(rows)                                   # (report.citable)
+if kind == "headline":  # one row per technique: the rows of the techniques left out go, not just their numbers
+    t = headline.grid(rows)
+    left_out = [report.TECHNIQUES[name].title for name in report.TECHNIQUES if name not in techniques]
+    t = replace(t, frame=t.frame[~t.frame["technique"].isin(left_out)].reset_index(drop=True),
+                notes=[n for n in t.notes if not n.startswith(tuple(f"{title}:" for title in left_out))])
+else:
+    t = {"paired": report.paired_table, "speedup": report.speedup_table, "memory": report.memory_table,
+         "floor": report.floor_table, "claims": report.claims_table}[kind](rows)
 st.subheader(KINDS[kind])
 if t.frame.empty:
     st.info("This selection has no rows for this table (memory is measured on GPU machines only).")
 frame = on_screen(t.frame)  # the numbers beside what they compare; the exports keep every column in order
-st.dataframe(frame, hide_index=True, column_config=widths(frame))
+show(frame)  # a grid where it fits 1440 px, else a table that wraps
 markdown = report.to_markdown(t)
-st.caption("Each export ends with this footer: enough to rerun every number in it. The CSV holds the "
-           "numbers themselves (ratio, low, high, value, unit, N, result ID) for pandas or a spreadsheet; "
-           "Markdown and LaTeX keep only the columns that differ between rows.")
+st.caption("Each export carries this footer: enough to rerun every number in it. Markdown and LaTeX end "
+           "with it and keep only the columns that differ between rows. The CSV is plain data, every column, "
+           "numbers as numbers (ratio, low, high, value, unit, N, result ID): `pandas.read_csv(path)` or a "
+           "spreadsheet opens it as it is; its footer travels beside it, as speedlib-TABLE.provenance.txt in "
+           "the zip (`speedlib report --format csv --output X.csv` writes X.provenance.txt).")
 # Rendered, not shown as source: the footer is Markdown whose escapes (\[, &gt;) are for a
 # Markdown reader and read as noise in a code block. Every line was escaped by
 # speedbench.report (_md), and st.markdown renders no raw HTML.
 with st.container(border=True):
     st.markdown(markdown[markdown.index("\n- ") + 1:] if "\n- " in markdown else markdown)
-d1, d2, d3 = st.columns(3)
+d1, d2, d3, d4 = st.columns(4)
 d1.download_button("Download Markdown", markdown, file_name=f"speedlib-{kind}.md", mime="text/markdown")
-d2.download_button("Download CSV", report.to_csv(t), file_name=f"speedlib-{kind}.csv", mime="text/csv")
-d3.download_button("Download LaTeX", report.to_latex(t), file_name=f"speedlib-{kind}.tex", mime="application/x-tex")
+d2.download_button("Download CSV + provenance (zip)", report.csv_bundle(t, f"speedlib-{kind}"),
+                   file_name=f"speedlib-{kind}.zip", mime="application/zip")
+d3.download_button("Download CSV (data only)", report.to_csv(t), file_name=f"speedlib-{kind}.csv", mime="text/csv")
+d4.download_button("Download LaTeX", report.to_latex(t), file_name=f"speedlib-{kind}.tex", mime="application/x-tex")
 st.subheader("BibTeX")
 cff = ROOT / "CITATION.cff"
 

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from _view import caption, config_label, page_data, pick, ratio_chart, table, widths
+from _view import caption, config_label, page_data, pick, ratio_chart, show, table
 from speedbench import report
 
 st.title("Machine comparison")
@@ -20,7 +20,7 @@ machines_table = rows.sort_values("commit_date").groupby(env, sort=True).agg(
     commits=("commit", "nunique"), results=("commit", "size"), latest=("commit", lambda c: c.iloc[-1][:8])
 ).reset_index().rename(columns={"gpu": "GPU", "cuda": "CUDA (torch build)", "cpu_model": "CPU",
                                 "latest": "latest commit"})
-st.dataframe(machines_table, hide_index=True, column_config=widths(machines_table))
+show(machines_table)
 several = machines_table["machine"].value_counts()
 for m in several[several > 1].index:
     caption(f"{m} has results from {several[m]} environments (rows above): times from different ones differ "

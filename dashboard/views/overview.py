@@ -2,8 +2,9 @@
 
 import streamlit as st
 
-from _view import caption, note_missing_gpu, on_screen, page_data, pick_many, ratio_chart, say_names, table
-from speedbench import headline, report, words
+from _view import (caption, comparison_index, note_missing_gpu, on_screen, page_data, pick_many, ratio_chart,
+                   say_names, table)
+from speedbench import comparisons, headline, report, words
 
 st.title("speedlib: which PyTorch speed tricks pay off")
 st.caption("Headline speedups are paired: the variants took turns in one process, and each number is the "
@@ -25,10 +26,30 @@ last = report.latest(df[df["machine"].isin(machines)])
 st.subheader("At a glance: each technique's main comparison")
 # all commits: where a machine's latest result was contended, the grid cites its newest clean one
 glance = headline.grid(df[df["machine"].isin(machines)])
+if report.earlier_version(glance.sources).any():
+    # Above the grid, not among its notes: every H100 cell carries the dagger, and its meaning sat
+    # below the fold, where a reader who stops at the first screen never saw it.
+    caption(report.EARLIER_NOTE)
 st.table(glance.frame.set_index("technique"))  # a static table: every cell whole, wrapped, no scrolling
+# Why an interval is wide, one note per cell: a dozen of them pushed every other comparison a
+# screen further down, so they fold away under a line that says how many there are.
+wide = [n for n in glance.notes if "its 99 % interval" in n]
 for n in glance.notes:
-    caption(n)
-st.subheader("Every comparison, per technique (latest commit per machine)")
+    if n != report.EARLIER_NOTE and n not in wide:
+        caption(n)
+if wide:
+    with st.expander(f"Why {len(wide)} of these intervals are wider than {report.PAIRED_WIDTH_TARGET:.2f}x"):
+        for n in wide:
+            caption(n)
+st.subheader("Every paired comparison (latest commit per machine)")
+every = comparisons.every_comparison(df[df["machine"].isin(machines)])
+if every.frame.empty:
+    st.info("None of the selected machines has a paired comparison yet.")
+else:
+    st.markdown(comparison_index(every))
+    for n in every.notes:
+        caption(n)
+st.subheader("Each technique's main comparison, in charts (latest commit per machine)")
 shown = False
 for h in headline.HEADLINES:
     name, technique = h.technique, report.TECHNIQUES[h.technique]

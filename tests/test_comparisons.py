@@ -1,0 +1,80 @@
+"""speedbench.comparisons: the overview's index lists every paired comparison once, with the
+figures the technique pages show."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pd = pytest.importorskip("pandas")
+
+from speedbench import comparisons, report  # noqa: E402
+from speedbench.results import load_results  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+INTEL = "cpu-2core-intel-xeon (CPU only)"
+H100 = "h100-sxm-80gb (NVIDIA H100 80GB HBM3)"
+
+
+@pytest.fixture(scope="module")
+def measured() -> pd.DataFrame:
+    return load_results(RESULTS).measured
+
+
+@pytest.fixture(scope="module")
+def every(measured) -> pd.DataFrame:
+    return comparisons.every_comparison(measured).frame
+
+
+def line(every: pd.DataFrame, comparison: str, technique: str) -> pd.Series:
+    rows = every[(every["comparison"] == comparison) & (every["page"] == technique)]
+    assert len(rows) == 1, comparison
+    return rows.iloc[0]
+
+
+def test_every_paired_class_variant_and_baseline_has_one_line(measured, every):
+    last = report.latest(measured[measured["technique"].isin(report.TECHNIQUES)])
+    p = report.paired(last)
+    expected = {(t, s, k if isinstance(k, str) else "", v, b)
+                for t, s, k, v, b in zip(p["technique"], p["suite"], p["knob"], p["variant"], p["baseline"])}
+    assert len(every) == len(expected) >= 30
+    # the viewer's own timing benchmark is no technique; every line links to a technique's page
+    assert set(every["page"]) <= set(report.TECHNIQUES) and "dashboard" not in set(every["page"])
+    for t, s, k, v, b in expected:
+        line(every, f"{s}" + (f" ({k})" if k else "") + f": {v} vs {b}", t)
+    # techniques in the order of the sidebar, so the index reads like the navigation
+    order = list(report.TECHNIQUES)
+    assert list(every["page"]) == sorted(every["page"], key=order.index)
+
+
+def test_one_case_is_the_paired_estimate_with_its_interval(measured, every):
+    last = report.latest(measured)
+    p = report.paired(last[(last["suite"] == "FusedPointwise") & (last["machine"] == "cpu-2core-intel-xeon")])
+    r = p[p["variant"] == "compile"].iloc[0]
+    expected = f"{r['ratio']:.3g}x [{r['ratio_low']:.3g}, {r['ratio_high']:.3g}] N={r['n']}"
+    assert line(every, "FusedPointwise: compile vs off", "tuning")[INTEL] == expected
+
+
+def test_a_few_cases_are_named_and_many_give_their_range(measured, every):
+    last = report.latest(measured)
+    p = report.paired(last[(last["machine"] == "cpu-2core-intel-xeon") & (last["technique"].isin(["contiguous", "checkpoint"]))])
+    adam = p[(p["suite"] == "AdamStep") & (p["variant"] == "speedlib")].set_index("workload")["ratio"]
+    assert line(every, "AdamStep: speedlib vs forloop", "contiguous")[INTEL] == \
+        f"mlp {adam['mlp']:.3g}x; resnet50 {adam['resnet50']:.3g}x"
+    ckpt = p[(p["suite"] == "TrainingStep") & (p["variant"] == "speedlib")]["ratio"]
+    assert len(ckpt) > comparisons.MAX_CASES_NAMED
+    assert line(every, "TrainingStep: speedlib vs none", "checkpoint")[INTEL] == \
+        f"{ckpt.min():.3g}x to {ckpt.max():.3g}x over {len(ckpt)} cases"
+
+
+def test_not_measured_is_an_empty_cell_and_marks_are_kept(every):
+    iteration = line(every, "Iteration: speedlib vs forloop", "contiguous")
+    assert iteration[H100] == ""  # the H100 ran the optimizer step only
+    amd = "cpu-2core-amd-epyc (CPU only)"
+    assert iteration[amd].endswith(report.EARLIER)  # earlier benchmark version there
+
+
+def test_no_paired_result_gives_an_empty_index():
+    t = comparisons.every_comparison(pd.DataFrame(columns=["technique", "machine", "kind", "samples"]))
+    assert t.frame.empty and list(t.frame.columns) == ["technique", "page", "comparison"]
