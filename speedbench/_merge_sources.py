@@ -157,7 +157,9 @@ def _read_archive(path: Path, label: str) -> _Tree:
                 if _place(rel) is not None:
                     _add_file(tree, rel, tar.extractfile(member).read(), where, strict=True)
     except (tarfile.TarError, EOFError, zlib.error) as e:
-        raise _bad(f"{label} is not a .tar.gz archive, or is cut short ({printable(str(e))})") from None
+        # tarfile's message for a file that is no archive lists every method it tried: the first line says it
+        why = printable(str(e).splitlines()[0].rstrip(":")) if str(e) else type(e).__name__
+        raise _bad(f"{label} is not a .tar.gz archive, or is cut short ({why})") from None
     except OSError as e:
         raise _bad(f"cannot read {label} ({e.strerror or e})") from None
     return tree
@@ -207,12 +209,19 @@ def _read_dir(root: Path, label: str, strict: bool) -> _Tree:
 def _read_source(path: Path) -> _Tree:
     label = printable(str(path))
     if path.is_dir():
-        return _read_dir(path, label, strict=True)
-    if not path.exists():
+        tree = _read_dir(path, label, strict=True)
+    elif not path.exists():
         raise _bad(f"{label}: no such archive or directory")
-    if not path.is_file():
+    elif not path.is_file():
         raise _bad(f"{label} is neither an archive nor a directory")
-    return _read_archive(path, label)
+    else:
+        tree = _read_archive(path, label)
+    # A merge job pointed at a machine's directory (or an empty one) read nothing and said
+    # "nothing changed", exit 0: on a cluster that reads as success with every result left out.
+    if not any(m.results for m in tree.machines.values()):
+        raise _bad(f"{label} holds no asv result file (<machine>/<commit>-<env>.json): name a results tree "
+                   "(the directory that holds the machine directories) or an archive of `speedlib run --archive`")
+    return tree
 
 
 def _loads(line: bytes):

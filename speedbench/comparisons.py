@@ -30,7 +30,7 @@ def _case(config: str, knob) -> str:
 
 
 def _cell(rows: pd.DataFrame) -> str:
-    """One machine's ratios of one line: "2.51x [2.4, 2.6] N=15", "mlp 2.22x; resnet50 1.23x",
+    """One machine's ratios of one line: "2.51x [2.4, 2.6] N=15", "mlp: 2.22x; resnet50: 1.23x",
     or "0.39x to 0.75x over 6 cases"; each figure's marks (contended, earlier version) kept."""
     rows = rows.sort_values("config", kind="stable")
     marks = [("" if not busy else f" {report.CONTENDED}") for busy in report.contended(rows)]
@@ -41,7 +41,7 @@ def _cell(rows: pd.DataFrame) -> str:
         return (f"{case}: " if case else "") + f"{report._fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)}" \
             + f"{marks[0]} N={r.n}{earlier}"
     if len(rows) <= MAX_CASES_NAMED:
-        return "; ".join(f"{_case(r.config, getattr(r, 'knob', None))} {report._fmt_ratio(r.ratio, None, None)}{m}"
+        return "; ".join(f"{_case(r.config, getattr(r, 'knob', None))}: {report._fmt_ratio(r.ratio, None, None)}{m}"
                          for r, m in zip(rows.itertuples(), marks)) + earlier
     low, high = rows["ratio"].min(), rows["ratio"].max()
     busy = f" ({sum(bool(m) for m in marks)} {report.CONTENDED})" if any(marks) else ""

@@ -71,7 +71,7 @@ HEADLINES = (
                      "which the claims table keeps",
              default=(("gpu", "foreach"), ("cpu", "forloop")), beside=("fused",),
              names=(("forloop", "per-tensor loop"),), source="contiguous_params' baseline",
-             scope="optimizer step only",
+             scope="Adam step alone (optimizer.step(), not clip or zero_grad)",
              whole=Headline("contiguous", "the whole training iteration (forward, backward, clip, Adam step, "
                             "zero_grad) on ResNet-50", "Iteration", "speedlib", "forloop",
                             (("workload", "resnet50"),), default=(("gpu", "foreach"), ("cpu", "forloop")),
@@ -302,7 +302,7 @@ def _on(rows: pd.DataFrame, machine: str) -> pd.DataFrame:
 
 
 def _scoped(h: Headline, text: str) -> str:
-    """A cell's text led by what its timed region holds: "Optimizer step only: 5.65x ..."."""
+    """A cell's text led by what its timed region holds: "Adam step alone (...): 5.65x ..."."""
     return f"{h.scope[0].upper()}{h.scope[1:]}: {text}"
 
 

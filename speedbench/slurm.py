@@ -181,6 +181,11 @@ def _price(req: Request) -> None:
     else:
         recorded, per_combination = {}, plan.SECONDS_PER_COMBINATION
         req.notes.append("no --machine: every chunk is priced by its estimate, not by a machine's recorded times")
+    if req.gpus is None and req.gres is None:
+        # The suite is about GPUs: on a CPU node every GPU-only comparison comes back "needs a GPU".
+        req.notes.append("no GPU requested: the tasks run where Slurm puts them, a CPU node included, and GPU-only "
+                         "comparisons are then skipped; add --gpus 1 (and --partition) for a GPU run, and give "
+                         "the chunks that compare several GPUs (headline-parallel) their own submission with --gpus 2")
     for chunk in selected:
         if chunk.name not in recorded and plan.estimate_seconds(chunk, names)[1] == 0:
             where = (f"{_printable(str(listing))} lists no benchmark of it" if listing is not None else
@@ -316,7 +321,10 @@ def merge_script(req: Request) -> str:
         '  if [ "$status" -eq 0 ]; then "$PYTHON" -m speedlib report --results "$INTO" || status=$?; fi',
         "fi",
         'if [ "${#missing[@]}" -gt 0 ]; then',
-        '  printf "speedlib slurm: no archive from chunk %s: its task log is in $SHARED/logs\\n" "${missing[@]}" >&2',
+        # the shared directory is an argument, never part of printf's format: a % in its path stays text
+        '  for m in "${missing[@]}"; do',
+        '    printf "speedlib slurm: no archive from chunk %s: its task log is in %s/logs\\n" "$m" "$SHARED" >&2',
+        "  done",
         '  echo "speedlib slurm: ${#missing[@]} of ${#CHUNKS[@]} chunk(s) missing; the others were merged" >&2',
         "  exit 1",
         "fi",

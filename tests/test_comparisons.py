@@ -61,7 +61,7 @@ def test_a_few_cases_are_named_and_many_give_their_range(measured, every):
     p = report.paired(last[(last["machine"] == "cpu-2core-intel-xeon") & (last["technique"].isin(["contiguous", "checkpoint"]))])
     adam = p[(p["suite"] == "AdamStep") & (p["variant"] == "speedlib")].set_index("workload")["ratio"]
     assert line(every, "AdamStep: speedlib vs forloop", "contiguous")[INTEL] == \
-        f"mlp {adam['mlp']:.3g}x; resnet50 {adam['resnet50']:.3g}x"
+        f"mlp: {adam['mlp']:.3g}x; resnet50: {adam['resnet50']:.3g}x"
     ckpt = p[(p["suite"] == "TrainingStep") & (p["variant"] == "speedlib")]["ratio"]
     assert len(ckpt) > comparisons.MAX_CASES_NAMED
     assert line(every, "TrainingStep: speedlib vs none", "checkpoint")[INTEL] == \

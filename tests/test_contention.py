@@ -200,14 +200,14 @@ def test_the_headline_cites_the_newest_clean_result_and_says_the_latest_was_cont
     g = headline.grid(m)
     cell = g.frame.loc[g.frame["technique"] == report.TECHNIQUES["contiguous"].title].iloc[0, 1]
     # commit b's 4.0x, its two blips left out
-    assert cell.startswith("Optimizer step only: 4") and report.CONTENDED not in cell
+    assert cell.startswith("Adam step alone (optimizer.step(), not clip or zero_grad): 4") and report.CONTENDED not in cell
     assert any(f"commit {'b' * 8}" in n and f"the latest, {'c' * 8}, was contended" in n for n in g.notes)
     assert g.frame.columns.tolist()[0] == "technique" and len(g.frame) == len(headline.HEADLINES)
     assert "machine state when measured: m: quiet but for disturbed rounds, left out (2 in all)" in g.notes
     busy = headline.grid(m[m["commit"] == "c" * 40])  # no clean result at all: shown, marked
     cell = busy.frame.loc[busy.frame["technique"] == report.TECHNIQUES["contiguous"].title].iloc[0, 1]
     # the mark stands right after the figure it qualifies, where a reader quoting the lead looks
-    assert cell.startswith(f"Optimizer step only: 12x [11.9, 12.1] {report.CONTENDED} N=15")
+    assert cell.startswith(f"Adam step alone (optimizer.step(), not clip or zero_grad): 12x [11.9, 12.1] {report.CONTENDED} N=15")
     assert report.CONTENDED_NOTE in busy.notes
 
 

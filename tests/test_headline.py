@@ -237,7 +237,7 @@ def test_each_cell_says_its_scope_and_a_part_of_a_step_shows_the_whole_step_besi
     with what it times, and the flat buffer's shows the whole iteration's paired estimate."""
     frame = headline.grid(measured).frame
     scopes = {h.technique: h.scope for h in headline.HEADLINES}
-    assert scopes["contiguous"] == "optimizer step only" and scopes["transfer"].startswith("row gather only")
+    assert scopes["contiguous"].startswith("Adam step alone") and scopes["transfer"].startswith("row gather only")
     assert {scopes[t] for t in ("amp", "checkpoint", "tuning")} == {"whole training step"}
     last = report.latest(measured)
     p = report.paired(last[(last["technique"] == "contiguous") & (last["suite"] == "Iteration")])
@@ -256,5 +256,5 @@ def test_the_whole_step_has_its_own_marks_and_wide_interval_notes(measured):
     assert cell(t.frame, "contiguous", AMD, "whole").endswith(headline.EARLIER)
     assert any(n.startswith("Flat-buffer (contiguous) parameters on cpu-2core-amd-epyc (Iteration, workload=resnet50")
                for n in t.notes)
-    assert any("times optimizer step only, and its cells add whole training iteration (Iteration)" in n
+    assert any("times Adam step alone (optimizer.step(), not clip or zero_grad), and its cells add whole training iteration (Iteration)" in n
                for n in t.notes)

@@ -210,11 +210,18 @@ def test_bad_inputs_are_one_line_and_exit_2(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("hello")
     torn = _tree(tmp_path / "torn", "h100", BENCHES[:2])
     (torn / "h100" / FILE).write_text((torn / "h100" / FILE).read_text()[:100])
-    for source in (tmp_path / "missing.tar.gz", tmp_path / "notes.txt", torn):
-        assert _run(source, "--into", into) == merge.BAD_INPUT
+    (tmp_path / "empty").mkdir()
+    machine_dir = _tree(tmp_path / "tree", "h100", BENCHES[:2]) / "h100"  # not the tree: one machine of it
+    for source in (tmp_path / "missing.tar.gz", tmp_path / "notes.txt", torn, tmp_path / "empty", machine_dir):
+        assert _run(source, "--into", into) == merge.BAD_INPUT, source
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1, err
+        assert "\\n" not in err[0] and "ReadError" not in err[0]  # no library internals
     assert not into.exists()
+    # a source that reads as nothing is never "nothing changed", exit 0: a cluster's merge job
+    # pointed at the wrong directory would pass with every result left out
+    assert _run(tmp_path / "empty", "--into", into) == merge.BAD_INPUT
+    assert "holds no asv result file" in capsys.readouterr().err
 
 
 def _stopped_merge(tmp_path, monkeypatch) -> tuple[Path, Path, Path, dict]:

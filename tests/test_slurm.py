@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 REQUIRE = os.environ.get("SPEEDLIB_REQUIRE_SLURM") == "1"
 MACHINE = "slurm-test"
 # Spaces, quotes, a dollar, a backtick and a glob in every path the scripts name.
-HOSTILE = "sh ared 'q' \"d\" $HOME `x` *"
+HOSTILE = "sh ared 'q' \"d\" $HOME `x` * 100%s"  # % : a printf format must never hold a path
 
 TINY = {
     "bench_a.py": "class A:\n    def track_one(self):\n        return 1\n\n    def track_two(self):\n        return 2\n",
@@ -186,6 +186,7 @@ def test_the_merge_script_merges_what_came_back_and_names_what_did_not(suite_rep
     done = subprocess.run(["bash", str(shared / "merge.sh")], env=env, capture_output=True, text=True)
     assert done.returncode == 1
     assert "no archive from chunk second (task 1)" in done.stderr and "1 of 3 chunk(s) missing" in done.stderr
+    assert f"its task log is in {shared}/logs" in done.stderr  # the path as it is, its % included
     merge, report = calls(log)[1:]
     assert merge[1:] == ["-m", "speedlib", "merge", str(shared / "archives" / "first.tar.gz"),
                          str(shared / "archives" / "rest.tar.gz"), "--into", str(into)]
@@ -386,3 +387,14 @@ def test_the_suite_runs_as_a_job_array_and_merges_on_a_real_cluster(request, sui
                          capture_output=True, text=True, timeout=300)
     assert pub.returncode == 0, pub.stdout + pub.stderr
     assert (tmp_path / "publish" / "html" / "index.html").is_file()
+
+
+def test_a_submission_without_a_gpu_request_says_so(suite_repo, tmp_path, monkeypatch, capsys):
+    """The suite is about GPUs: without --gpus or --gres the tasks may land on CPU nodes, and
+    every GPU-only comparison would come back "needs a GPU" with no word of why."""
+    status, _, err = slurm_cli("--shared", str(tmp_path / "s"), "--machine", MACHINE, cwd=suite_repo,
+                               monkeypatch=monkeypatch, capsys=capsys)
+    assert status == 0 and "no GPU requested" in err and "--gpus 1" in err
+    status, _, err = slurm_cli("--shared", str(tmp_path / "g"), "--machine", MACHINE, "--gpus", "1", cwd=suite_repo,
+                               monkeypatch=monkeypatch, capsys=capsys)
+    assert status == 0 and "no GPU requested" not in err
