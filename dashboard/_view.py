@@ -442,10 +442,11 @@ _CHAR_PX, _MAX_PX = 7.2, 340
 FIT_PX = 960
 
 
-def widths(frame: pd.DataFrame) -> dict:
-    """A column width per column from its longest text: Streamlit sized columns from a few
-    rows and cut "bf16_channels_last" to "bf16_channels_" further down."""
-    return {c: st.column_config.Column(width=w) for c, w in _natural_widths(frame).items()}
+def widths(frame: pd.DataFrame, widths_px: dict[str, int] | None = None) -> dict:
+    """A column width per column from its longest text (`widths_px` where already measured):
+    Streamlit sized columns from a few rows and cut "bf16_channels_last" to "bf16_channels_"
+    further down."""
+    return {c: st.column_config.Column(width=w) for c, w in (widths_px or _natural_widths(frame)).items()}
 
 
 def _natural_widths(frame: pd.DataFrame) -> dict[str, int]:
@@ -457,7 +458,10 @@ def _natural_widths(frame: pd.DataFrame) -> dict[str, int]:
 
 def fits(frame: pd.DataFrame) -> bool:
     """Whether `frame` fits the screen as a grid with every column whole."""
-    widths_px = _natural_widths(frame)
+    return _fitting(_natural_widths(frame))
+
+
+def _fitting(widths_px: dict[str, int]) -> bool:
     # A column at _MAX_PX is already cut: its text needs wrapping, which only a static table does.
     return sum(widths_px.values()) <= FIT_PX and all(w < _MAX_PX for w in widths_px.values())
 
@@ -466,8 +470,9 @@ def show(frame: pd.DataFrame) -> None:
     """`frame` on screen without sideways scrolling: a sortable grid where every column fits
     whole, else a static table whose cells wrap (Streamlit's grid cannot wrap a cell). Both
     show text as text, never as HTML or Markdown."""
-    if fits(frame):
-        st.dataframe(frame, hide_index=True, column_config=widths(frame))
+    widths_px = _natural_widths(frame)  # one pass over the cells, for the choice and the grid
+    if _fitting(widths_px):
+        st.dataframe(frame, hide_index=True, column_config=widths(frame, widths_px))
     else:
         st.table(frame.style.hide(axis="index"))
 

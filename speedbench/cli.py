@@ -263,12 +263,15 @@ def _export(report, table, args: argparse.Namespace) -> int:
         if footer:
             print(footer, end="", file=sys.stderr)
         return 0
-    try:
-        Path(args.output).write_text(text, encoding="utf-8")
-        if footer:
-            report.provenance_path(args.output).write_text(footer, encoding="utf-8")
+    from speedbench import safekeep  # noqa: PLC0415 - only when writing
+
+    try:  # each file whole or as it was: a full disk or a kill leaves no torn export
+        for path, content in ((Path(args.output), text), (report.provenance_path(args.output), footer)):
+            if content is not None:  # no footer beside md or tex
+                with safekeep.written_whole(path) as f:
+                    f.write(content.encode("utf-8"))
     except OSError as e:
-        print(f"speedlib report: cannot write {args.output}: {e.strerror or e}", file=sys.stderr)
+        print(f"speedlib report: cannot write {args.output}: {e.strerror or e}{safekeep.disk_full(e)}", file=sys.stderr)
         return 2
     beside = f" and its provenance to {report.provenance_path(args.output)}" if footer else ""
     print(f"speedlib report: wrote {args.output}{beside}", file=sys.stderr)

@@ -25,7 +25,7 @@ import pandas as pd
 from speedbench import contention, plan, report
 from speedbench.paired import paired_ratio
 
-__all__ = ["Headline", "HEADLINES", "grid", "single_device", "single_device_note"]
+__all__ = ["Headline", "HEADLINES", "WIDE_NOTE", "grid", "single_device", "single_device_note"]
 
 
 @dataclass(frozen=True)
@@ -206,6 +206,8 @@ def _against(own: pd.DataFrame, h: Headline, other: str) -> pd.DataFrame:
 
 
 EARLIER = report.EARLIER  # the dagger the tables use too
+# Words in every note on why a cell's interval is wide, one note per cell: the overview folds them away.
+WIDE_NOTE = "its 99 % interval"
 
 
 def _kind(gpu) -> str | None:
@@ -407,7 +409,7 @@ def grid(df: pd.DataFrame) -> report.Table:
     notes += [f"{report.TECHNIQUES[r.technique].title} on {r.machine} ("
               # the whole-step class shares its parameters with the headline's: name it
               + (f"{r.suite}, " if (r.technique, r.suite) in whole_suites else "")
-              + f"{r.params}{_not_own(r)}): its 99 % interval "
+              + f"{r.params}{_not_own(r)}): {WIDE_NOTE} "
               f"[{r.ratio_low:.3g}, {r.ratio_high:.3g}] spans {r.width:.2f}x (high / low), more than "
               f"{report.PAIRED_WIDTH_TARGET:.2f}x: {r.wide_because}" for r in wide.itertuples()]
     return report.Table("Headline: each technique's main comparison per machine", pd.DataFrame(rows), sources, notes)

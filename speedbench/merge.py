@@ -47,7 +47,8 @@ from speedbench import safekeep
 from speedbench._merge_sources import (BAD_INPUT, CONFLICTS, DISPLACED, MergeError, _bad, _loads, _Machine,
                                        _read_dir, _read_source, _Tree, printable)
 
-__all__ = ["MergeError", "merge", "recover", "add_parser", "STAGING", "DISPLACED", "CONFLICTS", "BAD_INPUT"]
+__all__ = ["MergeError", "merge", "recover", "left_by_stopped_merge", "add_parser", "STAGING", "DISPLACED", "CONFLICTS",
+           "BAD_INPUT"]
 
 STAGING = ".speedlib-merge"
 _JOURNAL = "journal"
@@ -300,6 +301,13 @@ def _content(tree: _Tree, machine: str, inner: str, old: bytes | None) -> bytes:
 def _rename(tmp: Path, final: Path) -> None:
     final.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, final)
+
+
+def left_by_stopped_merge(into: Path) -> Path | None:
+    """The staging directory of a merge stopped between its renames (for the loader to say
+    so), or None: with its journal written, part of the tree is merged and part not yet."""
+    stage = Path(into) / STAGING
+    return stage if (stage / _JOURNAL).is_file() else None
 
 
 def recover(into: Path) -> list[str]:

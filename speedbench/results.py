@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from speedbench import safekeep
+from speedbench import merge, safekeep
 # The loader's parts, each in a module of its own: the names other modules and the tests
 # use are re-exported here, so `speedbench.results` stays the one place to import from.
 from speedbench._results_common import _FIRST_DATE, _LAST_DATE, Problem, _is_number, _to_float, printable
@@ -557,11 +557,11 @@ def _killed_run(root: Path, problems: list[Problem]) -> None:
         problems.append(Problem(str(snapshot), "a speedlib run was killed while asv wrote here; the files from "
                                                "before it are kept in this directory, and the next speedlib run "
                                                "puts them back"))
-    # speedbench.merge's staging directory (its name, not an import: merge imports the suite)
-    if (root / ".speedlib-merge" / "journal").is_file():
-        problems.append(Problem(str(root / ".speedlib-merge"), "a speedlib merge was stopped while renaming its "
-                                                               "files, so some are merged and some not yet; the "
-                                                               "next speedlib merge or speedlib run finishes it"))
+    stage = merge.left_by_stopped_merge(root)
+    if stage is not None:
+        problems.append(Problem(str(stage), "a speedlib merge was stopped while renaming its files, so some are "
+                                            "merged and some not yet; the next speedlib merge or speedlib run "
+                                            "finishes it"))
 
 
 def load_results(path: str | Path) -> LoadedResults:

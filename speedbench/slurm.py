@@ -155,11 +155,12 @@ def _commit(req: Request) -> str:
         sha = suite.resolve_commits(req.root, None)[0]
     except suite.SuiteError as e:
         raise SlurmError(f"{e} (or pass --bundle FILE)") from None
-    dirty = _git(req.root, "status", "--porcelain", "--untracked-files=all", "--", "speedlib", "speedbench",
-                 "benchmarks", "asv.conf.json", ":(exclude,glob)**/__pycache__/**", ":(exclude,glob)**/*.pyc")
-    if dirty.stdout.strip():
-        first = dirty.stdout.splitlines()[0][3:]
-        raise SlurmError(f"uncommitted changes in the checkout ({_printable(first)}, ...): each task's speedlib run "
+    try:
+        dirty = suite._dirty(req.root)  # what `speedlib run` itself refuses
+    except suite.SuiteError as e:
+        raise SlurmError(str(e)) from None
+    if dirty:
+        raise SlurmError(f"uncommitted changes in the checkout ({_printable(dirty[0])}, ...): each task's speedlib run "
                          "would refuse them; commit first")
     return sha
 

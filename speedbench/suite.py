@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from speedbench import plan, safekeep
+from speedbench import merge, plan, safekeep
 from speedbench._asv_process import (  # noqa: F401 - re-exported: tests patch and call them as suite.X
     Interrupted,
     _asv,
@@ -504,8 +504,6 @@ def _recover(results_dir: Path) -> None:
     """Put back what asv left torn in a run that was killed outright (SIGKILL, a lost
     machine): its snapshot is still in `results_dir`; finish a merge stopped between its renames.
     Under the results lock, so that run or merge is gone."""
-    from speedbench import merge  # noqa: PLC0415 - merge imports this module (the results lock)
-
     try:
         lines = safekeep.recover(results_dir)
     except safekeep.SnapshotError as e:

@@ -286,15 +286,20 @@ class TwoHeads(nn.Module):
         return self.heads[head](torch.relu(self.trunk(x)))
 
 
+def _sgd_twins(module: type[nn.Module]):
+    """A model and its copy on ContiguousParams, each with plain SGD (lr 0.1), from seed 0."""
+    torch.manual_seed(0)
+    ref = module()
+    model = copy.deepcopy(ref)
+    params = ContiguousParams(model.parameters())
+    return ref, model, params, torch.optim.SGD(ref.parameters(), lr=0.1), torch.optim.SGD(params.contiguous(), lr=0.1)
+
+
 def test_unused_parameters_after_module_zero_grad_have_no_stale_gradient():
     """After model.zero_grad(set_to_none=True) the unused head's slice of the flat gradient must
     read zero, not last step's gradient: clipping over the flat tensors would count it and the
     step would apply it. Plain SGD, for which a zero gradient and a skipped parameter agree."""
-    torch.manual_seed(0)
-    ref = TwoHeads()
-    model = copy.deepcopy(ref)
-    params = ContiguousParams(model.parameters())
-    ref_opt, opt = torch.optim.SGD(ref.parameters(), lr=0.1), torch.optim.SGD(params.contiguous(), lr=0.1)
+    ref, model, params, ref_opt, opt = _sgd_twins(TwoHeads)
     gen = torch.Generator().manual_seed(3)
     for step in range(4):
         x, y = torch.randn(8, 4, generator=gen), torch.randint(0, 3, (8,), generator=gen)
@@ -325,11 +330,7 @@ class MixedPrecisionHeads(nn.Module):
 def test_closure_that_sets_gradients_to_none_leaves_no_stale_gradient_in_an_untouched_buffer():
     """Lightning sets gradients to None inside the step's closure, after the step's own check:
     a buffer the closure's backward never reaches must still read zero when the update runs."""
-    torch.manual_seed(0)
-    ref = MixedPrecisionHeads()
-    model = copy.deepcopy(ref)
-    params = ContiguousParams(model.parameters())
-    ref_opt, opt = torch.optim.SGD(ref.parameters(), lr=0.1), torch.optim.SGD(params.contiguous(), lr=0.1)
+    ref, model, params, ref_opt, opt = _sgd_twins(MixedPrecisionHeads)
     gen = torch.Generator().manual_seed(5)
     for step in range(4):
         x, y = torch.randn(8, 4, generator=gen), torch.randint(0, 3, (8,), generator=gen)

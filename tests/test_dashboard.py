@@ -445,6 +445,7 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
             # The dagger's meaning: on the first screen, above the first table that uses it.
             dagger = page.get_by_text(report.EARLIER_NOTE, exact=True).first.bounding_box()
             first_table = page.locator("[data-testid='stTable']").first.bounding_box()
+            page.locator("[data-testid='stMarkdownContainer'] table").first.wait_for(timeout=60_000)  # drawn last
             index_on_screen = page.evaluate(
                 "() => [...document.querySelectorAll('[data-testid=\"stMarkdownContainer\"] table')].map(t =>"
                 " [...t.querySelectorAll('tr')].map(r => [...r.querySelectorAll('th, td')].map(c => c.innerText.trim())))")

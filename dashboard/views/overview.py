@@ -33,7 +33,7 @@ if report.earlier_version(glance.sources).any():
 st.table(glance.frame.set_index("technique"))  # a static table: every cell whole, wrapped, no scrolling
 # Why an interval is wide, one note per cell: a dozen of them pushed every other comparison a
 # screen further down, so they fold away under a line that says how many there are.
-wide = [n for n in glance.notes if "its 99 % interval" in n]
+wide = [n for n in glance.notes if headline.WIDE_NOTE in n]
 for n in glance.notes:
     if n != report.EARLIER_NOTE and n not in wide:
         caption(n)
