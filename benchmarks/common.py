@@ -27,6 +27,19 @@ different builds while the flat-buffer step held at 15-16 ms, so one build's 15 
 three builds of five rounds each agreed within 2.1 %. Spreading the rounds over builds
 samples that variation, and the interval widens to cover it.
 
+Rounds sized to a time budget (`Paired.round_budget`): a GPU command has a hard limit, and
+a class that runs `pairs` rounds whatever a round costs can run past it (the checkpoint
+class was killed after 200 s at 30 rounds on an H100). A class that sets a budget, in
+seconds of measured rounds per configuration (every build together), has its first
+measured round timed, as it runs after the warm-up rounds: every variant once, the time of
+its samples. That round counts as the first of floor(budget / its seconds) rounds, clamped
+to at least `min_pairs` (8, the fewest with a 99 % interval) and at most `pairs`. Where even
+`min_pairs` rounds overshoot, they run anyway (fewer would be no result) and a warning says
+by how much. What was decided is one line per configuration, printed as it is decided and
+kept in the cache, where the baseline's track_seconds prints it to stderr
+(`speedlib run --show-stderr` shows it; asv keeps a setup_cache's output only when it
+fails). N in the results is the rounds run. A quick run stays at one round, unsized.
+
 Memory and saved-activation comparisons are exact counts: the same number every time, so
 they need no pairing, only their own process per class (`Measured`).
 
@@ -232,6 +245,8 @@ def _release() -> None:
 # The cache key (with the configuration after it) under which a class keeps its rounds'
 # interference counters; no parameter value can be this object.
 ROUNDS = "__rounds__"
+# ... and where a Paired class with a round_budget keeps the line saying how it sized them.
+SIZED = "__sized__"
 
 
 class _Interference:
@@ -330,6 +345,11 @@ class Paired(_Interference, Measured):
 
     baseline: str = ""
     pairs = pick(cpu=15, gpu=30)  # rounds: >= 8 for a 99 % interval, 15 keeps it near 1.10x on CPUs
+    # Seconds the measured rounds of one configuration may take (all builds together), or None:
+    # `pairs` rounds whatever they cost. With a budget, the rounds are sized from the first
+    # measured round (see the module's docstring), from `min_pairs` up to `pairs`.
+    round_budget: float | None = None
+    min_pairs = 8  # the fewest rounds with a 99 % interval (speedbench.paired); a budget never goes below
     warmup = pick(cpu=1, gpu=3)  # rounds run first and dropped, in every build: autotuners, allocator pools, caches
     number = 1
     # Fresh builds the rounds are spread over (see the module's docstring). One by default:
@@ -351,6 +371,9 @@ class Paired(_Interference, Measured):
             status, times = _attempt(f"{type(self).__name__}{config}", lambda: self._take_turns(config))
             if status == "ok":
                 out[(ROUNDS, *config)] = ("ok", times.pop(ROUNDS))
+                sized = times.pop(SIZED, None)
+                if sized is not None:
+                    out[(SIZED, *config)] = ("ok", sized)
             for variant in variants:
                 applies = status != "ok" or variant in times
                 out[(*config, variant)] = (status, times) if applies else (
@@ -358,12 +381,22 @@ class Paired(_Interference, Measured):
         return out
 
     def _take_turns(self, config: tuple) -> dict[str, list]:
-        """Each variant's samples, pooled over the builds, and under ROUNDS the interference
-        counters of every round."""
+        """Each variant's samples, pooled over the builds, under ROUNDS the interference
+        counters of every round, and under SIZED the line saying how the rounds were sized
+        (classes with a round_budget)."""
         builds = 1 if QUICK else max(1, self.builds)
         rounds = 1 if QUICK else math.ceil(self.pairs / builds)  # per build; at least `pairs` in all
         pooled: dict[str, list] = {}
         counters: list[dict] = []
+        decided: list[str] = []
+        size = None
+        if not QUICK and self.round_budget is not None:
+            def size(per_round: float) -> int:  # the first build's first measured round, in seconds
+                per_build, line = sized_rounds(f"{type(self).__name__}{config}", self.round_budget, per_round,
+                                               self.min_pairs, self.pairs, builds)
+                print(line, flush=True)
+                decided.append(line)
+                return per_build
         for build in range(builds):
             if build:
                 _release()  # the last build's objects go first, so this one gets memory of its own
@@ -373,12 +406,16 @@ class Paired(_Interference, Measured):
             if build and set(steps) != set(pooled):
                 raise RuntimeError(f"build {build + 1} of {config} has variants {sorted(steps)}, "
                                    f"the first had {sorted(pooled)}: rounds cannot be pooled")
+            sizing = {"size_rounds": size} if size is not None and build == 0 else {}  # a class without: as before
             times = paired_times(steps, dev, rounds=rounds, warmup=0 if QUICK else self.warmup, number=self.number,
-                                 counters=counters)
+                                 counters=counters, **sizing)
             del steps  # the only references to this build's models: freed by the next _release
+            rounds = len(times[self.baseline])  # as sized by the first build, for the others
             for variant, samples in times.items():
                 pooled.setdefault(variant, []).extend(samples)
         pooled[ROUNDS] = counters
+        if decided:
+            pooled[SIZED] = decided[0]
         return pooled
 
     def _round_key(self, params: tuple) -> tuple:
@@ -386,6 +423,9 @@ class Paired(_Interference, Measured):
 
     def track_seconds(self, cache, *params):
         times = self.result(cache, *params)
+        sized = cache.get((SIZED, *params[:-1]))
+        if times is not SKIP and sized is not None and params[-1] == self.baseline:
+            print(sized[1], file=sys.stderr)  # how the rounds were sized, once per configuration
         return SKIP if times is SKIP else {"samples": times[params[-1]], "number": 1}
 
     track_seconds.unit = "seconds"
@@ -399,10 +439,45 @@ class Paired(_Interference, Measured):
     track_speedup.unit = "x"
 
 
+def sized_rounds(label: str, budget: float, per_round: float, fewest: int, most: int,
+                 builds: int = 1) -> tuple[int, str]:
+    """(rounds per build, the line that says so) for measured rounds that may take `budget`
+    seconds in all, one round taking `per_round`: floor(budget / per_round) rounds, at
+    least `fewest` (a 99 % interval needs 8) and at most `most`, spread over `builds` builds
+    (whole rounds in each, so the budget is not overshot by rounding up). Where a class asks
+    for fewer rounds than `fewest`, the ceiling wins. Where even `fewest` overshoot the
+    budget, they are what runs, and the line is a warning saying by how much."""
+    if budget <= 0 or fewest < 1 or most < 1 or builds < 1:
+        raise ValueError(f"need a budget > 0 and rounds >= 1, got budget {budget}, rounds {fewest} to {most}, "
+                         f"{builds} builds")
+    low, high = math.ceil(min(fewest, most) / builds), math.ceil(most / builds)
+    room = budget / per_round / builds if per_round > 0 else math.inf  # rounds a build has room for
+    fit = high if room >= high else math.floor(room)  # (a round too short to time: the ceiling)
+    per_build = min(high, max(low, fit))
+    rounds, estimate = per_build * builds, per_build * builds * per_round
+    said = f"{label}: one round {_seconds(per_round)} -> {rounds} rounds"
+    said += f" over {builds} builds" if builds > 1 else ""
+    if fit < low:
+        line = (f"warning: {said}, the fewest allowed (min_pairs {min(fewest, most)}): about {_seconds(estimate)}, "
+                f"over the budget of {_seconds(budget)} by {_seconds(estimate - budget)}")
+    else:
+        line = f"{said}, about {_seconds(estimate)} (budget {_seconds(budget)}, {min(fewest, most)} to {most} rounds)"
+    return per_build, line
+
+
+def _seconds(x: float) -> str:
+    """A duration for a line of text: three significant digits, whole seconds from 100 s."""
+    return f"{x:.3g} s" if abs(x) < 100 else f"{x:.0f} s"
+
+
 def paired_times(steps: dict[str, Callable[[], object]], dev, rounds: int, warmup: int,
-                 number: int = 1, counters: list | None = None) -> dict[str, list[float]]:
+                 number: int = 1, counters: list | None = None,
+                 size_rounds: Callable[[float], int] | None = None) -> dict[str, list[float]]:
     """Each variant's seconds per step, one sample per round, variants taking turns.
-    counters: a list that gets each measured round's interference counters."""
+    counters: a list that gets each measured round's interference counters.
+    size_rounds: called with the seconds the first measured round took (every variant's
+    `number` steps, synchronised: its samples times `number`); it returns how many rounds
+    to run in all, that one included, in place of `rounds` (speedbench.paired.take_turns)."""
     from speedbench import measure, paired  # noqa: PLC0415 - torch, in the measuring process only
 
     check_profile(dev)
@@ -424,8 +499,13 @@ def paired_times(steps: dict[str, Callable[[], object]], dev, rounds: int, warmu
             return (time.perf_counter() - start) / number
         return sample
 
+    size = None
+    if size_rounds is not None:
+        def size(first: dict[str, float]) -> int:
+            return size_rounds(number * sum(first.values()))
+
     times = paired.take_turns({v: timed(s) for v, s in steps.items()}, rounds=rounds, warmup=warmup,
-                              observe=observe, observed=bracketed)
+                              observe=observe, observed=bracketed, size=size)
     if counters is not None:
         counters.extend(interference.round_windows(bracketed))
     return times

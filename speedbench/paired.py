@@ -30,7 +30,8 @@ __all__ = ["take_turns", "PairedRatio", "paired_ratio", "ratio_estimate", "signe
 
 def take_turns(variants: dict[str, Callable[[], float]], rounds: int, warmup: int = 1,
                observe: Callable[[], Callable[[], object]] | None = None,
-               observed: list | None = None) -> dict[str, list[float]]:
+               observed: list | None = None,
+               size: Callable[[dict[str, float]], int] | None = None) -> dict[str, list[float]]:
     """Run each variant once per round, in rotated order; return each variant's samples.
 
     Each callable returns the seconds it measured (a synchronising timer around one step,
@@ -38,6 +39,9 @@ def take_turns(variants: dict[str, Callable[[], float]], rounds: int, warmup: in
     observe: called as each measured round starts; what it returns is called as the round
     ends, and its result appended to `observed`, one per round in the samples' order (the
     interference counters of speedbench.interference: what else ran during the round).
+    size: called once, as the first measured round ends, with that round's samples
+    ({variant: seconds}); it returns how many measured rounds to run in all, that first one
+    included, in place of `rounds`. The rounds go on from there, the rotation unbroken.
     """
     if rounds < 1 or warmup < 0:
         raise ValueError(f"need rounds >= 1 and warmup >= 0, got {rounds} and {warmup}")
@@ -45,7 +49,8 @@ def take_turns(variants: dict[str, Callable[[], float]], rounds: int, warmup: in
         raise ValueError("observe and observed go together")
     names = list(variants)
     samples: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(warmup + rounds):
+    total, r = warmup + rounds, 0
+    while r < total:
         shift = r % len(names)
         close = observe() if observe is not None and r >= warmup else None
         for name in names[shift:] + names[:shift]:
@@ -54,6 +59,12 @@ def take_turns(variants: dict[str, Callable[[], float]], rounds: int, warmup: in
                 samples[name].append(seconds)
         if close is not None:
             observed.append(close())
+        if size is not None and r == warmup:
+            wanted = size({n: samples[n][0] for n in names})
+            if not isinstance(wanted, int) or wanted < 1:
+                raise ValueError(f"size must return a number of rounds >= 1, got {wanted!r}")
+            total = warmup + wanted
+        r += 1
     return samples
 
 
