@@ -525,7 +525,8 @@ class HostEmbedding(_RankSync, nn.Module):
         group = self.optimizer.param_groups[0]
         opt = type(self.optimizer)([probe], **{k: v for k, v in group.items() if k in accepted and k != "params"})
         opt.step()
-        table = HostTable(*self.table.shape, dtype=self.table.dtype, backend=self.table.backend, device=self.table.device)
+        table = HostTable(*self.table.shape, dtype=self.table.dtype, backend=self.table.backend, device=self.table.device,
+                          **self.table.options)  # the weight's threads or sort order: state moves as rows do
         initial = opt.state[probe].get(key)
         if isinstance(initial, torch.Tensor) and initial.any():
             table.fill_(initial.detach())

@@ -12,7 +12,7 @@ import weakref
 
 import torch
 
-from speedlib._transfer_backends import _IMPLS, _MAPPABLE, BACKENDS, _sync
+from speedlib._transfer_backends import _IMPLS, _MAPPABLE, _STAGED, BACKENDS, _sync
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -39,6 +39,25 @@ def last_write_wins(indices: torch.Tensor, values: torch.Tensor) -> tuple[torch.
     return rows, values.index_select(0, last[run])
 
 
+def _options(backend: str, threads, sort_indices) -> dict:
+    """The backend's own keyword arguments, refused where they would do nothing."""
+    options = {}
+    if threads is not None:
+        if backend not in _STAGED:
+            raise ValueError(f"threads packs rows on the CPU for {' and '.join(map(repr, _STAGED))}; "
+                             f"backend {backend!r} has no such threads")
+        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+            raise ValueError(f"threads must be a positive int (or None for torch.get_num_threads()), got {threads!r}")
+        options["threads"] = threads
+    if sort_indices is not False:
+        if backend != "uva":
+            raise ValueError(f"sort_indices orders the 'uva' kernel's reads; backend {backend!r} has no such kernel")
+        if sort_indices is not True:
+            raise TypeError(f"sort_indices must be True or False, got {sort_indices!r}")
+        options["sort_indices"] = True
+    return options
+
+
 def _default_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
@@ -48,12 +67,17 @@ class HostTable:
     device: where `gather` delivers rows (default: the current CUDA device, else the CPU).
     Every backend but 'pageable' needs a CUDA device. The table starts as zeros.
     `writable` is False for a table mapped read-only from a file (`from_file(mode="r")`).
+    threads ('pinned' and 'cupy'): CPU threads packing rows into the staging buffers, by
+    default torch.get_num_threads(). sort_indices ('uva'): read rows in index order, the
+    caller's order restored in the same pass. Both change speed only, never a result.
     """
 
     def __init__(self, rows: int, dim: int, *, dtype: torch.dtype = torch.float32, backend: str = "pinned",
-                 device: torch.device | str | None = None, _host: torch.Tensor | None = None):
+                 device: torch.device | str | None = None, threads: int | None = None, sort_indices: bool = False,
+                 _host: torch.Tensor | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        self.options = _options(backend, threads, sort_indices)  # before any memory is taken
         for name, n in (("rows", rows), ("dim", dim)):
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise ValueError(f"{name} must be a positive int, got {n!r}")
@@ -76,7 +100,7 @@ class HostTable:
         self.writable, self.file, self._mmap = True, None, None
         self._trainer: weakref.ref | None = None  # the HostEmbedding training this table, if any
         try:
-            self._impl = _IMPLS[backend](rows, dim, dtype, dev, *(() if _host is None else (_host,)))
+            self._impl = _IMPLS[backend](rows, dim, dtype, dev, *(() if _host is None else (_host,)), **self.options)
         except (RuntimeError, MemoryError) as e:  # torch's allocator names neither the table nor a way out
             if _host is not None or "alloc" not in str(e).lower():
                 raise
@@ -87,17 +111,17 @@ class HostTable:
 
     @classmethod
     def from_tensor(cls, weight: torch.Tensor, *, backend: str = "pinned",
-                    device: torch.device | str | None = None) -> HostTable:
+                    device: torch.device | str | None = None, **options) -> HostTable:
         """A table holding a copy of the 2-D `weight`."""
         if weight.dim() != 2:
             raise ValueError(f"a table is 2-D (rows x dim), got shape {tuple(weight.shape)}")
-        table = cls(weight.shape[0], weight.shape[1], dtype=weight.dtype, backend=backend, device=device)
+        table = cls(weight.shape[0], weight.shape[1], dtype=weight.dtype, backend=backend, device=device, **options)
         table.copy_(weight)
         return table
 
     @classmethod
     def from_file(cls, file, *, mode: str = "r+", backend: str = "pinned",
-                  device: torch.device | str | None = None) -> HostTable:
+                  device: torch.device | str | None = None, threads: int | None = None) -> HostTable:
         """A table that *is* a 2-D `.npy` file, memory-mapped rather than read into RAM.
 
         file: a path, or a `numpy.memmap` already open (`numpy.load(path, mmap_mode="r+")`;
@@ -142,7 +166,7 @@ class HostTable:
             # below makes every write path refuse instead.
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             host = torch.from_numpy(array)
-        table = cls(*array.shape, dtype=host.dtype, backend=backend, device=device, _host=host)
+        table = cls(*array.shape, dtype=host.dtype, backend=backend, device=device, threads=threads, _host=host)
         table.writable, table.file, table._mmap = bool(array.flags.writeable), name, array
         return table
 
@@ -159,7 +183,7 @@ class HostTable:
     def __repr__(self) -> str:
         file = "" if self.file is None else f", file={self.file!r}{'' if self.writable else ' (read-only)'}"
         return (f"HostTable(rows={self.shape[0]}, dim={self.shape[1]}, dtype={self.dtype}, backend={self.backend!r}, "
-                f"device={self.device}{file})")
+                f"device={self.device}{''.join(f', {k}={v!r}' for k, v in self.options.items())}{file})")
 
     def __reduce__(self):
         # Pickling would copy gigabytes (and CUDA views cannot travel at all): DataLoader

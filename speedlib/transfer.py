@@ -5,22 +5,27 @@ moves rows between it and `device`:
 
   pageable  a plain CPU tensor; rows are indexed on the CPU and copied synchronously.
             The only backend that runs without a GPU.
-  pinned    a plain CPU tensor, indexed on the CPU (`index_select` runs on all intra-op
-            threads) into a pinned staging buffer that is copied with `non_blocking=True`.
-            Only the staging buffer needs pinning, so the table itself costs no locked memory.
-  cupy      CuPy pinned memory, indexed by CuPy kernels running on the GPU: SpeedTorch's
-            approach. Pinned memory is mapped into the GPU's address space (unified
-            addressing), so the kernel reads and writes host rows over the bus: no CPU indexing.
-  uva       the same zero-copy idea without CuPy: ordinary host memory, page-locked in place
-            with cudaHostRegister (exactly the table's bytes: torch's pinned allocator rounds
-            up to a power of two, 8 GiB for a 5.1 GB table), is described to torch as CUDA
-            memory (the CUDA array interface), and torch's own `index_select` and
-            `index_copy_` kernels read and write it in place. Unlocked when the table is freed.
+  pinned    a plain CPU tensor. Rows are packed on the CPU into pinned staging buffers and
+            copied with non_blocking copies on a side stream, in chunks of about 2 MiB:
+            worker threads (`threads=`, default torch.get_num_threads()) pack the next
+            chunks while the current one crosses the bus. Only the staging ring (4 x 2 MiB)
+            is pinned, so the table itself costs no locked memory.
+  cupy      the table in CuPy's pinned memory, moved the same way with CuPy's copy engine
+            (its streams, events and pinned pool). SpeedTorch indexed such tables with CuPy
+            kernels from the GPU; packing on the CPU overlaps with the copy instead.
+  uva       zero-copy without CuPy: ordinary host memory, page-locked in place with
+            cudaHostRegister (exactly the table's bytes: torch's pinned allocator rounds up to
+            a power of two, 8 GiB for a 5.1 GB table) and described to torch as CUDA memory
+            (the CUDA array interface). A Triton kernel reads (and writes) whole rows of it
+            over the bus, consecutive threads on consecutive words; `sort_indices=True` reads
+            rows in index order and restores the caller's order in the same pass. Where the
+            kernel cannot be built, torch's index_select / index_copy_ do it (with a warning).
+            Unlocked when the table is freed.
   device    the whole table in GPU memory: the upper bound, when it fits.
 
 `gather(indices)` returns a tensor on `device` shaped `indices.shape + (dim,)`, ordered on
 the current CUDA stream like any other kernel's output. `scatter_(indices, values)` writes
-rows back. **Duplicate indices: the last occurrence wins**, as in Python and NumPy
+rows back (and returns once they are in the table). **Duplicate indices: the last occurrence wins**, as in Python and NumPy
 assignment; `index_copy_` alone leaves the winner unspecified on both CPU and GPU, so every
 backend first makes duplicates carry the same row (`last_write_wins`). Bad input fails
 before anything is written: out-of-range indices raise `IndexError`, non-integer indices or
@@ -38,7 +43,8 @@ writes land in the file through the page cache; `flush()` forces them to disk.
 from __future__ import annotations
 
 # The code lives in private modules, each readable on its own: the storage backends
-# (speedlib/_transfer_backends.py), the table (_host_table.py), the trainable embedding
+# (speedlib/_transfer_backends.py), the chunked staging of 'pinned' and 'cupy'
+# (_transfer_staging.py), the 'uva' row-copy kernel (_transfer_kernel.py), the table (_host_table.py), the trainable embedding
 # (_host_embedding.py) and its multi-process part (_embedding_ranks.py). This module stays the
 # technique's one import, so `speedlib.transfer.HostTable` and friends keep working.
 from speedlib._host_embedding import HostEmbedding

@@ -1,0 +1,139 @@
+"""The 'uva' backend's row-copy kernel: whole rows of a host-mapped table read by consecutive threads.
+
+Why a kernel of our own: torch's `index_select` on the mapped table reached 32.6 % of the
+pinned host->device copy bandwidth on an H100 (2026-11-23). Reads of host memory cross the bus
+as PCIe requests, and a row is fetched at full width only when consecutive threads read
+consecutive bytes of it, so that every request is a whole aligned 128-byte line (DGL's
+`gather_pinned_tensor_rows` and the PyTorch-Direct paper, VLDB 2021, reach near the PCIe limit
+that way). Here each program copies a block of rows; along a row, consecutive lanes take
+consecutive words (int32 where the row's bytes allow), so a 512-byte row is four full lines.
+Rows are copied as words, never as numbers: the result is bitwise the source's, whatever the
+dtype (bfloat16 included).
+
+One kernel serves both directions: dst[dst_rows[i]] = src[src_rows[i]], either index list
+optional (then i itself). Gather: src = the table, src_rows = the indices. Write-back: dst = the
+table, dst_rows = the indices. With `sort=True` the indices are sorted first (neighbouring
+rows read together, fewer distinct pages per block), and the permutation goes on the other
+side, which restores the caller's order in the same pass: no extra copy.
+
+Written in Triton, which ships with CUDA builds of torch, and compiled on first use. Where it
+cannot be built (no Triton, no C compiler for its launcher) `copy_rows` says why once, with a
+warning, and uses torch's index_select / index_copy_ instead: same results, today's speed.
+`KERNEL` says which one ran last. Tests run the Triton kernel on the CPU through Triton's
+interpreter (TRITON_INTERPRET=1 when `build()` is called).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+
+# What ran the last copy: "triton", "torch" (the fallback) or None (nothing yet).
+KERNEL: str | None = None
+_unusable: list[str] = []  # why the Triton kernel cannot run here, once known
+
+
+def build():
+    """The Triton kernel, decorated now (so the interpreter is chosen by the environment of
+    this call). Raises ImportError without Triton."""
+    import triton  # noqa: PLC0415 - optional: CPU-only torch builds have no Triton
+    import triton.language as tl  # noqa: PLC0415
+
+    @triton.jit
+    def copy_rows_kernel(src, src_rows, dst, dst_rows, n, words,
+                         HAS_SRC_ROWS: tl.constexpr, HAS_DST_ROWS: tl.constexpr,
+                         BLOCK_ROWS: tl.constexpr, BLOCK_WORDS: tl.constexpr):
+        r = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        live = r < n
+        s = tl.load(src_rows + r, mask=live, other=0) if HAS_SRC_ROWS else r.to(tl.int64)
+        d = tl.load(dst_rows + r, mask=live, other=0) if HAS_DST_ROWS else r.to(tl.int64)
+        for w0 in range(0, words, BLOCK_WORDS):
+            w = w0 + tl.arange(0, BLOCK_WORDS)
+            m = live[:, None] & (w[None, :] < words)
+            v = tl.load(src + s[:, None] * words + w[None, :], mask=m)
+            tl.store(dst + d[:, None] * words + w[None, :], v, mask=m)
+
+    return copy_rows_kernel
+
+
+_kernel = functools.cache(build)
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """t's rows as the widest integer words that divide a row (bytes moved, not numbers)."""
+    row_bytes = t.shape[1] * t.element_size()
+    word = torch.int32 if row_bytes % 4 == 0 else torch.int16 if row_bytes % 2 == 0 else torch.uint8
+    return t.view(torch.uint8).view(word) if t.element_size() != word.itemsize else t.view(word)
+
+
+def _launch(kernel, src: torch.Tensor, src_rows, dst: torch.Tensor, dst_rows, n: int) -> None:
+    s, d = _words(src), _words(dst)
+    words = s.shape[1]
+    block_words = min(1024, 1 << (words - 1).bit_length())  # a whole row per pass where it fits
+    block_rows = max(1, 4096 // block_words)  # ~4096 words in flight per program
+    grid = ((n + block_rows - 1) // block_rows,)
+    kernel[grid](s, src_rows if src_rows is not None else s, d, dst_rows if dst_rows is not None else d, n, words,
+                 HAS_SRC_ROWS=src_rows is not None, HAS_DST_ROWS=dst_rows is not None,
+                 BLOCK_ROWS=block_rows, BLOCK_WORDS=block_words)
+
+
+def _torch_copy(src, src_rows, dst, dst_rows) -> None:
+    rows = src if src_rows is None else torch.index_select(src, 0, src_rows)
+    if dst_rows is None:
+        dst.copy_(rows)
+    else:
+        dst.index_copy_(0, dst_rows, rows)
+
+
+def copy_rows(src: torch.Tensor, dst: torch.Tensor, *, src_rows: torch.Tensor | None = None,
+              dst_rows: torch.Tensor | None = None, kernel=None) -> None:
+    """dst[dst_rows[i]] = src[src_rows[i]] for every i, whole rows, bitwise.
+
+    src, dst: 2-D contiguous tensors of one dtype and row width on one device; index lists
+    int64 on that device, checked by the caller; dst_rows distinct. kernel: a `build()` result
+    to use (tests pass the interpreted one); by default the compiled kernel, or torch's
+    indexing where it cannot be built."""
+    global KERNEL  # noqa: PLW0603 - a status for benchmarks and users to read
+    n = (src_rows if src_rows is not None else dst_rows if dst_rows is not None else src).shape[0]
+    if n == 0:
+        return
+    if kernel is None and not _unusable:
+        try:
+            kernel = _kernel()
+            _launch(kernel, src, src_rows, dst, dst_rows, n)
+            KERNEL = "triton"
+            return
+        except Exception as e:  # noqa: BLE001 - any failure to build or launch: the fallback below is exact
+            _unusable.append(f"{type(e).__name__}: {e}")
+            warnings.warn(f"speedlib.transfer 'uva': the Triton row-copy kernel cannot run here ({_unusable[0]}); "
+                          "using torch's index_select / index_copy_ (same results, without the whole-row reads)",
+                          RuntimeWarning, stacklevel=3)
+    if kernel is not None:
+        _launch(kernel, src, src_rows, dst, dst_rows, n)
+        KERNEL = "triton"
+        return
+    _torch_copy(src, src_rows, dst, dst_rows)
+    KERNEL = "torch"
+
+
+def gather(table: torch.Tensor, idx: torch.Tensor, *, sort: bool = False, kernel=None) -> torch.Tensor:
+    """table[idx] as a new tensor on table's device; with sort, rows are read in index order."""
+    out = torch.empty(idx.shape[0], table.shape[1], dtype=table.dtype, device=table.device)
+    if sort:
+        rows, where = torch.sort(idx)  # row rows[j] belongs at out[where[j]]
+        copy_rows(table, out, src_rows=rows, dst_rows=where, kernel=kernel)
+    else:
+        copy_rows(table, out, src_rows=idx, kernel=kernel)
+    return out
+
+
+def scatter(table: torch.Tensor, idx: torch.Tensor, values: torch.Tensor, *, sort: bool = False, kernel=None) -> None:
+    """table[idx[i]] = values[i]; idx distinct. With sort, rows are written in index order."""
+    values = values.contiguous()
+    if sort:
+        rows, where = torch.sort(idx)  # values[where[j]] goes to row rows[j]
+        copy_rows(values, table, src_rows=where, dst_rows=rows, kernel=kernel)
+    else:
+        copy_rows(values, table, dst_rows=idx, kernel=kernel)
