@@ -28,6 +28,14 @@ Metrics (benchmarks.common: one process measures a class, its track_* methods re
                               the median of 20 calls, over the machine's bulk pinned copy
                               bandwidth in the same direction, measured in the same process
                               (measure.host_copy_bandwidth); GPUs only. The headline
+  FractionOfFloor.track_gather_bandwidth / track_scatter_bandwidth
+                              that bandwidth itself, GB/s: the numerator of the %
+  FractionOfFloor.track_h2d_floor / track_d2h_floor
+                              the floor it was divided by (the bulk pinned copy, host->device
+                              for gather, device->host for scatter), GB/s, timed in that same
+                              process: the figures a reader checks against the bus. They are
+                              read with the % (speedbench.tables.floor_table), not compared
+                              across variants
   CopyBandwidth.track_copy_bandwidth
                               that floor itself, pinned and pageable, each direction; GPUs only
   Footprint.track_host_footprint / DeviceFootprint.track_device_footprint
@@ -225,7 +233,12 @@ class FractionOfFloor(common.Timed):
         out = {}
         for op, direction in (("gather", "h2d"), ("scatter", "d2h")):
             floor = measure.host_copy_bandwidth(dev, direction, pinned=True)
-            out[op] = 100.0 * _median_bandwidth(functools.partial(table.op(op), "random"), dev) / floor
+            achieved = _median_bandwidth(functools.partial(table.op(op), "random"), dev)
+            out[op] = 100.0 * achieved / floor
+            # Both terms of the %, GB/s: the % alone could not be checked against the bus,
+            # and a GB/s made of it with a floor timed in another process would not be this one.
+            out[f"{op}_bandwidth"] = achieved / 1e9
+            out[f"{direction}_floor"] = floor / 1e9
         return out
 
     def track_gather_fraction_of_floor(self, cache, variant: str) -> float:
@@ -239,6 +252,34 @@ class FractionOfFloor(common.Timed):
         return measured if measured is common.SKIP else measured["scatter"]
 
     track_scatter_fraction_of_floor.unit = "% of pinned device->host bandwidth"
+
+    def _figure(self, cache, variant: str, key: str) -> float:
+        measured = self.result(cache, variant)
+        return measured if measured is common.SKIP else measured[key]
+
+    def track_gather_bandwidth(self, cache, variant: str) -> float:
+        """The random-row gather's bandwidth that track_gather_fraction_of_floor divides."""
+        return self._figure(cache, variant, "gather_bandwidth")
+
+    track_gather_bandwidth.unit = "GB/s"
+
+    def track_scatter_bandwidth(self, cache, variant: str) -> float:
+        """The random-row write-back's bandwidth that track_scatter_fraction_of_floor divides."""
+        return self._figure(cache, variant, "scatter_bandwidth")
+
+    track_scatter_bandwidth.unit = "GB/s"
+
+    def track_h2d_floor(self, cache, variant: str) -> float:
+        """The pinned host->device copy the gather was divided by, timed in the same process."""
+        return self._figure(cache, variant, "h2d_floor")
+
+    track_h2d_floor.unit = "GB/s"
+
+    def track_d2h_floor(self, cache, variant: str) -> float:
+        """The pinned device->host copy the write-back was divided by, timed in the same process."""
+        return self._figure(cache, variant, "d2h_floor")
+
+    track_d2h_floor.unit = "GB/s"
 
 
 class CopyBandwidth(common.Timed):

@@ -110,16 +110,22 @@ def technique_page(name: str) -> None:
             say_names(glossary)
     with floor_tab:
         floors = rows[rows["kind"] == "fraction of floor"]
-        bandwidth = rows[rows["kind"] == "bandwidth"]
+        # The GB/s a % was computed from (FractionOfFloor's gather_bandwidth, h2d_floor, ...)
+        # stand beside it in the floor table only: as variant / baseline speedups they would
+        # repeat it confusingly (report.FLOOR_ONLY says why), so the table below leaves them out.
+        bandwidth = rows[(rows["kind"] == "bandwidth") & ~rows["metric"].isin(report.FLOOR_ONLY)]
         if floors.empty and bandwidth.empty:
             st.info("No bandwidth or floor results here.")
         if not floors.empty:
-            table(report.floor_table(floors), hide=STATED)
+            # every kind: the table finds each %'s GB/s among the bandwidth rows of its run
+            table(report.floor_table(rows), hide=STATED)
             # One chart per reference: gather is a % of the host->device copy, write-back of
-            # device->host; one axis named after the first mislabelled the other.
+            # device->host; one axis named after the first mislabelled the other. Each bar's
+            # hover gives the table's own words for it: the %, the GB/s and the floor's GB/s.
+            shown = report.floor_figures(rows)
             # as the table orders them: gather first
-            for unit, same in floors.sort_values("benchmark", kind="stable").groupby("unit", sort=False):
-                st.plotly_chart(_bars(same, str(unit), where))
+            for unit, same in shown.sort_values("benchmark", kind="stable").groupby("unit", sort=False):
+                st.plotly_chart(_bars(same, str(unit), where, hover=FLOOR_HOVER))
             say_names(glossary)
         if not bandwidth.empty:
             table(report.speedup_table(bandwidth, "bandwidth", baseline), hide=STATED)
@@ -141,10 +147,15 @@ def _paired(rows: pd.DataFrame, where: str) -> None:
     st.plotly_chart(ratio_chart(s, "case", "where", "paired speedup: x faster than the baseline"))
 
 
-def _bars(rows, unit: str, where: str = "") -> go.Figure:
+# A floor chart's hover: (label, column of report.floor_figures), the floor table's text.
+FLOOR_HOVER = (("achieved", "achieved_text"), ("GB/s", "gbps_text"), ("floor GB/s", "floor_gbps_text"))
+
+
+def _bars(rows, unit: str, where: str = "", hover: tuple[tuple[str, str], ...] = ()) -> go.Figure:
     """One bar per variant, grouped by configuration (metric, workload, batch) so that each
     variant stands beside its own baseline; never two configurations in one bar. Titled
-    with what is measured (gather and write-back charts looked alike without one)."""
+    with what is measured (gather and write-back charts looked alike without one). `hover`:
+    (label, column) pairs whose text each bar's hover shows, as the table beside it does."""
     fig = go.Figure()
     scale, unit = (2**-30, "GiB") if unit == "bytes" and rows["value"].max() >= 2**30 else \
         (2**-20, "MiB") if unit == "bytes" else (1.0, unit)  # as the tables write them
@@ -155,8 +166,14 @@ def _bars(rows, unit: str, where: str = "") -> go.Figure:
     # plotly's default palette has ten colours; checkpointing has five variants, transfer six.
     palette = plotly.colors.qualitative.Dark24
     for i, (variant, g) in enumerate(rows.groupby("variant", sort=True)):
+        said = {}
+        if hover:  # plotly's own hover would round the value its own way, and knows no GB/s
+            said = {"customdata": [[html.escape(str(t)) for t in texts] for texts in zip(*(g[c] for _, c in hover))],
+                    "hovertemplate": "<br>".join([f"{html.escape(str(variant))}: %{{x}}",
+                                                  *(f"{label}: %{{customdata[{k}]}}" for k, (label, _) in
+                                                    enumerate(hover))]) + "<extra></extra>"}
         fig.add_trace(go.Bar(x=[html.escape(str(v)) for v in g["_config"]], y=g["value"] * scale,
-                             name=html.escape(str(variant)), marker_color=palette[i % len(palette)]))
+                             name=html.escape(str(variant)), marker_color=palette[i % len(palette)], **said))
     # Log y: configurations differ by orders of magnitude (DenseNet-121 at batch 256 against a
     # transformer at 64; a device-resident table at 669 % of the copy floor beside CuPy at 39 %),
     # and on a linear axis the small ones vanish.

@@ -407,7 +407,8 @@ def shown(frame: pd.DataFrame) -> pd.DataFrame:
 
 # The numbers a reader looks for, moved next to what they compare (variant and baseline):
 # after a long benchmark name they sat past the right edge of a laptop screen.
-NUMBERS = ("speedup", "memory ratio", "change", "bytes", "baseline bytes", "achieved", "of", "N", "claimed", "measured")
+NUMBERS = ("speedup", "memory ratio", "change", "bytes", "baseline bytes", "achieved", "of", "GB/s", "floor GB/s", "N",
+           "claimed", "measured")
 
 
 def on_screen(frame: pd.DataFrame, hide: tuple[str, ...] = ()) -> pd.DataFrame:

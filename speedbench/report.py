@@ -33,16 +33,18 @@ from speedbench.history import (_fmt_change, _fmt_test, change_table, compare_co
                                 resolve_commit)
 from speedbench.significance import (EXACT_MAX, MIN_SEGMENT, P_THRESHOLD, SIGNIFICANCE_FACTOR, MannWhitney,
                                    _best_split, _change_ratio, _steps, _verdict, differ, mann_whitney_u)
-from speedbench.tables import (CONTENDED, CONTENDED_NOTE, EARLIER, EARLIER_NOTE, FLOOR_ABOVE_NOTE, MEMORY_NOTE,
+from speedbench.tables import (CONTENDED, CONTENDED_NOTE, EARLIER, EARLIER_NOTE, FLOOR_ABOVE_NOTE, FLOOR_FIGURES,
+                               FLOOR_ONLY, MEMORY_NOTE, NOT_A_BANDWIDTH, NOT_RECORDED,
                                NOISE_TARGET, NOT_COMPARED, PAIRED_NOISE_TARGET, PAIRED_WIDTH_TARGET, UNDEFINED,
                                Table, _comparison, _config, _fmt_ratio, _fmt_value, _shown, _why_wide,
-                               _with_earlier_note, _with_ratio, case_label, citable, contended, earlier_version, floor_table, latest,
+                               _with_earlier_note, _with_ratio, case_label, citable, contended, earlier_version, floor_figures,
+                               floor_table, latest,
                                machine_state, memory_table, newest_runs, noise, noise_table, paired, paired_noise,
                                paired_table, param_columns, speedup_table, speedups)
 from speedbench.techniques import TECHNIQUES, Technique
 
 __all__ = ["Claim", "CLAIMS", "TECHNIQUES", "Table", "speedups", "speedup_table", "memory_table",
-           "floor_table", "noise", "noise_table", "NOISE_TARGET", "case_label", "history", "history_table", "compare_machines", "machine_comparison", "same_work", "speedup_comparison", "is_own_baseline", "why_not_measured", "never_run", "bibtex", "claims_table", "latest",
+           "floor_table", "floor_figures", "FLOOR_FIGURES", "FLOOR_ONLY", "NOT_RECORDED", "NOT_A_BANDWIDTH", "noise", "noise_table", "NOISE_TARGET", "case_label", "history", "history_table", "compare_machines", "machine_comparison", "same_work", "speedup_comparison", "is_own_baseline", "why_not_measured", "never_run", "bibtex", "claims_table", "latest",
            "newest_runs", "param_columns", "provenance", "reproduce_command", "is_commit", "to_markdown", "to_csv", "csv_provenance", "provenance_path", "csv_bundle", "to_latex",
            "SIGNIFICANCE_FACTOR", "P_THRESHOLD", "MIN_SEGMENT", "MannWhitney", "mann_whitney_u", "differ",
            "resolve_commit", "compare_commits", "change_table", "paired", "paired_table", "paired_noise",

@@ -33,7 +33,8 @@ from speedbench.paired import ratio_estimate
 from speedbench.results import COLUMNS, higher_is_better
 from speedbench.techniques import TECHNIQUES
 
-__all__ = ["Table", "speedups", "speedup_table", "memory_table", "floor_table", "noise", "noise_table",
+__all__ = ["Table", "speedups", "speedup_table", "memory_table", "floor_table", "floor_figures", "FLOOR_FIGURES",
+           "FLOOR_ONLY", "NOT_RECORDED", "NOT_A_BANDWIDTH", "noise", "noise_table",
            "NOISE_TARGET", "case_label", "latest", "newest_runs", "param_columns", "paired", "paired_table",
            "paired_noise", "PAIRED_NOISE_TARGET", "PAIRED_WIDTH_TARGET", "citable", "contended", "machine_state",
            "CONTENDED", "CONTENDED_NOTE"]
@@ -58,9 +59,12 @@ class Table:
 _DERIVED = {"baseline", "baseline_value", "ratio", "ratio_low", "ratio_high", "interval", "change",
             "environment_change",  # history(): where the environment changed, and how
             "significant", "direction", "test", "p_value", "step", "step_direction", "step_p", "result_id_base",
-            "config", "width", "wide_because", "dropped"}  # paired(): the configuration without its variant, the
+            "config", "width", "wide_because", "dropped",  # paired(): the configuration without its variant, the
                                                 # interval's width and why it is wider than the target,
                                                 # and the disturbed rounds left out
+            # floor_figures(): the GB/s beside a % of a floor, as numbers, as shown, and their results
+            "achieved_text", "gbps", "floor_gbps", "gbps_text", "floor_gbps_text", "gbps_result_id",
+            "floor_gbps_result_id"}
 
 
 def param_columns(df: pd.DataFrame) -> list[str]:
@@ -199,8 +203,12 @@ def _shown(df: pd.DataFrame) -> list[str]:
 
 
 def _against_baseline(df: pd.DataFrame, kind: str, baseline: str | None) -> pd.DataFrame:
-    """Speedups of one metric kind without the baseline's own rows, in table order."""
-    s = speedups(df[df["kind"] == kind], baseline)
+    """Speedups of one metric kind without the baseline's own rows, in table order; the GB/s
+    that only the floor table reads (FLOOR_ONLY) are left out."""
+    rows = df[df["kind"] == kind]
+    if "metric" in rows:
+        rows = rows[~rows["metric"].isin(FLOOR_ONLY)]
+    s = speedups(rows, baseline)
     s = s[s["variant"] != s["baseline"]]
     return s.sort_values(["technique", "machine", "commit_date", "benchmark", *_shown(s), "variant"], kind="stable")
 
@@ -563,18 +571,169 @@ def noise_table(first: pd.DataFrame, second: pd.DataFrame) -> Table:
     return Table("Run-to-run noise", frame, rows, notes)
 
 
+# Per fraction-of-floor metric, the two figures in GB/s that its benchmark class reports from
+# the same measurement, each a metric of that class: (the bandwidth achieved, the floor it was
+# divided by). None: the class divides by a floor whose GB/s it does not report
+# (bench_contiguous.AdamStep times the streaming bandwidth in its process and keeps only the %;
+# its step_bandwidth is the numerator, from the same rounds). A metric not listed divides by
+# something that is no bandwidth (bench_parallel's % of linear scaling): no GB/s applies.
+FLOOR_FIGURES: dict[str, tuple[str, str | None]] = {
+    "gather_fraction_of_floor": ("gather_bandwidth", "h2d_floor"),
+    "scatter_fraction_of_floor": ("scatter_bandwidth", "d2h_floor"),
+    "fraction_of_floor": ("step_bandwidth", None),
+}
+# GB/s rows that are read only beside their % in the floor table, and so left out of the
+# bandwidth speedup table (the "Bandwidth and floor" tab's second table): there they would be
+# a confusing duplicate. A floor's variant / baseline ratio compares two timings of the same
+# bulk copy (each variant's process timed its own), which says nothing about the variant; the
+# achieved GB/s of two variants, each from its own process, compare what Transfer.track_bandwidth
+# compares with the backends taking turns in one process, and the claims already read that
+# ratio from the %. AdamStep's step_bandwidth stays there: it was there before the floor table
+# showed it, and its ratio is the flat buffer's speedup in bandwidth. Machine-against-machine
+# tables keep all of them: two machines' floors are what a reader compares buses with.
+FLOOR_ONLY = frozenset({"gather_bandwidth", "scatter_bandwidth", "h2d_floor", "d2h_floor"})
+# What the GB/s columns say where a run recorded no such figure, and where none applies.
+NOT_RECORDED = "not recorded"
+NOT_A_BANDWIDTH = "n/a"
+# A class's track_* processes run one after another right after its setup_cache measured them
+# all (at most 30 minutes): a GB/s whose run started further from its %'s than this came from
+# another run of the same commit (asv keeps each benchmark's newest entry in the commit's file,
+# so a run of the % alone leaves an older GB/s beside it), and is not this measurement's.
+_SAME_RUN = pd.Timedelta(hours=1)
+
+
+def _fmt_gbps(value: float) -> str:
+    return f"{value:.1f} GB/s" if value >= 1 else f"{value:.3g} GB/s"
+
+
+def _metric_of(row: dict) -> str:
+    """A row's metric; frames built by hand may carry only the benchmark's name."""
+    metric = row.get("metric")
+    if isinstance(metric, str) and metric:
+        return metric
+    return str(row.get("benchmark", "")).rsplit(".", 1)[-1].split("_", 1)[-1]
+
+
+def _run_of(row: dict, metric: str) -> tuple:
+    """Where a figure of `row`'s measurement is found: machine, commit, result file, benchmark
+    class and parameters, and its metric."""
+    file = row.get("file")
+    return (row.get("machine"), row.get("commit"), None if not isinstance(file, str) else file,
+            str(row.get("benchmark", "")).rsplit(".", 1)[0], row.get("params", ""), metric)
+
+
+def _same_run(row: dict, candidates: list[tuple[object, dict]]):
+    """The candidate (index, row) measured in `row`'s run, the closest in time; None."""
+    when = row.get("run_date")
+    near = []
+    for index, other in candidates:
+        other_when = other.get("run_date")
+        gap = abs(other_when - when) if not (pd.isna(when) or pd.isna(other_when)) else pd.Timedelta(0)
+        if gap <= _SAME_RUN:
+            near.append((gap, index, other))
+    return min(near, key=lambda g: g[0])[1:] if near else None
+
+
+def floor_figures(df: pd.DataFrame) -> pd.DataFrame:
+    """The fraction-of-floor rows of `df` in the floor table's order, each with the two GB/s of
+    its own measurement beside it (FLOOR_FIGURES): `gbps`, the bandwidth achieved, and
+    `floor_gbps`, the floor it was divided by (NaN where there is none); `achieved_text` (the %),
+    `gbps_text` and `floor_gbps_text` as the table and the charts show them ("12.5 GB/s", NOT_RECORDED where
+    the run recorded none, NOT_A_BANDWIDTH where the floor is no bandwidth), and the result IDs
+    they come from. A figure is matched by machine, commit, result file, benchmark class and
+    parameters (variant, workload), within one run (_SAME_RUN): gather with the host->device
+    floor, write-back with device->host, as the class names them. No GB/s is ever computed
+    from the % with a floor measured in another process."""
+    return _floor_figures(df)[0]
+
+
+def _floor_figures(df: pd.DataFrame) -> tuple[pd.DataFrame, list]:
+    """floor_figures(df), and the index in `df` of each GB/s row it took."""
+    s = df[df["kind"] == "fraction of floor"].sort_values(["technique", "machine", "commit_date", "benchmark"],
+                                                          kind="stable")
+    wanted = {m for pair in FLOOR_FIGURES.values() for m in pair if m}
+    figures = df[df["kind"].eq("bandwidth") & df["metric"].isin(wanted)] if "metric" in df else df.iloc[0:0]
+    found: dict[tuple, list] = {}
+    for index, row in zip(figures.index, figures.to_dict("records")):
+        found.setdefault(_run_of(row, row["metric"]), []).append((index, row))
+    out: dict[str, list] = {c: [] for c in ("gbps", "floor_gbps", "gbps_text", "floor_gbps_text", "gbps_result_id",
+                                            "floor_gbps_result_id")}
+    used = []
+    for row in s.to_dict("records"):
+        pair = FLOOR_FIGURES.get(_metric_of(row))
+        for column, metric in zip(("gbps", "floor_gbps"), pair or (None, None)):
+            match = _same_run(row, found.get(_run_of(row, metric), [])) if metric else None
+            if match is None:
+                value, text, rid = math.nan, NOT_A_BANDWIDTH if pair is None else NOT_RECORDED, None
+            else:
+                index, figure = match
+                used.append(index)
+                value, text, rid = figure["value"], _fmt_gbps(figure["value"]), figure.get("result_id")
+            out[column].append(value)
+            out[f"{column}_text"].append(text)
+            out[f"{column}_result_id"].append(rid)
+    s = s.assign(achieved_text=pd.Series([f"{v:.1f} %" for v in s["value"]], index=s.index, dtype=object),
+                 **{c: pd.Series(v, index=s.index, dtype=float if c in ("gbps", "floor_gbps") else object)
+                    for c, v in out.items()})
+    return s, list(dict.fromkeys(used))
+
+
+def _figure_notes(s: pd.DataFrame) -> list[str]:
+    """What the GB/s columns' "not recorded" and "n/a" mean for the rows of `s` (floor_figures)."""
+    notes = []
+    metrics = pd.Series([_metric_of(r) for r in s.to_dict("records")], index=s.index, dtype=object)
+    none = s[s["gbps_text"].eq(NOT_A_BANDWIDTH)]
+    if not none.empty:
+        refs = ", ".join(sorted(set(none["unit"].fillna("").str.removeprefix("% of "))))
+        notes.append(f"{NOT_A_BANDWIDTH}: the floor ({refs}) is no bandwidth, so no GB/s applies")
+    classes = s["benchmark"].str.rsplit(".", n=1).str[0]
+    unreported = s[s["floor_gbps_text"].eq(NOT_RECORDED)
+                   & metrics.map(lambda m: m in FLOOR_FIGURES and FLOOR_FIGURES[m][1] is None)]
+    for cls, rows in unreported.groupby(classes, sort=True):
+        notes.append(f"floor GB/s {NOT_RECORDED} for {cls}: it times its floor "
+                     f"({rows['unit'].iloc[0].removeprefix('% of ')}) in the same process but reports only the %")
+    missing = []
+    # A run is its machine and commit; where every row is one machine's (a dashboard page, which
+    # names it above the table) the machine is left out: the note is Markdown there, and a
+    # machine's name comes from a result file.
+    several = s["machine"].nunique() > 1
+    for (machine, commit, cls), rows in s.groupby(["machine", "commit", classes], sort=True):
+        names = [FLOOR_FIGURES[m][i] for m, g, f in zip(metrics[rows.index], rows["gbps_text"], rows["floor_gbps_text"])
+                 if m in FLOOR_FIGURES for i, text in enumerate((g, f))
+                 if text == NOT_RECORDED and FLOOR_FIGURES[m][i] is not None]
+        if names:
+            missing.append(f"{f'{machine} ' if several else ''}{commit[:8]} {cls} (no {', '.join(dict.fromkeys(names))})")
+    if missing:
+        notes.append(f"{NOT_RECORDED}: these runs recorded the % without the GB/s it was computed from, because "
+                     "their benchmark did not report it yet or the run measured only the %: " + "; ".join(missing)
+                     + ". No GB/s is made from a % and a floor timed in another process")
+    return notes
+
+
 def floor_table(df: pd.DataFrame) -> Table:
-    """Benchmarks that report their result as a fraction of a physical floor."""
-    s = df[df["kind"] == "fraction of floor"].sort_values(["technique", "machine", "commit_date", "benchmark"], kind="stable")
+    """Benchmarks that report their result as a fraction of a physical floor, each beside the
+    GB/s it achieved and the floor's GB/s it was divided by, both from the same measurement
+    (floor_figures); `df` may hold every kind: the GB/s are its bandwidth rows."""
+    s, used = _floor_figures(df)
+    figures = df.loc[used]
     frame = pd.DataFrame({
         **_identity(s), **({"variant": s["variant"]} if "variant" in s else {}),
-        "achieved": [f"{v:.1f} %" for v in s["value"]], "of": s["unit"].str.removeprefix("% of "), "N": s["n"],
+        "achieved": s["achieved_text"], "of": s["unit"].str.removeprefix("% of "),
+        "GB/s": s["gbps_text"], "floor GB/s": s["floor_gbps_text"], "N": s["n"],
     })
-    data = _numbers(s, value=s["value"], unit=s["unit"], low=s["ci99_low"], high=s["ci99_high"])
-    notes = ["floor: measured in the same benchmark process (see the benchmark's docstring)"]
+    data = _numbers(s, value=s["value"], unit=s["unit"], low=s["ci99_low"], high=s["ci99_high"],
+                    gbps=s["gbps"], floor_gbps=s["floor_gbps"], gbps_result_id=s["gbps_result_id"],
+                    floor_gbps_result_id=s["floor_gbps_result_id"])
+    notes = ["floor: measured in the same benchmark process (see the benchmark's docstring)"
+             + ("; GB/s: the bandwidth achieved, floor GB/s: the floor it was divided by, both from that process "
+                "(achieved = 100 x GB/s / floor GB/s)" if s["gbps_text"].ne(NOT_A_BANDWIDTH).any() else "")]
     if (s["value"] > 100).any():  # a reader would take a floor for a ceiling and suspect the number
         notes.append(FLOOR_ABOVE_NOTE)
-    return Table("Fraction of the physical floor", frame.reset_index(drop=True), s, _with_earlier_note(notes, s), data)
+    notes += _figure_notes(s)
+    # the GB/s rows are sources too: their result IDs and the command that measures them again
+    sources = pd.concat([s, figures]) if len(figures) else s
+    return Table("Fraction of the physical floor", frame.reset_index(drop=True), sources, _with_earlier_note(notes, s),
+                 data)
 
 
 # Why a value can pass 100 %: the committed CPU results put the flat-buffer Adam step at

@@ -124,6 +124,11 @@ METRICS: dict[str, str] = {
     "fraction_of_floor": "% of the memory-bandwidth floor",
     "gather_fraction_of_floor": "gather, % of the pinned host->device copy",
     "scatter_fraction_of_floor": "write-back, % of the pinned device->host copy",
+    # the two terms of those %, GB/s, from the same process (shown beside the % in the floor table)
+    "gather_bandwidth": "gather bandwidth, random rows",
+    "scatter_bandwidth": "write-back bandwidth, random rows",
+    "h2d_floor": "pinned host->device copy, the gather's floor",
+    "d2h_floor": "pinned device->host copy, the write-back's floor",
     "step_bandwidth": "memory bandwidth of the step",
     "bandwidth": "bandwidth",
     "copy_bandwidth": "bulk copy bandwidth",

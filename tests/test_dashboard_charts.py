@@ -484,3 +484,76 @@ def test_the_comparison_index_links_each_technique_once_and_escapes_result_text(
     assert rows[2].startswith("| [Mixed precision](./amp) |") and rows[3].startswith("|  |")  # linked once
     assert "[evil](" not in text and "\\[evil\\]" in text and "<b>" not in text  # no link, no HTML from a file
     assert "a\\|b" in rows[3] and rows[3].endswith("| not measured |")  # a pipe cannot add a column
+
+
+def _floor_gbps_tree(tmp_path: Path) -> Path:
+    """The committed results, with the H100's FractionOfFloor run as a run of today's benchmark
+    records it: each % beside its GB/s and floor (cupy's gather: 12.5 GB/s over 25 GB/s, 50 %)."""
+    import shutil  # noqa: PLC0415
+
+    tree = tmp_path / "results"
+    shutil.copytree(ROOT / "results", tree)
+    (result,) = (tree / "h100-sxm-80gb").glob("bdb0cb6d-*.json")
+    data = json.loads(result.read_text())
+    benchmarks = json.loads((tree / "benchmarks.json").read_text())
+    cls = "bench_transfer.FractionOfFloor"
+    for op, direction, floor in (("gather", "h2d", 25.0), ("scatter", "d2h", 20.0)):
+        entry = data["results"][f"{cls}.track_{op}_fraction_of_floor"]
+        variants = [v.strip("'") for v in entry[1][0]]
+        entry[0][variants.index("cupy")] = 50.0 if op == "gather" else 40.0
+        for metric, values in ((f"{op}_bandwidth", [p * floor / 100 for p in entry[0]]),
+                               (f"{direction}_floor", [floor] * len(entry[0]))):
+            name = f"{cls}.track_{metric}"
+            data["results"][name] = [values, entry[1], "gbps-test", entry[3], 1.0]
+            meta = dict(benchmarks[f"{cls}.track_{op}_fraction_of_floor"])
+            benchmarks[name] = {**meta, "name": name, "unit": "GB/s", "version": "gbps-test"}
+    result.write_text(json.dumps(data))
+    (tree / "benchmarks.json").write_text(json.dumps(benchmarks))
+    return tree
+
+
+def test_the_floor_tab_shows_the_gbps_beside_each_percent(tmp_path, monkeypatch):
+    """The floor table and each bar's hover give the GB/s achieved and the floor's GB/s, in the
+    same words; those GB/s are no second table of speedups below it."""
+    at = app_on(_floor_gbps_tree(tmp_path), "views/transfer.py", monkeypatch, machine="h100-sxm-80gb",
+                tab="Bandwidth and floor")
+    assert not at.exception, at.exception
+    (floor,) = [f for f in frames(at) if "floor GB/s" in f.columns]
+    assert list(floor.columns[:6]) == ["benchmark", "variant", "achieved", "of", "GB/s", "floor GB/s"]
+    gather = floor[floor["benchmark"].str.contains("gather") & (floor["variant"] == "cupy")]
+    assert gather[["achieved", "GB/s", "floor GB/s"]].values.tolist() == [["50.0 %", "12.5 GB/s", "25.0 GB/s"]]
+    scatter = floor[floor["benchmark"].str.contains("write-back") & (floor["variant"] == "cupy")]
+    assert scatter[["achieved", "GB/s", "floor GB/s"]].values.tolist() == [["40.0 %", "8.0 GB/s", "20.0 GB/s"]]
+    assert not (floor[["GB/s", "floor GB/s"]] == report.NOT_RECORDED).any().any()
+    charts = [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
+    hovers = {}
+    for chart in charts:
+        for trace in chart["data"]:
+            if trace.get("name") == "cupy" and "customdata" in trace:
+                hovers[chart["layout"]["yaxis"]["title"]["text"]] = (trace["customdata"], trace["hovertemplate"])
+    (gather_hover,) = [h for axis, h in hovers.items() if "host-&gt;device" in axis or "host->device" in axis]
+    assert gather_hover[0] == [["50.0 %", "12.5 GB/s", "25.0 GB/s"]]  # the table's own text
+    assert "GB/s: %{customdata[1]}" in gather_hover[1] and "floor GB/s: %{customdata[2]}" in gather_hover[1]
+    shown = pd.concat(frames(at)).astype(str)
+    assert not shown.apply(lambda c: c.str.contains("gather bandwidth, random rows|copy, the gather's floor")).any().any()
+
+
+def test_the_floor_tab_says_not_recorded_where_a_run_kept_only_the_percent(monkeypatch):
+    """The committed H100 run predates FractionOfFloor's GB/s: the page says so, and shows no
+    number it did not measure; a CPU machine's floor tab (Adam's step bandwidth) still draws."""
+    at = app_on(ROOT / "results", "views/transfer.py", monkeypatch, machine="h100-sxm-80gb", tab="Bandwidth and floor")
+    assert not at.exception, at.exception
+    (floor,) = [f for f in frames(at) if "floor GB/s" in f.columns]
+    assert len(floor) == 10 and (floor[["GB/s", "floor GB/s"]] == report.NOT_RECORDED).all().all()
+    assert any(c.value.startswith(f"{report.NOT_RECORDED}:") and "bdb0cb6d" in c.value for c in at.caption)
+    for chart in (json.loads(e.proto.spec) for e in at.get("plotly_chart")):
+        for trace in chart["data"]:
+            assert [row[1:] for row in trace["customdata"]] == [[report.NOT_RECORDED] * 2]
+    at = app_on(ROOT / "results", "views/contiguous.py", monkeypatch, machine="cpu-2core-intel-xeon",
+                tab="Bandwidth and floor")
+    assert not at.exception, at.exception
+    (floor,) = [f for f in frames(at) if "floor GB/s" in f.columns]
+    assert floor["GB/s"].str.endswith(" GB/s").all() and (floor["floor GB/s"] == report.NOT_RECORDED).all()
+    at = app_on(ROOT / "results", "views/transfer.py", monkeypatch, machine="cpu-2core-intel-xeon",
+                tab="Bandwidth and floor")
+    assert not at.exception, at.exception

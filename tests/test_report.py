@@ -869,3 +869,128 @@ def test_columns_paired_adds_are_never_taken_for_parameters():
 
 def test_a_ratio_value_reads_like_every_other_ratio():
     assert report._fmt_value(1.0444, "x") == "1.04x" and report._fmt_value(0.99451, "x") == "0.995x"
+
+
+# --- the GB/s beside a % of the floor ----------------------------------------------------------
+
+_FLOOR_CLASS = "bench_transfer.FractionOfFloor"
+_FLOOR_UNITS = {"gather_fraction_of_floor": "% of pinned host->device bandwidth",
+                "scatter_fraction_of_floor": "% of pinned device->host bandwidth"}
+
+
+def _floor_rows(machine: str, commit: str, variant: str, figures: dict, started: str = "2026-11-23 06:33") -> list[dict]:
+    """One FractionOfFloor run's rows of `variant`: metric -> value (a % or GB/s), as the loader
+    gives them (one result file per machine and commit)."""
+    when = pd.Timestamp(started, tz="UTC")
+    rows = []
+    for i, (metric, value) in enumerate(figures.items()):
+        unit = _FLOOR_UNITS.get(metric, "GB/s")
+        rows.append({"machine": machine, "gpu": "NVIDIA H100 80GB HBM3", "commit": commit, "commit_date": when,
+                     "run_date": when + pd.Timedelta(seconds=3 * i), "benchmark": f"{_FLOOR_CLASS}.track_{metric}",
+                     "technique": "transfer", "suite": "FractionOfFloor", "metric": metric,
+                     "kind": "fraction of floor" if metric in _FLOOR_UNITS else "bandwidth",
+                     "params": f"variant={variant}", "workload": None, "variant": variant, "value": value,
+                     "unit": unit, "q25": math.nan, "q75": math.nan, "iqr": math.nan, "ci99_low": math.nan,
+                     "ci99_high": math.nan, "n": 1, "samples": [], "status": "measured",
+                     "file": f"results/{machine}/{commit[:8]}-existing.json", "recorded_at": f"{started} UTC",
+                     "result_id": f"{machine}/{commit[:8]}/{metric}/{variant}@{started}"})
+    return rows
+
+
+def _cell(t, column: str, **where) -> str:
+    frame = t.frame.assign(_metric=t.frame["benchmark"].str.rsplit(".", n=1).str[-1])
+    return one(frame, **where)[column]
+
+
+def test_the_floor_table_shows_the_gbps_the_percent_was_computed_from():
+    """12.5 GB/s over a 25 GB/s floor is 50.0 %: all three side by side, from the same run."""
+    a, b = "a" * 40, "b" * 40
+    rows = pd.DataFrame(
+        _floor_rows("gpu-box", a, "cupy", {"gather_fraction_of_floor": 50.0, "scatter_fraction_of_floor": 25.0,
+                                           "gather_bandwidth": 12.5, "scatter_bandwidth": 5.0,
+                                           "h2d_floor": 25.0, "d2h_floor": 20.0})
+        # a run that recorded the % only (as the committed H100 run at bdb0cb6d did)
+        + _floor_rows("old-box", b, "cupy", {"gather_fraction_of_floor": 38.8}))
+    t = report.floor_table(rows)
+    gather = dict(machine="gpu-box", _metric="track_gather_fraction_of_floor")
+    assert (_cell(t, "achieved", **gather), _cell(t, "GB/s", **gather), _cell(t, "floor GB/s", **gather)) == \
+        ("50.0 %", "12.5 GB/s", "25.0 GB/s")
+    scatter = dict(machine="gpu-box", _metric="track_scatter_fraction_of_floor")  # write-back: device->host
+    assert (_cell(t, "achieved", **scatter), _cell(t, "GB/s", **scatter), _cell(t, "floor GB/s", **scatter)) == \
+        ("25.0 %", "5.0 GB/s", "20.0 GB/s")
+    old = dict(machine="old-box", _metric="track_gather_fraction_of_floor")
+    assert (_cell(t, "achieved", **old), _cell(t, "GB/s", **old), _cell(t, "floor GB/s", **old)) == \
+        ("38.8 %", report.NOT_RECORDED, report.NOT_RECORDED)
+    (note,) = [n for n in t.notes if n.startswith(f"{report.NOT_RECORDED}:")]
+    assert f"old-box {b[:8]} {_FLOOR_CLASS} (no gather_bandwidth, h2d_floor)" in note and "gpu-box" not in note
+    # one machine's table (a dashboard page names it above): the run is its commit, the note names no machine
+    (alone,) = [n for n in report.floor_table(rows[rows["machine"] == "old-box"]).notes
+                if n.startswith(f"{report.NOT_RECORDED}:")]
+    assert f": {b[:8]} {_FLOOR_CLASS} (no gather_bandwidth, h2d_floor)." in alone and "old-box" not in alone
+    # only the % rows are rows of the table; the GB/s rows are its sources (provenance, Reproduce)
+    assert len(t.frame) == 3 and len(t.sources) == 7
+    data = t.data.set_index(["machine", "benchmark"])
+    assert data.loc[("gpu-box", f"{_FLOOR_CLASS}.track_gather_fraction_of_floor"), ["value", "gbps", "floor_gbps"]
+                    ].tolist() == [50.0, 12.5, 25.0]
+    assert math.isnan(data.loc[("old-box", f"{_FLOOR_CLASS}.track_gather_fraction_of_floor"), "gbps"])
+    back = pd.read_csv(io.StringIO(report.to_csv(t)))
+    assert back["gbps"].tolist()[0] == 12.5 and pd.api.types.is_numeric_dtype(back["floor_gbps"])
+    assert "12.5 GB/s" in report.to_markdown(t) and report.NOT_RECORDED in report.to_latex(t)
+
+
+def test_a_gbps_from_another_run_variant_or_machine_is_never_shown():
+    """Each figure is its own measurement's: another variant's, another machine's, another
+    commit's or a GB/s left from an earlier run of the same commit would be another number."""
+    a, b = "a" * 40, "b" * 40
+    rows = pd.DataFrame(
+        _floor_rows("gpu-box", a, "cupy", {"gather_fraction_of_floor": 50.0})
+        + _floor_rows("gpu-box", a, "pinned", {"gather_bandwidth": 10.0, "h2d_floor": 25.0})
+        + _floor_rows("other-box", a, "cupy", {"gather_bandwidth": 11.0, "h2d_floor": 24.0})
+        + _floor_rows("gpu-box", b, "cupy", {"gather_bandwidth": 12.0, "h2d_floor": 23.0})
+        + _floor_rows("gpu-box", a, "cupy", {"scatter_bandwidth": 9.0, "d2h_floor": 21.0}))  # write-back's
+    t = report.floor_table(rows)
+    assert t.frame[["GB/s", "floor GB/s"]].values.tolist() == [[report.NOT_RECORDED] * 2]
+    # the same commit's GB/s from a run a day before the % (asv keeps each benchmark's newest entry)
+    earlier = pd.DataFrame(_floor_rows("gpu-box", a, "cupy", {"gather_bandwidth": 12.5, "h2d_floor": 25.0},
+                                       started="2026-11-22 06:33"))
+    t = report.floor_table(pd.concat([rows.head(1), earlier], ignore_index=True))
+    assert t.frame[["GB/s", "floor GB/s"]].values.tolist() == [[report.NOT_RECORDED] * 2]
+    same_run = pd.DataFrame(_floor_rows("gpu-box", a, "cupy", {"gather_fraction_of_floor": 50.0,
+                                                               "gather_bandwidth": 12.5, "h2d_floor": 25.0}))
+    assert report.floor_table(pd.concat([same_run, earlier], ignore_index=True)).frame[
+        ["GB/s", "floor GB/s"]].values.tolist() == [["12.5 GB/s", "25.0 GB/s"]]
+
+
+def test_adam_shows_its_step_bandwidth_and_says_its_floor_is_not_recorded():
+    """AdamStep reports its step's GB/s (the numerator, from the same rounds) but not the
+    streaming bandwidth it divides by; a % of linear scaling has no GB/s at all."""
+    last = report.latest(load_results(ROOT / "results").measured)
+    t = report.floor_table(last)
+    adam = t.frame[(t.frame["machine"] == "h100-sxm-80gb") & t.frame["benchmark"].str.contains("AdamStep")
+                   & (t.frame["workload"] == "resnet50") & (t.frame["variant"] == "speedlib")]
+    step = one(last, machine="h100-sxm-80gb", metric="step_bandwidth", workload="resnet50", variant="speedlib")
+    assert adam[["achieved", "GB/s", "floor GB/s"]].values.tolist() == [
+        ["86.0 %", f"{step['value']:.1f} GB/s", report.NOT_RECORDED]]
+    assert step["value"] == pytest.approx(2464.2, abs=0.05)
+    assert any(n.startswith(f"floor GB/s {report.NOT_RECORDED} for bench_contiguous.AdamStep") for n in t.notes)
+    scaling = t.frame[t.frame["benchmark"].str.endswith("track_scaling_efficiency")]
+    assert len(scaling) and (scaling[["GB/s", "floor GB/s"]] == report.NOT_A_BANDWIDTH).all().all()
+    # the committed H100 transfer run predates FractionOfFloor's GB/s: said, never made up
+    transfer = t.frame[t.frame["benchmark"].str.startswith(_FLOOR_CLASS)]
+    assert len(transfer) == 10 and (transfer[["GB/s", "floor GB/s"]] == report.NOT_RECORDED).all().all()
+    (note,) = [n for n in t.notes if n.startswith(f"{report.NOT_RECORDED}:")]
+    assert f"h100-sxm-80gb bdb0cb6d {_FLOOR_CLASS}" in note and "AdamStep" not in note
+
+
+def test_floor_only_gbps_stay_out_of_the_bandwidth_speedups():
+    """A floor's cupy / pinned ratio compares two timings of the same copy: the GB/s a % was
+    made of are read beside it, not as speedups; AdamStep's step bandwidth stays a speedup."""
+    a = "a" * 40
+    rows = pd.DataFrame([r for v, gbps in (("pinned", 10.0), ("cupy", 12.5)) for r in _floor_rows(
+        "gpu-box", a, v, {"gather_fraction_of_floor": 4 * gbps, "gather_bandwidth": gbps, "h2d_floor": 25.0})])
+    assert report.speedup_table(rows, "bandwidth").frame.empty
+    assert report.floor_table(rows).frame["GB/s"].tolist() == ["10.0 GB/s", "12.5 GB/s"]
+    last = report.latest(load_results(ROOT / "results").measured)
+    kept = report.speedup_table(last, "bandwidth").frame["benchmark"]
+    assert kept.str.endswith("AdamStep.track_step_bandwidth").any()
+    assert not kept.str.rsplit(".", n=1).str[-1].str.removeprefix("track_").isin(report.FLOOR_ONLY).any()

@@ -1540,3 +1540,82 @@ def test_adam_is_sparse_adam_whose_eps_is_scaled_by_the_bias_correction():
             model.step() if model is emb else opt.step()
     torch.testing.assert_close(emb.table.cpu(), ref.weight.detach(), rtol=1e-6, atol=1e-6)
     assert (emb.table.cpu() - plain.weight.detach()).abs().max() > 1e-3  # the docs' old "1e-5" does not hold here
+
+
+def test_fraction_of_floor_reports_the_gbps_its_percent_was_computed_from(monkeypatch):
+    """FractionOfFloor keeps both terms of each %, GB/s, from the one measurement: gather over
+    the host->device floor, write-back over device->host, each floor timed once in the same
+    process. The % tracks are unchanged; a variant that cannot run is NaN in every track.
+    Fakes stand in for the GPU: 12.5 GB/s over a 25 GB/s floor is 50 %."""
+    import math  # noqa: PLC0415
+
+    from benchmarks import bench_transfer as bench  # noqa: PLC0415
+    from speedbench import measure  # noqa: PLC0415
+
+    floors, timed = {"h2d": 25e9, "d2h": 20e9}, []
+
+    def copy(dev, direction, pinned):
+        assert pinned and dev == "fake-gpu"
+        timed.append(direction)
+        return floors[direction]
+
+    class FakeTable:
+        def __init__(self, variant, spec, dev, indices):
+            self.variant = variant
+
+        def op(self, op):
+            return lambda order: (op, order)
+
+    def median_bandwidth(fn, dev):
+        op, order = fn()
+        assert order == "random"
+        return {"gather": 12.5e9, "scatter": 5e9}[op]
+
+    def runs_here(variant, dev):
+        if variant == "cupy":
+            raise NotImplementedError("CuPy is not installed")
+
+    monkeypatch.setattr(bench.common, "gpu_only", lambda what: None)
+    monkeypatch.setattr(bench, "_device", lambda: "fake-gpu")
+    monkeypatch.setattr(bench, "_spec", lambda: None)
+    monkeypatch.setattr(bench, "_host_indices", lambda spec, dev: {})
+    monkeypatch.setattr(bench, "_runs_here", runs_here)
+    monkeypatch.setattr(bench, "_Table", FakeTable)
+    monkeypatch.setattr(bench, "_median_bandwidth", median_bandwidth)
+    monkeypatch.setattr(measure, "host_copy_bandwidth", copy)
+
+    floor = bench.FractionOfFloor()
+    cache = {("uva",): ("ok", floor.measure_one("uva")), ("cupy",): ("skip", "CuPy is not installed")}
+    assert timed == ["h2d", "d2h"]  # one floor per direction, in the measuring process
+    assert floor.track_gather_fraction_of_floor(cache, "uva") == pytest.approx(50.0)
+    assert floor.track_scatter_fraction_of_floor(cache, "uva") == pytest.approx(25.0)
+    assert floor.track_gather_bandwidth(cache, "uva") == pytest.approx(12.5)
+    assert floor.track_h2d_floor(cache, "uva") == pytest.approx(25.0)
+    assert floor.track_scatter_bandwidth(cache, "uva") == pytest.approx(5.0)
+    assert floor.track_d2h_floor(cache, "uva") == pytest.approx(20.0)
+    tracks = (floor.track_gather_fraction_of_floor, floor.track_scatter_fraction_of_floor, floor.track_gather_bandwidth,
+              floor.track_scatter_bandwidth, floor.track_h2d_floor, floor.track_d2h_floor)
+    assert all(math.isnan(track(cache, "cupy")) for track in tracks)
+    # the GB/s are kind "bandwidth" (unit GB/s), the % still "fraction of floor", each in its own words
+    from speedbench import words  # noqa: PLC0415
+    from speedbench.results import metric_kind  # noqa: PLC0415
+
+    for track in tracks[2:]:
+        assert track.unit == "GB/s" and metric_kind("track", track.unit) == "bandwidth"
+        assert words.metric(track.__name__.removeprefix("track_")) != track.__name__.removeprefix("track_")
+    assert metric_kind("track", floor.track_gather_fraction_of_floor.unit) == "fraction of floor"
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU behaviour of the benchmark")
+def test_fraction_of_floor_gbps_are_skips_on_a_cpu():
+    """GPUs only, as the % are: a CPU records NaN (asv's skip) for every variant."""
+    import math  # noqa: PLC0415
+
+    from benchmarks import bench_transfer as bench  # noqa: PLC0415
+
+    floor = bench.FractionOfFloor()
+    cache = floor.measure_all()
+    for variant in bench.VARIANTS:
+        for track in (floor.track_gather_bandwidth, floor.track_scatter_bandwidth, floor.track_h2d_floor,
+                      floor.track_d2h_floor):
+            assert math.isnan(track(cache, variant))
