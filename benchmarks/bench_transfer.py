@@ -2,10 +2,12 @@
 
 Variants are speedlib.transfer backends:
   pageable  CPU index_select, then a synchronous copy from pageable memory
-  pinned    CPU index_select into a pinned staging buffer, then a non_blocking copy
-            (the PyTorch path every other variant is compared with)
+  pinned    rows packed on the CPU into pinned staging buffers, then non_blocking copies
+            (the PyTorch path every other variant is compared with); from commit 1408e44 in
+            2 MiB chunks on worker threads, each chunk's copy overlapping the next packing
   cupy      CuPy kernels index pinned host memory from the GPU (SpeedTorch's approach)
-  uva       torch's own kernels index registered (page-locked) host memory from the GPU (zero-copy)
+  uva       registered (page-locked) host memory indexed from the GPU, zero-copy: torch's
+            index_select before commit 1408e44, a whole-row Triton kernel from it
   device    the table in GPU memory: the upper bound
 EmbeddingStep adds `sparse_adam`: nn.Embedding(sparse=True) + torch.optim.SparseAdam with
 the table on the device, PyTorch's built-in answer; its step copies the host indices there.

@@ -67,7 +67,7 @@ class HostTable:
     device: where `gather` delivers rows (default: the current CUDA device, else the CPU).
     Every backend but 'pageable' needs a CUDA device. The table starts as zeros.
     `writable` is False for a table mapped read-only from a file (`from_file(mode="r")`).
-    threads ('pinned' and 'cupy'): CPU threads packing rows into the staging buffers, by
+    threads ('pinned'): CPU threads packing rows into the staging buffers, by
     default torch.get_num_threads(). sort_indices ('uva'): read rows in index order, the
     caller's order restored in the same pass. Both change speed only, never a result.
     """

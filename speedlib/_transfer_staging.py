@@ -1,4 +1,4 @@
-"""Chunked, overlapped host<->device row transfers: how the 'pinned' and 'cupy' backends move rows.
+"""Chunked, overlapped host<->device row transfers: how the 'pinned' backend moves rows.
 
 Why chunks: a gather of random rows is two jobs, the CPU packing the rows into one
 contiguous buffer and the bus carrying that buffer to the GPU. One `index_select` followed by
@@ -29,9 +29,10 @@ bitwise the one-shot path's. Indices must already be checked (HostTable does): '
 only spares NumPy a second bounds check. Duplicate indices are reads in a gather, and never
 reach a write-back (HostTable.scatter_ makes them distinct), so workers write disjoint rows.
 
-A `lane` is the copy engine: `TorchLane` here (torch streams and events), the CuPy one in
-_transfer_backends. Tests drive the schedule with lanes that copy on the CPU, late, from
-another thread, which is how a buffer reused too early would show.
+A `lane` is the copy engine: `TorchLane` (torch streams and events) on GPUs. Tests drive the
+schedule with lanes that copy on the CPU, at once or as late as a stream may, which is how a
+buffer reused too early would show. ('cupy' is not staged: it stays SpeedTorch's approach,
+see _transfer_backends._STAGED.)
 """
 
 from __future__ import annotations
@@ -120,8 +121,8 @@ def _done(fn, *args) -> Future:
 
 
 def _drain(events: list, buffers: list) -> None:
-    """Free staging buffers only after the copies using them finished (CuPy's pinned pool,
-    unlike torch's, does not know about streams)."""
+    """Free staging buffers only after the copies using them finished: a lane's allocator need
+    not know which stream still reads a buffer (torch's pinned one does; a test lane's does not)."""
     for e in events:
         if e is not None:
             e.synchronize()

@@ -10,9 +10,10 @@ moves rows between it and `device`:
             worker threads (`threads=`, default torch.get_num_threads()) pack the next
             chunks while the current one crosses the bus. Only the staging ring (4 x 2 MiB)
             is pinned, so the table itself costs no locked memory.
-  cupy      the table in CuPy's pinned memory, moved the same way with CuPy's copy engine
-            (its streams, events and pinned pool). SpeedTorch indexed such tables with CuPy
-            kernels from the GPU; packing on the CPU overlaps with the copy instead.
+  cupy      CuPy pinned memory, indexed by CuPy kernels running on the GPU: SpeedTorch's
+            approach, kept as it is so that SpeedTorch's claims can be checked. Pinned memory
+            is mapped into the GPU's address space (unified addressing), so the kernel reads
+            and writes host rows over the bus: no CPU indexing.
   uva       zero-copy without CuPy: ordinary host memory, page-locked in place with
             cudaHostRegister (exactly the table's bytes: torch's pinned allocator rounds up to
             a power of two, 8 GiB for a 5.1 GB table) and described to torch as CUDA memory
@@ -43,7 +44,7 @@ writes land in the file through the page cache; `flush()` forces them to disk.
 from __future__ import annotations
 
 # The code lives in private modules, each readable on its own: the storage backends
-# (speedlib/_transfer_backends.py), the chunked staging of 'pinned' and 'cupy'
+# (speedlib/_transfer_backends.py), the chunked staging of 'pinned'
 # (_transfer_staging.py), the 'uva' row-copy kernel (_transfer_kernel.py), the table (_host_table.py), the trainable embedding
 # (_host_embedding.py) and its multi-process part (_embedding_ranks.py). This module stays the
 # technique's one import, so `speedlib.transfer.HostTable` and friends keep working.

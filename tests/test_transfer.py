@@ -490,7 +490,9 @@ def test_exit_releases_cupy_tables_then_the_blocks_cupys_pools_cache(monkeypatch
 
     cupy = types.ModuleType("cupy")
     cupy.cuda = types.SimpleNamespace(Device=lambda index: contextlib.nullcontext(),
-                                      Stream=lambda non_blocking: "a CuPy stream")
+                                      UnownedMemory=lambda ptr, nbytes, owner, device: owner,
+                                      MemoryPointer=lambda mem, offset: mem)
+    cupy.ndarray = lambda shape, dtype=None, memptr=None: ("a CuPy view of", memptr)
     cupy.get_default_pinned_memory_pool = lambda: Pool("pinned pool")
     cupy.get_default_memory_pool = lambda: Pool("device pool")
     cupyx = types.ModuleType("cupyx")
@@ -502,10 +504,9 @@ def test_exit_releases_cupy_tables_then_the_blocks_cupys_pools_cache(monkeypatch
     transfer._release_cupy_tables()  # CuPy imported, no table used it
     assert events == []
     table = transfer._Cupy(4, 3, torch.float32, torch.device("cuda", 0))
-    assert list(transfer._CUPY_TABLES) == [table] and not table.host.any()
-    assert table.staged.host is table.host and table.host.data_ptr() == table.pinned.ctypes.data  # no copy
+    assert list(transfer._CUPY_TABLES) == [table] and table.array[1] is table.pinned and not table.host.any()
     transfer._release_cupy_tables()
-    assert table.staged is None and table.pinned is None and table.host is None
+    assert table.array is None and table.pinned is None and table.host is None
     assert events == [("pinned pool", True), ("device pool", True)]  # after the table let go
 
 

@@ -1,11 +1,11 @@
 """The host-table gather's machinery (speedlib/_transfer_staging.py, speedlib/_transfer_kernel.py).
 
-On the CPU: the chunked, overlapped schedule of the 'pinned' and 'cupy' backends, driven by
+On the CPU: the chunked, overlapped schedule of the 'pinned' backend, driven by
 copy engines ("lanes") that copy on the CPU, as late as a GPU stream may, or at once; and the
 'uva' backend's Triton row-copy kernel, run by Triton's interpreter. Every result is compared
 bitwise with plain indexing, on tables of random bits (NaN payloads included).
-On a GPU: the three backends themselves against 'pageable', for every index dtype and
-duplicate pattern, with chunks small enough that a batch crosses in many.
+On a GPU: every GPU backend against 'pageable', for every index dtype and duplicate pattern,
+'pinned' with chunks small enough that a batch crosses in many.
 """
 
 from __future__ import annotations
@@ -420,8 +420,10 @@ def test_without_a_kernel_the_copy_says_why_once_and_falls_back_exactly(monkeypa
 # --- the backends' options --------------------------------------------------------------------
 
 def test_backend_options_are_refused_where_they_would_do_nothing():
-    with pytest.raises(ValueError, match="threads packs rows on the CPU for 'pinned' and 'cupy'"):
+    with pytest.raises(ValueError, match="threads packs rows on the CPU for 'pinned'; backend 'pageable'"):
         HostTable(4, 2, backend="pageable", device="cpu", threads=2)
+    with pytest.raises(ValueError, match="backend 'cupy' has no such threads"):
+        HostTable(4, 2, backend="cupy", threads=2)
     with pytest.raises(ValueError, match="threads must be a positive int"):
         HostTable(4, 2, backend="pinned", threads=0)
     with pytest.raises(ValueError, match="sort_indices orders the 'uva' kernel's reads"):
@@ -433,7 +435,7 @@ def test_backend_options_are_refused_where_they_would_do_nothing():
 # --- on a GPU: the backends themselves ------------------------------------------------------------
 
 def _gpu_backends():
-    out = [("pinned", {}), ("uva", {}), ("uva", {"sort_indices": True})]
+    out = [("pinned", {}), ("uva", {}), ("uva", {"sort_indices": True}), ("device", {})]
     try:
         import cupy  # noqa: F401
         out.append(("cupy", {}))
@@ -451,7 +453,7 @@ def test_gpu_backends_gather_and_write_back_bitwise_as_pageable(backend, options
     weight = _bits(500, 24, dtype)
     reference = HostTable.from_tensor(weight, backend="pageable", device="cpu")
     table = HostTable.from_tensor(weight, backend=backend, **options)
-    if backend in ("pinned", "cupy"):
+    if backend == "pinned":
         table._impl.staged.chunk_bytes = 7 * 24 * dtype.itemsize  # many chunks, a short last one
     idx = _indices(pattern, 333, 500).to(index_dtype)
     for where in ("cpu", table.device):
