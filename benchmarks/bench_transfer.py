@@ -48,6 +48,11 @@ Metrics (benchmarks.common: one process measures a class, its track_* methods re
   EmbeddingStep.track_seconds / track_speedup
                               an Adam training step of a host-resident embedding, per backend
                               and sparse_adam, taking turns; pinned (CPUs: pageable) / variant
+  Packing.track_seconds / track_speedup / track_bandwidth (op, variant)
+                              the CPU half of a 'pinned' gather (write-back) alone, any machine:
+                              torch's one index_select (index_copy_) against speedlib's staging
+                              workers packing 2 MiB chunks, nothing copied (variants 'index_select',
+                              the baseline, and 'staged'); GB/s of the batch
 Nothing here imports torch at the top or touches CUDA at import time; a variant this machine
 cannot run is a skip (NaN).
 """
@@ -431,3 +436,89 @@ class EmbeddingStep(common.Paired):
                 continue  # not on this machine: common reports it as a skip
             trainers[variant] = _EmbeddingTrainer(variant)
         return dev, {v: t.step for v, t in trainers.items()}
+
+
+PACKERS = ["index_select", "staged"]
+
+
+def _packing_lane(copies: bool):
+    """A copy engine for speedlib's staging ring that stays on the host: `copies=False` copies
+    nothing (Packing times the packing alone); `copies=True` copies at once on the CPU (the
+    check that staged packing is index_select's, row for row)."""
+    import torch  # noqa: PLC0415
+
+    class Done:
+        def synchronize(self) -> None:
+            pass
+
+    class Lane:
+        def pinned(self, rows: int, dim: int, dtype):
+            return torch.zeros(rows, dim, dtype=dtype)  # host memory: no copy ever reads it
+
+        def start(self) -> None:
+            pass
+
+        def copy(self, src, dst):
+            if copies:
+                dst.copy_(src)
+            return Done()
+
+        def finish(self, last) -> None:
+            pass
+
+    return Lane()
+
+
+class Packing(common.Paired):
+    """The CPU half of a 'pinned' gather (write-back) alone, on any machine: the batch's rows
+    packed from the host table into host memory (written back from it), torch's one
+    index_select (index_copy_) on all intra-op threads against speedlib's worker threads
+    packing 2 MiB chunks into its staging ring (speedlib/_transfer_staging.py), nothing copied
+    behind them. On a GPU machine its GB/s beside CopyBandwidth's pinned copy says whether
+    packing can keep the bus busy: a staged gather can be no faster than the slower of the two."""
+
+    params = (OPS, PACKERS)
+    param_names = ["op", "variant"]
+    baseline = "index_select"
+
+    def steps(self, op: str):
+        import importlib  # noqa: PLC0415
+
+        import torch  # noqa: PLC0415
+
+        try:
+            staging = importlib.import_module("speedlib._transfer_staging")
+        except ImportError as e:
+            raise NotImplementedError(f"this commit has no staged packing: {e}") from e
+        dev, spec = _device(), _spec()
+        # Each row holds its own number (exact in float32 below 2**24 rows), so the check below
+        # sees a wrong row; and every page is written: a fresh zero page would read as cached.
+        host = torch.arange(spec.rows, dtype=torch.float32)[:, None].expand(spec.rows, spec.dim).contiguous()
+        gen = torch.Generator().manual_seed(0)
+        # gather: the batch's random rows, repeats included; write-back: as many distinct rows
+        # (HostTable.scatter_ hands a backend distinct rows), so both move BATCH_BYTES
+        idx = spec.indices() if op == "gather" else torch.randperm(spec.rows, generator=gen)[:spec.batch]
+        rows = torch.rand(spec.batch, spec.dim, generator=gen)
+        staged = staging.Staged(_packing_lane(copies=False), host)
+        check = staging.Staged(_packing_lane(copies=True), host)
+        if op == "gather":
+            got = torch.empty_like(rows)
+            check.gather(idx, got)
+            if not torch.equal(got, host.index_select(0, idx)):
+                raise RuntimeError("staged packing gathered other rows than index_select")
+            return dev, {"index_select": lambda: torch.index_select(host, 0, idx, out=rows),
+                         "staged": lambda: staged.gather(idx, rows)}
+        expected = host.clone().index_copy_(0, idx, rows)
+        check.scatter(idx, rows)
+        if not torch.equal(host, expected):
+            raise RuntimeError("staged write-back wrote other rows than index_copy_")
+        return dev, {"index_select": lambda: host.index_copy_(0, idx, rows),
+                     "staged": lambda: staged.scatter(idx, rows)}
+
+    def track_bandwidth(self, cache, op: str, variant: str):
+        times = self.result(cache, op, variant)
+        if times is common.SKIP:
+            return common.SKIP
+        return {"samples": [BATCH_BYTES / s / 1e9 for s in times[variant]], "number": 1}
+
+    track_bandwidth.unit = "GB/s"

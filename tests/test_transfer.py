@@ -1620,3 +1620,33 @@ def test_fraction_of_floor_gbps_are_skips_on_a_cpu():
         for track in (floor.track_gather_bandwidth, floor.track_scatter_bandwidth, floor.track_h2d_floor,
                       floor.track_d2h_floor):
             assert math.isnan(track(cache, variant))
+
+
+def test_packing_benchmark_times_both_packers_and_refuses_a_packer_that_moves_other_rows(monkeypatch):
+    """bench_transfer.Packing on a small batch: index_select and the staging workers take
+    turns, both directions, with GB/s per round; before timing, it checks that staged packing
+    gives index_select's rows, and a packer that gives others fails the configuration."""
+    from benchmarks import bench_transfer as bench  # noqa: PLC0415
+    from speedbench import workloads  # noqa: PLC0415
+    from speedlib import _transfer_staging  # noqa: PLC0415
+
+    spec = workloads.EmbeddingBatch(rows=20000, dim=128, batch=8192)
+    monkeypatch.setattr(bench, "_spec", lambda: spec)
+    monkeypatch.setattr(bench, "BATCH_BYTES", spec.batch * spec.dim * 4)
+    monkeypatch.setattr(bench.Packing, "pairs", 3)
+    monkeypatch.setattr(bench.Packing, "warmup", 0)
+    packing = bench.Packing()
+    cache = packing.measure_all()
+    for op in bench.OPS:
+        base = packing.track_seconds(cache, op, "index_select")["samples"]
+        staged = packing.track_seconds(cache, op, "staged")["samples"]
+        assert len(base) == len(staged) == 3 and min(base + staged) > 0
+        assert packing.track_speedup(cache, op, "staged")["samples"] == pytest.approx(
+            [b / s for b, s in zip(base, staged)])
+        assert packing.track_bandwidth(cache, op, "staged")["samples"] == pytest.approx(
+            [spec.batch * spec.dim * 4 / s / 1e9 for s in staged])
+
+    real = _transfer_staging._pack
+    monkeypatch.setattr(_transfer_staging, "_pack", lambda after, host, idx, buf: real(after, host, idx[::-1].copy(), buf))
+    with pytest.raises(RuntimeError, match="staged packing gathered other rows than index_select"):
+        packing.steps("gather")
