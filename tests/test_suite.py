@@ -84,6 +84,25 @@ def test_every_benchmark_combination_is_in_exactly_one_chunk():
     assert covered == {f"bench_{t}" for t in ("contiguous", "transfer", "checkpoint", "amp", "parallel", "tuning")}
 
 
+def test_every_measuring_class_defines_its_own_setup_cache():
+    """asv keys a setup_cache's result by where it is written: a class that inherits
+    common.Measured's measuring without writing `def setup_cache` itself gets no cache at all,
+    and every track_* of it fails on a real run (a unit test calling measure_all() would not
+    notice)."""
+    import importlib
+    import inspect
+
+    from benchmarks import common
+
+    classes = []
+    for path in sorted((ROOT / "benchmarks").glob("bench_*.py")):
+        module = importlib.import_module(f"benchmarks.{path.stem}")
+        classes += [(path.stem, name) for name, cls in vars(module).items()
+                    if inspect.isclass(cls) and cls.__module__ == module.__name__ and not name.startswith("_")
+                    and issubclass(cls, common.Measured) and "setup_cache" not in cls.__dict__]
+    assert classes == []
+
+
 def test_chunk_estimate_counts_one_measuring_process_per_class():
     """A class's methods share one measuring process: a Paired class's track_seconds and
     track_speedup over the same two combinations are two combinations, not four."""
