@@ -441,10 +441,11 @@ class EmbeddingStep(common.Paired):
 PACKERS = ["index_select", "staged"]
 
 
-def _packing_lane(copies: bool):
+def _packing_lane(copies: bool, out=None):
     """A copy engine for speedlib's staging ring that stays on the host: `copies=False` copies
     nothing (Packing times the packing alone); `copies=True` copies at once on the CPU (the
-    check that staged packing is index_select's, row for row)."""
+    check that staged packing is index_select's, row for row). `out`: the output every gather
+    gets, as index_select's is allocated once (else a new one each time)."""
     import torch  # noqa: PLC0415
 
     class Done:
@@ -454,6 +455,9 @@ def _packing_lane(copies: bool):
     class Lane:
         def pinned(self, rows: int, dim: int, dtype):
             return torch.zeros(rows, dim, dtype=dtype)  # host memory: no copy ever reads it
+
+        def output(self, rows: int, dim: int, dtype):
+            return out if out is not None else torch.empty(rows, dim, dtype=dtype)
 
         def start(self) -> None:
             pass
@@ -499,18 +503,16 @@ class Packing(common.Paired):
         host = torch.arange(spec.rows, dtype=torch.float32)[:, None].expand(spec.rows, spec.dim).contiguous()
         gen = torch.Generator().manual_seed(0)
         # gather: the batch's random rows, repeats included; write-back: as many distinct rows
-        # (HostTable.scatter_ hands a backend distinct rows), so both move BATCH_BYTES
+        # (repeats there carry the same bytes and cost the same), so both move BATCH_BYTES
         idx = spec.indices() if op == "gather" else torch.randperm(spec.rows, generator=gen)[:spec.batch]
         rows = torch.rand(spec.batch, spec.dim, generator=gen)
-        staged = staging.Staged(_packing_lane(copies=False), host)
+        staged = staging.Staged(_packing_lane(copies=False, out=rows), host)
         check = staging.Staged(_packing_lane(copies=True), host)
         if op == "gather":
-            got = torch.empty_like(rows)
-            check.gather(idx, got)
-            if not torch.equal(got, host.index_select(0, idx)):
+            if not torch.equal(check.gather(idx), host.index_select(0, idx)):
                 raise RuntimeError("staged packing gathered other rows than index_select")
             return dev, {"index_select": lambda: torch.index_select(host, 0, idx, out=rows),
-                         "staged": lambda: staged.gather(idx, rows)}
+                         "staged": lambda: staged.gather(idx)}
         expected = host.clone().index_copy_(0, idx, rows)
         check.scatter(idx, rows)
         if not torch.equal(host, expected):

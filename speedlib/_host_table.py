@@ -6,6 +6,7 @@ The user-facing class and its input checks; the storage itself is one of the bac
 
 from __future__ import annotations
 
+import operator
 import os
 import warnings
 import weakref
@@ -46,14 +47,18 @@ def _options(backend: str, threads, sort_indices) -> dict:
         if backend not in _STAGED:
             raise ValueError(f"threads packs rows on the CPU for {' and '.join(map(repr, _STAGED))}; "
                              f"backend {backend!r} has no such threads")
-        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        try:
+            n = operator.index(threads)  # any integer (a NumPy one too), not a float or a bool
+        except TypeError:
+            n = None
+        if n is None or isinstance(threads, bool) or n < 1:
             raise ValueError(f"threads must be a positive int (or None for torch.get_num_threads()), got {threads!r}")
-        options["threads"] = threads
-    if sort_indices is not False:
+        options["threads"] = n
+    if not isinstance(sort_indices, bool):
+        raise TypeError(f"sort_indices must be True or False, got {sort_indices!r}")
+    if sort_indices:
         if backend != "uva":
             raise ValueError(f"sort_indices orders the 'uva' kernel's reads; backend {backend!r} has no such kernel")
-        if sort_indices is not True:
-            raise TypeError(f"sort_indices must be True or False, got {sort_indices!r}")
         options["sort_indices"] = True
     return options
 

@@ -50,9 +50,7 @@ class _Pinned(_Pageable):
         self.staged = _transfer_staging.Staged(_transfer_staging.TorchLane(device), self.host, threads=threads)
 
     def gather(self, idx: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(idx.numel(), self.host.shape[1], dtype=self.host.dtype, device=self.device)
-        self.staged.gather(idx.cpu(), out)
-        return out
+        return self.staged.gather(idx.cpu())
 
     def write(self, idx: torch.Tensor, values: torch.Tensor) -> None:
         if values.device.type == "cuda":

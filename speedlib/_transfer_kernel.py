@@ -6,7 +6,8 @@ as PCIe requests, and a row is fetched at full width only when consecutive threa
 consecutive bytes of it, so that every request is a whole aligned 128-byte line (DGL's
 `gather_pinned_tensor_rows` and the PyTorch-Direct paper, VLDB 2021, reach near the PCIe limit
 that way). Here each program copies a block of rows; along a row, consecutive lanes take
-consecutive words (int32 where the row's bytes allow), so a 512-byte row is four full lines.
+consecutive words (int32 where the row's bytes and addresses allow), so a 512-byte row is
+four full lines.
 Rows are copied as words, never as numbers: the result is bitwise the source's, whatever the
 dtype (bfloat16 included).
 
@@ -16,15 +17,17 @@ table, dst_rows = the indices. With `sort=True` the indices are sorted first (ne
 rows read together, fewer distinct pages per block), and the permutation goes on the other
 side, which restores the caller's order in the same pass: no extra copy.
 
-Written in Triton, which ships with CUDA builds of torch, and compiled on first use. Where it
-cannot be built (no Triton, no C compiler for its launcher) `copy_rows` says why once, with a
-warning, and uses torch's index_select / index_copy_ instead: same results, today's speed.
+Written in Triton, which ships with CUDA builds of torch, and compiled on first use. Where the
+first launch fails (no Triton, no C compiler for its launcher, a GPU Triton does not support)
+`copy_rows` says why once, with a warning, and uses torch's index_select / index_copy_ from
+then on: same results, the old speed. Once the kernel has run, errors are raised.
 `KERNEL` says which one ran last. Tests run the Triton kernel on the CPU through Triton's
 interpreter (TRITON_INTERPRET=1 when `build()` is called).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 
@@ -33,6 +36,7 @@ import torch
 # What ran the last copy: "triton", "torch" (the fallback) or None (nothing yet).
 KERNEL: str | None = None
 _unusable: list[str] = []  # why the Triton kernel cannot run here, once known
+_ran: list[bool] = []  # [True] once the kernel has built and run here
 
 
 def build():
@@ -61,22 +65,35 @@ def build():
 _kernel = functools.cache(build)
 
 
-def _words(t: torch.Tensor) -> torch.Tensor:
-    """t's rows as the widest integer words that divide a row (bytes moved, not numbers)."""
-    row_bytes = t.shape[1] * t.element_size()
-    word = torch.int32 if row_bytes % 4 == 0 else torch.int16 if row_bytes % 2 == 0 else torch.uint8
-    return t.view(torch.uint8).view(word) if t.element_size() != word.itemsize else t.view(word)
+def _words(t: torch.Tensor, width: int) -> torch.Tensor:
+    """t's rows as integer words of `width` bytes (bytes moved, not numbers)."""
+    word = {4: torch.int32, 2: torch.int16, 1: torch.uint8}[width]
+    return t.view(torch.uint8).view(word) if t.element_size() != width else t.view(word)
+
+
+def _width(*tensors: torch.Tensor) -> int:
+    """The widest word (4, 2 or 1 bytes) dividing a row and every tensor's start address."""
+    row_bytes = tensors[0].shape[1] * tensors[0].element_size()
+    for width in (4, 2):
+        if row_bytes % width == 0 and all(t.data_ptr() % width == 0 for t in tensors):
+            return width
+    return 1
 
 
 def _launch(kernel, src: torch.Tensor, src_rows, dst: torch.Tensor, dst_rows, n: int) -> None:
-    s, d = _words(src), _words(dst)
+    width = _width(src, dst)
+    s, d = _words(src, width), _words(dst, width)
     words = s.shape[1]
     block_words = min(1024, 1 << (words - 1).bit_length())  # a whole row per pass where it fits
     block_rows = max(1, 4096 // block_words)  # ~4096 words in flight per program
     grid = ((n + block_rows - 1) // block_rows,)
-    kernel[grid](s, src_rows if src_rows is not None else s, d, dst_rows if dst_rows is not None else d, n, words,
-                 HAS_SRC_ROWS=src_rows is not None, HAS_DST_ROWS=dst_rows is not None,
-                 BLOCK_ROWS=block_rows, BLOCK_WORDS=block_words)
+    # Triton launches on the current device's current stream, not the tensors': make them the
+    # table's, or a table on another GPU would be written by this one.
+    on = dst.device if dst.device.type == "cuda" else None
+    with torch.cuda.device(on) if on is not None else contextlib.nullcontext():
+        kernel[grid](s, src_rows if src_rows is not None else s, d, dst_rows if dst_rows is not None else d, n,
+                     words, HAS_SRC_ROWS=src_rows is not None, HAS_DST_ROWS=dst_rows is not None,
+                     BLOCK_ROWS=block_rows, BLOCK_WORDS=block_words)
 
 
 def _torch_copy(src, src_rows, dst, dst_rows) -> None:
@@ -92,24 +109,29 @@ def copy_rows(src: torch.Tensor, dst: torch.Tensor, *, src_rows: torch.Tensor | 
     """dst[dst_rows[i]] = src[src_rows[i]] for every i, whole rows, bitwise.
 
     src, dst: 2-D contiguous tensors of one dtype and row width on one device; index lists
-    int64 on that device, checked by the caller; dst_rows distinct. kernel: a `build()` result
-    to use (tests pass the interpreted one); by default the compiled kernel, or torch's
-    indexing where it cannot be built."""
+    int64 on that device, checked by the caller; repeated dst_rows carry the same bytes.
+    kernel: a `build()` result to use (tests pass the interpreted one); by default the
+    compiled kernel, or torch's indexing where it cannot be built here. A kernel that built
+    and ran once is trusted: a later error is raised, not hidden by the fallback."""
     global KERNEL  # noqa: PLW0603 - a status for benchmarks and users to read
     n = (src_rows if src_rows is not None else dst_rows if dst_rows is not None else src).shape[0]
     if n == 0:
         return
     if kernel is None and not _unusable:
-        try:
-            kernel = _kernel()
-            _launch(kernel, src, src_rows, dst, dst_rows, n)
+        if _ran:
+            _launch(_kernel(), src, src_rows, dst, dst_rows, n)
             KERNEL = "triton"
             return
-        except Exception as e:  # noqa: BLE001 - any failure to build or launch: the fallback below is exact
+        try:  # the first launch is where Triton compiles and builds its launcher
+            _launch(_kernel(), src, src_rows, dst, dst_rows, n)
+            _ran.append(True)
+            KERNEL = "triton"
+            return
+        except Exception as e:  # noqa: BLE001 - no Triton, no compiler, an unsupported GPU: the fallback is exact
             _unusable.append(f"{type(e).__name__}: {e}")
             warnings.warn(f"speedlib.transfer 'uva': the Triton row-copy kernel cannot run here ({_unusable[0]}); "
                           "using torch's index_select / index_copy_ (same results, without the whole-row reads)",
-                          RuntimeWarning, stacklevel=3)
+                          RuntimeWarning, stacklevel=5)  # the caller of HostTable.gather / scatter_
     if kernel is not None:
         _launch(kernel, src, src_rows, dst, dst_rows, n)
         KERNEL = "triton"

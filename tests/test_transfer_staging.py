@@ -10,6 +10,8 @@ On a GPU: every GPU backend against 'pageable', for every index dtype and duplic
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -102,6 +104,9 @@ class EagerLane:
     def pinned(self, rows: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(rows, dim, dtype=dtype)
 
+    def output(self, rows: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(rows, dim, dtype=dtype)
+
     def start(self) -> None:
         self.log.append(("start",))
 
@@ -159,8 +164,7 @@ def _staged(lane, host, *, threads=3, rows_a_chunk=5, stages=2):
 
 
 def _gathered(staged, lane, idx):
-    out = torch.empty(idx.numel(), staged.host.shape[1], dtype=staged.host.dtype)
-    staged.gather(idx, out)
+    out = staged.gather(idx)
     if isinstance(lane, LazyLane):
         # What the caller's stream does after finish(): run on once the last copy is done.
         lane.log[-1][1].synchronize()
@@ -199,35 +203,46 @@ def test_a_lane_whose_events_lie_corrupts_the_gather_so_the_lazy_lane_would_catc
     host = _bits(97, 6, torch.float32)
     idx = _indices("random, with repeats", 61, 97)
     lane = LazyLane(honest=False)
-    out = torch.empty(61, 6)
-    _staged(lane, host).gather(idx, out)
+    out = _staged(lane, host).gather(idx)
     lane.drain()
     assert not _same_bits(out, host[idx])
 
 
-def test_the_gather_orders_itself_after_the_callers_stream_and_the_caller_after_its_last_copy():
+def test_the_callers_stream_waits_for_the_last_copy_and_the_copies_wait_for_nothing_of_the_callers():
+    """A gather's copies need nothing the caller queued before (its output is allocated on
+    the side stream), so a gather for the next step can overlap this step's compute; the
+    caller's stream waits for the last copy, in order after all the others on the side stream."""
     host = _bits(50, 4, torch.float32)
     lane = LazyLane()
-    _gathered(_staged(lane, host, rows_a_chunk=4), lane, _indices("random, with repeats", 30, 50))
+    _gathered(_staged(lane, host, threads=1, rows_a_chunk=4), lane, _indices("random, with repeats", 30, 50))
     kinds = [entry[0] for entry in lane.log]
-    assert kinds == ["start"] + ["copy"] * 8 + ["finish"]  # 30 rows, 4 a chunk
+    assert kinds == ["copy"] * 8 + ["finish"]  # 30 rows, 4 a chunk
     assert lane.log[-1][1] is lane.log[-2][3]  # the caller waits for the last copy's event, nothing else
     copies = [entry for entry in lane.log if entry[0] == "copy"]
     assert len({src for _, src, _, _ in copies}) == 2  # a ring of two staging buffers, reused in turn
 
 
-def test_buffers_are_never_refilled_before_their_copy_is_done():
-    """Every pack of a buffer after the first waits for the copy that last read it: the
-    lazy lane shows it by how many copies have run when each pack starts."""
+def test_the_ring_has_a_buffer_for_every_worker_and_one_in_flight():
+    host = _bits(10, 4, torch.float32)
+    assert _staged(EagerLane(), host, threads=1, stages=2).stages == 2
+    assert _staged(EagerLane(), host, threads=2, stages=4).stages == 4
+    assert _staged(EagerLane(), host, threads=16, stages=4).stages == 17
+
+
+def test_a_buffer_is_refilled_only_after_the_copy_that_last_read_it():
+    """Every pack into a buffer that was copied from before waits for that buffer's latest
+    copy: the event it waits on belongs to a copy out of the same buffer, the newest one
+    queued before the pack was."""
     host = _bits(200, 4, torch.float32)
     lane = LazyLane()
-    staged = _staged(lane, host, threads=4, stages=3, rows_a_chunk=4)
-    seen = []
+    staged = _staged(lane, host, threads=4, stages=3, rows_a_chunk=4)  # a ring of five
+    packs = []
     real = _transfer_staging._pack
 
-    def pack(after, *args):
-        real(after, *args)
-        seen.append((getattr(after, "n", 0), lane.copied))
+    def pack(after, table, idx, buf):
+        with lane.lock:
+            packs.append((after, buf.__array_interface__["data"][0], len(lane.log)))
+        real(after, table, idx, buf)
 
     idx = _indices("random, with repeats", 120, 200)
     try:
@@ -236,8 +251,15 @@ def test_buffers_are_never_refilled_before_their_copy_is_done():
     finally:
         _transfer_staging._pack = real
     assert _same_bits(out, host[idx])
-    assert len(seen) == 30 and all(copied >= waited for waited, copied in seen)
-    assert sum(waited > 0 for waited, _ in seen) == 27  # all but the first three packs had a copy to wait for
+    copies = {id(entry[3]): entry for entry in lane.log if entry[0] == "copy"}
+    assert len(packs) == 30 and sum(after is None for after, _, _ in packs) == staged.stages
+    for after, buf, logged in packs:
+        if after is None:
+            continue
+        _, src, _, _ = copies[id(after)]
+        assert src == buf  # the wait is for a copy out of this very buffer ...
+        newer = [e for e in lane.log[:logged] if e[0] == "copy" and e[1] == buf]
+        assert newer[-1][3] is after  # ... the newest one queued before this pack
 
 
 @pytest.mark.parametrize("lane_type", [EagerLane, LazyLane])
@@ -280,7 +302,7 @@ def test_write_back_reuses_a_buffer_only_after_its_rows_are_in_the_table(monkeyp
         buf = entry[2] if entry[0] == "copy" else entry[1]
         pending[buf] = pending.get(buf, 0) + (1 if entry[0] == "copy" else -1)
         assert pending[buf] in (0, 1), f"buffer {buf:#x} refilled before its rows were read"
-    assert set(pending.values()) == {0} and len(pending) == 2
+    assert set(pending.values()) == {0} and len(pending) == 5  # threads + 1 buffers
 
 
 class _FailingLane(EagerLane):
@@ -302,14 +324,15 @@ def test_a_failed_copy_is_raised_with_no_worker_left_running_and_the_next_transf
     staged = _staged(lane, host, threads=4, stages=2, rows_a_chunk=4)
     idx = torch.randperm(80, generator=torch.Generator().manual_seed(2))[:50]
     values = _bits(50, 3, torch.float32, seed=5)
-    run = (lambda: staged.gather(idx, torch.empty(50, 3))) if op == "gather" else (lambda: staged.scatter(idx, values))
+    run = (lambda: staged.gather(idx)) if op == "gather" else (lambda: staged.scatter(idx, values))
     with pytest.raises(RuntimeError, match="the copy engine failed"):
         run()
     assert not staged._lock.locked()
     if op == "gather":
-        out = torch.empty(50, 3)
-        staged.gather(idx, out)
-        assert _same_bits(out, host[idx])
+        # The caller's stream still waits for the copies that were queued: the output's memory
+        # must not be reused while they write into it.
+        assert lane.log[-1][0] == "finish" and lane.log[-1][1] is lane.log[-2][3]
+        assert _same_bits(staged.gather(idx), host[idx])
     else:
         staged.scatter(idx, values)
         assert _same_bits(host[idx], values)
@@ -327,9 +350,9 @@ def test_one_chunk_runs_on_the_calling_thread_and_many_on_the_pool():
     _transfer_staging._pack = pack
     try:
         staged = _staged(EagerLane(), host, threads=2, rows_a_chunk=100)
-        staged.gather(torch.arange(10), torch.empty(10, 4))  # one chunk
+        staged.gather(torch.arange(10))  # one chunk
         staged.chunk_bytes = 4 * 4 * 2
-        staged.gather(torch.arange(10), torch.empty(10, 4))  # five chunks
+        staged.gather(torch.arange(10))  # five chunks
     finally:
         _transfer_staging._pack = real
     assert names[0] == threading.current_thread().name
@@ -339,7 +362,7 @@ def test_one_chunk_runs_on_the_calling_thread_and_many_on_the_pool():
 def test_an_empty_batch_queues_nothing():
     lane = EagerLane()
     staged = _staged(lane, _bits(10, 2, torch.float32))
-    staged.gather(torch.empty(0, dtype=torch.int64), torch.empty(0, 2))
+    assert staged.gather(torch.empty(0, dtype=torch.int64)).shape == (0, 2)
     staged.scatter(torch.empty(0, dtype=torch.int64), torch.empty(0, 2))
     assert lane.log == []
 
@@ -390,12 +413,44 @@ def test_the_kernel_writes_whole_rows_back_bitwise(interpreted, dtype, dim, sort
     assert _same_bits(table, expected)
 
 
-def test_rows_are_moved_as_the_widest_words_that_divide_them():
-    assert _transfer_kernel._words(torch.zeros(2, 128)).dtype == torch.int32
-    assert _transfer_kernel._words(torch.zeros(2, 128)).shape == (2, 128)
-    assert _transfer_kernel._words(torch.zeros(2, 8, dtype=torch.bfloat16)).shape == (2, 4)  # 16 bytes: int32
-    assert _transfer_kernel._words(torch.zeros(2, 3, dtype=torch.float16)).dtype == torch.int16  # 6 bytes
-    assert _transfer_kernel._words(torch.zeros(2, 5, dtype=torch.float64)).shape == (2, 10)
+def test_rows_are_moved_as_the_widest_words_that_divide_them_and_their_addresses():
+    k = _transfer_kernel
+    assert k._width(torch.zeros(2, 128)) == 4 and k._words(torch.zeros(2, 128), 4).shape == (2, 128)
+    assert k._width(torch.zeros(2, 8, dtype=torch.bfloat16)) == 4  # 16-byte rows
+    assert k._words(torch.zeros(2, 8, dtype=torch.bfloat16), 4).shape == (2, 4)
+    assert k._width(torch.zeros(2, 3, dtype=torch.float16)) == 2  # 6-byte rows
+    assert k._words(torch.zeros(2, 5, dtype=torch.float64), 4).shape == (2, 10)
+    # A view starting two bytes into its storage cannot be read as int32 words
+    odd = torch.zeros(9, 4, dtype=torch.float16).view(-1)[1:33].view(8, 4)
+    assert odd.data_ptr() % 4 == 2 and k._width(odd, torch.zeros(8, 4, dtype=torch.float16)) == 2
+
+
+@needs_triton
+def test_the_kernel_copies_rows_of_a_view_that_starts_off_a_word(interpreted):
+    base = _bits(41, 4, torch.float16)
+    table = base.view(-1)[1:1 + 40 * 4].view(40, 4)  # one float16, two bytes, off int32 alignment
+    idx = _indices("random, with repeats", 17, 40)
+    assert _same_bits(_transfer_kernel.gather(table, idx, kernel=interpreted), table[idx])
+
+
+@needs_triton
+def test_once_the_kernel_has_run_a_later_error_is_raised_not_hidden(interpreted, monkeypatch):
+    calls = []
+
+    class Failing:
+        def __getitem__(self, grid):
+            raise RuntimeError("an illegal memory access")
+
+    monkeypatch.setattr(_transfer_kernel, "_kernel", lambda: interpreted if not calls.append(1) and len(calls) == 1
+                        else Failing())
+    monkeypatch.setattr(_transfer_kernel, "_unusable", [])
+    monkeypatch.setattr(_transfer_kernel, "_ran", [])
+    table = _bits(20, 4, torch.float32)
+    idx = _indices("random, with repeats", 11, 20)
+    assert _same_bits(_transfer_kernel.gather(table, idx), table[idx]) and _transfer_kernel.KERNEL == "triton"
+    with pytest.raises(RuntimeError, match="an illegal memory access"):
+        _transfer_kernel.gather(table, idx)
+    assert _transfer_kernel._unusable == []
 
 
 def test_without_a_kernel_the_copy_says_why_once_and_falls_back_exactly(monkeypatch):
@@ -404,6 +459,7 @@ def test_without_a_kernel_the_copy_says_why_once_and_falls_back_exactly(monkeypa
 
     monkeypatch.setattr(_transfer_kernel, "_kernel", no_triton)
     monkeypatch.setattr(_transfer_kernel, "_unusable", [])
+    monkeypatch.setattr(_transfer_kernel, "_ran", [])
     table = _bits(20, 4, torch.float32)
     idx = _indices("random, with repeats", 11, 20)
     with pytest.warns(RuntimeWarning, match="Triton row-copy kernel cannot run here .*No module named 'triton'"):
@@ -419,6 +475,33 @@ def test_without_a_kernel_the_copy_says_why_once_and_falls_back_exactly(monkeypa
 
 # --- the backends' options --------------------------------------------------------------------
 
+def test_backend_options_are_checked_and_kept_for_the_backend(monkeypatch):
+    from speedlib import _host_table  # noqa: PLC0415 - the options' checks
+
+    assert _host_table._options("pinned", 3, False) == {"threads": 3}
+    assert _host_table._options("pinned", np.int64(2), False) == {"threads": 2}  # any integer
+    assert _host_table._options("uva", None, True) == {"sort_indices": True}
+    assert _host_table._options("cupy", None, False) == {}
+
+
+@needs_cuda
+@pytest.mark.parametrize("backend,options", [("pinned", {"threads": 3}), ("uva", {"sort_indices": True})])
+def test_options_reach_the_table_its_repr_and_an_embeddings_state_tables(backend, options):
+    import functools  # noqa: PLC0415
+
+    from speedlib.transfer import HostEmbedding  # noqa: PLC0415
+
+    table = HostTable(100, 8, backend=backend, **options)
+    assert table.options == options and all(f"{k}={v!r}" in repr(table) for k, v in options.items())
+    if backend == "pinned":
+        assert table._impl.staged.threads == 3
+    emb = HostEmbedding(100, 8, functools.partial(torch.optim.Adam, lr=0.1), weight=table)
+    (emb(torch.tensor([1, 2, 2])).sum()).backward()
+    emb.step()
+    state_tables = list(emb._state_tables.values())  # Adam's two moments, rows as the weight's
+    assert len(state_tables) == 2 and all(t.options == options for t in state_tables)
+
+
 def test_backend_options_are_refused_where_they_would_do_nothing():
     with pytest.raises(ValueError, match="threads packs rows on the CPU for 'pinned'; backend 'pageable'"):
         HostTable(4, 2, backend="pageable", device="cpu", threads=2)
@@ -430,6 +513,10 @@ def test_backend_options_are_refused_where_they_would_do_nothing():
         HostTable(4, 2, backend="pinned", sort_indices=True)
     with pytest.raises(TypeError, match="sort_indices must be True or False"):
         HostTable(4, 2, backend="uva", sort_indices="yes")
+    with pytest.raises(TypeError, match="sort_indices must be True or False"):
+        HostTable(4, 2, backend="pinned", sort_indices=None)
+    with pytest.raises(ValueError, match="threads must be a positive int"):
+        HostTable(4, 2, backend="pinned", threads=2.0)
 
 
 # --- on a GPU: the backends themselves ------------------------------------------------------------
@@ -469,6 +556,7 @@ def test_gpu_backends_gather_and_write_back_bitwise_as_pageable(backend, options
 def test_a_gather_on_a_side_stream_is_ordered_on_that_stream():
     weight = _bits(4000, 128, torch.float32)
     table = HostTable.from_tensor(weight, backend="pinned")
+    table._impl.staged.chunk_bytes = 64 << 10  # 24 chunks, on the worker threads
     idx = _indices("random, with repeats", 3000, 4000)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -487,3 +575,19 @@ def test_the_uva_backend_runs_the_triton_kernel_on_a_gpu():
         warnings.simplefilter("error")  # a fallback would warn
         table.gather(torch.arange(10))
     assert _transfer_kernel.KERNEL == "triton"
+
+
+def test_speedlib_imports_and_pageable_tables_work_without_numpy():
+    """NumPy is the staging workers' tool, imported when a table is staged: torch does not
+    require it, and neither does `import speedlib`."""
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] == 'numpy': raise ModuleNotFoundError(name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "import speedlib, speedlib.transfer\n"
+            "t = speedlib.HostTable(10, 4, backend='pageable', device='cpu')\n"
+            "print(tuple(t.gather([1, 2]).shape), 'numpy' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[-2] == "(2, 4) False"
