@@ -118,14 +118,16 @@ def technique_page(name: str) -> None:
             st.info("No bandwidth or floor results here.")
         if not floors.empty:
             # every kind: the table finds each %'s GB/s among the bandwidth rows of its run
-            table(report.floor_table(rows), hide=STATED)
+            floor = report.floor_table(rows)
+            table(floor, hide=STATED)
             # One chart per reference: gather is a % of the host->device copy, write-back of
             # device->host; one axis named after the first mislabelled the other. Each bar's
-            # hover gives the table's own words for it: the %, the GB/s and the floor's GB/s.
+            # hover gives the table's own words for it: the %, and the GB/s columns the table shows.
             shown = report.floor_figures(rows)
             # as the table orders them: gather first
             for unit, same in shown.sort_values("benchmark", kind="stable").groupby("unit", sort=False):
-                st.plotly_chart(_bars(same, str(unit), where, hover=FLOOR_HOVER))
+                st.plotly_chart(_bars(same, str(unit), where,
+                                      hover=tuple(h for h in FLOOR_HOVER if h[0] in floor.frame.columns)))
             say_names(glossary)
         if not bandwidth.empty:
             table(report.speedup_table(bandwidth, "bandwidth", baseline), hide=STATED)

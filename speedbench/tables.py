@@ -623,15 +623,24 @@ def _run_of(row: dict, metric: str) -> tuple:
 
 
 def _same_run(row: dict, candidates: list[tuple[object, dict]]):
-    """The candidate (index, row) measured in `row`'s run, the closest in time; None."""
+    """The candidate (index, row) measured in `row`'s run, the closest in time; None (also
+    where either has no start time: then nothing says they are one run)."""
     when = row.get("run_date")
     near = []
     for index, other in candidates:
         other_when = other.get("run_date")
-        gap = abs(other_when - when) if not (pd.isna(when) or pd.isna(other_when)) else pd.Timedelta(0)
+        if pd.isna(when) or pd.isna(other_when):
+            continue
+        gap = abs(other_when - when)
         if gap <= _SAME_RUN:
             near.append((gap, index, other))
     return min(near, key=lambda g: g[0])[1:] if near else None
+
+
+def _made_of(value: float, gbps: float, floor: float) -> bool:
+    """Whether a % is exactly these two GB/s (FractionOfFloor computes it from them), up to
+    rounding: a pair from another measurement would not divide to it."""
+    return floor > 0 and math.isclose(100.0 * gbps / floor, value, rel_tol=1e-6, abs_tol=1e-9)
 
 
 def floor_figures(df: pd.DataFrame) -> pd.DataFrame:
@@ -661,8 +670,12 @@ def _floor_figures(df: pd.DataFrame) -> tuple[pd.DataFrame, list]:
     used = []
     for row in s.to_dict("records"):
         pair = FLOOR_FIGURES.get(_metric_of(row))
-        for column, metric in zip(("gbps", "floor_gbps"), pair or (None, None)):
-            match = _same_run(row, found.get(_run_of(row, metric), [])) if metric else None
+        matches = [_same_run(row, found.get(_run_of(row, metric), [])) if metric else None
+                   for metric in (pair or (None, None))]
+        if all(m is not None for m in matches) and not _made_of(row["value"], matches[0][1]["value"],
+                                                                matches[1][1]["value"]):
+            matches = [None, None]  # figures of another measurement: the % was not made of them
+        for column, match in zip(("gbps", "floor_gbps"), matches):
             if match is None:
                 value, text, rid = math.nan, NOT_A_BANDWIDTH if pair is None else NOT_RECORDED, None
             else:
@@ -678,12 +691,14 @@ def _floor_figures(df: pd.DataFrame) -> tuple[pd.DataFrame, list]:
     return s, list(dict.fromkeys(used))
 
 
-def _figure_notes(s: pd.DataFrame) -> list[str]:
-    """What the GB/s columns' "not recorded" and "n/a" mean for the rows of `s` (floor_figures)."""
+def _figure_notes(s: pd.DataFrame, df: pd.DataFrame, shown) -> list[str]:
+    """What the GB/s columns' "not recorded" and "n/a" mean for the rows of `s`
+    (floor_figures); `df`, the rows they were looked for in, says why one is missing;
+    `shown`, the GB/s columns the table draws (an "n/a" nobody sees needs no note)."""
     notes = []
     metrics = pd.Series([_metric_of(r) for r in s.to_dict("records")], index=s.index, dtype=object)
     none = s[s["gbps_text"].eq(NOT_A_BANDWIDTH)]
-    if not none.empty:
+    if not none.empty and "GB/s" in shown:
         refs = ", ".join(sorted(set(none["unit"].fillna("").str.removeprefix("% of "))))
         notes.append(f"{NOT_A_BANDWIDTH}: the floor ({refs}) is no bandwidth, so no GB/s applies")
     classes = s["benchmark"].str.rsplit(".", n=1).str[0]
@@ -692,44 +707,56 @@ def _figure_notes(s: pd.DataFrame) -> list[str]:
     for cls, rows in unreported.groupby(classes, sort=True):
         notes.append(f"floor GB/s {NOT_RECORDED} for {cls}: it times its floor "
                      f"({rows['unit'].iloc[0].removeprefix('% of ')}) in the same process but reports only the %")
-    missing = []
+    # The GB/s a run has at all, per machine, commit and class: none means its benchmark had
+    # no such tracks at that commit (asv records every method of a class it runs).
+    wanted = {m for pair in FLOOR_FIGURES.values() for m in pair if m}
+    figures = df[df["kind"].eq("bandwidth") & df["metric"].isin(wanted)] if "metric" in df else df.iloc[0:0]
+    has = set(zip(figures["machine"], figures["commit"], figures["benchmark"].str.rsplit(".", n=1).str[0]))
+    predate, apart = [], []
     # A run is its machine and commit; where every row is one machine's (a dashboard page, which
     # names it above the table) the machine is left out: the note is Markdown there, and a
     # machine's name comes from a result file.
     several = s["machine"].nunique() > 1
     for (machine, commit, cls), rows in s.groupby(["machine", "commit", classes], sort=True):
-        names = [FLOOR_FIGURES[m][i] for m, g, f in zip(metrics[rows.index], rows["gbps_text"], rows["floor_gbps_text"])
-                 if m in FLOOR_FIGURES for i, text in enumerate((g, f))
-                 if text == NOT_RECORDED and FLOOR_FIGURES[m][i] is not None]
-        if names:
-            missing.append(f"{f'{machine} ' if several else ''}{commit[:8]} {cls} (no {', '.join(dict.fromkeys(names))})")
-    if missing:
-        notes.append(f"{NOT_RECORDED}: these runs recorded the % without the GB/s it was computed from, because "
-                     "their benchmark did not report it yet or the run measured only the %: " + "; ".join(missing)
-                     + ". No GB/s is made from a % and a floor timed in another process")
+        lacking = [(m, i) for m, g, f in zip(metrics[rows.index], rows["gbps_text"], rows["floor_gbps_text"])
+                   if m in FLOOR_FIGURES for i, text in enumerate((g, f))
+                   if text == NOT_RECORDED and FLOOR_FIGURES[m][i] is not None]
+        if lacking:
+            run = f"{f'{machine} ' if several else ''}{commit[:8]} {cls.rsplit('.', 1)[-1]}"
+            (apart if (machine, commit, cls) in has else predate).append(run)
+    if predate:
+        notes.append(f"{NOT_RECORDED}: GB/s were not measured by " + "; ".join(predate) + ": at that commit the "
+                     "benchmark reported only the %. The next run of it records them; none is made from a % and "
+                     "a floor timed in another process")
+    if apart:
+        notes.append(f"{NOT_RECORDED}: " + "; ".join(apart) + " recorded GB/s, but not in the run that measured "
+                     "the % (or not the two it was computed from), so none is shown beside it")
     return notes
 
 
 def floor_table(df: pd.DataFrame) -> Table:
     """Benchmarks that report their result as a fraction of a physical floor, each beside the
     GB/s it achieved and the floor's GB/s it was divided by, both from the same measurement
-    (floor_figures); `df` may hold every kind: the GB/s are its bandwidth rows."""
+    (floor_figures); `df` may hold every kind: the GB/s are its bandwidth rows. A GB/s column
+    is shown where at least one row has a figure in it; the notes say why the others have none."""
     s, used = _floor_figures(df)
     figures = df.loc[used]
+    shown = {name: s[f"{column}_text"] for name, column in (("GB/s", "gbps"), ("floor GB/s", "floor_gbps"))
+             if s[column].notna().any()}
     frame = pd.DataFrame({
         **_identity(s), **({"variant": s["variant"]} if "variant" in s else {}),
-        "achieved": s["achieved_text"], "of": s["unit"].str.removeprefix("% of "),
-        "GB/s": s["gbps_text"], "floor GB/s": s["floor_gbps_text"], "N": s["n"],
+        "achieved": s["achieved_text"], "of": s["unit"].str.removeprefix("% of "), **shown, "N": s["n"],
     })
     data = _numbers(s, value=s["value"], unit=s["unit"], low=s["ci99_low"], high=s["ci99_high"],
                     gbps=s["gbps"], floor_gbps=s["floor_gbps"], gbps_result_id=s["gbps_result_id"],
                     floor_gbps_result_id=s["floor_gbps_result_id"])
+    said = {"GB/s": "GB/s: the bandwidth achieved", "floor GB/s": "floor GB/s: the floor it was divided by"}
     notes = ["floor: measured in the same benchmark process (see the benchmark's docstring)"
-             + ("; GB/s: the bandwidth achieved, floor GB/s: the floor it was divided by, both from that process "
-                "(achieved = 100 x GB/s / floor GB/s)" if s["gbps_text"].ne(NOT_A_BANDWIDTH).any() else "")]
+             + (f"; {', '.join(said[c] for c in shown)}, from that process"
+                + (" (achieved = 100 x GB/s / floor GB/s)" if len(shown) == 2 else "") if shown else "")]
     if (s["value"] > 100).any():  # a reader would take a floor for a ceiling and suspect the number
         notes.append(FLOOR_ABOVE_NOTE)
-    notes += _figure_notes(s)
+    notes += _figure_notes(s, df, shown)
     # the GB/s rows are sources too: their result IDs and the command that measures them again
     sources = pd.concat([s, figures]) if len(figures) else s
     return Table("Fraction of the physical floor", frame.reset_index(drop=True), sources, _with_earlier_note(notes, s),

@@ -922,11 +922,14 @@ def test_the_floor_table_shows_the_gbps_the_percent_was_computed_from():
     assert (_cell(t, "achieved", **old), _cell(t, "GB/s", **old), _cell(t, "floor GB/s", **old)) == \
         ("38.8 %", report.NOT_RECORDED, report.NOT_RECORDED)
     (note,) = [n for n in t.notes if n.startswith(f"{report.NOT_RECORDED}:")]
-    assert f"old-box {b[:8]} {_FLOOR_CLASS} (no gather_bandwidth, h2d_floor)" in note and "gpu-box" not in note
-    # one machine's table (a dashboard page names it above): the run is its commit, the note names no machine
-    (alone,) = [n for n in report.floor_table(rows[rows["machine"] == "old-box"]).notes
-                if n.startswith(f"{report.NOT_RECORDED}:")]
-    assert f": {b[:8]} {_FLOOR_CLASS} (no gather_bandwidth, h2d_floor)." in alone and "old-box" not in alone
+    assert f"not measured by old-box {b[:8]} FractionOfFloor: at that commit the benchmark reported only the %" in note
+    assert "gpu-box" not in note and "(achieved = 100 x GB/s / floor GB/s)" in t.notes[0]
+    # one machine's table (a dashboard page names it above): the run is its commit, the note names
+    # no machine; and where no row has a GB/s, no GB/s column is drawn, only the note
+    alone = report.floor_table(rows[rows["machine"] == "old-box"])
+    (said,) = [n for n in alone.notes if n.startswith(f"{report.NOT_RECORDED}:")]
+    assert f"not measured by {b[:8]} FractionOfFloor:" in said and "old-box" not in said
+    assert "GB/s" not in alone.frame and "floor GB/s" not in alone.frame and "GB/s" not in alone.notes[0]
     # only the % rows are rows of the table; the GB/s rows are its sources (provenance, Reproduce)
     assert len(t.frame) == 3 and len(t.sources) == 7
     data = t.data.set_index(["machine", "benchmark"])
@@ -949,12 +952,17 @@ def test_a_gbps_from_another_run_variant_or_machine_is_never_shown():
         + _floor_rows("gpu-box", b, "cupy", {"gather_bandwidth": 12.0, "h2d_floor": 23.0})
         + _floor_rows("gpu-box", a, "cupy", {"scatter_bandwidth": 9.0, "d2h_floor": 21.0}))  # write-back's
     t = report.floor_table(rows)
-    assert t.frame[["GB/s", "floor GB/s"]].values.tolist() == [[report.NOT_RECORDED] * 2]
+    assert "GB/s" not in t.frame and "floor GB/s" not in t.frame  # nothing to show for the one row
+    assert any("recorded GB/s, but not in the run that measured the %" in n for n in t.notes)
     # the same commit's GB/s from a run a day before the % (asv keeps each benchmark's newest entry)
     earlier = pd.DataFrame(_floor_rows("gpu-box", a, "cupy", {"gather_bandwidth": 12.5, "h2d_floor": 25.0},
                                        started="2026-11-22 06:33"))
     t = report.floor_table(pd.concat([rows.head(1), earlier], ignore_index=True))
-    assert t.frame[["GB/s", "floor GB/s"]].values.tolist() == [[report.NOT_RECORDED] * 2]
+    assert "GB/s" not in t.frame and math.isnan(t.data["gbps"].iloc[0])
+    # ... or from the same run, but not the two figures the % was computed from (48 %, not 50 %)
+    other = pd.DataFrame(_floor_rows("gpu-box", a, "cupy", {"gather_fraction_of_floor": 50.0,
+                                                            "gather_bandwidth": 12.0, "h2d_floor": 25.0}))
+    assert math.isnan(report.floor_table(other).data["gbps"].iloc[0])
     same_run = pd.DataFrame(_floor_rows("gpu-box", a, "cupy", {"gather_fraction_of_floor": 50.0,
                                                                "gather_bandwidth": 12.5, "h2d_floor": 25.0}))
     assert report.floor_table(pd.concat([same_run, earlier], ignore_index=True)).frame[
@@ -969,17 +977,17 @@ def test_adam_shows_its_step_bandwidth_and_says_its_floor_is_not_recorded():
     adam = t.frame[(t.frame["machine"] == "h100-sxm-80gb") & t.frame["benchmark"].str.contains("AdamStep")
                    & (t.frame["workload"] == "resnet50") & (t.frame["variant"] == "speedlib")]
     step = one(last, machine="h100-sxm-80gb", metric="step_bandwidth", workload="resnet50", variant="speedlib")
-    assert adam[["achieved", "GB/s", "floor GB/s"]].values.tolist() == [
-        ["86.0 %", f"{step['value']:.1f} GB/s", report.NOT_RECORDED]]
+    assert adam[["achieved", "GB/s"]].values.tolist() == [["86.0 %", f"{step['value']:.1f} GB/s"]]
+    assert "floor GB/s" not in t.frame  # no committed run records a floor's GB/s yet
     assert step["value"] == pytest.approx(2464.2, abs=0.05)
     assert any(n.startswith(f"floor GB/s {report.NOT_RECORDED} for bench_contiguous.AdamStep") for n in t.notes)
     scaling = t.frame[t.frame["benchmark"].str.endswith("track_scaling_efficiency")]
-    assert len(scaling) and (scaling[["GB/s", "floor GB/s"]] == report.NOT_A_BANDWIDTH).all().all()
+    assert len(scaling) and (scaling["GB/s"] == report.NOT_A_BANDWIDTH).all()
     # the committed H100 transfer run predates FractionOfFloor's GB/s: said, never made up
     transfer = t.frame[t.frame["benchmark"].str.startswith(_FLOOR_CLASS)]
-    assert len(transfer) == 10 and (transfer[["GB/s", "floor GB/s"]] == report.NOT_RECORDED).all().all()
+    assert len(transfer) == 10 and (transfer["GB/s"] == report.NOT_RECORDED).all()
     (note,) = [n for n in t.notes if n.startswith(f"{report.NOT_RECORDED}:")]
-    assert f"h100-sxm-80gb bdb0cb6d {_FLOOR_CLASS}" in note and "AdamStep" not in note
+    assert "not measured by h100-sxm-80gb bdb0cb6d FractionOfFloor" in note and "AdamStep" not in note
 
 
 def test_floor_only_gbps_stay_out_of_the_bandwidth_speedups():
