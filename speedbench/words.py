@@ -34,6 +34,10 @@ VARIANTS: dict[str, dict[str, str]] = {
                "1408e44, by a whole-row Triton kernel from it",
         "device": "the whole table in GPU memory (the upper bound)",
         "sparse_adam": "nn.Embedding(sparse=True) + torch.optim.SparseAdam, table on the device",
+        "index_select": "Packing's baseline: torch.index_select (write-back: index_copy_), one call on all intra-op "
+                        "threads, host to host",
+        "staged": "Packing: the 'pinned' backend's staging workers packing 2 MiB chunks (NumPy take / put on "
+                  "byte rows), with no copy behind them",
     },
     "checkpoint": {
         "none": "no checkpointing (the baseline)",

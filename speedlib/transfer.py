@@ -8,8 +8,8 @@ moves rows between it and `device`:
   pinned    a plain CPU tensor. Rows are packed on the CPU into pinned staging buffers and
             copied with non_blocking copies on a side stream, in chunks of about 2 MiB:
             worker threads (`threads=`, default torch.get_num_threads()) pack the next
-            chunks while the current one crosses the bus. Only the staging ring (4 x 2 MiB)
-            is pinned, so the table itself costs no locked memory.
+            chunks while the current one crosses the bus. Only the staging ring is pinned
+            (2 MiB per worker and one more, at least 8 MiB), not the table.
   cupy      CuPy pinned memory, indexed by CuPy kernels running on the GPU: SpeedTorch's
             approach, kept as it is so that SpeedTorch's claims can be checked. Pinned memory
             is mapped into the GPU's address space (unified addressing), so the kernel reads
