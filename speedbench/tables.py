@@ -672,9 +672,12 @@ def _floor_figures(df: pd.DataFrame) -> tuple[pd.DataFrame, list]:
         pair = FLOOR_FIGURES.get(_metric_of(row))
         matches = [_same_run(row, found.get(_run_of(row, metric), [])) if metric else None
                    for metric in (pair or (None, None))]
-        if all(m is not None for m in matches) and not _made_of(row["value"], matches[0][1]["value"],
-                                                                matches[1][1]["value"]):
-            matches = [None, None]  # figures of another measurement: the % was not made of them
+        if pair is not None and pair[1] is not None and (
+                any(m is None for m in matches)
+                or not _made_of(row["value"], matches[0][1]["value"], matches[1][1]["value"])):
+            # Both terms of the %, checked against it, or neither: a lone figure, or a pair the
+            # % was not made of, would be another measurement's.
+            matches = [None, None]
         for column, match in zip(("gbps", "floor_gbps"), matches):
             if match is None:
                 value, text, rid = math.nan, NOT_A_BANDWIDTH if pair is None else NOT_RECORDED, None
@@ -725,9 +728,9 @@ def _figure_notes(s: pd.DataFrame, df: pd.DataFrame, shown) -> list[str]:
             run = f"{f'{machine} ' if several else ''}{commit[:8]} {cls.rsplit('.', 1)[-1]}"
             (apart if (machine, commit, cls) in has else predate).append(run)
     if predate:
-        notes.append(f"{NOT_RECORDED}: GB/s were not measured by " + "; ".join(predate) + ": at that commit the "
-                     "benchmark reported only the %. The next run of it records them; none is made from a % and "
-                     "a floor timed in another process")
+        notes.append(f"{NOT_RECORDED}: no GB/s result exists for " + "; ".join(predate) + ": the benchmark had "
+                     "no GB/s tracks at that commit (or that run measured only the %). The next run of it records "
+                     "them; none is made from a % and a floor timed in another process")
     if apart:
         notes.append(f"{NOT_RECORDED}: " + "; ".join(apart) + " recorded GB/s, but not in the run that measured "
                      "the % (or not the two it was computed from), so none is shown beside it")

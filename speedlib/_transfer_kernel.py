@@ -80,16 +80,23 @@ def _width(*tensors: torch.Tensor) -> int:
     return 1
 
 
-def _launch(kernel, src: torch.Tensor, src_rows, dst: torch.Tensor, dst_rows, n: int) -> None:
+def _prepared(src: torch.Tensor, dst: torch.Tensor) -> tuple:
+    """(src words, dst words, words a row, words a pass, rows a program): speedlib's own part of
+    a launch, done before it, so that an error in it is raised, never taken for Triton's."""
     width = _width(src, dst)
     s, d = _words(src, width), _words(dst, width)
     words = s.shape[1]
     block_words = min(1024, 1 << (words - 1).bit_length())  # a whole row per pass where it fits
     block_rows = max(1, 4096 // block_words)  # ~4096 words in flight per program
+    return s, d, words, block_words, block_rows
+
+
+def _launch(kernel, prepared: tuple, src_rows, dst_rows, n: int) -> None:
+    s, d, words, block_words, block_rows = prepared
     grid = ((n + block_rows - 1) // block_rows,)
     # Triton launches on the current device's current stream, not the tensors': make them the
     # table's, or a table on another GPU would be written by this one.
-    on = dst.device if dst.device.type == "cuda" else None
+    on = d.device if d.device.type == "cuda" else None
     with torch.cuda.device(on) if on is not None else contextlib.nullcontext():
         kernel[grid](s, src_rows if src_rows is not None else s, d, dst_rows if dst_rows is not None else d, n,
                      words, HAS_SRC_ROWS=src_rows is not None, HAS_DST_ROWS=dst_rows is not None,
@@ -118,22 +125,25 @@ def copy_rows(src: torch.Tensor, dst: torch.Tensor, *, src_rows: torch.Tensor | 
     if n == 0:
         return
     if kernel is None and not _unusable:
+        prepared = _prepared(src, dst)
         if _ran:
-            _launch(_kernel(), src, src_rows, dst, dst_rows, n)
+            _launch(_kernel(), prepared, src_rows, dst_rows, n)
             KERNEL = "triton"
             return
         try:  # the first launch is where Triton compiles and builds its launcher
-            _launch(_kernel(), src, src_rows, dst, dst_rows, n)
+            _launch(_kernel(), prepared, src_rows, dst_rows, n)
             _ran.append(True)
             KERNEL = "triton"
             return
+        except torch.cuda.OutOfMemoryError:
+            raise  # the GPU was full, which says nothing about whether the kernel can run
         except Exception as e:  # noqa: BLE001 - no Triton, no compiler, an unsupported GPU: the fallback is exact
             _unusable.append(f"{type(e).__name__}: {e}")
             warnings.warn(f"speedlib.transfer 'uva': the Triton row-copy kernel cannot run here ({_unusable[0]}); "
                           "using torch's index_select / index_copy_ (same results, without the whole-row reads)",
                           RuntimeWarning, stacklevel=5)  # the caller of HostTable.gather / scatter_
     if kernel is not None:
-        _launch(kernel, src, src_rows, dst, dst_rows, n)
+        _launch(kernel, _prepared(src, dst), src_rows, dst_rows, n)
         KERNEL = "triton"
         return
     _torch_copy(src, src_rows, dst, dst_rows)

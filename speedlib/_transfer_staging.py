@@ -77,10 +77,32 @@ def chunks(n: int, row_bytes: int, chunk_bytes: int = CHUNK_BYTES) -> list[tuple
     return [(a, min(a + step, n)) for a in range(0, n, step)]
 
 
+# At most this many workers by default: each brings a 2 MiB pinned buffer to every staged
+# table (an embedding trained with Adam has three), and a host's cores also feed the GPU.
+MAX_DEFAULT_THREADS = 16
+
+
 def default_threads() -> int:
     # torch's intra-op thread count: the one knob users already set (OMP_NUM_THREADS,
-    # torch.set_num_threads) for how many cores PyTorch may keep busy.
-    return max(1, torch.get_num_threads())
+    # torch.set_num_threads) for how many cores PyTorch may keep busy; capped, see above.
+    return max(1, min(torch.get_num_threads(), MAX_DEFAULT_THREADS))
+
+
+# Worker pools, shared by the tables of one process with the same thread count and lane
+# device: an embedding's weight and state tables take turns, and need not each keep threads.
+# Sharing cannot deadlock: a worker only ever waits for a copy that is already queued.
+_pools: dict[tuple, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def _pool(threads: int, lane) -> ThreadPoolExecutor:
+    setup = getattr(lane, "setup_thread", None)
+    key = (os.getpid(), threads, getattr(lane, "device", None))  # a forked child has none of the parent's threads
+    with _pools_lock:
+        pool = _pools.get(key)
+        if pool is None:
+            pool = _pools[key] = ThreadPoolExecutor(threads, thread_name_prefix="speedlib-staging", initializer=setup)
+        return pool
 
 
 class TorchLane:
@@ -167,18 +189,12 @@ class Staged:
         self._buffers: list = [None] * self.stages  # (torch view for the copy, byte rows for the workers)
         self._events: list = [None] * self.stages  # the last copy that used each buffer
         self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_pid = 0
         weakref.finalize(self, _drain, self._events, self._buffers)
 
     def _run(self, many: bool, fn, *args) -> Future:
         if not many or self.threads == 1:
             return _done(fn, *args)
-        if self._pool is None or self._pool_pid != os.getpid():  # a forked child has none of the parent's threads
-            setup = getattr(self.lane, "setup_thread", None)
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="speedlib-staging", initializer=setup)
-            self._pool_pid = os.getpid()
-        return self._pool.submit(fn, *args)
+        return _pool(self.threads, self.lane).submit(fn, *args)
 
     def _buffer(self, k: int, rows: int):
         buf = self._buffers[k]

@@ -546,7 +546,7 @@ def test_the_floor_tab_says_not_recorded_where_a_run_kept_only_the_percent(monke
     (floor,) = [f for f in frames(at) if "achieved" in f.columns]
     # no column of "not recorded": the columns are left out, and one note says why
     assert len(floor) == 10 and "GB/s" not in floor.columns and "floor GB/s" not in floor.columns
-    assert any(c.value.startswith(f"{report.NOT_RECORDED}: GB/s were not measured by bdb0cb6d FractionOfFloor")
+    assert any(c.value.startswith(f"{report.NOT_RECORDED}: no GB/s result exists for bdb0cb6d FractionOfFloor")
                for c in at.caption)
     for chart in (json.loads(e.proto.spec) for e in at.get("plotly_chart")):
         for trace in chart["data"]:

@@ -922,13 +922,13 @@ def test_the_floor_table_shows_the_gbps_the_percent_was_computed_from():
     assert (_cell(t, "achieved", **old), _cell(t, "GB/s", **old), _cell(t, "floor GB/s", **old)) == \
         ("38.8 %", report.NOT_RECORDED, report.NOT_RECORDED)
     (note,) = [n for n in t.notes if n.startswith(f"{report.NOT_RECORDED}:")]
-    assert f"not measured by old-box {b[:8]} FractionOfFloor: at that commit the benchmark reported only the %" in note
+    assert f"no GB/s result exists for old-box {b[:8]} FractionOfFloor: the benchmark had no GB/s tracks" in note
     assert "gpu-box" not in note and "(achieved = 100 x GB/s / floor GB/s)" in t.notes[0]
     # one machine's table (a dashboard page names it above): the run is its commit, the note names
     # no machine; and where no row has a GB/s, no GB/s column is drawn, only the note
     alone = report.floor_table(rows[rows["machine"] == "old-box"])
     (said,) = [n for n in alone.notes if n.startswith(f"{report.NOT_RECORDED}:")]
-    assert f"not measured by {b[:8]} FractionOfFloor:" in said and "old-box" not in said
+    assert f"no GB/s result exists for {b[:8]} FractionOfFloor:" in said and "old-box" not in said
     assert "GB/s" not in alone.frame and "floor GB/s" not in alone.frame and "GB/s" not in alone.notes[0]
     # only the % rows are rows of the table; the GB/s rows are its sources (provenance, Reproduce)
     assert len(t.frame) == 3 and len(t.sources) == 7
@@ -963,6 +963,16 @@ def test_a_gbps_from_another_run_variant_or_machine_is_never_shown():
     other = pd.DataFrame(_floor_rows("gpu-box", a, "cupy", {"gather_fraction_of_floor": 50.0,
                                                             "gather_bandwidth": 12.0, "h2d_floor": 25.0}))
     assert math.isnan(report.floor_table(other).data["gbps"].iloc[0])
+    # ... or a run without start times: nothing then says the figures are the %'s run
+    undated = pd.DataFrame(_floor_rows("gpu-box", a, "cupy", {"gather_fraction_of_floor": 50.0,
+                                                              "gather_bandwidth": 12.5, "h2d_floor": 25.0}))
+    assert report.floor_table(undated).data["gbps"].iloc[0] == 12.5  # dated, the pair is shown ...
+    undated = undated.assign(run_date=pd.NaT)  # ... undated, it is not
+    assert math.isnan(report.floor_table(undated).data["gbps"].iloc[0])
+    # ... or one term of the % without the other (a lone figure cannot be checked against it)
+    lone = pd.DataFrame(_floor_rows("gpu-box", a, "cupy", {"gather_fraction_of_floor": 50.0,
+                                                           "gather_bandwidth": 12.5}))
+    assert math.isnan(report.floor_table(lone).data["gbps"].iloc[0])
     same_run = pd.DataFrame(_floor_rows("gpu-box", a, "cupy", {"gather_fraction_of_floor": 50.0,
                                                                "gather_bandwidth": 12.5, "h2d_floor": 25.0}))
     assert report.floor_table(pd.concat([same_run, earlier], ignore_index=True)).frame[
@@ -987,7 +997,7 @@ def test_adam_shows_its_step_bandwidth_and_says_its_floor_is_not_recorded():
     transfer = t.frame[t.frame["benchmark"].str.startswith(_FLOOR_CLASS)]
     assert len(transfer) == 10 and (transfer["GB/s"] == report.NOT_RECORDED).all()
     (note,) = [n for n in t.notes if n.startswith(f"{report.NOT_RECORDED}:")]
-    assert "not measured by h100-sxm-80gb bdb0cb6d FractionOfFloor" in note and "AdamStep" not in note
+    assert "no GB/s result exists for h100-sxm-80gb bdb0cb6d FractionOfFloor" in note and "AdamStep" not in note
 
 
 def test_floor_only_gbps_stay_out_of_the_bandwidth_speedups():

@@ -262,6 +262,42 @@ def test_a_buffer_is_refilled_only_after_the_copy_that_last_read_it():
         assert newer[-1][3] is after  # ... the newest one queued before this pack
 
 
+def test_a_gather_right_after_another_waits_for_the_copies_still_in_flight():
+    """A gather returns with copies still queued (on a GPU the caller's stream waits for them,
+    not the calling thread): the next gather on the table refills each buffer only after the
+    previous call's copy out of it, and both outputs come out exact."""
+    host = _bits(300, 4, torch.float32)
+    lane = LazyLane()
+    staged = _staged(lane, host, threads=2, stages=3, rows_a_chunk=5)
+    first_idx, second_idx = _indices("random, with repeats", 40, 300), _indices("sorted", 90, 300, seed=4)
+    first = staged.gather(first_idx)  # 8 chunks over a ring of 3: the last 3 copies still queued
+    assert len(lane.queue) > 0
+    packs, real = [], _transfer_staging._pack
+
+    def pack(after, *args):
+        packs.append(after)
+        real(after, *args)
+
+    try:
+        _transfer_staging._pack = pack
+        second = staged.gather(second_idx)
+    finally:
+        _transfer_staging._pack = real
+    lane.drain()
+    assert _same_bits(first, host[first_idx]) and _same_bits(second, host[second_idx])
+    assert len(packs) == 18 and all(after is not None for after in packs)  # every buffer had a copy to wait for
+
+
+def test_tables_share_worker_pools_and_the_default_stays_bounded(monkeypatch):
+    a, b = EagerLane(), EagerLane()
+    assert _transfer_staging._pool(3, a) is _transfer_staging._pool(3, b)  # same threads, same (no) device
+    assert _transfer_staging._pool(2, a) is not _transfer_staging._pool(3, a)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 64)
+    assert _transfer_staging.default_threads() == _transfer_staging.MAX_DEFAULT_THREADS == 16
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 6)
+    assert _transfer_staging.default_threads() == 6
+
+
 @pytest.mark.parametrize("lane_type", [EagerLane, LazyLane])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_chunked_write_back_is_bitwise_index_copy(lane_type, dtype, monkeypatch):
@@ -560,11 +596,18 @@ def test_a_gather_on_a_side_stream_is_ordered_on_that_stream():
     idx = _indices("random, with repeats", 3000, 4000)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        torch.cuda._sleep(10_000_000)  # the caller's stream is busy: the copies must wait for it
+        torch.cuda._sleep(10_000_000)  # the caller's stream is busy: its reads of `out` come late
         out = table.gather(idx)
         checksum = out.view(torch.int32).sum(dtype=torch.int64)  # queued on the caller's stream
+        del out  # freed while the caller's sum is still queued: its memory must not be reused yet
+        other_idx = _indices("random, with repeats", 3000, 4000, seed=9)
+        other = table.gather(other_idx)  # the next output, from the side stream's pool
+        again = other.view(torch.int32).sum(dtype=torch.int64)
     stream.synchronize()
-    assert checksum.item() == weight.view(torch.int32)[idx].sum(dtype=torch.int64).item()
+    expected = weight.view(torch.int32)[idx].sum(dtype=torch.int64).item()
+    other_expected = weight.view(torch.int32)[other_idx].sum(dtype=torch.int64).item()
+    assert expected != other_expected  # so that rows written over the first output would show
+    assert checksum.item() == expected and again.item() == other_expected
 
 
 @needs_cuda
