@@ -52,7 +52,7 @@ def _options(backend: str, threads, sort_indices) -> dict:
         except TypeError:
             n = None
         if n is None or isinstance(threads, bool) or n < 1:
-            raise ValueError(f"threads must be a positive int (or None for torch.get_num_threads()), got {threads!r}")
+            raise ValueError(f"threads must be a positive int (or None for torch.get_num_threads(), at most 16), got {threads!r}")
         options["threads"] = n
     if not isinstance(sort_indices, bool):
         raise TypeError(f"sort_indices must be True or False, got {sort_indices!r}")
@@ -73,7 +73,7 @@ class HostTable:
     Every backend but 'pageable' needs a CUDA device. The table starts as zeros.
     `writable` is False for a table mapped read-only from a file (`from_file(mode="r")`).
     threads ('pinned'): CPU threads packing rows into the staging buffers, by
-    default torch.get_num_threads(). sort_indices ('uva'): read rows in index order, the
+    default torch.get_num_threads(), at most 16. sort_indices ('uva'): read rows in index order, the
     caller's order restored in the same pass. Both change speed only, never a result.
     """
 

@@ -7,7 +7,7 @@ moves rows between it and `device`:
             The only backend that runs without a GPU.
   pinned    a plain CPU tensor. Rows are packed on the CPU into pinned staging buffers and
             copied with non_blocking copies on a side stream, in chunks of about 2 MiB:
-            worker threads (`threads=`, default torch.get_num_threads()) pack the next
+            worker threads (`threads=`, default torch.get_num_threads(), at most 16) pack the next
             chunks while the current one crosses the bus. Only the staging ring is pinned
             (2 MiB per worker and one more, at least 8 MiB), not the table.
   cupy      CuPy pinned memory, indexed by CuPy kernels running on the GPU: SpeedTorch's
