@@ -643,6 +643,14 @@ def _made_of(value: float, gbps: float, floor: float) -> bool:
     return floor > 0 and math.isclose(100.0 * gbps / floor, value, rel_tol=1e-6, abs_tol=1e-9)
 
 
+def _gbps_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of `df` that are a GB/s term of some % of a floor (FLOOR_FIGURES)."""
+    if "metric" not in df:
+        return df.iloc[0:0]
+    wanted = {m for pair in FLOOR_FIGURES.values() for m in pair if m}
+    return df[df["kind"].eq("bandwidth") & df["metric"].isin(wanted)]
+
+
 def floor_figures(df: pd.DataFrame) -> pd.DataFrame:
     """The fraction-of-floor rows of `df` in the floor table's order, each with the two GB/s of
     its own measurement beside it (FLOOR_FIGURES): `gbps`, the bandwidth achieved, and
@@ -660,8 +668,7 @@ def _floor_figures(df: pd.DataFrame) -> tuple[pd.DataFrame, list]:
     """floor_figures(df), and the index in `df` of each GB/s row it took."""
     s = df[df["kind"] == "fraction of floor"].sort_values(["technique", "machine", "commit_date", "benchmark"],
                                                           kind="stable")
-    wanted = {m for pair in FLOOR_FIGURES.values() for m in pair if m}
-    figures = df[df["kind"].eq("bandwidth") & df["metric"].isin(wanted)] if "metric" in df else df.iloc[0:0]
+    figures = _gbps_rows(df)
     found: dict[tuple, list] = {}
     for index, row in zip(figures.index, figures.to_dict("records")):
         found.setdefault(_run_of(row, row["metric"]), []).append((index, row))
@@ -712,8 +719,7 @@ def _figure_notes(s: pd.DataFrame, df: pd.DataFrame, shown) -> list[str]:
                      f"({rows['unit'].iloc[0].removeprefix('% of ')}) in the same process but reports only the %")
     # The GB/s a run has at all, per machine, commit and class: none means its benchmark had
     # no such tracks at that commit (asv records every method of a class it runs).
-    wanted = {m for pair in FLOOR_FIGURES.values() for m in pair if m}
-    figures = df[df["kind"].eq("bandwidth") & df["metric"].isin(wanted)] if "metric" in df else df.iloc[0:0]
+    figures = _gbps_rows(df)
     has = set(zip(figures["machine"], figures["commit"], figures["benchmark"].str.rsplit(".", n=1).str[0]))
     predate, apart = [], []
     # A run is its machine and commit; where every row is one machine's (a dashboard page, which

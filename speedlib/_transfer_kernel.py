@@ -125,24 +125,23 @@ def copy_rows(src: torch.Tensor, dst: torch.Tensor, *, src_rows: torch.Tensor | 
     if n == 0:
         return
     if kernel is None and not _unusable:
-        prepared = _prepared(src, dst)
-        if _ran:
-            _launch(_kernel(), prepared, src_rows, dst_rows, n)
-            KERNEL = "triton"
-            return
+        prepared = _prepared(src, dst)  # speedlib's own part, outside the guard: its errors are raised
         try:  # the first launch is where Triton compiles and builds its launcher
             _launch(_kernel(), prepared, src_rows, dst_rows, n)
-            _ran.append(True)
-            KERNEL = "triton"
-            return
         except torch.cuda.OutOfMemoryError:
             raise  # the GPU was full, which says nothing about whether the kernel can run
         except Exception as e:  # noqa: BLE001 - no Triton, no compiler, an unsupported GPU: the fallback is exact
+            if _ran:
+                raise  # a kernel that built and ran here once is trusted: this is a real error
             _unusable.append(f"{type(e).__name__}: {e}")
             warnings.warn(f"speedlib.transfer 'uva': the Triton row-copy kernel cannot run here ({_unusable[0]}); "
                           "using torch's index_select / index_copy_ (same results, without the whole-row reads)",
                           RuntimeWarning, stacklevel=5)  # the caller of HostTable.gather / scatter_
-    if kernel is not None:
+        else:
+            _ran[:] = [True]
+            KERNEL = "triton"
+            return
+    elif kernel is not None:
         _launch(kernel, _prepared(src, dst), src_rows, dst_rows, n)
         KERNEL = "triton"
         return

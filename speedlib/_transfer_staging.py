@@ -213,27 +213,27 @@ class Staged:
             return out
         idx_np, many = idx.numpy(), len(bounds) > 1
         with self._lock:
-            packing: deque[Future] = deque()
+            packing: deque[tuple[Future, torch.Tensor]] = deque()  # (the worker, the buffer it fills)
             last = None
 
             def pack(i: int) -> None:
                 a, b = bounds[i]
                 k = i % self.stages
-                _, rows = self._buffer(k, b - a)
-                packing.append(self._run(many, _pack, self._events[k], self.rows, idx_np[a:b], rows))
+                pinned, rows = self._buffer(k, b - a)
+                packing.append((self._run(many, _pack, self._events[k], self.rows, idx_np[a:b], rows), pinned))
 
             try:
                 for i in range(min(self.stages, len(bounds))):
                     pack(i)
                 for i, (a, b) in enumerate(bounds):
                     k = i % self.stages
-                    packing[0].result()  # (waited for before it leaves the deque: see finally)
-                    packing.popleft()
-                    last = self._events[k] = self.lane.copy(self._buffers[k][0][:b - a], out[a:b])
+                    packing[0][0].result()  # (waited for before it leaves the deque: see finally)
+                    _, pinned = packing.popleft()
+                    last = self._events[k] = self.lane.copy(pinned, out[a:b])
                     if i + self.stages < len(bounds):
                         pack(i + self.stages)  # into the buffer just queued: its worker waits for that copy
             finally:
-                for f in packing:  # after an error: no worker may still write a buffer when the lock is let go
+                for f, _ in packing:  # after an error: no worker may still write a buffer when the lock is let go
                     f.exception()
                 if last is not None:
                     # Even after an error: the caller's stream must not reuse `out`'s memory
