@@ -182,7 +182,7 @@ class HostEmbedding(_RankSync, nn.Module):
             if dtype is None:  # as nn.Embedding.from_pretrained, the table takes the weight's dtype
                 dtype = weight.dtype if weight is not None else torch.float32
             self.table = HostTable(num_embeddings, embedding_dim, dtype=dtype,
-                                   backend=backend or "pinned", device=device)
+                                   backend=backend or "auto", device=device)
             if weight is not None:
                 self.table.copy_(weight)
             else:
@@ -240,15 +240,15 @@ class HostEmbedding(_RankSync, nn.Module):
         """An embedding holding `embeddings`, like `nn.Embedding.from_pretrained` (frozen by default).
 
         embeddings: a 2-D tensor or NumPy array, copied into a table of `backend` (default
-        'pinned') with its dtype; a `HostTable`, used as is; or a `.npy` path or
-        `numpy.memmap`, mapped rather than copied (`HostTable.from_file`: 'pageable' or
-        'pinned'; a path opens read-only when frozen, read-write otherwise).
+        'auto') with its dtype; a `HostTable`, used as is; or a `.npy` path or
+        `numpy.memmap`, mapped rather than copied (`HostTable.from_file`: 'auto', 'pageable'
+        or 'pinned'; a path opens read-only when frozen, read-write otherwise).
         The padding row keeps its pretrained value, as in nn.Embedding.
         """
         import numpy as np  # noqa: PLC0415 - torch needs it for from_numpy anyway
 
         if isinstance(embeddings, (str, os.PathLike, np.memmap)):
-            embeddings = HostTable.from_file(embeddings, mode="r" if freeze else "r+", backend=backend or "pinned",
+            embeddings = HostTable.from_file(embeddings, mode="r" if freeze else "r+", backend=backend or "auto",
                                              device=device)
             backend = device = None
         elif isinstance(embeddings, np.ndarray):
@@ -526,7 +526,7 @@ class HostEmbedding(_RankSync, nn.Module):
         opt = type(self.optimizer)([probe], **{k: v for k, v in group.items() if k in accepted and k != "params"})
         opt.step()
         table = HostTable(*self.table.shape, dtype=self.table.dtype, backend=self.table.backend, device=self.table.device,
-                          **self.table.options)  # the weight's threads or sort order: state moves as rows do
+                          **self.table.options)  # the weight's sort order: state moves as rows do
         initial = opt.state[probe].get(key)
         if isinstance(initial, torch.Tensor) and initial.any():
             table.fill_(initial.detach())

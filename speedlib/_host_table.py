@@ -13,7 +13,8 @@ import weakref
 
 import torch
 
-from speedlib._transfer_backends import _IMPLS, _MAPPABLE, _STAGED, BACKENDS, _sync
+from speedlib._transfer_auto import _Auto
+from speedlib._transfer_backends import _IMPLS, _MAPPABLE, BACKENDS, _sync
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -40,27 +41,18 @@ def last_write_wins(indices: torch.Tensor, values: torch.Tensor) -> tuple[torch.
     return rows, values.index_select(0, last[run])
 
 
-def _options(backend: str, threads, sort_indices) -> dict:
+def _options(backend: str, sort_indices) -> dict:
     """The backend's own keyword arguments, refused where they would do nothing."""
-    options = {}
-    if threads is not None:
-        if backend not in _STAGED:
-            raise ValueError(f"threads packs rows on the CPU for {' and '.join(map(repr, _STAGED))}; "
-                             f"backend {backend!r} has no such threads")
-        try:
-            n = operator.index(threads)  # any integer (a NumPy one too), not a float or a bool
-        except TypeError:
-            n = None
-        if n is None or isinstance(threads, bool) or n < 1:
-            raise ValueError(f"threads must be a positive int (or None for torch.get_num_threads(), at most 16), got {threads!r}")
-        options["threads"] = n
     if not isinstance(sort_indices, bool):
         raise TypeError(f"sort_indices must be True or False, got {sort_indices!r}")
-    if sort_indices:
-        if backend != "uva":
-            raise ValueError(f"sort_indices orders the 'uva' kernel's reads; backend {backend!r} has no such kernel")
-        options["sort_indices"] = True
-    return options
+    if not sort_indices:
+        return {}
+    if backend == "auto":
+        raise ValueError("sort_indices is measured by the 'auto' backend itself (sorted reads are one of its paths); "
+                         "to force sorted reads choose backend='uva'")
+    if backend != "uva":
+        raise ValueError(f"sort_indices orders the 'uva' kernel's reads; backend {backend!r} has no such kernel")
+    return {"sort_indices": True}
 
 
 def _default_device() -> torch.device:
@@ -72,24 +64,24 @@ class HostTable:
     device: where `gather` delivers rows (default: the current CUDA device, else the CPU).
     Every backend but 'pageable' needs a CUDA device. The table starts as zeros.
     `writable` is False for a table mapped read-only from a file (`from_file(mode="r")`).
-    threads ('pinned'): CPU threads packing rows into the staging buffers, by
-    default torch.get_num_threads(), at most 16. sort_indices ('uva'): read rows in index order, the
+    backend 'auto' (the default) measures its paths at first use and keeps the fastest
+    (`chosen` says which; speedlib/_transfer_auto.py). sort_indices ('uva'): read rows in index order, the
     caller's order restored in the same pass. Both change speed only, never a result.
     """
 
-    def __init__(self, rows: int, dim: int, *, dtype: torch.dtype = torch.float32, backend: str = "pinned",
-                 device: torch.device | str | None = None, threads: int | None = None, sort_indices: bool = False,
+    def __init__(self, rows: int, dim: int, *, dtype: torch.dtype = torch.float32, backend: str = "auto",
+                 device: torch.device | str | None = None, sort_indices: bool = False,
                  _host: torch.Tensor | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-        self.options = _options(backend, threads, sort_indices)  # before any memory is taken
+        self.options = _options(backend, sort_indices)  # before any memory is taken
         for name, n in (("rows", rows), ("dim", dim)):
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise ValueError(f"{name} must be a positive int, got {n!r}")
         if dtype not in _DTYPES:
             raise TypeError(f"a table holds one of {', '.join(map(str, _DTYPES))}, not {dtype}")
         dev = _default_device() if device is None else torch.device(device)
-        if backend != "pageable" and dev.type != "cuda":
+        if backend not in ("pageable", "auto") and dev.type != "cuda":
             raise ValueError(f"backend {backend!r} moves rows to a CUDA device, not {dev}; use 'pageable' on CPUs")
         if dev.type == "cuda" and not torch.cuda.is_available():
             # Here, not at the first gather: a 'pageable' table would otherwise be built and
@@ -105,7 +97,8 @@ class HostTable:
         self.writable, self.file, self._mmap = True, None, None
         self._trainer: weakref.ref | None = None  # the HostEmbedding training this table, if any
         try:
-            self._impl = _IMPLS[backend](rows, dim, dtype, dev, *(() if _host is None else (_host,)), **self.options)
+            impl = _Auto if backend == "auto" else _IMPLS[backend]
+            self._impl = impl(rows, dim, dtype, dev, *(() if _host is None else (_host,)), **self.options)
         except (RuntimeError, MemoryError) as e:  # torch's allocator names neither the table nor a way out
             if _host is not None or "alloc" not in str(e).lower():
                 raise
@@ -115,7 +108,7 @@ class HostTable:
                               "table (HostTable.from_file) for one larger than memory") from None
 
     @classmethod
-    def from_tensor(cls, weight: torch.Tensor, *, backend: str = "pinned",
+    def from_tensor(cls, weight: torch.Tensor, *, backend: str = "auto",
                     device: torch.device | str | None = None, **options) -> HostTable:
         """A table holding a copy of the 2-D `weight`."""
         if weight.dim() != 2:
@@ -125,14 +118,15 @@ class HostTable:
         return table
 
     @classmethod
-    def from_file(cls, file, *, mode: str = "r+", backend: str = "pinned",
-                  device: torch.device | str | None = None, threads: int | None = None) -> HostTable:
+    def from_file(cls, file, *, mode: str = "r+", backend: str = "auto",
+                  device: torch.device | str | None = None) -> HostTable:
         """A table that *is* a 2-D `.npy` file, memory-mapped rather than read into RAM.
 
         file: a path, or a `numpy.memmap` already open (`numpy.load(path, mmap_mode="r+")`;
         `mode` is then the array's own). mode "r+": training writes go to the file; "r": a
-        read-only table (lookups only; writes raise). Only 'pageable' and 'pinned' can map a
-        file: they index it on the CPU, so the kernel pages in just the rows a batch needs.
+        read-only table (lookups only; writes raise). Only 'auto', 'pageable' and 'pinned' can
+        map a file: they index it on the CPU ('auto' then has the pinned path alone), so the
+        kernel pages in just the rows a batch needs.
         Written rows reach the file through the page cache (other processes mapping it see
         them at once); the OS writes them to disk in its own time, and at the latest when the
         mapping closes: call `flush()` to force that (before copying the file, say). Create a
@@ -171,7 +165,7 @@ class HostTable:
             # below makes every write path refuse instead.
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             host = torch.from_numpy(array)
-        table = cls(*array.shape, dtype=host.dtype, backend=backend, device=device, threads=threads, _host=host)
+        table = cls(*array.shape, dtype=host.dtype, backend=backend, device=device, _host=host)
         table.writable, table.file, table._mmap = bool(array.flags.writeable), name, array
         return table
 
@@ -195,6 +189,14 @@ class HostTable:
         # workers with the spawn start method should get indices, or rows from `cpu()`.
         raise TypeError("a HostTable cannot be pickled: send indices to worker processes and gather in the "
                         "main process, or read rows in workers from table.cpu()")
+
+    @property
+    def chosen(self) -> dict[str, str]:
+        """The path each direction ("gather", "scatter") uses, once it has been used: the
+        backend itself, or for 'auto' the path it measured fastest (or found measured)."""
+        if self.backend != "auto":
+            return {"gather": self.backend, "scatter": self.backend}
+        return {op: str(path) for op, path in self._impl.chosen.items()}
 
     @property
     def nbytes(self) -> int:

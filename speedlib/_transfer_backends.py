@@ -1,4 +1,4 @@
-"""The five storage backends behind `speedlib.transfer.HostTable` (see that module's docstring
+"""The storage backends behind `speedlib.transfer.HostTable` (see that module's docstring
 for what each one is and when to choose it).
 
 Each backend holds a rows x dim table and implements `gather(idx)` (rows to its device) and
@@ -17,9 +17,10 @@ import weakref
 
 import torch
 
-from speedlib import _transfer_kernel, _transfer_staging
+from speedlib import _transfer_kernel
 
-BACKENDS = ("pageable", "pinned", "cupy", "uva", "device")
+# "auto", the default, picks among pinned and uva paths by measurement (speedlib/_transfer_auto.py).
+BACKENDS = ("auto", "pageable", "pinned", "cupy", "uva", "device")
 
 
 def _sync(device: torch.device) -> None:
@@ -41,22 +42,55 @@ class _Pageable:
 
 
 class _Pinned(_Pageable):
-    """CPU packing into pinned staging buffers, copied asynchronously: in chunks, the packing of
-    the next chunks (worker threads) overlapping the copy of the current one (speedlib/_transfer_staging.py)."""
+    """CPU indexing into a pinned staging buffer, then one asynchronous copy.
 
-    def __init__(self, rows: int, dim: int, dtype: torch.dtype, device: torch.device, host: torch.Tensor | None = None,
-                 *, threads: int | None = None):
+    Two staging buffers take turns, so indexing the next batch on the CPU can overlap the
+    copy of the previous one; an event per buffer says when its copy has finished reading it.
+    (From 1408e44 to 838236b the rows went in 2 MiB chunks packed by worker threads; on an
+    H200 that delivered 6.2 GB/s, less than index_select's own packing rate of 12.9 GB/s, so
+    it went.) `host` may be any CPU tensor: a file mapping, or the page-locked table of 'auto'.
+    """
+
+    _pin = True  # tests of the paths built on it stage in plain host memory, having no GPU
+
+    def __init__(self, rows: int, dim: int, dtype: torch.dtype, device: torch.device, host: torch.Tensor | None = None):
         super().__init__(rows, dim, dtype, device, host)
-        self.staged = _transfer_staging.Staged(_transfer_staging.TorchLane(device), self.host, threads=threads)
+        self._stages: list[torch.Tensor | None] = [None, None]
+        self._events: list[torch.cuda.Event | None] = [None, None]
+        self._turn = 0
+
+    def stage(self, n: int) -> tuple[int, torch.Tensor]:
+        """(i, an n-row pinned buffer no queued copy reads any more); `release(i, event)` once the
+        next copy out of (or into) it is queued."""
+        i, self._turn = self._turn, self._turn ^ 1
+        if self._events[i] is not None:
+            self._events[i].synchronize()  # the last copy out of this buffer is done
+            self._events[i] = None
+        stage = self._stages[i]
+        if stage is None or stage.shape[0] < n:
+            stage = self._stages[i] = torch.empty(n, self.host.shape[1], dtype=self.host.dtype, pin_memory=self._pin)
+        return i, stage[:n]
+
+    def release(self, i: int, event) -> None:
+        """Buffer i may be refilled once `event` (after the copy that reads it) has passed."""
+        self._events[i] = event
 
     def gather(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.staged.gather(idx.cpu())
+        i, stage = self.stage(idx.numel())
+        torch.index_select(self.host, 0, idx.cpu(), out=stage)
+        out = stage.to(self.device, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))  # the table's GPU, not the current one
+        self.release(i, event)
+        return out
 
     def write(self, idx: torch.Tensor, values: torch.Tensor) -> None:
         if values.device.type == "cuda":
-            self.staged.scatter(idx.cpu(), values)
-        else:
-            self.host.index_copy_(0, idx.cpu(), values)
+            _, stage = self.stage(values.shape[0])
+            stage.copy_(values, non_blocking=True)
+            torch.cuda.current_stream(values.device).synchronize()  # the rows must be here before the CPU reads them
+            values = stage
+        self.host.index_copy_(0, idx.cpu(), values)
 
 
 class _MappedHost:
@@ -115,18 +149,25 @@ def _locked_zeros(rows: int, dim: int, dtype: torch.dtype, device: torch.device,
     return host
 
 
+def _mapped(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The registered `host` as a tensor on `device` at the same address: the GPU's view of it."""
+    view = torch.as_tensor(_MappedHost(host)).view(host.dtype)
+    if view.device != device or view.data_ptr() != host.data_ptr():
+        raise RuntimeError(f"the registered table was not mapped in place onto {device} (got {view.device}); "
+                           "zero-copy access needs unified addressing")
+    return view
+
+
 class _Uva:
     """Zero-copy: the GPU reads and writes the registered table in place, whole rows at a time
-    (speedlib/_transfer_kernel.py); sort_indices reads the rows in index order."""
+    (speedlib/_transfer_kernel.py); sort_indices reads the rows in index order. `locked`: a
+    table already registered (by 'auto'), else one is allocated and registered here."""
 
-    def __init__(self, rows: int, dim: int, dtype: torch.dtype, device: torch.device, *, sort_indices: bool = False):
+    def __init__(self, rows: int, dim: int, dtype: torch.dtype, device: torch.device, *, sort_indices: bool = False,
+                 locked: torch.Tensor | None = None):
         self.device, self.sort = device, sort_indices
-        self.host = _locked_zeros(rows, dim, dtype, device, owner=self)
-        view = torch.as_tensor(_MappedHost(self.host)).view(dtype)
-        if view.device != device or view.data_ptr() != self.host.data_ptr():
-            raise RuntimeError(f"the registered table was not mapped in place onto {device} (got {view.device}); "
-                               "zero-copy access needs unified addressing")
-        self.view = view
+        self.host = _locked_zeros(rows, dim, dtype, device, owner=self) if locked is None else locked
+        self.view = _mapped(self.host, device)
 
     def gather(self, idx: torch.Tensor) -> torch.Tensor:
         return _transfer_kernel.gather(self.view, idx.to(self.device, non_blocking=True), sort=self.sort)
@@ -232,9 +273,5 @@ _GPU_INDEXED = ("cupy", "uva", "device")
 _IMPLS = {"pageable": _Pageable, "pinned": _Pinned, "cupy": _Cupy, "uva": _Uva, "device": _Device}
 # The backends whose table is an ordinary CPU tensor indexed by the CPU, so it can be any
 # host memory, a file mapping included; the others need pinned or GPU memory of their own.
-_MAPPABLE = ("pageable", "pinned")
-# The backends that pack rows on the CPU and copy them in chunks (_transfer_staging). Not
-# 'cupy': it stays SpeedTorch's approach, CuPy kernels indexing pinned memory from the GPU,
-# which the claims table checks against 'pinned' (a CuPy-pinned table packed on the CPU
-# would be 'pinned' with the whole table locked, measuring nothing of SpeedTorch's).
-_STAGED = ("pinned",)
+# ('auto' maps a file too, and then has only the pinned path: speedlib/_transfer_auto.py.)
+_MAPPABLE = ("auto", "pageable", "pinned")

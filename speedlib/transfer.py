@@ -3,13 +3,19 @@
 `HostTable(rows, dim, backend=...)` keeps a rows x dim table where the backend says and
 moves rows between it and `device`:
 
+  auto      the default. The table is page-locked in place (exactly its bytes, as 'uva'), and
+            each direction is moved by whichever of its paths measured fastest at first use
+            on this machine: pinned, uva (rows in the caller's or in index order), or both at
+            once (the CPU packing part of a batch while the GPU reads the rest). Remembered
+            per device, table shape and batch size for the process, like cudnn.benchmark;
+            `table.chosen` says which path runs. A file mapping, or a table the OS will not
+            lock, has the pinned path alone; on a CPU device it is 'pageable'.
+            speedlib/_transfer_auto.py says why and how.
   pageable  a plain CPU tensor; rows are indexed on the CPU and copied synchronously.
-            The only backend that runs without a GPU.
-  pinned    a plain CPU tensor. Rows are packed on the CPU into pinned staging buffers and
-            copied with non_blocking copies on a side stream, in chunks of about 2 MiB:
-            worker threads (`threads=`, default torch.get_num_threads(), at most 16) pack the next
-            chunks while the current one crosses the bus. Only the staging ring is pinned
-            (2 MiB per worker and one more, at least 8 MiB), not the table.
+            Runs without a GPU.
+  pinned    a plain CPU tensor. Rows are indexed on the CPU into a pinned staging buffer (two
+            take turns) and copied with one non_blocking copy, as PyTorch's pinned path does.
+            Only the staging buffers are pinned, not the table.
   cupy      CuPy pinned memory, indexed by CuPy kernels running on the GPU: SpeedTorch's
             approach, kept as it is so that SpeedTorch's claims can be checked. Pinned memory
             is mapped into the GPU's address space (unified addressing), so the kernel reads
@@ -33,10 +39,10 @@ before anything is written: out-of-range indices raise `IndexError`, non-integer
 values of another dtype `TypeError`, a shape or device mismatch `ValueError`. Indices may be
 int32 or int64 everywhere.
 
-`HostTable.from_file(path)` maps a 2-D `.npy` file instead of allocating (the 'pageable' and
-'pinned' backends, which index on the CPU): a table larger than RAM, as SpeedTorch users
-loaded embeddings with `numpy.load(..., mmap_mode=...)`. Rows are paged in on demand and
-writes land in the file through the page cache; `flush()` forces them to disk.
+`HostTable.from_file(path)` maps a 2-D `.npy` file instead of allocating (the 'auto',
+'pageable' and 'pinned' backends, which index on the CPU): a table larger than RAM, as
+SpeedTorch users loaded embeddings with `numpy.load(..., mmap_mode=...)`. Rows are paged in on
+demand and writes land in the file through the page cache; `flush()` forces them to disk.
 
 `HostEmbedding` trains such a table with any dense `torch.optim` optimizer; see its docstring.
 """
@@ -44,10 +50,10 @@ writes land in the file through the page cache; `flush()` forces them to disk.
 from __future__ import annotations
 
 # The code lives in private modules, each readable on its own: the storage backends
-# (speedlib/_transfer_backends.py), the chunked staging of 'pinned'
-# (_transfer_staging.py), the 'uva' row-copy kernel (_transfer_kernel.py), the table (_host_table.py), the trainable embedding
-# (_host_embedding.py) and its multi-process part (_embedding_ranks.py). This module stays the
-# technique's one import, so `speedlib.transfer.HostTable` and friends keep working.
+# (speedlib/_transfer_backends.py), the measured choice of 'auto' (_transfer_auto.py), the
+# 'uva' row-copy kernel (_transfer_kernel.py), the table (_host_table.py), the trainable
+# embedding (_host_embedding.py) and its multi-process part (_embedding_ranks.py). This module
+# stays the technique's one import, so `speedlib.transfer.HostTable` and friends keep working.
 from speedlib._host_embedding import HostEmbedding
 from speedlib._host_table import HostTable, last_write_wins
 from speedlib._transfer_backends import BACKENDS
