@@ -1,18 +1,29 @@
 """Host<->GPU transfer: rows gathered from a host table onto the GPU and written back.
 
-Variants are speedlib.transfer backends:
+Baselines, plain PyTorch written here with torch alone (never a speedlib code path, which
+changes with our commits; a ratio against those would move with them):
+  torch_pageable  PyTorch's default: a table in pageable host memory, `table[idx].to(dev)`;
+                  write-back `table[idx] = values.cpu()`
+  torch_pinned    PyTorch's pinned path (SpeedTorch's "PyTorch pinned"): a pinned table,
+                  index_select into a pinned buffer, then `.to(dev, non_blocking=True)`;
+                  write-back: the values copied into the pinned buffer, then index_copy_.
+                  The baseline every variant's speedup is taken against on GPUs
+speedlib.transfer backends (HostTable):
   pageable  CPU index_select, then a synchronous copy from pageable memory
-  pinned    rows packed on the CPU into pinned staging buffers, then non_blocking copies
-            (the PyTorch path every other variant is compared with); from commit 1408e44 in
-            2 MiB chunks on worker threads, each chunk's copy overlapping the next packing
+  pinned    CPU index_select into pinned staging, then one non_blocking copy; 2 MiB chunks on
+            worker threads from 1408e44 up to 838236b
   cupy      CuPy kernels index pinned host memory from the GPU (SpeedTorch's approach)
   uva       registered (page-locked) host memory indexed from the GPU, zero-copy: torch's
             index_select before commit 1408e44, a whole-row Triton kernel from it
+  auto      HostTable's default: the paths above measured at first use, the fastest kept
+            (speedlib/_transfer_auto.py); what it chose, and every path's time, is printed
+            to stderr (`speedlib run --show-stderr`)
   device    the table in GPU memory: the upper bound
-EmbeddingStep adds `sparse_adam`: nn.Embedding(sparse=True) + torch.optim.SparseAdam with
-the table on the device, PyTorch's built-in answer; its step copies the host indices there.
-On CPUs only 'pageable' and 'sparse_adam' run, and no row leaves the host: there 'pageable'
-is the baseline instead of 'pinned'.
+EmbeddingStep's baseline is plain PyTorch's host-resident embedding, `sparse_adam_host`:
+nn.Embedding(sparse=True) in host memory + torch.optim.SparseAdam stepping on the CPU, the
+looked-up rows copied to the device and their gradient back; beside it `sparse_adam`, the
+same with the table on the device (GPUs only). On CPUs no row leaves the host: there
+torch_pageable, pageable and auto run (auto is pageable there), torch_pageable the baseline.
 
 The batch is workloads.embedding(): 131072 x 128 float32 rows (64 MiB) from a 10M-row table
 (5.1 GB) on GPU machines, a 1M-row table on CPUs. Indices arrive on the host (pinned on GPU
@@ -23,7 +34,7 @@ Metrics (benchmarks.common: one process measures a class, its track_* methods re
   Transfer.track_seconds(op, indices, variant)
                               one gather of the batch (op 'gather') or writing it back
                               ('scatter'), one sample per round, the backends taking turns
-  Transfer.track_speedup      pinned / variant per round (pageable / variant on CPUs)
+  Transfer.track_speedup      torch_pinned / variant per round (torch_pageable / variant on CPUs)
   Transfer.track_bandwidth    the batch's bytes over each round's time, GB/s
   FractionOfFloor.track_gather_fraction_of_floor / track_scatter_fraction_of_floor
                               random-row gather (scatter) bandwidth, the batch's bytes over
@@ -43,16 +54,13 @@ Metrics (benchmarks.common: one process measures a class, its track_* methods re
   Footprint.track_host_footprint / DeviceFootprint.track_device_footprint
                               memory a table of the batch's size holds after a gather
                               and a scatter (SpeedTorch's memory table). Host: resident
-                              bytes, locked or not: 'uva' locks exactly the table's
-                              bytes, 'pinned' only its staging buffers
+                              bytes, locked or not: 'uva' and 'auto' lock exactly the
+                              table's bytes, 'pinned' only its staging buffers, torch_pinned
+                              the table rounded up to a power of two (torch's pinned allocator)
   EmbeddingStep.track_seconds / track_speedup
                               an Adam training step of a host-resident embedding, per backend
-                              and sparse_adam, taking turns; pinned (CPUs: pageable) / variant
-  Packing.track_seconds / track_speedup / track_bandwidth (op, variant)
-                              the CPU half of a 'pinned' gather (write-back) alone, any machine:
-                              torch's one index_select (index_copy_) against speedlib's staging
-                              workers packing 2 MiB chunks, nothing copied (variants 'index_select',
-                              the baseline, and 'staged'); GB/s of the batch
+                              (SparseAdam for the plain-PyTorch ones), taking turns;
+                              sparse_adam_host / variant
 Nothing here imports torch at the top or touches CUDA at import time; a variant this machine
 cannot run is a skip (NaN).
 """
@@ -67,13 +75,14 @@ from collections.abc import Callable
 
 from benchmarks import common
 
-VARIANTS = ["pageable", "pinned", "cupy", "uva", "device"]
+TORCH = ["torch_pageable", "torch_pinned"]  # plain PyTorch, written below
+BACKENDS = ["pageable", "pinned", "cupy", "uva", "auto", "device"]  # speedlib.transfer's
+VARIANTS = [*TORCH, *BACKENDS]
 ORDERS = ["random", "sorted"]
 OPS = ["gather", "scatter"]
-# 'pinned' is the PyTorch path the backends are compared with; a CPU has no pinned path
-# (nothing is copied to a device), so there the one backend it runs is the baseline, which
-# leaves EmbeddingStep's sparse_adam a comparison on CPUs too.
-BASELINE = common.pick(cpu="pageable", gpu="pinned")
+# A CPU has no pinned path (nothing is copied to a device): there PyTorch's default is the
+# baseline, which leaves every backend that runs on a CPU a comparison there too.
+BASELINE = common.pick(cpu="torch_pageable", gpu="torch_pinned")
 _SIZE = common.pick(cpu="small", gpu="full")
 # workloads.embedding()'s batch, 131072 float32 rows of 128: the bytes a gather or scatter
 # moves. Known without torch so that a track_* process can turn seconds into GB/s; the
@@ -98,18 +107,78 @@ def _device():
 
 def _runs_here(variant: str, dev) -> None:
     """Raise NotImplementedError (a skip) for what this machine or commit cannot run."""
+    if variant in ("torch_pageable", "sparse_adam_host"):
+        return  # plain PyTorch on the host: every machine, every commit
+    if variant in ("torch_pinned", "sparse_adam") and dev.type != "cuda":
+        raise NotImplementedError(f"{variant!r} is for copies to a GPU; on this machine the device is the host")
+    if variant in TORCH or variant == "sparse_adam":
+        return
     transfer = common.technique("transfer")
-    if variant in ("pageable", "sparse_adam"):
+    if variant not in transfer.BACKENDS:
+        raise NotImplementedError(f"this commit has no backend {variant!r}")
+    if variant in ("pageable", "auto"):
         return
     if dev.type != "cuda":
         raise NotImplementedError(f"the {variant!r} backend moves rows to a GPU; this machine has none")
-    if variant not in transfer.BACKENDS:
-        raise NotImplementedError(f"this commit has no backend {variant!r}")
     if variant == "cupy":
         try:
             import cupy  # noqa: F401, PLC0415
         except ImportError as e:
             raise NotImplementedError("CuPy is not installed") from e
+
+
+class _TorchPageable:
+    """PyTorch's default, as a user writes it: rows indexed in pageable host memory and copied."""
+
+    def __init__(self, rows: int, dim: int, dev, batch: int):
+        import torch  # noqa: PLC0415
+
+        self.table, self.device = torch.zeros(rows, dim), dev
+
+    def gather(self, idx):
+        return self.table[idx].to(self.device)
+
+    def scatter_(self, idx, values) -> None:
+        self.table[idx] = values.cpu()
+
+
+class _TorchPinned:
+    """PyTorch's pinned path, as a user writes it: a pinned table, index_select into a pinned
+    buffer and one non_blocking copy, the buffer refilled once its last copy has read it;
+    write-back: the values copied into the buffer, then index_copy_ into the table."""
+
+    def __init__(self, rows: int, dim: int, dev, batch: int):
+        import torch  # noqa: PLC0415
+
+        self.torch, self.device = torch, dev
+        self.table = torch.zeros(rows, dim, pin_memory=True)
+        self.buffer = torch.empty(batch, dim, pin_memory=True)
+        self.copied = None  # the event after the last copy out of the buffer
+
+    def gather(self, idx):
+        if self.copied is not None:
+            self.copied.synchronize()
+        rows = self.buffer[:idx.numel()]
+        self.torch.index_select(self.table, 0, idx, out=rows)
+        out = rows.to(self.device, non_blocking=True)
+        self.copied = self.torch.cuda.Event()
+        self.copied.record()
+        return out
+
+    def scatter_(self, idx, values) -> None:
+        rows = self.buffer[:idx.numel()]
+        rows.copy_(values, non_blocking=True)
+        self.torch.cuda.current_stream().synchronize()  # the rows are here before the CPU reads them
+        self.table.index_copy_(0, idx, rows)
+
+
+def _storage(variant: str, rows: int, dim: int, dev, batch: int):
+    """A zeroed rows x dim table of `variant` with `gather(idx)` and `scatter_(idx, values)`."""
+    if variant == "torch_pageable":
+        return _TorchPageable(rows, dim, dev, batch)
+    if variant == "torch_pinned":
+        return _TorchPinned(rows, dim, dev, batch)
+    return common.technique("transfer").HostTable(rows, dim, backend=variant, device=dev)
 
 
 def _host_indices(spec, dev) -> dict:
@@ -125,15 +194,16 @@ class _Table:
     def __init__(self, variant: str, spec, dev, indices: dict):
         from speedbench import measure  # noqa: PLC0415
 
-        HostTable = common.technique("transfer").HostTable
         self.device, self.indices = dev, indices
-        self.table = HostTable(spec.rows, spec.dim, backend=variant, device=dev)
-        # Gathering them warms gather (staging buffers, allocator pools, CUDA kernels), and a
-        # scatter of them writes back what the table holds: it never changes.
+        self.table = _storage(variant, spec.rows, spec.dim, dev, spec.batch)
+        # Gathering them warms gather (staging buffers, allocator pools, CUDA kernels; 'auto'
+        # measures its paths here), and a scatter of them writes back what the table holds.
         self.values = {order: self.gather(order) for order in ORDERS}
         for order in ORDERS:
             self.scatter(order)
         measure.synchronize(dev)
+        if variant == "auto":
+            _say_what_auto_chose(self.table)
 
     def gather(self, order: str):
         return self.table.gather(self.indices[order])
@@ -145,8 +215,16 @@ class _Table:
         return self.gather if op == "gather" else self.scatter
 
 
+def _say_what_auto_chose(table) -> None:
+    """One line per direction on stderr: the path 'auto' keeps and what each path measured."""
+    measured = getattr(table._impl, "measured", {})
+    for op, path in getattr(table, "chosen", {}).items():
+        times = ", ".join(f"{p} {t * 1e3:.3g} ms" for p, t in measured.get(op, {}).items()) or "not measured here"
+        print(f"bench_transfer auto {op}: {path} ({times})", file=sys.stderr)
+
+
 # Transfer's tables, one per backend: built once for all of its configurations (on GPU
-# machines five 5 GB tables, seconds each) and dropped when its measure_all ends.
+# machines eight 5 GB tables, seconds each) and dropped when its measure_all ends.
 # (common.cached would not do: common frees its cache after every configuration.)
 # At most one entry: (device, {variant: _Table}).
 _tables: list = []
@@ -179,7 +257,7 @@ class Transfer(common.Paired):
     # On GPUs the 'device' gather is tens of microseconds: a few calls per sample keep the
     # synchronisation around each sample from dominating it. Everything else is milliseconds.
     number = common.pick(cpu=1, gpu=4)
-    timeout = 1800  # setup_cache: every configuration, and on GPUs five 5 GB tables
+    timeout = 1800  # setup_cache: every configuration, and on GPUs eight 5 GB tables
 
     def setup_cache(self):
         return self.measure_all()
@@ -318,10 +396,9 @@ def _footprint(variant: str, read: Callable[[], int]) -> int:
 
     dev, spec = _device(), _spec()
     _runs_here(variant, dev)
-    HostTable = common.technique("transfer").HostTable
-    HostTable(1, spec.dim, backend=variant, device=dev).gather([0])  # contexts and libraries, not the table
+    _storage(variant, 1, spec.dim, dev, 1).gather(torch.zeros(1, dtype=torch.int64))  # contexts and libraries, not the table
     before = read()
-    table = HostTable(spec.rows, spec.dim, backend=variant, device=dev)
+    table = _storage(variant, spec.rows, spec.dim, dev, spec.batch)
     idx = spec.indices()
     table.scatter_(idx, table.gather(idx))  # staging buffers count; the batch's rows do not
     measure.synchronize(dev)
@@ -389,7 +466,17 @@ class _EmbeddingTrainer:
 
         spec, dev = _spec(), measure.device()
         torch.manual_seed(0)
-        if variant == "sparse_adam":
+        if variant == "sparse_adam_host":
+            emb = torch.nn.Embedding(spec.rows, spec.dim, sparse=True)  # host memory
+            opt = torch.optim.SparseAdam(emb.parameters(), lr=1e-3)
+
+            def step() -> None:
+                opt.zero_grad()
+                # Looked up on the CPU, the rows copied to the device; backward copies their
+                # gradient back, and SparseAdam steps on the CPU.
+                (emb(self.idx).to(dev) * self.target).sum().backward()
+                opt.step()
+        elif variant == "sparse_adam":
             emb = torch.nn.Embedding(spec.rows, spec.dim, sparse=True, device=dev)
             opt = torch.optim.SparseAdam(emb.parameters(), lr=1e-3)
 
@@ -417,12 +504,13 @@ class _EmbeddingTrainer:
 
 class EmbeddingStep(common.Paired):
     """Forward, backward and Adam step of a 131072-index batch on a host-resident table,
-    every backend and sparse_adam taking turns."""
+    plain PyTorch's (SparseAdam) and every backend taking turns."""
 
-    params = ([*VARIANTS, "sparse_adam"],)
+    params = (["sparse_adam_host", *BACKENDS, "sparse_adam"],)
     param_names = ["variant"]
-    baseline = BASELINE
-    timeout = 1800  # setup_cache: on GPUs six embeddings of 5 GB, each with two Adam state tables
+    baseline = "sparse_adam_host"
+    # setup_cache: on GPUs eight embeddings of 5 GB, each with two state tables: about 90 GB of host memory
+    timeout = 1800
 
     def setup_cache(self):
         return self.measure_all()
@@ -436,94 +524,3 @@ class EmbeddingStep(common.Paired):
                 continue  # not on this machine: common reports it as a skip
             trainers[variant] = _EmbeddingTrainer(variant)
         return dev, {v: t.step for v, t in trainers.items()}
-
-
-PACKERS = ["index_select", "staged"]
-
-
-def _packing_lane(copies: bool, out=None):
-    """A copy engine for speedlib's staging ring that stays on the host: `copies=False` copies
-    nothing (Packing times the packing alone); `copies=True` copies at once on the CPU (the
-    check that staged packing is index_select's, row for row). `out`: the output every gather
-    gets, as index_select's is allocated once (else a new one each time)."""
-    import torch  # noqa: PLC0415
-
-    class Done:
-        def synchronize(self) -> None:
-            pass
-
-    class Lane:
-        def pinned(self, rows: int, dim: int, dtype):
-            return torch.zeros(rows, dim, dtype=dtype)  # host memory: no copy ever reads it
-
-        def output(self, rows: int, dim: int, dtype):
-            return out if out is not None else torch.empty(rows, dim, dtype=dtype)
-
-        def start(self) -> None:
-            pass
-
-        def copy(self, src, dst):
-            if copies:
-                dst.copy_(src)
-            return Done()
-
-        def finish(self, last) -> None:
-            pass
-
-    return Lane()
-
-
-class Packing(common.Paired):
-    """The CPU half of a 'pinned' gather (write-back) alone, on any machine: the batch's rows
-    packed from the host table into host memory (written back from it), torch's one
-    index_select (index_copy_) on all intra-op threads against speedlib's worker threads
-    packing 2 MiB chunks into its staging ring (speedlib/_transfer_staging.py), nothing copied
-    behind them. On a GPU machine its GB/s beside CopyBandwidth's pinned copy says whether
-    packing can keep the bus busy: a staged gather can be no faster than the slower of the two."""
-
-    params = (OPS, PACKERS)
-    param_names = ["op", "variant"]
-    baseline = "index_select"
-
-    def setup_cache(self):
-        return self.measure_all()
-
-    def steps(self, op: str):
-        import importlib  # noqa: PLC0415
-
-        import torch  # noqa: PLC0415
-
-        try:
-            staging = importlib.import_module("speedlib._transfer_staging")
-        except ImportError as e:
-            raise NotImplementedError(f"this commit has no staged packing: {e}") from e
-        dev, spec = _device(), _spec()
-        # Each row holds its own number (exact in float32 below 2**24 rows), so the check below
-        # sees a wrong row; and every page is written: a fresh zero page would read as cached.
-        host = torch.arange(spec.rows, dtype=torch.float32)[:, None].expand(spec.rows, spec.dim).contiguous()
-        gen = torch.Generator().manual_seed(0)
-        # gather: the batch's random rows, repeats included; write-back: as many distinct rows
-        # (repeats there carry the same bytes and cost the same), so both move BATCH_BYTES
-        idx = spec.indices() if op == "gather" else torch.randperm(spec.rows, generator=gen)[:spec.batch]
-        rows = torch.rand(spec.batch, spec.dim, generator=gen)
-        staged = staging.Staged(_packing_lane(copies=False, out=rows), host)
-        check = staging.Staged(_packing_lane(copies=True), host)
-        if op == "gather":
-            if not torch.equal(check.gather(idx), host.index_select(0, idx)):
-                raise RuntimeError("staged packing gathered other rows than index_select")
-            return dev, {"index_select": lambda: torch.index_select(host, 0, idx, out=rows),
-                         "staged": lambda: staged.gather(idx)}
-        expected = host.clone().index_copy_(0, idx, rows)
-        check.scatter(idx, rows)
-        if not torch.equal(host, expected):
-            raise RuntimeError("staged write-back wrote other rows than index_copy_")
-        return dev, {"index_select": lambda: host.index_copy_(0, idx, rows),
-                     "staged": lambda: staged.scatter(idx, rows)}
-
-    def track_bandwidth(self, cache, op: str, variant: str):
-        times = self.result(cache, op, variant)
-        if times is common.SKIP:
-            return common.SKIP
-        return {"samples": [BATCH_BYTES / s / 1e9 for s in times[variant]], "number": 1}
-
-    track_bandwidth.unit = "GB/s"

@@ -87,7 +87,7 @@ class HostTable:
             # Here, not at the first gather: a 'pageable' table would otherwise be built and
             # fail later with torch's own message about the CUDA build.
             raise RuntimeError(f"backend {backend!r} needs CUDA, and torch sees no CUDA device"
-                               + (": use device='cpu' for a table on this machine" if backend == "pageable" else ""))
+                               + (": use device='cpu' for a table on this machine" if backend in ("pageable", "auto") else ""))
         if dev.type == "cuda" and dev.index is None:
             # 'cuda' and 'cuda:0' are the same device but compare unequal: name the index, so
             # that indices and values made on the current device pass the device check.
@@ -136,7 +136,7 @@ class HostTable:
 
         if backend in BACKENDS and backend not in _MAPPABLE:
             raise ValueError(f"backend {backend!r} keeps the table in memory of its own; only "
-                             f"{' and '.join(map(repr, _MAPPABLE))} can map a file")
+                             f"{', '.join(map(repr, _MAPPABLE[:-1]))} or {_MAPPABLE[-1]!r} can map a file")
         if isinstance(file, np.memmap):
             array, name = file, getattr(file, "filename", None) or "the memmap"
         elif isinstance(file, (str, os.PathLike)):

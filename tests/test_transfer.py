@@ -35,7 +35,7 @@ from speedlib.transfer import BACKENDS, HostEmbedding, HostTable, last_write_win
 
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="this backend moves rows to a CUDA device; this machine has none")
-GPU_BACKENDS = [b for b in BACKENDS if b != "pageable"]
+GPU_BACKENDS = [b for b in BACKENDS if b not in ("pageable", "auto")]  # auto is pageable on a CPU device
 
 
 def _cupy_ok() -> bool:
@@ -263,6 +263,8 @@ def test_a_cuda_table_without_cuda_fails_at_construction(monkeypatch):
         HostTable(10, 4, backend="pageable", device="cuda")
     with pytest.raises(RuntimeError, match="torch sees no CUDA device"):
         HostTable(10, 4, backend="pageable", device="cuda:0")
+    with pytest.raises(RuntimeError, match="backend 'auto' needs CUDA.*use device='cpu'"):
+        HostTable(10, 4, device="cuda")
 
 
 def test_empty_and_float_index_lists_name_the_problem():
@@ -792,8 +794,10 @@ def test_benchmark_module_imports_no_torch():
 @pytest.mark.skipif(HAS_CUDA, reason="checks the CPU behaviour of the benchmark")
 def test_benchmark_skips_what_a_cpu_cannot_run_and_pairs_the_rest(monkeypatch):
     """One process measures a class (setup_cache); its track_* processes report. What a CPU
-    cannot run is NaN (asv's skip), never a failure; 'pageable' and 'sparse_adam' take turns
-    and their ratios are per round. A small batch stands in for workloads.embedding()."""
+    cannot run is NaN (asv's skip), never a failure; plain PyTorch's pageable path (the
+    baseline), speedlib's 'pageable' and 'auto' take turns and their ratios are per round;
+    EmbeddingStep's baseline is plain PyTorch's SparseAdam on the host. A small batch stands in
+    for workloads.embedding()."""
     import math  # noqa: PLC0415
 
     from benchmarks import bench_transfer as bench  # noqa: PLC0415
@@ -815,6 +819,7 @@ def test_benchmark_skips_what_a_cpu_cannot_run_and_pairs_the_rest(monkeypatch):
     assert math.isnan(copy.track_copy_bandwidth(copy.measure_all(), "h2d", "pinned"))
     device = bench.DeviceFootprint()
     assert math.isnan(device.track_device_footprint(device.measure_all(), "pageable"))
+    assert bench.Transfer.baseline == "torch_pageable" and bench.EmbeddingStep.baseline == "sparse_adam_host"
 
     # Resident memory grows by the table only in a fresh process, as asv's setup_cache is:
     # in this one, memory earlier tests freed can take the table without growing it.
@@ -822,37 +827,42 @@ def test_benchmark_skips_what_a_cpu_cannot_run_and_pairs_the_rest(monkeypatch):
             f"spec = workloads.EmbeddingBatch(rows={spec.rows}, dim={spec.dim}, batch={spec.batch})\n"
             "bench._spec = lambda: spec\n"
             "host = bench.Footprint(); cache = host.measure_all()\n"
-            "print(json.dumps([host.track_host_footprint(cache, v) for v in ('uva', 'pageable')]))")
+            "print(json.dumps([host.track_host_footprint(cache, v) for v in ('uva', 'pageable', 'torch_pageable', 'auto')]))")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    uva, pageable = json.loads(out.stdout.strip().splitlines()[-1])
+    uva, *host_tables = json.loads(out.stdout.strip().splitlines()[-1])
     assert math.isnan(uva)
     table_bytes = spec.rows * spec.dim * 4
-    assert 0.75 * table_bytes < pageable < 1.25 * table_bytes
+    assert all(0.75 * table_bytes < used < 1.25 * table_bytes for used in host_tables), host_tables
 
     transfer = bench.Transfer()
     cache = transfer.measure_all()
     assert not bench._tables  # the tables went with the class's measurement
     for op in bench.OPS:
         for order in bench.ORDERS:
-            seconds = transfer.track_seconds(cache, op, order, "pageable")["samples"]
-            assert len(seconds) == 3 and min(seconds) > 0
-            gbps = transfer.track_bandwidth(cache, op, order, "pageable")["samples"]
-            assert gbps == pytest.approx([spec.batch * spec.dim * 4 / s / 1e9 for s in seconds])
-            assert math.isnan(transfer.track_speedup(cache, op, order, "pageable"))  # the CPU's baseline
-            for variant in GPU_BACKENDS:
+            base = transfer.track_seconds(cache, op, order, "torch_pageable")["samples"]
+            assert math.isnan(transfer.track_speedup(cache, op, order, "torch_pageable"))  # the CPU's baseline
+            for variant in ("pageable", "auto"):
+                seconds = transfer.track_seconds(cache, op, order, variant)["samples"]
+                assert len(seconds) == len(base) == 3 and min(seconds + base) > 0
+                gbps = transfer.track_bandwidth(cache, op, order, variant)["samples"]
+                assert gbps == pytest.approx([spec.batch * spec.dim * 4 / s / 1e9 for s in seconds])
+                ratios = transfer.track_speedup(cache, op, order, variant)["samples"]
+                assert ratios == pytest.approx([b / s for b, s in zip(base, seconds)])  # per round
+            for variant in [*GPU_BACKENDS, "torch_pinned"]:
                 assert math.isnan(transfer.track_seconds(cache, op, order, variant))
                 assert math.isnan(transfer.track_speedup(cache, op, order, variant))
 
     steps = bench.EmbeddingStep()
     cache = steps.measure_all()
-    assert math.isnan(steps.track_seconds(cache, "uva"))
-    pageable = steps.track_seconds(cache, "pageable")["samples"]
-    sparse = steps.track_seconds(cache, "sparse_adam")["samples"]
-    ratios = steps.track_speedup(cache, "sparse_adam")["samples"]
-    assert len(pageable) == len(sparse) == len(ratios) == 3 and min(pageable + sparse) > 0
-    assert ratios == pytest.approx([a / b for a, b in zip(pageable, sparse)])  # per round, never of medians
+    assert math.isnan(steps.track_seconds(cache, "uva")) and math.isnan(steps.track_seconds(cache, "sparse_adam"))
+    sparse = steps.track_seconds(cache, "sparse_adam_host")["samples"]
+    for variant in ("pageable", "auto"):
+        mine = steps.track_seconds(cache, variant)["samples"]
+        ratios = steps.track_speedup(cache, variant)["samples"]
+        assert len(mine) == len(sparse) == len(ratios) == 3 and min(mine + sparse) > 0
+        assert ratios == pytest.approx([a / b for a, b in zip(sparse, mine)])  # per round, never of medians
 
 
 def test_benchmark_looks_up_sparse_adam_indices_on_the_tables_device(monkeypatch):
@@ -1331,8 +1341,8 @@ def test_from_file_refuses_bad_files_and_backends(tmp_path):
         (tmp_path / "missing.npy", {}, FileNotFoundError, "no file .*open_memmap"),
         (np.zeros((4, 3), dtype=np.int64), {}, TypeError, "path to a .npy file or a numpy.memmap"),
         (good, {"mode": "w+"}, ValueError, "mode must be 'r\\+'"),
-        (good, {"backend": "uva"}, ValueError, "only 'pageable' and 'pinned' can map a file"),
-        (good, {"backend": "device"}, ValueError, "only 'pageable' and 'pinned' can map a file"),
+        (good, {"backend": "uva"}, ValueError, "only 'auto', 'pageable' or 'pinned' can map a file"),
+        (good, {"backend": "device"}, ValueError, "only 'auto', 'pageable' or 'pinned' can map a file"),
     ]
     for name, array in [("ints", np.zeros((4, 3), dtype=np.int64)), ("cube", np.zeros((2, 2, 2), dtype=np.float32)),
                         ("fortran", np.asfortranarray(np.zeros((4, 3), dtype=np.float32))),
@@ -1368,17 +1378,19 @@ def _host(weight=None, make=functools.partial(torch.optim.SGD, lr=0.1), backend=
 @pytest.mark.parametrize("backend", ALL)
 def test_weight_initialisers_write_into_the_table_as_into_nn_embedding(backend):
     """`emb.weight.data.uniform_(...)`, `.normal_`, `.copy_` and nn.init change the rows the
-    table holds, exactly as they change nn.Embedding's weight."""
-    emb, ref = _host(backend=backend), nn.Embedding(ROWS, DIM)
+    table holds, exactly as they change nn.Embedding's weight. The reference lives where the
+    weight does ('device': the GPU), so both draw from the same generator."""
+    emb = _host(backend=backend)
+    ref = nn.Embedding(ROWS, DIM, device=emb.weight.device)
     inits = [lambda w: w.data.uniform_(-0.1, 0.1), lambda w: w.data.normal_(0, 0.02),
              lambda w: nn.init.xavier_uniform_(w), lambda w: w.data.copy_(torch.arange(ROWS * DIM).reshape(ROWS, DIM).float())]
     for init in inits:
         for w in (emb.weight, ref.weight):
             torch.manual_seed(7)
             init(w)
-        assert torch.equal(emb.table.cpu().cpu(), ref.weight.detach())
+        assert torch.equal(emb.table.cpu().cpu(), ref.weight.detach().cpu())
         idx = torch.tensor([[3, 5], [5, 39]])
-        assert torch.equal(emb(idx).detach().cpu(), ref(idx).detach())
+        assert torch.equal(emb(idx).detach().cpu(), ref(idx.to(ref.weight.device)).detach().cpu())
     assert emb.weight.shape == ref.weight.shape and emb.weight.dtype == ref.weight.dtype
     assert [p.shape for p in emb.parameters()] == []  # still no parameter for a model optimizer
 
@@ -1622,31 +1634,62 @@ def test_fraction_of_floor_gbps_are_skips_on_a_cpu():
             assert math.isnan(track(cache, variant))
 
 
-def test_packing_benchmark_times_both_packers_and_refuses_a_packer_that_moves_other_rows(monkeypatch):
-    """bench_transfer.Packing on a small batch: index_select and the staging workers take
-    turns, both directions, with GB/s per round; before timing, it checks that staged packing
-    gives index_select's rows, and a packer that gives others fails the configuration."""
+def test_the_plain_pytorch_baselines_move_the_rows_speedlib_moves(monkeypatch):
+    """bench_transfer's baselines are torch alone: the pageable one as it is, the pinned one's
+    logic with stand-ins for what needs a GPU (pinning, the copy's event), on a batch shorter
+    than its buffer; each gathers the rows a speedlib table gathers and writes back alike."""
+    import types  # noqa: PLC0415
+
     from benchmarks import bench_transfer as bench  # noqa: PLC0415
-    from speedbench import workloads  # noqa: PLC0415
-    from speedlib import _transfer_staging  # noqa: PLC0415
 
-    spec = workloads.EmbeddingBatch(rows=20000, dim=128, batch=8192)
-    monkeypatch.setattr(bench, "_spec", lambda: spec)
-    monkeypatch.setattr(bench, "BATCH_BYTES", spec.batch * spec.dim * 4)
-    monkeypatch.setattr(bench.Packing, "pairs", 3)
-    monkeypatch.setattr(bench.Packing, "warmup", 0)
-    packing = bench.Packing()
-    cache = packing.measure_all()
-    for op in bench.OPS:
-        base = packing.track_seconds(cache, op, "index_select")["samples"]
-        staged = packing.track_seconds(cache, op, "staged")["samples"]
-        assert len(base) == len(staged) == 3 and min(base + staged) > 0
-        assert packing.track_speedup(cache, op, "staged")["samples"] == pytest.approx(
-            [b / s for b, s in zip(base, staged)])
-        assert packing.track_bandwidth(cache, op, "staged")["samples"] == pytest.approx(
-            [spec.batch * spec.dim * 4 / s / 1e9 for s in staged])
+    class Event:
+        def record(self):
+            self.recorded = True
 
-    real = _transfer_staging._pack
-    monkeypatch.setattr(_transfer_staging, "_pack", lambda after, host, idx, buf: real(after, host, idx[::-1].copy(), buf))
-    with pytest.raises(RuntimeError, match="staged packing gathered other rows than index_select"):
-        packing.steps("gather")
+        def synchronize(self):
+            assert self.recorded
+
+    class Stream:
+        def synchronize(self):
+            pass
+
+    def unpinned(make):
+        return lambda *shape, pin_memory=False, **kw: make(*shape, **kw)
+
+    fake = types.SimpleNamespace(zeros=unpinned(torch.zeros), empty=unpinned(torch.empty), index_select=torch.index_select,
+                                 cuda=types.SimpleNamespace(Event=Event, current_stream=Stream))
+    weight = torch.randn(50, 4, generator=torch.Generator().manual_seed(2))
+    idx = torch.tensor([7, 3, 7, 49, 0])
+    reference = HostTable.from_tensor(weight, backend="pageable", device="cpu")
+    pinned = bench._TorchPinned.__new__(bench._TorchPinned)  # its __init__ pins: the GPU test below runs it
+    pinned.torch, pinned.device, pinned.copied = fake, torch.device("cpu"), None
+    pinned.table, pinned.buffer = fake.zeros(50, 4, pin_memory=True), fake.empty(8, 4, pin_memory=True)
+    pageable = bench._storage("torch_pageable", 50, 4, torch.device("cpu"), 8)
+    for table in (pageable, pinned):
+        table.table.copy_(weight)
+        for _ in range(2):  # the second gather waits for the first's copy before refilling the buffer
+            assert torch.equal(table.gather(idx), reference.gather(idx))
+        values = torch.randn(3, 4)
+        rows = torch.tensor([1, 4, 2])
+        table.scatter_(rows, values)
+        reference.scatter_(rows, values)
+        assert torch.equal(table.table, reference.cpu())
+        reference.copy_(weight)
+    assert type(bench._storage("pageable", 5, 4, torch.device("cpu"), 2)).__name__ == "HostTable"
+
+
+@needs_cuda
+def test_the_plain_pytorch_pinned_baseline_gathers_and_writes_back_on_a_gpu():
+    from benchmarks import bench_transfer as bench  # noqa: PLC0415
+
+    weight = torch.randn(300, 16)
+    table = bench._storage("torch_pinned", 300, 16, torch.device("cuda"), 64)
+    assert table.table.is_pinned() and table.buffer.is_pinned()
+    table.table.copy_(weight)
+    idx = torch.randint(0, 300, (64,)).pin_memory()
+    first, second = table.gather(idx), table.gather(idx.flip(0))
+    assert torch.equal(first.cpu(), weight[idx]) and torch.equal(second.cpu(), weight[idx.flip(0)])
+    rows = torch.randperm(300)[:40]
+    table.scatter_(rows, first[:40])
+    weight[rows] = first[:40].cpu()
+    assert torch.equal(table.table, weight)
