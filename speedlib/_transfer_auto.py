@@ -143,6 +143,7 @@ class Split:
 
     def gather(self, idx: torch.Tensor, k: int, sort: bool) -> torch.Tensor:
         host, n = self.pinned.host, idx.shape[0]
+        head = idx[:k].cpu()  # before the kernel is queued: from GPU indices this copy waits for the stream
         out = torch.empty(n, host.shape[1], dtype=host.dtype, device=self.view.device)
         ready = self.lane.mark()  # out's memory is free of the caller's earlier work from here
         # The kernel first, so the bus is busy while the CPU packs the head.
@@ -154,13 +155,14 @@ class Split:
             _transfer_kernel.copy_rows(self.view, out[k:], src_rows=tail, kernel=self.kernel)
         if k:
             i, stage = self.pinned.stage(k)
-            torch.index_select(host, 0, idx[:k].cpu(), out=stage)
+            torch.index_select(host, 0, head, out=stage)
             done = self.lane.copy(stage, out[:k], after=ready)
             self.pinned.release(i, done)
             self.lane.join(done)
         return out
 
     def write(self, idx: torch.Tensor, values: torch.Tensor, k: int, sort: bool) -> None:
+        head = idx[:k].cpu()  # before the kernel is queued, as in gather
         ready = self.lane.mark()  # the values are computed once the caller's queued work is done
         tail = idx[k:].to(self.view.device, non_blocking=True)
         rest = values[k:].to(self.view.device, non_blocking=True)
@@ -174,7 +176,7 @@ class Split:
             done = self.lane.copy(values[:k], stage, after=ready)
             self.pinned.release(i, done)
             done.synchronize()  # the head's rows are in the staging buffer before the CPU reads them
-            self.pinned.host.index_copy_(0, idx[:k].cpu(), stage)
+            self.pinned.host.index_copy_(0, head, stage)
 
 
 # The path chosen per (device, rows, dim, dtype, op, batch bucket), for the process.
