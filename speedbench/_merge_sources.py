@@ -73,13 +73,12 @@ class _Tree:
     listing: dict | None = None  # benchmarks.json
     listing_raw: bytes = b""
     machines: dict[str, _Machine] = field(default_factory=dict)
-    lines: dict[str, list[bytes]] = field(default_factory=dict)  # the tree's own jsonl (displaced listings)
 
 
 def _place(rel: str) -> tuple[str, str] | None:
     """(machine or '', path inside it) for a file the merge takes, None for one it leaves out."""
     parts = PurePosixPath(rel).parts
-    if parts in (("benchmarks.json",), (DISPLACED,)):
+    if parts == ("benchmarks.json",):
         return "", parts[0]
     if len(parts) == 2 and (parts[1].endswith(".json") or parts[1] in ("chunk-times.jsonl", DISPLACED)):
         return parts[0], parts[1]
@@ -116,7 +115,7 @@ def _add_file(tree: _Tree, rel: str, data: bytes, where: str, strict: bool) -> N
         for n, line in enumerate(lines, 1):
             if strict and not isinstance(_loads(line), dict):
                 raise _bad(f"{where}: line {n} is torn or not a JSON record")
-        (tree.machines.setdefault(name, _Machine()).lines if name else tree.lines)[inner] = lines
+        tree.machines.setdefault(name, _Machine()).lines[inner] = lines
     elif not name:
         tree.listing, tree.listing_raw = _json(data, where), data
         if not isinstance(tree.listing, dict):

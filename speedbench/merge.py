@@ -329,10 +329,9 @@ def _content(tree: _Tree, machine: str, inner: str, old: bytes | None) -> bytes:
         if tree.listing_raw:
             return tree.listing_raw
         return json.dumps(tree.listing, indent=4, sort_keys=True).encode()  # asv's write_json
-    m = tree.machines[machine] if machine else None
+    m = tree.machines[machine]
     if inner.endswith(".jsonl"):
-        lines = (m.lines if m else tree.lines)[inner]
-        return b"".join(line.rstrip(b"\r\n") + b"\n" for line in lines)
+        return b"".join(line.rstrip(b"\r\n") + b"\n" for line in m.lines[inner])
     if inner == "machine.json":
         return m.info_raw
     if inner in m.raw:  # added whole from one source

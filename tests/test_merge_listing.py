@@ -71,6 +71,17 @@ def _listing(root: Path) -> dict:
     return json.loads((root / "benchmarks.json").read_text())
 
 
+def _refused(first: Path, second: Path, into: Path, capsys) -> str:
+    """Merge `first` into `into`, then `second`: refused with one conflict, nothing written; its line."""
+    assert _run(first, "--into", into) == 0
+    before = _snapshot(into)
+    capsys.readouterr()
+    assert _run(second, "--into", into) == merge.CONFLICTS
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if "conflict:" in x]
+    assert _snapshot(into) == before
+    return line
+
+
 def test_a_newer_runs_listing_merges_without_conflict_and_wins(tmp_path, capsys):
     old, new = _old(tmp_path / "old"), _new(tmp_path / "new")
     old_listing, new_listing = _listing(old), _listing(new)
@@ -133,14 +144,8 @@ def test_one_benchmark_version_commit_and_environment_with_other_values_is_still
     row[0] = [v * 2 for v in row[0]]
     row[_column(obj, "started_at")] += 60_000
     path.write_text(json.dumps(obj))
-    into = tmp_path / "results"
-    assert _run(new, "--into", into) == 0
-    before = _snapshot(into)
-    capsys.readouterr()
-    assert _run(again, "--into", into) == merge.CONFLICTS
-    err = [x for x in capsys.readouterr().err.splitlines() if "conflict:" in x]
-    assert len(err) == 1 and CHANGED in err[0] and f"version {NEW_VERSION[:12]}" in err[0]
-    assert _snapshot(into) == before
+    line = _refused(new, again, tmp_path / "results", capsys)
+    assert CHANGED in line and f"version {NEW_VERSION[:12]}" in line
 
 
 def test_two_versions_of_a_benchmark_in_one_result_file_keep_the_later_run(tmp_path, capsys):
@@ -211,13 +216,8 @@ def test_a_gpu_tests_file_with_other_contents_is_a_conflict_then_the_later_wins(
     older = _verdict(first, 1_790_000_000_000, [])
     _verdict(second, 1_790_000_600_000, ["tests/test_amp.py::test_x[device]"])
     into = tmp_path / "results"
-    assert _run(first, "--into", into) == 0
-    before = _snapshot(into)
-    capsys.readouterr()
-    assert _run(second, "--into", into) == merge.CONFLICTS
-    err = [x for x in capsys.readouterr().err.splitlines() if "conflict:" in x]
-    assert len(err) == 1 and f"{MACHINE}/{VERDICT}" in err[0] and err[0].count("started 2026") == 2
-    assert _snapshot(into) == before
+    line = _refused(first, second, into, capsys)
+    assert f"{MACHINE}/{VERDICT}" in line and line.count("started 2026") == 2
 
     assert _run(second, "--into", into, "--prefer", "newer") == 0
     assert f"displaced {MACHINE}/{VERDICT} from {into}" in capsys.readouterr().out
