@@ -4,7 +4,8 @@ Archives are read in memory, never extracted; a member that is absolute, climbs 
 `..`, is a link, a device or anything but a plain file or directory refuses the archive, so
 does a torn JSON file: `MergeError` with exit status 2 and one line. Only the layout
 `speedlib run` writes is taken (benchmarks.json, each machine's machine.json, result files,
-chunk times, environment records, and the merge's own displaced-entry files).
+chunk times, environment records, the per-commit side files of `SIDE_DIRS`, and the merge's
+own displaced-entry files).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 DISPLACED = "merge-displaced.jsonl"
+# Directories of a machine holding one whole JSON object per commit (<machine>/<dir>/<name>.json),
+# merged whole: gpu-tests/ holds the verdict of a GPU slot's GPU-only tests.
+SIDE_DIRS = ("gpu-tests",)
 CONFLICTS, BAD_INPUT = 1, 2  # exit statuses
 _NAME = re.compile(r"[^./\x00-\x1f\x7f][^/\x00-\x1f\x7f]*\Z")  # a plain file or directory name
 
@@ -58,7 +62,8 @@ class _Machine:
     info: dict | None = None  # machine.json
     info_raw: bytes = b""
     results: dict[str, dict] = field(default_factory=dict)  # file name -> asv result object
-    raw: dict[str, bytes] = field(default_factory=dict)  # file name -> its bytes as read
+    raw: dict[str, bytes] = field(default_factory=dict)  # file name (or side file's path) -> its bytes as read
+    side: dict[str, dict] = field(default_factory=dict)  # "<dir>/<name>.json" of SIDE_DIRS -> its object
     lines: dict[str, list[bytes]] = field(default_factory=dict)  # jsonl path in the directory -> lines
 
 
@@ -68,18 +73,19 @@ class _Tree:
     listing: dict | None = None  # benchmarks.json
     listing_raw: bytes = b""
     machines: dict[str, _Machine] = field(default_factory=dict)
-    lines: dict[str, list[bytes]] = field(default_factory=dict)  # the tree's own jsonl (displaced listings)
 
 
 def _place(rel: str) -> tuple[str, str] | None:
     """(machine or '', path inside it) for a file the merge takes, None for one it leaves out."""
     parts = PurePosixPath(rel).parts
-    if parts in (("benchmarks.json",), (DISPLACED,)):
+    if parts == ("benchmarks.json",):
         return "", parts[0]
     if len(parts) == 2 and (parts[1].endswith(".json") or parts[1] in ("chunk-times.jsonl", DISPLACED)):
         return parts[0], parts[1]
     if len(parts) == 3 and parts[1] == "environment" and parts[2].endswith(".jsonl"):
         return parts[0], f"environment/{parts[2]}"
+    if len(parts) == 3 and parts[1] in SIDE_DIRS and parts[2].endswith(".json"):
+        return parts[0], f"{parts[1]}/{parts[2]}"
     return None
 
 
@@ -109,11 +115,17 @@ def _add_file(tree: _Tree, rel: str, data: bytes, where: str, strict: bool) -> N
         for n, line in enumerate(lines, 1):
             if strict and not isinstance(_loads(line), dict):
                 raise _bad(f"{where}: line {n} is torn or not a JSON record")
-        (tree.machines.setdefault(name, _Machine()).lines if name else tree.lines)[inner] = lines
+        tree.machines.setdefault(name, _Machine()).lines[inner] = lines
     elif not name:
         tree.listing, tree.listing_raw = _json(data, where), data
         if not isinstance(tree.listing, dict):
             raise _bad(f"{where} is not asv's benchmarks.json")
+    elif "/" in inner:  # a side file of SIDE_DIRS
+        obj = _json(data, where)
+        if not isinstance(obj, dict):
+            raise _bad(f"{where} is not a JSON object")
+        m = tree.machines.setdefault(name, _Machine())
+        m.side[inner], m.raw[inner] = obj, data
     elif inner == "machine.json":
         m = tree.machines.setdefault(name, _Machine())
         m.info, m.info_raw = _json(data, where), data
@@ -186,7 +198,7 @@ def _read_dir(root: Path, label: str, strict: bool) -> _Tree:
                 st = os.lstat(path)
             except OSError as e:
                 raise _bad(f"cannot read {where} ({e.strerror or e})") from None
-            descend = depth == 0 or (depth == 1 and name == "environment")
+            descend = depth == 0 or (depth == 1 and name in ("environment", *SIDE_DIRS))
             if stat.S_ISLNK(st.st_mode) and (descend or _place(sub) is not None):
                 raise _bad(f"{where} is a link: refused")
             if stat.S_ISDIR(st.st_mode):

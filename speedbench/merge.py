@@ -11,20 +11,31 @@ so is a torn JSON file. Into the `--into` tree (default results/):
 - a result file new there is added as it is; one of the same machine, commit and environment
   (the same file name) is merged benchmark by benchmark in asv's own format (asv's columns,
   the newest `date`, `durations` united), so `asv publish` and speedbench.results read it;
-- environment records, chunk times and the side files below are appended line by line,
-  lines already there left out;
-- machine.json and benchmarks.json are taken where missing and must agree where present.
+- environment records, chunk times and displaced entries are appended line by line, lines
+  already there left out;
+- a per-commit side file (`<machine>/gpu-tests/<commit>.json`, the GPU-only tests' verdict;
+  `SIDE_DIRS`) is one entry, taken whole: added where missing, identical is nothing, different
+  is a conflict;
+- machine.json is taken where missing;
+- benchmarks.json follows the newest listing, as asv rewrites it from the benchmarks it
+  discovers on every run. A listing is as new as the latest `started_at` of its tree's results
+  of the versions it lists (the run that wrote it; unknown counts as oldest, a tie keeps the
+  one already there). Entries in both listings take the newer one's; entries in one only are
+  kept (a benchmark removed since still needs its entry for its old results to load). A
+  replaced entry is no loss: every row of a result file carries its benchmark's version, and
+  the loader shows results of a version other than the listing's, marked (speedbench.results).
 Identical entries are no conflict, so merging an archive twice changes nothing.
 
-Conflicts: one benchmark measured twice for one machine, commit and environment with other
-data, or benchmarks.json versions that disagree. By default the merge is refused (exit 1,
-nothing written, one line per conflict with both sources' start times). `--prefer newer`
-keeps the entry that started later (the one already there on a tie; for the listing, the
-side whose results of that benchmark started later) and writes each displaced entry whole,
-one JSON line, into `merge-displaced.jsonl` (in the machine's directory, or the tree's for a
-listing entry), so nothing is lost. Two sources whose recorded hardware differs under one
-machine name (machine.json's cpu, arch, num_cpu, ram; the environment records' GPU or CPU
-model) are always refused: rerun one with another `--machine`.
+Conflicts: only one benchmark of one version measured twice for one machine, commit and
+environment with other values, or one side file with two contents. Listings never conflict;
+two versions of one benchmark in one result file are two measurements, of which asv's format
+holds one: the one that started later stays, the other goes to `merge-displaced.jsonl`. By
+default a conflict refuses the merge (exit 1, nothing written, one line per conflict with
+both sources' start times). `--prefer newer` keeps the entry that started later (the one
+already there on a tie) and writes each displaced entry whole, one JSON line, into
+`merge-displaced.jsonl` in the machine's directory, so nothing is lost. Two sources whose
+recorded hardware differs under one machine name (machine.json's cpu, arch, num_cpu, ram; the
+environment records' GPU or CPU model) are always refused: rerun one with another `--machine`.
 
 Atomic: under the results lock every output file is written in full into `.speedlib-merge/`
 inside the tree (same filesystem, not *.json: neither asv nor the loader reads it), then a
@@ -69,8 +80,10 @@ def _same(a, b) -> bool:
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # NaN equals NaN
 
 
-def _row_start(obj: dict, row: list):
-    i = obj["result_columns"].index("started_at")
+def _row_field(obj: dict, row: list, column: str):
+    """One column of a row of asv result object `obj` (None where absent)."""
+    cols = obj["result_columns"]
+    i = cols.index(column) if column in cols else len(row)
     return row[i] if i < len(row) else None
 
 
@@ -96,16 +109,11 @@ class _Merge:
         return self.origin.get(key, self.into.label)
 
     def displace(self, machine: str, record: dict, why: str) -> None:
-        side = (self.into.machines[machine].lines if machine else self.into.lines).setdefault(DISPLACED, [])
+        side = self.into.machines[machine].lines.setdefault(DISPLACED, [])
         if _displaced_key(record) not in {_displaced_key(_loads(line)) for line in side}:  # wherever it came from
             side.append(json.dumps(record, sort_keys=True).encode())
             self.changed.add((machine, DISPLACED))
-        self.said.append(f"{why}; the displaced entry is kept in "
-                         f"{printable(str(PurePosixPath(machine or '.', DISPLACED)))}")
-
-    def touch_listing(self) -> None:
-        self.changed.add(("", "benchmarks.json"))
-        self.into.listing_raw = b""  # rewritten in asv's format
+        self.said.append(f"{why}; the displaced entry is kept in {printable(machine)}/{DISPLACED}")
 
     def check_hardware(self, name: str, src: _Machine, label: str) -> None:
         from speedbench import machines  # noqa: PLC0415 - it loads pandas
@@ -131,39 +139,38 @@ class _Merge:
                 return
 
     def listing(self, src: _Tree) -> None:
+        """benchmarks.json follows the newest listing, as asv rewrites it on every run: entries
+        in both take the newer one's, entries in one only are kept (a benchmark removed since
+        still needs its entry for its old results to load). Never a conflict: a result file
+        keeps each benchmark's version, so results of a replaced version load, marked."""
         if src.listing is None:
             return
-        if self.into.listing is None:
+        have = self.into.listing
+        if have is None:
             self.into.listing, self.into.listing_raw = dict(src.listing), src.listing_raw
             self.changed.add(("", "benchmarks.json"))  # as it was written, unless a later source adds to it
-            for name in src.listing:
-                self.origin[("listing", name)] = src.label
+            self.origin["listing"] = src.label
             return
-        for name, entry in src.listing.items():
-            have = self.into.listing.get(name)
-            if have is None or name == "version":
-                if have is None:
-                    self.into.listing[name] = entry
-                    self.origin[("listing", name)] = src.label
-                    self.touch_listing()
-                continue
-            if not isinstance(have, dict) or not isinstance(entry, dict) or have.get("version") == entry.get("version"):
-                continue
-            old, new = _latest_start(self.into, name), _latest_start(src, name)
-            where = (f"benchmarks.json, benchmark {printable(name)}: version {printable(str(have.get('version')))[:12]} "
-                     f"in {printable(self.source_of(('listing', name)))} (results started {_when(old)}), "
-                     f"{printable(str(entry.get('version')))[:12]} in {src.label} (started {_when(new)})")
-            if self.prefer != "newer":
-                self.conflicts.append(where)
-                continue
-            keep_new = _later(new, old)
-            gone, gone_from = (have, self.source_of(("listing", name))) if keep_new else (entry, src.label)
-            if keep_new:
-                self.into.listing[name] = entry
-                self.origin[("listing", name)] = src.label
-                self.touch_listing()
-            self.displace("", {"benchmark": name, "listing_entry": gone, "source": Path(gone_from).name},
-                          f"kept the newer listing of {printable(name)}")
+        mine, theirs = _listing_start(self.into), _listing_start(src)
+        newer = _later(theirs, mine)
+        merged = {**have, **src.listing} if newer else {**src.listing, **have}
+        if _same(merged, have):
+            return
+        added = len(merged.keys() - have.keys())
+        replaced = sum(1 for k in have if not _same(have[k], merged[k]))
+        self.into.listing = merged
+        self.into.listing_raw = src.listing_raw if _same(merged, src.listing) else b""  # else asv's format
+        self.changed.add(("", "benchmarks.json"))
+        if newer:
+            was, self.origin["listing"] = self.source_of("listing"), src.label
+            self.said.append(f"benchmarks.json follows the newer listing of {src.label} (its results last started "
+                             f"{_when(theirs)}, those of the listing of {printable(was)} {_when(mine)}): "
+                             f"{replaced} entr(y/ies) replaced, "
+                             f"{added} added, {len(have.keys() - src.listing.keys())} kept from the older listing "
+                             "only; results of replaced versions stay, marked as of an earlier version")
+        else:
+            self.said.append(f"benchmarks.json: {added} entr(y/ies) added from the older listing of {src.label} "
+                             f"(its results last started {_when(theirs)}); the rest stays as the newer listing has it")
 
     def machine(self, name: str, src: _Machine, label: str) -> None:
         if name not in self.into.machines:
@@ -183,6 +190,8 @@ class _Merge:
                     self.origin[(name, file, bench)] = label
             elif self.result_file(name, file, have.results[file], obj, label):
                 have.raw.pop(file, None)  # rewritten in asv's format
+        for inner, obj in src.side.items():
+            self.side_file(name, inner, have, obj, src.raw[inner], label)
         if src.lines.keys() - {DISPLACED} and not any(k.startswith("environment/") for k in have.lines):
             self.origin[("env", name)] = label
         for inner, lines in src.lines.items():
@@ -191,6 +200,30 @@ class _Merge:
                 self.changed.add((name, inner))
                 if inner != DISPLACED:
                     self.appended[(name, inner)] = self.appended.get((name, inner), 0) + added
+
+    def side_file(self, name: str, inner: str, have: _Machine, obj: dict, raw: bytes, label: str) -> None:
+        """A per-commit side file (SIDE_DIRS) is one entry: added, identical, or a conflict
+        that --prefer newer settles by its `started_at` like a result."""
+        old = have.side.get(inner)
+        if old is not None and _same(old, obj):
+            return
+        key, where = (name, inner), f"{printable(name)}/{printable(inner)}"
+        if old is None:
+            have.side[inner], have.raw[inner], self.origin[key] = obj, raw, label
+            self.changed.add(key)
+            self.said.append(f"added {where} from {label}")
+            return
+        was, t_old, t_new = self.source_of(key), old.get("started_at"), obj.get("started_at")
+        if self.prefer != "newer":
+            self.conflicts.append(f"{where}: {printable(was)} started {_when(t_old)}, {label} started {_when(t_new)}")
+            return
+        keep_new = _later(t_new, t_old)
+        gone, gone_from, gone_at = (old, was, t_old) if keep_new else (obj, label, t_new)
+        if keep_new:
+            have.side[inner], have.raw[inner], self.origin[key] = obj, raw, label
+            self.changed.add(key)
+        self.displace(name, {"file": inner, "entry": gone, "source": Path(gone_from).name},
+                      f"displaced {where} from {printable(gone_from)} (started {_when(gone_at)}) by the newer one")
 
     def result_file(self, name: str, file: str, have: dict, obj: dict, label: str) -> bool:
         """Merge result object `obj` into `have`; whether `have` changed."""
@@ -212,11 +245,15 @@ class _Merge:
             if _same(old, row):
                 continue
             was = self.source_of((name, file, bench))
-            t_old, t_new = _row_start(have, old), _row_start(obj, row)
-            what = (f"machine {printable(name)}, commit {printable(have['commit_hash'][:8])}, benchmark "
-                    f"{printable(bench)}: {printable(was)} started {_when(t_old)}, {label} started {_when(t_new)}")
-            if self.prefer != "newer":
-                self.conflicts.append(what)
+            t_old, t_new = _row_field(have, old, "started_at"), _row_field(obj, row, "started_at")
+            version, other = _row_field(have, old, "version"), _row_field(obj, row, "version")
+            # Two versions of the benchmark's code are two measurements, not one twice: asv's
+            # file holds one, so the later run stays (as asv's own rerun would leave it).
+            if self.prefer != "newer" and _same(version, other):
+                self.conflicts.append(
+                    f"machine {printable(name)}, commit {printable(have['commit_hash'][:8])}, benchmark "
+                    f"{printable(bench)} (version {printable(str(version))[:12]}): {printable(was)} started "
+                    f"{_when(t_old)}, {label} started {_when(t_new)}")
                 continue
             keep_new = _later(t_new, t_old)
             gone, gone_from, gone_at = (old, was, t_old) if keep_new else (row, label, t_new)
@@ -229,7 +266,8 @@ class _Merge:
                                  "benchmark": bench, "result_columns": have["result_columns"], "row": gone,
                                  "source": Path(gone_from).name},
                           f"displaced {printable(name)} {printable(have['commit_hash'][:8])} {printable(bench)} from "
-                          f"{printable(gone_from)} (started {_when(gone_at)}) by the newer one")
+                          f"{printable(gone_from)} (started {_when(gone_at)}) by the newer one"
+                          + ("" if _same(version, other) else ", of another version of the benchmark"))
         durations = {**have.get("durations", {})}
         newer = _later(obj.get("date"), have.get("date"))
         for key, value in obj.get("durations", {}).items():
@@ -260,10 +298,14 @@ def _records(m: _Machine) -> list[dict]:
     return out
 
 
-def _latest_start(tree: _Tree, bench: str):
-    starts = [_row_start(obj, obj["results"][bench]) for m in tree.machines.values()
-              for obj in m.results.values() if bench in obj["results"]]
-    known = [s for s in starts if isinstance(s, (int, float))]
+def _listing_start(tree: _Tree):
+    """When `tree`'s listing was last measured with: the latest start of its results of the
+    versions it lists (asv writes the listing of the run it discovers); None if unknown."""
+    starts = [_row_field(obj, row, "started_at") for m in tree.machines.values() for obj in m.results.values()
+              for bench, row in obj["results"].items()
+              if isinstance(tree.listing.get(bench), dict)
+              and _row_field(obj, row, "version") == tree.listing[bench].get("version")]
+    known = [s for s in starts if isinstance(s, (int, float)) and not isinstance(s, bool)]
     return max(known) if known else None
 
 
@@ -287,10 +329,9 @@ def _content(tree: _Tree, machine: str, inner: str, old: bytes | None) -> bytes:
         if tree.listing_raw:
             return tree.listing_raw
         return json.dumps(tree.listing, indent=4, sort_keys=True).encode()  # asv's write_json
-    m = tree.machines[machine] if machine else None
+    m = tree.machines[machine]
     if inner.endswith(".jsonl"):
-        lines = (m.lines if m else tree.lines)[inner]
-        return b"".join(line.rstrip(b"\r\n") + b"\n" for line in lines)
+        return b"".join(line.rstrip(b"\r\n") + b"\n" for line in m.lines[inner])
     if inner == "machine.json":
         return m.info_raw
     if inner in m.raw:  # added whole from one source
@@ -422,9 +463,10 @@ def _merge_locked(trees: list[_Tree], into: Path, prefer: str | None) -> list[st
 
 EXIT_STATUS = """exit status:
   0  merged (or nothing to add: the tree already held everything); one line per change
-  1  refused, nothing written: an entry measured twice with different data (without
-     --prefer newer), benchmarks.json versions that disagree, or hardware that differs
-     under one machine name (always refused); one line per conflict
+  1  refused, nothing written: a benchmark of one version measured twice for one
+     machine, commit and environment with different values, or a gpu-tests file with two
+     contents (without --prefer newer), or hardware that differs under one machine name
+     (always refused); one line per conflict
   2  refused, nothing written: a missing or unreadable input, an archive with unsafe
      members (absolute paths, '..', links, devices), a torn file, a full disk, or another
      run or merge holding the results directory"""
@@ -432,9 +474,12 @@ EXIT_STATUS = """exit status:
 
 DESCRIPTION = """Merge results from several hosts into one results tree. Result files of one machine, commit and
 environment are merged benchmark by benchmark in asv's format; environment records and chunk
-times are appended line by line. Identical entries merge silently, so merging twice changes
-nothing. An entry measured twice with different data is refused, or with --prefer newer the
-one that started later is kept and the other written whole into merge-displaced.jsonl.
+times are appended line by line; gpu-tests files are taken whole. benchmarks.json follows the
+newest listing (the one whose results started last), entries of older listings kept where the
+newer has none; results of other versions stay, marked where shown. Identical entries merge
+silently, so merging twice changes nothing. A benchmark of one version measured twice with
+different values (or a gpu-tests file with two contents) is refused, or with --prefer newer
+the one that started later is kept and the other written whole into merge-displaced.jsonl.
 Hardware that differs under one machine name is always refused. Files are written in full
 aside, then renamed under a journal: a stopped merge is finished by the next one."""
 

@@ -53,19 +53,26 @@ def test_one_case_is_the_paired_estimate_with_its_interval(measured, every):
     p = report.paired(last[(last["suite"] == "FusedPointwise") & (last["machine"] == "cpu-2core-intel-xeon")])
     r = p[p["variant"] == "compile"].iloc[0]
     expected = f"{r['ratio']:.3g}x [{r['ratio_low']:.3g}, {r['ratio_high']:.3g}] N={r['n']}"
-    assert line(every, "FusedPointwise: compile vs off", "tuning")[INTEL] == expected
+    assert line(every, "FusedPointwise: compile vs off", "tuning")[INTEL] == expected + _mark(p[p["variant"] == "compile"])
+
+
+def _mark(rows: pd.DataFrame) -> str:
+    """The dagger a cell ends with where its rows are of an earlier benchmark version."""
+    return f" {report.EARLIER}" if report.earlier_version(rows).any() else ""
 
 
 def test_a_few_cases_are_named_and_many_give_their_range(measured, every):
     last = report.latest(measured)
     p = report.paired(last[(last["machine"] == "cpu-2core-intel-xeon") & (last["technique"].isin(["contiguous", "checkpoint"]))])
-    adam = p[(p["suite"] == "AdamStep") & (p["variant"] == "speedlib")].set_index("workload")["ratio"]
+    adam_rows = p[(p["suite"] == "AdamStep") & (p["variant"] == "speedlib") & (p["baseline"] == "forloop")]
+    adam = adam_rows.set_index("workload")["ratio"]
     assert line(every, "AdamStep: speedlib vs forloop", "contiguous")[INTEL] == \
-        f"mlp: {adam['mlp']:.3g}x; resnet50: {adam['resnet50']:.3g}x"
-    ckpt = p[(p["suite"] == "TrainingStep") & (p["variant"] == "speedlib")]["ratio"]
+        f"mlp: {adam['mlp']:.3g}x; resnet50: {adam['resnet50']:.3g}x" + _mark(adam_rows)
+    ckpt_rows = p[(p["suite"] == "TrainingStep") & (p["variant"] == "speedlib")]
+    ckpt = ckpt_rows["ratio"]
     assert len(ckpt) > comparisons.MAX_CASES_NAMED
     assert line(every, "TrainingStep: speedlib vs none", "checkpoint")[INTEL] == \
-        f"{ckpt.min():.3g}x to {ckpt.max():.3g}x over {len(ckpt)} cases"
+        f"{ckpt.min():.3g}x to {ckpt.max():.3g}x over {len(ckpt)} cases" + _mark(ckpt_rows)
 
 
 def test_not_measured_is_an_empty_cell_and_marks_are_kept(every):

@@ -302,12 +302,12 @@ def test_browser_end_to_end(served, tmp_path):
 
 def test_the_overview_leads_with_the_paired_speedups(monkeypatch):
     """Each technique with a paired class shows its paired estimates, the very figures
-    `speedlib report --table paired` gives, for every machine (here: amp on CPU and H100)."""
+    `speedlib report --table paired` gives, for every machine (here: amp on CPUs, H100 and H200)."""
     from speedbench.results import load_results
     at = app_on(ROOT / "results", "views/overview.py", monkeypatch)
     last = report.latest(load_results(ROOT / "results").measured)
     expected = report.paired_table(last[(last["technique"] == "amp") & (last["suite"] == "TrainingStep")]).frame
-    assert set(expected["machine"]) == {"cpu-2core-intel-xeon", "cpu-2core-amd-epyc", "h100-sxm-80gb"}
+    assert set(expected["machine"]) == {"cpu-2core-intel-xeon", "cpu-2core-amd-epyc", "h100-sxm-80gb", "h200-141gb"}
     assert len(expected) >= 10
     # a grid where its columns fit, else a static table (dashboard/_view.show): either counts
     shown = pd.concat([d for d in frames(at) if "speedup" in d and "comparison" in d])

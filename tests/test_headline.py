@@ -14,6 +14,7 @@ from speedbench.results import load_results  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 H100 = "h100-sxm-80gb (NVIDIA H100 80GB HBM3)"
+H200 = "h200-141gb (NVIDIA H200)"  # commit 838236b, the headline chunks but the checkpoint step time
 INTEL = "cpu-2core-intel-xeon"  # the headline commit's CPU machine
 CPU = f"{INTEL} (CPU only)"
 AMD = "cpu-2core-amd-epyc (CPU only)"  # earlier benchmark versions only, marked
@@ -43,13 +44,13 @@ def test_one_row_per_technique_one_column_per_machine(measured):
     frame = headline.grid(measured).frame
     assert list(frame["technique"]) == [report.TECHNIQUES[h.technique].title for h in headline.HEADLINES]
     assert set(report.TECHNIQUES) == {h.technique for h in headline.HEADLINES}
-    assert list(frame.columns) == ["technique", AMD, CPU, H100, "comparison"]
+    assert list(frame.columns) == ["technique", AMD, CPU, H100, H200, "comparison"]
 
 
 def test_a_paired_cell_is_the_paired_tables_estimate(measured):
     last = report.latest(measured)
     p = report.paired(last[(last["technique"] == "amp") & (last["suite"] == "TrainingStep")])
-    for machine, label in (("h100-sxm-80gb", H100), (INTEL, CPU)):
+    for machine, label in (("h100-sxm-80gb", H100), ("h200-141gb", H200), (INTEL, CPU)):
         r = p[(p["machine"] == machine) & (p["workload"] == "resnet50") & (p["variant"] == "bf16_channels_last")].iloc[0]
         expected = f"{r['ratio']:.3g}x [{r['ratio_low']:.3g}, {r['ratio_high']:.3g}] N={r['n']}"
         assert cell(headline.grid(measured).frame, "amp", label) == expected + _mark(last, machine, "amp")

@@ -160,28 +160,6 @@ def test_hardware_that_differs_under_one_machine_name_is_refused(tmp_path, capsy
     assert not into.exists()
 
 
-def test_a_benchmarks_json_version_that_disagrees_is_a_conflict(tmp_path, capsys):
-    a = _archive(tmp_path, "a", "h100", BENCHES[:3])
-    tree = _tree(tmp_path / "b-tree", "h100", BENCHES[3:6], shift_ms=5_000)
-    listing = json.loads((tree / "benchmarks.json").read_text())
-    old_entry = listing[BENCHES[4]]
-    listing[BENCHES[4]] = dict(old_entry, version="f" * 64)  # the benchmark's code changed on that host
-    (tree / "benchmarks.json").write_text(json.dumps(listing, indent=4, sort_keys=True))
-    into = tmp_path / "results"
-    assert _run(a, "--into", into) == 0
-    before = _snapshot(into)
-    capsys.readouterr()
-    assert _run(tree, "--into", into) == merge.CONFLICTS
-    err = [x for x in capsys.readouterr().err.splitlines() if "conflict:" in x]
-    assert len(err) == 1 and f"benchmark {BENCHES[4]}" in err[0] and "ffffffffffff" in err[0]
-    assert _snapshot(into) == before
-
-    assert _run(tree, "--into", into, "--prefer", "newer") == 0  # its results of that benchmark are the newer
-    assert json.loads((into / "benchmarks.json").read_text())[BENCHES[4]]["version"] == "f" * 64
-    side = [json.loads(x) for x in (into / merge.DISPLACED).read_text().splitlines()]
-    assert side == [{"benchmark": BENCHES[4], "listing_entry": old_entry, "source": "results"}]
-
-
 @pytest.mark.parametrize("kind", ["absolute", "dotdot", "symlink", "device", "outside"])
 def test_unsafe_archive_members_are_refused(tmp_path, capsys, kind):
     bad = tmp_path / "bad.tar.gz"

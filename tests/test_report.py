@@ -819,15 +819,19 @@ def test_transfer_claims_read_the_floor_ratio_where_no_timed_comparison_ran():
     from speedbench.results import load_results
 
     last = report.latest(load_results(ROOT / "results").measured)
-    floor = last[(last["machine"] == "h100-sxm-80gb") & (last["suite"] == "FractionOfFloor")]
-    assert len(floor), "the committed H100 results hold transfer's floor fractions"
     frame = report.claims_table(last).frame
+    gpus = ("h100-sxm-80gb", "h200-141gb")  # each GPU machine's own row
     for op, claim in (("gather", "gather 3.1x"), ("scatter", "write-back 410x")):
-        pct = floor[floor["metric"] == f"{op}_fraction_of_floor"].set_index("variant")["value"]
-        (row,) = frame[frame["claim"].str.contains(claim)].to_dict("records")
-        assert row["measured"].split()[0] == f"{pct['cupy'] / pct['pinned']:.3g}x"
-        assert row["machine"].startswith("h100-sxm-80gb") and row["comparable"].startswith("other GPU")
-        assert row["measured as"].startswith(f"{op}_fraction_of_floor: cupy vs pinned (bandwidth ratio")
+        rows = frame[frame["claim"].str.contains(claim)].to_dict("records")
+        assert sorted(r["machine"].split()[0] for r in rows) == list(gpus)
+        for machine in gpus:
+            floor = last[(last["machine"] == machine) & (last["suite"] == "FractionOfFloor")]
+            assert len(floor), f"the committed {machine} results hold transfer's floor fractions"
+            pct = floor[floor["metric"] == f"{op}_fraction_of_floor"].set_index("variant")["value"]
+            (row,) = [r for r in rows if r["machine"].startswith(machine)]
+            assert row["measured"].split()[0] == f"{pct['cupy'] / pct['pinned']:.3g}x"
+            assert row["comparable"].startswith("other GPU")
+            assert row["measured as"].startswith(f"{op}_fraction_of_floor: cupy vs pinned (bandwidth ratio")
 
 
 def test_rows_from_an_earlier_benchmark_version_carry_the_dagger_in_every_table(tmp_path):
@@ -988,14 +992,22 @@ def test_adam_shows_its_step_bandwidth_and_says_its_floor_is_not_recorded():
                    & (t.frame["workload"] == "resnet50") & (t.frame["variant"] == "speedlib")]
     step = one(last, machine="h100-sxm-80gb", metric="step_bandwidth", workload="resnet50", variant="speedlib")
     assert adam[["achieved", "GB/s"]].values.tolist() == [["86.0 %", f"{step['value']:.1f} GB/s"]]
-    assert "floor GB/s" not in t.frame  # no committed run records a floor's GB/s yet
     assert step["value"] == pytest.approx(2464.2, abs=0.05)
+    every_adam = t.frame[t.frame["benchmark"].str.contains("AdamStep")]
+    assert len(every_adam) and (every_adam["floor GB/s"] == report.NOT_RECORDED).all()
     assert any(n.startswith(f"floor GB/s {report.NOT_RECORDED} for bench_contiguous.AdamStep") for n in t.notes)
     scaling = t.frame[t.frame["benchmark"].str.endswith("track_scaling_efficiency")]
     assert len(scaling) and (scaling["GB/s"] == report.NOT_A_BANDWIDTH).all()
     # the committed H100 transfer run predates FractionOfFloor's GB/s: said, never made up
     transfer = t.frame[t.frame["benchmark"].str.startswith(_FLOOR_CLASS)]
-    assert len(transfer) == 10 and (transfer["GB/s"] == report.NOT_RECORDED).all()
+    h100 = transfer[transfer["machine"] == "h100-sxm-80gb"]
+    assert len(h100) == 10 and (h100[["GB/s", "floor GB/s"]] == report.NOT_RECORDED).all().all()
+    # the H200 run of 838236b records both terms of each %: shown as measured
+    h200 = transfer[transfer["machine"] == "h200-141gb"]
+    cupy = one(last, machine="h200-141gb", metric="h2d_floor", variant="cupy")
+    assert len(h200) == 10 and not (h200[["GB/s", "floor GB/s"]] == report.NOT_RECORDED).any().any()
+    assert h200[(h200["variant"] == "cupy") & h200["benchmark"].str.contains("gather")]["floor GB/s"].tolist() == \
+        [f"{cupy['value']:.1f} GB/s"]
     (note,) = [n for n in t.notes if n.startswith(f"{report.NOT_RECORDED}:")]
     assert "no GB/s result exists for h100-sxm-80gb bdb0cb6d FractionOfFloor" in note and "AdamStep" not in note
 

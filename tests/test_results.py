@@ -100,7 +100,11 @@ def test_committed_results_load(tmp_path):
     skipped = loaded.not_measured
     memory = skipped[(skipped["metric"] == "peak_memory") & (skipped["status"] != "outdated")]
     assert not memory.empty and (memory["status"] == "skipped").all()
-    assert set(memory["machine"]) == {"cpu-2core-intel-xeon", "cpu-2core-amd-epyc"}
+    cpus = {"cpu-2core-intel-xeon", "cpu-2core-amd-epyc"}
+    assert set(memory["machine"]) == cpus | {"h200-141gb"}
+    # on a GPU only what cannot run is skipped: channels_last needs 4-D activations, a transformer has 3-D
+    on_gpu = memory[~memory["machine"].isin(cpus)]
+    assert (on_gpu["workload"] == "transformer").all() and on_gpu["variant"].str.endswith("_channels_last").all()
 
 
 def test_loader_never_writes(tree):
