@@ -237,7 +237,8 @@ class TrainingStep(common.Paired):
 
 
 class ActivationMemory(common.Measured):
-    """What each variant keeps for backward (exact, any device)."""
+    """What each variant keeps for backward (exact, any device); the plain variants on the
+    model built with torch alone."""
 
     params = (WORKLOADS, BATCHES, VARIANTS)
     param_names = ["workload", "batch", "variant"]
@@ -261,7 +262,8 @@ class ActivationMemory(common.Measured):
 
 
 class PeakMemory(common.Measured):
-    """Peak GPU memory of a training step, whole and above what was allocated before it."""
+    """Peak GPU memory of a training step, whole and above what was allocated before it; the
+    plain variants on the model built with torch alone."""
 
     params = (WORKLOADS, BATCHES, VARIANTS)
     param_names = ["workload", "batch", "variant"]
@@ -312,7 +314,8 @@ def _need_gpus() -> int:
 
 class DataParallelStep(common.Paired):
     """nn.DataParallel over every GPU, the variants taking turns: the setting where
-    reentrant checkpoint was slow."""
+    reentrant checkpoint was slow. The plain variants' checkpointing lives in torch's
+    classes, so DataParallel's replicas keep it."""
 
     params = (PARALLEL_BATCHES, VARIANTS)
     param_names = ["batch", "variant"]

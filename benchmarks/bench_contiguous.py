@@ -9,6 +9,11 @@ Variants, all torch.optim.Adam with the same hyper-parameters:
             skipped when the package is not installed
 forloop, foreach and fused are plain PyTorch, written below with torch alone (the baseline
 and PyTorch's own alternatives); speedlib is speedlib's code path, original the package's.
+One piece of speedlib does run beside them: the speedlib variant's ContiguousParams installs
+speedlib's process-wide optimizer step pre-hook (speedlib/_contiguous_hooks.py), which from
+then on runs before every optimizer step in the process, theirs included (torch has no
+per-optimizer opt-out): a tuple of group sizes and a weak-dictionary lookup that finds no
+flat buffer. Taking turns in one process costs the baselines that much.
 
 The step alone overstates the gain, so three things are timed, each in a class of its own
 whose five variants take turns in one process (benchmarks.common.Paired):

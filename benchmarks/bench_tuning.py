@@ -208,8 +208,9 @@ class CudnnBenchmark:
 
 
 class PeakMemory(common.Measured):
-    """A warm step's peak device memory per knob and variant (GPUs; exact, so no pairing).
-    cudnn_benchmark's is CudnnBenchmark.track_peak_memory, for the reason given there."""
+    """A warm step's peak device memory per knob and variant (GPUs; exact, so no pairing),
+    "off" stepped with torch alone. cudnn_benchmark's is CudnnBenchmark.track_peak_memory,
+    for the reason given there."""
 
     params = (PAIRED_KNOBS, ON_OFF)
     param_names = ["knob", "variant"]
@@ -563,8 +564,9 @@ class _VariableLengthTraining:
 
 
 class Preallocate(common.Paired):
-    """Epochs without ("off") and with pre-allocation taking turns on one model: each
-    starts from an emptied allocator cache, so neither inherits the other's blocks."""
+    """Epochs without ("off", plain PyTorch) and with pre-allocation taking turns on one
+    model, the transformer built with torch alone: each starts from an emptied allocator
+    cache, so neither inherits the other's blocks."""
 
     params = (ON_OFF,)
     param_names = ["variant"]
@@ -580,6 +582,8 @@ class Preallocate(common.Paired):
 
 
 class PreallocateSegments(common.Measured):
+    """cudaMalloc segments of an epoch, without ("off", plain PyTorch) and with pre-allocation."""
+
     params = (ON_OFF,)
     param_names = ["variant"]
     timeout = 600
@@ -649,8 +653,9 @@ class RetainedGraph(common.Measured):
 
 
 class BatchSize(common.Timed):
-    """The throughput curve, smallest batch first, in one process: the first batch that
-    does not fit ends it, and the larger ones are skipped without being tried."""
+    """The throughput curve of PyTorch's defaults (a step written with torch alone),
+    smallest batch first, in one process: the first batch that does not fit ends it, and
+    the larger ones are skipped without being tried."""
 
     params = (BATCHES,)
     param_names = ["batch"]
