@@ -426,7 +426,8 @@ def paired(df: pd.DataFrame) -> pd.DataFrame:
     """One row per paired speedup measured (kind "paired speedup", samples kept).
 
     Columns added: config (the parameters but the variant), baseline (the technique's
-    baseline among the variants the class timed), ratio, ratio_low, ratio_high (Hodges-
+    baseline among the variants the class timed; a technique's class timed without one, its
+    baseline then a speedlib code path, is left out), ratio, ratio_low, ratio_high (Hodges-
     Lehmann, 99 % Wilcoxon interval; NaN below 8 rounds), n (rounds), width (high / low),
     wide_because (why the interval is wider than PAIRED_WIDTH_TARGET, else "") and dropped
     (disturbed rounds left out: speedbench.contention; `samples` and n are what remains).
@@ -464,10 +465,11 @@ def paired(df: pd.DataFrame) -> pd.DataFrame:
         return next((b for b in chain if b in found), "")
 
     s["baseline"] = [baseline(*k) for k in zip(s["machine"], s["commit"], s["benchmark"], s["technique"], s["config"])]
-    # Where none of the class's variants is a baseline, its per-round speedups are against a
-    # speedlib code path (transfer's classes before their plain-PyTorch variants existed had
-    # speedlib's own pinned / pageable backend as baseline): a speedlib path is never a baseline.
-    s = s[s["baseline"] != ""]
+    # Where none of a technique's class's variants is a baseline, its per-round speedups are
+    # against a speedlib code path (transfer's classes before their plain-PyTorch variants
+    # existed had speedlib's own pinned / pageable backend as baseline): a speedlib path is
+    # never a baseline. (A benchmark of no known technique has no baselines to tell.)
+    s = s[(s["baseline"] != "") | ~s["technique"].isin(list(TECHNIQUES))]
     return s.sort_values(["technique", "machine", "commit_date", "benchmark", "config", "variant"], kind="stable")
 
 
