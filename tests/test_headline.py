@@ -131,19 +131,21 @@ def test_a_comparison_about_several_gpus_measured_on_one_says_so(measured):
 # Small frames as the loader gives them, on machines named here: the committed results' names
 # may change, what a cell leads with must not depend on them.
 
-def _adam_run(machine: str, gpu: str, seconds: dict[str, list[float]]) -> pd.DataFrame:
+def _adam_run(machine: str, gpu: str, seconds: dict[str, list[float]], technique: str = "contiguous",
+              suite: str = "AdamStep", baseline: str = "forloop") -> pd.DataFrame:
     """One AdamStep comparison (ResNet-50's parameters): every variant's seconds per round and
-    each variant's per-round speedup over forloop, the class's baseline (benchmarks/common.py)."""
+    each variant's per-round speedup over forloop, the class's baseline (benchmarks/common.py);
+    another paired class's on ResNet-50 with `technique`, `suite` and `baseline`."""
     rows = []
     for v, s in seconds.items():
-        common = {"machine": machine, "gpu": gpu, "technique": "contiguous", "suite": "AdamStep", "workload": "resnet50",
+        common = {"machine": machine, "gpu": gpu, "technique": technique, "suite": suite, "workload": "resnet50",
                   "variant": v, "params": f"workload=resnet50, variant={v}", "n": len(s)}
-        rows.append({**common, "benchmark": "bench_contiguous.AdamStep.track_seconds", "metric": "seconds",
+        rows.append({**common, "benchmark": f"bench_{technique}.{suite}.track_seconds", "metric": "seconds",
                      "kind": "time", "unit": "seconds", "samples": s, "value": sorted(s)[len(s) // 2],
                      "result_id": f"{machine}-seconds-{v}"})
-        if v != "forloop":
-            ratios = [b / x for b, x in zip(seconds["forloop"], s)]
-            rows.append({**common, "benchmark": "bench_contiguous.AdamStep.track_speedup", "metric": "speedup",
+        if v != baseline:
+            ratios = [b / x for b, x in zip(seconds[baseline], s)]
+            rows.append({**common, "benchmark": f"bench_{technique}.{suite}.track_speedup", "metric": "speedup",
                          "kind": "paired speedup", "unit": "x", "samples": ratios, "value": sorted(ratios)[len(s) // 2],
                          "result_id": f"{machine}-speedup-{v}"})
     return pd.DataFrame(rows).assign(commit="c" * 40, commit_date=pd.Timestamp(0, tz="UTC"), earlier_version=False)
@@ -160,8 +162,8 @@ def _seconds(**per_variant: float) -> dict[str, list[float]]:
             for v, t in per_variant.items()}
 
 
-def _vs(seconds: dict[str, list[float]], baseline: str) -> str:
-    r = paired_ratio(seconds[baseline], seconds["speedlib"])
+def _vs(seconds: dict[str, list[float]], baseline: str, variant: str = "speedlib") -> str:
+    r = paired_ratio(seconds[baseline], seconds[variant])
     return report._fmt_ratio(r.ratio, r.low, r.high)
 
 
@@ -195,6 +197,16 @@ def test_a_flat_buffer_cell_without_the_default_measured_leads_with_the_sources_
         f"{_vs(old, 'forloop')} N=10 vs per-tensor loop (contiguous_params' baseline)"
     assert cell(g.frame, "contiguous", "who (unknown)") == \
         f"{_vs(unknown, 'forloop')} N=10 vs per-tensor loop (contiguous_params' baseline); {_vs(unknown, 'fused')} vs fused"
+
+
+def test_the_mixed_precision_cell_leads_with_pytorchs_default_precision_on_a_gpu():
+    """On a GPU PyTorch runs cuDNN convolutions in TF32 and matmuls in float32 (bench_amp's
+    `default`): the cell leads with it and keeps strict fp32, the Tuning Guide's baseline, beside."""
+    gpu = {v: [t * d for d in DRIFT] for v, t in (("fp32", 0.20), ("default", 0.16), ("bf16_channels_last", 0.06))}
+    g = headline.grid(_adam_run("box-gpu", "Some GPU 80GB", gpu, "amp", "TrainingStep", "fp32"))
+    assert cell(g.frame, "amp", "box-gpu (Some GPU 80GB)") == (
+        f"{_vs(gpu, 'default', 'bf16_channels_last')} N=10 vs TF32 convolutions + fp32 matmuls (PyTorch's default on "
+        f"CUDA); {_vs(gpu, 'fp32', 'bf16_channels_last')} vs strict fp32 (the Tuning Guide's baseline)")
 
 
 UNIT = "% of pinned host->device bandwidth"
