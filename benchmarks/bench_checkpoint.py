@@ -1,11 +1,17 @@
 """Activation checkpointing: what each variant saves and what it costs.
 
-Variants (speedbench.workloads.set_checkpointing), each on a model built from the same seed:
+Variants, each on a model built from the same seed (the same weights). Plain PyTorch, the
+model built with torch.nn / torchvision alone (Workload.torch_model) and checkpointed below
+with torch.utils.checkpoint, never a speedlib code path:
   none           nothing recomputed (the baseline)
   reentrant      torch.utils.checkpoint(use_reentrant=True) on each segment
   non_reentrant  torch.utils.checkpoint(use_reentrant=False) on the same segments
-  speedlib       speedlib.checkpoint (explicit parameters) on the same segments
   sequential     torch.utils.checkpoint.checkpoint_sequential over the feature stack
+speedlib's (speedbench.workloads.set_checkpointing):
+  speedlib       speedlib.checkpoint (explicit parameters) on the same segments, with
+                 speedlib's BatchNorm (running statistics updated once per step; the plain
+                 variants' nn.BatchNorm2d updates them again when a segment is rerun, as
+                 PyTorch's does)
 
 A segment is a DenseNet layer's bottleneck (concatenation + BN + ReLU + 1x1 conv, the
 efficient-DenseNet scheme) or a transformer block. A training step is zero_grad, forward,
@@ -40,8 +46,13 @@ imports torch at import time (benchmarks.common says why).
 
 from __future__ import annotations
 
+import functools
+
 from benchmarks import common
 
+# The variants written with torch alone in this module (tests/test_baselines.py runs their
+# steps and fails on any speedlib code).
+PLAIN_PYTORCH = ("none", "reentrant", "non_reentrant", "sequential")
 VARIANTS = ["none", "reentrant", "non_reentrant", "speedlib", "sequential"]
 WORKLOADS = ["densenet_bc", "densenet121", "transformer"]
 BATCHES = common.pick(cpu=[4, 16], gpu=[64, 256])
@@ -77,6 +88,85 @@ def _workloads():
     return workloads
 
 
+# --- the plain-PyTorch variants: torch.utils.checkpoint on a model built with torch alone ----
+
+@functools.cache
+def _torch_checkpoint_classes() -> dict:
+    """Subclasses of torchvision's and torch.nn's own modules that checkpoint as a PyTorch
+    user writes it; `_torch_checkpointing` swaps them into a model built with torch alone
+    (the same attributes, so the weights stay, and nn.DataParallel's replicas keep them).
+    Made on first use: the module imports no torch at its top."""
+    import math  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+    from torch import nn  # noqa: PLC0415
+    from torch.utils.checkpoint import checkpoint, checkpoint_sequential  # noqa: PLC0415
+    from torchvision.models.densenet import _DenseLayer  # noqa: PLC0415
+
+    class DenseLayer(_DenseLayer):
+        """torchvision's layer with memory_efficient on: its bottleneck (concatenation + BN
+        + ReLU + 1x1 conv) under torch.utils.checkpoint, reentrant or not."""
+
+        use_reentrant = False
+
+        def call_checkpoint_bottleneck(self, inputs):
+            return checkpoint(lambda *f: self.bn_function(list(f)), *inputs, use_reentrant=self.use_reentrant)
+
+    class Block(nn.TransformerEncoderLayer):
+        """A transformer block under torch.utils.checkpoint, reentrant or not."""
+
+        use_reentrant = False
+
+        def forward(self, src):  # noqa: D102
+            if not torch.is_grad_enabled():
+                return super().forward(src)
+            return checkpoint(super().forward, src, use_reentrant=self.use_reentrant)
+
+    class Segmented(nn.Sequential):
+        """nn.Sequential trained through checkpoint_sequential in ceil(sqrt(n)) segments."""
+
+        def forward(self, input):  # noqa: A002, D102 - nn.Sequential's name
+            if not torch.is_grad_enabled():
+                return super().forward(input)
+            return checkpoint_sequential(self, max(1, math.ceil(math.sqrt(len(self)))), input, use_reentrant=False)
+
+    # what each replaces: the segments (a DenseNet layer, a transformer block), and a stack
+    return {"segments": {_DenseLayer: DenseLayer, nn.TransformerEncoderLayer: Block}, "stack": {nn.Sequential: Segmented}}
+
+
+def _torch_checkpointing(model, variant: str):
+    """`model` (built with torch alone) checkpointed the plain-PyTorch way `variant` says, in
+    place: reentrant / non_reentrant on every DenseNet layer's bottleneck or transformer
+    block, sequential over the DenseNet's feature stack or the whole transformer."""
+    if variant not in PLAIN_PYTORCH:
+        raise ValueError(f"{variant!r} is not a plain-PyTorch variant; choose one of {PLAIN_PYTORCH}")
+    if variant == "none":
+        return model
+    classes = _torch_checkpoint_classes()
+    if variant == "sequential":
+        stack = getattr(model, "features", model)  # a DenseNet's feature stack, else the transformer itself
+        stack.__class__ = classes["stack"][type(stack)]
+        return model
+    segments = classes["segments"]
+    for m in model.modules():
+        if type(m) in segments:
+            m.__class__ = segments[type(m)]
+            m.use_reentrant = variant == "reentrant"
+            m.memory_efficient = True  # torchvision's layer checkpoints only when set
+    return model
+
+
+def _model(wl, dev, variant: str, seed: int = 0):
+    """The model of `variant` for the workload `wl`: built with torch alone and checkpointed
+    here for the plain variants, speedbench.workloads' with speedlib's checkpoint for speedlib's."""
+    workloads = _workloads()
+    if variant in PLAIN_PYTORCH:
+        return _torch_checkpointing(wl.torch_model(dev, seed), variant)
+    if variant not in getattr(workloads, "CHECKPOINT_VARIANTS", ()):
+        raise NotImplementedError(f"this commit's workloads have no checkpoint variant {variant!r}")
+    return workloads.set_checkpointing(wl.model(dev, seed), variant)
+
+
 class _Trainer:
     """One model, batch and optimizer for a (workload, batch, variant), warmed up."""
 
@@ -85,13 +175,10 @@ class _Trainer:
 
         from speedbench import measure  # noqa: PLC0415
 
-        workloads = _workloads()
-        if variant not in getattr(workloads, "CHECKPOINT_VARIANTS", ()):
-            raise NotImplementedError(f"this commit's workloads have no checkpoint variant {variant!r}")
         dev = measure.device()
-        wl = workloads.get(workload, dev).with_batch(batch)
+        wl = _workloads().get(workload, dev).with_batch(batch)
         self.device, self.loss_fn = dev, wl.loss
-        self.model = workloads.set_checkpointing(wl.model(dev), variant)
+        self.model = _model(wl, dev, variant)
         if data_parallel:
             self.model = torch.nn.DataParallel(self.model)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1, momentum=0.9, nesterov=True,
@@ -132,7 +219,7 @@ def _trainers(workload: str, batch: int, data_parallel: bool = False):
 
 
 class TrainingStep(common.Paired):
-    """The five variants of one (workload, batch) taking turns; none is the baseline."""
+    """The five variants of one (workload, batch) taking turns; none, plain PyTorch, is the baseline."""
 
     params = (WORKLOADS, BATCHES, VARIANTS)
     param_names = ["workload", "batch", "variant"]
@@ -150,7 +237,8 @@ class TrainingStep(common.Paired):
 
 
 class ActivationMemory(common.Measured):
-    """What each variant keeps for backward (exact, any device)."""
+    """What each variant keeps for backward (exact, any device); the plain variants on the
+    model built with torch alone."""
 
     params = (WORKLOADS, BATCHES, VARIANTS)
     param_names = ["workload", "batch", "variant"]
@@ -174,7 +262,8 @@ class ActivationMemory(common.Measured):
 
 
 class PeakMemory(common.Measured):
-    """Peak GPU memory of a training step, whole and above what was allocated before it."""
+    """Peak GPU memory of a training step, whole and above what was allocated before it; the
+    plain variants on the model built with torch alone."""
 
     params = (WORKLOADS, BATCHES, VARIANTS)
     param_names = ["workload", "batch", "variant"]
@@ -225,7 +314,8 @@ def _need_gpus() -> int:
 
 class DataParallelStep(common.Paired):
     """nn.DataParallel over every GPU, the variants taking turns: the setting where
-    reentrant checkpoint was slow."""
+    reentrant checkpoint was slow. The plain variants' checkpointing lives in torch's
+    classes, so DataParallel's replicas keep it."""
 
     params = (PARALLEL_BATCHES, VARIANTS)
     param_names = ["batch", "variant"]
@@ -241,9 +331,16 @@ class DataParallelStep(common.Paired):
         return _trainers(PARALLEL_WORKLOAD, batch, data_parallel=True)
 
 
+def _ddp_model(config, dev):
+    """A DDP rank's model (speedbench.ddp_launch.Recipe.model): the variant's, as `_model` builds it."""
+    wl = _workloads().get(config.workload, dev)
+    return _model(wl, dev, config.checkpoint, config.seed)
+
+
 class DistributedStep(common.Timed):
     """DistributedDataParallel, one process per GPU (NCCL), through speedbench.ddp_launch: the
-    median step time of the slowest rank.
+    median step time of the slowest rank. Every variant's ranks wrap and step with torch
+    alone (bench_parallel's plain recipe); only the model's checkpointing differs.
 
     Not paired: each variant is its own launch (speedbench.ddp_launch.run starts a process
     group per configuration), so variants cannot take turns step by step in one process,
@@ -262,10 +359,13 @@ class DistributedStep(common.Timed):
         workloads = _workloads()
         if variant not in getattr(workloads, "CHECKPOINT_VARIANTS", ()):
             raise NotImplementedError(f"this commit's workloads have no checkpoint variant {variant!r}")
-        launch = common.ddp_launch()
+        from benchmarks import bench_parallel  # noqa: PLC0415 - its plain recipe wraps and steps every variant
+
+        launch, torch_only = common.ddp_launch(), bench_parallel.torch_recipe()
+        recipe = launch.Recipe(_ddp_model, torch_only.wrap, torch_only.step)
         return launch.run(launch.RunConfig(
             mode="ddp", world_size=world, workload=PARALLEL_WORKLOAD, batch=batch, checkpoint=variant,
-            steps=10, warmup=1, device="cuda")).step_seconds
+            steps=10, warmup=1, device="cuda"), recipe=recipe).step_seconds
 
     def track_step_time(self, cache, batch: int, variant: str) -> float:
         return self.result(cache, batch, variant)

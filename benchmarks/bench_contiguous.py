@@ -7,6 +7,13 @@ Variants, all torch.optim.Adam with the same hyper-parameters:
   speedlib  speedlib.ContiguousParams flat buffer, fused=True (its recommended setup)
   original  contiguous_params 1.0.0 flat buffer, Adam's defaults as in its README;
             skipped when the package is not installed
+forloop, foreach and fused are plain PyTorch, written below with torch alone (the baseline
+and PyTorch's own alternatives); speedlib is speedlib's code path, original the package's.
+One piece of speedlib does run beside them: the speedlib variant's ContiguousParams installs
+speedlib's process-wide optimizer step pre-hook (speedlib/_contiguous_hooks.py), which from
+then on runs before every optimizer step in the process, theirs included (torch has no
+per-optimizer opt-out): a tuple of group sizes and a weak-dictionary lookup that finds no
+flat buffer. Taking turns in one process costs the baselines that much.
 
 The step alone overstates the gain, so three things are timed, each in a class of its own
 whose five variants take turns in one process (benchmarks.common.Paired):
@@ -37,6 +44,9 @@ from __future__ import annotations
 
 from benchmarks import common
 
+# The variants written with torch alone in this module (tests/test_baselines.py runs their
+# steps and fails on any speedlib code).
+PLAIN_PYTORCH = ("forloop", "foreach", "fused")
 VARIANTS = ["forloop", "foreach", "fused", "speedlib", "original"]
 WORKLOADS = ["mlp", "resnet50"]
 MAX_NORM = 1.0
@@ -57,7 +67,7 @@ class _Trainer:
         dev = measure.device()
         wl = workloads.get(workload, dev)
         self.device = dev
-        self.model = wl.model(dev)
+        self.model = wl.torch_model(dev)  # torch.nn / torchvision classes only: the same for every variant
         self.loss_fn = wl.loss
         self.x, self.y = wl.batch(dev)
         self.num_params = sum(p.numel() for p in self.model.parameters())

@@ -1,5 +1,15 @@
 """DistributedDataParallel vs DataParallel vs one process (speedlib.parallel.wrap).
 
+Variants, plain PyTorch (a `Recipe` for speedbench.ddp_launch written below with torch alone:
+torch's own classes, a step loop a user writes; never a speedlib code path):
+  single        one process, the model itself (the baseline on CPUs, and of scaling)
+  dataparallel  torch.nn.DataParallel over every device (the baseline on GPUs)
+  off           NoSync's baseline: DDP all-reducing after every micro-batch, DDP's default
+speedlib.parallel's (wrapped by speedlib.parallel.wrap, stepped by
+speedlib.tuning.accumulation_step):
+  ddp           DistributedDataParallel, one process per device
+  on            NoSync: DDP inside no_sync() for all but the last micro-batch
+
 Weak scaling: every rank (or device) gets the same batch, so a world of N trains on N
 times the samples per step. GPUs: ResNet-50, 64 images of 224 x 224 per device; CPUs: the
 100-layer MLP, 32 samples per rank (gloo, the cores shared between ranks). Each
@@ -31,6 +41,10 @@ import os
 from pathlib import Path
 
 from benchmarks import common
+
+# The variants written with torch alone in this module (tests/test_baselines.py runs their
+# steps and fails on any speedlib code).
+PLAIN_PYTORCH = ("single", "dataparallel", "off")
 
 
 def _gpu_count() -> int:
@@ -65,6 +79,57 @@ def _check(mode: str, world: int) -> None:
                                   f"this machine has {have}")
 
 
+# --- the plain-PyTorch recipe: what the baselines run (speedbench.ddp_launch.Recipe) ---------
+
+def _torch_model(config, dev):
+    """The workload's model as torch.nn and torchvision build it (the MLP, ResNet-50)."""
+    from speedbench import workloads  # noqa: PLC0415
+
+    if config.checkpoint != "none":
+        raise ValueError("the plain recipe trains without checkpointing (bench_checkpoint has its own models)")
+    return workloads.get(config.workload, dev).torch_model(dev, seed=config.seed)
+
+
+def _torch_wrap(model, mode: str, device_ids=None, **ddp_options):
+    """torch's own wrappers: none for one process, nn.DataParallel, DistributedDataParallel."""
+    from torch import nn  # noqa: PLC0415
+
+    if mode == "single":
+        return model
+    if mode == "dataparallel":
+        return nn.DataParallel(model, device_ids=device_ids)
+    return nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **ddp_options)
+
+
+def _torch_step(model, optimizer, loss_fn, x, y, micro_batches: int = 1, no_sync: bool = True):
+    """One optimizer step over `micro_batches` chunks of (x, y), each chunk's loss weighted by
+    its share of the batch; under DDP every backward all-reduces (DDP's default). Returns the
+    batch's loss, detached."""
+    import torch  # noqa: PLC0415
+
+    if no_sync and micro_batches > 1:
+        raise ValueError("the plain recipe all-reduces after every micro-batch; no_sync is speedlib's variant")
+    optimizer.zero_grad(set_to_none=True)
+    total = x.new_zeros((), dtype=torch.float32)
+    for xc, yc in zip(x.tensor_split(micro_batches), y.tensor_split(micro_batches)):
+        loss = loss_fn(model(xc), yc) * (xc.shape[0] / x.shape[0])
+        loss.backward()
+        total += loss.detach().float()
+    optimizer.step()
+    return total
+
+
+def torch_recipe():
+    """The recipe of this module's plain-PyTorch variants (PLAIN_PYTORCH); bench_checkpoint's
+    DistributedStep wraps and steps with it too."""
+    return common.ddp_launch().Recipe(_torch_model, _torch_wrap, _torch_step)
+
+
+def _recipe(variant: str):
+    """The plain recipe for PLAIN_PYTORCH's variants, None (the launcher's default, speedlib's) else."""
+    return torch_recipe() if variant in PLAIN_PYTORCH else None
+
+
 def _config(mode: str, world: int, **options):
     _check(mode, world)
     RunConfig = common.ddp_launch().RunConfig
@@ -73,7 +138,8 @@ def _config(mode: str, world: int, **options):
                      **options)
 
 
-def _run(config):
+def _run(config, recipe=None):
+    """One launch of `config`: with `recipe` (the plain one), else speedlib's."""
     import torch  # noqa: PLC0415 - in the measuring process only (benchmarks.common)
 
     from speedbench import measure  # noqa: PLC0415
@@ -82,11 +148,13 @@ def _run(config):
     if config.device == "cuda" and torch.cuda.device_count() < config.world_size:
         raise NotImplementedError(f"world size {config.world_size} needs {config.world_size} GPUs; torch sees "
                                   f"{torch.cuda.device_count()}")
-    return common.ddp_launch().run(config, timeout=_TIMEOUT)
+    launch = common.ddp_launch()
+    return launch.run(config, timeout=_TIMEOUT, recipe=recipe or launch.LIBRARY)
 
 
 class Step(common.Timed):
-    """The world size x mode grid, one launch each."""
+    """The world size x mode grid, one launch each: single and dataparallel with torch alone
+    (the baselines), ddp through speedlib.parallel."""
 
     params = (WORLDS, MODES)
     param_names = ["world", "variant"]
@@ -96,7 +164,7 @@ class Step(common.Timed):
         return self.measure_all()
 
     def measure_one(self, world: int, variant: str) -> dict:
-        result = _run(_config(variant, world))
+        result = _run(_config(variant, world), _recipe(variant))
         return {"step": result.step_seconds, "samples_per_second": result.samples_per_second}
 
     def track_step(self, cache, world: int, variant: str) -> float:
@@ -126,7 +194,8 @@ _NO_SYNC = {"off": False, "on": True}
 
 
 class NoSync(common.Timed):
-    """DDP on 2 ranks, 4 micro-batches per step, with and without no_sync."""
+    """DDP on 2 ranks, 4 micro-batches per step, with speedlib's no_sync ("on") and without
+    ("off": plain PyTorch, the baseline)."""
 
     params = [list(_NO_SYNC)]
     param_names = ["variant"]
@@ -136,8 +205,9 @@ class NoSync(common.Timed):
         return self.measure_all()
 
     def measure_one(self, variant: str) -> dict:
-        timed = _run(_config("ddp", 2, micro_batches=4, no_sync=_NO_SYNC[variant]))
-        counted = _run(_config("ddp", 2, micro_batches=4, no_sync=_NO_SYNC[variant], count_allreduces=True))
+        recipe = _recipe(variant)
+        timed = _run(_config("ddp", 2, micro_batches=4, no_sync=_NO_SYNC[variant]), recipe)
+        counted = _run(_config("ddp", 2, micro_batches=4, no_sync=_NO_SYNC[variant], count_allreduces=True), recipe)
         return {"step": timed.step_seconds, "allreduces": counted.allreduces[0] / counted.config.steps}
 
     def track_step(self, cache, variant: str) -> float:

@@ -1,8 +1,12 @@
 """The Tuning Guide's knobs, each timed on and off in the same run (speedlib.tuning).
 
-Every variant "off" is the baseline; everything not being measured stays at PyTorch's
-defaults (cuDNN autotuner off, NCHW, gradients set to None, float32 with cuDNN's default
-TF32), so each comparison changes one thing. Time comparisons take turns in one process
+Every variant "off" is the baseline, plain PyTorch: written in this module with torch alone
+(never through speedlib.tuning), the code as most people write it. The other variants ("on",
+no_grad, inference_mode, workers, pin_memory, torchscript, compile) go through speedlib.tuning.
+Everything not being measured stays at PyTorch's defaults (cuDNN autotuner off, NCHW,
+gradients set to None, float32 with cuDNN's default TF32), so each comparison changes one
+thing. The DataLoading variants share one dataset, speedlib.tuning.SyntheticImages (the
+workload, not a variant's code). Time comparisons take turns in one process
 (benchmarks.common.Paired): `track_seconds` is every variant's seconds per step, one sample
 per round, and `track_speedup` off / variant per round (> 1: the knob helps).
 
@@ -47,6 +51,9 @@ import os
 
 from benchmarks import common
 
+# The variants written with torch alone in this module (tests/test_baselines.py runs their
+# steps and fails on any speedlib code); BatchSize's curve steps the same plain code.
+PLAIN_PYTORCH = ("off",)
 ON_OFF = ["off", "on"]
 STEP_KNOBS = ["conv_bias", "zero_grad", "channels_last", "cudnn_benchmark", "accumulation"]
 # cudnn_benchmark cannot take turns with its "off" in one process (CudnnBenchmark says why).
@@ -80,19 +87,20 @@ def _add_conv_bias(model):
 
 
 class _Trainer:
-    """A ResNet-50 (or `workload`) training step with one knob set; the rest at defaults."""
+    """A ResNet-50 (or `workload`) training step with one knob set; the rest at defaults.
+    "off" (and BatchSize's "defaults") steps with torch alone, "on" through speedlib.tuning."""
 
     def __init__(self, knob: str, variant: str, workload: str = "resnet50", batch: int | None = None):
         import torch  # noqa: PLC0415
 
         from speedbench import workloads  # noqa: PLC0415
 
-        tuning = self.tuning = common.technique("tuning")
-        dev = self.device = _device()
         on = variant == "on"
+        tuning = self.tuning = common.technique("tuning") if on else None
+        dev = self.device = _device()
         wl = workloads.get(workload, dev)
         wl = wl.with_batch(batch) if batch else wl
-        self.model = wl.model(dev)
+        self.model = wl.torch_model(dev)  # torch.nn / torchvision classes only: the same for every variant
         self.x, self.y = wl.batch(dev)
         if knob == "conv_bias" and not on:
             _add_conv_bias(self.model)
@@ -101,19 +109,31 @@ class _Trainer:
         self.params = list(self.model.parameters())
         self.optimizer = torch.optim.SGD(self.params, lr=0.01, momentum=0.9)
         self.loss_fn = wl.loss
-        self.clear = "off" if knob == "zero_grad" and not on else "on"
+        self.zero_filled = knob == "zero_grad" and not on
         self.micro = MICRO_BATCHES if knob == "accumulation" and on else 1
         self.autotune = knob == "cudnn_benchmark" and on
         self.cudnn = torch.backends.cudnn
+        self.step = self._speedlib_step if on else self._torch_step
 
-    def step(self) -> None:
+    def _torch_step(self) -> None:
+        """The knob off, with torch alone: gradients set to None (zero-filled for zero_grad's
+        off, as Module.zero_grad did before torch 2.0), one backward, one step."""
+        self.cudnn.benchmark = self.autotune  # per step: the flag of whatever ran before must not leak in
+        for p in self.params:
+            if not self.zero_filled:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.detach_().zero_()
+        self.loss_fn(self.model(self.x), self.y).backward()
+        self.optimizer.step()
+
+    def _speedlib_step(self) -> None:
         tuning = self.tuning
-        # Set per step, so that the flag of whatever ran before in this process does not leak in.
         self.cudnn.benchmark = self.autotune
         if self.micro > 1:
             tuning.accumulation_step(self.model, self.optimizer, self.loss_fn, self.x, self.y, self.micro)
             return
-        tuning.clear_grads(self.params, self.clear)
+        tuning.clear_grads(self.params, "on")
         self.loss_fn(self.model(self.x), self.y).backward()
         self.optimizer.step()
 
@@ -128,7 +148,8 @@ class _Trainer:
 
 
 class TrainingStep(common.Paired):
-    """A knob's off and on trainers taking turns step by step; "off" is the baseline."""
+    """A knob's off and on trainers taking turns step by step; "off", plain PyTorch, is the
+    baseline."""
 
     params = (PAIRED_KNOBS, ON_OFF)
     param_names = ["knob", "variant"]
@@ -187,8 +208,9 @@ class CudnnBenchmark:
 
 
 class PeakMemory(common.Measured):
-    """A warm step's peak device memory per knob and variant (GPUs; exact, so no pairing).
-    cudnn_benchmark's is CudnnBenchmark.track_peak_memory, for the reason given there."""
+    """A warm step's peak device memory per knob and variant (GPUs; exact, so no pairing),
+    "off" stepped with torch alone. cudnn_benchmark's is CudnnBenchmark.track_peak_memory,
+    for the reason given there."""
 
     params = (PAIRED_KNOBS, ON_OFF)
     param_names = ["knob", "variant"]
@@ -218,13 +240,22 @@ def _eval_model():
 
     dev = _device()
     wl = workloads.get("resnet50", dev)
-    model = wl.model(dev).eval()
+    model = wl.torch_model(dev).eval()
     x, _ = wl.batch(dev)
     return model, x
 
 
+def _evaluation(model, x, variant: str):
+    """One evaluation call: "off" is plain `model(x)` with autograd on; the others through
+    speedlib.tuning.evaluate."""
+    if variant == "off":
+        return functools.partial(model, x)
+    return functools.partial(common.technique("tuning").evaluate, model, x, variant)
+
+
 class Inference(common.Paired):
-    """One model and batch; evaluation with autograd on ("off"), no_grad, inference_mode."""
+    """One model and batch; evaluation with autograd on ("off", plain PyTorch), no_grad,
+    inference_mode."""
 
     params = (INFERENCE,)
     param_names = ["variant"]
@@ -235,9 +266,9 @@ class Inference(common.Paired):
         return self.measure_all()
 
     def steps(self):
-        tuning = common.technique("tuning")
+        common.technique("tuning")  # a commit without it skips the class
         model, x = _eval_model()
-        return x.device, {v: functools.partial(tuning.evaluate, model, x, v) for v in INFERENCE}
+        return x.device, {v: _evaluation(model, x, v) for v in INFERENCE}
 
 
 class InferenceMemory(common.Measured):
@@ -252,10 +283,10 @@ class InferenceMemory(common.Measured):
         common.gpu_only("peak device memory")
         from speedbench import measure  # noqa: PLC0415
 
-        tuning = common.technique("tuning")
+        common.technique("tuning")
         model, x = _eval_model()
         # Keep the output alive through the measurement, as an evaluation loop does.
-        return measure.peak_memory(lambda: tuning.evaluate(model, x, variant), x.device)
+        return measure.peak_memory(_evaluation(model, x, variant), x.device)
 
     def track_peak_memory(self, cache, variant: str) -> int:
         return self.result(cache, variant)
@@ -274,7 +305,7 @@ LOADING = ["off", "workers", "pin_memory", "workers_pin_memory"]
 
 class DataLoading(common.Paired):
     """The loader variants taking turns, an epoch each; the persistent workers start in
-    the warm-up round."""
+    the warm-up round. "off" is plain `DataLoader(data, batch_size)`, torch's defaults."""
 
     params = (LOADING,)
     param_names = ["variant"]
@@ -285,6 +316,8 @@ class DataLoading(common.Paired):
         return self.measure_all()
 
     def steps(self):
+        import torch  # noqa: PLC0415
+
         tuning = common.technique("tuning")
         dev = _device()
         data = tuning.SyntheticImages(**{k: v for k, v in _IMAGES.items() if k != "batch"})
@@ -295,15 +328,29 @@ class DataLoading(common.Paired):
             for x, y in loader:
                 x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
 
-        return dev, {v: functools.partial(epoch, tuning.loader(data, _IMAGES["batch"], v, workers=WORKERS))
-                     for v in variants}
+        def loader(variant: str):
+            if variant == "off":  # num_workers=0, pin_memory=False: what DataLoader does unless told
+                return torch.utils.data.DataLoader(data, batch_size=_IMAGES["batch"])
+            return tuning.loader(data, _IMAGES["batch"], variant, workers=WORKERS)
+
+        return dev, {v: functools.partial(epoch, loader(v)) for v in variants}
 
 
 _GELU_SIZE = common.pick(cpu=1 << 22, gpu=1 << 26)
 
 
+def _gelu(x):
+    """The Tuning Guide's GELU from five pointwise operations, eager: the "off" variant, as
+    its user writes it (speedlib.tuning.gelu is the same maths, which the other variants
+    script or compile)."""
+    import torch  # noqa: PLC0415
+
+    return x * 0.5 * (1.0 + torch.erf(x / 1.41421))
+
+
 class FusedPointwise(common.Paired):
-    """Forward + backward of GELU: eager ("off"), TorchScript, torch.compile, taking turns."""
+    """Forward + backward of GELU: eager ("off", plain PyTorch), TorchScript, torch.compile,
+    taking turns."""
 
     params = (["off", "torchscript", "compile"],)
     param_names = ["variant"]
@@ -318,7 +365,7 @@ class FusedPointwise(common.Paired):
 
         tuning = common.technique("tuning")
         x = torch.randn(_GELU_SIZE, device=_device(), requires_grad=True)
-        fns = {v: tuning.pointwise(v) for v in self.params[-1]}
+        fns = {v: _gelu if v == "off" else tuning.pointwise(v) for v in self.params[-1]}
 
         def call(fn) -> None:
             fn(x).sum().backward()
@@ -368,8 +415,10 @@ class CompileTime(common.Timed):
     track_compile_seconds.unit = "seconds"
 
 
-def _mlp_epoch(mode: str):
-    """20 training steps of the 100-layer MLP with a RunningLoss meter, then its value."""
+def _mlp_epoch(variant: str):
+    """20 training steps of the 100-layer MLP with a loss/accuracy meter, then its value:
+    "off" calls .item() every step (plain PyTorch, written here), "on" keeps
+    speedlib.tuning.RunningLoss("device") sums on the device."""
     import torch  # noqa: PLC0415
 
     from speedbench import workloads  # noqa: PLC0415
@@ -377,25 +426,34 @@ def _mlp_epoch(mode: str):
     tuning = common.technique("tuning")
     dev = _device()
     wl = workloads.get("mlp", dev)
-    model = wl.model(dev)
+    model = wl.torch_model(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = wl.batch(dev)
 
-    def epoch():
-        meter = tuning.RunningLoss(mode)
+    def train_step():
+        opt.zero_grad()
+        logits = model(x)
+        loss = wl.loss(logits, y)
+        loss.backward()
+        opt.step()
+        return loss, logits
+
+    def item_epoch():
+        total, correct = 0.0, 0
         for _ in range(20):
-            opt.zero_grad()
-            logits = model(x)
-            loss = wl.loss(logits, y)
-            loss.backward()
-            opt.step()
+            loss, logits = train_step()
+            total += loss.item()  # waits for the GPU every step
+            correct += (logits.argmax(dim=1) == y).sum().item()
+        return total, correct
+
+    def device_epoch():
+        meter = tuning.RunningLoss("device")
+        for _ in range(20):
+            loss, logits = train_step()
             meter.update(loss, logits, y)
         return meter.value()
 
-    return epoch
-
-
-_METER = {"off": "item", "on": "device"}
+    return item_epoch if variant == "off" else device_epoch
 
 
 class Sync(common.Paired):
@@ -410,7 +468,7 @@ class Sync(common.Paired):
         return self.measure_all()
 
     def steps(self):
-        return _device(), {v: _mlp_epoch(_METER[v]) for v in ON_OFF}
+        return _device(), {v: _mlp_epoch(v) for v in ON_OFF}
 
 
 class SyncCount(common.Measured):
@@ -425,7 +483,7 @@ class SyncCount(common.Measured):
         common.gpu_only("synchronisations")
         from speedbench import measure  # noqa: PLC0415
 
-        epoch = _mlp_epoch(_METER[variant])
+        epoch = _mlp_epoch(variant)
         epoch()  # warm: cuBLAS handles, allocator pools
         return measure.count_syncs(epoch)
 
@@ -433,6 +491,16 @@ class SyncCount(common.Measured):
         return self.result(cache, variant)
 
     track_syncs.unit = "syncs"
+
+
+def _creations(dev) -> dict:
+    """torch.rand(2^26) drawn on the host then copied ("off", plain PyTorch), or drawn on
+    `dev` (speedlib.tuning.new_tensor)."""
+    import torch  # noqa: PLC0415
+
+    tuning = common.technique("tuning")
+    return {"off": lambda: torch.rand(1 << 26).to(dev),
+            "on": functools.partial(tuning.new_tensor, torch.rand, (1 << 26,), dev, "on")}
 
 
 class CreateOnDevice(common.Paired):
@@ -449,11 +517,8 @@ class CreateOnDevice(common.Paired):
 
     def steps(self):
         common.gpu_only("creating on the device instead of copying")
-        import torch  # noqa: PLC0415
-
-        tuning = common.technique("tuning")
         dev = _device()
-        return dev, {v: functools.partial(tuning.new_tensor, torch.rand, (1 << 26,), dev, v) for v in ON_OFF}
+        return dev, _creations(dev)
 
 
 def _lengths(max_len: int) -> list[int]:
@@ -473,7 +538,7 @@ class _VariableLengthTraining:
         self.tuning = common.technique("tuning")
         dev = self.device = _device()
         self.wl = workloads.get("transformer", dev)
-        self.model = self.wl.model(dev)
+        self.model = self.wl.torch_model(dev)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         self.x, self.y = self.wl.batch(dev)  # the longest batch; shorter ones are prefixes
         self.lengths = _lengths(self.x.shape[1])
@@ -499,8 +564,9 @@ class _VariableLengthTraining:
 
 
 class Preallocate(common.Paired):
-    """Epochs without ("off") and with pre-allocation taking turns on one model: each
-    starts from an emptied allocator cache, so neither inherits the other's blocks."""
+    """Epochs without ("off", plain PyTorch) and with pre-allocation taking turns on one
+    model, the transformer built with torch alone: each starts from an emptied allocator
+    cache, so neither inherits the other's blocks."""
 
     params = (ON_OFF,)
     param_names = ["variant"]
@@ -516,6 +582,8 @@ class Preallocate(common.Paired):
 
 
 class PreallocateSegments(common.Measured):
+    """cudaMalloc segments of an epoch, without ("off", plain PyTorch) and with pre-allocation."""
+
     params = (ON_OFF,)
     param_names = ["variant"]
     timeout = 600
@@ -563,11 +631,18 @@ class RetainedGraph(common.Measured):
         tuning = common.technique("tuning")
         model, x = _eval_model()
         y = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
-        meter = tuning.RunningLoss("graph" if variant == "off" else "device")
+
+        # The running total outlives the loop, as a validation loop's does.
+        total = [0.0]
+        meter = None if variant == "off" else tuning.RunningLoss("device")
 
         def loop():
             for _ in range(RETAINED_STEPS):
-                meter.update(nn.functional.cross_entropy(model(x), y))
+                loss = nn.functional.cross_entropy(model(x), y)
+                if meter is None:  # "off", plain PyTorch: the loss tensor summed, each graph kept alive
+                    total[0] = total[0] + loss.double()
+                else:
+                    meter.update(loss)
 
         return measure.saved_tensor_bytes(loop, exclude=[*model.parameters(), x], alive_after=True)
 
@@ -578,8 +653,9 @@ class RetainedGraph(common.Measured):
 
 
 class BatchSize(common.Timed):
-    """The throughput curve, smallest batch first, in one process: the first batch that
-    does not fit ends it, and the larger ones are skipped without being tried."""
+    """The throughput curve of PyTorch's defaults (a step written with torch alone),
+    smallest batch first, in one process: the first batch that does not fit ends it, and
+    the larger ones are skipped without being tried."""
 
     params = (BATCHES,)
     param_names = ["batch"]

@@ -55,6 +55,9 @@ def technique_page(name: str) -> None:
         # DataParallel cannot run), never just the first name in the list.
         default = next((b for b in technique.baselines if b in variants), technique.baseline)
         baseline = pick("Baseline", variants, key="baseline", default=default)
+    # Any variant may be picked to compare with, but only plain PyTorch is a baseline: say so.
+    against = "" if baseline in technique.plain else (
+        ", which is not plain PyTorch: a ratio against it moves with that variant's own code")
     first = rows.iloc[0]
     # A result file may carry no date (asv leaves it out for a commit it could not date).
     date = "date unknown" if pd.isna(first["commit_date"]) else f"{first['commit_date']:%Y-%m-%d}"
@@ -88,7 +91,7 @@ def technique_page(name: str) -> None:
             speedup = report.speedup_table(timed, "time", baseline)
             # names from result files: escaped, and in code spans that no backtick of theirs can close
             st.markdown(f"**Separately timed**: {report._md(words.metric(metric))} ({report._md_code(metric)}), "
-                        f"medians against {report._md_code(baseline)} (worst-case bounds)")
+                        f"medians against {report._md_code(baseline)}{against} (worst-case bounds)")
             table(speedup, hide=STATED)
             st.plotly_chart(spread_chart(timed, f"{words.metric(metric)}: every sample, {where}"))
             s = speedup.sources

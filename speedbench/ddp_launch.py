@@ -23,7 +23,9 @@ Per-rank step times are gathered to rank 0, and the slowest rank sets the step t
 Faults are injected on request, to test that handling.
 
 It lives in the harness, not in speedlib, because it measures: a commit walk takes it from
-the checkout and the technique (wrap, accumulation_step) from each commit.
+the checkout and the technique (wrap, accumulation_step) from each commit. A plain-PyTorch
+baseline runs through the same timing loop with a `Recipe` of its own, written with torch
+alone in its benchmark (benchmarks/bench_parallel.py): `run(config, recipe=...)`.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,7 +54,8 @@ from speedbench import measure, workloads
 from speedlib import tuning
 from speedlib.parallel import MODES, wrap
 
-__all__ = ["MODES", "FAULTS", "RunConfig", "RunResult", "RunFailed", "RunTimedOut", "run", "main"]
+__all__ = ["MODES", "FAULTS", "Recipe", "LIBRARY", "RunConfig", "RunResult", "RunFailed", "RunTimedOut", "run",
+           "main"]
 
 FAULTS = ("raise", "kill", "hang")  # injected into one rank, to test the failure handling
 _INT_FIELDS = ("world_size", "batch", "steps", "warmup", "micro_batches", "seed", "fault_rank", "fault_step")
@@ -163,6 +167,35 @@ class RunTimedOut(RunFailed, TimeoutError):
 
 # --- one rank ------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Recipe:
+    """How a rank builds, wraps and steps its model; everything else (the batch, its shards,
+    the optimizer, the timing) is the launcher's, the same for every recipe. Spawned ranks
+    unpickle it, so its functions must be importable module-level names.
+
+      model(config, device) -> nn.Module   initial weights from config.seed
+      wrap(model, mode, device_ids, **ddp_options), as speedlib.parallel.wrap
+      step(model, optimizer, loss_fn, x, y, micro_batches, no_sync) -> loss,
+                                           as speedlib.tuning.accumulation_step
+    """
+
+    model: Callable
+    wrap: Callable
+    step: Callable
+
+
+def _workload_model(config: RunConfig, dev: torch.device) -> nn.Module:
+    """The workload's model, with the commit's checkpointing where the config asks for it."""
+    model = workloads.get(config.workload, dev).model(dev, seed=config.seed)  # the same initial weights on every rank
+    if config.checkpoint != "none":
+        workloads.set_checkpointing(model, config.checkpoint)
+    return model
+
+
+# The library's recipe, the default: what the commit under test does.
+LIBRARY = Recipe(_workload_model, wrap, tuning.accumulation_step)
+
+
 def _device(config: RunConfig, local_rank: int) -> torch.device:
     if config.device == "cpu":
         return torch.device("cpu")
@@ -190,14 +223,14 @@ def _inject(config: RunConfig, rank: int, step: int) -> None:
     time.sleep(10**6)  # "hang": as a rank stuck in I/O or a deadlock would
 
 
-def train(config: RunConfig, rank: int = 0, local_rank: int = 0) -> dict:
+def train(config: RunConfig, rank: int = 0, local_rank: int = 0, recipe: Recipe = LIBRARY) -> dict:
     """This rank's part of the run (the process group, if any, is already up)."""
+    if config.contiguous and recipe != LIBRARY:
+        raise ValueError("contiguous=True steps speedlib's flat buffers: it has no place in another recipe")
     dev = _device(config, local_rank)
     world = config.world_size if config.mode == "ddp" else 1
     wl = workloads.get(config.workload, dev).with_batch(config.batch)
-    model = wl.model(dev, seed=config.seed)  # the same initial weights on every rank
-    if config.checkpoint != "none":
-        workloads.set_checkpointing(model, config.checkpoint)
+    model = recipe.model(config, dev)
     x, y = wl.batch("cpu", seed=config.seed)  # the global batch; each rank takes its shard
     x, y = x.tensor_split(world)[rank].to(dev), y.tensor_split(world)[rank].to(dev)
     flat = None
@@ -207,13 +240,14 @@ def train(config: RunConfig, rank: int = 0, local_rank: int = 0) -> dict:
         flat = ContiguousParams(model.parameters())
     counter = [0]
     if config.mode == "ddp":
-        wrapped = wrap(model, "ddp", [local_rank] if dev.type == "cuda" else None,
-                       gradient_as_bucket_view=config.gradient_as_bucket_view, static_graph=config.static_graph,
-                       find_unused_parameters=config.find_unused_parameters)
+        wrapped = recipe.wrap(model, "ddp", [local_rank] if dev.type == "cuda" else None,
+                              gradient_as_bucket_view=config.gradient_as_bucket_view,
+                              static_graph=config.static_graph, find_unused_parameters=config.find_unused_parameters)
         if config.count_allreduces:
             _count_allreduces(wrapped, counter)
     else:  # the DDP options have nothing to configure here (RunConfig keeps them for every mode)
-        wrapped = wrap(model, config.mode, list(range(config.world_size)) if config.mode == "dataparallel" else None)
+        wrapped = recipe.wrap(model, config.mode,
+                              list(range(config.world_size)) if config.mode == "dataparallel" else None)
     optimizer = torch.optim.SGD(flat.contiguous() if flat else model.parameters(), lr=config.lr, momentum=0.9)
     times, losses = [], []
     for step in range(config.warmup + config.steps):
@@ -222,7 +256,7 @@ def train(config: RunConfig, rank: int = 0, local_rank: int = 0) -> dict:
             counter[0] = 0
         measure.synchronize(dev)
         start = time.perf_counter()
-        loss = tuning.accumulation_step(wrapped, optimizer, wl.loss, x, y, config.micro_batches, config.no_sync)
+        loss = recipe.step(wrapped, optimizer, wl.loss, x, y, config.micro_batches, config.no_sync)
         measure.synchronize(dev)
         if step >= config.warmup:
             times.append(time.perf_counter() - start)
@@ -231,7 +265,8 @@ def train(config: RunConfig, rank: int = 0, local_rank: int = 0) -> dict:
             "losses": [float(v) for v in losses], "state_dict": {k: v.cpu() for k, v in model.state_dict().items()}}
 
 
-def _distributed_rank(config: RunConfig, rank: int, local_rank: int, init_method: str, out_dir: str) -> None:
+def _distributed_rank(config: RunConfig, rank: int, local_rank: int, init_method: str, out_dir: str,
+                      recipe: Recipe = LIBRARY) -> None:
     """Join the process group, train, gather every rank's times to rank 0, which writes them."""
     import torch.distributed as dist  # noqa: PLC0415
 
@@ -241,7 +276,7 @@ def _distributed_rank(config: RunConfig, rank: int, local_rank: int, init_method
     dist.init_process_group(config.backend, init_method=init_method, rank=rank, world_size=config.world_size,
                             timeout=datetime.timedelta(minutes=10))
     try:
-        mine = train(config, rank, local_rank)
+        mine = train(config, rank, local_rank, recipe)
         state = mine.pop("state_dict")
         everyone = [None] * config.world_size if rank == 0 else None
         dist.gather_object(mine, everyone, dst=0)
@@ -252,8 +287,8 @@ def _distributed_rank(config: RunConfig, rank: int, local_rank: int, init_method
         dist.destroy_process_group()
 
 
-def _mp_entry(local_rank: int, config_json: str, init_method: str, out_dir: str) -> None:
-    _distributed_rank(RunConfig(**json.loads(config_json)), local_rank, local_rank, init_method, out_dir)
+def _mp_entry(local_rank: int, config_json: str, init_method: str, out_dir: str, recipe: Recipe = LIBRARY) -> None:
+    _distributed_rank(RunConfig(**json.loads(config_json)), local_rank, local_rank, init_method, out_dir, recipe)
 
 
 # --- launchers -----------------------------------------------------------------------------
@@ -274,11 +309,11 @@ def _result(config: RunConfig, out_dir: str) -> RunResult:
                      ranks[0]["losses"], state)
 
 
-def _run_mp(config: RunConfig, out_dir: str, timeout: float) -> None:
+def _run_mp(config: RunConfig, out_dir: str, timeout: float, recipe: Recipe = LIBRARY) -> None:
     import torch.multiprocessing as mp  # noqa: PLC0415
 
     init = f"file://{Path(out_dir, 'rendezvous')}"
-    ctx = mp.start_processes(_mp_entry, args=(json.dumps(dataclasses.asdict(config)), init, out_dir),
+    ctx = mp.start_processes(_mp_entry, args=(json.dumps(dataclasses.asdict(config)), init, out_dir, recipe),
                              nprocs=config.world_size, join=False, start_method="spawn")
     pids = list(ctx.pids())
     deadline = time.monotonic() + timeout
@@ -346,20 +381,26 @@ def _run_torchrun(config: RunConfig, out_dir: str, timeout: float) -> None:
             raise RunFailed(f"torchrun exited with status {code}; the end of its output:\n{tail}", [proc.pid])
 
 
-def run(config: RunConfig, *, launcher: str = "mp", timeout: float = 600.0) -> RunResult:
+def run(config: RunConfig, *, launcher: str = "mp", timeout: float = 600.0, recipe: Recipe = LIBRARY) -> RunResult:
     """Run `config` and collect every rank's results (see the module docstring).
 
     single and dataparallel run in this process; ddp in `world_size` new processes through
     `launcher` ("mp": torch.multiprocessing spawn; "torchrun": torch.distributed.run).
+    recipe: how the ranks build, wrap and step the model (`Recipe`); speedlib's by default.
     """
     if launcher not in ("mp", "torchrun"):
         raise ValueError(f"launcher must be 'mp' or 'torchrun', got {launcher!r}")
+    if launcher == "torchrun" and recipe != LIBRARY:  # its workers read a JSON config, nothing else
+        raise ValueError("a recipe other than speedlib's runs with launcher='mp'")
     _check_devices(config)
     if config.mode != "ddp":  # RunConfig refuses a fault outside DDP
-        out = train(config)
+        out = train(config, recipe=recipe)
         return RunResult(config, [out["step_times"]], None, out["losses"], out["state_dict"])
     with tempfile.TemporaryDirectory(prefix="speedlib-ddp-") as out_dir:
-        (_run_mp if launcher == "mp" else _run_torchrun)(config, out_dir, timeout)
+        if launcher == "mp":
+            _run_mp(config, out_dir, timeout, recipe)
+        else:
+            _run_torchrun(config, out_dir, timeout)
         return _result(config, out_dir)
 
 

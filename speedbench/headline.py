@@ -7,12 +7,14 @@ rounds) where the variants took turns in one process, else as the ratio of separ
 timed values, with the exact peak-memory ratio beside it where the technique is about
 memory. A cell that has no number says why and what would measure it.
 
-Baselines: a cell leads with the comparison against what PyTorch does by default on that
-machine, where the suite measures it and it is not the source's own baseline (torch.optim.Adam
-is foreach where every parameter is on CUDA, the per-tensor loop on CPUs; a host tensor is
-pageable), then the other baselines a practitioner would weigh (fused Adam), then the source's
-baseline, which the claims table keeps (speedbench.report.CLAIMS). speedbench.words.DEFAULTS
-says, per technique, which variant is PyTorch's default, and where the suite does not measure it.
+Baselines are plain PyTorch, written with torch alone in the benchmarks, never a speedlib code
+path (speedbench.techniques). A cell leads with the comparison against what PyTorch does by
+default on that machine, where the suite measures it and it is not the source's own baseline
+(torch.optim.Adam is foreach where every parameter is on CUDA, the per-tensor loop on CPUs; a
+host tensor is pageable; on GPUs cuDNN convolutions run in TF32 and matmuls in float32), then
+the other baselines a practitioner would weigh (fused Adam), then the source's baseline, which
+the claims table keeps (speedbench.report.CLAIMS). speedbench.words.DEFAULTS says, per
+technique, which variant is PyTorch's default, and where the suite does not measure it.
 """
 
 from __future__ import annotations
@@ -77,26 +79,39 @@ HEADLINES = (
                             (("workload", "resnet50"),), default=(("gpu", "foreach"), ("cpu", "forloop")),
                             beside=("fused",), names=(("forloop", "per-tensor loop"),),
                             source="contiguous_params' baseline", scope="whole training iteration")),
-    Headline("transfer", "gather of 131072 random rows from a 10M-row host table, CuPy vs PyTorch's default "
-             "pageable copy and vs pinned PyTorch (each as % of the pinned copy bandwidth)", "FractionOfFloor",
-             "cupy", "pinned", paired=False, metric="gather_fraction_of_floor", gpu_only=True,
-             against="leads with pageable, PyTorch's default (a host tensor is pageable unless pinned, and "
-                     ".to(device) copies it synchronously); then pinned, SpeedTorch's baseline, which the claims "
-                     "table keeps",
-             default=(("gpu", "pageable"), ("cpu", "pageable")), source="SpeedTorch's baseline",
-             scope="row gather only (no training)",
-             whole=Headline("transfer", "an embedding's training step (forward, backward, Adam) on a host-resident "
-                            "table, CuPy vs pinned PyTorch", "EmbeddingStep", "cupy", "pinned", gpu_only=True,
-                            default=(("gpu", "pageable"), ("cpu", "pageable")), source="SpeedTorch's baseline",
+    Headline("transfer", "gather of 131072 random rows from a 10M-row host table, HostTable's default (auto: "
+             "speedlib picks its path by measurement) vs PyTorch's default pageable copy and vs PyTorch's pinned "
+             "path (each as % of the pinned copy bandwidth)", "FractionOfFloor",
+             "auto", "torch_pinned", paired=False, metric="gather_fraction_of_floor", gpu_only=True,
+             against="leads with torch_pageable, PyTorch's default (table[idx].to(device): a host tensor is pageable "
+                     "unless pinned, and .to(device) copies it synchronously); then torch_pinned, PyTorch's pinned path "
+                     "(index_select into a pinned buffer, then .to(device, non_blocking=True)), SpeedTorch's baseline "
+                     "('PyTorch pinned'), which the claims table keeps; both written with torch alone in the "
+                     "benchmark. Results measured before they existed had speedlib's own pinned backend as "
+                     "baseline: they show no ratio",
+             default=(("gpu", "torch_pageable"), ("cpu", "torch_pageable")),
+             names=(("torch_pageable", "PyTorch pageable"), ("torch_pinned", "PyTorch pinned")),
+             source="SpeedTorch's baseline", scope="row gather only (no training)",
+             whole=Headline("transfer", "an embedding's training step (forward, backward, optimizer step) on a "
+                            "host-resident table, HostTable's default (auto) vs nn.Embedding(sparse=True) + "
+                            "SparseAdam in host memory", "EmbeddingStep", "auto", "sparse_adam_host",
+                            beside=("sparse_adam",),
+                            names=(("sparse_adam_host", "PyTorch SparseAdam, table on the host"),
+                                   ("sparse_adam", "PyTorch SparseAdam, table on the GPU")),
                             scope="whole embedding training step")),
     Headline("checkpoint", "DenseNet-BC-100 training step, checkpointed (speedlib) vs none",
              "TrainingStep", "speedlib", "none", (("workload", "densenet_bc"),), memory_suite="PeakMemory",
              against="against none (no checkpointing), PyTorch's default"),
-    Headline("amp", "ResNet-50 training step, bf16 + channels_last vs strict fp32",
+    Headline("amp", "ResNet-50 training step, bf16 + channels_last vs PyTorch's default precision and vs strict fp32",
              "TrainingStep", "bf16_channels_last", "fp32", (("workload", "resnet50"),),
-             against="against fp32 with TF32 off, PyTorch's default on CPUs and on GPUs older than Ampere; on "
-                     "Ampere and newer PyTorch's default runs cuDNN convolutions in TF32 and matmuls in float32, "
-                     "neither fp32 nor tf32, and the suite does not measure it"),
+             against="leads on GPUs with default, PyTorch's default precision (cuDNN convolutions in TF32, matmuls in "
+                     "float32: torch.backends.cudnn.allow_tf32 = True, torch.backends.cuda.matmul.allow_tf32 = False; "
+                     "on GPUs older than Ampere TF32 does nothing and it computes as fp32); then strict fp32 (TF32 "
+                     "off everywhere), the Tuning Guide's baseline, which the claims table keeps. On CPUs TF32 does "
+                     "not exist: PyTorch's default is strict fp32, which leads there",
+             default=(("gpu", "default"), ("cpu", "fp32")),
+             names=(("default", "TF32 convolutions + fp32 matmuls"), ("fp32", "strict fp32")),
+             source="the Tuning Guide's baseline"),
     Headline("parallel", "training step, DistributedDataParallel vs DataParallel",
              "Step", "ddp", "dataparallel", paired=False, metric="step", gpu_only=True, devices=2,
              scope="whole training step, all GPUs",

@@ -341,7 +341,8 @@ def speedup_table(df: pd.DataFrame, kind: str = "time", baseline: str | None = N
         "interval": s["interval"], "N": s["n"],
     })
     notes = ["speedup = baseline / variant for time, variant / baseline for bandwidth and % of floor; "
-             ">1 means the variant is better", "[low, high]: from the two 99 % confidence intervals (worst case)"]
+             ">1 means the variant is better", "[low, high]: from the two 99 % confidence intervals (worst case)",
+             _baseline_note(s, baseline)]
     data = _numbers(s, **_ratio_numbers(s), interval=s["interval"], value=s["value"],
                     baseline_value=s["baseline_value"], unit=s["unit"])
     return Table(f"Speedup ({kind})", frame.reset_index(drop=True), s, _with_earlier_note(notes, s), data)
@@ -370,11 +371,24 @@ def memory_table(df: pd.DataFrame, baseline: str | None = None) -> Table:
     data = _numbers(s, **_ratio_numbers(s), value=s["value"], baseline_value=s["baseline_value"], unit=s["unit"],
                     change_percent=change)
     return Table("Memory (peak, saved activations, retained bytes)", frame.reset_index(drop=True), s,
-                 _with_earlier_note([MEMORY_NOTE, "change = variant / baseline - 1"], s), data)
+                 _with_earlier_note([MEMORY_NOTE, "change = variant / baseline - 1", _baseline_note(s, baseline)], s),
+                 data)
 
 
 MEMORY_NOTE = ("memory ratio = variant bytes / baseline bytes (ratio in the CSV): below 1x the variant needs less "
                "memory")
+BASELINE_NOTE = ("baseline: plain PyTorch, a variant written with torch alone in its benchmark, never a speedlib code "
+                 "path (speedbench.techniques lists them)")
+
+
+def _baseline_note(s: pd.DataFrame, baseline: str | None) -> str:
+    """What the baselines are: plain PyTorch, unless a reader chose another variant (the
+    dashboard's picker), whose ratios move with that variant's code."""
+    techniques = [t for t in s["technique"].unique() if t in TECHNIQUES] if "technique" in s else []
+    if baseline is None or all(baseline in TECHNIQUES[t].plain for t in techniques):
+        return BASELINE_NOTE
+    return (f"baseline: {baseline}, chosen here, is not plain PyTorch (speedlib's code, or another package's): a "
+            "ratio against it moves with that code; each technique's own baselines are plain PyTorch")
 
 
 # --- paired speedups ------------------------------------------------------------------------
@@ -412,7 +426,8 @@ def paired(df: pd.DataFrame) -> pd.DataFrame:
     """One row per paired speedup measured (kind "paired speedup", samples kept).
 
     Columns added: config (the parameters but the variant), baseline (the technique's
-    baseline among the variants the class timed), ratio, ratio_low, ratio_high (Hodges-
+    baseline among the variants the class timed; a technique's class timed without one, its
+    baseline then a speedlib code path, is left out), ratio, ratio_low, ratio_high (Hodges-
     Lehmann, 99 % Wilcoxon interval; NaN below 8 rounds), n (rounds), width (high / low),
     wide_because (why the interval is wider than PAIRED_WIDTH_TARGET, else "") and dropped
     (disturbed rounds left out: speedbench.contention; `samples` and n are what remains).
@@ -450,6 +465,11 @@ def paired(df: pd.DataFrame) -> pd.DataFrame:
         return next((b for b in chain if b in found), "")
 
     s["baseline"] = [baseline(*k) for k in zip(s["machine"], s["commit"], s["benchmark"], s["technique"], s["config"])]
+    # Where none of a technique's class's variants is a baseline, its per-round speedups are
+    # against a speedlib code path (transfer's classes before their plain-PyTorch variants
+    # existed had speedlib's own pinned / pageable backend as baseline): a speedlib path is
+    # never a baseline. (A benchmark of no known technique has no baselines to tell.)
+    s = s[(s["baseline"] != "") | ~s["technique"].isin(list(TECHNIQUES))]
     return s.sort_values(["technique", "machine", "commit_date", "benchmark", "config", "variant"], kind="stable")
 
 
@@ -470,6 +490,7 @@ def paired_table(df: pd.DataFrame) -> Table:
     })
     wide = int((s["width"] > PAIRED_WIDTH_TARGET).sum())
     notes = ["speedup = baseline / variant per round, variants taking turns in one process; >1: the variant is faster",
+             BASELINE_NOTE,
              "estimate: Hodges-Lehmann of the per-round ratios; [low, high]: 99 % interval from the Wilcoxon "
              "signed-rank test (none below 8 rounds); N: rounds (disturbed rounds left out, see machine state)",
              f"{wide} of {len(s)} intervals wider than {PAIRED_WIDTH_TARGET:.2f}x (high / low)" if len(s) else

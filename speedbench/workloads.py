@@ -34,6 +34,9 @@ class Workload:
     build: Callable[[], nn.Module]
     input_shape: tuple[int, ...]
     num_classes: int
+    # The same architecture with torch.nn / torchvision classes only, where `build` adds
+    # speedlib's checkpoint hooks: what the benchmarks' plain-PyTorch variants train.
+    torch_build: Callable[[], nn.Module] | None = None
 
     def model(self, device: torch.device | str = "cpu", seed: int = 0) -> nn.Module:
         """A freshly initialised model; the same `seed` gives the same weights on every device."""
@@ -41,6 +44,10 @@ class Workload:
             torch.manual_seed(seed)
             model = self.build()
         return model.to(device)
+
+    def torch_model(self, device: torch.device | str = "cpu", seed: int = 0) -> nn.Module:
+        """`model(device, seed)` built with torch alone: the same weights, no speedlib class in it."""
+        return dataclasses.replace(self, build=self.torch_build or self.build).model(device, seed)
 
     def batch(self, device: torch.device | str = "cpu", seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """A fixed synthetic (input, target) batch, generated on the CPU so it is device-independent."""
@@ -129,7 +136,7 @@ def _densenet_for_checkpointing(model: nn.Module) -> nn.Module:
     return cp.convert_batchnorm(model)
 
 
-def _densenet_bc_model(depth: int, growth_rate: int, efficient: bool) -> nn.Module:
+def _torch_densenet_bc(depth: int, growth_rate: int) -> nn.Module:
     import torchvision  # noqa: PLC0415
 
     layers = (depth - 4) // 6  # 3 blocks of bottleneck layers (2 convs each) + 4 other layers
@@ -140,14 +147,22 @@ def _densenet_bc_model(depth: int, growth_rate: int, efficient: bool) -> nn.Modu
     model.features.conv0 = nn.Conv2d(3, 2 * growth_rate, kernel_size=3, padding=1, bias=False)
     nn.init.kaiming_normal_(model.features.conv0.weight)
     del model.features.norm0, model.features.relu0, model.features.pool0
-    _densenet_for_checkpointing(model)
+    return model
+
+
+def _densenet_bc_model(depth: int, growth_rate: int, efficient: bool) -> nn.Module:
+    model = _densenet_for_checkpointing(_torch_densenet_bc(depth, growth_rate))
     return set_checkpointing(model, "speedlib" if efficient else "none")
 
 
-def _densenet121_model() -> nn.Module:
+def _torch_densenet121() -> nn.Module:
     import torchvision  # noqa: PLC0415
 
-    return _densenet_for_checkpointing(torchvision.models.densenet121(weights=None))
+    return torchvision.models.densenet121(weights=None)
+
+
+def _densenet121_model() -> nn.Module:
+    return _densenet_for_checkpointing(_torch_densenet121())
 
 
 class TransformerBlock(nn.TransformerEncoderLayer):
@@ -171,13 +186,17 @@ class _MeanPoolClassifier(nn.Module):
         return self.fc(self.norm(x.mean(dim=1)))
 
 
-def _transformer_model(layers: int = 6, width: int = 512, heads: int = 8) -> nn.Module:
-    blocks = [TransformerBlock(width, heads, 4 * width, dropout=0.1, batch_first=True, norm_first=True)
-              for _ in range(layers)]
+def _transformer_model(layers: int = 6, width: int = 512, heads: int = 8, block: type = TransformerBlock,
+                       stack: type = cp.CheckpointedSequential) -> nn.Module:
+    blocks = [block(width, heads, 4 * width, dropout=0.1, batch_first=True, norm_first=True) for _ in range(layers)]
     # The input projection makes the first block's input require grad, as a token
     # embedding would: reentrant checkpoint drops the gradients of a segment whose inputs
     # do not (it warns "None of the inputs have requires_grad=True").
-    return cp.CheckpointedSequential(nn.Linear(width, width), *blocks, _MeanPoolClassifier(width, 10))
+    return stack(nn.Linear(width, width), *blocks, _MeanPoolClassifier(width, 10))
+
+
+# torch.nn's own classes: the same blocks and weights without the checkpoint hooks
+_torch_transformer = functools.partial(_transformer_model, block=nn.TransformerEncoderLayer, stack=nn.Sequential)
 
 
 def densenet_bc(size: str = "full", *, depth: int = 100, growth_rate: int = 12, efficient: bool = False) -> Workload:
@@ -195,14 +214,14 @@ def densenet_bc(size: str = "full", *, depth: int = 100, growth_rate: int = 12, 
         raise ValueError(f"growth_rate must be positive, got {growth_rate}")
     shape = (64, 3, 32, 32) if size == "full" else (16, 3, 32, 32)
     build = functools.partial(_densenet_bc_model, depth, growth_rate, efficient)
-    return Workload("densenet_bc", size, build, shape, 10)
+    return Workload("densenet_bc", size, build, shape, 10, functools.partial(_torch_densenet_bc, depth, growth_rate))
 
 
 def densenet121(size: str = "full") -> Workload:
     """torchvision DenseNet-121 (8.0M parameters). full: batch 64 at 224 x 224; small: batch 4 at 64 x 64."""
     _check_size(size)
     shape = (64, 3, 224, 224) if size == "full" else (4, 3, 64, 64)
-    return Workload("densenet121", size, _densenet121_model, shape, 1000)
+    return Workload("densenet121", size, _densenet121_model, shape, 1000, _torch_densenet121)
 
 
 def transformer(size: str = "full") -> Workload:
@@ -210,7 +229,7 @@ def transformer(size: str = "full") -> Workload:
     (19.2M parameters), on random embeddings. full: batch 32 x 256 tokens; small: batch 4 x 32 tokens."""
     _check_size(size)
     shape = (32, 256, 512) if size == "full" else (4, 32, 512)
-    return Workload("transformer", size, _transformer_model, shape, 10)
+    return Workload("transformer", size, _transformer_model, shape, 10, _torch_transformer)
 
 
 def set_checkpointing(model: nn.Module, variant: str) -> nn.Module:

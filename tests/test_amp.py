@@ -187,11 +187,14 @@ def test_benchmark_skips_what_cannot_run_and_pairs_the_rest(monkeypatch):
     monkeypatch.setattr(bench.TrainingStep, "warmup", 0)
     monkeypatch.setattr(bench.TrainingStep, "builds", 1)
     cache = steps.measure_all()
-    assert cache[("transformer", "bf16_channels_last")] == ("skip", "bf16_channels_last does not apply to ('transformer',)")
+    # each skip says its own reason, not only that the variant did not apply
+    assert cache[("transformer", "bf16_channels_last")] == (
+        "skip", "channels_last needs 4-D activations; transformer has 3-D inputs")
     # fp16 autocast has no fast CPU kernels: left to GPUs, a skip here, and the rest still pairs
-    assert cache[("transformer", "fp16")] == ("skip", "fp16 does not apply to ('transformer',)")
-    with pytest.raises(NotImplementedError, match="fp16 autocast is measured on GPUs only"):
-        bench._Trainer("transformer", "fp16")
+    assert cache[("transformer", "fp16")] == ("skip", bench.FP16_ON_CPU)
+    # on a CPU PyTorch's default precision is fp32 itself: measured on GPUs only
+    assert cache[("transformer", "default")] == ("skip", bench.DEFAULT_ON_CPU)
+    assert "PyTorch's default is strict fp32" in bench.DEFAULT_ON_CPU
     assert math.isnan(steps.track_seconds(cache, "transformer", "bf16_channels_last"))
     assert math.isnan(steps.track_speedup(cache, "transformer", "fp32"))
     fp32 = steps.track_seconds(cache, "transformer", "fp32")["samples"]
@@ -199,3 +202,30 @@ def test_benchmark_skips_what_cannot_run_and_pairs_the_rest(monkeypatch):
     ratios = steps.track_speedup(cache, "transformer", "bf16")["samples"]
     assert len(fp32) == len(bf16) == len(ratios) == 2 and min(fp32 + bf16) > 0
     assert ratios == pytest.approx([a / b for a, b in zip(fp32, bf16)])  # per round, never of medians
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU behaviour of the benchmark")
+def test_the_benchmarks_plain_fp32_and_default_steps_train_as_precision_fp32_did():
+    """The baseline moved from speedlib.amp.Precision("fp32").step to a step written with torch
+    alone (issue 40): the same maths and flags, so the same parameters, bitwise, after a few
+    steps; `default` too on a CPU, where the TF32 flags change nothing."""
+    from benchmarks import bench_amp as bench  # noqa: PLC0415
+
+    before = bench._Trainer("resnet50", "fp32")
+    precision = Precision("fp32", "cpu")
+    plain = {v: bench._Trainer("resnet50", v) for v in bench.PLAIN_PYTORCH}
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        for _ in range(3):
+            precision.step(before.model, before.optimizer, before.loss_fn, before.x, before.y)
+            for trainer in plain.values():
+                trainer.step()
+        assert torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32  # default's, set last
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    expected = before.model.state_dict()
+    assert any(not torch.equal(v, bench._Trainer("resnet50", "fp32").model.state_dict()[k])
+               for k, v in expected.items())  # the steps trained: the comparison means something
+    for variant, trainer in plain.items():
+        got = trainer.model.state_dict()
+        assert all(torch.equal(got[k], v) for k, v in expected.items()), variant

@@ -588,6 +588,39 @@ def test_benchmark_pairs_the_variants_and_counts_saved_activations(monkeypatch):
     assert saved["reentrant"] == saved["non_reentrant"] == saved["speedlib"]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU behaviour of the benchmark")
+@pytest.mark.parametrize("workload, batch", [("densenet_bc", 4), ("transformer", 4)])
+def test_the_benchmarks_plain_variants_train_as_the_checkpointable_model_did(workload, batch):
+    """The plain variants moved from speedbench.workloads' checkpointable model (speedlib's
+    BatchNorm, CheckpointedSequential, run_segment) to a model built with torch alone and
+    checkpointed with torch.utils.checkpoint (issue 40): the same initial weights, and after
+    two steps the same parameters, bitwise. The one difference is PyTorch's own: nn.BatchNorm
+    updates its running statistics again when a checkpoint reruns it, which speedlib's does not."""
+    from benchmarks import bench_checkpoint as bench  # noqa: PLC0415
+
+    wl = workloads.get(workload, "cpu").with_batch(batch)
+    _assert_same(wl.torch_model().state_dict(), wl.model().state_dict())
+    for variant in bench.PLAIN_PYTORCH:
+        states = []
+        for model in (bench._model(wl, torch.device("cpu"), variant), workloads.set_checkpointing(wl.model(), variant)):
+            opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)
+            torch.manual_seed(1)  # dropout draws from here
+            for step in range(2):
+                x, y = wl.batch(seed=step)
+                opt.zero_grad()
+                wl.loss(model(x), y).backward()
+                opt.step()
+            states.append(model.state_dict())
+        plain, before = states
+        assert plain.keys() == before.keys()
+        rerun = [k for k in plain if not torch.equal(plain[k], before[k])]
+        # only BatchNorm statistics, and only where a rerun happened; none reruns nothing
+        assert all(k.rsplit(".", 1)[1] in ("running_mean", "running_var", "num_batches_tracked") for k in rerun), rerun
+        assert (not rerun) == (variant == "none" or workload == "transformer"), (variant, rerun[:3])
+        counted = [k for k in rerun if k.endswith("num_batches_tracked")]
+        assert all(int(plain[k]) == 2 * int(before[k]) == 4 for k in counted), variant  # twice a step, as PyTorch does
+
+
 # --- behaving like torch's non-reentrant checkpoint (issue 31) ---------------------------
 
 def _torch_cp(function, *args, **_params):

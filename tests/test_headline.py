@@ -48,11 +48,16 @@ def test_one_row_per_technique_one_column_per_machine(measured):
 
 
 def test_a_paired_cell_is_the_paired_tables_estimate(measured):
+    """The committed runs predate bench_amp's `default`: strict fp32 leads, named; on the CPU
+    it is PyTorch's default too (TF32 does not exist there)."""
     last = report.latest(measured)
     p = report.paired(last[(last["technique"] == "amp") & (last["suite"] == "TrainingStep")])
+    named = {"h100-sxm-80gb": "strict fp32 (the Tuning Guide's baseline)",
+             "h200-141gb": "strict fp32 (the Tuning Guide's baseline)",
+             INTEL: "strict fp32 (PyTorch's default on CPUs, the Tuning Guide's baseline)"}
     for machine, label in (("h100-sxm-80gb", H100), ("h200-141gb", H200), (INTEL, CPU)):
         r = p[(p["machine"] == machine) & (p["workload"] == "resnet50") & (p["variant"] == "bf16_channels_last")].iloc[0]
-        expected = f"{r['ratio']:.3g}x [{r['ratio_low']:.3g}, {r['ratio_high']:.3g}] N={r['n']}"
+        expected = f"{r['ratio']:.3g}x [{r['ratio_low']:.3g}, {r['ratio_high']:.3g}] N={r['n']} vs {named[machine]}"
         assert cell(headline.grid(measured).frame, "amp", label) == expected + _mark(last, machine, "amp")
 
 
@@ -128,19 +133,21 @@ def test_a_comparison_about_several_gpus_measured_on_one_says_so(measured):
 # Small frames as the loader gives them, on machines named here: the committed results' names
 # may change, what a cell leads with must not depend on them.
 
-def _adam_run(machine: str, gpu: str, seconds: dict[str, list[float]]) -> pd.DataFrame:
+def _adam_run(machine: str, gpu: str, seconds: dict[str, list[float]], technique: str = "contiguous",
+              suite: str = "AdamStep", baseline: str = "forloop") -> pd.DataFrame:
     """One AdamStep comparison (ResNet-50's parameters): every variant's seconds per round and
-    each variant's per-round speedup over forloop, the class's baseline (benchmarks/common.py)."""
+    each variant's per-round speedup over forloop, the class's baseline (benchmarks/common.py);
+    another paired class's on ResNet-50 with `technique`, `suite` and `baseline`."""
     rows = []
     for v, s in seconds.items():
-        common = {"machine": machine, "gpu": gpu, "technique": "contiguous", "suite": "AdamStep", "workload": "resnet50",
+        common = {"machine": machine, "gpu": gpu, "technique": technique, "suite": suite, "workload": "resnet50",
                   "variant": v, "params": f"workload=resnet50, variant={v}", "n": len(s)}
-        rows.append({**common, "benchmark": "bench_contiguous.AdamStep.track_seconds", "metric": "seconds",
+        rows.append({**common, "benchmark": f"bench_{technique}.{suite}.track_seconds", "metric": "seconds",
                      "kind": "time", "unit": "seconds", "samples": s, "value": sorted(s)[len(s) // 2],
                      "result_id": f"{machine}-seconds-{v}"})
-        if v != "forloop":
-            ratios = [b / x for b, x in zip(seconds["forloop"], s)]
-            rows.append({**common, "benchmark": "bench_contiguous.AdamStep.track_speedup", "metric": "speedup",
+        if v != baseline:
+            ratios = [b / x for b, x in zip(seconds[baseline], s)]
+            rows.append({**common, "benchmark": f"bench_{technique}.{suite}.track_speedup", "metric": "speedup",
                          "kind": "paired speedup", "unit": "x", "samples": ratios, "value": sorted(ratios)[len(s) // 2],
                          "result_id": f"{machine}-speedup-{v}"})
     return pd.DataFrame(rows).assign(commit="c" * 40, commit_date=pd.Timestamp(0, tz="UTC"), earlier_version=False)
@@ -157,8 +164,8 @@ def _seconds(**per_variant: float) -> dict[str, list[float]]:
             for v, t in per_variant.items()}
 
 
-def _vs(seconds: dict[str, list[float]], baseline: str) -> str:
-    r = paired_ratio(seconds[baseline], seconds["speedlib"])
+def _vs(seconds: dict[str, list[float]], baseline: str, variant: str = "speedlib") -> str:
+    r = paired_ratio(seconds[baseline], seconds[variant])
     return report._fmt_ratio(r.ratio, r.low, r.high)
 
 
@@ -194,19 +201,47 @@ def test_a_flat_buffer_cell_without_the_default_measured_leads_with_the_sources_
         f"{_vs(unknown, 'forloop')} N=10 vs per-tensor loop (contiguous_params' baseline); {_vs(unknown, 'fused')} vs fused"
 
 
-def test_the_transfer_cell_leads_with_the_pageable_copy_and_keeps_speedtorchs_pinned_beside():
-    unit = "% of pinned host->device bandwidth"
-    values = {"pageable": 11.0, "pinned": 42.4, "cupy": 38.8}
+def test_the_mixed_precision_cell_leads_with_pytorchs_default_precision_on_a_gpu():
+    """On a GPU PyTorch runs cuDNN convolutions in TF32 and matmuls in float32 (bench_amp's
+    `default`): the cell leads with it and keeps strict fp32, the Tuning Guide's baseline, beside."""
+    gpu = {v: [t * d for d in DRIFT] for v, t in (("fp32", 0.20), ("default", 0.16), ("bf16_channels_last", 0.06))}
+    g = headline.grid(_adam_run("box-gpu", "Some GPU 80GB", gpu, "amp", "TrainingStep", "fp32"))
+    assert cell(g.frame, "amp", "box-gpu (Some GPU 80GB)") == (
+        f"{_vs(gpu, 'default', 'bf16_channels_last')} N=10 vs TF32 convolutions + fp32 matmuls (PyTorch's default on "
+        f"CUDA); {_vs(gpu, 'fp32', 'bf16_channels_last')} vs strict fp32 (the Tuning Guide's baseline)")
+
+
+UNIT = "% of pinned host->device bandwidth"
+
+
+def _floor_run(values: dict[str, float]) -> pd.DataFrame:
+    """FractionOfFloor's gather % per variant, one value each, as the loader gives them."""
     frame = pd.DataFrame([{"machine": "box-gpu", "gpu": "Some GPU 80GB", "technique": "transfer",
                            "suite": "FractionOfFloor", "benchmark": "bench_transfer.FractionOfFloor."
                            "track_gather_fraction_of_floor", "metric": "gather_fraction_of_floor",
-                           "kind": "fraction of floor", "unit": unit, "variant": v, "params": f"variant={v}",
+                           "kind": "fraction of floor", "unit": UNIT, "variant": v, "params": f"variant={v}",
                            "workload": None, "value": x, "ci99_low": None, "ci99_high": None, "q25": None, "q75": None,
                            "n": 1, "result_id": v} for v, x in values.items()])
-    frame = frame.assign(commit="c" * 40, commit_date=pd.Timestamp(0, tz="UTC"))
+    return frame.assign(commit="c" * 40, commit_date=pd.Timestamp(0, tz="UTC"))
+
+
+def test_the_transfer_cell_leads_with_the_pageable_copy_and_keeps_speedtorchs_pinned_beside():
+    """Both baselines are plain PyTorch (bench_transfer's torch_pageable and torch_pinned);
+    speedlib's own pinned backend, once the baseline, is not one."""
+    frame = _floor_run({"torch_pageable": 11.0, "torch_pinned": 42.4, "pinned": 40.0, "auto": 38.8})
     assert cell(headline.grid(frame).frame, "transfer", "box-gpu (Some GPU 80GB)") == (
-        f"{38.8 / 11.0:.3g}x vs pageable (PyTorch's default; 38.8 vs 11 {unit}; N=1 each, not paired); "
-        f"{38.8 / 42.4:.3g}x vs pinned (SpeedTorch's baseline; 38.8 vs 42.4 {unit})")
+        f"{38.8 / 11.0:.3g}x vs PyTorch pageable (PyTorch's default; 38.8 vs 11 {UNIT}; N=1 each, not paired); "
+        f"{38.8 / 42.4:.3g}x vs PyTorch pinned (SpeedTorch's baseline; 38.8 vs 42.4 {UNIT})")
+
+
+def test_a_transfer_run_from_before_the_plain_baselines_shows_no_ratio_against_speedlibs_pinned():
+    """At 838236b and earlier the baseline was speedlib's pinned backend: no ratio is shown
+    against it, in the grid or in the tables; the % of the floor stand on their own."""
+    old = _floor_run({"pageable": 6.5, "pinned": 11.3, "cupy": 32.6, "uva": 33.3})
+    assert cell(headline.grid(old).frame, "transfer", "box-gpu (Some GPU 80GB)") == \
+        "not measured yet: speedlib run --chunk headline-transfer"
+    assert report.speedups(old).empty
+    assert report.speedup_table(old, "fraction of floor").frame.empty
 
 
 def test_the_grid_says_which_baseline_every_row_uses_and_the_claims_keep_the_sources():
@@ -216,21 +251,28 @@ def test_the_grid_says_which_baseline_every_row_uses_and_the_claims_keep_the_sou
     for h in headline.HEADLINES:
         assert "PyTorch" in said[report.TECHNIQUES[h.technique].title], h.technique
     assert "foreach where every parameter is on CUDA" in said["Flat-buffer (contiguous) parameters"]
-    assert "does not measure" in said["Mixed precision"]  # Ampere's default TF32 convolutions: no number
-    # the claims table still compares with the sources' baselines
+    # PyTorch's default on GPUs (TF32 convolutions, float32 matmuls) leads, strict fp32 beside it
+    assert said["Mixed precision"].startswith("leads on GPUs with default, PyTorch's default precision")
+    assert "strict fp32 (TF32 off everywhere), the Tuning Guide's baseline" in said["Mixed precision"]
+    # the claims table still compares with the sources' baselines, SpeedTorch's "PyTorch pinned" plain PyTorch
     assert {(c.technique, c.baseline) for c in report.CLAIMS if c.technique in ("contiguous", "transfer")} == {
-        ("contiguous", "forloop"), ("transfer", "pinned")}
+        ("contiguous", "forloop"), ("transfer", "torch_pinned")}
 
 
-@pytest.mark.parametrize("h", [h for h in headline.HEADLINES if h.default or h.beside], ids=lambda h: h.technique)
-def test_every_baseline_a_cell_names_is_a_variant_its_class_measures(h):
+EVERY_HEADLINE = [x for h in headline.HEADLINES for x in (h, h.whole) if x is not None]
+
+
+@pytest.mark.parametrize("h", EVERY_HEADLINE, ids=lambda h: f"{h.technique}.{h.suite}")
+def test_every_baseline_a_cell_names_is_a_plain_variant_its_class_measures(h):
     import importlib
     import sys
 
     sys.path.insert(0, str(RESULTS.parent))
     cls = getattr(importlib.import_module(f"benchmarks.bench_{h.technique}"), h.suite)
     variants = dict(zip(cls.param_names, cls.params if isinstance(cls.params[0], (list, tuple)) else [cls.params]))
-    assert {v for _, v in h.default} | set(h.beside) <= set(variants["variant"])
+    baselines = {h.baseline, *(v for _, v in h.default), *h.beside}
+    assert baselines | {h.variant} <= set(variants["variant"])
+    assert baselines <= set(report.TECHNIQUES[h.technique].plain)  # plain PyTorch, never a speedlib path
 
 
 def test_each_cell_says_its_scope_and_a_part_of_a_step_shows_the_whole_step_beside_it(measured):
@@ -247,7 +289,8 @@ def test_each_cell_says_its_scope_and_a_part_of_a_step_shows_the_whole_step_besi
     assert cell(frame, "contiguous", CPU, "whole").startswith(expected)
     # The H100 ran the optimizer step but not the whole iteration: the cell says which chunk would.
     assert cell(frame, "contiguous", H100, "whole") == "not measured yet: speedlib run --chunk contiguous-amp"
-    assert cell(frame, "transfer", CPU, "whole") == "needs a GPU"  # CuPy's embedding step needs CUDA
+    # the embedding step's auto vs SparseAdam on the host runs on CPUs too: this run predates them
+    assert cell(frame, "transfer", CPU, "whole") == "not measured yet: speedlib run --chunk transfer-parallel"
 
 
 def test_the_whole_step_has_its_own_marks_and_wide_interval_notes(measured):

@@ -21,8 +21,8 @@ HAS_CUDA = torch.cuda.is_available()
 BASE = {"workload": "mlp", "batch": 16, "steps": 3, "warmup": 1}
 
 
-def _run(**kw) -> RunResult:
-    return ddp_launch.run(RunConfig(**{**BASE, **kw}), timeout=180)
+def _run(recipe=ddp_launch.LIBRARY, **kw) -> RunResult:
+    return ddp_launch.run(RunConfig(**{**BASE, **kw}), timeout=180, recipe=recipe)
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +64,33 @@ def test_no_sync_accumulation_same_result_fewer_all_reduces(single):
     _assert_same_parameters(single, skipped)
     _assert_same_parameters(single, synced)
     assert synced.allreduces[0] == 4 * skipped.allreduces[0], "one all-reduce per micro-batch without no_sync"
+
+
+def _assert_bitwise(a: RunResult, b: RunResult) -> None:
+    assert a.state_dict.keys() == b.state_dict.keys()
+    assert all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)
+
+
+def test_the_benchmarks_plain_recipe_trains_as_speedlibs_path_did(single):
+    """The benchmark's baselines (one process; DDP all-reducing every micro-batch, NoSync's
+    off) moved from speedlib.parallel.wrap + speedlib.tuning.accumulation_step to a recipe
+    written with torch alone (issue 40): the same parameters, bitwise, and the same all-reduces."""
+    import sys  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the spawned ranks import the benchmark too
+    from benchmarks import bench_parallel  # noqa: PLC0415
+
+    recipe = bench_parallel.torch_recipe()
+    _assert_bitwise(single, ddp_launch.run(RunConfig(**BASE, mode="single"), recipe=recipe))
+    off = {"mode": "ddp", "world_size": 2, "micro_batches": 4, "no_sync": False, "count_allreduces": True}
+    plain, before = _run(**off, recipe=recipe), _run(**off)
+    _assert_bitwise(before, plain)
+    assert plain.allreduces == before.allreduces and plain.allreduces[0] > 0
+    with pytest.raises(ValueError, match="no_sync is speedlib's variant"):
+        ddp_launch.run(RunConfig(**BASE, mode="single", micro_batches=2), recipe=recipe)
+    with pytest.raises(ValueError, match="runs with launcher='mp'"):
+        ddp_launch.run(RunConfig(**BASE, mode="ddp", world_size=2), recipe=recipe, launcher="torchrun")
 
 
 def test_ddp_options_and_flat_buffers_keep_the_result(single):

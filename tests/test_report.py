@@ -813,25 +813,43 @@ def test_a_floor_table_says_why_a_value_passes_100_percent():
     assert len(below) and report.FLOOR_ABOVE_NOTE not in report.floor_table(below).notes
 
 
+def _floor_fractions(values: dict[tuple[str, str], float]) -> pd.DataFrame:
+    """FractionOfFloor rows ((op, variant) -> % of the pinned copy) of one GPU run."""
+    rows = [{"machine": "box-gpu", "gpu": "Some GPU 80GB", "technique": "transfer", "suite": "FractionOfFloor",
+             "benchmark": f"bench_transfer.FractionOfFloor.track_{op}_fraction_of_floor",
+             "metric": f"{op}_fraction_of_floor", "kind": "fraction of floor", "unit": "%", "variant": v,
+             "params": f"variant={v}", "workload": "", "value": x, "ci99_low": None, "ci99_high": None, "q25": None,
+             "q75": None, "n": 1, "result_id": f"{op}-{v}"} for (op, v), x in values.items()]
+    return pd.DataFrame(rows).assign(commit="c" * 40, commit_date=pd.Timestamp(0, tz="UTC"))
+
+
 def test_transfer_claims_read_the_floor_ratio_where_no_timed_comparison_ran():
-    """An H100 run of transfer's headline chunk measured each variant as a % of the pinned copy
-    only: the claims table once said "not measured yet" beside a headline that showed 0.914x."""
+    """A run of transfer's headline chunk measures each variant as a % of the pinned copy
+    only: the claims table once said "not measured yet" beside a headline that showed a ratio.
+    SpeedTorch's "PyTorch pinned" is plain PyTorch: cupy is compared with torch_pinned."""
+    pct = {("gather", "torch_pinned"): 42.4, ("gather", "pinned"): 40.0, ("gather", "cupy"): 38.8,
+           ("scatter", "torch_pinned"): 45.0, ("scatter", "pinned"): 44.0, ("scatter", "cupy"): 53.6}
+    frame = report.claims_table(_floor_fractions(pct)).frame
+    for op, claim in (("gather", "gather 3.1x"), ("scatter", "write-back 410x")):
+        (row,) = frame[frame["claim"].str.contains(claim)].to_dict("records")
+        assert row["measured"].split()[0] == f"{pct[op, 'cupy'] / pct[op, 'torch_pinned']:.3g}x"
+        assert row["machine"].startswith("box-gpu") and row["comparable"].startswith("other GPU")
+        assert row["measured as"].startswith(f"{op}_fraction_of_floor: cupy vs torch_pinned (bandwidth ratio")
+
+
+def test_transfer_claims_are_not_read_against_speedlibs_old_pinned_baseline():
+    """The committed H100 run (bdb0cb6d) compared cupy with speedlib's own pinned backend, then
+    the benchmark's baseline: a speedlib code path, so no claim is set beside it."""
     from speedbench.results import load_results
 
     last = report.latest(load_results(ROOT / "results").measured)
+    for machine in ("h100-sxm-80gb", "h200-141gb"):  # both GPU runs predate the plain-PyTorch baselines
+        floor = last[(last["machine"] == machine) & (last["suite"] == "FractionOfFloor")]
+        assert {"pinned", "cupy"} <= set(floor["variant"]) and "torch_pinned" not in set(floor["variant"])
     frame = report.claims_table(last).frame
-    gpus = ("h100-sxm-80gb", "h200-141gb")  # each GPU machine's own row
-    for op, claim in (("gather", "gather 3.1x"), ("scatter", "write-back 410x")):
-        rows = frame[frame["claim"].str.contains(claim)].to_dict("records")
-        assert sorted(r["machine"].split()[0] for r in rows) == list(gpus)
-        for machine in gpus:
-            floor = last[(last["machine"] == machine) & (last["suite"] == "FractionOfFloor")]
-            assert len(floor), f"the committed {machine} results hold transfer's floor fractions"
-            pct = floor[floor["metric"] == f"{op}_fraction_of_floor"].set_index("variant")["value"]
-            (row,) = [r for r in rows if r["machine"].startswith(machine)]
-            assert row["measured"].split()[0] == f"{pct['cupy'] / pct['pinned']:.3g}x"
-            assert row["comparable"].startswith("other GPU")
-            assert row["measured as"].startswith(f"{op}_fraction_of_floor: cupy vs pinned (bandwidth ratio")
+    for claim in ("gather 3.1x", "write-back 410x"):
+        (row,) = frame[frame["claim"].str.contains(claim)].to_dict("records")
+        assert row["measured"].startswith("not measured yet") and row["measured as"].endswith("cupy vs torch_pinned (speedup)")
 
 
 def test_rows_from_an_earlier_benchmark_version_carry_the_dagger_in_every_table(tmp_path):

@@ -632,3 +632,47 @@ def test_cudnn_autotuner_is_timed_in_separate_processes_only():
     assert not issubclass(bench.CudnnBenchmark, common.Measured) and not hasattr(bench.CudnnBenchmark, "setup_cache")
     assert bench.CudnnBenchmark.params == bench.ON_OFF and callable(bench.CudnnBenchmark.time_step)
     assert "Not paired" in bench.CudnnBenchmark.__doc__
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU behaviour of the benchmark")
+@pytest.mark.parametrize("knob", ["zero_grad", "channels_last"])
+def test_the_benchmarks_plain_off_step_trains_as_the_speedlib_path_did(knob):
+    """"off" moved from speedlib.tuning.clear_grads to a loop written with torch alone (issue
+    40): zero-filled gradients for zero_grad's off, None for the others, so the same
+    parameters, bitwise, as stepping with clear_grads did."""
+    from benchmarks import bench_tuning as bench  # noqa: PLC0415
+
+    plain, before = bench._Trainer(knob, "off"), bench._Trainer(knob, "off")
+    for _ in range(3):
+        plain.step()
+        tuning.clear_grads(before.params, "off" if knob == "zero_grad" else "on")
+        before.loss_fn(before.model(before.x), before.y).backward()
+        before.optimizer.step()
+    start = bench._Trainer(knob, "off").model.state_dict()
+    got, expected = plain.model.state_dict(), before.model.state_dict()
+    assert any(not torch.equal(start[k], v) for k, v in expected.items())  # it trained
+    assert all(torch.equal(got[k], v) for k, v in expected.items())
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU behaviour of the benchmark")
+def test_the_benchmarks_plain_item_meter_sums_as_running_loss_did():
+    """Sync's "off" meter moved from RunningLoss("item") to .item() calls written with torch
+    alone: the same loss sum and correct count over the same epoch."""
+    from benchmarks import bench_tuning as bench  # noqa: PLC0415
+
+    from speedbench import workloads  # noqa: PLC0415
+
+    plain = bench._mlp_epoch("off")()
+    meter = tuning.RunningLoss("item")
+    wl = workloads.get("mlp", "cpu")
+    model, (x, y) = wl.torch_model(), wl.batch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(20):
+        opt.zero_grad()
+        logits = model(x)
+        loss = wl.loss(logits, y)
+        loss.backward()
+        opt.step()
+        meter.update(loss, logits, y)
+    assert plain == meter.value() and plain[0] > 0
+    assert bench._mlp_epoch("on")() == plain  # the device meter ("on"): the same sums, kept on the device

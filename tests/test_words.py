@@ -80,6 +80,32 @@ def test_every_technique_says_which_variant_is_pytorchs_default():
     assert line.startswith("forloop: ") and line.endswith(words.DEFAULTS["contiguous"])
     assert "foreach when every parameter is on CUDA and forloop otherwise" in line
     assert "fused is never picked by itself" in line
-    assert "does not measure" in words.DEFAULTS["amp"]  # cuDNN's default TF32 on Ampere+: no number invented
+    # cuDNN's default TF32 convolutions with float32 matmuls: bench_amp's `default`, measured on GPUs
+    assert words.DEFAULTS["amp"].startswith("PyTorch's default: default on GPUs, which the suite measures there")
+    assert "fp32 on CPUs" in words.DEFAULTS["amp"]
+    assert words.DEFAULTS["transfer"].startswith("PyTorch's default: torch_pageable")
     assert "zero_grad" in words.DEFAULTS["tuning"]  # grad = None, the knob's "on", is the default since 2.0
     assert words.glossary("contiguous", ["nobody"]) == ""  # still nothing where nothing is named
+
+
+def test_every_variant_says_whose_code_it_runs():
+    """A baseline is plain PyTorch and says so wherever it is named: every plain variant's
+    words say "plain PyTorch", and no other variant's do (speedbench.techniques lists which)."""
+    import re
+
+    from speedbench.techniques import TECHNIQUES
+
+    for technique, variants in words.VARIANTS.items():
+        plain = set(TECHNIQUES[technique].plain)
+        for variant, said in variants.items():
+            claims = re.search(r"(?<!not )plain PyTorch", said) is not None  # "not plain PyTorch" is history
+            assert claims == (variant in plain), f"{technique}.{variant}: {said}"
+
+
+def test_old_transfer_names_keep_their_history():
+    """Results at old commits keep their variant names: `pinned` was speedlib's own backend,
+    and the baseline those results were measured against."""
+    pinned = words.VARIANTS["transfer"]["pinned"]
+    assert "1408e44" in pinned and "not plain PyTorch" in pinned
+    assert "838236b" in words.VARIANTS["transfer"]["staged"] and "838236b" in words.VARIANTS["transfer"]["index_select"]
+    assert "'PyTorch pinned'" in words.VARIANTS["transfer"]["torch_pinned"]

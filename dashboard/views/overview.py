@@ -9,7 +9,8 @@ from speedbench import comparisons, headline, report, words
 st.title("speedlib: which PyTorch speed tricks pay off")
 st.caption("Headline speedups are paired: the variants took turns in one process, and each number is the "
            "Hodges-Lehmann estimate of the per-round ratios against a baseline, brackets its 99 % Wilcoxon "
-           "interval. A cell with several baselines names each, PyTorch's default on that machine first; the notes "
+           "interval. Every baseline is plain PyTorch, written with torch alone in the benchmark, never a speedlib "
+           "code path. A cell with several baselines names each, PyTorch's default on that machine first; the notes "
            "under the table say which baseline every row uses. A technique without a paired comparison shows the "
            "ratio of its separately timed medians, which the machine's drift between processes can move. Every "
            "page's filters live in the URL.")
@@ -74,10 +75,10 @@ for h in headline.HEADLINES:
         continue
     shown = True
     against = ", ".join(f"`{b}`" for b in technique.baselines if b in set(s["baseline"]))  # fallbacks where the baseline did not run
-    st.markdown(f"**{technique.title}**: {what}, against {against}")
+    st.markdown(f"**{technique.title}**: {what}, against {against} (plain PyTorch, written in the benchmark)")
     # The baseline is in the label: a fallback baseline (single process where DataParallel
     # cannot run) must not share a bar label with the real one.
-    # Two metrics of one class (gather and write-back) would share "cupy vs pinned": name them.
+    # Two metrics of one class (gather and write-back) would share "cupy vs torch_pinned": name them.
     metric = s["metric"].map(words.metric) + ": " if s["metric"].nunique() > 1 else ""
     s = s.assign(label=s["machine"] + " (" + s["gpu"] + ")",
                  case=metric + report.case_label(s) + " vs " + s["baseline"].astype(str))
