@@ -76,6 +76,8 @@ from collections.abc import Callable
 from benchmarks import common
 
 TORCH = ["torch_pageable", "torch_pinned"]  # plain PyTorch, written below
+# Every variant written with torch alone (tests/test_baselines.py traces their steps for speedlib code).
+PLAIN_PYTORCH = (*TORCH, "sparse_adam_host", "sparse_adam")
 BACKENDS = ["pageable", "pinned", "cupy", "uva", "auto", "device"]  # speedlib.transfer's
 VARIANTS = [*TORCH, *BACKENDS]
 ORDERS = ["random", "sorted"]

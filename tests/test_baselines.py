@@ -29,8 +29,7 @@ from speedbench import techniques
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# bench_dashboard times the viewer and has no variants; bench_transfer declares its plain
-# variants once its torch_pageable / torch_pinned / sparse_adam_host exist (issue 40).
+# bench_dashboard times the viewer and has no variants.
 WITHOUT_VARIANTS = {"dashboard"}
 CUDA = torch.cuda.is_available()
 
@@ -104,7 +103,7 @@ def one_class_per_process(monkeypatch):
 def test_every_baseline_is_a_plain_variant_its_benchmark_declares():
     declared = _declared()
     missing = {p.stem.removeprefix("bench_") for p in (ROOT / "benchmarks").glob("bench_*.py")} - set(declared)
-    assert missing - WITHOUT_VARIANTS <= {"transfer"}, f"benchmarks without PLAIN_PYTORCH: {missing}"
+    assert missing == WITHOUT_VARIANTS, f"benchmarks without PLAIN_PYTORCH: {missing - WITHOUT_VARIANTS}"
     for technique, plain in declared.items():
         module = _module(technique)
         classes = [c for c in vars(module).values() if inspect.isclass(c) and c.__module__ == module.__name__]
@@ -271,3 +270,23 @@ def test_the_distributed_checkpoint_baselines_train_with_torch_alone(variant):
     recipe = Recipe(bench_checkpoint._ddp_model, torch_only.wrap, torch_only.step)
     config = RunConfig(mode="single", workload="transformer", batch=4, steps=1, warmup=0, checkpoint=variant)
     assert _rank(config, recipe) == []
+
+
+@cpu_only
+@pytest.mark.parametrize("name, config", [("Transfer", ("gather", "random")), ("Transfer", ("scatter", "sorted")),
+                                          ("EmbeddingStep", ())])
+def test_transfers_plain_variants_run_no_speedlib_code(name, config, monkeypatch):
+    """On a small table (the CPU profile's 1M rows would build three 0.5 GB tables here)."""
+    from benchmarks import bench_transfer as bench  # noqa: PLC0415
+    from speedbench import workloads  # noqa: PLC0415
+
+    spec = workloads.EmbeddingBatch(rows=4096, dim=16, batch=512)
+    monkeypatch.setattr(bench, "_spec", lambda: spec)
+    monkeypatch.setattr(bench, "BATCH_BYTES", spec.batch * spec.dim * 4)
+    monkeypatch.setattr(bench, "_tables", [])
+    _, steps = getattr(bench, name)().steps(*config)
+    plain = [v for v in steps if v in bench.PLAIN_PYTORCH]
+    assert getattr(bench, name).baseline in plain and "auto" in steps  # a speedlib variant took turns with them
+    for variant in plain:
+        assert speedlib_calls(steps[variant]) == [], f"transfer.{name}{config} {variant}"
+    assert speedlib_calls(steps["auto"])  # the check sees speedlib's own path
