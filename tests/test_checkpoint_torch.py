@@ -54,7 +54,7 @@ from torch.utils.checkpoint import checkpoint_sequential
 
 from speedlib.checkpoint import checkpoint
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; the CPU twin covers the logic")
+needs_cuda = pytest.mark.gpu(reason="needs a CUDA GPU; the CPU twin covers the logic")
 
 
 def _torch_ckpt(fn, *args, **kwargs):

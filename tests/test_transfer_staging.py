@@ -24,7 +24,7 @@ from speedlib import _transfer_kernel, _transfer_staging
 from speedlib.transfer import HostTable
 
 HAS_CUDA = torch.cuda.is_available()
-needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="these backends move rows to a CUDA device; this machine has none")
+needs_cuda = pytest.mark.gpu(reason="these backends move rows to a CUDA device; this machine has none")
 try:
     import triton  # noqa: F401
     HAS_TRITON = True
