@@ -101,16 +101,17 @@ def describe(verdict: dict) -> str:
     dashboard cell say."""
     counts = ", ".join(f"{verdict[k]} {k if k != 'errors' else 'error(s)'}" for k in _COUNTS if verdict[k])
     ran = sum(verdict[k] for k in _COUNTS)
-    said = {PASSED: f"passed ({counts or 'nothing ran'})",
-            FAILED: f"failed: {verdict['failed'] + verdict['errors']} of {ran} ({counts})",
-            INCOMPLETE: f"incomplete: pytest stopped before the end (exit status {verdict['exit_status']}), "
-                        f"{counts or 'no test reported'} so far",
-            NONE_RAN: f"none ran ({counts or 'no test selected'}: no GPU visible to the tests?)"}[status(verdict)]
+    took = f"{verdict['duration_s']:.0f} s"
+    said = {PASSED: f"passed ({counts}) in {took}",
+            FAILED: f"failed: {verdict['failed'] + verdict['errors']} of {ran} ({counts}) in {took}",
+            INCOMPLETE: f"incomplete: pytest stopped before the end (exit status {verdict['exit_status']}) after "
+                        f"{took}, {counts or 'no test reported'} so far",
+            NONE_RAN: f"none ran ({counts or 'no test selected'}: no GPU visible to the tests?) in {took}"}[status(verdict)]
     failures = [printable(f) for f in verdict["failures"]]
     if failures:
         more = len(failures) - _NAMED
         said += ": " + "; ".join(failures[:_NAMED]) + (f"; and {more} more" if more > 0 else "")
-    return f"{said}; {verdict['duration_s']:.0f} s"
+    return said
 
 
 def _verdicts(machine_dir: Path, root_real: Path, problems: list[Problem]) -> dict[str, dict]:

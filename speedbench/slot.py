@@ -295,6 +295,7 @@ def _chunks(result: SlotResult, run_options, root: Path, results_dir: Path, sha:
         counted = set(result.ran) | set(result.left)
         result.ran += [c for c in names if c in done and c not in counted]
         result.left += [c for c in names if c not in done and c not in counted]
+        print(flush=True)  # asv's progress line may be open
         _say(f"stopped at the slot's time limit, {time.monotonic() - began:.0f} s into the step: the chunk then "
              "running is lost, the ones archived before it are kept")
 
