@@ -106,7 +106,7 @@ def describe(verdict: dict) -> str:
             FAILED: f"failed: {verdict['failed'] + verdict['errors']} of {ran} ({counts}) in {took}",
             INCOMPLETE: f"incomplete: pytest stopped before the end (exit status {verdict['exit_status']}) after "
                         f"{took}, {counts or 'no test reported'} so far",
-            NONE_RAN: f"none ran ({counts or 'no test selected'}: no GPU visible to the tests?) in {took}"}[status(verdict)]
+            NONE_RAN: f"none ran ({counts or 'no test selected'}) in {took}"}[status(verdict)]
     failures = [printable(f) for f in verdict["failures"]]
     if failures:
         more = len(failures) - _NAMED
@@ -141,15 +141,20 @@ def _verdicts(machine_dir: Path, root_real: Path, problems: list[Problem]) -> di
 def _join_gpu_tests(rows: list[dict], verdicts: dict[str, dict]) -> None:
     """Each row gets its commit's verdict on its machine; without one, NOT_APPLICABLE on a CPU
     machine (its environment record names no GPU) and NOT_RECORDED elsewhere: a GPU run from
-    before the slot recorded verdicts is no pass."""
+    before the slot recorded verdicts is no pass. A CPU machine's verdict where every GPU test
+    skipped (a slot rehearsed without a GPU) is NOT_APPLICABLE too; one where a test failed stands."""
     said: dict[str, tuple[str, str]] = {}
     for row in rows:
         verdict = verdicts.get(row["commit"])
-        if verdict is not None:
+        cpu = row.get("gpu") == "CPU only"
+        if verdict is not None and cpu and status(verdict) == NONE_RAN:  # a slot rehearsed on a CPU
+            row["gpu_tests"] = NOT_APPLICABLE
+            row["gpu_tests_note"] = f"not applicable (no GPU: the {verdict['skipped']} GPU tests skipped)"
+        elif verdict is not None:
             if row["commit"] not in said:
                 said[row["commit"]] = (status(verdict), describe(verdict))
             row["gpu_tests"], row["gpu_tests_note"] = said[row["commit"]]
-        elif row.get("gpu") == "CPU only":
+        elif cpu:
             row["gpu_tests"], row["gpu_tests_note"] = NOT_APPLICABLE, "not applicable (no GPU)"
         else:
             row["gpu_tests"], row["gpu_tests_note"] = NOT_RECORDED, "not recorded (no GPU test verdict for this commit)"

@@ -200,3 +200,16 @@ def test_the_dashboard_chart_marks_a_bar_whose_gpu_tests_failed():
     fig = ratio_chart(s, "case", "label", "t")
     assert list(fig.data[0].text) == ["", report.GPU_TESTS_FAILED]
     assert f"{report.GPU_TESTS_FAILED}: the GPU tests failed" in fig.layout.annotations[0].text
+
+
+def test_a_slot_rehearsed_on_a_cpu_reads_not_applicable_unless_a_test_failed(tmp_path):
+    synthetic.write_results(tmp_path, commits=1, machines=3)
+    commit = load_results(tmp_path).measured["commit"].iloc[0]
+    write(tmp_path, verdict(commit, "synthetic-cpu", passed=0, failed=0, failures=[], skipped=138, exit_status=0))
+    df = load_results(tmp_path).measured
+    cpu = df[df["machine"] == "synthetic-cpu"]
+    assert set(cpu["gpu_tests"]) == {NOT_APPLICABLE}
+    assert set(cpu["gpu_tests_note"]) == {"not applicable (no GPU: the 138 GPU tests skipped)"}
+    write(tmp_path, verdict(commit, "synthetic-cpu"))  # a test that runs anywhere failed there: it stands
+    df = load_results(tmp_path).measured
+    assert set(df.loc[df["machine"] == "synthetic-cpu", "gpu_tests"]) == {FAILED}
