@@ -100,7 +100,8 @@ def run(options: SlotOptions, root: Path | None = None, argv: list[str] | tuple 
     if not options.allow_dirty:  # the verdict describes the commit only if the tests are the commit's
         changed = suite._dirty(root, (*suite._CHECKOUT_PARTS, "tests"))
         if changed:
-            raise suite.SuiteError(f"uncommitted changes in the checkout ({', '.join(changed[:3])}): the GPU tests and "
+            shown = ", ".join(suite.printable(c) for c in changed[:3])
+            raise suite.SuiteError(f"uncommitted changes in the checkout ({shown}): the GPU tests and "
                                    "results would be filed under a commit that did not produce them. Commit first, "
                                    "or pass --allow-dirty.")
     identity = measure.identity()
