@@ -272,7 +272,8 @@ def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x 
         # Hatched: no interval at all (one value per variant, not paired), so nothing says how
         # sure it is; drawn solid, a single DDP launch looked as certain as 30 paired rounds.
         # Cross-hatched: contended, measured while other work kept the machine busy; shown, never
-        # as solid as a clean figure (the tables carry the same mark, ‡, and its counters).
+        # as solid as a clean figure (the tables carry the same mark, ‡, and its counters). A
+        # commit whose GPU tests failed there is marked § beside its bar, as in the tables.
         unsure = ((g["ratio_low"] <= 1.0) & (g["ratio_high"] >= 1.0)).tolist()
         lone = [False] * len(g) if exact else (g["ratio_low"].isna() | g["ratio_high"].isna()).tolist()
         busy = report.contended(g).tolist()
@@ -287,7 +288,8 @@ def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x 
             marker={"opacity": [0.35 if u else 1.0 for u in unsure],
                     "pattern": {"shape": ["x" if b else "/" if x else "" for x, b in zip(lone, busy)]}},
             # the mark itself beside a contended bar: a faded, hatched bar alone can be hard to see
-            text=[report.CONTENDED if b else "" for b in busy], textposition="outside", cliponaxis=False,
+            text=[" ".join(m for m, on in ((report.CONTENDED, b), (report.GPU_TESTS_FAILED, f)) if on)
+                  for b, f in zip(busy, report.gpu_tests_failed(g))], textposition="outside", cliponaxis=False,
             customdata=list(zip(g["ratio"], [report._fmt_ratio(r, lo, hi).partition(" ")[2] for r, lo, hi in
                                              zip(g["ratio"], g["ratio_low"], g["ratio_high"])],
                                 ["" if pd.isna(k) else f"N={k:g}" for k in n], said)),
@@ -304,6 +306,8 @@ def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x 
     if report.contended(s).any():
         legend.append(f"cross-hatched bar ({report.CONTENDED}): contended, other work kept the machine busy; "
                       "not a clean figure")
+    if report.gpu_tests_failed(s).any():
+        legend.append(f"{report.GPU_TESTS_FAILED}: the GPU tests failed on that machine at that commit")
     if legend:
         # Below the axis title: above the bars, the legend's row sits (and the title above it).
         fig.add_annotation(text="<br>".join(legend), xref="paper", yref="paper", x=0, y=0, yanchor="top",

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from speedbench import safekeep
+from speedbench._results_gpu_tests import verdict_path
 from speedbench._suite_error import SuiteError
 from speedbench.results import printable
 
@@ -124,11 +125,12 @@ def pack_results(results_dir: Path, machine: str, shas: Sequence[str], dest: Pat
     results_dir, dest = Path(results_dir), Path(dest)
     machine_dir = results_dir / machine
     files = [results_dir / "benchmarks.json", machine_dir / "machine.json", machine_dir / "chunk-times.jsonl"]
-    for sha in shas:
-        files += sorted(machine_dir.glob(f"{sha[:8]}-*.json"))
-        files.append(environment_record_path(results_dir, machine, sha))
+    measured = [f for sha in shas for f in sorted(machine_dir.glob(f"{sha[:8]}-*.json"))]
+    for sha in shas:  # beside the results: each commit's environment records and GPU test verdict (speedlib slot)
+        files += [environment_record_path(results_dir, machine, sha), verdict_path(results_dir, machine, sha)]
+    files += measured
     missing = [str(f) for f in files[:2] if not f.is_file()]
-    if missing or len(files) == 3 + len(shas):
+    if missing or not measured:
         raise SuiteError(f"nothing to pack for {machine} in {results_dir}: missing {missing or 'result files'}")
     dest.parent.mkdir(parents=True, exist_ok=True)
     # Written aside and renamed: a run killed while packing, or a full disk, keeps the

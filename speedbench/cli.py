@@ -1,5 +1,5 @@
 """The `speedlib` command: `run` the asv suite, print the `env` record, `report` results,
-open the `dashboard`."""
+open the `dashboard`; `merge`, `slurm` and `slot` (a short GPU slot) add their own."""
 
 from __future__ import annotations
 
@@ -591,6 +591,9 @@ def build_parser() -> argparse.ArgumentParser:
     from speedbench import slurm  # noqa: PLC0415 - stdlib only at import: the parser stays fast
 
     slurm.add_parser(sub)  # `speedlib slurm`: the suite as a Slurm job array (speedbench/slurm.py)
+    from speedbench import slot  # noqa: PLC0415 - stdlib only at import: the parser stays fast
+
+    slot.add_parser(sub)  # `speedlib slot`: a short GPU slot in one command (speedbench/slot.py)
     return parser
 
 

@@ -27,7 +27,7 @@ import pandas as pd
 import speedlib
 from speedbench import contention
 from speedbench.results import is_commit, printable  # the loader's rule: one home for what a hash is
-from speedbench.tables import CONTENDED, Table, contended, earlier_version
+from speedbench.tables import CONTENDED, GPU_TESTS_FAILED, Table, contended, earlier_version
 
 __all__ = ["provenance", "reproduce_command", "is_commit", "to_markdown", "to_csv", "csv_provenance",
            "provenance_path", "csv_bundle", "to_latex", "bibtex", "NO_ROWS"]
@@ -102,6 +102,10 @@ def provenance(sources: pd.DataFrame) -> list[dict[str, str]]:
             **({"benchmark code": "an earlier version, changed since (the command below reruns that version)"}
                if earlier_version(rows).any() else {}),
             "machine state": _run_state(rows),
+            # the commit's GPU tests on that machine (speedlib slot); nothing to say on a CPU machine
+            **({"GPU tests": (f"{GPU_TESTS_FAILED} " if r["gpu_tests"] == "failed" else "")
+                + (r.get("gpu_tests_note") or r["gpu_tests"])} if r.get("gpu_tests") not in (None, "not applicable")
+               else {}),
             # None: the commit is no hash, and the footer says so instead (`_footer_lines`)
             "command": reproduce_command(r["commit"], list(rows["benchmark"]), quiet=bool(contended(rows).any()))
             if is_commit(r["commit"]) else None,

@@ -308,7 +308,8 @@ def _cell(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, gpu: str) -> tu
         # the dagger covers the cell (one benchmark version); the double dagger stands after
         # each contended figure, the lead most of all (`_busy`)
         sources = pd.concat(used)
-        return "; ".join(labelled) + (f" {EARLIER}" if report.earlier_version(sources).any() else ""), sources
+        return "; ".join(labelled) + (f" {EARLIER}" if report.earlier_version(sources).any() else "") \
+            + (f" {report.GPU_TESTS_FAILED}" if report.gpu_tests_failed(sources).any() else ""), sources
     if h.gpu_only and gpu == "CPU only":
         return "needs a GPU", hits.iloc[0:0]
     return f"not measured yet: {_command(h)}", hits.iloc[0:0]

@@ -36,8 +36,9 @@ from speedbench.significance import (EXACT_MAX, MIN_SEGMENT, P_THRESHOLD, SIGNIF
 from speedbench.tables import (CONTENDED, CONTENDED_NOTE, EARLIER, EARLIER_NOTE, FLOOR_ABOVE_NOTE, FLOOR_FIGURES,
                                FLOOR_ONLY, MEMORY_NOTE, NOT_A_BANDWIDTH, NOT_RECORDED,
                                NOISE_TARGET, NOT_COMPARED, PAIRED_NOISE_TARGET, PAIRED_WIDTH_TARGET, UNDEFINED,
-                               Table, _comparison, _config, _fmt_ratio, _fmt_value, _shown, _why_wide,
+                               GPU_TESTS_FAILED, GPU_TESTS_NOTE, Table, _comparison, _config, _fmt_ratio, _fmt_value, _shown, _why_wide,
                                _with_earlier_note, _with_ratio, case_label, citable, contended, earlier_version, floor_figures,
+                               gpu_tests_failed,
                                floor_table, latest,
                                machine_state, memory_table, newest_runs, noise, noise_table, paired, paired_noise,
                                paired_table, param_columns, speedup_table, speedups)
@@ -49,7 +50,7 @@ __all__ = ["Claim", "CLAIMS", "TECHNIQUES", "Table", "speedups", "speedup_table"
            "SIGNIFICANCE_FACTOR", "P_THRESHOLD", "MIN_SEGMENT", "MannWhitney", "mann_whitney_u", "differ",
            "resolve_commit", "compare_commits", "change_table", "paired", "paired_table", "paired_noise",
            "PAIRED_NOISE_TARGET", "PAIRED_WIDTH_TARGET", "citable", "contended", "machine_state", "CONTENDED",
-           "CONTENDED_NOTE"]
+           "CONTENDED_NOTE", "gpu_tests_failed", "GPU_TESTS_FAILED", "GPU_TESTS_NOTE"]
 
 
 # --- GPU vs GPU: one machine's results beside another's -----------------------------

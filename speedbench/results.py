@@ -1,7 +1,8 @@
 """asv result files -> one tidy pandas DataFrame (one row per benchmark x parameter set).
 
-Reads `results/benchmarks.json`, every `results/<machine>/*.json` (asv format version 2) and
-the environment records `speedlib run` writes beside them (`<machine>/environment/*.jsonl`).
+Reads `results/benchmarks.json`, every `results/<machine>/*.json` (asv format version 2), the
+environment records `speedlib run` writes beside them (`<machine>/environment/*.jsonl`) and
+the GPU tests' verdicts `speedlib slot` writes (`<machine>/gpu-tests/*.json`).
 It never writes anything, never raises on what it finds and never blocks: a file, an entry
 or a line that cannot be trusted is skipped and reported (a `Problem` with its path and
 reason) while everything else is kept. Only regular files inside the results tree are
@@ -37,6 +38,7 @@ from speedbench._results_common import _FIRST_DATE, _LAST_DATE, Problem, _is_num
 from speedbench._results_environment import ENV_COLUMNS, _environment_records, _join_environment
 from speedbench._results_files import (MAX_FILE_BYTES, _children, _first_visit, _NotJson, _parse_json, _read,
                                        _read_identified, _real_dir, _subdirectory, _Unreadable, _utf8_name)
+from speedbench._results_gpu_tests import _join_gpu_tests, _verdicts
 from speedbench._results_settle import _attach_counters, _settle_versions
 
 __all__ = ["LoadedResults", "Problem", "load_results", "format_table", "metric_kind", "higher_is_better", "result_id",
@@ -78,7 +80,9 @@ COLUMNS = ("machine", "gpu", "commit", "commit_date", "run_date", "benchmark", "
            "ci99_low", "ci99_high", "n", "number", "repeat", "samples", "status", "version",
            "earlier_version", "result_id", "file",
            # speedbench.contention's verdict on the run's interference counters
-           "contention", "disturbed", "contention_note", "others_cpu", "preemptions", *ENV_COLUMNS)
+           "contention", "disturbed", "contention_note", "others_cpu", "preemptions", *ENV_COLUMNS,
+           # the commit's GPU tests on the machine (speedbench._results_gpu_tests): status and words
+           "gpu_tests", "gpu_tests_note")
 # A benchmark parameter named like one of these would overwrite that column of its rows (a
 # parameter `machine` would refile the row under another machine): it gets this prefix.
 _RESERVED = frozenset(COLUMNS) - set(_NAMED_PARAMS)
@@ -538,6 +542,7 @@ def _machine_rows(machine_dir: Path, root_real: Path, benchmarks: dict[str, _Ben
         if file.suffix == ".json" and file.name not in _SKIP_FILES and _utf8_name(file, "result file", problems):
             rows += _file_rows(file, machine_dir.name, root_real, benchmarks, problems, machine_real, seen)
     _join_environment(rows, _environment_records(machine_dir, root_real, problems), problems)
+    _join_gpu_tests(rows, _verdicts(machine_dir, root_real, problems))
     return rows
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from speedbench import _results_gpu_tests as gpu_verdicts
 from speedbench import contention, machines
 from speedbench.paired import ratio_estimate
 from speedbench.results import COLUMNS, higher_is_better
@@ -37,7 +38,7 @@ __all__ = ["Table", "speedups", "speedup_table", "memory_table", "floor_table", 
            "FLOOR_ONLY", "NOT_RECORDED", "NOT_A_BANDWIDTH", "noise", "noise_table",
            "NOISE_TARGET", "case_label", "latest", "newest_runs", "param_columns", "paired", "paired_table",
            "paired_noise", "PAIRED_NOISE_TARGET", "PAIRED_WIDTH_TARGET", "citable", "contended", "machine_state",
-           "CONTENDED", "CONTENDED_NOTE"]
+           "CONTENDED", "CONTENDED_NOTE", "gpu_tests_failed", "GPU_TESTS_FAILED", "GPU_TESTS_NOTE"]
 
 
 
@@ -246,17 +247,64 @@ def contended(s: pd.DataFrame) -> pd.Series:
     return busy
 
 
+# Marks a row measured at a commit whose GPU-only tests failed on its machine (the verdict
+# `speedlib slot` keeps in results/<machine>/gpu-tests/: speedbench._results_gpu_tests).
+GPU_TESTS_FAILED = "§"
+GPU_TESTS_NOTE = (f"{GPU_TESTS_FAILED}: the GPU-only tests failed on that machine at that commit (speedlib slot's "
+                  "verdict): the figure was measured, but the code behind it did not pass its own GPU tests there; "
+                  "the failing tests are named below")
+
+
+def gpu_tests_failed(s: pd.DataFrame) -> pd.Series:
+    """Per row: measured at a commit whose GPU tests failed on its machine; for a row that
+    divides two results (`gpu_tests_base`: one machine against another), on either."""
+    failed = pd.Series(False, index=s.index)
+    for column in ("gpu_tests", "gpu_tests_base"):
+        if column in s:
+            failed |= s[column].eq(gpu_verdicts.FAILED)
+    return failed
+
+
+def _gpu_tests_notes(s: pd.DataFrame) -> list[str]:
+    """The section mark's note and each failing verdict (machine, commit, the tests that
+    failed); then, in one line, the verdicts of the other GPU machines' commits here, "not
+    recorded" included: a GPU figure with no verdict must not read as one that passed. CPU
+    machines (not applicable) are left out."""
+    seen: dict[tuple[str, str], tuple[str, str]] = {}
+    for suffix in ("", "_base"):
+        if f"gpu_tests{suffix}" not in s:
+            continue
+        machine = s[f"machine{suffix}"] if f"machine{suffix}" in s else s["machine"]
+        commit = s[f"commit{suffix}"] if f"commit{suffix}" in s else s["commit"]
+        for m, c, state, note in zip(machine, commit, s[f"gpu_tests{suffix}"],
+                                     s[f"gpu_tests_note{suffix}"]):
+            if isinstance(state, str) and state != gpu_verdicts.NOT_APPLICABLE:
+                seen.setdefault((m, c), (state, note))
+    failed = [f"{GPU_TESTS_FAILED} {m} {c[:8]}: GPU tests {note}"
+              for (m, c), (state, note) in sorted(seen.items()) if state == gpu_verdicts.FAILED]
+    others: dict[str, list[str]] = {}
+    for (m, c), (state, _) in sorted(seen.items()):
+        if state != gpu_verdicts.FAILED:
+            others.setdefault(state, []).append(f"{m} {c[:8]}")
+    said = "; ".join(f"{state}: {', '.join(where)}" for state, where in others.items())
+    return ([GPU_TESTS_NOTE, *failed] if failed else []) + ([f"GPU tests (speedlib slot) at these commits: {said}"]
+                                                             if said else [])
+
+
 def _commit_label(s: pd.DataFrame) -> pd.Series:
-    """The short commit, with the dagger where the row comes from an earlier benchmark version
-    and the double dagger where the machine was contended while it was measured."""
+    """The short commit, with the dagger where the row comes from an earlier benchmark version,
+    the double dagger where the machine was contended while it was measured, and the section
+    mark where the commit's GPU tests failed on that machine."""
     return (s["commit"].str[:8] + earlier_version(s).map({True: f" {EARLIER}", False: ""})
-            + contended(s).map({True: f" {CONTENDED}", False: ""}))
+            + contended(s).map({True: f" {CONTENDED}", False: ""})
+            + gpu_tests_failed(s).map({True: f" {GPU_TESTS_FAILED}", False: ""}))
 
 
 def _with_earlier_note(notes: list[str], s: pd.DataFrame) -> list[str]:
-    """`notes` and the notes of the marks that `s` carries: the dagger's, the double dagger's,
-    and each contended result's counters."""
+    """`notes` and the notes of the marks that `s` carries: the dagger's, the double dagger's
+    and each contended result's counters, the section mark's and the GPU tests' verdicts."""
     out = notes + [EARLIER_NOTE] if earlier_version(s).any() else list(notes)
+    out += _gpu_tests_notes(s)
     busy = s[contended(s)]
     if not busy.empty:
         out.append(CONTENDED_NOTE)
@@ -319,9 +367,11 @@ def _numbers(s: pd.DataFrame, **columns) -> pd.DataFrame:
         "technique": column("technique"), "benchmark": column("benchmark"), **{p: s[p] for p in _shown(s)},
         **({"variant": s["variant"]} if "variant" in s else {}),
         **columns, "N": column("n"),
-        # the marks as columns, so a script can filter on them: † and ‡
+        # the marks as columns, so a script can filter on them: †, ‡ and §
         "earlier_version": earlier_version(s), "contended": contended(s),
-        "contention": column("contention"), "result_id": column("result_id"),
+        "contention": column("contention"), "gpu_tests_failed": gpu_tests_failed(s),
+        # the commit's GPU tests on the machine: passed, failed, incomplete, none ran, not recorded, not applicable
+        "gpu_tests": column("gpu_tests"), "result_id": column("result_id"),
     }).reset_index(drop=True)
 
 

@@ -50,7 +50,7 @@ def test_loss_curves_stay_near_fp32_on_cpu():
     _check_curves("cpu")
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU; the CPU curves are checked above")
+@pytest.mark.gpu(reason="needs a CUDA GPU; the CPU curves are checked above")
 def test_loss_curves_stay_near_fp32_on_gpu():
     _check_curves("cuda")
 

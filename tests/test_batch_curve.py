@@ -14,7 +14,7 @@ import torch
 from speedbench import batch_curve
 
 HAS_CUDA = torch.cuda.is_available()
-needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU; the CPU tests above cover the logic")
+needs_cuda = pytest.mark.gpu(reason="needs a CUDA GPU; the CPU tests above cover the logic")
 
 
 # --- the curve --------------------------------------------------------------------------

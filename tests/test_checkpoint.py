@@ -492,7 +492,7 @@ def test_checkpointing_keeps_only_the_segment_inputs():
     assert full == 5 * x.numel() * 4
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; the CPU dropout test covers the logic")
+@pytest.mark.gpu(reason="needs a CUDA GPU; the CPU dropout test covers the logic")
 def test_cuda_rng_and_gradients_match_on_gpu():
     net = _dropout_net().cuda()
     x = torch.randn(64, 8, device="cuda", requires_grad=True)
@@ -505,7 +505,7 @@ def test_cuda_rng_and_gradients_match_on_gpu():
     assert all(torch.equal(e, p.grad) for e, p in zip(expected, net.parameters()))
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DataParallel needs two GPUs; DDP (gloo) is tested on CPU")
+@pytest.mark.gpu(devices=2, reason="DataParallel needs two GPUs; DDP (gloo) is tested on CPU")
 def test_data_parallel_replicas_get_gradients():
     wl = workloads.densenet_bc("small", depth=16).with_batch(8)
     grads = {}

@@ -16,7 +16,7 @@ from torch import nn
 
 from speedlib import ContiguousParams, FlatParameter, InvalidBufferError
 
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; the CPU variant of this test covers the logic")
+requires_cuda = pytest.mark.gpu(reason="needs a CUDA GPU; the CPU variant of this test covers the logic")
 STEPS = 5
 
 

@@ -299,7 +299,7 @@ def test_comparing_a_cpu_with_a_gpu_warns_that_the_workloads_differ(monkeypatch)
     assert any("measure different work" in i.value for i in at.info)
     # Only each machine's speedups against its own baseline: a table once read "fp32: 107.5 ms |
     # 72.8 ms | 1.48x", an H100 "1.48x" a 2-core CPU, right under the warning.
-    (machines, speedups) = frames(at)
+    (machines, gpu_tests, speedups) = frames(at)  # the second: each GPU machine's GPU tests per commit
     assert list(speedups.columns[-2:]) == ["cpu-2core-intel-xeon", "h100-sxm-80gb"]
     paired = report.paired(report.latest(load_results(ROOT / "results").measured))
     h100 = paired[(paired["machine"] == "h100-sxm-80gb") & (paired["variant"] == "bf16_channels_last")

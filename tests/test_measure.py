@@ -9,7 +9,7 @@ import torch
 
 from speedbench import measure
 
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; CPU tests cover the logic")
+requires_cuda = pytest.mark.gpu(reason="needs a CUDA GPU; CPU tests cover the logic")
 
 
 def test_timer_is_monotonic_seconds():
@@ -157,7 +157,7 @@ def test_host_copy_floors_are_skips_without_a_gpu():
         measure.device_memory_in_use("cpu")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu(reason="needs a CUDA GPU")
 def test_host_copy_bandwidth_is_positive_on_gpu():
     for direction in ("h2d", "d2h"):
         assert measure.host_copy_bandwidth("cuda", direction, pinned=True, nbytes=1 << 24) > 0

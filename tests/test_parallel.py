@@ -116,7 +116,7 @@ def test_wrap_gives_each_mode_its_module_and_refuses_options_it_would_ignore():
         parallel.wrap(model, "single", static_graph=True)
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU; DDP's equivalence is tested on CPU with gloo above")
+@pytest.mark.gpu(reason="needs a CUDA GPU; DDP's equivalence is tested on CPU with gloo above")
 def test_dataparallel_and_nccl_ddp_on_one_gpu_equal_one_process():
     base = {**BASE, "device": "cuda"}
     single_gpu = ddp_launch.run(RunConfig(**base, mode="single"))

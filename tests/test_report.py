@@ -436,9 +436,11 @@ def test_provenance_names_everything_needed_to_rerun(df):
     t = report.speedup_table(report.latest(df[df["machine"] == "synthetic-h100"]))
     (entry,) = report.provenance(t.sources)
     assert set(entry) == {"results", "commit", "commit date", "machine", "GPU", "driver", "CUDA", "torch",
-                          "statistic", "measured", "machine state", "command"}
+                          "statistic", "measured", "machine state", "GPU tests", "command"}
     # synthetic results carry no interference counters: the footer says so rather than "quiet"
     assert entry["machine state"].startswith("interference not recorded")
+    # nor a GPU test verdict: a GPU run without one reads "not recorded", never as a pass
+    assert entry["GPU tests"].startswith("not recorded")
     # every result the table shows is cited, and so is each baseline it was divided by
     rows = df[(df["machine"] == "synthetic-h100") & (df["commit"] == entry["commit"]) & (df["benchmark"] == TIME)]
     assert entry["results"].split() == sorted(rows["result_id"]) and len(rows) == 6
@@ -446,7 +448,7 @@ def test_provenance_names_everything_needed_to_rerun(df):
     pattern = re.search(r"--bench '(.*)'$", entry["command"]).group(1)
     assert re.search(pattern, TIME) and not re.search(pattern, "bench_contiguous.OptimizerStep.time_step")
     cpu = report.provenance(report.latest(df[df["machine"] == "synthetic-cpu"]))[0]
-    assert cpu["GPU"] == "none (CPU: synthetic CPU)" and cpu["driver"] == "n/a"
+    assert cpu["GPU"] == "none (CPU: synthetic CPU)" and cpu["driver"] == "n/a" and "GPU tests" not in cpu
 
 
 def test_provenance_has_one_entry_per_run_of_a_file(tmp_path):

@@ -34,7 +34,7 @@ from torch.nn import functional as F
 from speedlib.transfer import BACKENDS, HostEmbedding, HostTable, last_write_wins
 
 HAS_CUDA = torch.cuda.is_available()
-needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="this backend moves rows to a CUDA device; this machine has none")
+needs_cuda = pytest.mark.gpu(reason="this backend moves rows to a CUDA device; this machine has none")
 GPU_BACKENDS = [b for b in BACKENDS if b not in ("pageable", "auto")]  # auto is pageable on a CPU device
 
 

@@ -22,7 +22,7 @@ from speedbench import measure
 
 HAS_CUDA = torch.cuda.is_available()
 REPO = Path(__file__).resolve().parents[1]
-needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU; the CPU tests above cover the logic")
+needs_cuda = pytest.mark.gpu(reason="needs a CUDA GPU; the CPU tests above cover the logic")
 
 
 def _cnn(bias: bool = False) -> nn.Module:

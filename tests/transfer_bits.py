@@ -8,7 +8,7 @@ import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
-needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="these backends move rows to a CUDA device; this machine has none")
+needs_cuda = pytest.mark.gpu(reason="these backends move rows to a CUDA device; this machine has none")
 try:
     import triton  # noqa: F401
     HAS_TRITON = True

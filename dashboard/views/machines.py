@@ -16,11 +16,26 @@ rows = df.assign(driver=df["driver"].replace("", None).fillna(
                      df["gpu"].map(lambda g: "n/a (no GPU)" if g == "CPU only" else "unknown")),
                  cuda=df["cuda"].replace("", None).fillna("n/a"), torch=df["torch"].fillna("unknown"),
                  cpu_model=df["cpu_model"].fillna("unknown"))
+# The GPU tests' verdict at the latest commit (speedlib slot): a GPU run without one says "not recorded".
+rows = rows.assign(gpu_tests_note=rows["gpu_tests_note"].fillna("not recorded"))
 machines_table = rows.sort_values("commit_date").groupby(env, sort=True).agg(
-    commits=("commit", "nunique"), results=("commit", "size"), latest=("commit", lambda c: c.iloc[-1][:8])
+    commits=("commit", "nunique"), results=("commit", "size"), latest=("commit", lambda c: c.iloc[-1][:8]),
+    gpu_tests=("gpu_tests_note", lambda v: v.iloc[-1]),
 ).reset_index().rename(columns={"gpu": "GPU", "cuda": "CUDA (torch build)", "cpu_model": "CPU",
-                                "latest": "latest commit"})
+                                "latest": "latest commit", "gpu_tests": "GPU tests at the latest commit"})
 show(machines_table)
+# Every GPU machine's commits with their verdicts: where they failed, its figures carry the section mark.
+verdicts = rows[rows["gpu_tests"].ne("not applicable")].drop_duplicates(["machine", "commit"])
+if not verdicts.empty:
+    st.subheader("GPU tests per commit")
+    mark = report.gpu_tests_failed(verdicts).map({True: f" {report.GPU_TESTS_FAILED}", False: ""})
+    per_commit = verdicts.assign(commit=verdicts["commit"].str[:8] + mark).sort_values(["machine", "commit_date"])
+    show(per_commit[["machine", "gpu", "commit", "gpu_tests_note"]].rename(columns={"gpu": "GPU",
+                                                                                   "gpu_tests_note": "GPU tests"}))
+    caption("The GPU-only tests (`pytest -m gpu`) run at the start of every `speedlib slot`, which keeps their verdict "
+            "beside the machine's results; CI has no GPU, so this is where GPU correctness is seen. "
+            f"{report.GPU_TESTS_FAILED} marks a commit whose GPU tests failed on that machine: every figure from it "
+            "carries the mark on every page.")
 several = machines_table["machine"].value_counts()
 for m in several[several > 1].index:
     caption(f"{m} has results from {several[m]} environments (rows above): times from different ones differ "
