@@ -150,17 +150,24 @@ def test_speedlib_report_csv_carries_the_columns(committed):
         assert cli.main(["report", "--results", str(committed), "--table", "paired", "--format", "csv"]) == 0
     csv = pd.read_csv(io.StringIO(out.getvalue()), keep_default_na=False)
     assert set(csv.loc[csv["gpu_tests_failed"], "machine"]) == {"h100-sxm-80gb"}
-    assert set(csv.loc[~csv["gpu_tests_failed"], "gpu_tests"]) == {NOT_APPLICABLE}  # the CPU machines
+    rest = csv[~csv["gpu_tests_failed"]]
+    assert set(rest.loc[rest["machine"].str.startswith("cpu-"), "gpu_tests"]) == {NOT_APPLICABLE}
+    # the H200 run of 838236b predates the slot: no verdict, so no mark and "not recorded"
+    assert set(rest.loc[~rest["machine"].str.startswith("cpu-"), "machine"]) <= {"h200-141gb"}
+    assert set(rest.loc[rest["machine"] == "h200-141gb", "gpu_tests"]) <= {"not recorded"}
     assert "GPU tests § failed: 2 of 145" in err.getvalue()  # the provenance, on stderr beside a CSV on stdout
 
 
 def test_the_committed_gpu_run_reads_not_recorded():
-    """The H100 run at bdb0cb6d predates the slot: its figures say so, and carry no mark."""
+    """The H100 run at bdb0cb6d and the H200 run at 838236b predate the slot: their figures say
+    so, and carry no mark."""
     df = load_results(ROOT / "results").measured
-    assert set(df.loc[df["machine"] == "h100-sxm-80gb", "gpu_tests"]) == {NOT_RECORDED}
+    for gpu in ("h100-sxm-80gb", "h200-141gb"):
+        assert set(df.loc[df["machine"] == gpu, "gpu_tests"]) == {NOT_RECORDED}
     t = report.paired_table(report.latest(df))
     assert not t.frame["commit"].str.contains(report.GPU_TESTS_FAILED).any()
-    assert "GPU tests (speedlib slot) at these commits: not recorded: h100-sxm-80gb bdb0cb6d" in t.notes
+    assert ("GPU tests (speedlib slot) at these commits: not recorded: h100-sxm-80gb bdb0cb6d, h200-141gb 838236ba"
+            in t.notes)
 
 
 def test_the_dashboard_shows_each_commits_verdict_and_marks_the_failed_one(tree, monkeypatch):
