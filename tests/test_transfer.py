@@ -1693,3 +1693,21 @@ def test_the_plain_pytorch_pinned_baseline_gathers_and_writes_back_on_a_gpu():
     table.scatter_(rows, first[:40])
     weight[rows] = first[:40].cpu()
     assert torch.equal(table.table, weight)
+
+
+def test_fraction_of_floor_prints_what_auto_chose_with_its_gather_bandwidth(capsys):
+    """What 'auto' measured reaches `speedlib run --show-stderr` through a track (asv keeps a
+    setup_cache's output only when it fails): the path kept, and every path's median."""
+    from benchmarks import bench_transfer as bench  # noqa: PLC0415
+    from speedlib._transfer_auto import Path  # noqa: PLC0415
+
+    table = HostTable(20, 4, device="cpu")
+    table._impl.chosen = {"gather": Path("split", share=0.42)}
+    table._impl.measured = {"gather": {Path("pinned"): 2e-3, Path("split", share=0.42): 1.25e-3}}
+    line = bench._what_auto_chose(table)
+    assert line == ("bench_transfer auto gather: split (42% of rows packed on the CPU, uva the rest) "
+                    "(pinned 2 ms, split (42% of rows packed on the CPU, uva the rest) 1.25 ms)")
+    floor = bench.FractionOfFloor()
+    cache = {("auto",): ("ok", {"gather_bandwidth": 30.0, "chose": line})}
+    assert floor.track_gather_bandwidth(cache, "auto") == 30.0
+    assert capsys.readouterr().err.strip() == line
