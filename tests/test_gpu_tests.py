@@ -152,22 +152,25 @@ def test_speedlib_report_csv_carries_the_columns(committed):
     assert set(csv.loc[csv["gpu_tests_failed"], "machine"]) == {"h100-sxm-80gb"}
     rest = csv[~csv["gpu_tests_failed"]]
     assert set(rest.loc[rest["machine"].str.startswith("cpu-"), "gpu_tests"]) == {NOT_APPLICABLE}
-    # the H200 run of 838236b predates the slot: no verdict, so no mark and "not recorded"
-    assert set(rest.loc[~rest["machine"].str.startswith("cpu-"), "machine"]) <= {"h200-141gb"}
-    assert set(rest.loc[rest["machine"] == "h200-141gb", "gpu_tests"]) <= {"not recorded"}
+    # the H200: 838236b predates the slot ("not recorded", no mark); d93fd5c1's slot passed
+    h200 = rest[rest["machine"] == "h200-141gb"]
+    assert set(rest.loc[~rest["machine"].str.startswith("cpu-"), "machine"]) == {"h200-141gb"}
+    assert set(h200.loc[h200["commit"].str.startswith("d93fd5c1"), "gpu_tests"]) == {"passed"}
+    assert set(h200.loc[~h200["commit"].str.startswith("d93fd5c1"), "gpu_tests"]) <= {"not recorded"}
     assert "GPU tests § failed: 2 of 145" in err.getvalue()  # the provenance, on stderr beside a CSV on stdout
 
 
 def test_the_committed_gpu_run_reads_not_recorded():
     """The H100 run at bdb0cb6d and the H200 run at 838236b predate the slot: their figures say
-    so, and carry no mark."""
+    so, and carry no mark; the H200's slot at d93fd5c1 passed."""
     df = load_results(ROOT / "results").measured
-    for gpu in ("h100-sxm-80gb", "h200-141gb"):
-        assert set(df.loc[df["machine"] == gpu, "gpu_tests"]) == {NOT_RECORDED}
+    old = ((df["machine"] == "h100-sxm-80gb") | ((df["machine"] == "h200-141gb") & df["commit"].str.startswith("838236ba")))
+    assert old.any() and set(df.loc[old, "gpu_tests"]) == {NOT_RECORDED}
+    assert set(df.loc[df["commit"].str.startswith("d93fd5c1"), "gpu_tests"]) == {"passed"}
     t = report.paired_table(report.latest(df))
     assert not t.frame["commit"].str.contains(report.GPU_TESTS_FAILED).any()
-    assert ("GPU tests (speedlib slot) at these commits: not recorded: h100-sxm-80gb bdb0cb6d, h200-141gb 838236ba"
-            in t.notes)
+    assert ("GPU tests (speedlib slot) at these commits: not recorded: h100-sxm-80gb bdb0cb6d, h200-141gb 838236ba; "
+            "passed: h200-141gb d93fd5c1" in t.notes)
 
 
 def test_the_dashboard_shows_each_commits_verdict_and_marks_the_failed_one(tree, monkeypatch):

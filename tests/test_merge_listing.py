@@ -177,8 +177,11 @@ def test_two_versions_of_a_benchmark_in_one_result_file_keep_the_later_run(tmp_p
 # --- gpu-tests/<commit8>.json ------------------------------------------------------------------
 
 def _verdict(root: Path, started_at: int, failed: list[str]) -> dict:
-    verdict = {"commit": "1a2b3c4d" * 5, "machine": MACHINE, "started_at": started_at, "passed": 140,
-               "failed": len(failed), "skipped": 3, "failures": failed, "command": "pytest -m gpu"}
+    # the slot's own format (speedbench/slot.py), which the loader checks
+    verdict = {"commit": "1a2b3c4d" * 5, "machine": MACHINE, "started_at": started_at, "duration_s": 43.0,
+               "passed": 140, "failed": len(failed), "skipped": 3, "errors": 0, "failures": failed,
+               "command": "pytest -m gpu", "exit_status": 1 if failed else 0, "finished": True,
+               "torch": "2.11.0+cu130", "gpu": "NVIDIA H200"}
     path = root / MACHINE / VERDICT
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(verdict, indent=1))

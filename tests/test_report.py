@@ -841,17 +841,23 @@ def test_transfer_claims_read_the_floor_ratio_where_no_timed_comparison_ran():
 
 def test_transfer_claims_are_not_read_against_speedlibs_old_pinned_baseline():
     """The committed H100 run (bdb0cb6d) compared cupy with speedlib's own pinned backend, then
-    the benchmark's baseline: a speedlib code path, so no claim is set beside it."""
+    the benchmark's baseline: a speedlib code path, so no claim is set beside it. The H200 run
+    of d93fd5c1 measured cupy against plain PyTorch's pinned path, taking turns: the claims read
+    that paired estimate."""
     from speedbench.results import load_results
 
     last = report.latest(load_results(ROOT / "results").measured)
-    for machine in ("h100-sxm-80gb", "h200-141gb"):  # both GPU runs predate the plain-PyTorch baselines
-        floor = last[(last["machine"] == machine) & (last["suite"] == "FractionOfFloor")]
-        assert {"pinned", "cupy"} <= set(floor["variant"]) and "torch_pinned" not in set(floor["variant"])
+    floor = last[(last["machine"] == "h100-sxm-80gb") & (last["suite"] == "FractionOfFloor")]
+    assert {"pinned", "cupy"} <= set(floor["variant"]) and "torch_pinned" not in set(floor["variant"])
+    paired = report.paired(last[(last["suite"] == "Transfer") & (last["technique"] == "transfer")])
     frame = report.claims_table(last).frame
-    for claim in ("gather 3.1x", "write-back 410x"):
+    for op, claim in (("gather", "gather 3.1x"), ("scatter", "write-back 410x")):
         (row,) = frame[frame["claim"].str.contains(claim)].to_dict("records")
-        assert row["measured"].startswith("not measured yet") and row["measured as"].endswith("cupy vs torch_pinned (speedup)")
+        (r,) = paired[(paired["op"] == op) & (paired["indices"] == "random") & (paired["variant"] == "cupy")
+                      & (paired["baseline"] == "torch_pinned")].to_dict("records")
+        assert r["machine"] == "h200-141gb" and row["machine"].startswith("h200-141gb")
+        assert row["measured"].startswith(f"{r['ratio']:.3g}x [{r['ratio_low']:.3g}, {r['ratio_high']:.3g}]")
+        assert row["measured as"] == f"Transfer: cupy vs torch_pinned (paired speedup, op={op}, indices=random)"
 
 
 def test_rows_from_an_earlier_benchmark_version_carry_the_dagger_in_every_table(tmp_path):
@@ -1022,10 +1028,10 @@ def test_adam_shows_its_step_bandwidth_and_says_its_floor_is_not_recorded():
     transfer = t.frame[t.frame["benchmark"].str.startswith(_FLOOR_CLASS)]
     h100 = transfer[transfer["machine"] == "h100-sxm-80gb"]
     assert len(h100) == 10 and (h100[["GB/s", "floor GB/s"]] == report.NOT_RECORDED).all().all()
-    # the H200 run of 838236b records both terms of each %: shown as measured
+    # the H200 run of d93fd5c1 records both terms of each %, for its eight variants: shown as measured
     h200 = transfer[transfer["machine"] == "h200-141gb"]
     cupy = one(last, machine="h200-141gb", metric="h2d_floor", variant="cupy")
-    assert len(h200) == 10 and not (h200[["GB/s", "floor GB/s"]] == report.NOT_RECORDED).any().any()
+    assert set(h200["commit"].str[:8]) == {"d93fd5c1"} and len(h200) == 2 * 8 and not (h200[["GB/s", "floor GB/s"]] == report.NOT_RECORDED).any().any()
     assert h200[(h200["variant"] == "cupy") & h200["benchmark"].str.contains("gather")]["floor GB/s"].tolist() == \
         [f"{cupy['value']:.1f} GB/s"]
     (note,) = [n for n in t.notes if n.startswith(f"{report.NOT_RECORDED}:")]
