@@ -483,7 +483,7 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
     index = [t for t in index_on_screen if t and t[0][:2] == ["technique", "comparison"]]
     assert len(index) == 1 and [r[1] for r in index[0][1:]] == list(every["comparison"])
     assert len(every) >= 30 and {"FusedPointwise: compile vs off", "Iteration: speedlib vs forloop",
-                                 "OptimizerStep: speedlib vs forloop", "EmbeddingStep: sparse_adam vs pageable"} \
+                                 "OptimizerStep: speedlib vs forloop", "Transfer: auto vs torch_pinned"} \
         <= set(every["comparison"])
     bars = [t for chart in traces for t in chart if t["type"] == "bar"]
     assert bars and all(len(t["x"]) == len(set(t["x"])) for t in bars), "a bar label repeats: stacked bars"

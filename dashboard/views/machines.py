@@ -31,7 +31,8 @@ if not verdicts.empty:
     mark = report.gpu_tests_failed(verdicts).map({True: f" {report.GPU_TESTS_FAILED}", False: ""})
     per_commit = verdicts.assign(commit=verdicts["commit"].str[:8] + mark).sort_values(["machine", "commit_date"])
     show(per_commit[["machine", "gpu", "commit", "gpu_tests_note"]].rename(columns={"gpu": "GPU",
-                                                                                   "gpu_tests_note": "GPU tests"}))
+                                                                                   "gpu_tests_note": "GPU tests"})
+         .reset_index(drop=True))  # the loader's row numbers mean nothing here
     caption("The GPU-only tests (`pytest -m gpu`) run at the start of every `speedlib slot`, which keeps their verdict "
             "beside the machine's results; CI has no GPU, so this is where GPU correctness is seen. "
             f"{report.GPU_TESTS_FAILED} marks a commit whose GPU tests failed on that machine: every figure from it "
