@@ -6,7 +6,6 @@ The user-facing class and its input checks; the storage itself is one of the bac
 
 from __future__ import annotations
 
-import operator
 import os
 import warnings
 import weakref
@@ -16,6 +15,8 @@ import torch
 from speedlib._transfer_auto import _Auto
 from speedlib._transfer_backends import _IMPLS, _MAPPABLE, BACKENDS, _sync
 
+# Every backend's class; 'auto' lives in its own module, which builds on the others.
+_BUILDERS = {**_IMPLS, "auto": _Auto}
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -97,8 +98,7 @@ class HostTable:
         self.writable, self.file, self._mmap = True, None, None
         self._trainer: weakref.ref | None = None  # the HostEmbedding training this table, if any
         try:
-            impl = _Auto if backend == "auto" else _IMPLS[backend]
-            self._impl = impl(rows, dim, dtype, dev, *(() if _host is None else (_host,)), **self.options)
+            self._impl = _BUILDERS[backend](rows, dim, dtype, dev, *(() if _host is None else (_host,)), **self.options)
         except (RuntimeError, MemoryError) as e:  # torch's allocator names neither the table nor a way out
             if _host is not None or "alloc" not in str(e).lower():
                 raise

@@ -13,9 +13,11 @@ The paths, all over the same page-locked table:
           reads them in index order, the caller's order restored in the same pass
   split   both at once: the kernel moves the batch's tail while the CPU packs its head and a
           copy engine carries it, the head's share set from the two paths' measured times so
-          that both finish together. A hypothesis until a GPU has measured it: the two are
-          limited by different things (the host's memory latency, the GPU's reads of host
-          pages), so together they may fill more of the bus than either alone.
+          that both finish together: the two are limited by different things (the host's
+          memory latency, the GPU's reads of host pages), so together they may fill more of
+          the bus than either alone. On an H200 (d93fd5c1) 'auto' gathered at 58 % of the
+          pinned copy, above every single path measured beside it (PyTorch's pinned path
+          49.5 %, uva 33 %); whether the split or sorted uva won there was not recorded.
 Write-back mirrors each.
 
 The first gather (write-back) of a batch size times every path on the call's own rows: one

@@ -79,3 +79,13 @@ def tiny_checkout(tmp_path) -> Path:
     for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c"]):
         subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
     return repo
+
+
+@pytest.fixture
+def interpreted(monkeypatch):
+    """The host tables' uva row-copy kernel run by Triton's interpreter, on CPU tensors
+    (tests/test_transfer_kernel.py, tests/test_transfer_auto.py)."""
+    from speedlib import _transfer_kernel  # noqa: PLC0415
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when the kernel is decorated, in build()
+    return _transfer_kernel.build()

@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from transfer_bits import bits, indices, interpreted, needs_cuda, needs_triton, same_bits  # noqa: F401
+from transfer_bits import bits, indices, needs_cuda, needs_triton, same_bits
 
 from speedlib import _transfer_auto
 from speedlib._transfer_auto import Path, Split, choose, split_share, turns

@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from transfer_bits import PATTERNS, bits, indices, interpreted, needs_cuda, needs_triton, same_bits  # noqa: F401
+from transfer_bits import PATTERNS, bits, indices, needs_cuda, needs_triton, same_bits
 
 from speedlib import _transfer_kernel
 from speedlib.transfer import HostTable

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.gpu(reason="these backends move rows to a CUDA device; this machine has none")
 try:
     import triton  # noqa: F401
@@ -39,12 +38,3 @@ PATTERNS = {
 
 def indices(pattern: str, n: int, rows: int, seed: int = 1) -> torch.Tensor:
     return PATTERNS[pattern](n, rows, torch.Generator().manual_seed(seed)).to(torch.int64)
-
-
-@pytest.fixture
-def interpreted(monkeypatch):
-    """The uva row-copy kernel run by Triton's interpreter, on CPU tensors."""
-    from speedlib import _transfer_kernel  # noqa: PLC0415
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when the kernel is decorated, in build()
-    return _transfer_kernel.build()
