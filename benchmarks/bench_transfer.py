@@ -217,10 +217,10 @@ class _Table:
 
 def _what_auto_chose(table) -> str:
     """One line per direction: the path 'auto' keeps and what each of its paths measured."""
-    measured = getattr(table._impl, "measured", {})
+    measured = table._impl.measured
     return "\n".join(f"bench_transfer auto {op}: {path} ("
                      + (", ".join(f"{p} {t * 1e3:.3g} ms" for p, t in measured.get(op, {}).items()) or "not measured here")
-                     + ")" for op, path in getattr(table, "chosen", {}).items())
+                     + ")" for op, path in table.chosen.items())
 
 
 # Transfer's tables, one per backend: built once for all of its configurations (on GPU
