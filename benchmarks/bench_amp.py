@@ -23,7 +23,7 @@ under the policy + backward + SGD step (momentum 0.9).
 
 Metrics: `TrainingStep.track_seconds` (every variant's step, the variants taking turns in
 one process) and `TrainingStep.track_speedup` (fp32 / variant per round; the headline leads
-with default / variant on GPUs, from the same rounds' seconds: speedbench.headline);
+with default / variant on GPUs, from the same rounds' seconds: speedbench.report.headline);
 `PeakMemory.track_peak_memory` (GPUs, exact). The project's target: bf16_channels_last >= 3x
 fp32 on ResNet-50 on H100/H200.
 """
@@ -66,7 +66,8 @@ class _Trainer:
     def __init__(self, workload: str, variant: str):
         import torch  # noqa: PLC0415 - in the measuring process only (benchmarks.common)
 
-        from speedbench import measure, workloads  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415
+        from speedbench.measure import workloads  # noqa: PLC0415
 
         if variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; choose one of {VARIANTS}")

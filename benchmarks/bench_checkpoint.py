@@ -7,7 +7,7 @@ with torch.utils.checkpoint, never a speedlib code path:
   reentrant      torch.utils.checkpoint(use_reentrant=True) on each segment
   non_reentrant  torch.utils.checkpoint(use_reentrant=False) on the same segments
   sequential     torch.utils.checkpoint.checkpoint_sequential over the feature stack
-speedlib's (speedbench.workloads.set_checkpointing):
+speedlib's (speedbench.measure.workloads.set_checkpointing):
   speedlib       speedlib.checkpoint (explicit parameters) on the same segments, with
                  speedlib's BatchNorm (running statistics updated once per step; the plain
                  variants' nn.BatchNorm2d updates them again when a segment is rerun, as
@@ -37,7 +37,7 @@ Metrics (parameters: workload, batch, variant):
   DataParallelStep.track_seconds / track_speedup (parameters: batch, variant): two or more
                                GPUs only, the source's 2-GPU rows, variants taking turns.
   DistributedStep.track_step_time (batch, variant): two or more GPUs only, one
-                               speedbench.ddp_launch launch (DDP, SGD, momentum 0.9) per variant.
+                               speedbench.measure.ddp_launch launch (DDP, SGD, momentum 0.9) per variant.
 
 Batch sizes are parameters: 64 and 256 on GPUs (the source's table), 4 and 16 on CPUs
 (DenseNet-BC-100 at 16 already takes about a second a step on two cores). Nothing here
@@ -81,9 +81,9 @@ WARMUP = common.pick(cpu=0, gpu=1)
 
 
 def _workloads():
-    """speedbench.workloads, once speedlib.checkpoint is known to exist (workloads imports it)."""
+    """speedbench.measure.workloads, once speedlib.checkpoint is known to exist (workloads imports it)."""
     common.technique("checkpoint")
-    from speedbench import workloads  # noqa: PLC0415 - in the measuring process only
+    from speedbench.measure import workloads  # noqa: PLC0415 - in the measuring process only
 
     return workloads
 
@@ -158,7 +158,7 @@ def _torch_checkpointing(model, variant: str):
 
 def _model(wl, dev, variant: str, seed: int = 0):
     """The model of `variant` for the workload `wl`: built with torch alone and checkpointed
-    here for the plain variants, speedbench.workloads' with speedlib's checkpoint for speedlib's."""
+    here for the plain variants, speedbench.measure.workloads' with speedlib's checkpoint for speedlib's."""
     workloads = _workloads()
     if variant in PLAIN_PYTORCH:
         return _torch_checkpointing(wl.torch_model(dev, seed), variant)
@@ -332,17 +332,17 @@ class DataParallelStep(common.Paired):
 
 
 def _ddp_model(config, dev):
-    """A DDP rank's model (speedbench.ddp_launch.Recipe.model): the variant's, as `_model` builds it."""
+    """A DDP rank's model (speedbench.measure.ddp_launch.Recipe.model): the variant's, as `_model` builds it."""
     wl = _workloads().get(config.workload, dev)
     return _model(wl, dev, config.checkpoint, config.seed)
 
 
 class DistributedStep(common.Timed):
-    """DistributedDataParallel, one process per GPU (NCCL), through speedbench.ddp_launch: the
+    """DistributedDataParallel, one process per GPU (NCCL), through speedbench.measure.ddp_launch: the
     median step time of the slowest rank. Every variant's ranks wrap and step with torch
     alone (bench_parallel's plain recipe); only the model's checkpointing differs.
 
-    Not paired: each variant is its own launch (speedbench.ddp_launch.run starts a process
+    Not paired: each variant is its own launch (speedbench.measure.ddp_launch.run starts a process
     group per configuration), so variants cannot take turns step by step in one process,
     and pairing whole launches would cost a launch of several seconds per sample.
     """

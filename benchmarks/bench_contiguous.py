@@ -62,7 +62,8 @@ class _Trainer:
     def __init__(self, workload: str, variant: str):
         import torch  # noqa: PLC0415 - in the measuring process only (benchmarks.common)
 
-        from speedbench import measure, workloads  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415
+        from speedbench.measure import workloads  # noqa: PLC0415
 
         dev = measure.device()
         wl = workloads.get(workload, dev)

@@ -6,7 +6,7 @@ commits and 5 machines x 1000 commits, environment records included. Each timed 
 a first view of a freshly started server: Streamlit's caches are cleared and the dashboard's
 own modules re-imported, then the overview page runs to completion under Streamlit's AppTest
 (the tables, the plotly figures and their serialisation). `cold`: the cache of parsed
-results (`speedbench.cache`) is empty, so every file is read and parsed; `warm`: it holds
+results (`speedbench.results.cache`) is empty, so every file is read and parsed; `warm`: it holds
 this tree, as after any earlier view. Not included: starting the server and importing
 Streamlit and plotly (done once per server), and the browser's drawing.
 `time_load_results` is the loading alone, the part that grows with the files.
@@ -44,7 +44,7 @@ class FirstView:
 
     def setup_cache(self) -> dict:
         try:
-            from speedbench import synthetic  # noqa: PLC0415
+            from speedbench.results import synthetic  # noqa: PLC0415
         except ImportError:  # a commit before the synthetic results existed
             return {}
         shutil.rmtree(_scratch(), ignore_errors=True)
@@ -58,7 +58,7 @@ class FirstView:
 
     def setup(self, roots: dict, files: int, cache: str) -> None:
         if not roots:
-            raise NotImplementedError("this commit has no speedbench.synthetic")
+            raise NotImplementedError("this commit has no speedbench.results.synthetic")
         try:
             import plotly  # noqa: F401, PLC0415 - imported once per server, not per view
             import streamlit as st  # noqa: PLC0415
@@ -67,7 +67,7 @@ class FirstView:
         if not _app().is_file():
             raise NotImplementedError("this commit has no dashboard")
         try:
-            from speedbench import cache as results_cache  # noqa: PLC0415
+            from speedbench.results import cache as results_cache  # noqa: PLC0415
         except ImportError:
             results_cache = None
         if cache == "warm" and results_cache is None:
@@ -95,7 +95,7 @@ class FirstView:
             raise RuntimeError(f"the overview did not render: {[e.value for e in at.exception]}")
 
     def time_load_results(self, roots: dict, files: int, cache: str) -> None:
-        from speedbench import cache as results_cache  # noqa: PLC0415
+        from speedbench.results import cache as results_cache  # noqa: PLC0415
 
         loaded = results_cache.load(roots[files])
         if loaded.problems or len(loaded.measured) == 0:

@@ -1,6 +1,6 @@
 """DistributedDataParallel vs DataParallel vs one process (speedlib.parallel.wrap).
 
-Variants, plain PyTorch (a `Recipe` for speedbench.ddp_launch written below with torch alone:
+Variants, plain PyTorch (a `Recipe` for speedbench.measure.ddp_launch written below with torch alone:
 torch's own classes, a step loop a user writes; never a speedlib code path):
   single        one process, the model itself (the baseline on CPUs, and of scaling)
   dataparallel  torch.nn.DataParallel over every device (the baseline on GPUs)
@@ -13,7 +13,7 @@ speedlib.tuning.accumulation_step):
 Weak scaling: every rank (or device) gets the same batch, so a world of N trains on N
 times the samples per step. GPUs: ResNet-50, 64 images of 224 x 224 per device; CPUs: the
 100-layer MLP, 32 samples per rank (gloo, the cores shared between ranks). Each
-measurement is one launch: `speedbench.ddp_launch.run` with 10 timed steps after warm-up; the
+measurement is one launch: `speedbench.measure.ddp_launch.run` with 10 timed steps after warm-up; the
 step time is the median over steps of the slowest rank.
 
   Step.track_step                 seconds per step, per world size and mode
@@ -79,11 +79,11 @@ def _check(mode: str, world: int) -> None:
                                   f"this machine has {have}")
 
 
-# --- the plain-PyTorch recipe: what the baselines run (speedbench.ddp_launch.Recipe) ---------
+# --- the plain-PyTorch recipe: what the baselines run (speedbench.measure.ddp_launch.Recipe) ---------
 
 def _torch_model(config, dev):
     """The workload's model as torch.nn and torchvision build it (the MLP, ResNet-50)."""
-    from speedbench import workloads  # noqa: PLC0415
+    from speedbench.measure import workloads  # noqa: PLC0415
 
     if config.checkpoint != "none":
         raise ValueError("the plain recipe trains without checkpointing (bench_checkpoint has its own models)")

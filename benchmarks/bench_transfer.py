@@ -47,7 +47,7 @@ Metrics (benchmarks.common: one process measures a class, its track_* methods re
                               the floor it was divided by (the bulk pinned copy, host->device
                               for gather, device->host for scatter), GB/s, timed in that same
                               process: the figures a reader checks against the bus. They are
-                              read with the % (speedbench.tables.floor_table), not compared
+                              read with the % (speedbench.report.tables.floor_table), not compared
                               across variants
   CopyBandwidth.track_copy_bandwidth
                               that floor itself, pinned and pageable, each direction; GPUs only
@@ -94,7 +94,7 @@ BATCH_BYTES = 131072 * 128 * 4
 
 def _spec():
     """The embedding batch at this machine's size (tests shrink it)."""
-    from speedbench import workloads  # noqa: PLC0415 - torch, in the measuring process only
+    from speedbench.measure import workloads  # noqa: PLC0415 - torch, in the measuring process only
 
     return workloads.embedding(_SIZE)
 

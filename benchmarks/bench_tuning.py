@@ -93,7 +93,7 @@ class _Trainer:
     def __init__(self, knob: str, variant: str, workload: str = "resnet50", batch: int | None = None):
         import torch  # noqa: PLC0415
 
-        from speedbench import workloads  # noqa: PLC0415
+        from speedbench.measure import workloads  # noqa: PLC0415
 
         on = variant == "on"
         tuning = self.tuning = common.technique("tuning") if on else None
@@ -165,7 +165,7 @@ class TrainingStep(common.Paired):
 
 
 def _synchronised_clock() -> float:
-    """asv timer: the clock read after the GPU has caught up (speedbench.measure.timer),
+    """asv timer: the clock read after the GPU has caught up (speedbench.measure.devices.timer),
     imported on first use so that this module stays free of torch."""
     from speedbench import measure  # noqa: PLC0415 - loaded by setup already
 
@@ -236,7 +236,7 @@ INFERENCE = ["off", "no_grad", "inference_mode"]
 
 
 def _eval_model():
-    from speedbench import workloads  # noqa: PLC0415
+    from speedbench.measure import workloads  # noqa: PLC0415
 
     dev = _device()
     wl = workloads.get("resnet50", dev)
@@ -421,7 +421,7 @@ def _mlp_epoch(variant: str):
     speedlib.tuning.RunningLoss("device") sums on the device."""
     import torch  # noqa: PLC0415
 
-    from speedbench import workloads  # noqa: PLC0415
+    from speedbench.measure import workloads  # noqa: PLC0415
 
     tuning = common.technique("tuning")
     dev = _device()
@@ -533,7 +533,7 @@ class _VariableLengthTraining:
     def __init__(self):
         import torch  # noqa: PLC0415
 
-        from speedbench import workloads  # noqa: PLC0415
+        from speedbench.measure import workloads  # noqa: PLC0415
 
         self.tuning = common.technique("tuning")
         dev = self.device = _device()
@@ -669,7 +669,7 @@ class BatchSize(common.Timed):
         return super().measure_all()
 
     def measure_one(self, batch: int) -> float:
-        from speedbench import batch_curve  # noqa: PLC0415  (the harness's timer; the step is the commit's)
+        from speedbench.measure import batch_curve  # noqa: PLC0415  (the harness's timer; the step is the commit's)
 
         common.technique("tuning")  # a commit from before the technique skips
         if self.end is not None:

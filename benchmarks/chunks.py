@@ -21,7 +21,7 @@ be measured twice.
 
 `speedlib run --plan` prints each chunk's cost: the durations asv recorded for its
 benchmarks on this machine where there are any, else an estimate per parameter combination
-(see speedbench/plan.py).
+(see speedbench/run/plan.py).
 """
 
 CHUNKS = (

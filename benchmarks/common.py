@@ -9,7 +9,7 @@ earlier one measured, or skips, starts in a fraction of a second. Work happens i
 measures all of a class's parameter sets, and its `track_*` methods report them.
 
 Paired comparisons (`Paired`): the variants of one configuration take turns in that one
-process (speedbench.paired.take_turns: A B C, B C A, ... after warm-up rounds, the device
+process (speedbench.stats.paired.take_turns: A B C, B C A, ... after warm-up rounds, the device
 synchronised around every sample), so drift between processes and over time hits every
 variant alike. Each class reports
   track_seconds  every variant's seconds per step, one sample per round (asv keeps the
@@ -43,7 +43,7 @@ fails). N in the results is the rounds run. A quick run stays at one round, unsi
 Memory and saved-activation comparisons are exact counts: the same number every time, so
 they need no pairing, only their own process per class (`Measured`).
 
-Interference (speedbench.interference): contention does not slow the variants alike, so
+Interference (speedbench.measure.interference): contention does not slow the variants alike, so
 every paired round, and every parameter set of a class that times without pairing
 (`Timed`), is bracketed by counters of what else the machine did meanwhile. They are stored
 beside the timings, one sample per round, as asv tracks of their own:
@@ -51,7 +51,7 @@ beside the timings, one sample per round, as asv tracks of their own:
   track_preemptions    involuntary context switches of the measuring process per second
   track_gpu_clock      the SM clock, % of its maximum (GPUs with NVML)
   track_gpu_neighbours other processes on the GPU (GPUs with NVML)
-speedbench.contention reads them: it marks disturbed rounds and contended results, and the
+speedbench.stats.contention reads them: it marks disturbed rounds and contended results, and the
 paired estimate leaves disturbed rounds out where enough others remain.
 """
 
@@ -69,13 +69,13 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from speedbench import interference  # no torch: /proc, getrusage and NVML reads
+from speedbench.measure import interference  # no torch: /proc, getrusage and NVML reads
 
 # --- the machine profile, decided without torch ------------------------------------------
 
 
 def _sees_a_gpu() -> bool:
-    """Whether this run measures a CUDA GPU, by speedbench.measure.device()'s rule
+    """Whether this run measures a CUDA GPU, by speedbench.measure.devices.device()'s rule
     ($SPEEDLIB_DEVICE, else CUDA when present), read without importing torch: the NVIDIA
     driver lists its GPUs under /proc. `check_profile` confirms it where torch is loaded."""
     name = os.environ.get("SPEEDLIB_DEVICE")
@@ -107,7 +107,7 @@ def check_profile(dev) -> None:
 
 
 def set_threads() -> int:
-    """Set torch's intra-op threads to speedbench.measure.benchmark_threads() (one per usable
+    """Set torch's intra-op threads to speedbench.measure.devices.benchmark_threads() (one per usable
     CPU unless $SPEEDLIB_THREADS says otherwise) and return it. torch's own default follows
     its build and OMP_NUM_THREADS, so without this a ratio would depend on the shell the run
     was started from. Called by `check_profile`, before anything is timed."""
@@ -139,12 +139,12 @@ def technique(name: str):
 
 
 def ddp_launch():
-    """speedbench.ddp_launch, the harness's DDP / DataParallel launcher, which trains with the
+    """speedbench.measure.ddp_launch, the harness's DDP / DataParallel launcher, which trains with the
     commit's `speedlib.parallel.wrap`; a commit whose speedlib.parallel has no `wrap` (before
     the launcher moved to the harness) skips instead of failing."""
     technique("parallel")
     try:
-        from speedbench import ddp_launch  # noqa: PLC0415
+        from speedbench.measure import ddp_launch  # noqa: PLC0415
     except ImportError as e:
         raise NotImplementedError(f"this commit's speedlib.parallel has no wrap() for the harness's launcher: {e}") from e
     return ddp_launch
@@ -349,7 +349,7 @@ class Paired(_Interference, Measured):
     # `pairs` rounds whatever they cost. With a budget, the rounds are sized from the first
     # measured round (see the module's docstring), from `min_pairs` up to `pairs`.
     round_budget: float | None = None
-    min_pairs = 8  # the fewest rounds with a 99 % interval (speedbench.paired); a budget never goes below
+    min_pairs = 8  # the fewest rounds with a 99 % interval (speedbench.stats.paired); a budget never goes below
     warmup = pick(cpu=1, gpu=3)  # rounds run first and dropped, in every build: autotuners, allocator pools, caches
     number = 1
     # Fresh builds the rounds are spread over (see the module's docstring). One by default:
@@ -477,8 +477,9 @@ def paired_times(steps: dict[str, Callable[[], object]], dev, rounds: int, warmu
     counters: a list that gets each measured round's interference counters.
     size_rounds: called with the seconds the first measured round took (every variant's
     `number` steps, synchronised: its samples times `number`); it returns how many rounds
-    to run in all, that one included, in place of `rounds` (speedbench.paired.take_turns)."""
-    from speedbench import measure, paired  # noqa: PLC0415 - torch, in the measuring process only
+    to run in all, that one included, in place of `rounds` (speedbench.stats.paired.take_turns)."""
+    from speedbench import measure  # noqa: PLC0415 - torch, in the measuring process only
+    from speedbench.stats import paired  # noqa: PLC0415 - torch, in the measuring process only
 
     check_profile(dev)
     observe, bracketed = None, None

@@ -13,7 +13,10 @@ import streamlit as st
 
 from _view import (config_label, log_axis, pick, pick_many, ratio_chart, results, say_names, show_problems,
                    show, spread_chart, suite_listing, table, tabs)
-from speedbench import headline, plan, report, words
+from speedbench import words
+from speedbench.report import headline
+from speedbench.run import plan
+from speedbench import report
 
 
 # The line above the tabs names the machine and its GPU, the title the technique, and the page
@@ -90,8 +93,8 @@ def technique_page(name: str) -> None:
             timed = timed[timed["metric"] == metric]
             speedup = report.speedup_table(timed, "time", baseline)
             # names from result files: escaped, and in code spans that no backtick of theirs can close
-            st.markdown(f"**Separately timed**: {report._md(words.metric(metric))} ({report._md_code(metric)}), "
-                        f"medians against {report._md_code(baseline)}{against} (worst-case bounds)")
+            st.markdown(f"**Separately timed**: {report.md_escape(words.metric(metric))} ({report.md_code(metric)}), "
+                        f"medians against {report.md_code(baseline)}{against} (worst-case bounds)")
             table(speedup, hide=STATED)
             st.plotly_chart(spread_chart(timed, f"{words.metric(metric)}: every sample, {where}"))
             s = speedup.sources
@@ -217,7 +220,7 @@ def _not_measured(data: dict, name: str, machine: str | None = None) -> None:
         seen = pd.concat([data["measured"], data["not_measured"]])
         missing = report.never_run(suite_listing(), seen[seen["technique"] == name], name, machine)
         if not missing.empty:
-            st.markdown(f"**Never run on {report._md(machine)}**: no chunk that measures these has run there yet")
+            st.markdown(f"**Never run on {report.md_escape(machine)}**: no chunk that measures these has run there yet")
             missing = missing.assign(benchmark=missing["benchmark"].str.replace(r"^bench_\w+\.", "", regex=True))
             show(missing)
     if rows.empty:

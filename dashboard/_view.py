@@ -19,8 +19,11 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from speedbench import cache, plan, report, words
-from speedbench import problems as problem_text
+from speedbench import words
+from speedbench.results import cache
+from speedbench.run import plan
+from speedbench import report
+from speedbench.results import problems as problem_text
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(os.environ.get("SPEEDLIB_RESULTS") or ROOT / "results").resolve()
@@ -223,7 +226,7 @@ def config_label(rows: pd.DataFrame) -> pd.Series:
     one_class = rows["suite"].nunique() <= 1
 
     def label(suite, params) -> str:
-        parts = ", ".join(p.removeprefix("workload=") for p in report._config(params).split(", ") if p)
+        parts = ", ".join(p.removeprefix("workload=") for p in report.shared_config(params).split(", ") if p)
         return parts or str(suite) if one_class else f"{suite}: {parts}".rstrip(": ")
 
     return pd.Series([label(s, p) for s, p in zip(rows["suite"], rows["params"])], index=rows.index, dtype=object)
@@ -290,7 +293,7 @@ def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x 
             # the mark itself beside a contended bar: a faded, hatched bar alone can be hard to see
             text=[" ".join(m for m, on in ((report.CONTENDED, b), (report.GPU_TESTS_FAILED, f)) if on)
                   for b, f in zip(busy, report.gpu_tests_failed(g))], textposition="outside", cliponaxis=False,
-            customdata=list(zip(g["ratio"], [report._fmt_ratio(r, lo, hi).partition(" ")[2] for r, lo, hi in
+            customdata=list(zip(g["ratio"], [report.fmt_ratio(r, lo, hi).partition(" ")[2] for r, lo, hi in
                                              zip(g["ratio"], g["ratio_low"], g["ratio_high"])],
                                 ["" if pd.isna(k) else f"N={k:g}" for k in n], said)),
             hovertemplate="%{y}: %{customdata[0]:.3g}x %{customdata[1]} %{customdata[2]} %{customdata[3]}"
@@ -498,26 +501,26 @@ def table(t: report.Table, hide: tuple[str, ...] = ()) -> None:
 
 
 def comparison_index(t: report.Table) -> str:
-    """speedbench.comparisons' lines as a Markdown table, each technique named once and linked
+    """speedbench.report.comparisons' lines as a Markdown table, each technique named once and linked
     to its page (a static table wraps, so thirty lines fit 1440 px). Every text from result
-    files is escaped (report._md): a variant name cannot become a link or HTML."""
+    files is escaped (report.md_escape): a variant name cannot become a link or HTML."""
     machines = [c for c in t.frame.columns if c not in ("technique", "page", "comparison")]
     head = ["technique", "comparison", *machines]
-    lines = ["| " + " | ".join(report._md(h) for h in head) + " |", "|" + "---|" * len(head)]
+    lines = ["| " + " | ".join(report.md_escape(h) for h in head) + " |", "|" + "---|" * len(head)]
     previous = None
     for row in t.frame.to_dict("records"):  # not itertuples: machine columns are no identifiers
         # pages are views/<name>.py, served at ./<name>; the name is a TECHNIQUES key, not file text
-        name = f"[{report._md(row['technique'])}](./{row['page']})" if row["page"] != previous else ""
+        name = f"[{report.md_escape(row['technique'])}](./{row['page']})" if row["page"] != previous else ""
         previous = row["page"]
-        cells = [name, report._md(row["comparison"]),
-                 *(report._md(str(row[m])) or "not measured" for m in machines)]
-        lines.append("| " + " | ".join(cells) + " |")  # report._md escapes "|": no cell adds a column
+        cells = [name, report.md_escape(row["comparison"]),
+                 *(report.md_escape(str(row[m])) or "not measured" for m in machines)]
+        lines.append("| " + " | ".join(cells) + " |")  # report.md_escape escapes "|": no cell adds a column
     return "\n".join(lines)
 
 
 def caption(text: str) -> None:
     """A note as a caption, which is Markdown: notes name machines and benchmarks from result
-    files, so links, HTML and code are escaped (report._md), and so is a first character
+    files, so links, HTML and code are escaped (report.md_escape), and so is a first character
     that would start a heading or a list (">" is already "&gt;", never a quote)."""
-    text = report._md(text)
+    text = report.md_escape(text)
     st.caption("\\" + text if text.startswith(("#", "-", "+", "*")) else text)

@@ -8,3 +8,8 @@ Kept apart from the library so that:
 - viewing results (`results`, `report`, `plan`, `cli`, the dashboard) imports no torch:
   only `measure`, `workloads` and `suite`'s runs do.
 """
+
+from pathlib import Path
+
+# The checkout this harness is part of: benchmarks/, dashboard/ and results/ sit beside it.
+CHECKOUT = Path(__file__).resolve().parent.parent

@@ -1,7 +1,7 @@
 """The techniques the suite measures: each one's title, baseline and headline metric.
 
 A new technique adds its entry to `TECHNIQUES` (docs/adding-a-technique.md). The tables read
-each technique's baseline chain from here (speedbench.tables), the claims and the dashboard
+each technique's baseline chain from here (speedbench.report.tables), the claims and the dashboard
 its title; this module imports nothing else of the harness, so any of them can import it.
 
 A baseline is plain PyTorch: a variant written with torch alone in its benchmark

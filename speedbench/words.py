@@ -102,7 +102,7 @@ VARIANTS: dict[str, dict[str, str]] = {
 
 # Per technique: which variant is what PyTorch does by default (a user who changes nothing
 # gets it), read from torch 2.14's source, and where the suite does not measure it. The
-# headline grid leads with that variant where it is measured (speedbench.headline); the
+# headline grid leads with that variant where it is measured (speedbench.report.headline); the
 # claims table keeps each source's own baseline.
 DEFAULTS: dict[str, str] = {
     "contiguous": "PyTorch's default: torch.optim.Adam without foreach or fused runs foreach when every parameter "
@@ -179,7 +179,7 @@ METRICS: dict[str, str] = {
     "syncs": "host-device synchronisations",
     "first_view": "dashboard first view",
     "load_results": "loading the result files",
-    # the interference counters, read with the result they describe (speedbench.contention)
+    # the interference counters, read with the result they describe (speedbench.stats.contention)
     "interference": "CPU time other processes took, % of the machine",
     "preemptions": "times the measuring process was preempted, per second",
     "gpu_clock": "SM clock, % of its maximum",

@@ -18,7 +18,7 @@ last micro-batch in `no_sync()`, so gradients are all-reduced once per optimizer
 
 This module is what a training script calls. The launcher that runs a workload in each
 mode and times it (process groups, torchrun or torch.multiprocessing, failing ranks) is
-part of the benchmark harness, `speedbench.ddp_launch`, so that the library never imports
+part of the benchmark harness, `speedbench.measure.ddp_launch`, so that the library never imports
 the harness.
 """
 

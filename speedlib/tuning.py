@@ -19,7 +19,7 @@ speedlib.parallel; this module holds the rest:
   accumulation       gradient accumulation over micro-batches, `no_sync` under DDP
   retained_graph     keeping `loss` instead of `loss.item()` (RunningLoss("graph"))
   batch_size         throughput against batch size, an allocation failure ends the curve
-                     (a measurement, so the curve is the harness's: speedbench.batch_curve)
+                     (a measurement, so the curve is the harness's: speedbench.measure.batch_curve)
 """
 
 from __future__ import annotations

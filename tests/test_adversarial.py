@@ -36,9 +36,12 @@ from typing import Callable
 import pandas as pd
 import pytest
 
-from speedbench import _results_files, machines, plan, synthetic
-from speedbench import results as results_module
-from speedbench.results import COLUMNS, format_table, load_results
+from speedbench.results import files as _results_files
+from speedbench.results import machines
+from speedbench.run import plan
+from speedbench.results import synthetic
+from speedbench.results import load as results_module
+from speedbench.results.load import COLUMNS, format_table, load_results
 
 TIME = "bench_contiguous.OptimizerStep.time_adam_step"
 TRACK = "bench_contiguous.IterationMemory.track_peak_memory"
@@ -560,8 +563,8 @@ def test_a_plan_skips_a_benchmark_over_the_limit_and_says_so(tmp_path, template,
                                               skipped[0]), skipped
 
 
-# The loader's modules that call `os` themselves (speedbench._results_files reads the tree for
-# speedbench.results): a fake `os` stands in for the loader's in each.
+# The loader's modules that call `os` themselves (speedbench.results.files reads the tree for
+# speedbench.results.load): a fake `os` stands in for the loader's in each.
 LOADER_MODULES_USING_OS = (results_module, _results_files)
 
 

@@ -225,13 +225,13 @@ def test_the_tunings_unpaired_plain_measurements_run_no_speedlib_code():
 
 
 def _rank(config, recipe) -> list[str]:
-    """speedlib code in one rank's training with `recipe` (speedbench.ddp_launch.train), in
+    """speedlib code in one rank's training with `recipe` (speedbench.measure.ddp_launch.train), in
     this process; a DDP config joins a one-rank gloo group first."""
     import tempfile  # noqa: PLC0415
 
     import torch.distributed as dist  # noqa: PLC0415
 
-    from speedbench import ddp_launch  # noqa: PLC0415
+    from speedbench.measure import ddp_launch  # noqa: PLC0415
 
     if config.mode != "ddp":
         return speedlib_calls(lambda: ddp_launch.train(config, recipe=recipe))
@@ -248,7 +248,7 @@ def test_the_parallel_baselines_train_with_torch_alone():
     """single (the CPU baseline) and NoSync's off (DDP all-reducing every micro-batch) with
     bench_parallel's recipe; dataparallel is the same recipe's other branch (CUDA only)."""
     from benchmarks import bench_parallel  # noqa: PLC0415
-    from speedbench.ddp_launch import LIBRARY, RunConfig  # noqa: PLC0415
+    from speedbench.measure.ddp_launch import LIBRARY, RunConfig  # noqa: PLC0415
 
     recipe = bench_parallel.torch_recipe()
     base = {"workload": "mlp", "batch": 8, "steps": 1, "warmup": 0}
@@ -264,7 +264,7 @@ def test_the_distributed_checkpoint_baselines_train_with_torch_alone(variant):
     """DistributedStep's ranks (GPUs only) build the variant's model as the paired classes do
     and wrap and step it with bench_parallel's recipe; here one rank of it, in this process."""
     from benchmarks import bench_checkpoint, bench_parallel  # noqa: PLC0415
-    from speedbench.ddp_launch import Recipe, RunConfig  # noqa: PLC0415
+    from speedbench.measure.ddp_launch import Recipe, RunConfig  # noqa: PLC0415
 
     torch_only = bench_parallel.torch_recipe()
     recipe = Recipe(bench_checkpoint._ddp_model, torch_only.wrap, torch_only.step)
@@ -278,7 +278,7 @@ def test_the_distributed_checkpoint_baselines_train_with_torch_alone(variant):
 def test_transfers_plain_variants_run_no_speedlib_code(name, config, monkeypatch):
     """On a small table (the CPU profile's 1M rows would build three 0.5 GB tables here)."""
     from benchmarks import bench_transfer as bench  # noqa: PLC0415
-    from speedbench import workloads  # noqa: PLC0415
+    from speedbench.measure import workloads  # noqa: PLC0415
 
     spec = workloads.EmbeddingBatch(rows=4096, dim=16, batch=512)
     monkeypatch.setattr(bench, "_spec", lambda: spec)

@@ -1,4 +1,4 @@
-"""The batch-size curve (speedbench.batch_curve): it times each batch size until memory runs
+"""The batch-size curve (speedbench.measure.batch_curve): it times each batch size until memory runs
 out, takes any library's allocation failure for the end of the curve with its text, and
 raises every other error, so a bug never reads as a full GPU; and the BatchSize benchmark
 that uses it (benchmarks/bench_tuning.py)."""
@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 
-from speedbench import batch_curve
+from speedbench.measure import batch_curve
 
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.gpu(reason="needs a CUDA GPU; the CPU tests above cover the logic")

@@ -1,4 +1,4 @@
-"""speedbench.cache: a cache of loaded results may make loading faster, never different."""
+"""speedbench.results.cache: a cache of loaded results may make loading faster, never different."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from speedbench import cache, results, synthetic
+from speedbench.results import cache
+from speedbench.results import load as results
+from speedbench.results import synthetic
 
 
 @pytest.fixture
@@ -144,13 +146,13 @@ def test_a_missing_results_directory_is_reported(tmp_path):
 
 
 def test_a_change_to_any_part_of_the_loader_changes_the_key(tmp_path, monkeypatch):
-    """The loader lives in speedbench/results.py and its private parts (_results_*.py): an
+    """The loader lives in speedbench/results/ (load.py and the parts it parses with): an
     edit to a part must not reuse frames parsed by the old one."""
     source = Path(cache.results.__file__).parent
-    for part in ["results.py", *(p.name for p in source.glob("_results_*.py"))]:
-        shutil.copy(source / part, tmp_path / part)
-    monkeypatch.setattr(cache.results, "__file__", str(tmp_path / "results.py"))
+    for part in source.glob("*.py"):
+        shutil.copy(part, tmp_path / part.name)
+    monkeypatch.setattr(cache.results, "__file__", str(tmp_path / "load.py"))
     before = cache._loader_digest()
-    with (tmp_path / "_results_files.py").open("a") as f:
+    with (tmp_path / "files.py").open("a") as f:
         f.write("\n# a parser change\n")
     assert cache._loader_digest() != before

@@ -21,7 +21,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from speedbench import measure, workloads
+from speedbench.measure import devices as measure
+from speedbench.measure import workloads
 from speedlib.checkpoint import (BatchNorm2d, ForgottenParameterError, checkpoint, convert_batchnorm, in_backward,
                                  run_segment)
 
@@ -520,9 +521,9 @@ def test_data_parallel_replicas_get_gradients():
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["speedlib", "reentrant"])
 def test_distributed_data_parallel_two_processes_match(variant):
-    """DDP with gloo, 2 processes, through speedbench.ddp_launch: the checkpointed
+    """DDP with gloo, 2 processes, through speedbench.measure.ddp_launch: the checkpointed
     model ends bitwise equal to the uncheckpointed one (parameters and BN statistics)."""
-    from speedbench.ddp_launch import RunConfig, run  # noqa: PLC0415
+    from speedbench.measure.ddp_launch import RunConfig, run  # noqa: PLC0415
 
     config = RunConfig(mode="ddp", world_size=2, workload="densenet_bc", batch=8, steps=2, warmup=1)
     none = run(config)
@@ -591,7 +592,7 @@ def test_benchmark_pairs_the_variants_and_counts_saved_activations(monkeypatch):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU behaviour of the benchmark")
 @pytest.mark.parametrize("workload, batch", [("densenet_bc", 4), ("transformer", 4)])
 def test_the_benchmarks_plain_variants_train_as_the_checkpointable_model_did(workload, batch):
-    """The plain variants moved from speedbench.workloads' checkpointable model (speedlib's
+    """The plain variants moved from speedbench.measure.workloads' checkpointable model (speedlib's
     BatchNorm, CheckpointedSequential, run_segment) to a model built with torch alone and
     checkpointed with torch.utils.checkpoint (issue 40): the same initial weights, and after
     two steps the same parameters, bitwise. The one difference is PyTorch's own: nn.BatchNorm

@@ -20,8 +20,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from speedbench import cli, suite, synthetic
-from speedbench.results import load_results
+from speedbench.cli import parser as cli
+from speedbench.run import suite
+from speedbench.results import synthetic
+from speedbench.results.load import load_results
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_BENCH = r"AdamStep.track_seconds\('mlp', '(speedlib|fused)'\)"
@@ -259,7 +261,7 @@ def test_dashboard_says_first_that_the_port_is_taken(tmp_path, capsys, monkeypat
 
 
 def test_ctrl_c_in_report_is_one_line_not_a_traceback(tmp_path, capsys, monkeypatch):
-    from speedbench import results
+    from speedbench.results import load as results
 
     def interrupted(path):
         raise KeyboardInterrupt

@@ -23,7 +23,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from speedbench import cli, plan, suite
+from speedbench.cli import parser as cli
+from speedbench.run import plan
+from speedbench.run import suite
 
 ROOT = Path(__file__).resolve().parents[1]
 SHA = "0123456789abcdef" * 2 + "01234567"
@@ -137,7 +139,7 @@ def test_a_listing_that_cannot_be_read_is_one_line_for_the_plan(tmp_path, monkey
 def test_a_listing_torn_by_a_killed_run_points_the_plan_to_the_copy_it_left(tmp_path, monkeypatch, capsys):
     """After a SIGKILL the listing's copy is in the snapshot, and the next run puts it back:
     'restore it from git' would throw away results filed against the listing on disk."""
-    from speedbench import safekeep
+    from speedbench.results import safekeep
 
     monkeypatch.chdir(ROOT)
     (tmp_path / "benchmarks.json").write_text('{"version": 2}')
@@ -212,7 +214,7 @@ def test_a_chunk_time_that_is_not_a_finite_positive_number_does_not_price_the_ch
 def test_a_budgeted_run_is_not_driven_by_bad_chunk_times_and_says_so_once(tmp_path, monkeypatch, capsys):
     """A NaN chunk time 'fits' any budget (nan > left is False): the chunk must be priced by
     its estimate instead, and the bad lines named once, not once per chunk."""
-    from speedbench import measure
+    from speedbench.measure import devices as measure
 
     results = tmp_path / "results"
     results.mkdir()
@@ -236,7 +238,7 @@ def test_a_budgeted_run_is_not_driven_by_bad_chunk_times_and_says_so_once(tmp_pa
 def test_a_budgeted_run_names_the_benchmarks_its_prices_leave_out(tmp_path, monkeypatch, capsys):
     """A benchmark whose listed parameters multiply out past the limit is left out of every
     chunk's price (plan.combinations): the run says so once, as --plan does."""
-    from speedbench import measure
+    from speedbench.measure import devices as measure
 
     results = tmp_path / "results"
     results.mkdir()
@@ -366,7 +368,8 @@ def test_what_a_stopped_asv_leaves_in_the_temporary_directory_goes_with_it(tmp_p
 # asv under the supervisor, as a run has them while it measures.
 INTERRUPTIBLE = '''
 import sys
-from speedbench import cli, suite
+from speedbench.cli import parser as cli
+from speedbench.run import suite
 
 
 def _run(options, root, argv, shas, steps):

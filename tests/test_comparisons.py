@@ -1,4 +1,4 @@
-"""speedbench.comparisons: the overview's index lists every paired comparison once, with the
+"""speedbench.report.comparisons: the overview's index lists every paired comparison once, with the
 figures the technique pages show."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import pytest
 
 pd = pytest.importorskip("pandas")
 
-from speedbench import comparisons, report  # noqa: E402
-from speedbench.results import load_results  # noqa: E402
+from speedbench.report import comparisons  # noqa: E402
+from speedbench import report  # noqa: E402
+from speedbench.results.load import load_results  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 INTEL = "cpu-2core-intel-xeon (CPU only)"

@@ -1,4 +1,4 @@
-"""speedbench.contention: disturbed rounds, contended results, and how every table shows them."""
+"""speedbench.stats.contention: disturbed rounds, contended results, and how every table shows them."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from speedbench import contention, paired, report
-from speedbench.contention import CLEAN, CONTENDED, DROPPED, UNKNOWN
-from speedbench.results import load_results
+from speedbench.stats import contention
+from speedbench.stats import paired
+from speedbench import report
+from speedbench.stats.contention import CLEAN, CONTENDED, DROPPED, UNKNOWN
+from speedbench.results.load import load_results
 
 QUIET = {"others_cpu": [1.0] * 15, "preemptions": [3.0] * 15}
 
@@ -194,7 +196,7 @@ def test_claims_cite_the_newest_clean_result_instead_of_a_contended_one(tree):
 
 
 def test_the_headline_cites_the_newest_clean_result_and_says_the_latest_was_contended(tree):
-    from speedbench import headline
+    from speedbench.report import headline
 
     m = load_results(tree).measured
     g = headline.grid(m)
@@ -212,7 +214,7 @@ def test_the_headline_cites_the_newest_clean_result_and_says_the_latest_was_cont
 
 
 def test_history_compares_around_a_contended_result_and_the_gate_refuses_it(tree, capsys):
-    from speedbench import cli
+    from speedbench.cli import parser as cli
 
     m = load_results(tree).measured
     bench = f"{CLASS}.track_speedup"
@@ -230,7 +232,7 @@ def test_history_compares_around_a_contended_result_and_the_gate_refuses_it(tree
 
 
 def test_the_claims_command_and_machine_comparisons_see_contention(tree, capsys):
-    from speedbench import cli
+    from speedbench.cli import parser as cli
 
     # `report --table claims` cites commit b's quiet result, not the latest (contended) c's
     assert cli.main(["report", "--results", str(tree), "--table", "claims", "--format", "csv"]) == 0
@@ -358,7 +360,7 @@ def test_a_run_beside_busy_loops_is_marked_contended_and_an_idle_run_is_not(tmp_
 
 
 def test_the_table_after_a_run_marks_contended_rows(tree, capsys):
-    from speedbench import suite
+    from speedbench.run import suite
 
     suite._print_table(tree, "m", ["c" * 40])
     rows = [line for line in capsys.readouterr().out.splitlines() if "track_speedup" in line]

@@ -999,7 +999,7 @@ def test_benchmark_pairs_the_variants_per_round_and_skips_what_cannot_run(monkey
     that cache: a variant that cannot run here is NaN (asv: skipped), every ratio and
     bandwidth is of one round, never of medians."""
     from benchmarks import bench_contiguous as bench  # noqa: PLC0415
-    from speedbench import workloads  # noqa: PLC0415
+    from speedbench.measure import workloads  # noqa: PLC0415
 
     monkeypatch.setitem(sys.modules, "contiguous_params", None)  # as where it is not installed
     for cls in (bench.AdamStep, bench.OptimizerStep, bench.Iteration):

@@ -30,7 +30,8 @@ pytest.importorskip("streamlit", reason="the dashboard extra is not installed (p
 from streamlit.testing.v1 import AppTest  # noqa: E402
 from streamlit.testing.v1.element_tree import Dataframe, Table  # noqa: E402
 
-from speedbench import report, synthetic  # noqa: E402
+from speedbench import report  # noqa: E402
+from speedbench.results import synthetic  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "dashboard" / "app.py"
@@ -193,8 +194,8 @@ def test_cite_page_lists_techniques_only_and_offers_the_headline_grid(monkeypatc
     """The technique filter holds techniques (report.TECHNIQUES), not the viewer's own timing
     benchmark ("dashboard"); the tables are named for what they are, the headline grid among
     them, each offered in every format, the CSV with its provenance in a zip."""
-    from speedbench import headline
-    from speedbench.results import load_results
+    from speedbench.report import headline
+    from speedbench.results.load import load_results
 
     measured = load_results(ROOT / "results").measured
     assert "dashboard" in set(measured["technique"])  # the committed results hold it
@@ -306,7 +307,7 @@ def test_browser_end_to_end(served, tmp_path):
 def test_the_overview_leads_with_the_paired_speedups(monkeypatch):
     """Each technique with a paired class shows its paired estimates, the very figures
     `speedlib report --table paired` gives, for every machine (here: amp on CPUs, H100 and H200)."""
-    from speedbench.results import load_results
+    from speedbench.results.load import load_results
     at = app_on(ROOT / "results", "views/overview.py", monkeypatch)
     last = report.latest(load_results(ROOT / "results").measured)
     expected = report.paired_table(last[(last["technique"] == "amp") & (last["suite"] == "TrainingStep")]).frame
@@ -467,8 +468,8 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
         finally:
             browser.close()
     # The headline grid as drawn is the grid `speedlib report` computes, cell for cell.
-    from speedbench import headline
-    from speedbench.results import load_results
+    from speedbench.report import headline
+    from speedbench.results.load import load_results
 
     measured = load_results(ROOT / "results").measured
     frame = headline.grid(measured).frame
@@ -476,8 +477,8 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
     assert grid_on_screen[1:] == [[str(v) for v in row] for row in frame.itertuples(index=False)]
     assert {n: w for n, w in too_wide.items() if w} == {}, "a table scrolls sideways at 1440 px"
     assert dagger is not None and dagger["y"] + dagger["height"] <= 900 and dagger["y"] < first_table["y"]
-    # Every paired comparison, one line each, as speedbench.comparisons computes it.
-    from speedbench import comparisons
+    # Every paired comparison, one line each, as speedbench.report.comparisons computes it.
+    from speedbench.report import comparisons
 
     every = comparisons.every_comparison(measured).frame
     index = [t for t in index_on_screen if t and t[0][:2] == ["technique", "comparison"]]
@@ -496,7 +497,7 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
 
 def test_a_fresh_view_is_pinned_to_the_newest_result_not_just_before_it(monkeypatch):
     """Result times carry milliseconds and the link whole seconds: the pin rounds up."""
-    from speedbench.results import load_results
+    from speedbench.results.load import load_results
 
     at = app_on(ROOT / "results", "views/overview.py", monkeypatch)
     assert not any("newer" in b.label for b in at.button)

@@ -21,7 +21,7 @@ pytest.importorskip("plotly")
 from test_dashboard import app_on, frames  # noqa: E402  (the app run the page tests use)
 
 from speedbench import report  # noqa: E402
-from speedbench.results import load_results  # noqa: E402
+from speedbench.results.load import load_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "dashboard"))
@@ -109,7 +109,7 @@ def test_a_page_defaults_to_the_baseline_that_ran_there(monkeypatch):
 
 
 def test_machines_chart_compares_times_only(tmp_path, monkeypatch):
-    from speedbench import synthetic
+    from speedbench.results import synthetic
 
     tree = tmp_path / "results"
     synthetic.write_results(tree, commits=1, machines=3)
@@ -182,7 +182,7 @@ def test_ticks_reach_both_ends_of_the_axis_at_any_magnitude(low, high):
 
 
 def test_history_puts_commits_on_the_x_axis_in_date_order_with_log_y(tmp_path, monkeypatch):
-    from speedbench import synthetic
+    from speedbench.results import synthetic
 
     tree = tmp_path / "results"
     synthetic.write_results(tree, commits=3, machines=1)
@@ -199,7 +199,7 @@ def test_history_puts_commits_on_the_x_axis_in_date_order_with_log_y(tmp_path, m
 def test_history_opens_on_one_machine(tmp_path, monkeypatch):
     """A CPU's and a GPU's lines on one log axis sit orders of magnitude apart: the history
     opens on one machine, and the link names it."""
-    from speedbench import synthetic
+    from speedbench.results import synthetic
 
     tree = tmp_path / "results"
     synthetic.write_results(tree, commits=3, machines=3)
@@ -321,7 +321,7 @@ def test_a_narrow_sample_axis_gets_a_few_even_ticks_not_dozens(values, expected)
 
 
 def test_history_writes_out_its_log_ticks(tmp_path, monkeypatch):
-    from speedbench import synthetic
+    from speedbench.results import synthetic
 
     tree = tmp_path / "results"
     synthetic.write_results(tree, commits=3, machines=1)

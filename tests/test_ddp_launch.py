@@ -1,4 +1,4 @@
-"""The harness's DDP launcher (speedbench.ddp_launch): configs it refuses, failing and hung
+"""The harness's DDP launcher (speedbench.measure.ddp_launch): configs it refuses, failing and hung
 ranks that end a run with no process left behind, the step time it reports, and the
 torchrun entry point. Its runs' equivalence with one process is tests/test_parallel.py's."""
 
@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
-from speedbench import ddp_launch
-from speedbench.ddp_launch import RunConfig, RunFailed, RunResult, RunTimedOut
+from speedbench.measure import ddp_launch
+from speedbench.measure.ddp_launch import RunConfig, RunFailed, RunResult, RunTimedOut
 
 HAS_CUDA = torch.cuda.is_available()
 BASE = {"workload": "mlp", "batch": 16, "steps": 3, "warmup": 1}  # as tests/test_parallel.py's runs

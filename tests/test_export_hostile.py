@@ -23,8 +23,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from speedbench import cli, report, synthetic, writeup
-from speedbench.results import load_results, printable
+from speedbench.cli import parser as cli
+from speedbench import report
+from speedbench.results import synthetic
+from speedbench.report import writeup
+from speedbench.results.load import load_results, printable
 
 ROOT = Path(__file__).resolve().parents[1]
 TIME = "bench_contiguous.OptimizerStep.time_adam_step"
@@ -519,7 +522,7 @@ def test_a_newest_result_at_the_end_of_the_range_of_dates_is_not_pinned(app, new
 
 def test_the_headline_of_a_baseline_that_used_no_memory():
     """Checkpointing's cell divides the variant's peak memory by the baseline's."""
-    from speedbench import headline  # noqa: PLC0415
+    from speedbench.report import headline  # noqa: PLC0415
 
     df = load_results(ROOT / "results").measured
     peak = (df["suite"] == "PeakMemory") & (df["variant"] == "none")

@@ -14,10 +14,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from speedbench import cli, headline, report, synthetic
-from speedbench._results_gpu_tests import (FAILED, INCOMPLETE, NONE_RAN, NOT_APPLICABLE, NOT_RECORDED, PASSED,
+from speedbench.cli import parser as cli
+from speedbench.report import headline
+from speedbench import report
+from speedbench.results import synthetic
+from speedbench.results.gpu_tests import (FAILED, INCOMPLETE, NONE_RAN, NOT_APPLICABLE, NOT_RECORDED, PASSED,
                                            check_verdict, status, verdict_path)
-from speedbench.results import load_results
+from speedbench.results.load import load_results
 
 ROOT = Path(__file__).resolve().parents[1]
 FAILING = ["tests/test_transfer.py::test_x[device]", "tests/test_checkpoint_torch.py::test_y[False]"]

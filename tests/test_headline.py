@@ -1,4 +1,4 @@
-"""speedbench.headline: the overview's first table says the same as the detailed tables."""
+"""speedbench.report.headline: the overview's first table says the same as the detailed tables."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import pytest
 
 pd = pytest.importorskip("pandas")
 
-from speedbench import headline, report  # noqa: E402
-from speedbench.paired import paired_ratio, ratio_estimate  # noqa: E402
-from speedbench.results import load_results  # noqa: E402
+from speedbench.report import headline  # noqa: E402
+from speedbench import report  # noqa: E402
+from speedbench.stats.paired import paired_ratio, ratio_estimate  # noqa: E402
+from speedbench.results.load import load_results  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 H100 = "h100-sxm-80gb (NVIDIA H100 80GB HBM3)"
@@ -51,7 +52,7 @@ def test_a_paired_cell_is_the_paired_tables_estimate(measured):
     """The H100 run predates bench_amp's `default`: strict fp32 leads, named; on the CPU it is
     PyTorch's default too (TF32 does not exist there). The H200 run of d93fd5c1 measured
     `default`: it leads, its ratio the paired estimate of the same rounds' seconds."""
-    from speedbench.paired import paired_ratio
+    from speedbench.stats.paired import paired_ratio
 
     last = report.latest(measured)
     p = report.paired(last[(last["technique"] == "amp") & (last["suite"] == "TrainingStep")])
@@ -179,7 +180,7 @@ def _seconds(**per_variant: float) -> dict[str, list[float]]:
 
 def _vs(seconds: dict[str, list[float]], baseline: str, variant: str = "speedlib") -> str:
     r = paired_ratio(seconds[baseline], seconds[variant])
-    return report._fmt_ratio(r.ratio, r.low, r.high)
+    return report.fmt_ratio(r.ratio, r.low, r.high)
 
 
 def test_the_flat_buffer_cell_leads_with_pytorchs_default_adam_on_each_kind_of_machine():

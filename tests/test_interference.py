@@ -1,4 +1,4 @@
-"""speedbench.interference: the counters read around every round, and what the benchmarks store."""
+"""speedbench.measure.interference: the counters read around every round, and what the benchmarks store."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from speedbench import interference, paired
-from speedbench.interference import Snapshot
+from speedbench.measure import interference
+from speedbench.stats import paired
+from speedbench.measure.interference import Snapshot
 
 
 def snap(wall, own=0.0, invol=0, busy=0.0, steal=0.0, cores=2, load=0.1, gpu=None) -> Snapshot:
@@ -190,10 +191,11 @@ def test_a_paired_class_stores_one_counter_per_round_beside_its_samples():
 
 
 def test_the_loader_knows_every_counter_track_by_its_unit():
-    """benchmarks/common.py names the tracks' units; speedbench.results reads a row of one of
+    """benchmarks/common.py names the tracks' units; speedbench.results.load reads a row of one of
     them as a counter (kind "interference") and keeps it out of the results: the two must agree."""
     from benchmarks import common
-    from speedbench import contention, results
+    from speedbench.stats import contention
+    from speedbench.results import load as results
 
     tracks = {m: getattr(common._Interference, f"track_{m}").unit for m in contention.COUNTER_METRICS}
     assert set(tracks.values()) == set(results.INTERFERENCE_UNITS)

@@ -1,4 +1,4 @@
-"""A machine name stands for one kind of hardware (speedbench.machines): `speedlib run` refuses
+"""A machine name stands for one kind of hardware (speedbench.results.machines): `speedlib run` refuses
 to file a run under a directory that recorded other hardware or another torch/CUDA build, and
 history, the regression gate and the noise table compare only results of one environment."""
 
@@ -14,8 +14,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from speedbench import cli, machines, report, suite, synthetic
-from speedbench.results import load_results
+from speedbench.cli import parser as cli
+from speedbench.results import machines
+from speedbench import report
+from speedbench.run import suite
+from speedbench.results import synthetic
+from speedbench.results.load import load_results
 
 ROOT = Path(__file__).resolve().parents[1]
 SHA = "0123456789abcdef" * 2 + "01234567"
@@ -100,7 +104,7 @@ def test_unknown_fields_and_torn_lines_refuse_nothing(tmp_path):
 
 
 def test_speedlib_run_refuses_before_the_preflight_or_asv(tmp_path, monkeypatch):
-    from speedbench import measure
+    from speedbench.measure import devices as measure
 
     records(tmp_path, "cpu-2core", AMD)
     monkeypatch.setattr(measure, "identity", lambda: dict(HERE))
@@ -272,7 +276,7 @@ def test_each_committed_machine_directory_holds_one_kind_of_hardware():
 
 
 def test_committed_cpu_directories_are_named_as_their_hardware_names_itself():
-    measure = pytest.importorskip("speedbench.measure")  # needs torch
+    measure = pytest.importorskip("speedbench.measure.devices")  # needs torch
     for directory in (ROOT / "results").glob("cpu-*"):
         models = {r.get("cpu_model") for r in machines.directory_records(directory)}
         assert len(models) == 1

@@ -1,4 +1,4 @@
-"""speedbench.measure: the timer, memory counters, environment record and machine names."""
+"""speedbench.measure.devices: the timer, memory counters, environment record and machine names."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from speedbench import measure
+from speedbench.measure import devices as measure
 
 requires_cuda = pytest.mark.gpu(reason="needs a CUDA GPU; CPU tests cover the logic")
 
@@ -93,7 +93,7 @@ def test_machine_name_on_cpu():
         pytest.skip("a GPU machine is named after its GPU")
     import os
 
-    from speedbench import suite
+    from speedbench.run import suite
     name = measure.machine_name()
     assert name == f"cpu-{os.cpu_count()}core-{measure.cpu_slug(measure.cpu_model())}"
     assert suite._MACHINE_NAME.fullmatch(name)  # the name --machine would accept
@@ -117,7 +117,7 @@ def test_a_cpu_model_gives_a_short_stable_name(model, slug):
 
 
 def test_a_long_cpu_model_is_cut_at_a_word():
-    from speedbench import suite
+    from speedbench.run import suite
     slug = measure.cpu_slug("Intel(R) Xeon(R) Some Very Long Marketing Name With Many Words 12345")
     assert slug == "intel-xeon-some-very-long-marketing-name"
     assert len(measure.cpu_slug("x" * 80)) == 40

@@ -1,6 +1,6 @@
 """`speedlib merge`: archives of one commit from several hosts end up in one results tree.
 
-The archives are packed with `speedbench.suite.pack_results` from small trees written here,
+The archives are packed with `speedbench.run.suite.pack_results` from small trees written here,
 each a copy of the H100 result file in results/ cut down to a few benchmarks: no asv run.
 """
 
@@ -15,8 +15,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from speedbench import cli, merge, suite
-from speedbench.results import load_results
+from speedbench.cli import parser as cli
+from speedbench.results import merge
+from speedbench.run import suite
+from speedbench.results.load import load_results
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "results" / "h100-sxm-80gb"

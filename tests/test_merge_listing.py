@@ -1,7 +1,7 @@
 """`speedlib merge` and benchmarks.json, and the per-commit gpu-tests side file.
 
 The listing follows the newest run merged, as asv rewrites it on every run; results of other
-versions stay and are marked by the loader. Trees are speedbench.synthetic's: an "old" run of
+versions stay and are marked by the loader. Trees are speedbench.results.synthetic's: an "old" run of
 commit 0 on two machines, and a "new" run of commit 1 a day later whose listing changed one
 benchmark's version, dropped one and added one.
 """
@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from speedbench import cli, merge, synthetic
-from speedbench.results import load_results
+from speedbench.cli import parser as cli
+from speedbench.results import merge
+from speedbench.results import synthetic
+from speedbench.results.load import load_results
 
 CHANGED, REMOVED, KEPT = synthetic.BENCHMARKS
 ADDED = "bench_contiguous.AdamBandwidth.track_new_thing"
@@ -177,7 +179,7 @@ def test_two_versions_of_a_benchmark_in_one_result_file_keep_the_later_run(tmp_p
 # --- gpu-tests/<commit8>.json ------------------------------------------------------------------
 
 def _verdict(root: Path, started_at: int, failed: list[str]) -> dict:
-    # the slot's own format (speedbench/slot.py), which the loader checks
+    # the slot's own format (speedbench/run/slot.py), which the loader checks
     verdict = {"commit": "1a2b3c4d" * 5, "machine": MACHINE, "started_at": started_at, "duration_s": 43.0,
                "passed": 140, "failed": len(failed), "skipped": 3, "errors": 0, "failures": failed,
                "command": "pytest -m gpu", "exit_status": 1 if failed else 0, "finished": True,

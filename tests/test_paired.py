@@ -1,4 +1,4 @@
-"""speedbench.paired: rotated turns, and Hodges-Lehmann ratios with signed-rank intervals;
+"""speedbench.stats.paired: rotated turns, and Hodges-Lehmann ratios with signed-rank intervals;
 benchmarks.common.Paired: rounds spread over fresh builds."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import weakref
 
 import pytest
 
-from speedbench.paired import paired_ratio, signed_rank_cutoff, take_turns
+from speedbench.stats.paired import paired_ratio, signed_rank_cutoff, take_turns
 
 
 @pytest.mark.parametrize("n, critical", [(8, 0), (10, 3), (15, 15), (20, 37), (25, 68)])
@@ -390,7 +390,7 @@ def test_the_headline_checkpoint_chunk_fits_one_gpu_command():
     import sys
     from pathlib import Path
 
-    from speedbench import plan
+    from speedbench.run import plan
 
     root = Path(__file__).resolve().parents[1]
     chunk = next(c for c in plan.load_chunks(root) if c.name == "headline-checkpoint")

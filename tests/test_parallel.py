@@ -1,7 +1,7 @@
 """DistributedDataParallel (gloo, 2 processes) against one process on the same global batch,
 no_sync accumulation, the DDP options and flat-buffer parameters; speedlib.parallel.wrap.
 
-The runs go through the harness's launcher (speedbench.ddp_launch), which wraps the model
+The runs go through the harness's launcher (speedbench.measure.ddp_launch), which wraps the model
 with speedlib.parallel.wrap and steps it with speedlib.tuning.accumulation_step."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import os
 import pytest
 import torch
 
-from speedbench import ddp_launch
-from speedbench.ddp_launch import RunConfig, RunFailed, RunResult
+from speedbench.measure import ddp_launch
+from speedbench.measure.ddp_launch import RunConfig, RunFailed, RunResult
 from speedlib import parallel
 
 HAS_CUDA = torch.cuda.is_available()
@@ -39,7 +39,7 @@ def _assert_same_parameters(a: RunResult, b: RunResult) -> None:
 
 def _moved(result: RunResult) -> bool:
     """Training did something: the weights differ from their initial values."""
-    from speedbench import workloads  # noqa: PLC0415
+    from speedbench.measure import workloads  # noqa: PLC0415
 
     start = workloads.get(result.config.workload).model(seed=result.config.seed).state_dict()
     return any(not torch.equal(start[k], v) for k, v in result.state_dict.items())

@@ -1,4 +1,4 @@
-"""speedbench.preflight, `speedlib env --check`, and the check `speedlib run` makes first.
+"""speedbench.measure.preflight, `speedlib env --check`, and the check `speedlib run` makes first.
 
 The machine is never loaded: busy machines are fake /proc trees whose counters a fake sleep
 advances, or a check stood in by a report that says "busy". GPUs are a fake NVML module.
@@ -16,8 +16,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from speedbench import cli, preflight, suite, synthetic
-from speedbench.results import load_results
+from speedbench.cli import parser as cli
+from speedbench.measure import preflight
+from speedbench.run import suite
+from speedbench.results import synthetic
+from speedbench.results.load import load_results
 
 ROOT = Path(__file__).resolve().parents[1]
 TICKS = round(1 / preflight._TICK)  # /proc's ticks per second
@@ -107,7 +110,7 @@ def test_a_busy_sample_is_bad_and_names_the_busiest(tmp_path):
     (2, 2, 5.0, "ok"), (2, 2, 5.5, "warn"), (2, 2, 25.0, "warn"), (2, 2, 25.5, "bad"),
     (2, 1, 50.0, "ok"), (2, 1, 55.5, "warn"), (2, 1, 75.5, "bad"), (16, 16, 6.25, "bad"), (16, None, 6.25, "bad")])
 def test_busy_where_a_measured_round_would_count_as_disturbed(cpus, threads, others, level):
-    from speedbench import contention
+    from speedbench.stats import contention
 
     finding = preflight._busy_finding(preflight.Sample(1.0, cpus, others, 0.0, []), threads)
     assert finding.level == level and finding.busy == (level != "ok")
@@ -313,7 +316,7 @@ def test_help_names_the_new_options_and_exit_status(capsys):
 def measuring(monkeypatch):
     """`speedlib run --quick` in this checkout with asv stood in: the env each commit would
     record. Nothing is measured, no stale scratch is pruned."""
-    from speedbench import measure
+    from speedbench.measure import devices as measure
 
     recorded = []
     monkeypatch.chdir(ROOT)

@@ -59,7 +59,7 @@ def test_every_technique_imports_with_torch_alone():
 
 def test_viewing_results_needs_no_torch(tmp_path):
     """The report side of the harness reads results and prints tables with torch absent."""
-    from speedbench import synthetic
+    from speedbench.results import synthetic
 
     synthetic.write_results(tmp_path, commits=2, machines=1)
     body = ("import sys\n"

@@ -17,8 +17,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from speedbench import cli, paired, report, synthetic
-from speedbench.results import load_results
+from speedbench.cli import parser as cli
+from speedbench.stats import paired
+from speedbench import report
+from speedbench.results import synthetic
+from speedbench.results.load import load_results
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).parent / "golden"
@@ -480,7 +483,7 @@ def test_csv_export_reads_back_as_numbers(df):
     assert np.allclose(back["value"], s["value"]) and list(back["unit"]) == list(s["unit"])
     assert list(back["result_id"]) == list(s["result_id"]) and list(back["commit"]) == list(s["commit"])
     # The text table shows the same ratios, rounded.
-    assert list(t.frame["speedup"]) == [report._fmt_ratio(r, lo, hi) for r, lo, hi in
+    assert list(t.frame["speedup"]) == [report.fmt_ratio(r, lo, hi) for r, lo, hi in
                                         zip(back["ratio"], back["low"], back["high"])]
     assert not any(line.startswith("#") for line in text.splitlines())  # the footer travels beside it
     assert any(line.startswith("Reproduce: git checkout ") for line in report.csv_provenance(t).splitlines())
@@ -553,7 +556,7 @@ def test_report_csv_output_writes_the_provenance_beside_it(tmp_path, capsys):
 
 @pytest.mark.parametrize("fmt", ["md", "csv", "tex"])
 def test_report_table_headline_exports_the_grid_in_every_format(tmp_path, capsys, fmt):
-    from speedbench import headline
+    from speedbench.report import headline
 
     tree = ROOT / "results"  # the committed results: the synthetic tree has no headline class
     grid = headline.grid(load_results(tree).measured)
@@ -572,7 +575,7 @@ def test_report_table_headline_exports_the_grid_in_every_format(tmp_path, capsys
 
 @pytest.mark.parametrize("build", [report.paired_table, report.memory_table, report.floor_table, report.claims_table])
 def test_every_exported_table_has_numeric_ratio_or_value_columns(build):
-    from speedbench.results import load_results
+    from speedbench.results.load import load_results
 
     t = build(report.latest(load_results(ROOT / "results").measured))  # the committed results
     back = pd.read_csv(io.StringIO(report.to_csv(t)))
@@ -600,7 +603,7 @@ def test_a_shared_value_moved_to_the_footer_is_escaped_too():
 
 def test_latex_of_one_machines_speedups_fits_a_page():
     """The committed H100 speedups: the identity columns every row shares go to the footer."""
-    from speedbench.results import load_results
+    from speedbench.results.load import load_results
 
     measured = load_results(ROOT / "results").measured
     t = report.speedup_table(report.latest(measured[measured["machine"] == "h100-sxm-80gb"]))
@@ -795,7 +798,7 @@ def test_a_claim_about_several_gpus_is_not_compared_with_one():
 
 
 def test_every_claims_row_with_a_figure_says_whether_it_compares():
-    from speedbench.results import load_results
+    from speedbench.results.load import load_results
 
     t = report.claims_table(load_results(ROOT / "results").measured)
     measured = t.frame[~t.frame["measured"].str.startswith("not measured yet")]
@@ -805,7 +808,7 @@ def test_every_claims_row_with_a_figure_says_whether_it_compares():
 
 
 def test_a_floor_table_says_why_a_value_passes_100_percent():
-    from speedbench.results import load_results
+    from speedbench.results.load import load_results
 
     last = report.latest(load_results(ROOT / "results").measured)
     floors = last[last["kind"] == "fraction of floor"]
@@ -844,7 +847,7 @@ def test_transfer_claims_are_not_read_against_speedlibs_old_pinned_baseline():
     the benchmark's baseline: a speedlib code path, so no claim is set beside it. The H200 run
     of d93fd5c1 measured cupy against plain PyTorch's pinned path, taking turns: the claims read
     that paired estimate."""
-    from speedbench.results import load_results
+    from speedbench.results.load import load_results
 
     last = report.latest(load_results(ROOT / "results").measured)
     floor = last[(last["machine"] == "h100-sxm-80gb") & (last["suite"] == "FractionOfFloor")]
@@ -885,7 +888,7 @@ def test_rows_from_an_earlier_benchmark_version_carry_the_dagger_in_every_table(
 @pytest.mark.parametrize("nbytes, text", [(900 * 2**20, "900 MiB"), (3845 * 2**20, "3.755 GiB"), (15350 * 2**20, "14.99 GiB"),
                                           (2**30, "1 GiB"), (512 * 2**10, "0.5 MiB")])
 def test_memory_reads_in_mib_or_gib_never_in_exponents(nbytes, text):
-    assert report._fmt_value(nbytes, "bytes") == text
+    assert report.fmt_value(nbytes, "bytes") == text
 
 
 def test_columns_paired_adds_are_never_taken_for_parameters():
@@ -898,7 +901,7 @@ def test_columns_paired_adds_are_never_taken_for_parameters():
 
 
 def test_a_ratio_value_reads_like_every_other_ratio():
-    assert report._fmt_value(1.0444, "x") == "1.04x" and report._fmt_value(0.99451, "x") == "0.995x"
+    assert report.fmt_value(1.0444, "x") == "1.04x" and report.fmt_value(0.99451, "x") == "0.995x"
 
 
 # --- the GB/s beside a % of the floor ----------------------------------------------------------

@@ -1,4 +1,4 @@
-"""speedbench.results: every asv result file -> one tidy frame; bad files skipped and reported."""
+"""speedbench.results.load: every asv result file -> one tidy frame; bad files skipped and reported."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from speedbench import synthetic
-from speedbench.results import COLUMNS, load_results, metric_kind
+from speedbench.results import synthetic
+from speedbench.results.load import COLUMNS, load_results, metric_kind
 
 ROOT = Path(__file__).resolve().parents[1]
 TIME = "bench_contiguous.OptimizerStep.time_adam_step"
@@ -345,7 +345,7 @@ def test_environment_lines_stand_alone(tree):
 
 
 def test_control_characters_in_names_are_escaped_in_the_table_and_problems(tree):
-    from speedbench.results import format_table
+    from speedbench.results.load import format_table
 
     (tree / "synthetic-h100").rename(tree / "evil\x1b[2J")
     (tree / "evil\x1b[2J" / "x\x07.json").write_text("{")
@@ -363,7 +363,7 @@ def test_result_ids_hash_exactly_the_json_key_they_always_hashed():
     import math
     import random
 
-    from speedbench import results as module
+    from speedbench.results import load as module
 
     def reference(machine, commit, benchmark, params, started_at):
         ok = module._is_number(started_at) and math.isfinite(module._to_float(started_at))

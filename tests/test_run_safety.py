@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from speedbench import plan, suite
+from speedbench.run import plan
+from speedbench.run import suite
 
 ROOT = Path(__file__).resolve().parents[1]
 SHA = "0123456789abcdef" * 2 + "01234567"
@@ -186,7 +187,7 @@ def test_a_full_disk_before_asv_starts_runs_nothing_and_changes_nothing(small_di
 
 
 def test_asvs_files_are_kept_when_it_succeeds(checkout, fake_asv, tmp_path, monkeypatch):
-    from speedbench import measure
+    from speedbench.measure import devices as measure
 
     monkeypatch.setattr(measure, "gpu_state", lambda: [])
     root, sha = checkout
@@ -232,7 +233,7 @@ def test_a_run_killed_outright_has_its_files_put_back_by_the_next_run(checkout, 
     monkeypatch.setenv("FAKE_ASV_READY", str(ready))
     conf = tmp_path / "asv.conf.json"
     conf.write_text(json.dumps({"results_dir": str(results)}))
-    script = ("import sys; from pathlib import Path; from speedbench import suite; "
+    script = ("import sys; from pathlib import Path; from speedbench.run import suite; "
               "suite._run_commit(suite.RunOptions(), Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), 'm', "
               "{}, [], sys.argv[4], '[1/1]', [])")
     speedlib = subprocess.Popen([sys.executable, "-c", script, str(root), str(conf), str(results), sha])
@@ -333,7 +334,7 @@ def test_a_snapshot_whose_journal_cannot_be_read_stops_the_run_with_one_line(che
 def test_speedlib_report_says_a_killed_run_left_its_copy_behind(checkout, tmp_path, monkeypatch):
     """Until the next `speedlib run` puts the files back, the loader says why the listing may
     read as damaged, and where the good copy is."""
-    from speedbench.results import load_results
+    from speedbench.results.load import load_results
 
     root, sha = checkout
     results = _results(tmp_path, sha)

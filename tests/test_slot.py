@@ -1,4 +1,4 @@
-"""`speedlib slot` on CPU: pytest's own tally (speedbench/_slot_pytest.py) of passes, failures,
+"""`speedlib slot` on CPU: pytest's own tally (speedbench/run/slot_pytest.py) of passes, failures,
 errors, a crash and a time limit; the verdict written whole and refused when the loader would
 refuse it; the `gpu` marker of tests/conftest.py; and the whole slot rehearsed offline in a
 scratch checkout (a failing GPU test, two chunks, a chunk stopped at the slot's deadline)."""
@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from speedbench import slot, suite
-from speedbench._results_gpu_tests import FAILED, INCOMPLETE, PASSED, check_verdict, status
-from speedbench._slot_pytest import TALLY
-from speedbench.results import load_results
+from speedbench.run import slot
+from speedbench.run import suite
+from speedbench.results.gpu_tests import FAILED, INCOMPLETE, PASSED, check_verdict, status
+from speedbench.run.slot_pytest import TALLY
+from speedbench.results.load import load_results
 
 pytest_plugins = ["pytester"]
 
@@ -74,7 +75,7 @@ def tally_of(tmp_path: Path, mode: str = "") -> tuple[dict, int]:
     (tmp_path / "test_planted.py").write_text(PLANTED)
     tally = tmp_path / "tally.json"
     env = {**os.environ, TALLY: str(tally), "PLANTED": mode, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "speedbench._slot_pytest", "-p", "no:cacheprovider",
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "speedbench.run.slot_pytest", "-p", "no:cacheprovider",
                            "-q", "test_planted.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     return json.loads(tally.read_text()), done.returncode
 
@@ -123,7 +124,7 @@ def test_the_slot_runs_the_gpu_tests_under_a_time_limit(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     v = slot.gpu_tests(tmp_path, SHA, "m", {"torch": "t", "gpu_model": None}, limit=45)
     assert (v["passed"], v["skipped"], v["failed"], v["errors"], v["finished"]) == (1, 1, 0, 0, False)
-    assert v["command"] == "python3 -m pytest -m gpu -p speedbench._slot_pytest -p no:cacheprovider -q -rfEs"
+    assert v["command"] == "python3 -m pytest -m gpu -p speedbench.run.slot_pytest -p no:cacheprovider -q -rfEs"
     assert v["duration_s"] < 90 and status(check_verdict(v, "m", SHA[:8])) == INCOMPLETE
 
 

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from speedbench import cli, plan, slurm
+from speedbench.cli import parser as cli
+from speedbench.run import plan
+from speedbench.run import slurm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import slurm_cluster  # noqa: E402
@@ -367,7 +369,7 @@ def test_the_suite_runs_as_a_job_array_and_merges_on_a_real_cluster(request, sui
         assert states[merge] == ("COMPLETED", "0:0"), f"{states}\n{_logs(shared)}"
         assert "every chunk merged" in (shared / "logs" / f"slurm-{merge}.out").read_text()
     # every chunk's results in the merged tree, read by the loader, speedlib report and asv publish
-    from speedbench.results import load_results  # noqa: PLC0415
+    from speedbench.results.load import load_results  # noqa: PLC0415
 
     expected = {"bundle": {"bench_a.A.track_one", "bench_a.A.track_two", "bench_b.B.track_n", "bench_c.C.track_c"},
                 "shared": {"bench_b.B.track_n"}}

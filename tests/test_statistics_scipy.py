@@ -3,7 +3,7 @@
 speedbench computes its statistics itself so that reading results needs neither asv nor
 scipy; scipy is a test dependency (the `[test]` extra) so that these comparisons run in CI
 rather than skip. Covered: the signed-rank cutoff and the Hodges-Lehmann interval it gives
-(speedbench.paired) against `scipy.stats.wilcoxon`, and `mann_whitney_u` (speedbench.report)
+(speedbench.stats.paired) against `scipy.stats.wilcoxon`, and `mann_whitney_u` (speedbench.stats.significance)
 against `scipy.stats.mannwhitneyu`, on random and on tied samples, small and large, in the
 exact and the normal-approximation regimes, and in both tails.
 """
@@ -18,7 +18,7 @@ import pytest
 from scipy import stats  # a hard import: a missing scipy must fail here, not skip
 
 from speedbench import report
-from speedbench.paired import ratio_estimate, signed_rank_cutoff
+from speedbench.stats.paired import ratio_estimate, signed_rank_cutoff
 
 # --- Wilcoxon signed-rank: the cutoff and the interval it gives -------------------------
 

@@ -1,4 +1,4 @@
-"""speedbench.suite.failed_benchmarks: which benchmarks of this run asv recorded as failed."""
+"""speedbench.run.suite.failed_benchmarks: which benchmarks of this run asv recorded as failed."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import speedlib
-from speedbench import plan, suite
+from speedbench.run import plan
+from speedbench.run import suite
 
 ROOT = Path(__file__).resolve().parents[1]
 SHA = "0123456789abcdef" * 2 + "01234567"
@@ -190,7 +191,7 @@ def test_chunk_options_are_checked_before_any_work(monkeypatch):
 def test_each_commits_record_reads_the_gpu_state_when_it_is_written(tmp_path, monkeypatch):
     """Clocks and temperature drift during a run: the record made after a commit's
     benchmarks must hold the state then, not the snapshot taken when the run started."""
-    from speedbench import measure
+    from speedbench.measure import devices as measure
 
     monkeypatch.setattr(suite, "_asv", lambda *a, **k: 0)
     monkeypatch.setattr(measure, "gpu_state", lambda: [{"index": 0, "temperature_c": 71}])
@@ -233,14 +234,14 @@ def test_a_copy_without_git_inside_another_repository_is_refused(tmp_path):
 @pytest.mark.parametrize("failed, not_run, status", [([], [], 0), (["x"], ["c"], 3), ([], ["c"], 4)])
 def test_run_exit_status_says_what_a_slot_script_needs(monkeypatch, tmp_path, failed, not_run, status):
     """0: all ran; 3: failures (they matter more than leftovers); 4: chunks left for later."""
-    from speedbench import cli
+    from speedbench.cli import parser as cli
 
     monkeypatch.setattr(suite, "run", lambda options, argv=(): suite.RunResult(tmp_path, "m", failed, not_run))
     assert cli.main(["run", "--chunk", "all"]) == status
 
 
 def test_an_interrupted_run_exits_with_the_signal_and_one_line(monkeypatch, capsys):
-    from speedbench import cli
+    from speedbench.cli import parser as cli
 
     def stopped(options, argv=()):
         raise KeyboardInterrupt
@@ -263,7 +264,7 @@ def test_an_interrupted_run_exits_with_the_signal_and_one_line(monkeypatch, caps
     (["--commits="], "is not a revision or a range"),
 ])
 def test_bad_run_options_are_refused_with_one_line_before_any_work(monkeypatch, capsys, args, message):
-    from speedbench import cli
+    from speedbench.cli import parser as cli
 
     monkeypatch.setattr(suite, "run", lambda *a, **k: pytest.fail("the run started"))
     assert cli.main(["run", *args]) == 2
@@ -272,7 +273,7 @@ def test_bad_run_options_are_refused_with_one_line_before_any_work(monkeypatch, 
 
 
 def test_an_archive_that_is_a_directory_and_a_results_dir_that_is_a_file_are_refused(monkeypatch, capsys, tmp_path):
-    from speedbench import cli
+    from speedbench.cli import parser as cli
 
     monkeypatch.setattr(suite, "run", lambda *a, **k: pytest.fail("the run started"))
     assert cli.main(["run", "--archive", str(tmp_path)]) == 2
@@ -294,7 +295,7 @@ def test_a_second_run_on_the_same_results_directory_refuses_to_start(monkeypatch
     refuses before any work instead of both rewriting the same result files."""
     results = tmp_path / "results"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pathlib import Path; from speedbench import suite; "
+        [sys.executable, "-c", "import sys; from pathlib import Path; from speedbench.run import suite; "
                                f"lock = suite._ResultsLock(Path({str(results)!r})).__enter__(); print('locked', flush=True); "
                                "sys.stdin.read()"],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from speedbench import supervise
+from speedbench.run import supervise
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(),
                                 reason="the supervisor walks the process tree through Linux's /proc")

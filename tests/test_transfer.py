@@ -801,7 +801,7 @@ def test_benchmark_skips_what_a_cpu_cannot_run_and_pairs_the_rest(monkeypatch):
     import math  # noqa: PLC0415
 
     from benchmarks import bench_transfer as bench  # noqa: PLC0415
-    from speedbench import workloads  # noqa: PLC0415
+    from speedbench.measure import workloads  # noqa: PLC0415
 
     spec = workloads.EmbeddingBatch(rows=131072, dim=128, batch=4096)  # a 64 MiB table
     monkeypatch.setattr(bench, "_spec", lambda: spec)
@@ -823,7 +823,7 @@ def test_benchmark_skips_what_a_cpu_cannot_run_and_pairs_the_rest(monkeypatch):
 
     # Resident memory grows by the table only in a fresh process, as asv's setup_cache is:
     # in this one, memory earlier tests freed can take the table without growing it.
-    code = ("import json; from benchmarks import bench_transfer as bench; from speedbench import workloads\n"
+    code = ("import json; from benchmarks import bench_transfer as bench; from speedbench.measure import workloads\n"
             f"spec = workloads.EmbeddingBatch(rows={spec.rows}, dim={spec.dim}, batch={spec.batch})\n"
             "bench._spec = lambda: spec\n"
             "host = bench.Footprint(); cache = host.measure_all()\n"
@@ -874,7 +874,7 @@ def test_benchmark_looks_up_sparse_adam_indices_on_the_tables_device(monkeypatch
     from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC0415
 
     from benchmarks import bench_transfer as bench  # noqa: PLC0415
-    from speedbench import measure  # noqa: PLC0415
+    from speedbench.measure import devices as measure  # noqa: PLC0415
 
     monkeypatch.setattr(measure, "device", lambda prefer=None: torch.device("cuda", 0))
     monkeypatch.setattr(measure, "synchronize", lambda dev=None: None)
@@ -1563,7 +1563,7 @@ def test_fraction_of_floor_reports_the_gbps_its_percent_was_computed_from(monkey
     import math  # noqa: PLC0415
 
     from benchmarks import bench_transfer as bench  # noqa: PLC0415
-    from speedbench import measure  # noqa: PLC0415
+    from speedbench.measure import devices as measure  # noqa: PLC0415
 
     floors, timed = {"h2d": 25e9, "d2h": 20e9}, []
 
@@ -1611,7 +1611,7 @@ def test_fraction_of_floor_reports_the_gbps_its_percent_was_computed_from(monkey
     assert all(math.isnan(track(cache, "cupy")) for track in tracks)
     # the GB/s are kind "bandwidth" (unit GB/s), the % still "fraction of floor", each in its own words
     from speedbench import words  # noqa: PLC0415
-    from speedbench.results import metric_kind  # noqa: PLC0415
+    from speedbench.results.load import metric_kind  # noqa: PLC0415
 
     for track in tracks[2:]:
         assert track.unit == "GB/s" and metric_kind("track", track.unit) == "bandwidth"

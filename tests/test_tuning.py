@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from speedlib import amp, tuning
-from speedbench import measure
+from speedbench.measure import devices as measure
 
 HAS_CUDA = torch.cuda.is_available()
 REPO = Path(__file__).resolve().parents[1]
@@ -557,7 +557,7 @@ def test_no_sync_all_reduces_once_per_step_under_ddp(tmp_path):
 def test_benchmark_module_imports_no_torch():
     """asv starts a process per benchmark and parameter set; those that only report what
     setup_cache measured, or skip, must not pay for importing torch."""
-    code = "import sys; import benchmarks.bench_tuning; print(sorted(m for m in ('torch', 'speedbench.measure') if m in sys.modules))"
+    code = "import sys; import benchmarks.bench_tuning; print(sorted(m for m in ('torch', 'speedbench.measure.devices') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -660,7 +660,7 @@ def test_the_benchmarks_plain_item_meter_sums_as_running_loss_did():
     alone: the same loss sum and correct count over the same epoch."""
     from benchmarks import bench_tuning as bench  # noqa: PLC0415
 
-    from speedbench import workloads  # noqa: PLC0415
+    from speedbench.measure import workloads  # noqa: PLC0415
 
     plain = bench._mlp_epoch("off")()
     meter = tuning.RunningLoss("item")

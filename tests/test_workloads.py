@@ -1,11 +1,11 @@
-"""speedbench.workloads: sizes, determinism and the models the benchmarks rely on."""
+"""speedbench.measure.workloads: sizes, determinism and the models the benchmarks rely on."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from speedbench import workloads
+from speedbench.measure import workloads
 
 
 def test_mlp_is_the_original_benchmark_model():

@@ -6,7 +6,8 @@ from dataclasses import replace
 import streamlit as st
 
 from _view import ROOT, on_screen, page_data, pick, pick_many, show
-from speedbench import headline, report
+from speedbench.report import headline
+from speedbench import report
 
 st.title("Cite and export")
 df = page_data()
@@ -48,7 +49,7 @@ st.caption("Each export carries this footer: enough to rerun every number in it.
            "the zip (`speedlib report --format csv --output X.csv` writes X.provenance.txt).")
 # Rendered, not shown as source: the footer is Markdown whose escapes (\[, &gt;) are for a
 # Markdown reader and read as noise in a code block. Every line was escaped by
-# speedbench.report (_md), and st.markdown renders no raw HTML.
+# speedbench.report.exports (md_escape), and st.markdown renders no raw HTML.
 with st.container(border=True):
     st.markdown(markdown[markdown.index("\n- ") + 1:] if "\n- " in markdown else markdown)
 d1, d2, d3, d4 = st.columns(4)

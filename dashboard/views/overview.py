@@ -4,7 +4,10 @@ import streamlit as st
 
 from _view import (caption, comparison_index, note_missing_gpu, on_screen, page_data, pick_many, ratio_chart,
                    say_names, table)
-from speedbench import comparisons, headline, report, words
+from speedbench import words
+from speedbench.report import comparisons
+from speedbench.report import headline
+from speedbench import report
 
 st.title("speedlib: which PyTorch speed tricks pay off")
 st.caption("Headline speedups are paired: the variants took turns in one process, and each number is the "

@@ -1,0 +1,5 @@
+import sys
+
+from speedbench.cli.parser import main
+
+sys.exit(main())

@@ -1,0 +1,499 @@
+"""Everything that touches the device for measuring, and the only place that branches on it.
+
+- `device()` picks where benchmarks and tests run (one rule, used everywhere).
+- `timer()` is an asv `timer`: it waits for queued GPU work before reading the clock, so
+  asv's samples, confidence intervals and significance tests stay meaningful on GPUs.
+- `peak_memory()` resets the allocator's peak counter before running, so the number is
+  the peak of that call, not of the process so far.
+- `saved_tensor_bytes()` counts what autograd keeps for backward, exactly and on any
+  device, through `torch.autograd.graph.saved_tensors_hooks` (or what it still keeps
+  afterwards: a leaked graph).
+- `count_syncs()` counts host-device synchronisations (torch's sync debug mode), and
+  `allocator_segments()` the caching allocator's cudaMalloc calls.
+- `environment()` is the JSON-ready record that travels with every result file, with
+  `gpu_state()` (clocks, power limits, modes, temperature) and `cpu_frequency_policy()`.
+- `memory_bandwidth()` measures the bandwidth that physical floors are computed from, and
+  `host_copy_bandwidth()` the bus's: bulk pinned or pageable copies between host and GPU.
+- `host_memory()` and `device_memory_in_use()` read the footprints that tables leave.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import re
+import subprocess
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterable
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+# The CPU frequency reader and the thread rule live with the pre-flight check, which must
+# work without torch; the benchmarks and the environment record read them from here.
+from speedbench.measure.preflight import CPU_SYSFS, THREADS_ENV, benchmark_threads, cpu_frequency_policy, usable_cores
+
+__all__ = [
+    "device",
+    "synchronize",
+    "timer",
+    "peak_memory",
+    "saved_tensor_bytes",
+    "count_syncs",
+    "allocator_segments",
+    "release_cached_memory",
+    "best_seconds",
+    "memory_bandwidth",
+    "host_copy_bandwidth",
+    "host_memory",
+    "device_memory_in_use",
+    "environment",
+    "gpu_state",
+    "cpu_frequency_policy",
+    "machine_name",
+    "cpu_model",
+    "cpu_slug",
+    "identity",
+    "benchmark_threads",
+    "usable_cores",
+]
+
+
+def device(prefer: str | None = None) -> torch.device:
+    """The device to measure on: `prefer` if given (or $SPEEDLIB_DEVICE), else CUDA when present."""
+    name = prefer or os.environ.get("SPEEDLIB_DEVICE")
+    if name:
+        dev = torch.device(name)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"device {name!r} was asked for, but torch sees no CUDA device")
+        return dev
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def synchronize(dev: torch.device | str | None = None) -> None:
+    """Wait for queued work on `dev` (all CUDA devices when None); a no-op on CPU."""
+    if dev is not None and torch.device(dev).type != "cuda":
+        return
+    # is_initialized() rather than is_available(): a CPU-only process must not pay for
+    # (or trigger) CUDA initialisation just to read a clock.
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize(dev)
+
+
+def timer() -> float:
+    """asv timer: seconds from `time.perf_counter`, read after the GPU has caught up."""
+    synchronize()
+    return time.perf_counter()
+
+
+def peak_memory(fn: Callable[[], object], dev: torch.device | str, above_start: bool = False) -> int:
+    """Peak bytes allocated on the CUDA device `dev` while `fn()` runs.
+
+    The counter is reset first, so earlier allocations of the process do not count.
+    above_start: subtract what was allocated when `fn` started (parameters, optimizer
+    state, ...), leaving the memory `fn` itself needed at its peak.
+    Raises NotImplementedError on other devices: asv records that as a skip.
+    """
+    dev = torch.device(dev)
+    if dev.type != "cuda":
+        raise NotImplementedError(f"peak device memory is only tracked on CUDA, not {dev.type}")
+    synchronize(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    start = torch.cuda.memory_allocated(dev) if above_start else 0
+    fn()
+    synchronize(dev)
+    return int(torch.cuda.max_memory_allocated(dev)) - start
+
+
+def saved_tensor_bytes(fn: Callable[[], object], exclude: Iterable[torch.Tensor] = (), alive_after: bool = False) -> int:
+    """Bytes of distinct storage that autograd saves for backward while `fn()` runs.
+
+    Each storage counts once however many saved tensors view it. Storages of `exclude`
+    (typically the model's parameters, which backward keeps anyway) are left out, so the
+    result is the activation memory a checkpointing scheme can save.
+    alive_after: count only the saved storages still alive once `fn` has returned (and the
+    garbage collector has run): the memory that something outside `fn` keeps holding, such
+    as an autograd graph that was never freed by a backward pass.
+    """
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, tuple[int, weakref.ref]] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        # Saving `t` itself would make an output saved by its own grad_fn (ReLU's, say) a
+        # reference cycle through C++ that no garbage collector frees; a detached alias of
+        # the same storage has no grad_fn, so the graph is the only thing holding it.
+        saved = t.detach()
+        storage = saved.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in skip and (ptr not in seen or seen[ptr][1]() is None):
+            seen[ptr] = storage.nbytes(), weakref.ref(saved)
+        return saved
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    if not alive_after:
+        return sum(n for n, _ in seen.values())
+    gc.collect()
+    return sum(n for n, ref in seen.values() if ref() is not None)
+
+
+# The text of torch's sync debug mode warning (c10/cuda/CUDAFunctions.cpp).
+SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
+def count_syncs(fn: Callable[[], object]) -> int:
+    """How many times `fn()` makes the host wait for a CUDA device, per torch's sync debug
+    mode (`.item()`, `.cpu()`, `nonzero`, boolean indexing, `print` of a CUDA tensor, ...).
+
+    The mode sees the synchronisations that go through torch's stream sync and blocking
+    copies; `torch.cuda.synchronize()` itself is not counted. Raises NotImplementedError
+    without CUDA: a CPU never waits for itself.
+    """
+    if not torch.cuda.is_available():
+        raise NotImplementedError("synchronisations are counted on CUDA devices only")
+    saved = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # torch warns at the same place every step
+            fn()
+    finally:
+        torch.cuda.set_sync_debug_mode(saved)
+    return sum(SYNC_WARNING in str(w.message) for w in caught)
+
+
+def allocator_segments(dev: torch.device | str) -> int:
+    """How many memory segments the caching allocator has requested from the driver
+    (cudaMalloc calls) so far on the CUDA device `dev`; a rise means it found no cached block."""
+    dev = torch.device(dev)
+    if dev.type != "cuda":
+        raise NotImplementedError(f"allocator segments are counted on CUDA only, not {dev.type}")
+    return int(torch.cuda.memory_stats(dev).get("segment.all.allocated", 0))
+
+
+def release_cached_memory(dev: torch.device | str) -> None:
+    """Free what Python still references and hand the allocator's cached blocks back, so an
+    out-of-memory error leaves room for what runs next. A no-op beyond gc on CPU."""
+    gc.collect()
+    if torch.device(dev).type == "cuda" and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def best_seconds(fn: Callable[[], object], dev: torch.device, repeats: int) -> float:
+    """The fastest of `repeats` calls of `fn`, each timed between two synchronisations."""
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize(dev)
+        start = time.perf_counter()
+        fn()
+        synchronize(dev)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def memory_bandwidth(dev: torch.device | str, nbytes: int = 1 << 28, repeats: int = 5) -> float:
+    """Measured streaming bandwidth of `dev` in bytes/s, from an in-place `a += b`.
+
+    Three accesses per element (read a, read b, write a), the same in-place pattern as an
+    optimizer step. A plain copy would under-count on CPUs: writing a line it has not read
+    costs an extra read (write-allocate), so a copy's "2 x bytes" hides a third access.
+    The best of `repeats` is kept: the floor a kernel can approach, not a typical run.
+    """
+    dev = torch.device(dev)
+    a = torch.zeros(nbytes // 4, dtype=torch.float32, device=dev)
+    b = torch.ones_like(a)
+    a.add_(b)  # first touch and any lazy allocation stay outside the timing
+    return 3 * a.numel() * a.element_size() / best_seconds(lambda: a.add_(b), dev, repeats)
+
+
+def host_copy_bandwidth(dev: torch.device | str, direction: str = "h2d", pinned: bool = True,
+                        nbytes: int = 1 << 28, repeats: int = 5) -> float:
+    """Bulk copy bandwidth between host memory and the CUDA device `dev`, in bytes/s.
+
+    direction: "h2d" (host to device) or "d2h". pinned: page-locked host memory, which the
+    GPU's copy engines read directly; pageable memory goes through the driver's own staging.
+    One large copy, best of `repeats`: the floor that indexed transfers are measured against.
+    Raises NotImplementedError off CUDA (asv records a skip).
+    """
+    dev = torch.device(dev)
+    if dev.type != "cuda":
+        raise NotImplementedError(f"host<->device copies need a CUDA device, not {dev.type}")
+    if direction not in ("h2d", "d2h"):
+        raise ValueError(f"direction must be 'h2d' or 'd2h', got {direction!r}")
+    host = torch.ones(nbytes, dtype=torch.uint8, pin_memory=pinned)  # every page touched before timing
+    gpu = torch.ones(nbytes, dtype=torch.uint8, device=dev)
+    src, dst = (host, gpu) if direction == "h2d" else (gpu, host)
+    dst.copy_(src, non_blocking=pinned)
+    return nbytes / best_seconds(lambda: dst.copy_(src, non_blocking=pinned), dev, repeats)
+
+
+def host_memory() -> int:
+    """Resident host memory of this process in bytes (Linux; pinned pages are resident too)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            resident_pages = int(f.read().split()[1])
+    except OSError as e:
+        raise NotImplementedError("resident memory is read from /proc/self/statm (Linux only)") from e
+    return resident_pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def device_memory_in_use(dev: torch.device | str) -> int:
+    """Bytes in use on the CUDA device `dev` by anyone (torch, CuPy, contexts), from the driver."""
+    dev = torch.device(dev)
+    if dev.type != "cuda":
+        raise NotImplementedError(f"device memory is only read on CUDA, not {dev.type}")
+    free, total = torch.cuda.mem_get_info(dev)
+    return int(total - free)
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name (from /proc/cpuinfo on Linux), else platform's guess."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cupy_version() -> str | None:
+    # CuPy ships under several distribution names (cupy, cupy-cuda12x, ...): ask the module.
+    try:
+        import cupy  # noqa: PLC0415 - optional and heavy, only imported when asked for
+    except Exception:
+        return None
+    return cupy.__version__
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.splitlines()[0].strip() if out.strip() else None
+
+
+def _gpus() -> list[dict]:
+    if not torch.cuda.is_available():
+        return []
+    gpus = []
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        gpus.append({
+            "name": props.name,
+            "memory_bytes": int(props.total_memory),
+            "compute_capability": f"{props.major}.{props.minor}",
+            "multiprocessors": props.multi_processor_count,
+        })
+    return gpus
+
+
+# The GPU's operating state, which changes a timing without any change of code: clocks
+# (locked, capped or throttled SM and memory clocks scale kernel time directly), the power
+# cap (a lowered limit throttles under load), temperature (thermal throttling), ECC (costs
+# memory bandwidth), MIG (a slice has a fraction of the SMs) and persistence mode (off:
+# the driver tears the GPU down between processes, so start-up costs more). Volatile, so
+# it goes in the environment record only, never in asv's machine file.
+# Record key -> (nvidia-smi --query-gpu field, parser of its text).
+_ENABLED = {"Enabled": True, "Disabled": False}
+_GPU_STATE_FIELDS = {
+    "index": ("index", int),
+    "pci_bus_id": ("pci.bus_id", str),  # matches a GPU to torch's when CUDA_VISIBLE_DEVICES reorders
+    "sm_clock_mhz": ("clocks.sm", int),
+    "sm_clock_max_mhz": ("clocks.max.sm", int),
+    "memory_clock_mhz": ("clocks.mem", int),
+    "memory_clock_max_mhz": ("clocks.max.mem", int),
+    "power_limit_w": ("power.limit", float),
+    "power_default_limit_w": ("power.default_limit", float),
+    "power_enforced_limit_w": ("enforced.power.limit", float),
+    "ecc_enabled": ("ecc.mode.current", _ENABLED.__getitem__),
+    "mig_enabled": ("mig.mode.current", _ENABLED.__getitem__),
+    "persistence_enabled": ("persistence_mode", _ENABLED.__getitem__),
+    "temperature_c": ("temperature.gpu", int),
+}
+NVIDIA_SMI_TIMEOUT_S = 10.0  # a wedged driver must not hold up a benchmark run
+
+
+def _smi_value(text: str, parse: Callable[[str], object]) -> object:
+    # nvidia-smi writes "[N/A]", "[Not Supported]", "[Unknown Error]", ... where it has no value.
+    try:
+        return None if text.startswith("[") or text in ("", "N/A") else parse(text)
+    except (ValueError, KeyError):
+        return None
+
+
+def _gpu_state_smi() -> list[dict] | None:
+    fields = [field for field, _ in _GPU_STATE_FIELDS.values()]
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):  # absent, timed out, or failed: unknown, not an error
+        return None
+    rows = [[v.strip() for v in line.split(",")] for line in out.splitlines() if line.strip()]
+    return [{key: _smi_value(text, parse) for (key, (_, parse)), text in zip(_GPU_STATE_FIELDS.items(), row)}
+            for row in rows if len(row) == len(fields)]
+
+
+def _gpu_state_nvml() -> list[dict] | None:
+    try:
+        import pynvml as nv  # noqa: PLC0415 - optional (nvidia-ml-py); nvidia-smi is the fallback
+        nv.nvmlInit()
+    except Exception:  # not installed, or no driver to talk to
+        return None
+    readers = {  # NVML reports power in milliwatts; modes as (current, pending) where pending exists
+        "pci_bus_id": lambda h: _text(nv.nvmlDeviceGetPciInfo(h).busId),
+        "sm_clock_mhz": lambda h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+        "sm_clock_max_mhz": lambda h: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM),
+        "memory_clock_mhz": lambda h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
+        "memory_clock_max_mhz": lambda h: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_MEM),
+        "power_limit_w": lambda h: nv.nvmlDeviceGetPowerManagementLimit(h) / 1000,
+        "power_default_limit_w": lambda h: nv.nvmlDeviceGetPowerManagementDefaultLimit(h) / 1000,
+        "power_enforced_limit_w": lambda h: nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000,
+        "ecc_enabled": lambda h: bool(nv.nvmlDeviceGetEccMode(h)[0]),
+        "mig_enabled": lambda h: bool(nv.nvmlDeviceGetMigMode(h)[0]),
+        "persistence_enabled": lambda h: bool(nv.nvmlDeviceGetPersistenceMode(h)),
+        "temperature_c": lambda h: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
+    }
+
+    def read(fn: Callable, handle: object) -> object:
+        try:
+            return fn(handle)
+        except Exception:  # NVMLError_NotSupported and the like: no value, as nvidia-smi's [N/A]
+            return None
+
+    try:
+        handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+        return [{"index": i, **{key: read(fn, h) for key, fn in readers.items()}} for i, h in enumerate(handles)]
+    except Exception:
+        return None
+    finally:
+        try:
+            nv.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value  # older nvidia-ml-py returns bytes
+
+
+def gpu_state() -> list[dict] | None:
+    """Per GPU (NVML's numbering), its clocks, power limits, ECC/MIG/persistence modes and
+    temperature now: from pynvml where it works, else nvidia-smi, else None."""
+    state = _gpu_state_nvml()
+    return state if state is not None else _gpu_state_smi()
+
+
+def identity() -> dict:
+    """This machine's name and the fields that say its hardware and build, without the slow
+    parts of `environment()` (nvidia-smi): what `speedlib run` checks against the machine
+    directory before anything else (speedbench.results.machines.check_directory)."""
+    gpus = _gpus()
+    return {"machine": machine_name(), "gpu_model": gpus[0]["name"] if gpus else None, "gpu_count": len(gpus),
+            "cpu_model": cpu_model(), "torch": torch.__version__, "cuda": torch.version.cuda}
+
+
+def environment(cpu_sysfs: str | os.PathLike = CPU_SYSFS) -> dict:
+    """What a reader needs to reproduce a number: hardware, every relevant version, and the
+    GPU and CPU operating state at the time of the call."""
+    gpus = _gpus()
+    nccl = None
+    if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # NCCL missing from this build
+            nccl = None
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {
+        **identity(),  # name, GPU model and count, CPU model, torch and CUDA
+        "gpus": gpus,
+        "driver": _nvidia_driver() if gpus else None,
+        "cudnn": cudnn,
+        "nccl": nccl,
+        "torchvision": _version("torchvision"),
+        "cupy": _cupy_version(),
+        # asv and its runner decide how samples are taken and summarised.
+        "asv": _version("asv"),
+        "asv_runner": _version("asv_runner"),
+        "gpu_state": gpu_state(),
+        **cpu_frequency_policy(cpu_sysfs),
+        "python": platform.python_version(),
+        "cpu_cores": os.cpu_count(),
+        # What the benchmarks set (benchmark_threads), not this process's own default.
+        "torch_threads": benchmark_threads(),
+        "usable_cores": usable_cores(),
+        "os": f"{platform.system()} {platform.release()}",
+        "hostname": platform.node(),
+    }
+
+
+# Marketing names that the CUDA device name does not spell out. Memory sizes are the
+# datasheets' (NVIDIA H100 Tensor Core GPU datasheet: SXM5 80 GB HBM3, PCIe 80 GB HBM2e;
+# NVIDIA H200 datasheet: 141 GB HBM3e), which differ from what total_memory reports.
+_KNOWN_GPUS = {
+    "NVIDIA H100 80GB HBM3": "h100-sxm-80gb",
+    "NVIDIA H100 PCIe": "h100-pcie-80gb",
+    "NVIDIA H100 NVL": "h100-nvl-94gb",
+    "NVIDIA H200": "h200-141gb",
+    "NVIDIA H200 NVL": "h200-nvl-141gb",
+}
+
+
+def _gpu_slug(name: str, memory_bytes: int) -> str:
+    if name in _KNOWN_GPUS:
+        return _KNOWN_GPUS[name]
+    words = re.sub(r"^NVIDIA\s+", "", name).lower()
+    slug = re.sub(r"[^a-z0-9]+", "-", words).strip("-")
+    if not re.search(r"\d+gb", slug):
+        slug += f"-{round(memory_bytes / 2**30)}gb"
+    return slug
+
+
+# Parts of a CPU's marketing name that do not tell one CPU model from another: trademark
+# signs, "CPU"/"Processor", the clock ("@ 2.40GHz"), the core count ("64-Core", "Eight-Core")
+# and an APU's graphics ("with Radeon Graphics").
+_NOT_THE_MODEL = re.compile(
+    r"\((?:r|tm|c)\)|\b(?:cpu|processor)\b|@\s*[\d.]+\s*[gm]hz|\b[a-z0-9]+-core\b|\bwith\s.*\bgraphics\b",
+    re.IGNORECASE)
+_CPU_SLUG_MAX = 40
+
+
+def cpu_slug(model: str | None) -> str:
+    """A short, stable name for a CPU model: vendor, family and model number, lower case
+    ('Intel(R) Xeon(R) Processor' -> 'intel-xeon', 'AMD EPYC 7B13 64-Core Processor' ->
+    'amd-epyc-7b13'); 'unknown-cpu' where the name says nothing."""
+    words = _NOT_THE_MODEL.sub(" ", model or "").lower()
+    slug = re.sub(r"[^a-z0-9]+", "-", words).strip("-")
+    if len(slug) > _CPU_SLUG_MAX:  # cut at a word where there is one, so that a long name stays readable
+        cut = slug[:_CPU_SLUG_MAX + 1]
+        slug = cut.rsplit("-", 1)[0] if "-" in cut else slug[:_CPU_SLUG_MAX]
+    return slug or "unknown-cpu"
+
+
+def machine_name() -> str:
+    """asv machine name that says the hardware: 'h100-sxm-80gb', '8xh100-sxm-80gb', and for a
+    host without a GPU its cores and CPU model, 'cpu-2core-intel-xeon': the same code gave a
+    headline ratio 3.26x on one 2-core VM's CPU and 4.18x on another's (speedbench.results.machines)."""
+    gpus = _gpus()
+    if not gpus:
+        return f"cpu-{os.cpu_count()}core-{cpu_slug(cpu_model())}"
+    slug = _gpu_slug(gpus[0]["name"], gpus[0]["memory_bytes"])
+    return slug if len(gpus) == 1 else f"{len(gpus)}x{slug}"

@@ -1,0 +1,433 @@
+"""The headline grid: one comparison per technique, one column per machine.
+
+The overview opens with it so that its first screen answers "which trick, how much, on
+which GPU, and how sure": each cell is the technique's main comparison on that machine's
+latest commit, as a paired speedup (Hodges-Lehmann estimate, 99 % Wilcoxon interval, N
+rounds) where the variants took turns in one process, else as the ratio of separately
+timed values, with the exact peak-memory ratio beside it where the technique is about
+memory. A cell that has no number says why and what would measure it.
+
+Baselines are plain PyTorch, written with torch alone in the benchmarks, never a speedlib code
+path (speedbench.techniques). A cell leads with the comparison against what PyTorch does by
+default on that machine, where the suite measures it and it is not the source's own baseline
+(torch.optim.Adam is foreach where every parameter is on CUDA, the per-tensor loop on CPUs; a
+host tensor is pageable; on GPUs cuDNN convolutions run in TF32 and matmuls in float32), then
+the other baselines a practitioner would weigh (fused Adam), then the source's baseline, which
+the claims table keeps (speedbench.report.CLAIMS). speedbench.words.DEFAULTS says, per
+technique, which variant is PyTorch's default, and where the suite does not measure it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from speedbench.stats import contention
+from speedbench.run import plan
+from speedbench import report
+from speedbench.stats.paired import paired_ratio
+
+__all__ = ["Headline", "HEADLINES", "WIDE_NOTE", "grid", "single_device", "single_device_note"]
+
+
+@dataclass(frozen=True)
+class Headline:
+    """A technique's main comparison, as its benchmark class measures it."""
+
+    technique: str
+    what: str  # the comparison in a practitioner's words
+    suite: str  # the benchmark class
+    variant: str
+    baseline: str
+    where: tuple[tuple[str, str], ...] = ()  # parameters the comparison is fixed at
+    paired: bool = True  # False: not taking turns (separate launches, one value each)
+    metric: str | None = None  # not paired: the metric compared (its kind says which way is better)
+    memory_suite: str | None = None  # an exact peak-memory class to show beside the speedup
+    gpu_only: bool = False  # the variant cannot run without CUDA
+    devices: int = 1  # the devices the comparison is about: fewer measure overhead, not its point
+    # Which baselines its cells use, in words (the grid's notes say it for every row).
+    against: str = ""
+    # PyTorch's default among the variants, per kind of machine ("gpu", "cpu"), where it is
+    # not always `baseline`: the cell leads with it. `baseline` stays the source's.
+    default: tuple[tuple[str, str], ...] = ()
+    beside: tuple[str, ...] = ()  # more baselines shown after the lead, before the source's
+    names: tuple[tuple[str, str], ...] = ()  # baselines in a cell's words, where not their identifiers
+    source: str = ""  # whose baseline `baseline` is, said after it where it does not lead alone
+    # What the timed region holds, said first in every cell: a 35.8x optimizer step stood in
+    # one column with a 3.18x training step, and nothing told a reader they time different work.
+    scope: str = "whole training step"
+    # Where the headline times a part of a step: the same variants timed over the whole step,
+    # shown beside it, since the part's ratio is not what a training run gains.
+    whole: Headline | None = None
+
+
+# One per technique, the comparison its source write-up is about, on the suite's workload
+# that matches the source best, led by PyTorch's default where that is another variant.
+HEADLINES = (
+    Headline("contiguous", "Adam step on ResNet-50's parameters, flat buffer (speedlib) vs PyTorch's default "
+             "Adam, vs fused Adam and vs the per-tensor loop", "AdamStep", "speedlib", "forloop",
+             (("workload", "resnet50"),),
+             against="leads with PyTorch's default Adam on the machine: foreach where every parameter is on CUDA, "
+                     "the per-tensor loop (forloop) on CPUs (torch.optim.Adam without foreach or fused); then fused "
+                     "Adam (fused=True, never the default); then the per-tensor loop, contiguous_params' baseline, "
+                     "which the claims table keeps",
+             default=(("gpu", "foreach"), ("cpu", "forloop")), beside=("fused",),
+             names=(("forloop", "per-tensor loop"),), source="contiguous_params' baseline",
+             scope="Adam step alone (optimizer.step(), not clip or zero_grad)",
+             whole=Headline("contiguous", "the whole training iteration (forward, backward, clip, Adam step, "
+                            "zero_grad) on ResNet-50", "Iteration", "speedlib", "forloop",
+                            (("workload", "resnet50"),), default=(("gpu", "foreach"), ("cpu", "forloop")),
+                            beside=("fused",), names=(("forloop", "per-tensor loop"),),
+                            source="contiguous_params' baseline", scope="whole training iteration")),
+    Headline("transfer", "gather of 131072 random rows from a 10M-row host table, HostTable's default (auto: "
+             "speedlib picks its path by measurement) vs PyTorch's default pageable copy and vs PyTorch's pinned "
+             "path (each as % of the pinned copy bandwidth)", "FractionOfFloor",
+             "auto", "torch_pinned", paired=False, metric="gather_fraction_of_floor", gpu_only=True,
+             against="leads with torch_pageable, PyTorch's default (table[idx].to(device): a host tensor is pageable "
+                     "unless pinned, and .to(device) copies it synchronously); then torch_pinned, PyTorch's pinned path "
+                     "(index_select into a pinned buffer, then .to(device, non_blocking=True)), SpeedTorch's baseline "
+                     "('PyTorch pinned'), which the claims table keeps; both written with torch alone in the "
+                     "benchmark. Results measured before they existed had speedlib's own pinned backend as "
+                     "baseline: they show no ratio",
+             default=(("gpu", "torch_pageable"), ("cpu", "torch_pageable")),
+             names=(("torch_pageable", "PyTorch pageable"), ("torch_pinned", "PyTorch pinned")),
+             source="SpeedTorch's baseline", scope="row gather only (no training)",
+             whole=Headline("transfer", "an embedding's training step (forward, backward, optimizer step) on a "
+                            "host-resident table, HostTable's default (auto) vs nn.Embedding(sparse=True) + "
+                            "SparseAdam in host memory", "EmbeddingStep", "auto", "sparse_adam_host",
+                            beside=("sparse_adam",),
+                            names=(("sparse_adam_host", "PyTorch SparseAdam, table on the host"),
+                                   ("sparse_adam", "PyTorch SparseAdam, table on the GPU")),
+                            scope="whole embedding training step")),
+    Headline("checkpoint", "DenseNet-BC-100 training step, checkpointed (speedlib) vs none",
+             "TrainingStep", "speedlib", "none", (("workload", "densenet_bc"),), memory_suite="PeakMemory",
+             against="against none (no checkpointing), PyTorch's default"),
+    Headline("amp", "ResNet-50 training step, bf16 + channels_last vs PyTorch's default precision and vs strict fp32",
+             "TrainingStep", "bf16_channels_last", "fp32", (("workload", "resnet50"),),
+             against="leads on GPUs with default, PyTorch's default precision (cuDNN convolutions in TF32, matmuls in "
+                     "float32: torch.backends.cudnn.allow_tf32 = True, torch.backends.cuda.matmul.allow_tf32 = False; "
+                     "on GPUs older than Ampere TF32 does nothing and it computes as fp32); then strict fp32 (TF32 "
+                     "off everywhere), the Tuning Guide's baseline, which the claims table keeps. On CPUs TF32 does "
+                     "not exist: PyTorch's default is strict fp32, which leads there",
+             default=(("gpu", "default"), ("cpu", "fp32")),
+             names=(("default", "TF32 convolutions + fp32 matmuls"), ("fp32", "strict fp32")),
+             source="the Tuning Guide's baseline"),
+    Headline("parallel", "training step, DistributedDataParallel vs DataParallel",
+             "Step", "ddp", "dataparallel", paired=False, metric="step", gpu_only=True, devices=2,
+             scope="whole training step, all GPUs",
+             against="against DataParallel, the sources' baseline: PyTorch has no default for several GPUs "
+                     "(its documentation recommends DDP over DataParallel)"),
+    Headline("tuning", "ResNet-50 training step, channels_last on vs off",
+             "TrainingStep", "on", "off", (("knob", "channels_last"),),
+             against="against off (NCHW), PyTorch's default memory format"),
+)
+
+
+def _fixed(rows: pd.DataFrame, h: Headline) -> pd.DataFrame:
+    """The rows of `h`'s variant at its fixed parameters (rows already of its class)."""
+    keep = (rows["technique"] == h.technique) & (rows["variant"] == h.variant)
+    for column, value in h.where:
+        keep &= (rows[column] == value) if column in rows else False
+    return rows[keep]
+
+
+def _others(row: pd.Series, h: Headline) -> str:
+    """The parameters that tell this row apart from the comparison's other rows (batch=...)."""
+    fixed = {k for k, _ in h.where} | {"workload"}
+    parts = [p for p in str(row.get("params") or "").split(", ")
+             if p and not p.startswith("variant=") and p.split("=", 1)[0] not in fixed]
+    return ", ".join(parts)
+
+
+def _values(r) -> str:
+    """Both values of an unpaired comparison, in the metric's unit."""
+    if r.unit == "seconds":
+        return f"{r.value * 1e3:.3g} vs {r.baseline_value * 1e3:.3g} ms"
+    return f"{r.value:.3g} vs {r.baseline_value:.3g} {r.unit}"
+
+
+def _comparisons(last: pd.DataFrame, h: Headline) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`h`'s ratios on every machine at once (speed, and memory where it has a memory class):
+    one computation per technique, not per cell, so the grid costs the same at 2 machines or 20."""
+    mine = last[last["technique"] == h.technique]
+    if h.paired:
+        own = mine[mine["suite"] == h.suite]
+        rows = report.paired(own)
+        hits = _fixed(rows, h) if not rows.empty else rows
+        hits = hits[hits["baseline"] == h.baseline] if not hits.empty else hits
+        more = [_against(own, h, b) for b in _extra(h)]
+    else:
+        own = mine[(mine["suite"] == h.suite) & (mine["metric"] == h.metric)]
+        hits, *more = [_unpaired(own, h, b) for b in (h.baseline, *_extra(h))]
+    more = [m for m in more if not m.empty]
+    if more:
+        hits = pd.concat([hits, *more], ignore_index=True) if not hits.empty else pd.concat(more, ignore_index=True)
+    memory = mine.iloc[0:0]
+    if h.memory_suite:
+        memory = report.speedups(mine[(mine["suite"] == h.memory_suite) & (mine["metric"] == "peak_memory")],
+                                 baseline=h.baseline)
+        memory = _fixed(memory, h) if not memory.empty else memory
+    return hits, memory
+
+
+def _extra(h: Headline) -> list[str]:
+    """The baselines `h`'s cells may show besides the source's: PyTorch's defaults, `beside`."""
+    return [b for b in dict.fromkeys([*(v for _, v in h.default), *h.beside]) if b != h.baseline]
+
+
+def _unpaired(own: pd.DataFrame, h: Headline, baseline: str) -> pd.DataFrame:
+    """`h`'s variant against `baseline`, from separately timed values of its metric."""
+    rows = report.speedups(own, baseline=baseline)
+    return _fixed(rows, h) if not rows.empty else rows
+
+
+def _against(own: pd.DataFrame, h: Headline, other: str) -> pd.DataFrame:
+    """`h`'s variant against `other`, another variant of its paired class, as report.paired
+    gives it against the class's baseline. The class stores per-round speedups against that
+    baseline only; the two variants' seconds of the same rounds give this ratio just as paired
+    (round i of each, speedbench.stats.paired.paired_ratio). A row is the variant's own seconds row
+    with the ratio's columns, its samples the per-round ratios and `other`'s seconds row as
+    its baseline's result ID."""
+    if own.empty or "samples" not in own:  # frames built by hand may hold no samples
+        return own.iloc[0:0]
+    seconds = own[own["benchmark"].str.endswith(".track_seconds")]
+    theirs = seconds[seconds["variant"] == other]
+    found = {(m, c, b, report.shared_config(p)): (x, i, e) for m, c, b, p, x, i, e in zip(
+        theirs["machine"], theirs["commit"], theirs["benchmark"], theirs["params"], theirs["samples"],
+        theirs["result_id"] if "result_id" in theirs else [None] * len(theirs), report.earlier_version(theirs))}
+    mine = _fixed(seconds, h) if not seconds.empty else seconds
+    out = []
+    for (_, r), mine_earlier in zip(mine.iterrows(), report.earlier_version(mine)):
+        config = report.shared_config(r["params"])
+        samples, result_id, earlier = found.get((r["machine"], r["commit"], r["benchmark"], config), (None, None, False))
+        if not isinstance(samples, list) or not isinstance(r["samples"], list) or len(samples) != len(r["samples"]):
+            continue  # `other` did not run in these rounds
+        # the rounds report.paired keeps: both variants' seconds come from the same rounds, so
+        # the variant's verdict on them drops the same disturbed rounds from both
+        state, disturbed = r.get("contention", ""), r.get("disturbed")
+        disturbed = disturbed if isinstance(disturbed, list) else []
+        theirs_kept, mine_kept = (contention.keep(x, state, disturbed) for x in (samples, r["samples"]))
+        try:
+            e = paired_ratio(theirs_kept, mine_kept)
+        except ValueError:  # a time no measurement can have: no ratio rather than a wrong one
+            continue
+        ratios = [b / v for b, v in zip(theirs_kept, mine_kept)]
+        out.append({**r.to_dict(), "kind": "paired speedup", "samples": ratios, "baseline": other,
+                    "ratio": e.ratio, "ratio_low": e.low, "ratio_high": e.high, "n": e.n,
+                    "width": e.high / e.low, "wide_because": report.why_wide(ratios, e.high / e.low),
+                    "config": config, "result_id_base": result_id, "earlier_version": bool(mine_earlier or earlier),
+                    "dropped": len(samples) - len(theirs_kept)})
+    return pd.DataFrame(out) if out else own.iloc[0:0]
+
+
+EARLIER = report.EARLIER  # the dagger the tables use too
+# Words in every note on why a cell's interval is wide, one note per cell: the overview folds them away.
+WIDE_NOTE = "its 99 % interval"
+
+
+def _kind(gpu) -> str | None:
+    """"gpu" or "cpu": the kind of machine a column measured on, whose PyTorch defaults
+    differ (Adam's foreach needs every parameter on CUDA); None where its run did not say."""
+    gpu = str(gpu)
+    if gpu == "CPU only":
+        return "cpu"
+    return None if gpu in ("unknown", "", "nan", "None") else "gpu"
+
+
+def _order(h: Headline, kind: str | None, present) -> list[str]:
+    """The baselines a cell shows, the lead first: PyTorch's default on this kind of machine
+    where it was measured, then `h.beside`, then the source's baseline (which leads where the
+    default is unknown or was not measured)."""
+    default = dict(h.default).get(kind)
+    order = [default, *h.beside, h.baseline] if default in present else [h.baseline, *h.beside]
+    return [b for b in dict.fromkeys(order) if b in present]
+
+
+def _tag(h: Headline, baseline: str, kind: str | None) -> str:
+    """What a baseline is, said after its name: PyTorch's default here, the source's baseline."""
+    said = []
+    if dict(h.default).get(kind) == baseline:
+        anywhere = len({v for _, v in h.default}) == 1
+        said.append("PyTorch's default" + ("" if anywhere else f" on {'CUDA' if kind == 'gpu' else 'CPUs'}"))
+    if baseline == h.baseline and h.source:
+        said.append(h.source)
+    return ", ".join(said)
+
+
+def _busy(r) -> str:
+    """" ‡" after a figure measured on a contended machine."""
+    return f" {report.CONTENDED}" if getattr(r, "contention", "") == contention.CONTENDED else ""
+
+
+def _versus(r, h: Headline, kind: str | None, lead: bool) -> str:
+    """One ratio of a cell that shows several baselines, naming its baseline; N with the lead
+    only (every ratio of a paired class comes from the same rounds)."""
+    ratio = report.fmt_ratio(r.ratio, r.ratio_low, r.ratio_high) + _busy(r)
+    name, tag = dict(h.names).get(r.baseline, r.baseline), _tag(h, r.baseline, kind)
+    if h.paired:
+        return f"{ratio}{f' N={r.n}' if lead else ''} vs {name}" + (f" ({tag})" if tag else "")
+    said = [tag, _values(r), f"N={r.n} each, not paired" if lead else ""]
+    return f"{ratio} vs {name} ({'; '.join(x for x in said if x)})"
+
+
+def _cell(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, gpu: str) -> tuple[str, pd.DataFrame]:
+    """The text of one machine's cell (from that machine's rows) and the rows it was computed from."""
+    if h.default or h.beside:  # several baselines: each ratio names its own, the lead first
+        kind = _kind(gpu)
+        order = _order(h, kind, set(hits["baseline"]) if not hits.empty else set())
+        hits = hits[hits["baseline"].isin(order)] if not hits.empty else hits
+        groups: dict[str, list] = {}  # rows told apart by other parameters (batch=...), each with its baselines
+        for other, r in zip((_others(row, h) for _, row in hits.iterrows()), hits.itertuples()):
+            groups.setdefault(other, []).append(r)
+        labelled = []
+        for other, rs in groups.items():
+            rs = sorted(rs, key=lambda r: order.index(r.baseline))
+            text = "; ".join(_versus(r, h, kind, lead=i == 0) for i, r in enumerate(rs))
+            labelled.append(f"{other}: {text}" if other else text)
+    else:
+        if h.paired:
+            texts = [f"{report.fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)}{_busy(r)} N={r.n}"
+                     for r in hits.itertuples()]
+        else:
+            # Not taking turns (DDP and DataParallel are separate launches; the transfer variants
+            # run one after another): say how many values each side has (asv tracks give one), so
+            # that a ratio without brackets does not read as a sure one.
+            texts = [f"{report.fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)}{_busy(r)} ({_values(r)}; N={r.n} "
+                     "each, not paired)" for r in hits.itertuples()]
+        labelled = [f"{other}: {t}" if other else t
+                    for other, t in zip((_others(r, h) for _, r in hits.iterrows()), texts)]
+    if not labelled:  # said first, so that a memory-only cell does not pass for the whole comparison
+        labelled = [f"speed not measured yet ({_command(h)})"]
+    used = [hits]
+    if h.memory_suite:
+        # the ratio is baseline / variant, inverted here: a baseline that used no memory divides by 0
+        labelled += [f"{_others(r, h)}: peak memory {_memory_ratio(r.ratio)}".lstrip(": ")
+                     for _, r in memory.iterrows() if pd.notna(r.ratio)]
+        used.append(memory)
+    if any(len(u) for u in used):
+        # the dagger covers the cell (one benchmark version); the double dagger stands after
+        # each contended figure, the lead most of all (`_busy`)
+        sources = pd.concat(used)
+        return "; ".join(labelled) + (f" {EARLIER}" if report.earlier_version(sources).any() else "") \
+            + (f" {report.GPU_TESTS_FAILED}" if report.gpu_tests_failed(sources).any() else ""), sources
+    if h.gpu_only and gpu == "CPU only":
+        return "needs a GPU", hits.iloc[0:0]
+    return f"not measured yet: {_command(h)}", hits.iloc[0:0]
+
+
+def _on(rows: pd.DataFrame, machine: str) -> pd.DataFrame:
+    return rows[rows["machine"] == machine] if len(rows) else rows
+
+
+def _scoped(h: Headline, text: str) -> str:
+    """A cell's text led by what its timed region holds: "Adam step alone (...): 5.65x ..."."""
+    return f"{h.scope[0].upper()}{h.scope[1:]}: {text}"
+
+
+def _memory_ratio(ratio: float) -> str:
+    """Variant / baseline peak memory from `ratio` (baseline / variant)."""
+    return report.fmt_ratio(1 / ratio if ratio else math.inf, None, None)
+
+
+def _instead_of_contended(df: pd.DataFrame, sources: pd.DataFrame) -> list[str]:
+    """A note for each cell's result that is not its machine's latest because the latest was
+    measured on a contended machine (report.citable chose an earlier, clean one)."""
+    if sources.empty or df.empty:
+        return []
+    newest = report.latest(df).drop_duplicates(["machine", "benchmark"]).set_index(["machine", "benchmark"])["commit"]
+    notes = set()
+    for r in sources.itertuples():
+        latest_commit = newest.get((r.machine, r.benchmark))
+        if latest_commit is not None and latest_commit != r.commit:
+            out_of = report.TECHNIQUES[r.technique].title if r.technique in report.TECHNIQUES else r.technique
+            notes.add(f"{out_of} on {r.machine}: commit {r.commit[:8]}, the newest measured on an uncontended "
+                      f"machine; the latest, {latest_commit[:8]}, was contended ({report.CONTENDED})")
+    return sorted(notes)
+
+
+def _not_own(r) -> str:
+    """", vs foreach" for a ratio against another baseline than its technique's own."""
+    own = report.TECHNIQUES[r.technique].baseline if r.technique in report.TECHNIQUES else None
+    return "" if r.baseline == own else f", vs {r.baseline}"
+
+
+def _command(h: Headline) -> str:
+    """The `speedlib run` that measures `h`: its class's chunk."""
+    return plan.how_to_measure(f"bench_{h.technique}.{h.suite}.")
+
+
+def single_device(rows: pd.DataFrame, h: Headline) -> list[str]:
+    """The machines whose results of `h` (a comparison about several devices) reach fewer
+    devices than it needs: there the variants train the same single replica."""
+    return _too_few_devices(_comparisons(report.latest(rows), h)[0], h) if h.devices > 1 else []
+
+
+def _too_few_devices(hits: pd.DataFrame, h: Headline) -> list[str]:
+    if h.devices <= 1 or hits.empty or "world" not in hits:
+        return []
+    worlds = pd.to_numeric(hits["world"], errors="coerce")
+    return [m for m, w in worlds.groupby(hits["machine"]).max().items() if w < h.devices]
+
+
+def single_device_note(h: Headline, machine: str) -> str:
+    return (f"{report.TECHNIQUES[h.technique].title} on {machine}: one device only, so the two run the same single "
+            "replica and the ratio is their per-step overhead, not the scaling the comparison is about "
+            f"({_command(h)} on a machine with {h.devices} or more GPUs)")
+
+
+def grid(df: pd.DataFrame) -> report.Table:
+    """Techniques down, machines (latest commit each) across; see the module docstring. A
+    result measured on a contended machine gives way to the newest uncontended one of the same
+    machine (report.citable), and the notes say where; with none, it is shown marked."""
+    last = report.citable(df)
+    machines = sorted(last["machine"].unique()) if not last.empty else []
+    columns = {m: f"{m} ({last.loc[last['machine'] == m, 'gpu'].iloc[0]})" for m in machines}
+    rows, used, few = [], [], []
+    gpus = dict(zip(last["machine"], last["gpu"].astype(str)))
+    for h in HEADLINES:
+        row = {"technique": report.TECHNIQUES[h.technique].title}
+        hits, memory = _comparisons(last, h)
+        whole = _comparisons(last, h.whole) if h.whole else None
+        few += [(h, m) for m in _too_few_devices(hits, h)]
+        for m in machines:
+            text, source = _cell(_on(hits, m), _on(memory, m), h, gpus[m])
+            parts = [_scoped(h, text)]
+            used.append(source)
+            if whole is not None:
+                text, source = _cell(_on(whole[0], m), _on(whole[1], m), h.whole, gpus[m])
+                parts.append(_scoped(h.whole, text))
+                used.append(source)
+            row[columns[m]] = ". ".join(parts)
+        what = h.what + (f"; beside it, {h.whole.what}" if h.whole else "")
+        rows.append({**row, "comparison": what})  # the numbers first, where the eye lands
+    sources = pd.concat(used) if used else df.iloc[0:0]
+    notes = ["x faster than the baseline (peak memory: variant / baseline), latest commit per machine; a cell "
+             "with several baselines names each, PyTorch's default on that machine first",
+             "[low, high]: the 99 % Wilcoxon interval of a paired speedup (variants taking turns in one "
+             "process, N rounds); separate launches: the worst-case bounds of two separately timed values"]
+    notes += [f"{report.TECHNIQUES[h.technique].title}: {h.against}" for h in HEADLINES if h.against]
+    parts = [h for h in HEADLINES if h.whole]
+    notes.append("scope: each cell opens with what its timed region holds; "
+                 + "; ".join(f"{report.TECHNIQUES[h.technique].title} times {h.scope}, and its cells add "
+                             f"{h.whole.scope} ({h.whole.suite}), what a training run gains" for h in parts))
+    notes = report.with_earlier_note(notes, sources)  # the dagger's note, the double dagger's and its counters
+    notes += _instead_of_contended(df, sources)
+    if not sources.empty:  # whether each column's numbers were measured on a quiet machine, said once
+        states: dict[str, list[str]] = {}
+        for machine, its in sources.groupby("machine", sort=True):
+            states.setdefault(report.run_state(its), []).append(machine)
+        notes.append("machine state when measured: " + "; ".join(f"{', '.join(ms)}: {state}"
+                                                                   for state, ms in states.items()))
+    notes += [single_device_note(h, m) for h, m in few]
+    wide = sources[sources["wide_because"].map(lambda w: isinstance(w, str) and bool(w))] \
+        if "wide_because" in sources else sources.iloc[0:0]
+    whole_suites = {(h.technique, h.whole.suite) for h in HEADLINES if h.whole}
+    notes += [f"{report.TECHNIQUES[r.technique].title} on {r.machine} ("
+              # the whole-step class shares its parameters with the headline's: name it
+              + (f"{r.suite}, " if (r.technique, r.suite) in whole_suites else "")
+              + f"{r.params}{_not_own(r)}): {WIDE_NOTE} "
+              f"[{r.ratio_low:.3g}, {r.ratio_high:.3g}] spans {r.width:.2f}x (high / low), more than "
+              f"{report.PAIRED_WIDTH_TARGET:.2f}x: {r.wide_because}" for r in wide.itertuples()]
+    return report.Table("Headline: each technique's main comparison per machine", pd.DataFrame(rows), sources, notes)

@@ -1,0 +1,88 @@
+"""GPU-vs-GPU tables: one machine's results beside another's (the Machine comparison page)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from speedbench.report.tables import (CONTENDED, EARLIER, Table, _comparison, _with_ratio, contended, earlier_version,
+                                      fmt_ratio, fmt_value, latest, paired, with_earlier_note)
+
+__all__ = ["compare_machines", "same_work", "machine_comparison", "speedup_comparison"]
+
+
+# --- GPU vs GPU: one machine's results beside another's -----------------------------
+
+def compare_machines(df: pd.DataFrame, machine_a: str, machine_b: str) -> pd.DataFrame:
+    """Each benchmark and parameter set on two machines, each at its latest commit, with
+    ratio = how much better B is than A (and its interval, as for speedups)."""
+    last = latest(df[df["machine"].isin([machine_a, machine_b])])
+    keys = ["benchmark", "params"]
+    a = last[last["machine"] == machine_a].drop_duplicates(keys, keep="last")
+    b = last[last["machine"] == machine_b].drop_duplicates(keys, keep="last")
+    m = b.merge(a, on=keys, suffixes=("", "_base"))  # A is the reference, like a baseline
+    _with_ratio(m)
+    return m
+
+
+def same_work(df: pd.DataFrame, machine_a: str, machine_b: str) -> bool:
+    """Whether the two machines ran the suite's workloads at the same size: a CPU runs small
+    ones (benchmarks/common.py picks sizes per profile), so its values and a GPU's measure
+    different work, and only each machine's speedups against its own baseline compare."""
+    cpu = df.drop_duplicates("machine").set_index("machine")["gpu"].eq("CPU only")
+    return bool(cpu.get(machine_a, False) == cpu.get(machine_b, False))
+
+
+def machine_comparison(df: pd.DataFrame, machine_a: str, machine_b: str) -> Table:
+    """`compare_machines` as a table: B / A as a speedup (>1: B is better), for the values a
+    machine measures (times, memory, bandwidth): empty where the machines ran different work
+    (`same_work`). Paired speedups are compared by `speedup_comparison` instead: a ratio of
+    two machines' speedups answers no question, and their asv value is a median, not the
+    estimate the other tables cite."""
+    m = compare_machines(df, machine_a, machine_b)
+    m = m[m["kind"] != "paired speedup"]
+    if not same_work(df, machine_a, machine_b):
+        m = m.iloc[0:0]
+    frame = pd.DataFrame({
+        "benchmark": m["benchmark"], "params": m["params"],
+        machine_a: [fmt_value(v, u) for v, u in zip(m["value_base"], m["unit"])],
+        machine_b: [fmt_value(v, u) for v, u in zip(m["value"], m["unit"])],
+        f"{machine_b} vs {machine_a}": [fmt_ratio(r, lo, hi) + (f" {CONTENDED}" if busy else "") for r, lo, hi, busy
+                                         in zip(m["ratio"], m["ratio_low"], m["ratio_high"], contended(m))],
+        "commits": m["commit_base"].str[:8] + " / " + m["commit"].str[:8],
+    })
+    last = latest(df[df["machine"].isin([machine_a, machine_b])])
+    used = last.set_index(["benchmark", "params"]).index.isin(m.set_index(["benchmark", "params"]).index)
+    return Table(f"{machine_b} versus {machine_a}", frame, last[used],
+                 with_earlier_note([f">1: {machine_b} is better; each machine at its latest commit",
+                                     "[low, high]: worst-case bounds from each machine's own 99 % interval (or IQR): "
+                                     "two separate runs, so the machines' drift between processes is inside them"],
+                                    last[used]))
+
+
+def speedup_comparison(df: pd.DataFrame, machine_a: str, machine_b: str) -> Table:
+    """Each paired speedup measured on both machines (each at its latest commit), side by
+    side: the comparison that holds between a CPU and a GPU too, each against its own baseline."""
+    p = paired(latest(df[df["machine"].isin([machine_a, machine_b])]))
+    keys = ["technique", "benchmark", "config", "variant", "baseline"]
+    a = p[p["machine"] == machine_a].drop_duplicates(keys, keep="last")
+    b = p[p["machine"] == machine_b].drop_duplicates(keys, keep="last")
+    m = a.merge(b, on=keys, suffixes=("_a", "_b"))
+
+    def cell(side: str) -> list[str]:
+        own = m.rename(columns={f"earlier_version_{side}": "earlier_version", f"contention_{side}": "contention"})
+        return [fmt_ratio(r, lo, hi) + f" N={n}" + (f" {EARLIER}" if e else "") + (f" {CONTENDED}" if c else "")
+                for r, lo, hi, n, e, c in zip(m[f"ratio_{side}"], m[f"ratio_low_{side}"], m[f"ratio_high_{side}"],
+                                              m[f"n_{side}"], earlier_version(own), contended(own))]
+
+    frame = pd.DataFrame({
+        "technique": m["technique"],
+        "comparison": _comparison(m["benchmark"], m["config"]),
+        "variant": m["variant"], "baseline": m["baseline"], machine_a: cell("a"), machine_b: cell("b"),
+    })
+    used = pd.concat([p[(p["machine"] == side) & p.set_index(keys).index.isin(m.set_index(keys).index)]
+                      for side in (machine_a, machine_b)])
+    notes = ["paired speedups, each machine against its own baseline (variants taking turns in one process): "
+             "Hodges-Lehmann estimate [99 % Wilcoxon interval], N rounds; each machine at its latest commit"]
+    return Table(f"Paired speedups on {machine_a} and {machine_b}", frame.reset_index(drop=True), used,
+                 with_earlier_note(notes, used))
+

@@ -1,0 +1,609 @@
+"""asv result files -> one tidy pandas DataFrame (one row per benchmark x parameter set).
+
+Reads `results/benchmarks.json`, every `results/<machine>/*.json` (asv format version 2), the
+environment records `speedlib run` writes beside them (`<machine>/environment/*.jsonl`) and
+the GPU tests' verdicts `speedlib slot` writes (`<machine>/gpu-tests/*.json`).
+It never writes anything, never raises on what it finds and never blocks: a file, an entry
+or a line that cannot be trusted is skipped and reported (a `Problem` with its path and
+reason) while everything else is kept. Only regular files inside the results tree are
+read, each up to MAX_FILE_BYTES; FIFOs, devices, symlinks that leave the tree or loop, and
+unreadable directories are reported without being opened. Results that were skipped (NaN),
+failed (null), come from an older version of their benchmark, or hold a value no
+measurement can have (an infinite time, a time of zero or less) are kept apart from the
+measured ones. No Streamlit import: the dashboard, the report and the CLI all use this.
+
+Each row's `result_id` names that one measured result: a hash of machine, commit, benchmark,
+parameters and the time asv started it. asv rewrites a commit's result file whenever a later
+run adds benchmarks to it, so a hash of the file would rename results that did not change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from speedbench.results import merge
+from speedbench.results import safekeep
+# The loader's parts, each in a module of its own: the names other modules and the tests
+# use are re-exported here, so `speedbench.results.load` stays the one place to import from.
+from speedbench.results.common import _FIRST_DATE, _LAST_DATE, Problem, _is_number, _to_float, printable
+from speedbench.results.environment import ENV_COLUMNS, _environment_records, _join_environment
+from speedbench.results.files import (MAX_FILE_BYTES, _children, _first_visit, _NotJson, _parse_json, _read,
+                                       _read_identified, _real_dir, _subdirectory, _Unreadable, _utf8_name)
+from speedbench.results.gpu_tests import _join_gpu_tests, _verdicts
+from speedbench.results.settle import _attach_counters, _settle_versions
+
+__all__ = ["LoadedResults", "Problem", "load_results", "format_table", "metric_kind", "higher_is_better", "result_id",
+           "printable", "MAX_FILE_BYTES", "MAX_COMBINATIONS", "MAX_FILE_COMBINATIONS", "MAX_PARAM_CHARS", "too_many_combinations",
+           "params_over_limits", "is_commit"]
+
+# asv's statistics columns -> our column names
+_STATS = {
+    "stats_q_25": "q25",
+    "stats_q_75": "q75",
+    "stats_ci_99_a": "ci99_low",
+    "stats_ci_99_b": "ci99_high",
+    "stats_number": "number",
+    "stats_repeat": "repeat",
+}
+_SKIP_FILES = {"machine.json", "benchmarks.json"}
+# The most parameter combinations one benchmark may have. The suite's largest has 30, and asv
+# starts a process per combination to report each, so a thousand would keep a GPU slot busy
+# for hours while its rows take a few MB. A few KB of JSON can list parameters that multiply
+# out to 1e12 (asv writes a failed benchmark's result as one null for all of them): they are
+# counted before any is built, so no file makes the loader, a plan or a page fill memory.
+MAX_COMBINATIONS = 1000
+# The most parameter combinations one result file may hold in all. Each benchmark under
+# MAX_COMBINATIONS is not enough: 64 MiB (MAX_FILE_BYTES) holds some 10^5 small entries, each
+# listing up to a thousand combinations, or 10^8 rows. The whole suite's file holds about
+# 300, so a hundred times that leaves room for any real suite.
+MAX_FILE_COMBINATIONS = 30_000
+# The longest text one parameter value may have. Every row carries its combination's values
+# as text, so a few long values crossed with many others multiply: a 1 MB value among a
+# thousand combinations took gigabytes. The suite's longest value has 20 characters.
+MAX_PARAM_CHARS = 200
+# The units of the interference counters' tracks (benchmarks/common.py `_Interference`).
+INTERFERENCE_UNITS = ("% of CPU time to other processes", "preemptions/s", "% of maximum SM clock",
+                      "other processes on the GPU")
+# Parameters with a meaning of their own; any others keep their asv name as column.
+_NAMED_PARAMS = ("workload", "variant")
+COLUMNS = ("machine", "gpu", "commit", "commit_date", "run_date", "benchmark", "technique", "suite",
+           "metric", "kind", "params", "workload", "variant", "value", "unit", "q25", "q75", "iqr",
+           "ci99_low", "ci99_high", "n", "number", "repeat", "samples", "status", "version",
+           "earlier_version", "result_id", "file",
+           # speedbench.stats.contention's verdict on the run's interference counters
+           "contention", "disturbed", "contention_note", "others_cpu", "preemptions", *ENV_COLUMNS,
+           # the commit's GPU tests on the machine (speedbench.results.gpu_tests): status and words
+           "gpu_tests", "gpu_tests_note")
+# A benchmark parameter named like one of these would overwrite that column of its rows (a
+# parameter `machine` would refile the row under another machine): it gets this prefix.
+_RESERVED = frozenset(COLUMNS) - set(_NAMED_PARAMS)
+RENAMED_PARAM_PREFIX = "param_"
+
+
+@dataclass
+class LoadedResults:
+    measured: pd.DataFrame
+    not_measured: pd.DataFrame  # status "skipped" (NaN), "failed" (null), "outdated" or "invalid"
+    problems: list[Problem] = field(default_factory=list)
+
+
+class _Malformed(ValueError):
+    """A result file (or one of its entries) whose structure is not asv's: it is skipped."""
+
+
+def metric_kind(benchmark_type: str | None, unit: str | None) -> str:
+    """What a benchmark measures, from its asv type and unit."""
+    unit = unit or ""
+    if benchmark_type == "time" or unit == "seconds":
+        return "time"
+    if unit == "bytes" or benchmark_type == "peakmemory":
+        return "memory"
+    if unit == "x":  # per-round ratios of a paired comparison (benchmarks/common.py)
+        return "paired speedup"
+    if unit in INTERFERENCE_UNITS:  # what else the machine did per round: read with, not as, results
+        return "interference"
+    if unit.startswith("% of"):
+        return "fraction of floor"
+    if unit.endswith("/s"):
+        return "bandwidth" if unit[:-2].endswith("B") else "throughput"
+    return "other"
+
+
+def higher_is_better(kind: str) -> bool:
+    return kind in ("fraction of floor", "bandwidth", "throughput", "paired speedup")
+
+
+def _strip(value: str) -> str:
+    """asv stores parameter values as reprs: "'mlp'" -> "mlp"."""
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
+
+
+def _describe(value) -> str:
+    """A short, safe description of a value from a file, for a problem's reason (never its
+    repr: a 4000-digit integer or a deeply nested list would make the message itself fail)."""
+    if _is_number(value):
+        return f"{_to_float(value):g}"
+    if isinstance(value, str):  # a long one by its start and its end: what is wrong may be at either
+        return repr(value if len(value) <= 40 else f"{value[:24]}...{value[-13:]}")
+    return f"a {type(value).__name__}"
+
+
+def _ms_time(value, what: str) -> pd.Timestamp:
+    """asv's milliseconds since the epoch as a UTC time; _Malformed when no date can hold it."""
+    if not _is_number(value):
+        raise _Malformed(f"{what} is {_describe(value)}, not a number")
+    ms = _to_float(value)
+    if not math.isfinite(ms):
+        raise _Malformed(f"{what} {_describe(value)} is not a finite time")
+    try:
+        t = pd.Timestamp(ms, unit="ms", tz="UTC")
+    except (ValueError, OverflowError):
+        t = None
+    if t is None or not _FIRST_DATE <= t <= _LAST_DATE:
+        raise _Malformed(f"{what} {_describe(value)} is out of the range of dates (the years 1677 to 2262)")
+    return t
+
+
+def _check_file(data) -> pd.Timestamp:
+    """Raises _Malformed unless `data` is laid out as an asv result file; its commit date."""
+    if not isinstance(data, dict):
+        raise _Malformed(f"top level is {type(data).__name__}, not an object")
+    if not _is_number(data.get("version")) or data["version"] != 2:
+        raise _Malformed(f"result format version {_describe(data.get('version'))}, expected 2 (asv 0.6)")
+    for key, kind in (("commit_hash", str), ("result_columns", list), ("results", dict)):
+        if not isinstance(data.get(key), kind):
+            raise _Malformed(f"'{key}' missing or not a {kind.__name__}")
+    if not all(isinstance(c, str) for c in data["result_columns"]):
+        raise _Malformed("'result_columns' is not a list of strings")
+    if "result" not in data["result_columns"]:  # else every entry would read as failed
+        raise _Malformed("'result_columns' does not name 'result': no value of any entry can be read")
+    _check_commit_hash(data["commit_hash"])
+    return _ms_time(data["date"], "'date'") if "date" in data else pd.NaT
+
+
+# A commit as git names it: 7 (its shortest abbreviation) to 64 (a SHA-256 repository's)
+# hexadecimal digits. The hash goes into every row, the result IDs and the command an export
+# gives to reproduce a figure, so nothing else may pass.
+_COMMIT_HASH = re.compile(r"[0-9a-fA-F]{7,64}")
+
+
+def is_commit(commit) -> bool:
+    """Whether `commit` is a commit hash (7 to 64 hex digits), safe to check out by name."""
+    return isinstance(commit, str) and bool(_COMMIT_HASH.fullmatch(commit))
+
+
+def _check_commit_hash(commit) -> None:
+    if not is_commit(commit):
+        length = f" ({len(commit)} characters)" if len(commit) > 40 else ""  # _describe shortens it
+        raise _Malformed(f"'commit_hash' {_describe(commit)}{length} is not a commit hash (7 to 64 hexadecimal digits)")
+
+
+# Statistics that count (timings per sample, samples): a negative count is no count, and
+# one beyond any run's length (asv's largest are around a million) is no measurement either.
+_COUNTS = ("stats_number", "stats_repeat")
+_MAX_COUNT = 1e12
+
+
+def _check_stats(name: str, record: dict) -> None:
+    for col in _STATS:
+        stat = record.get(col)
+        if stat is None:
+            continue
+        if not (isinstance(stat, list) and all(s is None or _is_number(s) for s in stat)):
+            raise _Malformed(f"{name}: '{col}' is not a list of numbers")
+        if col not in _COUNTS:
+            # asv writes -Infinity and Infinity as the interval of a result with too few
+            # samples for one (a --quick run): kept, as asv keeps them.
+            continue
+        numbers = [_to_float(s) for s in stat if s is not None]
+        if any(math.isinf(s) for s in numbers):
+            raise _Malformed(f"{name}: '{col}' holds an infinite or overflowing number")
+        if any(s < 0 or s > _MAX_COUNT for s in numbers):
+            raise _Malformed(f"{name}: '{col}' holds a negative or implausibly large count")
+
+
+def too_many_combinations(params: list[list]) -> str | None:
+    """Why the values of each parameter in `params` may not be multiplied out (their product
+    counted without building one, against MAX_COMBINATIONS); None when they may."""
+    count = math.prod(float(len(p)) for p in params)  # a float: the count of a hostile file has no bound
+    if count <= MAX_COMBINATIONS:
+        return None
+    shown = f"{count:.0f}" if count < 1e6 else f"{count:.3g}"
+    return f"{shown} parameter combinations, over the limit of {MAX_COMBINATIONS} for one benchmark"
+
+
+def _check_file_combinations(results: dict, columns: list) -> None:
+    """_Malformed when the entries of one file multiply out past MAX_FILE_COMBINATIONS in
+    all: counted before any row is built. An entry that is over MAX_COMBINATIONS on its own,
+    or whose parameters cannot be read, is skipped and reported alone (_check_entry): it
+    builds no row, so it does not count here."""
+    at = columns.index("params") if "params" in columns else None
+    total = 0.0
+    for entry in results.values():
+        params = entry[at] if at is not None and isinstance(entry, list) and len(entry) > at else None
+        readable = isinstance(params, list) and all(isinstance(p, list) for p in params)
+        count = math.prod(float(len(p)) for p in params) if readable else 1.0
+        total += count if count <= MAX_COMBINATIONS else 0.0
+    if total > MAX_FILE_COMBINATIONS:
+        shown = f"{total:.0f}" if total < 1e6 else f"{total:.3g}"
+        raise _Malformed(f"{shown} parameter combinations in all, over the limit of {MAX_FILE_COMBINATIONS} "
+                         "for one result file")
+
+
+def params_over_limits(params: list[list]) -> str | None:
+    """Why `params` (lists of values) may not be expanded into rows or names: too many
+    combinations, or a value too long (MAX_COMBINATIONS, MAX_PARAM_CHARS); None when they may."""
+    too_many = too_many_combinations(params)
+    if too_many:
+        return too_many
+    longest = max((len(v) if isinstance(v, str) else 0 for p in params for v in p), default=0)
+    if longest > MAX_PARAM_CHARS:
+        return f"a parameter value of {longest} characters, over the limit of {MAX_PARAM_CHARS}"
+    return None
+
+
+def _check_entry(name: str, record: dict) -> tuple[list[tuple], list]:
+    """The entry's parameter combinations and values (floats or None); raises _Malformed when
+    types are wrong or the combinations are too many."""
+    params = record.get("params") or []
+    if not isinstance(params, list) or not all(isinstance(p, list) and all(isinstance(v, str) for v in p) for p in params):
+        raise _Malformed(f"{name}: 'params' is not a list of lists of strings")
+    too_many = params_over_limits(params)
+    if too_many:
+        raise _Malformed(f"{name}: {too_many}")
+    combos = list(itertools.product(*params))  # asv's order: the last parameter varies fastest
+    values = record.get("result")
+    if not isinstance(values, list):
+        values = [values] * len(combos)
+    if len(values) != len(combos):
+        raise _Malformed(f"{name}: {len(values)} results for {len(combos)} parameter sets")
+    if not all(v is None or _is_number(v) for v in values):
+        raise _Malformed(f"{name}: a result is neither a number nor null")
+    if record.get("version") is not None and not isinstance(record["version"], str):
+        raise _Malformed(f"{name}: 'version' is not a string")
+    _check_stats(name, record)
+    return combos, [None if v is None else _to_float(v) for v in values]
+
+
+def _stat(record: dict, col: str, i: int) -> float:
+    stat = record.get(col)
+    if isinstance(stat, list) and i < len(stat) and stat[i] is not None:
+        return _to_float(stat[i])
+    return math.nan
+
+
+def _samples(record: dict, i: int) -> list[float]:
+    """The timed samples of parameter set `i`: kept only when every one is a finite number."""
+    samples = record.get("samples")
+    sample = samples[i] if isinstance(samples, list) and i < len(samples) else None
+    if not isinstance(sample, list) or not all(_is_number(s) for s in sample):
+        return []
+    sample = [_to_float(s) for s in sample]
+    return sample if all(math.isfinite(s) for s in sample) else []
+
+
+def result_id(machine: str, commit: str, benchmark: str, params: tuple[str, ...], started_at) -> str:
+    """12 hex digits naming one measured result; `params` as asv stores them (reprs).
+    Nothing else from the file goes in, so the ID survives asv rewriting the file."""
+    started = int(started_at) if _is_number(started_at) and math.isfinite(_to_float(started_at)) else None
+    # Byte for byte json.dumps([machine, commit, benchmark, list(params), started]), the key IDs
+    # have always hashed, written out with json's C string encoder: json.dumps's own Python
+    # layers cost an eighth of loading 5000 files (one call per row).
+    text = _json_string
+    key = (f"[{text(machine)}, {text(commit)}, {text(benchmark)}, [{', '.join(map(text, params))}], "
+           f"{'null' if started is None else started}]")
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+_json_string = json.encoder.encode_basestring_ascii  # what json.dumps writes for a str (ensure_ascii)
+
+
+@dataclass(frozen=True)
+class _Benchmark:
+    """An entry of benchmarks.json, its fields checked."""
+
+    type: str | None
+    unit: str | None
+    version: str | None
+    param_names: tuple[str, ...]
+
+    def names(self, count: int) -> list[str]:
+        """Names for `count` parameters: asv's, param<i> where benchmarks.json names none."""
+        names = list(self.param_names[:count])
+        return names + [f"param{i}" for i in range(len(names), count)]
+
+    def columns(self, count: int) -> list[str]:
+        """Their columns: a parameter named like a column of the frame gets RENAMED_PARAM_PREFIX."""
+        return [RENAMED_PARAM_PREFIX + n if n in _RESERVED else n for n in self.names(count)]
+
+
+def _benchmark(meta) -> _Benchmark:
+    """`meta` (one entry of benchmarks.json) checked; _Malformed says which field is wrong."""
+    if not isinstance(meta, dict):
+        raise _Malformed(f"is {_describe(meta)}, not an object")
+    for key in ("type", "unit", "version"):
+        if meta.get(key) is not None and not isinstance(meta[key], str):
+            raise _Malformed(f"'{key}' is {_describe(meta[key])}, not a string")
+    names = meta.get("param_names") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise _Malformed("'param_names' is not a list of strings")
+    # The loader reads the parameters from the result files; a plan and the pages expand these.
+    params = meta.get("params")
+    too_many = isinstance(params, list) and all(isinstance(p, list) for p in params) and params_over_limits(params)
+    if too_many:
+        raise _Malformed(too_many)
+    return _Benchmark(meta.get("type"), meta.get("unit"), meta.get("version"), tuple(names))
+
+
+def _benchmarks(raw: dict, path: str, problems: list[Problem]) -> dict[str, _Benchmark]:
+    """The entries of benchmarks.json that can be trusted; the others reported (their results
+    are then reported as of benchmarks not in benchmarks.json)."""
+    good, bad, renamed = {}, [], []
+    for name, meta in raw.items():
+        if name == "version" and _is_number(meta):  # benchmarks.json's own format version
+            continue
+        try:
+            good[name] = _benchmark(meta)
+        except _Malformed as e:
+            bad.append(f"{name} ({e})")
+            continue
+        renamed += [f"{name}: {n}" for n in good[name].param_names if n in _RESERVED]
+    if bad:
+        problems.append(Problem(path, f"{len(bad)} benchmark entr(ies) with wrong types or over a limit skipped: "
+                                      f"{'; '.join(bad)}"))
+    if renamed:
+        problems.append(Problem(path, f"parameter(s) named like a column of the results, shown as "
+                                      f"{RENAMED_PARAM_PREFIX}<name>: {'; '.join(renamed)}"))
+    return good
+
+
+# Kinds whose value is a duration or a ratio: zero or less is no measurement.
+_POSITIVE_KINDS = ("time", "paired speedup")
+
+
+def _status(value: float | None, kind: str) -> str:
+    if value is None:
+        return "failed"
+    if math.isnan(value):
+        return "skipped"
+    if math.isinf(value) or (kind in _POSITIVE_KINDS and value <= 0):
+        return "invalid"
+    return "measured"
+
+
+def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], problems: list[Problem]) -> list[dict]:
+    """The rows of one parsed result file. A file whose layout is not asv's raises _Malformed;
+    an entry with wrong types is skipped and reported, the file's other entries kept."""
+    commit_date = _check_file(data)
+    if not data["results"]:  # asv never writes one; a file emptied by hand or by a bad merge
+        problems.append(Problem(str(path), "holds no results"))
+    columns = data["result_columns"]
+    _check_file_combinations(data["results"], columns)
+    rows, unknown, invalid, malformed, unnamed = [], [], [], [], []
+    for name, entry in data["results"].items():
+        try:
+            if not isinstance(entry, list):
+                raise _Malformed(f"{name}: entry is {type(entry).__name__}, not a list")
+            record = dict(zip(columns, entry))  # trailing nulls are dropped by asv: zip stops there
+            combos, values = _check_entry(name, record)
+            started = record.get("started_at")
+            run_date = pd.NaT if started is None else _ms_time(started, f"{name}: 'started_at'")
+        except _Malformed as e:
+            malformed.append(str(e))
+            continue
+        meta = benchmarks.get(name)
+        if meta is None:
+            unknown.append(name)
+            continue
+        stale = record.get("version") != meta.version
+        count = len(record.get("params") or [])
+        names, param_columns = meta.names(count), meta.columns(count)
+        if len(meta.param_names) < count:
+            unnamed.append(name)
+        module, _, rest = name.partition(".")
+        suite, _, metric = rest.rpartition(".")
+        kind = metric_kind(meta.type, meta.unit)
+        for i, combo in enumerate(combos):
+            value = values[i]
+            status = _status(value, kind)
+            if status == "invalid" and name not in invalid:
+                invalid.append(name)
+            sample = _samples(record, i)
+            q25, q75 = _stat(record, "stats_q_25", i), _stat(record, "stats_q_75", i)
+            repeat = _stat(record, "stats_repeat", i)
+            row = {
+                "machine": machine,
+                "commit": data["commit_hash"],
+                "commit_date": commit_date,
+                "run_date": run_date,
+                "benchmark": name,
+                "technique": module.removeprefix("bench_"),
+                "suite": suite,
+                "metric": metric.split("_", 1)[-1],
+                "kind": kind,
+                "params": ", ".join(f"{n}={_strip(v)}" for n, v in zip(names, combo)),
+                **{c: _strip(v) for c, v in zip(param_columns, combo)},
+                "value": math.nan if value is None else value,  # skipped is NaN already
+                "unit": meta.unit,
+                "q25": q25, "q75": q75, "iqr": q75 - q25,
+                "ci99_low": _stat(record, "stats_ci_99_a", i),
+                "ci99_high": _stat(record, "stats_ci_99_b", i),
+                # N = values the median was taken over: the samples when kept, else asv's repeat count,
+                # else 1 (a track_* benchmark reports one value).
+                "n": len(sample) or (int(repeat) if not math.isnan(repeat) else 1),
+                "number": _stat(record, "stats_number", i),
+                "repeat": repeat,
+                "samples": sample,
+                "status": status,
+                "version": record.get("version"),
+                "earlier_version": stale,  # settled per machine by _settle_versions
+                "result_id": result_id(machine, data["commit_hash"], name, combo, started),
+                "file": str(path),
+            }
+            rows.append(row)
+    for count, what, names, expected in (
+            (len(malformed), "entr(ies) with wrong types or over a limit skipped", malformed, False),
+            (len(unknown), "result(s) of benchmarks not in benchmarks.json skipped", unknown, True),
+            (len(invalid), "benchmark(s) with an infinite value, or a time or ratio of zero or less, set aside as "
+                           "not measured", invalid, False),
+            (len(unnamed), "benchmark(s) with more parameters than benchmarks.json names, the others shown as "
+                           "param<i>", unnamed, False)):
+        if count:
+            problems.append(Problem(str(path), f"{count} {what}: {', '.join(sorted(names))}", expected,
+                                    "removed" if expected else ""))
+    return rows
+
+
+def _file_rows(file: Path, machine: str, root_real: Path, benchmarks: dict[str, _Benchmark],
+               problems: list[Problem], parent_real: Path | None, seen: dict[tuple[int, int], Path]) -> list[dict]:
+    try:
+        raw, identity = _read_identified(file, root_real, parent_real)
+        if not _first_visit(file, identity, seen, "file", problems):
+            return []
+        return _rows_of(file, _parse_json(raw), machine, benchmarks, problems)
+    except _Unreadable as e:
+        problems.append(Problem(str(file), f"unreadable ({e})"))
+    except _NotJson as e:
+        problems.append(Problem(str(file), str(e)))
+    except _Malformed as e:
+        problems.append(Problem(str(file), f"not an asv result file: {e}"))
+    except Exception as e:  # noqa: BLE001 - a file anyone can drop here must not stop the load
+        # Every case known is caught above with its own reason; this names one not foreseen.
+        problems.append(Problem(str(file), f"not loaded: unexpected {type(e).__name__} ({e})"))
+    return []
+
+
+# --- the whole tree ----------------------------------------------------------------------
+
+def _load_benchmarks(root: Path, problems: list[Problem]) -> dict[str, _Benchmark] | None:
+    """benchmarks.json's checked entries; None (reported) when the tree cannot be read."""
+    try:
+        if not stat.S_ISDIR(os.stat(root).st_mode):
+            problems.append(Problem(str(root), "not a directory: no results directory here"))
+            return None
+    except OSError as e:
+        problems.append(Problem(str(root), f"no results directory here ({e.strerror or e})"))
+        return None
+    bench_file = root / "benchmarks.json"
+    try:
+        os.lstat(bench_file)
+    except FileNotFoundError:
+        problems.append(Problem(str(bench_file), "missing: without it units and parameter names are unknown, "
+                                                 "so no result file was read"))
+        return None
+    except OSError as e:  # a directory without read or search permission hides what it holds
+        problems.append(Problem(str(bench_file), f"unreadable ({e.strerror or e}), so no result file was read; "
+                                                 "check the results directory's permissions"))
+        return None
+    try:
+        raw = _parse_json(_read(bench_file, root.resolve()))
+        if not isinstance(raw, dict):
+            raise _NotJson("not a JSON object")
+    except (_Unreadable, _NotJson) as e:
+        problems.append(Problem(str(bench_file), f"unreadable ({e}), so no result file was read"))
+        return None
+    return _benchmarks(raw, str(bench_file), problems)
+
+
+def _check_machine_json(path: Path, root_real: Path, parent_real: Path | None, problems: list[Problem]) -> None:
+    """Report a machine.json that is not asv's (a JSON object). The loader takes nothing from
+    it (the directory's name is the machine's), so the results beside it load all the same."""
+    try:
+        if not isinstance(_parse_json(_read(path, root_real, parent_real)), dict):
+            raise _NotJson("not a JSON object")
+    except (_Unreadable, _NotJson) as e:
+        why = f"unreadable ({e})" if isinstance(e, _Unreadable) else str(e)
+        problems.append(Problem(str(path), f"{why}; the results beside it are loaded all the same (restore it from "
+                                           "git, or a `speedlib run` on this machine writes it anew)"))
+
+
+def _machine_rows(machine_dir: Path, root_real: Path, benchmarks: dict[str, _Benchmark],
+                  problems: list[Problem], seen: dict[tuple[int, int], Path]) -> list[dict]:
+    children = _children(machine_dir, problems)
+    if "machine.json" not in {c.name for c in children}:
+        if any(c.suffix == ".json" for c in children):
+            problems.append(Problem(str(machine_dir), "no machine.json: not an asv machine directory, skipped"))
+        return []
+    rows: list[dict] = []
+    machine_real = _real_dir(machine_dir, root_real)
+    _check_machine_json(machine_dir / "machine.json", root_real, machine_real, problems)
+    for file in children:
+        if file.suffix == ".json" and file.name not in _SKIP_FILES and _utf8_name(file, "result file", problems):
+            rows += _file_rows(file, machine_dir.name, root_real, benchmarks, problems, machine_real, seen)
+    _join_environment(rows, _environment_records(machine_dir, root_real, problems), problems)
+    _join_gpu_tests(rows, _verdicts(machine_dir, root_real, problems))
+    return rows
+
+
+def _machine_dirs(root: Path, root_real: Path, problems: list[Problem]) -> list[Path]:
+    """The directories under `root` to load as machines, real directories before links: a
+    link to one of them, met first, would file its results under the link's name."""
+    found = [d for d in _children(root, problems)
+             if _subdirectory(d, root_real, problems) and _utf8_name(d, "machine directory", problems)]
+    return sorted(found, key=os.path.islink)  # stable: by name within each
+
+
+def _killed_run(root: Path, problems: list[Problem]) -> None:
+    """A `speedlib run` killed outright while asv wrote here left its copy of asv's files
+    (speedbench.results.safekeep): what asv left may read as damaged until the next run puts it back."""
+    snapshot = safekeep.left_by_killed_run(root)
+    if snapshot is not None:
+        problems.append(Problem(str(snapshot), "a speedlib run was killed while asv wrote here; the files from "
+                                               "before it are kept in this directory, and the next speedlib run "
+                                               "puts them back"))
+    stage = merge.left_by_stopped_merge(root)
+    if stage is not None:
+        problems.append(Problem(str(stage), "a speedlib merge was stopped while renaming its files, so some are "
+                                            "merged and some not yet; the next speedlib merge or speedlib run "
+                                            "finishes it"))
+
+
+def load_results(path: str | Path) -> LoadedResults:
+    """Every result under `path` (all machines, all commits) as tidy frames."""
+    root = Path(path)
+    problems: list[Problem] = []
+    _killed_run(root, problems)
+    rows: list[dict] = []
+    benchmarks = _load_benchmarks(root, problems)
+    if benchmarks is not None:
+        root_real = root.resolve()
+        seen: dict[tuple[int, int], Path] = {}  # (st_dev, st_ino) -> the path it was loaded from
+        for machine_dir in _machine_dirs(root, root_real, problems):
+            try:
+                st = os.stat(machine_dir)
+            except OSError:  # gone since it was listed: its listing reports it
+                st = None
+            if st is None or _first_visit(machine_dir, (st.st_dev, st.st_ino), seen, "directory", problems):
+                rows += _machine_rows(machine_dir, root_real, benchmarks, problems, seen)
+    rows = _attach_counters(rows)
+    _settle_versions(rows, problems)
+    df = pd.DataFrame(rows)
+    for col in COLUMNS:
+        if col not in df:
+            df[col] = pd.Series(dtype="object")
+    for col in ("commit_date", "run_date"):  # UTC times even where none is known (else a naive dtype)
+        df[col] = pd.to_datetime(df[col], utc=True)
+    extra = [c for c in df.columns if c not in COLUMNS]
+    df = df[[*COLUMNS[:COLUMNS.index("value")], *extra, *COLUMNS[COLUMNS.index("value"):]]]
+    measured = df[df["status"] == "measured"].reset_index(drop=True)
+    return LoadedResults(measured, df[df["status"] != "measured"].reset_index(drop=True), problems)
+
+
+def format_table(df: pd.DataFrame, columns: tuple[str, ...] = ("machine", "commit", "benchmark", "params", "value", "unit")) -> str:
+    """Measured rows as a plain-text table, commits shortened to 8 characters."""
+    table = df.assign(commit=df["commit"].str[:8])[list(columns)]
+    # Names come from result files: escaped, so that none can drive the terminal.
+    table = table.map(lambda v: printable(v) if isinstance(v, str) else v)
+    return table.to_string(index=False, float_format=lambda v: f"{v:.4g}")

@@ -1,0 +1,514 @@
+"""Combine results from several hosts into one results tree (`speedlib merge`).
+
+Why: a chunked run on two GPU nodes at once leaves two archives of one commit, each holding a
+whole asv result file for it. Unpacking the second replaces the first, so one node's work was
+lost (docs/gpu-slots.md). This module merges instead of unpacking.
+
+What: the inputs are `.tar.gz` archives made by `speedlib run --archive` and results trees, in
+any mix. Archives are read in memory, never extracted: a member that is absolute, climbs out
+with `..`, is a link, a device or anything but a plain file or directory refuses the archive,
+so is a torn JSON file. Into the `--into` tree (default results/):
+- a result file new there is added as it is; one of the same machine, commit and environment
+  (the same file name) is merged benchmark by benchmark in asv's own format (asv's columns,
+  the newest `date`, `durations` united), so `asv publish` and speedbench.results.load read it;
+- environment records, chunk times and displaced entries are appended line by line, lines
+  already there left out;
+- a per-commit side file (`<machine>/gpu-tests/<commit>.json`, the GPU-only tests' verdict;
+  `SIDE_DIRS`) is one entry, taken whole: added where missing, identical is nothing, different
+  is a conflict;
+- machine.json is taken where missing;
+- benchmarks.json follows the newest listing, as asv rewrites it from the benchmarks it
+  discovers on every run. A listing is as new as the latest `started_at` of its tree's results
+  of the versions it lists (the run that wrote it; unknown counts as oldest, a tie keeps the
+  one already there). Entries in both listings take the newer one's; entries in one only are
+  kept (a benchmark removed since still needs its entry for its old results to load). A
+  replaced entry is no loss: every row of a result file carries its benchmark's version, and
+  the loader shows results of a version other than the listing's, marked (speedbench.results.load).
+Identical entries are no conflict, so merging an archive twice changes nothing.
+
+Conflicts: only one benchmark of one version measured twice for one machine, commit and
+environment with other values, or one side file with two contents. Listings never conflict;
+two versions of one benchmark in one result file are two measurements, of which asv's format
+holds one: the one that started later stays, the other goes to `merge-displaced.jsonl`. By
+default a conflict refuses the merge (exit 1, nothing written, one line per conflict with
+both sources' start times). `--prefer newer` keeps the entry that started later (the one
+already there on a tie) and writes each displaced entry whole, one JSON line, into
+`merge-displaced.jsonl` in the machine's directory, so nothing is lost. Two sources whose
+recorded hardware differs under one machine name (machine.json's cpu, arch, num_cpu, ram; the
+environment records' GPU or CPU model) are always refused: rerun one with another `--machine`.
+
+Atomic: under the results lock every output file is written in full into `.speedlib-merge/`
+inside the tree (same filesystem, not *.json: neither asv nor the loader reads it), then a
+journal naming the renames, then the renames. A merge stopped before the journal leaves the
+tree as it was (the next merge removes the leftovers); one stopped after it is rolled
+forward by the next merge. A full disk stops the merge before any rename.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from speedbench.results import safekeep
+from speedbench.results.merge_sources import (BAD_INPUT, CONFLICTS, DISPLACED, MergeError, _bad, _loads, _Machine,
+                                       _read_dir, _read_source, _Tree, printable)
+
+__all__ = ["MergeError", "merge", "recover", "left_by_stopped_merge", "add_parser", "STAGING", "DISPLACED", "CONFLICTS",
+           "BAD_INPUT"]
+
+STAGING = ".speedlib-merge"
+_JOURNAL = "journal"
+# machine.json's fields that name the hardware (asv machine --cpu/--arch/--num_cpu/--ram)
+_HARDWARE = ("arch", "cpu", "num_cpu", "ram")
+
+
+# --- merging -------------------------------------------------------------------------------
+
+def _when(ms) -> str:
+    try:
+        return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).isoformat(timespec="seconds")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "at an unknown time"
+
+
+def _same(a, b) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # NaN equals NaN
+
+
+def _row_field(obj: dict, row: list, column: str):
+    """One column of a row of asv result object `obj` (None where absent)."""
+    cols = obj["result_columns"]
+    i = cols.index(column) if column in cols else len(row)
+    return row[i] if i < len(row) else None
+
+
+def _later(a, b) -> bool:
+    """Whether start time `a` is later than `b` (an unknown one is earliest)."""
+    num = (int, float)
+    return isinstance(a, num) and (not isinstance(b, num) or a > b)
+
+
+@dataclass
+class _Merge:
+    into: _Tree
+    prefer: str | None
+    conflicts: list[str] = field(default_factory=list)
+    hardware: list[str] = field(default_factory=list)
+    said: list[str] = field(default_factory=list)
+    changed: set[tuple[str, str]] = field(default_factory=set)  # (machine or '', path) to write
+    added: dict[tuple, list[int]] = field(default_factory=dict)  # (machine, file) -> [added, replaced]
+    origin: dict[tuple, str] = field(default_factory=dict)
+    appended: dict[tuple[str, str], int] = field(default_factory=dict)  # (machine, jsonl) -> lines
+
+    def source_of(self, key: tuple) -> str:
+        return self.origin.get(key, self.into.label)
+
+    def displace(self, machine: str, record: dict, why: str) -> None:
+        side = self.into.machines[machine].lines.setdefault(DISPLACED, [])
+        if _displaced_key(record) not in {_displaced_key(_loads(line)) for line in side}:  # wherever it came from
+            side.append(json.dumps(record, sort_keys=True).encode())
+            self.changed.add((machine, DISPLACED))
+        self.said.append(f"{why}; the displaced entry is kept in {printable(machine)}/{DISPLACED}")
+
+    def check_hardware(self, name: str, src: _Machine, label: str) -> None:
+        from speedbench.results import machines  # noqa: PLC0415 - it loads pandas
+
+        have = self.into.machines.get(name)
+        if have is None:
+            return
+        if have.info and src.info:
+            differ = [f for f in _HARDWARE if f in have.info and f in src.info and have.info[f] != src.info[f]]
+            if differ:
+                f = differ[0]
+                self.hardware.append(
+                    f"machine {printable(name)}: {printable(self.source_of(('info', name)))} has {f} "
+                    f"{printable(str(have.info[f]))} and {label} {printable(str(src.info[f]))}")
+                return
+        mine = [machines._hardware(r) for r in _records(have)]
+        for theirs in map(machines._hardware, _records(src)):
+            other = next((h for h in mine if machines._differs(h, theirs)), None)
+            if other is not None:
+                self.hardware.append(
+                    f"machine {printable(name)}: {printable(self.source_of(('env', name)))} recorded "
+                    f"{printable(machines.describe(other))} and {label} {printable(machines.describe(theirs))}")
+                return
+
+    def listing(self, src: _Tree) -> None:
+        """benchmarks.json follows the newest listing, as asv rewrites it on every run: entries
+        in both take the newer one's, entries in one only are kept (a benchmark removed since
+        still needs its entry for its old results to load). Never a conflict: a result file
+        keeps each benchmark's version, so results of a replaced version load, marked."""
+        if src.listing is None:
+            return
+        have = self.into.listing
+        if have is None:
+            self.into.listing, self.into.listing_raw = dict(src.listing), src.listing_raw
+            self.changed.add(("", "benchmarks.json"))  # as it was written, unless a later source adds to it
+            self.origin["listing"] = src.label
+            return
+        mine, theirs = _listing_start(self.into), _listing_start(src)
+        newer = _later(theirs, mine)
+        merged = {**have, **src.listing} if newer else {**src.listing, **have}
+        if _same(merged, have):
+            return
+        added = len(merged.keys() - have.keys())
+        replaced = sum(1 for k in have if not _same(have[k], merged[k]))
+        self.into.listing = merged
+        self.into.listing_raw = src.listing_raw if _same(merged, src.listing) else b""  # else asv's format
+        self.changed.add(("", "benchmarks.json"))
+        if newer:
+            was, self.origin["listing"] = self.source_of("listing"), src.label
+            self.said.append(f"benchmarks.json follows the newer listing of {src.label} (its results last started "
+                             f"{_when(theirs)}, those of the listing of {printable(was)} {_when(mine)}): "
+                             f"{replaced} entr(y/ies) replaced, "
+                             f"{added} added, {len(have.keys() - src.listing.keys())} kept from the older listing "
+                             "only; results of replaced versions stay, marked as of an earlier version")
+        else:
+            self.said.append(f"benchmarks.json: {added} entr(y/ies) added from the older listing of {src.label} "
+                             f"(its results last started {_when(theirs)}); the rest stays as the newer listing has it")
+
+    def machine(self, name: str, src: _Machine, label: str) -> None:
+        if name not in self.into.machines:
+            self.into.machines[name] = _Machine()
+        have = self.into.machines[name]
+        if have.info is None and src.info is not None:
+            have.info, have.info_raw = src.info, src.info_raw
+            self.origin[("info", name)] = label
+            self.changed.add((name, "machine.json"))
+        for file, obj in src.results.items():
+            if file not in have.results:
+                have.results[file], have.raw[file] = obj, src.raw[file]
+                self.changed.add((name, file))
+                self.said.append(f"added {printable(name)}/{printable(file)} ({len(obj['results'])} benchmark(s)) "
+                                 f"from {label}")
+                for bench in obj["results"]:
+                    self.origin[(name, file, bench)] = label
+            elif self.result_file(name, file, have.results[file], obj, label):
+                have.raw.pop(file, None)  # rewritten in asv's format
+        for inner, obj in src.side.items():
+            self.side_file(name, inner, have, obj, src.raw[inner], label)
+        if src.lines.keys() - {DISPLACED} and not any(k.startswith("environment/") for k in have.lines):
+            self.origin[("env", name)] = label
+        for inner, lines in src.lines.items():
+            added = _append(have.lines, inner, lines)
+            if added:
+                self.changed.add((name, inner))
+                if inner != DISPLACED:
+                    self.appended[(name, inner)] = self.appended.get((name, inner), 0) + added
+
+    def side_file(self, name: str, inner: str, have: _Machine, obj: dict, raw: bytes, label: str) -> None:
+        """A per-commit side file (SIDE_DIRS) is one entry: added, identical, or a conflict
+        that --prefer newer settles by its `started_at` like a result."""
+        old = have.side.get(inner)
+        if old is not None and _same(old, obj):
+            return
+        key, where = (name, inner), f"{printable(name)}/{printable(inner)}"
+        if old is None:
+            have.side[inner], have.raw[inner], self.origin[key] = obj, raw, label
+            self.changed.add(key)
+            self.said.append(f"added {where} from {label}")
+            return
+        was, t_old, t_new = self.source_of(key), old.get("started_at"), obj.get("started_at")
+        if self.prefer != "newer":
+            self.conflicts.append(f"{where}: {printable(was)} started {_when(t_old)}, {label} started {_when(t_new)}")
+            return
+        keep_new = _later(t_new, t_old)
+        gone, gone_from, gone_at = (old, was, t_old) if keep_new else (obj, label, t_new)
+        if keep_new:
+            have.side[inner], have.raw[inner], self.origin[key] = obj, raw, label
+            self.changed.add(key)
+        self.displace(name, {"file": inner, "entry": gone, "source": Path(gone_from).name},
+                      f"displaced {where} from {printable(gone_from)} (started {_when(gone_at)}) by the newer one")
+
+    def result_file(self, name: str, file: str, have: dict, obj: dict, label: str) -> bool:
+        """Merge result object `obj` into `have`; whether `have` changed."""
+        where = f"{printable(name)}/{printable(file)}"
+        for key in ("commit_hash", "env_name", "result_columns"):
+            if not _same(have.get(key), obj.get(key)):
+                raise _bad(f"{where} in {label} differs from the one it merges with in {key}: not one commit's "
+                           "results in one environment")
+        counts = self.added.setdefault((name, file), [0, 0])
+        dirty = False
+        for bench, row in obj["results"].items():
+            old = have["results"].get(bench)
+            if old is None:
+                have["results"][bench] = row
+                self.origin[(name, file, bench)] = label
+                counts[0] += 1
+                dirty = True
+                continue
+            if _same(old, row):
+                continue
+            was = self.source_of((name, file, bench))
+            t_old, t_new = _row_field(have, old, "started_at"), _row_field(obj, row, "started_at")
+            version, other = _row_field(have, old, "version"), _row_field(obj, row, "version")
+            # Two versions of the benchmark's code are two measurements, not one twice: asv's
+            # file holds one, so the later run stays (as asv's own rerun would leave it).
+            if self.prefer != "newer" and _same(version, other):
+                self.conflicts.append(
+                    f"machine {printable(name)}, commit {printable(have['commit_hash'][:8])}, benchmark "
+                    f"{printable(bench)} (version {printable(str(version))[:12]}): {printable(was)} started "
+                    f"{_when(t_old)}, {label} started {_when(t_new)}")
+                continue
+            keep_new = _later(t_new, t_old)
+            gone, gone_from, gone_at = (old, was, t_old) if keep_new else (row, label, t_new)
+            if keep_new:
+                have["results"][bench] = row
+                self.origin[(name, file, bench)] = label
+                counts[1] += 1
+                dirty = True
+            self.displace(name, {"file": file, "commit_hash": have["commit_hash"], "env_name": have["env_name"],
+                                 "benchmark": bench, "result_columns": have["result_columns"], "row": gone,
+                                 "source": Path(gone_from).name},
+                          f"displaced {printable(name)} {printable(have['commit_hash'][:8])} {printable(bench)} from "
+                          f"{printable(gone_from)} (started {_when(gone_at)}) by the newer one"
+                          + ("" if _same(version, other) else ", of another version of the benchmark"))
+        durations = {**have.get("durations", {})}
+        newer = _later(obj.get("date"), have.get("date"))
+        for key, value in obj.get("durations", {}).items():
+            if key not in durations or (newer and durations[key] != value):
+                durations[key] = value
+        if not _same(durations, have.get("durations", {})):
+            have["durations"], dirty = durations, True
+        if newer:
+            have["date"], dirty = obj["date"], True
+        if dirty:
+            self.changed.add((name, file))
+        return dirty
+
+
+def _displaced_key(record) -> str:
+    """A displaced entry's identity: the same entry displaced again, from a source by another
+    name, is not written twice."""
+    if not isinstance(record, dict):
+        return ""
+    return json.dumps({k: v for k, v in record.items() if k != "source"}, sort_keys=True)
+
+
+def _records(m: _Machine) -> list[dict]:
+    out = []
+    for inner, lines in m.lines.items():
+        if inner.startswith("environment/"):
+            out += [r for r in map(_loads, lines) if isinstance(r, dict)]
+    return out
+
+
+def _listing_start(tree: _Tree):
+    """When `tree`'s listing was last measured with: the latest start of its results of the
+    versions it lists (asv writes the listing of the run it discovers); None if unknown."""
+    starts = [_row_field(obj, row, "started_at") for m in tree.machines.values() for obj in m.results.values()
+              for bench, row in obj["results"].items()
+              if isinstance(tree.listing.get(bench), dict)
+              and _row_field(obj, row, "version") == tree.listing[bench].get("version")]
+    known = [s for s in starts if isinstance(s, (int, float)) and not isinstance(s, bool)]
+    return max(known) if known else None
+
+
+def _append(store: dict[str, list[bytes]], inner: str, lines: list[bytes]) -> int:
+    """Add the lines of `lines` not yet in store[inner]; how many were added."""
+    have = store.setdefault(inner, [])
+    seen = {line.strip() for line in have}
+    new = []
+    for line in lines:
+        if line.strip() not in seen:
+            seen.add(line.strip())
+            new.append(line)
+    have += new
+    return len(new)
+
+
+# --- writing -------------------------------------------------------------------------------
+
+def _content(tree: _Tree, machine: str, inner: str, old: bytes | None) -> bytes:
+    if not machine and inner == "benchmarks.json":
+        if tree.listing_raw:
+            return tree.listing_raw
+        return json.dumps(tree.listing, indent=4, sort_keys=True).encode()  # asv's write_json
+    m = tree.machines[machine]
+    if inner.endswith(".jsonl"):
+        return b"".join(line.rstrip(b"\r\n") + b"\n" for line in m.lines[inner])
+    if inner == "machine.json":
+        return m.info_raw
+    if inner in m.raw:  # added whole from one source
+        return m.raw[inner]
+    return json.dumps(m.results[inner]).encode()  # asv's compact result format
+
+
+def _rename(tmp: Path, final: Path) -> None:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, final)
+
+
+def left_by_stopped_merge(into: Path) -> Path | None:
+    """The staging directory of a merge stopped between its renames (for the loader to say
+    so), or None: with its journal written, part of the tree is merged and part not yet."""
+    stage = Path(into) / STAGING
+    return stage if (stage / _JOURNAL).is_file() else None
+
+
+def recover(into: Path) -> list[str]:
+    """Finish or drop what a stopped merge left in `into` (hold its lock): renames a journal
+    names are completed; files staged before the journal was written are removed."""
+    stage = Path(into) / STAGING
+    if not (stage.exists() or stage.is_symlink()):
+        return []
+    journal = stage / _JOURNAL
+    if stage.is_symlink() or not journal.is_file():
+        if stage.is_symlink() or not stage.is_dir():
+            stage.unlink()
+        else:
+            shutil.rmtree(stage)
+        return []
+    entries = [json.loads(line) for line in journal.read_bytes().splitlines() if line.strip()]
+    for tmp, rel in entries:
+        if (stage / tmp).exists():
+            _rename(stage / tmp, Path(into) / rel)
+    journal.unlink()
+    shutil.rmtree(stage)
+    return [f"finished a merge that was stopped while renaming its files ({len(entries)} file(s))"]
+
+
+def _write(into: Path, files: list[tuple[str, bytes]]) -> None:
+    stage = into / STAGING
+    entries = []
+    try:
+        stage.mkdir()
+        for i, (rel, data) in enumerate(files):
+            tmp = f"{i}.new"
+            with (stage / tmp).open("wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            entries.append([tmp, rel])
+        with safekeep.written_whole(stage / _JOURNAL) as f:
+            f.write(b"".join(json.dumps(e).encode() + b"\n" for e in entries))
+    except OSError as e:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise MergeError(BAD_INPUT, [f"could not write into {printable(str(into))} ({e.strerror or e})"
+                                     f"{safekeep.disk_full(e)}; it is as it was: free some space and merge again"]) from None
+    try:
+        recover(into)  # the renames
+    except OSError as e:
+        raise MergeError(BAD_INPUT, [f"stopped while renaming into {printable(str(into))} ({e.strerror or e}); "
+                                     "run speedlib merge again to finish"]) from None
+
+
+def merge(sources: Sequence[Path], into: Path, prefer: str | None = None) -> list[str]:
+    """Merge `sources` (archives, results trees) into the results tree `into`; the lines to
+    print. MergeError (nothing written) on bad input, conflicts or a full disk."""
+    from speedbench.run.suite import SuiteError, _ResultsLock  # noqa: PLC0415 - one lock for runs and merges
+
+    into = Path(into)
+    if prefer not in (None, "newer"):
+        raise _bad(f"--prefer must be 'newer', got {printable(prefer)}")
+    if into.exists() and not into.is_dir():
+        raise _bad(f"--into {printable(str(into))} is not a directory")
+    trees = [_read_source(Path(s)) for s in sources]
+    said = []
+    try:
+        with _ResultsLock(into):
+            try:
+                said += recover(into)
+                said += safekeep.recover(into)  # what a killed `speedlib run` left torn
+            except (OSError, ValueError, safekeep.SnapshotError) as e:
+                raise MergeError(BAD_INPUT, [f"cannot settle what a stopped run left in {printable(str(into))}: "
+                                             f"{printable(str(e))}"]) from None
+            return said + _merge_locked(trees, into, prefer)
+    except SuiteError as e:
+        raise MergeError(BAD_INPUT, [printable(str(e))]) from None
+
+
+def _merge_locked(trees: list[_Tree], into: Path, prefer: str | None) -> list[str]:
+    base = _read_dir(into, printable(str(into)), strict=False)
+    m = _Merge(base, prefer)
+    for tree in trees:
+        m.listing(tree)  # first: its start times are the tree's own and those already merged
+        for name, src in tree.machines.items():
+            m.check_hardware(name, src, tree.label)
+            m.machine(name, src, tree.label)
+    if m.hardware:
+        raise MergeError(CONFLICTS, [*(f"hardware differs: {h}" for h in m.hardware),
+                                     "a machine name stands for one kind of hardware: rerun one of them with "
+                                     "speedlib run --machine NEWNAME; nothing was written"])
+    if m.conflicts:
+        raise MergeError(CONFLICTS, [*(f"conflict: {c}" for c in m.conflicts),
+                                     f"{len(m.conflicts)} entr(y/ies) measured twice with different data; nothing was "
+                                     "written: --prefer newer keeps the later one and the other in merge-displaced.jsonl"])
+    files = []
+    for machine, inner in sorted(m.changed):
+        rel = str(PurePosixPath(machine, inner)) if machine else inner
+        path = into / rel
+        old = path.read_bytes() if path.is_file() else None
+        data = _content(base, machine, inner, old)
+        if data != old:
+            files.append((rel, data))
+    for (machine, file), (added, replaced) in sorted(m.added.items()):
+        if added or replaced:
+            m.said.append(f"{printable(machine)} commit {printable(base.machines[machine].results[file]['commit_hash'][:8])}"
+                          f": {added} benchmark(s) added" + (f", {replaced} replaced by newer ones" if replaced else ""))
+    for (machine, inner), n in sorted(m.appended.items()):
+        m.said.append(f"appended {n} line(s) to {printable(machine)}/{printable(inner)}")
+    if not files:
+        return [*m.said, f"nothing changed: {printable(str(into))} already holds everything in the sources"]
+    _write(into, files)
+    return [*m.said, f"{len(files)} file(s) written in {printable(str(into))}"]
+
+
+# --- the command ---------------------------------------------------------------------------
+
+EXIT_STATUS = """exit status:
+  0  merged (or nothing to add: the tree already held everything); one line per change
+  1  refused, nothing written: a benchmark of one version measured twice for one
+     machine, commit and environment with different values, or a gpu-tests file with two
+     contents (without --prefer newer), or hardware that differs under one machine name
+     (always refused); one line per conflict
+  2  refused, nothing written: a missing or unreadable input, an archive with unsafe
+     members (absolute paths, '..', links, devices), a torn file, a full disk, or another
+     run or merge holding the results directory"""
+
+
+DESCRIPTION = """Merge results from several hosts into one results tree. Result files of one machine, commit and
+environment are merged benchmark by benchmark in asv's format; environment records and chunk
+times are appended line by line; gpu-tests files are taken whole. benchmarks.json follows the
+newest listing (the one whose results started last), entries of older listings kept where the
+newer has none; results of other versions stay, marked where shown. Identical entries merge
+silently, so merging twice changes nothing. A benchmark of one version measured twice with
+different values (or a gpu-tests file with two contents) is refused, or with --prefer newer
+the one that started later is kept and the other written whole into merge-displaced.jsonl.
+Hardware that differs under one machine name is always refused. Files are written in full
+aside, then renamed under a journal: a stopped merge is finished by the next one."""
+
+
+def add_parser(sub) -> None:
+    """The `merge` subcommand on `speedlib`'s subparsers."""
+    import argparse  # noqa: PLC0415
+
+    p = sub.add_parser("merge", help="merge archives of `speedlib run --archive` and results trees into one results "
+                                     "tree, benchmark by benchmark", description=DESCRIPTION,
+                       epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sources", nargs="+", metavar="ARCHIVE_OR_DIR",
+                   help="a .tar.gz made by speedlib run --archive, or a results directory")
+    p.add_argument("--into", default="results", metavar="DIR", help="the results tree to merge into (default: results)")
+    p.add_argument("--prefer", choices=["newer"],
+                   help="resolve a benchmark measured twice with different data: keep the entry that started later, "
+                        "and write the other whole into merge-displaced.jsonl (default: refuse)")
+    p.set_defaults(func=_cmd_merge)
+
+
+def _cmd_merge(args, argv) -> int:
+    import sys  # noqa: PLC0415
+
+    try:
+        lines = merge([Path(s) for s in args.sources], Path(args.into), args.prefer)
+    except MergeError as e:
+        for line in e.lines:
+            print(f"speedlib merge: {line}", file=sys.stderr)
+        return e.status
+    for line in lines:
+        print(f"speedlib merge: {line}")
+    return 0

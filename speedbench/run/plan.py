@@ -1,0 +1,343 @@
+"""The suite's chunks (benchmarks/chunks.py) as asv selections, with what each will cost.
+
+Part of the harness, not the library: no torch here, so `speedlib run --plan` answers at
+once on a machine that is about to spend its slot.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import itertools
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from speedbench import CHECKOUT
+from speedbench.results import load as results
+from speedbench.results import safekeep
+
+__all__ = ["Chunk", "CHECKOUT", "how_to_measure", "load_chunks", "benchmark_listing", "select_chunks", "combinations",
+           "estimate_seconds",
+           "SECONDS_PER_COMBINATION", "SECONDS_PER_CLASS", "SECONDS_PER_REPORT", "REPORT_SECONDS", "LAUNCH_METHOD",
+           "HEADROOM", "PlanError",
+           "chunk_times_path", "record_chunk_time", "recorded_chunk_seconds", "seconds_per_combination", "chunk_cost",
+           "chunk_times_note"]
+
+# A chunk's cost, process by process. Each class is one measuring process (benchmarks/common.py:
+# its setup_cache measures every parameter combination, variants taking turns): a start
+# (torch and CUDA) plus work per combination. Then asv starts one short, torch-free process
+# per method and combination to report from the cache.
+SECONDS_PER_CLASS = 3.0
+# How asv starts those processes (speedlib run passes it). `spawn` starts a fresh interpreter
+# that imports asv_runner and the benchmark module each time; `forkserver` forks them from
+# one server that imported the suite once. On one H100 (2026-11-23, spawn) a chunk's wall
+# time minus the setup_cache time asv recorded for it, over its method x combination
+# processes, came to 0.4-0.6 s each (amp: 102.7 - 90.8 s over 24; checkpoint memory:
+# 78.0 - 48.3 s over 60): a fifth of a GPU suite of about 500 such processes. On the 2-core
+# VM (2026-11-24), ActivationMemory's 30 combinations against its 10 transformer ones cost
+# 0.26 s per extra reporting process under spawn and 0.014 s under forkserver. Forking is
+# safe for CUDA because the server never initialises it: importing the benchmark modules
+# imports no torch (tests/test_suite.py checks), the measuring happens in the forked child.
+LAUNCH_METHOD = "forkserver"
+# Seconds per reporting process by launch method: spawn as measured on the H100; forkserver
+# has no GPU measurement yet, so 3.5x what the 2-core VM measured.
+REPORT_SECONDS = {"spawn": 0.5, "forkserver": 0.05}
+SECONDS_PER_REPORT = REPORT_SECONDS[LAUNCH_METHOD]
+# Work per combination where this machine has measured none of the suite's chunks: the
+# H100's six headline chunks averaged 3.7 s (amp 7.6 s, checkpoint memory 1.6 s). Where the
+# machine has measured chunks, their own average replaces it (seconds_per_combination).
+SECONDS_PER_COMBINATION = 6.0
+# Combinations differ by classes (a checkpointed DenseNet-121 at batch 256 against a peak-memory
+# count), so an estimate keeps headroom; a measured chunk time replaces it after the first run.
+HEADROOM = 1.5
+
+
+class PlanError(ValueError):
+    """A chunk name or definition that cannot be used; the message says which."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    name: str
+    about: str
+    regex: str  # for asv --bench: this chunk's patterns, none of an earlier chunk's
+
+
+def load_chunks(root: Path) -> list[Chunk]:
+    """The chunks of the checkout at `root`, each excluding what earlier chunks take."""
+    path = Path(root) / "benchmarks" / "chunks.py"
+    if not path.is_file():
+        raise PlanError(f"no {path}: this checkout's suite is not split into chunks")
+    spec = importlib.util.spec_from_file_location("_speedlib_chunks", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    chunks, earlier = [], []
+    for name, about, patterns in module.CHUNKS:
+        mine = "|".join(f"(?:{p})" for p in patterns)
+        exclude = f"(?!{'|'.join(earlier)})" if earlier else ""
+        chunks.append(Chunk(name, about, f"^{exclude}(?:{mine})"))
+        earlier += [f"(?:{p})" for p in patterns]
+    return chunks
+
+
+def select_chunks(chunks: list[Chunk], names: list[str]) -> list[Chunk]:
+    """`names` in suite order ("all": every chunk; a group such as "headline": every chunk
+    named "headline-..."); an unknown name is an error."""
+    known = [c.name for c in chunks]
+    def picked(chunk: Chunk, name: str) -> bool:
+        if name in ("all", chunk.name):
+            return True
+        # A group prefix, unless the name is a chunk's own: "headline-checkpoint" is that
+        # chunk, not also "headline-checkpoint-memory" (an H100 slot lost 90 s to that).
+        return name not in known and chunk.name.startswith(name + "-")
+
+    unknown = [n for n in names if not any(picked(c, n) for c in chunks)]
+    if unknown:
+        raise PlanError(f"unknown chunk {unknown[0]!r}; the chunks are: {', '.join(known)} (or all)")
+    return [c for c in chunks if any(picked(c, n) for n in names)]
+
+
+# The checkout this harness belongs to: its benchmarks/chunks.py names the chunks.
+
+
+def how_to_measure(benchmark: str, root: Path = CHECKOUT) -> str:
+    """The `speedlib run` command that measures `benchmark` ("bench_amp.TrainingStep." or a
+    full "module.Class.method"): its chunk where the checkout has chunks, else a --bench
+    selection of it. Pages that say "not measured yet" say this too."""
+    chunk = next((c for c in _checkout_chunks(Path(root)) if re.match(c.regex, benchmark)), None)
+    if chunk is not None:
+        return f"speedlib run --chunk {chunk.name}"
+    return f"speedlib run --bench '^{re.escape(benchmark)}'"
+
+
+@functools.lru_cache(maxsize=4)
+def _checkout_chunks(root: Path) -> tuple[Chunk, ...]:
+    """`load_chunks` once per checkout for the pages that name a chunk (a page names several,
+    each render); none for an installed copy without benchmarks/."""
+    try:
+        return tuple(load_chunks(root))
+    except (PlanError, OSError, SyntaxError):
+        return ()
+
+
+def benchmark_listing(root: Path, results_dir: Path) -> Path | None:
+    """asv's benchmark listing: the results directory's (a run writes it first thing), else
+    the checkout's committed one; None before the suite ever ran. PlanError (one line) when
+    that file cannot be read as a listing: a plan or a budget priced from it would be wrong."""
+    for listing in (Path(results_dir) / "benchmarks.json", Path(root) / "results" / "benchmarks.json"):
+        if listing.is_file():
+            _check_listing(listing)
+            return listing
+    return None
+
+
+def _check_listing(path: Path) -> None:
+    """PlanError unless `path` is JSON text holding an object (asv's listing: benchmark name ->
+    its description). A run killed while asv wrote it leaves it torn; anyone can drop one in."""
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        problem = f"cannot be read ({e.strerror or e})"
+    except UnicodeDecodeError as e:  # before ValueError, which it is
+        problem = f"not UTF-8 text (byte {e.start})"
+    except ValueError as e:
+        problem = f"not valid JSON, torn by a killed run? ({getattr(e, 'msg', e)})"
+    except RecursionError:
+        problem = "not valid JSON: nested too deeply"
+    else:
+        if isinstance(data, dict):
+            return
+        problem = f"not a JSON object of benchmarks (a JSON {type(data).__name__})"
+    snapshot = safekeep.left_by_killed_run(path.parent)
+    todo = (f"a killed run left its copy in {results.printable(str(snapshot))}, and the next speedlib run puts it "
+            "back first" if snapshot is not None else "restore it from git, or delete it and the next run writes it again")
+    raise PlanError(f"{results.printable(str(path))}: {problem}: {todo}")
+
+
+def combinations(benchmarks_json: Path, skipped: list[str] | None = None) -> dict[str, list[str]]:
+    """Every benchmark's selectable names, as asv's --bench sees them: `name(p0, p1)` per
+    parameter combination (the parameters' reprs), or just `name`. A benchmark whose
+    parameters are not lists of strings, or go past the loader's limits (too many
+    combinations, too long a value: results.params_over_limits), is left out (never expanded), with a line saying why appended to `skipped`."""
+    data = json.loads(Path(benchmarks_json).read_text(encoding="utf-8"))
+    names = {}
+    for name, bench in data.items():
+        if not isinstance(bench, dict):
+            if name != "version" and skipped is not None:  # the file's own "version" is a number
+                skipped.append(f"{name}: not an object describing a benchmark; left out")
+            continue
+        params = bench.get("params") or []
+        why = _unusable_params(params)
+        if why:
+            if skipped is not None:
+                skipped.append(f"{name}: {why}; left out")
+            continue
+        names[name] = [f"{name}({', '.join(c)})" for c in itertools.product(*params)] if params else [name]
+    return names
+
+
+def _unusable_params(params) -> str | None:
+    """Why a listing's `params` cannot be expanded into names, or None."""
+    if not isinstance(params, list) or not all(isinstance(p, list) and all(isinstance(v, str) for v in p)
+                                               for p in params):
+        return "'params' is not a list of lists of strings"
+    return results.params_over_limits(params)
+
+
+def _selected(chunk: Chunk, names: dict[str, list[str]]) -> tuple[dict[str, set[str]], int]:
+    """({class: the parameter combinations `chunk` selects of it}, reporting processes)."""
+    pattern = re.compile(chunk.regex)
+    per_class: dict[str, set[str]] = {}
+    reports = 0
+    for name, combos in names.items():
+        chosen = [c[len(name):] for c in combos if pattern.search(c)]  # the "(p0, p1)" part
+        if not chosen:
+            continue
+        reports += len(chosen)  # asv starts a process per method and combination
+        per_class.setdefault(name.rsplit(".", 1)[0], set()).update(chosen)
+    return per_class, reports
+
+
+def estimate_seconds(chunk: Chunk, names: dict[str, list[str]],
+                     per_combination: float = SECONDS_PER_COMBINATION) -> tuple[float, int, int]:
+    """(seconds, parameter combinations measured, reporting processes) for `chunk`: each
+    class it selects is one measuring process over the union of its selected combinations,
+    then one reporting process per selected method and combination."""
+    per_class, reports = _selected(chunk, names)
+    n = sum(len(c) for c in per_class.values())
+    seconds = SECONDS_PER_CLASS * len(per_class) + per_combination * n + SECONDS_PER_REPORT * reports
+    return seconds, n, reports
+
+
+# --- measured chunk times: the estimate that needs no guessing --------------------------
+
+def chunk_times_path(results_dir: Path, machine: str) -> Path:
+    """One JSON line per chunk and commit a run measured (not *.json: asv would read it)."""
+    return Path(results_dir) / machine / "chunk-times.jsonl"
+
+
+# The longest a chunk may be recorded to have taken over one commit: the whole suite takes
+# under an hour on one GPU, and a device slot lasts minutes; a week is far beyond any real
+# run, and a figure beyond it (a hand-edited or damaged line) would price every chunk out.
+MAX_CHUNK_SECONDS = 7 * 24 * 3600
+
+
+def record_chunk_time(results_dir: Path, machine: str, chunk: str, sha: str, seconds: float) -> None:
+    """Add a line to chunk-times.jsonl, or raise OSError (a full disk) and leave it as it was."""
+    entry = {"chunk": chunk, "commit": sha, "seconds": round(seconds, 1), "launch": LAUNCH_METHOD}
+    safekeep.append_line(chunk_times_path(results_dir, machine), json.dumps(entry))
+
+
+def _recorded(results_dir: Path, machine: str) -> dict[str, tuple[float, str]]:
+    """Per chunk, (wall time, launch method) of its latest measured run over one commit on
+    this machine. Lines that are not a chunk time are left out (chunk_times_note says so)."""
+    recorded: dict[str, tuple[float, str]] = {}
+    try:
+        lines = _chunk_time_lines(chunk_times_path(results_dir, machine))
+    except OSError:
+        return recorded  # chunk_times_note says why
+    for line in lines:
+        entry = _chunk_time(line)
+        if entry is not None:
+            recorded[entry[0]] = entry[1:]
+    return recorded
+
+
+def _chunk_time_lines(path: Path) -> list[bytes]:
+    """The non-blank lines of chunk-times.jsonl as bytes (decoded one by one: a line that is
+    not UTF-8 spoils only itself); none when there is no file."""
+    if not path.is_file():
+        return []
+    return [line for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def _chunk_time(line: bytes) -> tuple[str, float, str] | None:
+    """(chunk, seconds, launch method) of one line, or None when it is not a chunk time: torn
+    by a killed run, not UTF-8, not an object, or seconds that are not a number from 0 to
+    MAX_CHUNK_SECONDS (a NaN would fit any budget, a negative time make room in it, 1e308
+    price every chunk out of it). Lines from before the
+    launch method was recorded were spawn runs."""
+    try:
+        entry = json.loads(line.decode("utf-8"))
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return None
+    if not isinstance(entry, dict) or not isinstance(entry.get("chunk"), str):
+        return None
+    seconds, launch = entry.get("seconds"), entry.get("launch", "spawn")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        return None
+    try:
+        seconds = float(seconds)
+    except OverflowError:  # an integer too large for a float
+        return None
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_CHUNK_SECONDS:
+        return None
+    return entry["chunk"], seconds, launch if isinstance(launch, str) and launch in REPORT_SECONDS else "spawn"
+
+
+def chunk_times_note(results_dir: Path, machine: str) -> str | None:
+    """One line saying that this machine's chunk-times.jsonl has lines that are not chunk
+    times, which the estimates leave out; None when every line is one (or there is no file).
+    Said once per command, not per chunk priced."""
+    path = chunk_times_path(results_dir, machine)
+    shown = results.printable(str(path))
+    try:
+        lines = _chunk_time_lines(path)
+    except OSError as e:
+        return f"{shown} cannot be read ({e.strerror or e}): every chunk is priced by its estimate"
+    bad = sum(_chunk_time(line) is None for line in lines)
+    if not bad:
+        return None
+    return (f"{shown}: {bad} of {len(lines)} line(s) are not a chunk time (torn by a killed run, not UTF-8, or "
+            "seconds that are not a number from 0 to a week): estimated as if they were absent")
+
+
+def recorded_chunk_seconds(results_dir: Path, machine: str) -> dict[str, float]:
+    """Per chunk, the wall time of its latest measured run over one commit on this machine."""
+    return {chunk: seconds for chunk, (seconds, _) in _recorded(results_dir, machine).items()}
+
+
+def _relaunched(seconds: float, launch: str, reports: int) -> float:
+    """A chunk time measured under `launch`, with its reporting processes repriced at today's
+    LAUNCH_METHOD (a spawn-era time otherwise overstates a forkserver run by ~0.45 s each)."""
+    return max(seconds - (REPORT_SECONDS[launch] - SECONDS_PER_REPORT) * reports, 0.0)
+
+
+def seconds_per_combination(chunks: list[Chunk], names: dict[str, list[str]], results_dir: Path,
+                            machine: str) -> tuple[float, str]:
+    """(work per parameter combination, where it comes from): from the chunks this machine
+    has measured, what their wall time leaves after the class starts and the reporting
+    processes, per combination; SECONDS_PER_COMBINATION where it has measured none."""
+    measured = _recorded(results_dir, machine)
+    spent, combos = 0.0, 0
+    for chunk in chunks:
+        if chunk.name in measured:
+            per_class, reports = _selected(chunk, names)
+            seconds, launch = measured[chunk.name]
+            spent += seconds - SECONDS_PER_CLASS * len(per_class) - REPORT_SECONDS[launch] * reports
+            combos += sum(len(c) for c in per_class.values())
+    if combos == 0:
+        return SECONDS_PER_COMBINATION, "default"
+    return max(spent / combos, 0.1), f"{machine}'s measured chunks"
+
+
+def chunk_cost(chunk: Chunk, names: dict[str, list[str]], results_dir: Path, machine: str,
+               per_combination: float = SECONDS_PER_COMBINATION) -> tuple[float, str]:
+    """(seconds for one commit, where the figure comes from): a measured run of this chunk on
+    this machine, else the per-process estimate (`per_combination` seconds of work for each
+    parameter combination, see seconds_per_combination) with HEADROOM."""
+    measured = _recorded(results_dir, machine)
+    if chunk.name in measured:
+        seconds, launch = measured[chunk.name]
+        if launch == LAUNCH_METHOD:
+            return seconds, "measured chunk time"
+        reports = _selected(chunk, names)[1]
+        return _relaunched(seconds, launch, reports), (
+            f"measured chunk time ({seconds:.0f} s under {launch}; its {reports} reporting processes "
+            f"repriced at {SECONDS_PER_REPORT} s for {LAUNCH_METHOD})")
+    seconds, combos, reports = estimate_seconds(chunk, names, per_combination)
+    return seconds * HEADROOM, (f"estimate x {HEADROOM} ({combos} combinations x {per_combination:.1f} s, "
+                                f"{reports} reporting processes)")

@@ -1,0 +1,142 @@
+"""What a `speedlib run` reads and writes beside asv's result files: the environment record
+of each commit, the benchmarks asv recorded as failed, the interference counters the
+benchmarks recorded, and the .tar.gz that carries a run's results to another checkout.
+
+Apart from speedbench/run/suite.py (which re-exports these names) because they are the run's
+records, read and written by path alone: none of them starts asv or touches git.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import itertools
+import json
+import shlex
+import tarfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from speedbench.results import safekeep
+from speedbench.results.gpu_tests import verdict_path
+from speedbench.run.errors import SuiteError
+from speedbench.results.load import printable
+
+def environment_record_path(results_dir: Path, machine: str, sha: str) -> Path:
+    """Where a run's environment record goes: beside asv's files, one JSON line per run.
+
+    Not a .json file in the machine directory, which asv would try to read as a result.
+    """
+    return results_dir / machine / "environment" / f"{sha[:8]}.jsonl"
+
+
+def _record_environment(path: Path, sha: str, env: dict, command: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "commit": sha,
+        "recorded_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join(command),
+        **env,
+    }
+    with _writing(path):  # appended: a rerun never loses the last record
+        safekeep.append_line(path, json.dumps(record, sort_keys=True))
+
+
+@contextlib.contextmanager
+def _writing(path: Path):
+    """An OSError while speedlib writes one of its own files (safekeep writes them whole or
+    not at all) as one line that says the file is unharmed."""
+    try:
+        yield
+    except OSError as e:
+        raise SuiteError(f"could not write {printable(str(path))} ({e.strerror or e}){safekeep.disk_full(e)}; it is as it was "
+                         "before: free some space and run again") from None
+
+
+def failed_benchmarks(results_dir: Path, machine: str, sha: str, since_ms: int = 0) -> list[str]:
+    """One printable line per benchmark of `sha` that asv recorded as failed (result null)
+    and that started at `since_ms` or later: the result file keeps earlier runs' entries of
+    the commit, and a failure from one of those is not this run's."""
+    lines = []
+    for path in sorted((Path(results_dir) / machine).glob(f"{sha[:8]}-*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("commit_hash") != sha:
+            continue
+        for name, entry in sorted(data.get("results", {}).items()):
+            record = dict(zip(data["result_columns"], entry))
+            if not isinstance(record.get("started_at"), (int, float)) or record["started_at"] < since_ms:
+                continue
+            params = record.get("params") or []
+            combos = list(itertools.product(*params))  # a benchmark without parameters has one, ()
+            values = record.get("result")
+            values = values if isinstance(values, list) else [values] * len(combos)
+            bad = [c for c, v in zip(combos, values) if v is None]
+            if not bad:
+                continue
+            line = f"{sha[:8]} {name}"
+            if params:  # which parameter sets, as asv prints them (reprs)
+                line += f" for {len(bad)} of {len(combos)} parameter sets: " + "; ".join(
+                    f"({', '.join(c)})" for c in bad)
+            lines.append(printable(line))  # names come from benchmark code
+    return lines
+
+
+def interference_counters(results_dir: Path, machine: str, sha: str, since_ms: int = 0) -> dict[str, dict]:
+    """The interference counters (benchmarks/common.py `_Interference`) that asv recorded for
+    `sha` from `since_ms` on, one entry per measurement: a paired configuration's rounds are
+    stored once per variant, and counted once."""
+    from speedbench.stats.contention import COUNTER_METRICS  # noqa: PLC0415
+
+    found: dict[tuple, dict] = {}
+    for path in sorted((Path(results_dir) / machine).glob(f"{sha[:8]}-*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # unreadable: `speedlib report` names it; the run goes on
+        if not isinstance(data, dict) or data.get("commit_hash") != sha:
+            continue
+        for name, entry in (data.get("results") or {}).items():
+            cls, _, method = name.rpartition(".")
+            metric = COUNTER_METRICS.get(method.removeprefix("track_"))
+            record = dict(zip(data.get("result_columns") or [], entry if isinstance(entry, list) else []))
+            started = record.get("started_at")
+            if metric is None or not isinstance(started, (int, float)) or started < since_ms:
+                continue
+            params = record.get("params") or []
+            for combo, samples in zip(itertools.product(*params), record.get("samples") or []):
+                if isinstance(samples, list) and samples and all(isinstance(v, (int, float)) for v in samples):
+                    found.setdefault((cls, combo), {})[metric] = samples
+    unique: dict[str, tuple[str, dict]] = {}
+    for (cls, combo), counters in found.items():
+        # named by the parameters before the variant where that tells them apart (a paired
+        # configuration), else by all of them (one launch per parameter set)
+        label = f"{cls}({', '.join(combo[:-1] or combo)})"
+        unique.setdefault(json.dumps([cls, sorted(counters.items())]), (label, counters))
+    out: dict[str, dict] = {}
+    for label, counters in unique.values():
+        out[label if label not in out else f"{label} {len(out)}"] = counters
+    return out
+
+
+def pack_results(results_dir: Path, machine: str, shas: Sequence[str], dest: Path) -> Path:
+    """One .tar.gz of what a run wrote, laid out as `results/...` so that unpacking it in a
+    checkout's root adds it there: the machine's result files and environment records for
+    `shas`, its machine.json, and benchmarks.json (the benchmark versions asv compares)."""
+    results_dir, dest = Path(results_dir), Path(dest)
+    machine_dir = results_dir / machine
+    files = [results_dir / "benchmarks.json", machine_dir / "machine.json", machine_dir / "chunk-times.jsonl"]
+    measured = [f for sha in shas for f in sorted(machine_dir.glob(f"{sha[:8]}-*.json"))]
+    for sha in shas:  # beside the results: each commit's environment records and GPU test verdict (speedlib slot)
+        files += [environment_record_path(results_dir, machine, sha), verdict_path(results_dir, machine, sha)]
+    files += measured
+    missing = [str(f) for f in files[:2] if not f.is_file()]
+    if missing or not measured:
+        raise SuiteError(f"nothing to pack for {machine} in {results_dir}: missing {missing or 'result files'}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # Written aside and renamed: a run killed while packing, or a full disk, keeps the
+    # previous archive whole.
+    with _writing(dest), safekeep.written_whole(dest) as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        for f in files:
+            if f.is_file():
+                tar.add(f, arcname=str(Path("results") / f.relative_to(results_dir)))
+    return dest

@@ -1,0 +1,474 @@
+"""`speedlib slurm`: the suite's chunks as a Slurm job array, then one job that merges them.
+
+Writes into a shared directory (one every node can read and write):
+
+  array.sh     one array task per chunk: `speedlib run --chunk NAME --archive
+               archives/NAME.tar.gz` in a node-local scratch directory
+  merge.sh     after every task has ended (--dependency=afterany): `speedlib merge` of the
+               archives into the results tree, then `speedlib report`; exit 1 naming the
+               chunks whose archive is missing
+  submit.sh    the two sbatch commands, as `--submit` runs them
+  archives/    one archive per chunk, written by the tasks
+  logs/        Slurm's output files (slurm-<array>_<task>.out, slurm-<merge>.out)
+
+The scripts need nothing a single-host `speedlib run` does not: git, this Python with
+torch and asv, and the checkout (or, with --bundle, a git bundle restored into node-local
+scratch, for nodes that cannot see the checkout). Every path in them is shell-quoted, and
+no path appears in an #SBATCH line (Slurm parses those itself): the logs go to logs/
+because the jobs are submitted from there.
+
+Stdlib only at import: `speedlib --help` builds this command's parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import math
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["SlurmError", "Request", "Task", "add_parser", "command", "prepare", "time_limit_minutes",
+           "array_script", "merge_script", "submit_script", "write", "submit",
+           "SLURM_HEADROOM", "TASK_START_S", "FLOOR_MINUTES", "MERGE_MINUTES"]
+
+# A task's time limit: its chunk's cost (plan.chunk_cost: the time recorded on this machine,
+# else the estimate, which carries plan.HEADROOM already) times SLURM_HEADROOM, plus the
+# task's start (restoring a bundle, importing torch, the pre-flight check, registering the
+# asv machine), never under FLOOR_MINUTES. A limit only caps: a task ends when its chunk does.
+SLURM_HEADROOM = 1.5
+TASK_START_S = 180.0
+FLOOR_MINUTES = 10
+MERGE_MINUTES = 30  # unpacking archives and one report: minutes at most
+
+# What may stand in an #SBATCH line or a partition list: no spaces, quotes or shell syntax.
+_SLURM_NAME = re.compile(r"[A-Za-z0-9_.,:+=/-]{1,200}")
+
+
+class SlurmError(ValueError):
+    """Input that cannot be turned into jobs; the message is one line saying why."""
+
+
+@dataclass
+class Task:
+    chunk: str
+    seconds: float  # what the chunk should take here, for one commit
+    source: str  # where that figure comes from
+
+
+@dataclass
+class Request:
+    shared: Path
+    chunks: list[str] = field(default_factory=lambda: ["all"])
+    gpus: int | None = None
+    gres: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    machine: str | None = None
+    into: Path | None = None  # default: the checkout's results/
+    bundle: Path | None = None
+    extra_sbatch: list[str] = field(default_factory=list)
+    python: str = sys.executable
+    # filled in by prepare()
+    root: Path | None = None
+    commit: str = ""
+    tasks: list[Task] = field(default_factory=list)
+    minutes: int = FLOOR_MINUTES
+    notes: list[str] = field(default_factory=list)
+
+
+def time_limit_minutes(seconds: list[float]) -> int:
+    """One --time for the whole array, in minutes: Slurm gives every task of an array the
+    same limit, so it is the longest chunk's (cost x SLURM_HEADROOM + TASK_START_S, at least
+    FLOOR_MINUTES). One array per time class would let short chunks backfill sooner, but
+    would split the merge's dependency over several jobs; a limit above what a task needs
+    costs nothing once it runs."""
+    longest = max(seconds, default=0.0)
+    return max(FLOOR_MINUTES, math.ceil((longest * SLURM_HEADROOM + TASK_START_S) / 60))
+
+
+def _printable(text: str) -> str:
+    from speedbench.results.load import printable  # noqa: PLC0415
+
+    return printable(text)
+
+
+def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def _check_writable(directory: Path, what: str) -> None:
+    """Make `directory` and a file in it, or SlurmError (root passes os.access everywhere)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".speedlib-probe-", dir=directory)
+    except OSError as e:
+        raise SlurmError(f"{what} {_printable(str(directory))} cannot be written ({e.strerror or e}): "
+                         "name a directory you can write to") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _check_options(req: Request) -> None:
+    from speedbench.run import suite  # noqa: PLC0415 - no torch at import
+
+    if req.machine is not None:
+        try:
+            suite.check_options(suite.RunOptions(machine=req.machine))
+        except suite.SuiteError as e:
+            raise SlurmError(str(e)) from None
+    if req.gpus is not None and req.gres is not None:
+        raise SlurmError("--gpus and --gres both request GPUs: give one of them")
+    if req.gpus is not None and req.gpus < 1:
+        raise SlurmError(f"--gpus must be a positive whole number, got {req.gpus}")
+    for option, value in (("--gres", req.gres), ("--partition", req.partition), ("--account", req.account)):
+        if value is not None and not _SLURM_NAME.fullmatch(value):
+            raise SlurmError(f"{option} '{_printable(value)}' is not a Slurm name: letters, digits and . _ , : + = / -")
+    for arg in req.extra_sbatch:
+        if not arg.startswith("-") or "\n" in arg or "\r" in arg:
+            raise SlurmError(f"--extra-sbatch '{_printable(arg)}' is not an sbatch option: give it as "
+                             "--extra-sbatch=--qos=high, one option each")
+    if req.bundle is not None and not req.bundle.is_file():
+        raise SlurmError(f"--bundle {_printable(str(req.bundle))} is not a file: make one with "
+                         "git bundle create speedlib.bundle main")
+
+
+def _commit(req: Request) -> str:
+    """The commit the tasks will measure: the bundle's main, or the checkout's HEAD (clean)."""
+    if req.bundle is not None:
+        heads = _git(req.root, "bundle", "list-heads", str(req.bundle.resolve()), "refs/heads/main")
+        sha = heads.stdout.split()[0] if heads.returncode == 0 and heads.stdout.split() else ""
+        if not re.fullmatch(r"[0-9a-f]{40,64}", sha):
+            raise SlurmError(f"--bundle {_printable(str(req.bundle))} holds no branch main: make it with "
+                             "git bundle create speedlib.bundle main")
+        return sha
+    from speedbench.run import suite  # noqa: PLC0415
+
+    try:
+        sha = suite.resolve_commits(req.root, None)[0]
+    except suite.SuiteError as e:
+        raise SlurmError(f"{e} (or pass --bundle FILE)") from None
+    try:
+        dirty = suite._dirty(req.root)  # what `speedlib run` itself refuses
+    except suite.SuiteError as e:
+        raise SlurmError(str(e)) from None
+    if dirty:
+        raise SlurmError(f"uncommitted changes in the checkout ({_printable(dirty[0])}, ...): each task's speedlib run "
+                         "would refuse them; commit first")
+    return sha
+
+
+def _price(req: Request) -> None:
+    """req.tasks and req.minutes from the chunks' recorded times or estimates."""
+    from speedbench.run import plan  # noqa: PLC0415
+
+    try:
+        chunks = plan.load_chunks(req.root)
+        selected = plan.select_chunks(chunks, req.chunks)
+        listing = plan.benchmark_listing(req.root, req.into)
+    except (plan.PlanError, OSError, SyntaxError) as e:
+        raise SlurmError(str(e)) from None
+    names = plan.combinations(listing) if listing is not None else {}
+    if req.machine is not None:
+        recorded = plan.recorded_chunk_seconds(req.into, req.machine)
+        per_combination, _ = plan.seconds_per_combination(chunks, names, req.into, req.machine)
+    else:
+        recorded, per_combination = {}, plan.SECONDS_PER_COMBINATION
+        req.notes.append("no --machine: every chunk is priced by its estimate, not by a machine's recorded times")
+    if req.gpus is None and req.gres is None:
+        # The suite is about GPUs: on a CPU node every GPU-only comparison comes back "needs a GPU".
+        req.notes.append("no GPU requested: the tasks run where Slurm puts them, a CPU node included, and GPU-only "
+                         "comparisons are then skipped; add --gpus 1 (and --partition) for a GPU run, and give "
+                         "the chunks that compare several GPUs (headline-parallel) their own submission with --gpus 2")
+    for chunk in selected:
+        if chunk.name not in recorded and plan.estimate_seconds(chunk, names)[1] == 0:
+            where = (f"{_printable(str(listing))} lists no benchmark of it" if listing is not None else
+                     f"there is no benchmarks.json in {_printable(str(req.into))} or the checkout's results/")
+            raise SlurmError(f"chunk {chunk.name} has no time estimate: {where}, and "
+                             f"{req.machine or 'no --machine'} recorded no time for it; run "
+                             f"speedlib run --chunk {chunk.name} once, or leave it out")
+        seconds, source = plan.chunk_cost(chunk, names, req.into, req.machine or "", per_combination)
+        req.tasks.append(Task(chunk.name, seconds, source))
+    req.minutes = time_limit_minutes([t.seconds for t in req.tasks])
+
+
+def prepare(req: Request, root: Path | None = None) -> Request:
+    """Check everything and price the chunks; SlurmError (one line) for bad input."""
+    from speedbench.run import suite  # noqa: PLC0415
+
+    _check_options(req)
+    try:
+        req.root = Path(root or suite.find_root()).resolve()
+    except suite.SuiteError as e:
+        raise SlurmError(str(e)) from None
+    req.shared = req.shared.absolute()
+    req.into = (req.into or req.root / "results").absolute()
+    _check_writable(req.shared, "--shared")
+    _check_writable(req.into, "--into")
+    _price(req)  # a bad chunk name first: it needs no git
+    req.commit = _commit(req)
+    return req
+
+
+# --- the scripts ------------------------------------------------------------------------
+
+def _directives(req: Request, name: str, minutes: int) -> list[str]:
+    lines = [f"#SBATCH --job-name={name}", f"#SBATCH --time={minutes}"]
+    if req.partition:
+        lines.append(f"#SBATCH --partition={req.partition}")
+    if req.account:
+        lines.append(f"#SBATCH --account={req.account}")
+    return lines
+
+
+def _checkout_lines(req: Request, pin_head: bool) -> list[str]:
+    """Shell lines that leave the shell in a checkout of req.commit with $PYTHON set, in
+    $SCRATCH (node-local, removed on exit), with HOME and TMPDIR of its own: tasks on one
+    node then never share asv's machine file or its forkserver sockets."""
+    q = shlex.quote
+    lines = [
+        f"PYTHON=\"${{SPEEDLIB_PYTHON:-}}\"; [ -n \"$PYTHON\" ] || PYTHON={q(req.python)}",
+        'SCRATCH="${SLURM_TMPDIR:-${TMPDIR:-/tmp}}/slurm-speedlib-${SLURM_JOB_ID:-$$}"',
+        'mkdir -p "$SCRATCH/tmp" "$SCRATCH/home"',
+        "trap 'rm -rf \"$SCRATCH\"' EXIT",
+        '# a HOME of its own; packages installed with pip --user stay visible',
+        'export PYTHONUSERBASE="${PYTHONUSERBASE:-$("$PYTHON" -m site --user-base)}"',
+        'export HOME="$SCRATCH/home" TMPDIR="$SCRATCH/tmp"',
+        f"COMMIT={req.commit}",
+    ]
+    if req.bundle is not None:
+        lines += [
+            f"BUNDLE={q(str(_shared_bundle(req)))}",
+            '# offline nodes: the checkout comes from the git bundle, into node-local scratch',
+            'CHECKOUT="$SCRATCH/checkout"',
+            'mkdir "$CHECKOUT" && cd "$CHECKOUT"',
+            'git init -q -b main && git fetch -q "$BUNDLE" main && git reset -q --hard FETCH_HEAD',
+            'export PYTHONPATH="$CHECKOUT${PYTHONPATH:+:$PYTHONPATH}"',
+        ]
+    else:
+        lines += [f"CHECKOUT={q(str(req.root))}", 'cd "$CHECKOUT"']
+    if pin_head:
+        lines += [
+            'if [ "$(git rev-parse HEAD)" != "$COMMIT" ]; then',
+            '  echo "speedlib slurm: $CHECKOUT is at $(git rev-parse --short HEAD), not $COMMIT as submitted:'
+            ' its results would be filed under the wrong commit" >&2',
+            '  exit 2',
+            'fi',
+        ]
+    return lines
+
+
+def _shared_bundle(req: Request) -> Path:
+    return req.shared / "speedlib.bundle"
+
+
+def _header(req: Request, what: str) -> list[str]:
+    when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return ["#!/bin/bash", f"# {what}", f"# Written by speedlib slurm on {when}, commit {req.commit[:12]}."]
+
+
+def array_script(req: Request) -> str:
+    q = shlex.quote
+    lines = _header(req, "speedlib slurm: one suite chunk per array task (speedlib run --chunk).")
+    lines += _directives(req, "speedlib-chunks", req.minutes)
+    lines.insert(3, f"# --time: Slurm gives every task of an array one limit, so this is the longest chunk's: "
+                    f"its cost x {SLURM_HEADROOM} + {TASK_START_S:.0f} s to start, at least {FLOOR_MINUTES} min.")
+    for i, task in enumerate(req.tasks):
+        lines.insert(4 + i, f"#   task {i}: {task.chunk}: {task.seconds / 60:.1f} min ({task.source})")
+    lines.append(f"#SBATCH --array=0-{len(req.tasks) - 1}")
+    if req.gpus is not None:
+        lines.append(f"#SBATCH --gpus={req.gpus}")
+    if req.gres is not None:
+        lines.append(f"#SBATCH --gres={req.gres}")
+    lines += ["set -euo pipefail", f"CHUNKS=({' '.join(q(t.chunk) for t in req.tasks)})",
+              'CHUNK="${CHUNKS[$SLURM_ARRAY_TASK_ID]}"', f"SHARED={q(str(req.shared))}",
+              'ARCHIVE="$SHARED/archives/$CHUNK.tar.gz"']
+    lines += _checkout_lines(req, pin_head=True)
+    run = ['"$PYTHON"', "-m", "speedlib", "run", "--chunk", '"$CHUNK"', "--archive", '"$ARCHIVE"',
+           "--results-dir", '"$SCRATCH/results"']
+    if req.machine:
+        run += ["--machine", q(req.machine)]
+    lines += ['echo "speedlib slurm: task $SLURM_ARRAY_TASK_ID: chunk $CHUNK at ${COMMIT:0:8} on $(hostname),'
+              ' archive -> $ARCHIVE"',
+              "status=0", " ".join(run) + " || status=$?",
+              '# 3: some benchmarks failed, the rest and the archive were written (speedlib run --help)',
+              'echo "speedlib slurm: chunk $CHUNK: speedlib run exited with status $status"', "exit $status"]
+    return "\n".join(lines) + "\n"
+
+
+def merge_script(req: Request) -> str:
+    q = shlex.quote
+    lines = _header(req, "speedlib slurm: merge the chunks' archives once every array task has ended.")
+    lines += _directives(req, "speedlib-merge", MERGE_MINUTES)
+    lines += ["set -uo pipefail", f"CHUNKS=({' '.join(q(t.chunk) for t in req.tasks)})",
+              f"SHARED={q(str(req.shared))}", f"INTO={q(str(req.into))}"]
+    lines += _checkout_lines(req, pin_head=False)
+    lines += [
+        "archives=() missing=()",
+        'for i in "${!CHUNKS[@]}"; do',
+        '  archive="$SHARED/archives/${CHUNKS[$i]}.tar.gz"',
+        '  if [ -s "$archive" ]; then archives+=("$archive"); else missing+=("${CHUNKS[$i]} (task $i)"); fi',
+        "done",
+        "status=0",
+        'if [ "${#archives[@]}" -gt 0 ]; then',
+        '  "$PYTHON" -m speedlib merge "${archives[@]}" --into "$INTO" || status=$?',
+        '  if [ "$status" -eq 0 ]; then "$PYTHON" -m speedlib report --results "$INTO" || status=$?; fi',
+        "fi",
+        'if [ "${#missing[@]}" -gt 0 ]; then',
+        # the shared directory is an argument, never part of printf's format: a % in its path stays text
+        '  for m in "${missing[@]}"; do',
+        '    printf "speedlib slurm: no archive from chunk %s: its task log is in %s/logs\\n" "$m" "$SHARED" >&2',
+        "  done",
+        '  echo "speedlib slurm: ${#missing[@]} of ${#CHUNKS[@]} chunk(s) missing; the others were merged" >&2',
+        "  exit 1",
+        "fi",
+        'if [ "$status" -eq 0 ]; then echo "speedlib slurm: every chunk merged into $INTO"; fi',
+        "exit $status",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _array_command(req: Request) -> list[str]:
+    return ["sbatch", "--parsable", *req.extra_sbatch, str(req.shared / "array.sh")]
+
+
+def _merge_command(req: Request, array_id: str) -> list[str]:
+    return ["sbatch", "--parsable", f"--dependency=afterany:{array_id}", str(req.shared / "merge.sh")]
+
+
+def submit_script(req: Request) -> str:
+    q = shlex.quote
+    array = " ".join(q(a) for a in _array_command(req))
+    merge = " ".join(q(a) for a in _merge_command(req, "ARRAY")).replace("afterany:ARRAY", 'afterany:"$array"')
+    return "\n".join([
+        "#!/bin/bash", "# What speedlib slurm --submit runs: the array, then the merge after it.",
+        "set -euo pipefail", f"cd {q(str(req.shared / 'logs'))}  # Slurm's output files land here",
+        f"array=$({array})", 'array="${array%%;*}"', f"merge=$({merge})", 'merge="${merge%%;*}"',
+        'echo "array job $array, merge job $merge: squeue -j $array,$merge"']) + "\n"
+
+
+def write(req: Request) -> dict[str, Path]:
+    """The three scripts, logs/ and archives/ in the shared directory; the bundle copied there.
+    Archives an earlier submission left for these chunks move to archives/earlier-<time>/:
+    the merge must not take them for this run's."""
+    (req.shared / "logs").mkdir(exist_ok=True)
+    archives = req.shared / "archives"
+    archives.mkdir(exist_ok=True)
+    stale = [archives / f"{t.chunk}.tar.gz" for t in req.tasks if (archives / f"{t.chunk}.tar.gz").exists()]
+    if stale:
+        aside = archives / _dt.datetime.now(_dt.timezone.utc).strftime("earlier-%Y%m%dT%H%M%S")
+        aside.mkdir(exist_ok=True)
+        for path in stale:
+            path.rename(aside / path.name)
+        req.notes.append(f"moved {len(stale)} archive(s) of an earlier submission into {_printable(str(aside))}")
+    if req.bundle is not None and req.bundle.resolve() != _shared_bundle(req).resolve():
+        shutil.copyfile(req.bundle, _shared_bundle(req))
+    written = {}
+    for name, text in (("array.sh", array_script(req)), ("merge.sh", merge_script(req)),
+                       ("submit.sh", submit_script(req))):
+        path = req.shared / name
+        path.write_text(text)
+        path.chmod(0o755)
+        written[name] = path
+    return written
+
+
+def _sbatch(args: list[str], cwd: Path) -> str:
+    try:
+        out = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SlurmError(f"{' '.join(args[:2])} failed: {e}") from None
+    job = out.stdout.strip().split(";")[0]
+    if out.returncode != 0 or not re.fullmatch(r"\d+", job):
+        said = (out.stderr.strip().splitlines() or [out.stdout.strip() or f"exit status {out.returncode}"])[-1]
+        raise SlurmError(f"sbatch refused {Path(args[-1]).name}: {_printable(said)}")
+    return job
+
+
+def submit(req: Request) -> tuple[str, str]:
+    """sbatch the array, then the merge after it; (array id, merge id)."""
+    logs = req.shared / "logs"
+    array = _sbatch(_array_command(req), logs)
+    try:
+        merge = _sbatch(_merge_command(req, array), logs)
+    except SlurmError as e:
+        raise SlurmError(f"{e}; the array job {array} was submitted: scancel {array}, or submit the merge with: "
+                         f"cd {shlex.quote(str(logs))} && {shlex.join(_merge_command(req, array))}") from None
+    return array, merge
+
+
+# --- the command ------------------------------------------------------------------------
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("slurm", help="run the suite on a Slurm cluster: one array task per chunk, then a merge job",
+                       description="Write a Slurm job array (one suite chunk per task, each archived into "
+                                   "SHARED/archives/) and a job that merges the archives into the results once "
+                                   "every task has ended; print them, or submit both with --submit.",
+                       epilog="exit status: 0 written (and submitted); 2 bad input or sbatch refused, one line",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shared", required=True, metavar="DIR",
+                   help="a directory every node can write: scripts, archives/ and logs/ go there")
+    p.add_argument("--chunk", action="extend", nargs="+", metavar="NAME",
+                   help="chunks to run, one task each (benchmarks/chunks.py; a group prefix such as headline; "
+                        "default: all)")
+    gpu = p.add_mutually_exclusive_group()
+    gpu.add_argument("--gpus", type=int, metavar="N", help="GPUs per task (#SBATCH --gpus=N); none unless asked")
+    gpu.add_argument("--gres", metavar="SPEC", help="a generic resource per task instead, e.g. gpu:h100:1")
+    p.add_argument("--partition", help="Slurm partition for both jobs")
+    p.add_argument("--account", help="Slurm account for both jobs")
+    p.add_argument("--machine", help="the asv machine name the tasks file results under, and whose recorded chunk "
+                                     "times set the time limit (default: each task names its hardware; estimates)")
+    p.add_argument("--into", metavar="DIR", help="the results tree the merge job writes (default: the checkout's "
+                                                 "results/)")
+    p.add_argument("--bundle", metavar="FILE", help="a git bundle with branch main (git bundle create speedlib.bundle "
+                                                    "main): each task restores the checkout from it into node-local "
+                                                    "scratch, for nodes that cannot see this checkout")
+    p.add_argument("--extra-sbatch", action="append", default=[], metavar="ARG",
+                   help="another sbatch option for the array, as --extra-sbatch=--qos=high (repeatable)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--submit", action="store_true", help="submit both jobs with sbatch and print their ids")
+    how.add_argument("--dry-run", action="store_true", help="write and print the scripts, submit nothing (default)")
+    p.set_defaults(func=command)
+    return p
+
+
+def command(args: argparse.Namespace, argv=()) -> int:
+    req = Request(shared=Path(args.shared), chunks=args.chunk or ["all"], gpus=args.gpus, gres=args.gres,
+                  partition=args.partition, account=args.account, machine=args.machine,
+                  into=Path(args.into) if args.into else None, bundle=Path(args.bundle) if args.bundle else None,
+                  extra_sbatch=list(args.extra_sbatch))
+    try:
+        if args.submit and shutil.which("sbatch") is None:
+            raise SlurmError("--submit needs sbatch, and there is none on PATH: run this on a Slurm login node, "
+                             "or leave out --submit to write the scripts only")
+        prepare(req)
+        written = write(req)
+        for note in req.notes:
+            print(f"speedlib slurm: {note}", file=sys.stderr)
+        if not args.submit:
+            for name in ("array.sh", "merge.sh"):
+                print(f"### {written[name]}\n{written[name].read_text()}")
+            print(f"speedlib slurm: {len(req.tasks)} task(s), --time {req.minutes} min each; nothing submitted: "
+                  f"speedlib slurm --submit ..., or bash {shlex.quote(str(written['submit.sh']))}")
+            return 0
+        array, merge = submit(req)
+    except SlurmError as e:
+        print(f"speedlib slurm: {e}", file=sys.stderr)
+        return 2
+    logs = req.shared / "logs"
+    print(f"speedlib slurm: submitted array job {array} ({len(req.tasks)} chunk(s), --time {req.minutes} min each) "
+          f"and merge job {merge} (after it, into {_printable(str(req.into))})")
+    print(f"  watch:    squeue -j {array},{merge}")
+    for i, task in enumerate(req.tasks):
+        print(f"  task {i}:   {task.chunk}: log {_printable(str(logs))}/slurm-{array}_{i}.out")
+    print(f"  merge:    log {_printable(str(logs))}/slurm-{merge}.out; archives in "
+          f"{_printable(str(req.shared / 'archives'))}")
+    print(f"  cancel:   scancel {array} {merge}")
+    return 0

@@ -1,0 +1,581 @@
+"""Drive asv the way speedlib's results need it (`speedlib run`).
+
+asv with an `existing` environment (torch is preinstalled on GPU machines and cannot be
+installed per commit) saves results only with `--set-commit-hash` and refuses commit
+ranges, so this module: registers the machine under a name that says the hardware,
+records the environment beside the results, and walks commit ranges itself with one
+`git worktree` per commit, pointing the benchmark processes at that commit's library
+(`speedlib/` only) through ASV_PYTHONPATH while the benchmarks and the harness that times
+them (`speedbench/`) come from the current checkout.
+`--quick` smoke runs go to a scratch directory and never touch `results/`.
+Options are checked before any work (a bad --bench regex, a --machine that is not a plain
+name, option-like --commits, an --archive that is a directory, a --results-dir that is a
+file), so is the machine directory: one whose environment records name other hardware, or
+another torch/CUDA build without --new-build, is refused (speedbench.results.machines), and one run
+at a time writes to a results directory: a second one refuses to start
+(`_ResultsLock`). Each run first removes the scratch directories and commit worktrees that
+runs killed outright left behind (`prune_stale`).
+A benchmark that fails does not stop the run: the other results, the environment records
+and the archive are still written, and the failures are listed at the end (`RunResult.failed`).
+
+This module is the run itself: its options and their checks, the results lock, and the loop
+over chunks and commits. Beside it, and re-exported here as `suite.X`: the checkout, its
+commits and the run's scratch directories (speedbench/run/checkout.py), asv under the supervisor
+and the signals that stop it (speedbench/run/asv_process.py), and the records a run reads and
+writes beside asv's results (speedbench/run/records.py). Tests patch `suite._asv`,
+`suite._run_commit` and the like: the run calls them through this module's names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import importlib.util
+import json
+import math
+import os
+import platform
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from speedbench.results import merge
+from speedbench.run import plan
+from speedbench.results import safekeep
+from speedbench.run.asv_process import (  # noqa: F401 - re-exported: tests patch and call them as suite.X
+    Interrupted,
+    _asv,
+    _raise_interrupted,
+    _stopped_by_signals,
+)
+from speedbench.run.checkout import (  # noqa: F401 - re-exported: cli.py and tests use them as suite.X
+    _CHECKOUT_PARTS,
+    _HARNESS_PARTS,
+    CONFIG,
+    RESTORE_GIT,
+    _claim,
+    _dirty,
+    _git,
+    _library_at,
+    find_root,
+    prune_stale,
+    resolve_commits,
+)
+from speedbench.run.records import (  # noqa: F401 - re-exported: tests use them as suite.X
+    _record_environment,
+    _writing,
+    environment_record_path,
+    failed_benchmarks,
+    interference_counters,
+    pack_results,
+)
+from speedbench.run.errors import SuiteError
+from speedbench.results.load import printable
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: runs are not locked against each other
+    fcntl = None
+
+__all__ = ["RunOptions", "RunResult", "run", "failed_benchmarks", "find_root", "resolve_commits",
+           "environment_record_path", "pack_results", "check_options", "prune_stale"]
+
+
+@dataclass
+class RunOptions:
+    quick: bool = False
+    commits: str | None = None  # None: HEAD; "A..B": every commit in the range; "REV": one
+    bench: Sequence[str] = field(default_factory=list)
+    machine: str | None = None
+    results_dir: Path | None = None  # default: the config's results_dir
+    allow_dirty: bool = False
+    show_stderr: bool = False
+    archive: Path | None = None  # also pack what the run wrote into this .tar.gz
+    chunks: Sequence[str] = ()  # benchmarks/chunks.py names (or "all"), run in suite order
+    budget_minutes: float | None = None  # with chunks: start no chunk that would not fit
+    require_quiet: bool = False  # refuse to measure when the pre-flight check finds the machine busy
+    wait_quiet: float | None = None  # seconds to wait for a busy machine to settle before measuring
+    new_build: bool = False  # file a torch/CUDA build the machine directory has not recorded (machines.py)
+
+
+@dataclass
+class RunResult:
+    results_dir: Path
+    machine: str
+    failed: list[str]  # one printable line per benchmark that failed: "<commit> <name> ..."
+    not_run: list[str] = field(default_factory=list)  # chunks left out to keep within the budget
+
+
+# An asv machine name is a directory under results/: one path component, nothing that
+# climbs out (..), hides (a leading dot) or reads as an option (a leading dash).
+_MACHINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+
+
+def check_options(options: RunOptions) -> None:
+    """Refuse, with one line, options that would fail or misfile results later in the run."""
+    if options.machine is not None and (not _MACHINE_NAME.fullmatch(options.machine) or ".." in options.machine):
+        raise SuiteError(f"--machine '{printable(options.machine)}' is not a plain name: use letters, digits and "
+                         ". _ + - (no path separators, no '..', not starting with '.' or '-')")
+    for regex in options.bench:
+        try:
+            re.compile(regex)
+        except re.error as e:
+            raise SuiteError(f"--bench '{printable(regex)}' is not a regular expression: {e}") from None
+    if options.commits is not None:
+        # git would read a leading dash as one of its own options (rev-list --all, --output=...).
+        if not options.commits or any(part.startswith("-") for part in options.commits.split("..")):
+            raise SuiteError(f"--commits '{printable(options.commits)}' is not a revision or a range A..B")
+    if options.archive is not None and options.archive.is_dir():
+        raise SuiteError(f"--archive {printable(str(options.archive))} is a directory: name the .tar.gz file to write")
+    if options.results_dir is not None and options.results_dir.exists() and not options.results_dir.is_dir():
+        raise SuiteError(f"--results-dir {printable(str(options.results_dir))} exists and is not a directory")
+    if options.wait_quiet is not None and not (math.isfinite(options.wait_quiet) and options.wait_quiet > 0):
+        raise SuiteError(f"--wait-quiet must be a positive, finite number of seconds, got {options.wait_quiet:g}")
+    # nan would start every chunk (nothing is > nan), a negative budget none
+    if options.budget_minutes is not None and not (math.isfinite(options.budget_minutes) and options.budget_minutes > 0):
+        raise SuiteError(f"--budget-minutes must be a positive, finite number of minutes, got {options.budget_minutes:g}")
+    if options.archive is not None:  # else found out only when the first chunk or the whole run is packed
+        _check_writable(options.archive.parent, f"--archive {printable(str(options.archive))}",
+                        "name a file in a directory you can write to")
+
+
+def _check_writable(directory: Path, what: str, instead: str) -> None:
+    """SuiteError, one line, unless this user can write to `directory` or create it (its
+    nearest existing ancestor is a writable directory). Asked before anything is measured:
+    asv and the archive would find out only after the run, and its results with nowhere to go."""
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise SuiteError(f"{what} cannot be written: {printable(str(existing))} is not a directory; {instead}")
+    if not os.access(existing, os.W_OK | os.X_OK):  # a read-only mount too, for root as well
+        raise SuiteError(f"{what} cannot be written: {printable(str(existing))} is read-only for this user; {instead}")
+    # os.access says yes to root wherever the mode allows, and /proc or a full quota says no
+    # only when a file is made: one is made, and removed at once.
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".speedlib-probe-", dir=existing)
+    except OSError as e:
+        raise SuiteError(f"{what} cannot be written: no file can be made in {printable(str(existing))} "
+                         f"({e.strerror or e}); {instead}") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _results_dir(options: RunOptions, root: Path, conf: dict) -> Path:
+    return (options.results_dir or root / conf.get("results_dir", "results")).resolve()
+
+
+class _ResultsLock:
+    """Context manager: an exclusive lock on a results directory (the directory itself: no
+    lock file to commit), held until the run ends however it ends (the kernel drops it with
+    the process). Two runs writing one directory would each rewrite a commit's result file,
+    and the one finishing last would keep only its own benchmarks: the second one refuses.
+    A directory created only to be locked is removed again if the run left it empty."""
+
+    def __init__(self, results_dir: Path):
+        self.results_dir = results_dir
+        self.fd: int | None = None
+        self.created = False
+
+    def __enter__(self) -> _ResultsLock:
+        if fcntl is None:
+            return self
+        self.created = not self.results_dir.exists()
+        try:
+            self.results_dir.mkdir(parents=True, exist_ok=True)
+            self.fd = os.open(self.results_dir, os.O_RDONLY)
+        except OSError as e:  # run() checked that it can be written; this is what changed since
+            raise SuiteError(f"cannot use {printable(str(self.results_dir))} for results ({e.strerror or e}): give "
+                             "the run another with --results-dir") from None
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(self.fd)
+            self.fd = None
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise SuiteError(f"cannot lock {printable(str(self.results_dir))} against other runs "
+                                 f"({e.strerror or e}): give the run another --results-dir") from None
+            raise SuiteError(f"another speedlib run is writing to {printable(str(self.results_dir))}: wait for "
+                             "it to finish, or give this one its own --results-dir") from None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+        if self.created:
+            try:
+                self.results_dir.rmdir()  # only if empty: a failed first run leaves nothing behind
+            except OSError:
+                pass
+
+
+def _register_machine(conf: Path, root: Path, name: str, env: dict) -> None:
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+    _asv([
+        "machine", "--yes", "--config", str(conf), "--machine", name,
+        "--os", env["os"], "--arch", platform.machine(), "--cpu", env["cpu_model"],
+        "--num_cpu", str(env["cpu_cores"]), "--ram", str(ram),
+    ], cwd=root)
+
+
+def _write_config(conf: dict, root: Path, results_dir: Path, scratch: Path) -> Path:
+    """A copy of asv.conf.json with absolute paths, so asv can run from anywhere."""
+    conf = dict(conf)
+    conf["repo"] = str(root)
+    conf["benchmark_dir"] = str(root / conf.get("benchmark_dir", "benchmarks"))
+    conf["results_dir"] = str(results_dir)
+    conf["html_dir"] = str(scratch / "html")
+    conf["env_dir"] = str(scratch / "env")
+    path = scratch / CONFIG
+    path.write_text(json.dumps(conf, indent=2))
+    return path
+
+
+def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ()) -> RunResult:
+    """Run the suite; return where the results went and which benchmarks failed.
+
+    A failed benchmark is reported, not raised: the rest of the run is worth keeping."""
+    root = root or find_root()
+    if importlib.util.find_spec("asv") is None or importlib.util.find_spec("asv_runner") is None:
+        raise SuiteError('asv is not installed here: python3 -m pip install -e ".[bench]"')
+    if options.quick and options.archive is not None:
+        raise SuiteError("--archive packs saved results, and a --quick run saves none")
+    check_options(options)
+    shas = resolve_commits(root, options.commits)
+    if not options.quick and not options.allow_dirty:
+        parts = _CHECKOUT_PARTS if options.commits is None else _HARNESS_PARTS
+        changed = _dirty(root, parts)
+        if changed:
+            shown = ", ".join(printable(path) for path in changed[:3]) + (", ..." if len(changed) > 3 else "")
+            raise SuiteError(
+                f"uncommitted changes or untracked files in {', '.join(parts)} ({shown}): results would be "
+                "filed under a commit that did not produce them. Commit first, use --quick for a "
+                "smoke run, or pass --allow-dirty."
+            )
+    steps = _steps(options, root)  # a bad chunk name is refused before any work
+    results_dir = _results_dir(options, root, json.loads((root / CONFIG).read_text()))
+    if not options.quick:
+        _check_writable(results_dir, f"the results directory {printable(str(results_dir))}",
+                        "give the run another with --results-dir")
+    if options.budget_minutes is not None:  # priced from the listing: a torn one is refused now, not mid-run
+        _listing(root, root / "results" if options.quick else results_dir)
+    # A quick run writes to a scratch directory of its own: nothing to lock.
+    lock = contextlib.nullcontext() if options.quick else _ResultsLock(results_dir)
+    # SIGINT and SIGTERM (Ctrl+C, a time limit, a batch system) unwind the run: asv is
+    # stopped, worktrees and the scratch directories are removed, the lock released.
+    with _stopped_by_signals(), lock:
+        for stale in prune_stale(root):
+            print(f"speedlib run: removed {printable(str(stale))}, left by a run that was killed", flush=True)
+        if not options.quick:
+            _recover(lock.results_dir)
+        return _run(options, root, argv, shas, steps)
+
+
+def _run(options: RunOptions, root: Path, argv: Sequence[str], shas: list[str], steps: list) -> RunResult:
+    from speedbench.measure import devices as measure  # noqa: PLC0415 - imports torch; keep `speedlib --help` fast
+
+    _check_machine(options, root, measure.identity())  # before the pre-flight check, which may wait
+    checked = _preflight(options)  # before anything is measured, and before asv starts
+    env = measure.environment()
+    env["preflight"] = checked.record()  # in every commit's environment record
+    machine = options.machine or env["machine"]
+    with tempfile.TemporaryDirectory(prefix="speedlib-run-") as tmp:
+        scratch = Path(tmp)
+        _claim(scratch)
+        conf = json.loads((root / CONFIG).read_text())
+        results_dir = scratch / "results" if options.quick else _results_dir(options, root, conf)
+        conf_path = _write_config(conf, root, results_dir, scratch)
+        _register_machine(conf_path, root, machine, env)
+        print(f"speedlib run: machine {machine}, {len(shas)} commit(s), results -> "
+              f"{'scratch (quick run, not saved)' if options.quick else results_dir}", flush=True)
+        if options.budget_minutes is not None:  # said once here, not once per chunk priced
+            _say_what_prices_leave_out(root, results_dir, machine)
+        failed: list[str] = []
+        started, not_run = time.monotonic(), []
+        for chunk, bench in steps:
+            if chunk is not None:
+                if options.budget_minutes is not None:
+                    # Chunks are in order of importance; one that does not fit is left for a
+                    # later command, and a cheaper one after it may still fit.
+                    left = options.budget_minutes * 60 - (time.monotonic() - started)
+                    cost = _chunk_seconds(chunk, root, results_dir, machine) * len(shas)
+                    if cost > left:
+                        not_run.append(chunk.name)
+                        print(f"\nspeedlib run: chunk {chunk.name} (about {cost / 60:.1f} min) does not fit the "
+                              f"{max(left, 0) / 60:.1f} min left of --budget-minutes: not run", flush=True)
+                        continue
+                print(f"\n=== chunk {chunk.name}: {chunk.about}", flush=True)
+            for i, sha in enumerate(shas, 1):
+                began = time.monotonic()
+                failed += _run_commit(options, root, conf_path, results_dir, machine, env, argv, sha,
+                                      f"[{i}/{len(shas)}]", bench)
+                if chunk is not None:  # the next budget decision for this chunk uses this, not a guess
+                    with _writing(plan.chunk_times_path(results_dir, machine)):
+                        plan.record_chunk_time(results_dir, machine, chunk.name, sha, time.monotonic() - began)
+            if chunk is not None and options.archive is not None and not options.quick:
+                # After every chunk: a command killed in the next one keeps this archive.
+                pack_results(results_dir, machine, shas, options.archive)
+                print(f"speedlib run: chunk {chunk.name} packed into {options.archive}", flush=True)
+        if not_run:
+            print(f"\nspeedlib run: left for a later command: --chunk {' --chunk '.join(not_run)}", flush=True)
+            if len(not_run) == len(steps) and options.archive is not None:
+                print("speedlib run: no chunk fit the budget, so nothing ran and nothing was packed", flush=True)
+        if options.quick:
+            _print_table(results_dir, machine)
+            _print_failed(failed)
+            return RunResult(results_dir, machine, failed, not_run)
+    _print_table(results_dir, machine, shas)
+    if options.archive is not None and not options.chunks:  # chunks were packed one by one
+        packed = pack_results(results_dir, machine, shas, options.archive)
+        print(f"\nspeedlib run: packed {packed}: unpack it in a checkout's root and commit results/", flush=True)
+    _print_failed(failed)
+    return RunResult(results_dir, machine, failed, not_run)
+
+
+def _check_machine(options: RunOptions, root: Path, identity: dict) -> None:
+    """Refuse (SuiteError) to file this run under a machine directory whose environment records
+    name other hardware, or another torch/CUDA build without --new-build (speedbench.results.machines).
+    A quick run files nothing."""
+    from speedbench.results import machines  # noqa: PLC0415
+
+    if options.quick:
+        return
+    machine = options.machine or identity["machine"]
+    results_dir = _results_dir(options, root, json.loads((root / CONFIG).read_text()))
+    try:
+        note = machines.check_directory(results_dir, machine, identity, options.new_build)
+    except machines.MachineMismatch as e:
+        raise SuiteError(str(e)) from None
+    if note:
+        print(f"speedlib run: {note}", flush=True)
+
+
+def _preflight(options: RunOptions):
+    """The pre-flight check (speedbench/measure/preflight.py): its findings that are not ok, then one
+    summary line. --wait-quiet checks again until a busy machine settles; --require-quiet
+    refuses to measure on one (SuiteError: exit 2). Otherwise a busy machine is measured on,
+    with a warning; the environment record keeps the findings either way."""
+    from speedbench.measure import preflight  # noqa: PLC0415
+
+    report = preflight.check()
+    waited = options.wait_quiet is not None and report.busy
+    if waited:
+        print(f"speedlib run: busy: {printable(report.busy_line())}", flush=True)
+        print(f"speedlib run: waiting up to {options.wait_quiet:g} s for the machine to settle", flush=True)
+        report = preflight.wait_until_quiet(options.wait_quiet, report,
+                                            say=lambda line: print(f"speedlib run: {printable(line)}", flush=True))
+    for finding in report.findings:
+        if finding.level != "ok":
+            print(f"speedlib run: {finding.level}: {printable(finding.line())}", flush=True)
+    print(f"speedlib run: {report.summary()} (speedlib env --check lists every check)", flush=True)
+    if report.busy:
+        still = f"still busy after --wait-quiet {options.wait_quiet:g} s" if waited else "the machine is busy"
+        if options.require_quiet:
+            raise SuiteError(f"{still} ({printable(report.busy_line())}), and --require-quiet refuses to measure "
+                             "on a busy machine: stop the other work"
+                             + ("" if waited else ", or give it time with --wait-quiet SECONDS"))
+        print(f"speedlib run: {still}; measuring anyway, and ratios may come out inflated (--require-quiet "
+              "refuses instead)", flush=True)
+    elif waited:
+        print("speedlib run: the machine is quiet now", flush=True)
+    return report
+
+
+def _steps(options: RunOptions, root: Path) -> list:
+    """(chunk or None, --bench regexes) per asv invocation over the commits."""
+    if not options.chunks:
+        if options.budget_minutes is not None:
+            raise SuiteError("--budget-minutes chooses among chunks: name them with --chunk (or --chunk all)")
+        return [(None, list(options.bench))]
+    if options.bench:
+        raise SuiteError("--bench and --chunk both select benchmarks: use one of them")
+    try:
+        chunks = plan.select_chunks(plan.load_chunks(root), list(options.chunks))
+    except plan.PlanError as e:
+        raise SuiteError(str(e)) from e
+    return [(c, [c.regex]) for c in chunks]
+
+
+def _listing(root: Path, results_dir: Path) -> Path | None:
+    """plan.benchmark_listing; a listing it cannot read is a SuiteError (one line)."""
+    try:
+        return plan.benchmark_listing(root, results_dir)
+    except plan.PlanError as e:
+        raise SuiteError(str(e)) from None
+
+
+def _say_what_prices_leave_out(root: Path, results_dir: Path, machine: str) -> None:
+    """The chunk times and listed benchmarks a budget's prices leave out (as `--plan` says them):
+    a chunk priced without them may not fit where the budget said it would."""
+    note = plan.chunk_times_note(results_dir, machine)
+    if note:
+        print(f"speedlib run: {note}", flush=True)
+    listing, skipped = _listing(root, results_dir), []
+    if listing is not None:
+        plan.combinations(listing, skipped)
+    for line in skipped:
+        print(f"speedlib run: not priced: {printable(line)}", flush=True)
+
+
+def _chunk_seconds(chunk, root: Path, results_dir: Path, machine: str) -> float:
+    """What `chunk` should take here for one commit (see plan.chunk_cost)."""
+    listing = _listing(root, results_dir)
+    if listing is None:
+        return 0.0  # nothing known about the suite yet: run it and learn
+    names = plan.combinations(listing)
+    per_combination, _ = plan.seconds_per_combination(plan.load_chunks(root), names, results_dir, machine)
+    return plan.chunk_cost(chunk, names, results_dir, machine, per_combination)[0]
+
+
+def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: Path, machine: str, env: dict,
+                argv: Sequence[str], sha: str, counter: str, bench: Sequence[str]) -> list[str]:
+    """One `asv run` of `bench` at `sha`; the failed benchmarks it recorded."""
+    subject = _git(root, "log", "-1", "--format=%s", sha)
+    print(f"\n{counter} {sha[:8]} {printable(subject)}", flush=True)  # anyone's commit may restyle a terminal
+    with _library_at(root, sha, use_checkout=options.commits is None) as lib:
+        asv_args = [
+            "run", "--config", str(conf_path), "--machine", machine,
+            "--environment", f"existing:{sys.executable}", "--set-commit-hash", sha,
+            "--launch-method", plan.LAUNCH_METHOD, "--record-samples",
+        ]
+        if options.quick:
+            asv_args.append("--quick")
+        if options.show_stderr:
+            asv_args.append("--show-stderr")
+        for b in bench:
+            asv_args += ["--bench", b]
+        started_ms = int(time.time() * 1000)
+        # The commit's `speedlib` first; then this checkout, for the harness (`speedbench`)
+        # where no console script's install put it on the path (an offline GPU host).
+        path = os.pathsep.join(dict.fromkeys([str(lib), str(root)]))
+        process_env = {**os.environ, "ASV_PYTHONPATH": path}
+        if options.quick:  # paired comparisons: one round each (benchmarks/common.py)
+            process_env["SPEEDLIB_QUICK"] = "1"
+        from speedbench.measure.interference import load_average  # noqa: PLC0415
+
+        load_start = load_average()
+        status = _asv_keeping_results(asv_args, process_env, root, Path(results_dir), machine, sha)
+    found = []
+    if status == 2:
+        # asv also exits 2 on errors of its own (a bad argument): then it saved no failure.
+        found = failed_benchmarks(results_dir, machine, sha, started_ms)
+        if not found:
+            raise SuiteError(f"asv exited with status 2 at {sha[:8]} but recorded no failed benchmark: "
+                             "see its output above")
+    from speedbench.stats import contention  # noqa: PLC0415 - torch; already imported by _run()
+    from speedbench.measure import interference  # noqa: PLC0415 - torch; already imported by _run()
+    from speedbench.measure import devices as measure  # noqa: PLC0415 - torch; already imported by _run()
+
+    # What else the machine did while this commit was measured: said at once, and kept.
+    counters = contention.summary(interference_counters(results_dir, machine, sha, started_ms),
+                                  env.get("cpu_cores"), env.get("torch_threads"))
+    print(f"speedlib run: {sha[:8]}: {contention.summary_line(counters)}", flush=True)
+    # Clocks and temperature as this commit's benchmarks left them, not as the run began.
+    env = {**env, "gpu_state": measure.gpu_state(), "load_start": load_start,
+           "load_end": interference.load_average(), "interference": counters}
+    _record_environment(environment_record_path(results_dir, machine, sha), sha, env, ["speedlib", *argv])
+    return found
+
+
+def _asv_keeping_results(asv_args: list[str], env: dict, root: Path, results_dir: Path, machine: str,
+                         sha: str) -> int:
+    """`_asv(asv_args)` with asv's files in `results_dir` copied first and put back where it
+    leaves them torn (speedbench.results.safekeep): asv rewrites them in place, so a full disk, a
+    Ctrl+C or a time limit would otherwise cut the listing or a commit's earlier results."""
+    try:
+        snapshot = safekeep.take(results_dir, machine, sha)
+    except safekeep.SnapshotError as e:
+        raise SuiteError(printable(str(e))) from None
+    try:
+        status = _asv(asv_args, env=env, cwd=root, failures_ok=True)
+    except BaseException as e:
+        # asv failed (not stopped by a signal): was the disk full? Asked before putting back,
+        # which frees what the torn files took.
+        full = _full_disk(results_dir) if type(e) is SuiteError else ""
+        _settle(snapshot, failed=True)
+        if full:
+            raise SuiteError(f"{e}{full}") from None
+        raise
+    _settle(snapshot, failed=False)
+    return status
+
+
+def _recover(results_dir: Path) -> None:
+    """Put back what asv left torn in a run that was killed outright (SIGKILL, a lost
+    machine): its snapshot is still in `results_dir`; finish a merge stopped between its renames.
+    Under the results lock, so that run or merge is gone."""
+    try:
+        lines = safekeep.recover(results_dir)
+    except safekeep.SnapshotError as e:
+        raise SuiteError(printable(str(e))) from None
+    for line in lines:
+        print(f"speedlib run: a run was killed while asv wrote here: {printable(line)}", flush=True)
+    # and a `speedlib merge` stopped between its renames: finished, so no run reads a half-merged tree
+    for line in merge.recover(results_dir):
+        print(f"speedlib run: {printable(line)}", flush=True)
+
+
+def _settle(snapshot, failed: bool) -> None:
+    """safekeep.settle after an asv run, each file it put back or removed said in one line."""
+    try:
+        lines = safekeep.settle(snapshot, failed)
+    except safekeep.SnapshotError as e:
+        raise SuiteError(printable(str(e))) from None
+    for line in lines:
+        print(f"speedlib run: asv {'stopped' if failed else 'ran'}: {printable(line)}", flush=True)
+
+
+def _full_disk(results_dir: Path) -> str:
+    """What to add to asv's failure when the disk holding the results has (next to) no room
+    left: then that is why asv failed, and its files were put back."""
+    try:
+        st = os.statvfs(results_dir)
+    except (OSError, AttributeError):
+        return ""
+    free = st.f_bavail * st.f_frsize
+    if free >= _FULL_BELOW:
+        return ""
+    return (f"; the disk holding {printable(str(results_dir))} is full ({free // 1024} KiB free): what asv tore "
+            "there was put back; free some space and run again")
+
+
+# Less free space than this reads as a full disk: a write fails with ENOSPC once no block is
+# free, and asv exiting frees little; a disk this full fails the next run anyway.
+_FULL_BELOW = 1 << 20
+
+
+def _print_failed(failed: Sequence[str]) -> None:
+    if failed:  # last, so that asv's long output above does not bury it
+        print(f"\nspeedlib run: {len(failed)} benchmark(s) failed "
+              "(asv's output above says why):", file=sys.stderr, flush=True)
+        for line in failed:
+            print(f"  FAILED {line}", file=sys.stderr, flush=True)
+
+
+def _print_table(results_dir: Path, machine: str, shas: Sequence[str] | None = None) -> None:
+    from speedbench.results.load import format_table, load_results  # noqa: PLC0415
+
+    loaded = load_results(results_dir)
+    df = loaded.measured
+    df = df[df["machine"] == machine]
+    if shas is not None:
+        df = df[df["commit"].isin(list(shas))]
+    if df.empty:
+        print("\nno measured results to show", flush=True)
+    else:
+        columns = ("commit", "benchmark", "params", "value", "unit")
+        busy = df["contention"].eq("contended")
+        if busy.any():  # the line above the table says so too, but a figure copied from here must carry it
+            df, columns = df.assign(state=busy.map({True: "‡ contended", False: ""})), (*columns, "state")
+        print("\n" + format_table(df, columns), flush=True)
+    from speedbench.results import problems  # noqa: PLC0415
+
+    # Also, and above all, when they leave nothing to show: damaged results one by one, the
+    # older results the loader set aside or kept in one line.
+    hint = f"speedlib report --results {printable(str(results_dir))} --verbose lists them"
+    for line in problems.lines(loaded.problems, hint=hint):
+        print(line, flush=True)
