@@ -21,6 +21,8 @@ import pandas as pd
 import pytest
 
 from speedbench.cli import parser as cli
+from speedbench.cli import dashboard as dashboard_cli
+from speedbench.run import errors
 from speedbench.run import suite
 from speedbench.results import synthetic
 from speedbench.results.load import load_results
@@ -341,7 +343,7 @@ def test_a_failing_benchmark_keeps_the_rest_of_the_run(failing_repo, tmp_path):
     archive = tmp_path / "run.tar.gz"
     out = run_cli("run", "--commits", "HEAD~2..HEAD", "--bench", "Planted", "--archive", str(archive),
                   cwd=failing_repo, home=tmp_path)
-    assert out.returncode == cli.BENCHMARKS_FAILED, out.stdout + out.stderr
+    assert out.returncode == errors.BENCHMARKS_FAILED, out.stdout + out.stderr
     broken, fixed = git(failing_repo, "rev-parse", "HEAD~1"), git(failing_repo, "rev-parse", "HEAD")
     assert "[2/2]" in out.stdout  # the failure at the first commit did not stop the walk
     # Named once, at the commit where it failed.
@@ -444,7 +446,7 @@ def test_offline_chunked_run_from_a_bundle_rehearses_a_gpu_slot(tmp_path):
     archive = tmp_path / "out" / "results.tar.gz"
     out = subprocess.run([sys.executable, "-m", "speedlib", "run", "--chunk", "all", "--budget-minutes", "30",
                           "--archive", str(archive)], cwd=host, env=env, capture_output=True, text=True, timeout=900)
-    assert out.returncode == cli.BENCHMARKS_FAILED, out.stdout + out.stderr
+    assert out.returncode == errors.BENCHMARKS_FAILED, out.stdout + out.stderr
     assert out.stdout.count("packed into") == 2  # each chunk archived as it finished
     failures = [line for line in out.stderr.splitlines() if line.startswith("  FAILED ")]
     assert failures == [f"  FAILED {sha[:8]} bench_planted.Offline.track_broken for 2 of 2 parameter sets: (1); (2)"]
@@ -574,7 +576,7 @@ def test_dashboard_opens_a_browser_only_where_a_display_exists(platform, env, op
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    cli._open_browser("http://127.0.0.1:8501")
+    dashboard_cli._open_browser("http://127.0.0.1:8501")
     assert calls == (["http://127.0.0.1:8501"] if opened else [])
 
 

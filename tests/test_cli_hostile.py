@@ -24,6 +24,7 @@ from types import SimpleNamespace
 import pytest
 
 from speedbench.cli import parser as cli
+from speedbench.cli import dashboard as dashboard_cli
 from speedbench.run import plan
 from speedbench.run import suite
 
@@ -499,8 +500,8 @@ def test_streamlit_stops_listening_when_speedlib_dashboard_is_killed(tmp_path):
 
 
 def test_the_dashboard_link_brackets_an_ipv6_address():
-    assert cli._url("::1", 8501) == "http://[::1]:8501"
-    assert cli._url("127.0.0.1", 8501) == "http://127.0.0.1:8501"
+    assert dashboard_cli._url("::1", 8501) == "http://[::1]:8501"
+    assert dashboard_cli._url("127.0.0.1", 8501) == "http://127.0.0.1:8501"
 
 
 def test_a_machine_the_results_do_not_hold_is_named_with_those_they_do(capsys):

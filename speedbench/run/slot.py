@@ -349,7 +349,7 @@ def add_parser(sub) -> None:
 
 
 def _cmd_slot(args, argv) -> int:
-    from speedbench.cli import parser as cli  # noqa: PLC0415
+    from speedbench.run.errors import BENCHMARKS_FAILED, CHUNKS_LEFT, missing_torch  # noqa: PLC0415
     from speedbench.run import suite  # noqa: PLC0415
     from speedbench.results.gpu_tests import FAILED, INCOMPLETE, status  # noqa: PLC0415
 
@@ -358,7 +358,7 @@ def _cmd_slot(args, argv) -> int:
     except ValueError:
         print(f"speedlib slot: --minutes must be a number, got {args.minutes!r}", file=sys.stderr)
         return 2
-    if cli._missing_torch("slot"):
+    if missing_torch("slot"):
         return 2
     options = SlotOptions(Path(args.archive), args.machine, minutes,
                           Path(args.results_dir) if args.results_dir else None, args.allow_dirty, args.show_stderr)
@@ -375,5 +375,5 @@ def _cmd_slot(args, argv) -> int:
     if status(result.verdict) in (FAILED, INCOMPLETE):  # suite.run listed failed benchmarks itself
         return GPU_TESTS_FAILED
     if result.failed:
-        return cli.BENCHMARKS_FAILED
-    return cli.CHUNKS_LEFT if result.left else 0
+        return BENCHMARKS_FAILED
+    return CHUNKS_LEFT if result.left else 0

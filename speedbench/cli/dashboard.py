@@ -1,0 +1,199 @@
+"""`speedlib dashboard`: Streamlit on the results, stopped with this process."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from speedbench import CHECKOUT
+
+
+
+def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    import importlib.util  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    bad = _bad_port(args.port) or _bad_address(args.address)
+    if bad:
+        print(f"speedlib dashboard: {bad}", file=sys.stderr)
+        return 2
+    port = int(args.port)
+    app = CHECKOUT / "dashboard" / "app.py"
+    if not app.is_file():
+        print(f"speedlib dashboard: no dashboard at {app}: run it from a checkout "
+              "(python3 -m pip install -e \".[dashboard]\")", file=sys.stderr)
+        return 2
+    if importlib.util.find_spec("streamlit") is None:
+        print('speedlib dashboard: Streamlit is not installed: python3 -m pip install -e ".[dashboard]"', file=sys.stderr)
+        return 2
+    results = Path(args.results).resolve()
+    if not results.is_dir():
+        print(f"speedlib dashboard: no results directory at {results}", file=sys.stderr)
+        return 2
+    unavailable = _cannot_listen(args.address, port)
+    if unavailable:
+        print(f"speedlib dashboard: cannot listen on {args.address}:{port} ({unavailable}); is a dashboard "
+              "already running there? Pass another --port.", file=sys.stderr)
+        return 2
+    # The results directory is fixed here, at start-up, and never read from the URL.
+    env = {**os.environ, "SPEEDLIB_RESULTS": str(results)}
+    # Always headless: a Streamlit that is not headless asks for an e-mail address on its
+    # first run and, with no terminal to answer (CI, ssh -T, a batch job), exits 255 with
+    # nothing served. The browser is opened from here instead, once the port is bound.
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", args.address,
+           "--server.port", str(port), "--browser.gatherUsageStats", "false",
+           "--server.headless", "true",
+           # a results viewer, not an app being developed: no "Deploy" button, no developer menu
+           "--client.toolbarMode", "viewer"]
+    url = _url(args.address, port)
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=_dies_with(os.getpid()))
+    # A SIGTERM to speedlib (kill, a service manager) must stop Streamlit too, not orphan it.
+    import signal  # noqa: PLC0415
+
+    def _stop(signum, frame):
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        if not _wait_until_listening(proc, args.address, port, timeout=STARTUP_TIMEOUT_S):
+            if proc.poll() is None:
+                proc.terminate()
+                print(f"speedlib dashboard: Streamlit did not listen on {url} within {STARTUP_TIMEOUT_S:.0f} s; "
+                      "stopped it", file=sys.stderr)
+            else:
+                print(f"speedlib dashboard: Streamlit exited with status {proc.returncode} before serving "
+                      f"{url} (its messages are above)", file=sys.stderr)
+            proc.wait()
+            return 2
+        print(f"speedlib dashboard: serving {results} on {url} (Ctrl+C stops it)", flush=True)
+        if not args.no_browser:
+            _open_browser(url)
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait()
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _url(address: str, port: int) -> str:
+    """The dashboard's address as a browser takes it: an IPv6 address in brackets."""
+    return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
+
+
+STARTUP_TIMEOUT_S = 120.0  # Streamlit imports pandas and plotly: seconds on a cold, busy machine
+
+
+def _bad_port(text: str) -> str | None:
+    """Why `text` is no port to serve on, or None. Not 0: the system would pick one, and the
+    URL printed could not name it."""
+    from speedbench.results.load import printable  # noqa: PLC0415
+
+    try:
+        if 1 <= int(text) <= 65535:
+            return None
+    except ValueError:
+        pass
+    return f"--port must be a whole number from 1 to 65535, got '{printable(text)}'"
+
+
+def _bad_address(address: str) -> str | None:
+    """Why `address` is no address to serve on, or None: an IP address, or a host name this
+    machine resolves (asked of the resolver, as Streamlit will)."""
+    import ipaddress  # noqa: PLC0415
+    import socket  # noqa: PLC0415
+
+    from speedbench.results.load import printable  # noqa: PLC0415
+
+    try:
+        ipaddress.ip_address(address)
+        return None
+    except ValueError:
+        pass
+    try:
+        socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
+        return None
+    except (OSError, UnicodeError):  # UnicodeError: not even a host name (an empty label: "a..b")
+        return (f"--address '{printable(address)}' is neither an IP address nor a host name this machine resolves: "
+                "pass one such as 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)")
+
+
+def _dies_with(parent: int):
+    """A preexec_fn for Streamlit: the kernel stops it (SIGTERM, which Streamlit handles by
+    shutting down) when speedlib dies, even by SIGKILL, where speedlib cannot stop it
+    itself and it would go on serving the port. Linux only (prctl); None elsewhere."""
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    from speedbench.run import supervise  # noqa: PLC0415
+
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def arm() -> None:
+        supervise.die_with_parent(signal.SIGTERM)
+        if os.getppid() != parent:  # speedlib died before the signal was armed
+            os._exit(1)
+
+    return arm
+
+
+def _wait_until_listening(proc, address: str, port: int, timeout: float) -> bool:
+    """True once something accepts connections on address:port while `proc` runs; False when
+    `proc` exits first or `timeout` seconds pass. The URL is printed only after this, so a
+    script that reads it can connect at once."""
+    import socket  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            with socket.create_connection((address, port), timeout=1):
+                return True
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
+def _open_browser(url: str) -> None:
+    """Open `url` where a browser can show it: on macOS and Windows, or under a Linux/BSD
+    display server. Elsewhere (ssh, containers, CI) the printed URL is the way in."""
+    import os  # noqa: PLC0415
+    import webbrowser  # noqa: PLC0415
+
+    if sys.platform in ("darwin", "win32") or os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
+        try:
+            webbrowser.open(url)
+        except webbrowser.Error:
+            pass  # the URL is printed already
+
+
+def _cannot_listen(address: str, port: int) -> str | None:
+    """Why a server could not listen on address:port, or None. Asked before Streamlit starts:
+    it would print its banner first and then fail, or quietly take another port. SO_REUSEADDR
+    as a server sets it: a port left in TIME_WAIT is free, one with a listener is not."""
+    import socket  # noqa: PLC0415
+
+    try:
+        family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((address, port))
+    except OSError as e:  # socket.gaierror too: an address that does not resolve
+        return e.strerror or str(e)
+    return None
+
+
+def add_parser(sub) -> None:
+    dash = sub.add_parser("dashboard", help="open the Streamlit dashboard on the results")
+    dash.add_argument("--results", default=str(CHECKOUT / "results"),
+                      help="results directory (default: this checkout's results/)")
+    dash.add_argument("--address", default="127.0.0.1",
+                      help="address to listen on (default: 127.0.0.1, this machine only)")
+    dash.add_argument("--port", default="8501", help="port (default: 8501)")
+    dash.add_argument("--no-browser", action="store_true",
+                      help="do not open a browser window (none is opened without a display anyway)")
+    dash.set_defaults(func=_cmd_dashboard)
