@@ -1,4 +1,12 @@
-"""speedlib.ContiguousParams: equivalence with per-tensor optimizers, and every trap of the original."""
+"""speedlib.ContiguousParams: equivalence with per-tensor optimizers, and every trap of the original.
+
+Here: training against per-tensor optimizers and the original contiguous_params package, the
+conversions and gradient replacements that invalidate a flat buffer (caught, with what to do),
+groups, frozen parameters, dtypes, checkpoints, two gloo ranks, the benchmark
+(benchmarks/bench_contiguous.py) and the GPU. Beside them: test_contiguous_hooks.py (gradients
+set to None re-attached, Lightning's loops; speedlib/_contiguous_hooks.py) and
+test_contiguous_checks.py (the arguments refused before anything moves; speedlib/_contiguous_checks.py).
+"""
 
 from __future__ import annotations
 
@@ -12,62 +20,22 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from contiguous_bits import (
+    OPTIMIZERS,
+    STEPS,
+    assert_same_params,
+    batches,
+    one_backward,
+    small_net,
+    train,
+    twin,
+    wrapped,
+)
 from torch import nn
 
 from speedlib import ContiguousParams, FlatParameter, InvalidBufferError
 
 requires_cuda = pytest.mark.gpu(reason="needs a CUDA GPU; the CPU variant of this test covers the logic")
-STEPS = 5
-
-
-def small_net() -> nn.Module:
-    """Conv (4-D weight), BatchNorm (1-D params + buffers), Linear: the shapes real models have.
-
-    No conv bias before BatchNorm: its gradient is rounding noise, which Adam normalises into
-    steps of full size, so two exact-in-theory implementations would diverge on it.
-    """
-    return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(32, 10), nn.ReLU(), nn.Linear(10, 5),
-    )
-
-
-def twin(seed: int = 0, device: str = "cpu") -> tuple[nn.Module, nn.Module]:
-    torch.manual_seed(seed)
-    a = small_net().to(device)
-    return a, copy.deepcopy(a)
-
-
-def batches(n: int = STEPS, device: str = "cpu"):
-    gen = torch.Generator().manual_seed(1)
-    return [(torch.randn(4, 3, 6, 6, generator=gen).to(device), torch.randint(0, 5, (4,), generator=gen).to(device))
-            for _ in range(n)]
-
-
-def train(model, optimizer, clip_params=None, data=None, zero=lambda opt: opt.zero_grad(), max_norm=0.5):
-    losses = []
-    clip_params = None if clip_params is None else list(clip_params)  # a generator would run dry
-    for x, y in data or batches():
-        zero(optimizer)
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        if clip_params is not None:
-            torch.nn.utils.clip_grad_norm_(clip_params, max_norm)
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
-
-
-def assert_same_params(a: nn.Module, b: nn.Module, atol=1e-6, rtol=1e-5):
-    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
-        torch.testing.assert_close(pa, pb, atol=atol, rtol=rtol, msg=lambda m: f"{name}: {m}")
-
-
-OPTIMIZERS = {
-    "sgd-momentum": lambda ps, **kw: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=1e-3, **kw),
-    "adam": lambda ps, **kw: torch.optim.Adam(ps, lr=1e-2, **kw),
-    "adamw": lambda ps, **kw: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, **kw),
-}
 
 
 @pytest.mark.parametrize("impl", [{}, {"foreach": True}, {"fused": True}], ids=["default", "foreach", "fused"])
@@ -180,253 +148,6 @@ def test_optimizer_checkpoint_of_the_original_resumes_with_align_bytes_1():
 
 
 # -- invalidation is caught, with a message that says what happened and how to fix it ----
-
-def wrapped(model=None):
-    model = model or small_net()
-    params = ContiguousParams(model.parameters())
-    return model, params, torch.optim.Adam(params.contiguous(), lr=1e-3)
-
-
-def one_backward(model):
-    x, y = batches(1)[0]
-    nn.functional.cross_entropy(model(x), y).backward()
-
-
-def in_grad_buffer(params, p) -> bool:
-    """p.grad is a view of the flat gradient buffer p was wrapped into."""
-    buffer = params.grad_buffers[(p.device, p.dtype)]
-    start = buffer.data_ptr()
-    return p.grad is not None and start <= p.grad.data_ptr() < start + buffer.numel() * buffer.element_size()
-
-
-def test_model_zero_grad_reattaches_the_flat_gradient():
-    """model.zero_grad() (set_to_none=True) detaches the gradient views; the next backward puts
-    them back, zeroed, so the flat gradient is exactly the per-parameter gradients."""
-    ref, model = twin()
-    params = ContiguousParams(model.parameters())
-    one_backward(model)  # leaves stale values that must not leak into the next gradient
-    model.zero_grad()
-    assert params.buffer_is_valid()  # None gradients are re-attached, not an invalid buffer
-    one_backward(model)
-    one_backward(ref)
-    assert params.buffer_is_valid()
-    for pr, p in zip(ref.parameters(), model.parameters()):
-        assert in_grad_buffer(params, p)
-        torch.testing.assert_close(p.grad, pr.grad, rtol=0, atol=0)
-
-
-def test_model_zero_grad_without_set_to_none_is_fine():
-    model, params, opt = wrapped()
-    one_backward(model)
-    model.zero_grad(set_to_none=False)
-    assert params.buffer_is_valid()
-    assert all(p.grad.abs().sum() == 0 for p in model.parameters())
-
-
-# -- PyTorch Lightning: zero_grad(set_to_none=True) on the optimizer and on the module ----------
-
-def all_optimizer_params(optimizer):
-    return [p for group in optimizer.param_groups for p in group["params"]]
-
-
-def lightning_style_fit(model, optimizer, data, *, closure, zero):
-    """The calls Lightning's Trainer makes, without Lightning: gradients set to None before the
-    first backward and before every step's backward, the step taken with a closure that runs
-    forward, backward and gradient clipping over the optimizer's parameters (as
-    gradient_clip_val does), or without one (manual optimization)."""
-    zero(model, optimizer)
-    losses = []
-    for x, y in data:
-        def closure_fn(x=x, y=y):
-            zero(model, optimizer)
-            loss = nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(all_optimizer_params(optimizer), 0.5)
-            losses.append(loss.item())
-            return loss
-        if closure:
-            optimizer.step(closure_fn)
-        else:
-            closure_fn()
-            optimizer.step()
-    return losses
-
-
-LIGHTNING_ZERO = {  # what may set gradients to None in a Lightning module's training
-    "optimizer+module": lambda m, o: (o.zero_grad(set_to_none=True), m.zero_grad(set_to_none=True)),
-    "module+optimizer": lambda m, o: (m.zero_grad(set_to_none=True), o.zero_grad(set_to_none=True)),
-    "module-only": lambda m, o: m.zero_grad(set_to_none=True),
-}
-
-
-@pytest.mark.parametrize("zero", LIGHTNING_ZERO)
-@pytest.mark.parametrize("closure", [True, False], ids=["closure", "no-closure"])
-@pytest.mark.parametrize("name", ["adam", "sgd-momentum"])
-def test_lightning_style_loop_trains_like_a_per_tensor_optimizer(name, closure, zero):
-    ref, model = twin()
-    params = ContiguousParams(model.parameters())
-    ref_losses = lightning_style_fit(ref, OPTIMIZERS[name](ref.parameters()), batches(), closure=closure,
-                                     zero=LIGHTNING_ZERO[zero])
-    losses = lightning_style_fit(model, OPTIMIZERS[name](params.contiguous()), batches(), closure=closure,
-                                 zero=LIGHTNING_ZERO[zero])
-    assert losses == pytest.approx(ref_losses, rel=1e-5)
-    assert_same_params(ref, model)
-    assert params.buffer_is_valid()
-    assert all(in_grad_buffer(params, p) for p in model.parameters())
-
-
-class TwoHeads(nn.Module):
-    """A trunk and two heads used on alternate steps: the unused head gets no gradient."""
-
-    def __init__(self):
-        super().__init__()
-        self.trunk, self.heads = nn.Linear(4, 6), nn.ModuleList([nn.Linear(6, 3), nn.Linear(6, 3)])
-
-    def forward(self, x, head):
-        return self.heads[head](torch.relu(self.trunk(x)))
-
-
-def _sgd_twins(module: type[nn.Module]):
-    """A model and its copy on ContiguousParams, each with plain SGD (lr 0.1), from seed 0."""
-    torch.manual_seed(0)
-    ref = module()
-    model = copy.deepcopy(ref)
-    params = ContiguousParams(model.parameters())
-    return ref, model, params, torch.optim.SGD(ref.parameters(), lr=0.1), torch.optim.SGD(params.contiguous(), lr=0.1)
-
-
-def test_unused_parameters_after_module_zero_grad_have_no_stale_gradient():
-    """After model.zero_grad(set_to_none=True) the unused head's slice of the flat gradient must
-    read zero, not last step's gradient: clipping over the flat tensors would count it and the
-    step would apply it. Plain SGD, for which a zero gradient and a skipped parameter agree."""
-    ref, model, params, ref_opt, opt = _sgd_twins(TwoHeads)
-    gen = torch.Generator().manual_seed(3)
-    for step in range(4):
-        x, y = torch.randn(8, 4, generator=gen), torch.randint(0, 3, (8,), generator=gen)
-        for m, o, clip in ((ref, ref_opt, ref.parameters()), (model, opt, params.contiguous())):
-            m.zero_grad(set_to_none=True)
-            nn.functional.cross_entropy(m(x, step % 2), y).backward()
-            norm = torch.nn.utils.clip_grad_norm_(clip, 0.05)  # small: every step is clipped
-            o.step()
-            if m is ref:
-                ref_norm = norm
-        torch.testing.assert_close(norm, ref_norm, rtol=1e-6, atol=0)
-        assert_same_params(ref, model, atol=0, rtol=1e-6)
-
-
-class MixedPrecisionHeads(nn.Module):
-    """A float32 head used every step and a float64 head used on even steps only: on odd steps
-    no backward reaches the float64 buffer at all."""
-
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = nn.Linear(4, 3), nn.Linear(4, 3).double()
-
-    def forward(self, x, step):
-        out = self.a(x)
-        return out + self.b(x.double()).float() if step % 2 == 0 else out
-
-
-def test_closure_that_sets_gradients_to_none_leaves_no_stale_gradient_in_an_untouched_buffer():
-    """Lightning sets gradients to None inside the step's closure, after the step's own check:
-    a buffer the closure's backward never reaches must still read zero when the update runs."""
-    ref, model, params, ref_opt, opt = _sgd_twins(MixedPrecisionHeads)
-    gen = torch.Generator().manual_seed(5)
-    for step in range(4):
-        x, y = torch.randn(8, 4, generator=gen), torch.randint(0, 3, (8,), generator=gen)
-        for m, o in ((ref, ref_opt), (model, opt)):
-            def closure(m=m):
-                m.zero_grad(set_to_none=True)
-                loss = nn.functional.cross_entropy(m(x, step), y)
-                loss.backward()
-                return loss
-            o.step(closure)
-        assert_same_params(ref, model, atol=0, rtol=1e-6)
-
-
-def test_step_right_after_module_zero_grad_is_a_zero_gradient_step():
-    """Lightning zeroes before training; a step with no backward since then changes nothing
-    under plain SGD and leaves every gradient a zeroed view of the flat buffer."""
-    model, _ = twin()
-    params = ContiguousParams(model.parameters())
-    opt = torch.optim.SGD(params.contiguous(), lr=0.1)
-    one_backward(model)
-    model.zero_grad(set_to_none=True)
-    before = [p.detach().clone() for p in model.parameters()]
-    opt.step()
-    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
-    assert all(in_grad_buffer(params, p) and p.grad.abs().sum() == 0 for p in model.parameters())
-
-
-def test_a_replaced_wrapper_does_not_reattach_gradients_to_its_buffer():
-    model = small_net()
-    old = ContiguousParams(model.parameters())
-    params = ContiguousParams(model.parameters())  # the new wrapper takes the parameters over
-    model.zero_grad(set_to_none=True)
-    one_backward(model)
-    assert params.buffer_is_valid()
-    assert all(in_grad_buffer(params, p) for p in model.parameters())
-    assert not old.buffer_is_valid()
-
-
-def test_conversion_after_module_zero_grad_is_still_reported_at_the_step():
-    """Re-attaching must leave a converted parameter alone (a float32 gradient cannot be given to
-    a float64 parameter): backward runs, and the step names the conversion."""
-    model, params, opt = wrapped()
-    model.zero_grad(set_to_none=True)
-    model.double()
-    x, y = batches(1)[0]
-    nn.functional.cross_entropy(model(x.double()), y).backward()
-    with pytest.raises(InvalidBufferError, match=r"dtype changed from torch\.float32 to torch\.float64"):
-        opt.step()
-
-
-def test_saving_a_wrapped_model_does_not_warn_about_hooks(tmp_path, recwarn):
-    model, _, _ = wrapped()
-    torch.save(model, tmp_path / "model.pt")
-    assert not [w for w in recwarn if "hook" in str(w.message)]
-
-
-def _lightning_fit(flat: bool, model: nn.Module) -> list[float]:
-    """Train `model` with a real Lightning Trainer (gradient clipping on), Adam either on the flat
-    tensors or per tensor; return the losses."""
-    L = pytest.importorskip("lightning", reason="lightning is not installed; the Lightning-style tests emulate it")
-    losses = []
-
-    class Module(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = model
-
-        def training_step(self, batch, batch_idx):
-            loss = nn.functional.cross_entropy(self.net(batch[0]), batch[1])
-            losses.append(loss.item())
-            return loss
-
-        def configure_optimizers(self):
-            if not flat:
-                return torch.optim.Adam(self.parameters(), lr=1e-2)
-            self.contiguous_params = ContiguousParams(self.parameters())
-            return torch.optim.Adam(self.contiguous_params.contiguous(), lr=1e-2)
-
-    data = batches()
-    loader = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(torch.cat([x for x, _ in data]), torch.cat([y for _, y in data])), batch_size=4)
-    trainer = L.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, gradient_clip_val=0.5, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(Module(), loader)
-    return losses
-
-
-@pytest.mark.filterwarnings("ignore::UserWarning")  # Lightning's advice on DataLoader workers
-def test_real_lightning_trainer_trains_like_a_per_tensor_optimizer():
-    ref, model = twin()
-    ref_losses = _lightning_fit(False, ref)
-    losses = _lightning_fit(True, model)
-    assert len(losses) == STEPS
-    assert losses == pytest.approx(ref_losses, rel=1e-5)
-    assert_same_params(ref, model)
-
 
 @pytest.mark.parametrize("convert, pattern", [
     (lambda m: m.half(), r"dtype changed from torch\.float32 to torch\.float16.*model\.half\(\)"),
@@ -556,7 +277,7 @@ def test_gradient_penalty_as_the_create_graph_message_advises_trains_correctly()
     assert_same_params(ref, model)
 
 
-# -- construction: groups, frozen parameters, dtypes, bad input ---------------------------
+# -- construction: groups, frozen parameters, dtypes --------------------------------------
 
 def test_parameter_groups_keep_their_options():
     ref, model = twin()
@@ -609,17 +330,6 @@ def test_messages_use_the_names_from_named_parameters():
     assert "(first: parameter '5.bias', shape (10,))" in params.problem()
     with pytest.raises(ValueError, match="parameter 'weight' is uninitialised"):
         ContiguousParams(nn.LazyLinear(3).named_parameters())
-
-
-def test_mixing_named_and_plain_parameters_is_a_clear_error():
-    lin = nn.Linear(2, 2)
-    other = nn.Linear(2, 2)
-    with pytest.raises(TypeError, match=r"the parameter list mixes \(name, parameter\) pairs with bare parameters"):
-        ContiguousParams([("weight", lin.weight), lin.bias])
-    with pytest.raises(TypeError, match="parameter group 1 mixes"):
-        ContiguousParams([{"params": lin.named_parameters()}, {"params": [other.weight, ("bias", other.bias)]}])
-    with pytest.raises(TypeError, match=r"not a \(name, parameter\) pair"):
-        ContiguousParams([(lin.weight, "weight")])
 
 
 def test_frozen_parameters_are_left_alone():
@@ -785,110 +495,6 @@ def test_existing_gradients_are_kept():
     grads = [p.grad.clone() for p in model.parameters()]
     ContiguousParams(model.parameters())
     assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
-
-
-def test_a_consumed_parameter_generator_is_named_as_such():
-    model = nn.Linear(2, 2)
-    params = model.parameters()
-    torch.optim.SGD(params, lr=0.1)  # reads the generator to its end
-    with pytest.raises(ValueError, match="empty parameter list: the iterator yielded nothing.*already consumed"):
-        ContiguousParams(params)
-    group = (p for p in model.parameters())
-    list(group)
-    with pytest.raises(ValueError, match="parameter group 0 has no parameters: .*already consumed"):
-        ContiguousParams([{"params": group, "lr": 0.1}])
-    with pytest.raises(ValueError, match="empty parameter list$"):  # a list is simply empty
-        ContiguousParams([])
-
-
-def test_bad_input_gives_clear_errors():
-    with pytest.raises(ValueError, match="empty parameter list"):
-        ContiguousParams([])
-    with pytest.raises(ValueError, match="empty parameter list"):
-        ContiguousParams(iter([]))
-    frozen = nn.Linear(2, 2).requires_grad_(False)
-    with pytest.raises(ValueError, match="all 2 parameters are frozen"):
-        ContiguousParams(frozen.parameters())
-    lin = nn.Linear(2, 2)
-    with pytest.raises(ValueError, match="more than once"):
-        ContiguousParams([lin.weight, lin.weight])
-    with pytest.raises(TypeError, match="single Parameter"):
-        ContiguousParams(lin.weight)
-    with pytest.raises(TypeError, match="not a tensor"):
-        ContiguousParams([lin.weight, 3])
-    params = ContiguousParams(lin.parameters())
-    with pytest.raises(ValueError, match="already a flat buffer"):
-        ContiguousParams(params.contiguous())
-    with pytest.raises(ValueError, match="lazy module"):
-        ContiguousParams(nn.LazyLinear(3).parameters())
-
-
-@pytest.mark.parametrize("parameters,where", [(None, "got None"), (3, "got int"),
-                                              ([{"params": None}], "parameter group 0 .*got None")])
-def test_something_that_is_not_an_iterable_of_parameters_is_a_clear_type_error(parameters, where):
-    with pytest.raises(TypeError, match=rf"{where}.*model\.parameters\(\)"):
-        ContiguousParams(parameters)
-
-
-@pytest.mark.parametrize("align_bytes,error,message", [
-    (0, ValueError, "power of two"), (-64, ValueError, "power of two"), (48, ValueError, "power of two"),
-    (3, ValueError, "power of two"), (2**36, ValueError, "at most 4096"), (8192, ValueError, "at most 4096"),
-    (True, TypeError, "an int, got True"), (64.0, TypeError, "an int, got 64.0"), ("64", TypeError, "an int"),
-])
-def test_bad_align_bytes_is_refused_before_anything_moves(align_bytes, error, message):
-    model = nn.Linear(3, 5)
-    before = [p.data_ptr() for p in model.parameters()]
-    with pytest.raises(error, match=f"align_bytes must be .*{message}"):
-        ContiguousParams(model.parameters(), align_bytes=align_bytes)
-    assert [p.data_ptr() for p in model.parameters()] == before  # refused before wrapping anything
-
-
-@pytest.mark.parametrize("align_bytes", [1, 2, 16, 64, 4096])
-def test_every_allowed_align_bytes_aligns_offsets_within_the_buffer(align_bytes):
-    model = nn.Sequential(nn.Linear(3, 5), nn.Linear(5, 7).half(), nn.Linear(7, 2))  # odd sizes, two dtypes
-    params = ContiguousParams(model.parameters(), align_bytes=align_bytes)
-    for p in model.parameters():
-        buf = params.param_buffers[(p.device, p.dtype)]
-        offset = p.data_ptr() - buf.data_ptr()
-        assert offset % max(align_bytes, p.element_size()) == 0
-
-
-def _tied_by_memory(kind: str) -> list[nn.Parameter]:
-    a = nn.Parameter(torch.randn(4, 3))
-    if kind == "alias":  # tied weights built as two Parameter objects over one tensor
-        return [a, nn.Parameter(a.data)]
-    if kind == "row-view":
-        return [a, nn.Parameter(a.data[1])]
-    if kind == "transposed":
-        return [nn.Parameter(a.data.t()), a]
-    return [a, nn.Parameter(a.data, requires_grad=False)]  # "frozen-alias": it would stop seeing a's updates
-
-
-@pytest.mark.parametrize("kind", ["alias", "row-view", "transposed", "frozen-alias"])
-def test_parameters_sharing_memory_are_refused_instead_of_untied(kind):
-    tied = _tied_by_memory(kind)
-    before = [p.data_ptr() for p in tied]
-    with pytest.raises(ValueError, match=r"share memory.*copying them into the flat buffer would untie them"):
-        ContiguousParams(tied)
-    assert [p.data_ptr() for p in tied] == before  # still tied: nothing was moved
-    named = [("encoder.weight", tied[0]), ("decoder.weight", tied[1])]
-    with pytest.raises(ValueError, match="parameter 'encoder.weight' and parameter 'decoder.weight' share memory"):
-        ContiguousParams(named)
-    with pytest.raises(ValueError, match="share memory"):  # across groups too
-        ContiguousParams([{"params": [tied[0]]}, {"params": [tied[1]], "lr": 0.1}])
-
-
-def test_disjoint_parameters_of_one_storage_are_wrapped():
-    """Parameters that are separate pieces of one tensor (as those of an earlier ContiguousParams
-    are) share no element, so copying them apart unties nothing: wrapping them again is the fix
-    the conversion and unfreezing messages give."""
-    ref, model = twin()
-    first = ContiguousParams(model.parameters())
-    again = ContiguousParams(model.parameters())
-    assert again.buffer_is_valid() and not first.buffer_is_valid()
-    train(ref, torch.optim.Adam(ref.parameters(), lr=1e-2))
-    train(model, torch.optim.Adam(again.contiguous(), lr=1e-2))
-    assert_same_params(ref, model, atol=0, rtol=0)
 
 
 def test_passing_the_wrapper_to_an_optimizer_is_a_clear_error():

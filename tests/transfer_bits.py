@@ -1,11 +1,16 @@
-"""Tables of random bits and index patterns shared by the host-table tests (test_transfer_kernel,
-test_transfer_auto): a copy that went through arithmetic or a float conversion would change
-some of these bits, so comparing them bitwise checks that rows were moved, not recomputed."""
+"""What the host-table tests share: each backend as a pytest param, skipped where this machine
+cannot run it, and the device it moves rows to (test_host_table, test_transfer_backends,
+test_transfer, test_host_embedding); and tables of random bits and index patterns
+(test_transfer_kernel, test_transfer_auto): a copy that went through arithmetic or a float
+conversion would change some of these bits, so comparing them bitwise checks that rows were
+moved, not recomputed."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+
+from speedlib.transfer import BACKENDS
 
 needs_cuda = pytest.mark.gpu(reason="these backends move rows to a CUDA device; this machine has none")
 try:
@@ -14,6 +19,49 @@ try:
 except ImportError:
     HAS_TRITON = False
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed (CPU-only torch builds lack it)")
+HAS_CUDA = torch.cuda.is_available()
+GPU_BACKENDS = [b for b in BACKENDS if b not in ("pageable", "auto")]  # auto is pageable on a CPU device
+
+
+def _cupy_ok() -> bool:
+    try:
+        import cupy  # noqa: F401, PLC0415
+    except ImportError:
+        return False
+    return True
+
+
+def _backend_params(backends):
+    """Each backend as a pytest param, skipped with its reason where this machine cannot run it."""
+    out = []
+    for b in backends:
+        marks = []
+        if b != "pageable":
+            marks.append(needs_cuda)
+        if b == "cupy" and not _cupy_ok():
+            marks.append(pytest.mark.skip(reason="CuPy is not installed"))
+        out.append(pytest.param(b, marks=marks, id=b))
+    return out
+
+
+ALL = _backend_params(BACKENDS)
+
+
+def _device(backend: str) -> torch.device:
+    # A table names its CUDA device with the index ('cuda:0'), as tensors made there do.
+    return torch.device("cuda", torch.cuda.current_device()) if HAS_CUDA else torch.device("cpu")
+
+
+def _train_device(backend: str) -> torch.device:
+    """Where an embedding trained against a CPU reference runs: the CPU for 'pageable' even on
+    GPU machines, so that comparisons with nn.Embedding and torch.optim on the CPU can be
+    bitwise (GPU kernels round differently) and its outputs meet CPU targets. Training on a
+    GPU is compared with a tolerance in the *_on_gpu_backends_* tests, 'pageable' included."""
+    return torch.device("cpu") if backend == "pageable" else _device(backend)
+
+
+def _reference(rows=1000, dim=16, dtype=torch.float32, seed=0):
+    return torch.randn(rows, dim, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
 def bits(rows: int, dim: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:

@@ -1,0 +1,204 @@
+"""The storage backends behind HostTable (speedlib/_transfer_backends.py) on their own: the uva
+backend's page-locking (CUDA's runtime stood in on a CPU), the cupy backend's dtypes and its
+release at exit (CuPy stood in), and an interpreter that exits cleanly with every backend's
+tables alive. The uva row-copy kernel and 'auto' have files of their own
+(tests/test_transfer_kernel.py, tests/test_transfer_auto.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import mmap
+import os
+import subprocess
+import sys
+import textwrap
+import types
+import weakref
+
+import numpy as np
+import pytest
+import torch
+from transfer_bits import GPU_BACKENDS, _cupy_ok, _reference, needs_cuda
+
+from speedlib.transfer import HostTable
+
+
+@pytest.mark.skipif(not _cupy_ok(), reason="CuPy is not installed")
+@needs_cuda
+def test_cupy_backend_refuses_bfloat16():
+    with pytest.raises(TypeError, match="NumPy has no torch.bfloat16"):
+        HostTable(10, 4, dtype=torch.bfloat16, backend="cupy")
+
+
+def test_mapped_host_describes_the_table_bytes_in_place():
+    from speedlib._transfer_backends import _MappedHost  # noqa: PLC0415 - the uva backend's CPU-side logic
+
+    host = torch.zeros(6, 5, dtype=torch.bfloat16)
+    cai = _MappedHost(host).__cuda_array_interface__
+    assert cai["data"] == (host.data_ptr(), False)
+    assert cai["shape"] == (6, 10) and cai["typestr"] == "|u1" and cai["strides"] is None
+
+
+class _FakeCudart:
+    """torch.cuda.cudart() stood in: records each call and the device current during it."""
+
+    def __init__(self, calls: list, current: list, result: int = 0):
+        self.calls, self.current, self.result = calls, current, result
+
+    def cudaHostRegister(self, ptr, nbytes, flags):  # noqa: N802 - CUDA's name
+        self.calls.append(("register", ptr, nbytes, flags, self.current[-1]))
+        return self.result
+
+    def cudaHostUnregister(self, ptr):  # noqa: N802
+        self.calls.append(("unregister", ptr))
+        return 0
+
+
+class _Owner:
+    """What a registration's lifetime is tied to (a _Uva table)."""
+
+
+def test_uva_memory_is_locked_exactly_and_unlocked_when_its_owner_is_freed(monkeypatch):
+    """The uva table's memory, on CPU with CUDA's runtime stood in: one registration of exactly
+    rows * dim * itemsize bytes (torch's pinned allocator would lock the next power of two),
+    mapped and portable, under the table's device (CUDA records it as the memory's, and
+    torch.as_tensor reads it back); page-aligned and shared, so no neighbour's page is locked
+    and a fork copies no page; unregistered when the owner is freed, the memory still valid."""
+    from speedlib import _transfer_backends as transfer  # noqa: PLC0415 - the backends' internals
+
+    calls, current = [], [None]
+
+    class Device:  # torch.cuda.device stood in
+        def __init__(self, dev):
+            self.dev = torch.device(dev)
+
+        def __enter__(self):
+            current.append(self.dev)
+
+        def __exit__(self, *exc):
+            current.pop()
+
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: _FakeCudart(calls, current))
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    owner, dev = _Owner(), torch.device("cuda", 1)
+    rows, dim = 1000, 3  # 6000 bytes of bfloat16: neither a power of two nor whole pages
+    host = transfer._locked_zeros(rows, dim, torch.bfloat16, dev, owner)
+    assert host.shape == (rows, dim) and host.dtype == torch.bfloat16 and not host.any()
+    assert calls == [("register", host.data_ptr(), rows * dim * 2, 1 | 2, dev)]  # Portable | Mapped
+    assert host.data_ptr() % mmap.PAGESIZE == 0 and host.untyped_storage().nbytes() == rows * dim * 2
+    if os.path.exists("/proc/self/maps"):
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            perms = [line.split()[1] for line in maps if int(line.split("-")[0], 16) == host.data_ptr()]
+        assert perms == ["rw-s"]  # shared: not copy-on-write in forked DataLoader workers
+    del owner
+    gc.collect()
+    assert calls[1:] == [("unregister", host.data_ptr())]
+    host[0] = 1.0  # views of table.cpu() outlive the lock: plain memory, still mapped
+    assert host[0].float().sum() == dim
+    # A failed registration raises, and leaves nothing to unregister later.
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: _FakeCudart(calls, current, result=2))
+    owner = _Owner()
+    with pytest.raises(RuntimeError, match="cudaHostRegister failed with cudaError 2"):
+        transfer._locked_zeros(rows, dim, torch.float32, dev, owner)
+    del owner
+    gc.collect()
+    assert [c[0] for c in calls] == ["register", "unregister", "register"]
+
+
+@needs_cuda
+def test_uva_table_locks_its_own_bytes_and_equals_pageable():
+    """On a GPU: gather and scatter equal 'pageable'; the table is exactly rows * dim * itemsize
+    bytes, none of them from torch's pinned allocator, locked while the table lives."""
+    rows, dim = 150_001, 5  # 3,000,020 bytes: torch's pinned allocator would lock 4 MiB
+    ref = _reference(rows, dim)
+    allocs = torch.cuda.host_memory_stats()["num_host_alloc"]
+    uva = HostTable.from_tensor(ref, backend="uva")
+    plain = HostTable.from_tensor(ref, backend="pageable", device=uva.device)
+    gen = torch.Generator().manual_seed(6)
+    idx = torch.randint(0, rows, (5000,), generator=gen)
+    values = torch.randn(5000, dim, generator=gen)
+    uva.scatter_(idx.to(uva.device), values.to(uva.device))
+    plain.scatter_(idx.to(uva.device), values.to(uva.device))
+    assert torch.equal(uva.gather(idx).cpu(), plain.gather(idx).cpu())
+    host = uva.cpu()  # the table's memory itself, no copy
+    assert torch.equal(host, plain.cpu())
+    assert host.untyped_storage().nbytes() == rows * dim * 4 and host.is_pinned()
+    assert torch.cuda.host_memory_stats()["num_host_alloc"] == allocs
+    del uva
+    gc.collect()
+    assert not host.is_pinned()  # unregistered with the table; the rows stay readable
+    assert torch.equal(host, plain.cpu())
+
+
+# --- interpreter exit ------------------------------------------------------------------------
+
+_EXIT_SCRIPT = textwrap.dedent("""
+    import torch
+    from speedlib.transfer import HostEmbedding, HostTable
+    import functools
+    tables = [HostTable.from_tensor(torch.ones(100, 8), backend=b) for b in {backends!r}]
+    for t in tables:
+        t.scatter_(torch.tensor([1, 1]), torch.zeros(2, 8, device=t.device))
+        assert t.gather(torch.tensor([1])).sum().item() == 0
+    emb = HostEmbedding(100, 8, functools.partial(torch.optim.Adam, lr=0.1), backend={backends[0]!r})
+    emb(torch.tensor([3, 4])).sum().backward()
+    emb.step()
+    print("done")
+""")
+
+
+def _exit_cleanly(backends: list[str]) -> None:
+    proc = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT.format(backends=backends)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "done"
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+
+
+def test_interpreter_exits_cleanly_with_a_pageable_table():
+    _exit_cleanly(["pageable"])
+
+
+@needs_cuda
+def test_interpreter_exits_cleanly_with_every_gpu_backend():
+    _exit_cleanly([b for b in GPU_BACKENDS if b != "cupy" or _cupy_ok()])
+
+
+def test_exit_releases_cupy_tables_then_the_blocks_cupys_pools_cache(monkeypatch):
+    """The cupy backend and its atexit hook, with CuPy stood in (NumPy memory for pinned):
+    tables drop their memory first (a block in use cannot be freed), then the pinned and
+    device pools of the CuPy the tables used free their cached blocks while CUDA is alive.
+    A CuPy that no table used is left alone: its pools could make CUDA calls at exit."""
+    from speedlib import _transfer_backends as transfer  # noqa: PLC0415 - the backends' internals
+
+    events = []
+
+    class Pool:
+        def __init__(self, name):
+            self.name = name
+
+        def free_all_blocks(self):
+            events.append((self.name, table.pinned is None))
+
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace(Device=lambda index: contextlib.nullcontext(),
+                                      UnownedMemory=lambda ptr, nbytes, owner, device: owner,
+                                      MemoryPointer=lambda mem, offset: mem)
+    cupy.ndarray = lambda shape, dtype=None, memptr=None: ("a CuPy view of", memptr)
+    cupy.get_default_pinned_memory_pool = lambda: Pool("pinned pool")
+    cupy.get_default_memory_pool = lambda: Pool("device pool")
+    cupyx = types.ModuleType("cupyx")
+    cupyx.empty_pinned = lambda shape, dtype: np.empty(shape, dtype)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setitem(sys.modules, "cupyx", cupyx)
+    monkeypatch.setattr(transfer, "_cupy", None)
+    monkeypatch.setattr(transfer, "_CUPY_TABLES", weakref.WeakSet())
+    transfer._release_cupy_tables()  # CuPy imported, no table used it
+    assert events == []
+    table = transfer._Cupy(4, 3, torch.float32, torch.device("cuda", 0))
+    assert list(transfer._CUPY_TABLES) == [table] and table.array[1] is table.pinned and not table.host.any()
+    transfer._release_cupy_tables()
+    assert table.array is None and table.pinned is None and table.host is None
+    assert events == [("pinned pool", True), ("device pool", True)]  # after the table let go
