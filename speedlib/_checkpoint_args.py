@@ -4,7 +4,7 @@ torch's keywords (`use_reentrant`, `context_fn`, `determinism_check`, `debug`) a
 refused by name, never passed on to the function; `functools.partial` is opened so the
 tensors it holds become tracked arguments; the segment's parameters are found on the module a
 function belongs to (the module itself, a bound method of it, a partial over either: what
-Hugging Face models pass); and that module's tensors as seen in forward are kept, so the
+Hugging Face models pass, bound or with the module as first argument); and that module's tensors as seen in forward are kept, so the
 rerun in backward uses them even outside a `torch.func.functional_call`. These need no
 autograd node, so they live apart from speedlib/checkpoint.py's.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 import contextlib
 import functools
+import inspect
 from typing import Any
 
 import torch
@@ -64,12 +65,16 @@ def open_partial(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     return function, args, kwargs
 
 
-def owner(function: Any) -> nn.Module | None:
-    """The module whose parameters `function` uses: itself, or the module a bound method belongs to."""
+def owner(function: Any, args: tuple[Any, ...]) -> nn.Module | None:
+    """The module whose parameters `function` uses: itself, the module a bound method belongs
+    to, or the module an unbound method is called with (transformers 5 passes
+    partial(forward, layer, **kwargs))."""
     if isinstance(function, nn.Module):
         return function
     bound_to = getattr(function, "__self__", None)
-    return bound_to if isinstance(bound_to, nn.Module) else None
+    if isinstance(bound_to, nn.Module):
+        return bound_to
+    return args[0] if args and isinstance(args[0], nn.Module) and inspect.isfunction(function) else None
 
 
 def explicit_params(module: nn.Module | None, params: Any) -> tuple[torch.Tensor, ...]:
@@ -78,7 +83,8 @@ def explicit_params(module: nn.Module | None, params: Any) -> tuple[torch.Tensor
         if module is None:
             raise TypeError("speedlib.checkpoint: pass params= (the tensors requiring grad that the function uses "
                             "besides its inputs; () if none); they are found automatically only for an nn.Module, "
-                            "a bound method of one, or a functools.partial over either")
+                            "a bound method of one, a function called with one as its first argument, or a "
+                            "functools.partial over these")
         params = module.parameters()
     if torch.is_tensor(params):
         # Iterating a tensor yields its rows: views that are not the parameter, whose

@@ -4,7 +4,8 @@ autograd.Function only tracks tensors passed as its own arguments, so speedlib/c
 flattens a segment's arguments and results (torch's pytree, which also flattens dataclass
 instances here) and rebuilds them afterwards; and it tells a nondeterministic segment by the
 flat log of what each run saved for backward (`_SavedLog`, raising
-`NondeterministicSegmentError`). These need no autograd node, so they live apart from it;
+`NondeterministicSegmentError`); and `_GeneratorLog` notes the generators of its own a segment
+draws from, so the rerun can replay them. These need no autograd node, so they live apart from it;
 `speedlib.checkpoint` is the module to import, and re-exports the error.
 """
 

@@ -1,7 +1,8 @@
 """Activation checkpointing with explicit parameters, and BatchNorm that counts a step once.
 
 `checkpoint(fn, *args, params=..., **kwargs)` runs `fn` without keeping its activations and reruns
-it in backward. Unlike `torch.utils.checkpoint(use_reentrant=True)` it never starts a
+it in backward; it takes torch.utils.checkpoint.checkpoint's arguments (speedlib/_checkpoint_args.py
+reads them) and `checkpoint_sequential` torch's. Unlike `torch.utils.checkpoint(use_reentrant=True)` it never starts a
 nested backward pass: the rerun's gradients come out of one `torch.autograd.grad` call and
 are returned as the gradients of `inputs` and `params`, which are inputs of the autograd
 node. The outer backward pass therefore accumulates every parameter's gradient itself,
@@ -52,9 +53,10 @@ from typing import Any
 import torch
 from torch import nn
 
-# Two parts live in private modules, each readable on its own: the flattening of a segment's
+# Three parts live in private modules, each readable on its own: the flattening of a segment's
 # arguments and results and the log of its saved tensors (speedlib/_checkpoint_tree.py), and
-# the BatchNorm that counts a step once (_checkpoint_batchnorm.py). This module keeps the
+# the BatchNorm that counts a step once (_checkpoint_batchnorm.py), and the reading of the
+# caller's arguments as torch's (_checkpoint_args.py). This module keeps the
 # autograd node and stays the technique's one import.
 from speedlib._checkpoint_batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d, convert_batchnorm, in_backward
 from speedlib._checkpoint_args import ModuleTensors, explicit_params, open_partial, owner, torch_options, two_contexts
@@ -553,7 +555,7 @@ def checkpoint(function: Callable[..., Any], *args: Any, use_reentrant: bool | N
     if not callable(function):
         raise TypeError(f"speedlib.checkpoint: the function to checkpoint must be callable, got {type(function).__name__}")
     function, args, kwargs = open_partial(function, args, kwargs)
-    module = owner(function)
+    module = owner(function, args)
     params = explicit_params(module, params)
     if any(nn.parameter.is_lazy(p) for p in params):
         # A lazy module (nn.LazyLinear) shapes its parameters in its first call, and the node
