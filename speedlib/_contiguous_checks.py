@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from speedlib._flat_parameter import FlatParameter
+
 # cuBLAS, cuDNN and the vectorised element-wise kernels want 16-byte aligned pointers;
 # unaligned views would make forward and backward slower and change which kernels run.
 # 64 bytes (a cache line) costs at most a few hundred padding elements per model.
@@ -64,10 +66,6 @@ def _as_list(items: Any, expected: str) -> list:
 
 def _normalise_groups(parameters: Any) -> tuple[list[dict], bool]:
     """Turn what an optimizer would accept into a list of group dicts; say if groups were given."""
-    from speedlib.contiguous import ContiguousParams  # noqa: PLC0415 - speedlib.contiguous imports this module
-
-    if isinstance(parameters, ContiguousParams):
-        raise TypeError("these parameters are already a ContiguousParams; use it as it is")
     if isinstance(parameters, torch.Tensor):
         raise TypeError(
             "ContiguousParams takes an iterable of parameters or parameter-group dicts, "
@@ -109,8 +107,6 @@ def _split_names(params: list, where: str) -> tuple[list, list[str | None]]:
 
 
 def _check_parameter(p: Any, where: str) -> None:
-    from speedlib.contiguous import FlatParameter  # noqa: PLC0415 - speedlib.contiguous imports this module
-
     if not isinstance(p, torch.Tensor):
         raise TypeError(f"{where} is a {type(p).__name__}, not a tensor")
     if isinstance(p, nn.parameter.UninitializedParameter):

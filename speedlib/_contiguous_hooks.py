@@ -6,13 +6,12 @@ and only hooks see that happen: PyTorch's global ones see a parameter swapped on
 with the gradients set to None re-attached, before the step and after its closure), and a
 tensor hook per parameter sees a backward about to accumulate into a None gradient. They and
 the weak tables that map parameters and optimizers to their wrapper live here, apart from the
-buffers in speedlib/contiguous.py, which imports this module (so `FlatParameter` is looked up
-from it only when a hook runs). `speedlib.contiguous` is the module to import.
+buffers in speedlib/contiguous.py, which imports this module; both take FlatParameter from
+speedlib/_flat_parameter.py. `speedlib.contiguous` is the module to import.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 import weakref
 
 import torch
@@ -20,8 +19,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.weak import WeakIdKeyDictionary
 
-if TYPE_CHECKING:
-    from speedlib.contiguous import ContiguousParams
+from speedlib._flat_parameter import FlatOwner, FlatParameter, InvalidBufferError
 
 # -- process-wide hooks ----------------------------------------------------------------
 # Installed on the first ContiguousParams. They cost nothing for modules and optimizers
@@ -69,14 +67,12 @@ def _on_parameter_registered(module: nn.Module, name: str, param: nn.Parameter) 
     return None
 
 
-def _owners_of(optimizer: torch.optim.Optimizer) -> list[ContiguousParams]:
+def _owners_of(optimizer: torch.optim.Optimizer) -> list[FlatOwner]:
     signature = tuple(len(g["params"]) for g in optimizer.param_groups)
     cached = _OWNERS_BY_OPTIMIZER.get(optimizer)
     if cached is not None and cached[0] == signature:
         return cached[1]
-    from speedlib.contiguous import FlatParameter  # noqa: PLC0415 - speedlib.contiguous imports this module
-
-    owners: dict[int, ContiguousParams] = {}
+    owners: dict[int, FlatOwner] = {}
     for group in optimizer.param_groups:
         for p in group["params"]:
             owner = p.__dict__.get("_owner") if isinstance(p, FlatParameter) else None
@@ -86,7 +82,7 @@ def _owners_of(optimizer: torch.optim.Optimizer) -> list[ContiguousParams]:
     return list(owners.values())
 
 
-def _prepare_for_update(owners: list[ContiguousParams]) -> None:
+def _prepare_for_update(owners: list[FlatOwner]) -> None:
     for owner in owners:
         owner.reattach_grads()  # a parameter without a gradient since the last zero_grad: zero
         owner.assert_buffer_is_valid()
@@ -97,10 +93,32 @@ def _check_before_step(optimizer: torch.optim.Optimizer, args: tuple, kwargs: di
     if not owners:
         return None
     _prepare_for_update(owners)
+    _check_state_fits(optimizer)
     return _with_checked_closure(owners, args, kwargs)
 
 
-def _with_checked_closure(owners: list[ContiguousParams], args: tuple, kwargs: dict) -> tuple | None:
+def _check_state_fits(optimizer: torch.optim.Optimizer) -> None:
+    """An optimizer state loaded from another flat layout fails deep in the step ("size of tensor
+    a (143) must match ... (163)"); say which layout it came from instead."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state.get(p) if isinstance(p, FlatParameter) else None
+            for key, value in (state or {}).items():
+                if not (torch.is_tensor(value) and value.dim() > 0 and value.numel() != p.numel()):
+                    continue
+                why = ("it has fewer values, as a state saved without alignment padding has: by "
+                       "contiguous_params 1.0.0, or by ContiguousParams(..., align_bytes=1). Build this "
+                       "ContiguousParams with align_bytes=1 (the original's layout) to resume it"
+                       if value.numel() < p.numel() else
+                       "it has more values, as a state saved with alignment padding (the default align_bytes) "
+                       "has; build ContiguousParams with the align_bytes it was saved with to resume it")
+                raise InvalidBufferError(
+                    f"the optimizer's state {key!r} for a flat tensor of contiguous() holds {value.numel()} values "
+                    f"where the flat tensor has {p.numel()}: it was saved for another flat layout, and {why} "
+                    "(the same parameters in the same order), or start from a fresh optimizer state.")
+
+
+def _with_checked_closure(owners: list[FlatOwner], args: tuple, kwargs: dict) -> tuple | None:
     """step(closure) runs forward and backward inside the step (PyTorch Lightning always does,
     zeroing gradients there), after this hook: check again once the closure has run."""
     def checked(closure):

@@ -148,12 +148,15 @@ class HostEmbedding(_RankSync, nn.Module):
     state tables are ordinary RAM, the size of the table each (Adam: two), and are saved
     through `state_dict()`.
 
-    `state_dict()` holds the table (`weight`) and optimizer state (`optimizer.<name>`) as host
-    tensors; hyper-parameters belong to the optimizer factory. Loading replaces the optimizer
-    state with the loaded one, an entry absent (a state saved before the first step) with
-    its fresh value. An embedding without an optimizer (frozen, for inference) loads the
-    weight and ignores `optimizer.*` entries. Device placement is fixed at construction:
-    `.to()` on the module does not move the table.
+    `state_dict()` holds the table (`weight`) alone, as nn.Embedding's: it loads strictly
+    into the same model built with a plain nn.Embedding, and back. The optimizer state is
+    kept apart: `optimizer_state_dict()` / `load_optimizer_state_dict()` (host tensors;
+    hyper-parameters belong to the optimizer factory). Loading a weight starts the optimizer
+    afresh; a state_dict of an older speedlib with `optimizer.<name>` entries restores them
+    (an embedding without an optimizer ignores them). Device placement is fixed at
+    construction: `.to()` on the module does not move the table. `model.double()`, `.half()`
+    and `.to(dtype)` make the lookups return the module's dtype; the table and its optimizer
+    state keep theirs.
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int,
@@ -203,6 +206,7 @@ class HostEmbedding(_RankSync, nn.Module):
         if optimizer is not None and not isinstance(self.optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer(...) must return a torch.optim.Optimizer, got {type(self.optimizer).__name__}")
         self._stepping = False  # emb.step() is running the optimizer
+        self._output_dtype: torch.dtype | None = None  # the lookups' dtype after model.double() etc. (see _apply)
         if self.optimizer is not None:
             before, after = _step_hooks(weakref.ref(self))
             self.optimizer.register_step_pre_hook(before)
@@ -356,6 +360,22 @@ class HostEmbedding(_RankSync, nn.Module):
                 f"device={self.table.device}, optimizer={type(self.optimizer).__name__ if self.optimizer else None}")
 
     def forward(self, indices) -> torch.Tensor:
+        out = self._lookup(indices)
+        # After model.double() / .half() the lookups come out in the module's dtype, as
+        # nn.Embedding's would; the gradient goes back to the table's dtype through the cast.
+        return out if self._output_dtype is None else out.to(self._output_dtype)
+
+    def _apply(self, fn, recurse: bool = True):
+        """model.double(), .half(), .to(dtype): the table keeps its dtype (it is host memory,
+        maybe a file) and so does the optimizer state; the lookups' output follows the module."""
+        try:
+            dtype = fn(torch.zeros((), dtype=self.table.dtype)).dtype
+        except (RuntimeError, AssertionError):  # a device this process lacks: the module's own tensors will say so
+            dtype = self.table.dtype
+        self._output_dtype = None if dtype == self.table.dtype else dtype
+        return super()._apply(fn, recurse)
+
+    def _lookup(self, indices) -> torch.Tensor:
         idx = self.table._indices(indices)
         track = not self.freeze and torch.is_grad_enabled()
         if not track and self.max_norm is None:
@@ -533,10 +553,23 @@ class HostEmbedding(_RankSync, nn.Module):
         return table
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
+        # Only the weight, as nn.Embedding's: a model saved with a HostEmbedding loads strictly
+        # into the same model with a plain nn.Embedding. The optimizer state is kept apart.
         destination[prefix + "weight"] = self.table.cpu()
-        for key, value in (self.optimizer.state.get(self._rows_weight, {}) if self.optimizer else {}).items():
-            table = self._state_tables.get(key)
-            destination[prefix + "optimizer." + key] = table.cpu() if table is not None else value
+
+    def optimizer_state_dict(self) -> dict[str, object]:
+        """The optimizer state (per-row tables as host tensors of the table's shape, and scalars
+        such as Adam's step), to save beside the model's state_dict. Hyper-parameters belong
+        to the optimizer factory."""
+        return {key: (self._state_tables[key].cpu() if key in self._state_tables else value)
+                for key, value in (self.optimizer.state.get(self._rows_weight, {}) if self.optimizer else {}).items()}
+
+    def load_optimizer_state_dict(self, state: dict[str, object]) -> None:
+        """Restore what optimizer_state_dict() returned. Call it after load_state_dict(): loading
+        a weight starts the optimizer afresh (its state belonged to the old values)."""
+        if self.optimizer is None:
+            raise ValueError("this HostEmbedding has no optimizer (frozen): there is no optimizer state to load")
+        self._set_optimizer_state(dict(state))
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         mine = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
@@ -553,10 +586,12 @@ class HostEmbedding(_RankSync, nn.Module):
         for name, value in mine.items():
             if not name.startswith("optimizer."):
                 unexpected_keys.append(prefix + name)
-            elif self.optimizer is not None:  # without one (inference), training state is ignored
+            elif self.optimizer is not None:  # state_dicts saved before optimizer_state_dict() existed carry it
                 loaded[name.removeprefix("optimizer.")] = value
-        if self.optimizer is None:
-            return
+        if self.optimizer is not None:
+            self._set_optimizer_state(loaded)
+
+    def _set_optimizer_state(self, loaded: dict[str, object]) -> None:
         # The loaded state replaces this embedding's whole state, absent entries by their fresh
         # values: keeping ours (Adam's step count, momentum rows) would make training continue
         # differently from the source.

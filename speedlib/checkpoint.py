@@ -1,7 +1,8 @@
 """Activation checkpointing with explicit parameters, and BatchNorm that counts a step once.
 
 `checkpoint(fn, *args, params=..., **kwargs)` runs `fn` without keeping its activations and reruns
-it in backward. Unlike `torch.utils.checkpoint(use_reentrant=True)` it never starts a
+it in backward; it takes torch.utils.checkpoint.checkpoint's arguments (speedlib/_checkpoint_args.py
+reads them) and `checkpoint_sequential` torch's. Unlike `torch.utils.checkpoint(use_reentrant=True)` it never starts a
 nested backward pass: the rerun's gradients come out of one `torch.autograd.grad` call and
 are returned as the gradients of `inputs` and `params`, which are inputs of the autograd
 node. The outer backward pass therefore accumulates every parameter's gradient itself,
@@ -45,21 +46,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 import contextlib
+import functools
 import math
 from typing import Any
 
 import torch
 from torch import nn
 
-# Two parts live in private modules, each readable on its own: the flattening of a segment's
+# Three parts live in private modules, each readable on its own: the flattening of a segment's
 # arguments and results and the log of its saved tensors (speedlib/_checkpoint_tree.py), and
-# the BatchNorm that counts a step once (_checkpoint_batchnorm.py). This module keeps the
+# the BatchNorm that counts a step once (_checkpoint_batchnorm.py), and the reading of the
+# caller's arguments as torch's (_checkpoint_args.py). This module keeps the
 # autograd node and stays the technique's one import.
 from speedlib._checkpoint_batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d, convert_batchnorm, in_backward
-from speedlib._checkpoint_tree import NondeterministicSegmentError, _flatten, _meta, _nondeterministic, _SavedLog, _unflatten
+from speedlib._checkpoint_args import ModuleTensors, explicit_params, open_partial, owner, torch_options, two_contexts
+from speedlib._checkpoint_tree import (NondeterministicSegmentError, _flatten, _GeneratorLog, _meta, _nondeterministic,
+                                       _SavedLog, _unflatten)
 
 __all__ = ["checkpoint", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "convert_batchnorm",
-           "in_backward", "ForgottenParameterError", "NondeterministicSegmentError", "SEGMENT_VARIANTS", "run_segment", "CheckpointedSequential"]
+           "in_backward", "ForgottenParameterError", "NondeterministicSegmentError", "SEGMENT_VARIANTS", "run_segment", "CheckpointedSequential",
+           "checkpoint_sequential"]
 
 
 class ForgottenParameterError(RuntimeError):
@@ -94,8 +100,13 @@ class _Segment:
     # metadata and weak references are kept.
     _TENSOR = object()  # where a tensor stood in the first run's result
 
-    def __init__(self, function: Callable[..., Any], in_spec: Any, names: dict[int, str]):
+    def __init__(self, function: Callable[..., Any], in_spec: Any, names: dict[int, str], contexts: tuple[Any, Any],
+                 tensors: ModuleTensors, check_determinism: bool):
         self.function, self.in_spec, self.names = function, in_spec, names
+        self.forward_context, self.recompute_context = contexts  # context_fn's pair
+        self.tensors = tensors  # the owning module's tensors as forward saw them
+        self.check_determinism = check_determinism
+        self.generators = _GeneratorLog()  # the segment's own generators, filled by the first run
         self.out_spec: Any = None
         self.out_leaves: list[Any] = []  # the first run's flat result, tensors replaced by _TENSOR
         self.out_meta: list[tuple[Any, ...]] = []  # the first run's output shapes, dtypes, devices
@@ -163,12 +174,19 @@ def _set_rng(ctx) -> None:
         torch.cuda.set_rng_state(state, dev)
 
 
-def _first_run(ctx, segment: _Segment, leaves: tuple[Any, ...], record: bool) -> list[torch.Tensor]:
+def _first_run(ctx, segment: _Segment, leaves: tuple[Any, ...], record: bool, will_rerun: bool) -> list[torch.Tensor]:
     """The forward run. With `record` (grad mode was on at the call) it runs with grad
     from fresh leaves under saved-tensor hooks that log, and drop, what it saves: the log
     is what the rerun is checked against, and nothing is kept. A segment that
     differentiates itself (autograd.grad inside) needs its graph: it is run once more
     keeping it, from the same RNG state."""
+    with segment.forward_context, contextlib.ExitStack() as stack:
+        if will_rerun and ctx.preserve_rng:  # a rerun will come: log the generators it must replay
+            stack.enter_context(segment.generators)
+        return _first_run_logged(ctx, segment, leaves, record)
+
+
+def _first_run_logged(ctx, segment: _Segment, leaves: tuple[Any, ...], record: bool) -> list[torch.Tensor]:
     if not record:
         with torch.no_grad():
             return segment.call(list(leaves))
@@ -278,10 +296,13 @@ def _rerun(ctx, create_graph: bool) -> tuple[list[Any], list[torch.Tensor], _Gat
     # Under create_graph the rerun's saved tensors are differentiated again and must keep
     # their graphs: the default saving does that without a cycle, so nothing is logged.
     log = _SavedLog("values") if ctx.segment.saved_meta is not None and not create_graph else None
-    with torch.random.fork_rng(devices=ctx.cuda_devices, enabled=ctx.preserve_rng):
+    segment = ctx.segment
+    with torch.random.fork_rng(devices=ctx.cuda_devices, enabled=ctx.preserve_rng), segment.generators.replayed():
         if ctx.preserve_rng:
             _set_rng(ctx)
         with torch.enable_grad(), contextlib.ExitStack() as stack:
+            stack.enter_context(segment.recompute_context)
+            stack.enter_context(segment.tensors.restored())
             for device_type, enabled, dtype in ctx.autocast:  # re-enter the first run's autocast state
                 stack.enter_context(torch.autocast(device_type, enabled=enabled, dtype=dtype))
             if torch.get_default_device() != ctx.default_device:
@@ -290,15 +311,15 @@ def _rerun(ctx, create_graph: bool) -> tuple[list[Any], list[torch.Tensor], _Gat
                 stack.enter_context(log.hooks())
             outputs = ctx.segment.call(leaves)
     if log is not None:
-        log.compare(ctx.segment.saved_meta)
+        log.compare(ctx.segment.saved_meta, segment.check_determinism)
     return leaves, outputs, gate
 
 
 class _Checkpoint(torch.autograd.Function):
-    # Arguments: segment, n_leaves, preserve_rng, check_params, record, *leaves, *params.
+    # Arguments: segment, n_leaves, preserve_rng, check_params, record, will_rerun, *leaves, *params.
 
     @staticmethod
-    def forward(ctx, segment, n_leaves, preserve_rng, check_params, record, *args):
+    def forward(ctx, segment, n_leaves, preserve_rng, check_params, record, will_rerun, *args):
         leaves, params = args[:n_leaves], args[n_leaves:]
         ctx.segment, ctx.check_params, ctx.preserve_rng = segment, check_params, preserve_rng
         ctx.autocast = _autocast_state()
@@ -324,8 +345,13 @@ class _Checkpoint(torch.autograd.Function):
         # autograd.grad would report as unused. Their version counters stand in for
         # save_for_backward's check that nothing changed them in place before backward.
         ctx.params = params
+        versions = [leaves[i]._version for i in ctx.tensor_at]
+        outputs = _first_run(ctx, segment, leaves, record, will_rerun)
+        if will_rerun:
+            _check_inputs_unchanged(versions, [leaves[i] for i in ctx.tensor_at], ctx.tensor_at)
+        # Taken after the first run: a lazy module (nn.LazyLinear) materialises its parameters there.
         ctx.param_versions = [p._version for p in params]
-        outputs = _first_run(ctx, segment, leaves, record)
+        ctx.sent = {}  # output -> what _Link sent on to it from a later output (see _Link)
         ctx.mark_non_differentiable(*(o for o in outputs if not (o.is_floating_point() or o.is_complex())))
         return tuple(outputs)
 
@@ -337,6 +363,7 @@ class _Checkpoint(torch.autograd.Function):
         # from the real inputs and autograd.grad keeps its graph. Otherwise the rerun starts
         # from detached leaves and its graph is freed as soon as the gradients exist.
         create_graph = torch.is_grad_enabled()
+        grad_outputs = _minus_sent(ctx, grad_outputs)
         leaves, outputs, gate = _rerun(ctx, create_graph)
         params = ctx.params
         wrt = [leaves[i] for i in ctx.tensor_at if ctx.input_grad[i]] + [p for p in params if p.requires_grad]
@@ -353,7 +380,7 @@ class _Checkpoint(torch.autograd.Function):
             gate.closed = False
         input_grads = [next(grads) if needs else None for needs in ctx.input_grad]
         param_grads = [next(grads) if p.requires_grad else None for p in params]
-        return (None, None, None, None, None, *input_grads, *param_grads)
+        return (None, None, None, None, None, None, *input_grads, *param_grads)
 
 
 class _Own(torch.autograd.Function):
@@ -380,28 +407,58 @@ class _Link(torch.autograd.Function):
 
     torch's checkpoint keeps the segment's own graph, so autograd.grad(b, a) works when b
     was computed from a inside the segment; here a and b are separate results of one
-    node. The link gives b an edge to each such a: in an ordinary backward pass it sends
-    nothing along it (the node's rerun already follows b's path through a), and when only
+    node. The link gives b an edge to each such a. In an ordinary backward pass it sends
+    nothing along it (the node's rerun already follows b's path through a). When only
     those outputs are asked for (the node itself will not run) it sends db/da from a rerun.
+    When the pass computes chosen inputs only (autograd.grad(b, [a, x]), backward(inputs=))
+    and the node runs too, `a` may be one of them: it sends db/da along, and the node
+    takes what it sent off a's gradient again, so nothing counts twice.
     """
 
     @staticmethod
-    def forward(ctx, checkpoint_ctx, j, deps, x, *earlier):
+    def forward(ctx, checkpoint_ctx, j, deps, sentinel, x, *earlier):
         ctx.set_materialize_grads(False)
-        ctx.checkpoint_ctx, ctx.j, ctx.deps = checkpoint_ctx, j, deps
+        ctx.checkpoint_ctx, ctx.j, ctx.deps, ctx.sentinel = checkpoint_ctx, j, deps, sentinel.grad_fn
         return x.detach()
 
     @staticmethod
     def backward(ctx, grad):
         none = [None] * len(ctx.deps)
-        if grad is None or torch._C._will_engine_execute_node(ctx.checkpoint_ctx):
-            return (None, None, None, grad, *none)
+        node_runs = torch._C._will_engine_execute_node(ctx.checkpoint_ctx)
+        # The sentinel hangs off the graph leading nowhere: only a pass over every node runs it.
+        every_node = torch._C._will_engine_execute_node(ctx.sentinel)
+        if grad is None or (node_runs and every_node):
+            return (None, None, None, None, grad, *none)
         create_graph = torch.is_grad_enabled()
         _, outputs, _ = _rerun(ctx.checkpoint_ctx, create_graph)
         earlier = [outputs[i] for i in ctx.deps]
         with _hooks_silenced(ctx.checkpoint_ctx.params):
             grads = torch.autograd.grad(outputs[ctx.j], earlier, grad, allow_unused=True, create_graph=create_graph)
-        return (None, None, None, None, *grads)
+        if not node_runs:
+            return (None, None, None, None, None, *grads)
+        sent = ctx.checkpoint_ctx.sent
+        for i, g in zip(ctx.deps, grads):
+            if g is not None:
+                sent[i] = g if sent.get(i) is None else sent[i] + g
+        return (None, None, None, None, grad, *grads)
+
+
+def _minus_sent(ctx, grad_outputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The gradients of the node's outputs without what _Link sent on to them from later outputs."""
+    sent, ctx.sent = ctx.sent, {}
+    return tuple(g if sent.get(i) is None or g is None else g - sent[i] for i, g in enumerate(grad_outputs))
+
+
+def _check_inputs_unchanged(before: list[int], tensors: list[torch.Tensor], positions: list[int]) -> None:
+    """A segment must not change its arguments in place: the rerun would change them again, from the changed value."""
+    for i, (version, t) in enumerate(zip(before, tensors)):
+        if t._version != version:
+            raise RuntimeError(
+                f"speedlib.checkpoint: the segment modified its tensor argument {positions[i]} (counting every tensor "
+                "in the arguments, keyword arguments last) in place; the rerun in backward would modify it again "
+                "and compute from the changed value, so both the argument and the gradients would be wrong "
+                "(torch.utils.checkpoint raises too). Use the out-of-place form inside the segment (m = m.mul(2) "
+                "for m.mul_(2)) or change the tensor before the call.")
 
 
 def _own_nodes(segment: _Segment, outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
@@ -409,13 +466,14 @@ def _own_nodes(segment: _Segment, outputs: tuple[torch.Tensor, ...]) -> tuple[to
     if sum(o.requires_grad for o in outputs) < 2:
         return outputs
     node = next(o.grad_fn for o in outputs if o.requires_grad)
+    sentinel = torch.empty(0, requires_grad=True) * 1 if segment.links else None  # see _Link
     result: list[torch.Tensor] = []
     for j, o in enumerate(outputs):
         if not o.requires_grad:
             result.append(o)
         elif j in segment.links:
             deps = segment.links[j]
-            result.append(_Link.apply(node, j, deps, o, *(result[i] for i in deps)))
+            result.append(_Link.apply(node, j, deps, sentinel, o, *(result[i] for i in deps)))
         else:
             result.append(_Own.apply(o))
     return tuple(result)
@@ -430,14 +488,17 @@ def _check_no_forgotten(names: dict[int, str], outputs: list[torch.Tensor], know
     """
     known_leaves = {id(t) for t in known if t.grad_fn is None}
     known_nodes = {t.grad_fn for t in known if t.grad_fn is not None}  # aliases, non-leaf params (DataParallel replicas)
-    stack = [o.grad_fn for o in outputs if o.grad_fn is not None]
+    # An output may be a leaf itself (a closed-over parameter returned unchanged): it has no node to walk from.
+    stack: list[Any] = [o.grad_fn if o.grad_fn is not None else o for o in outputs]
     seen = set()
     while stack:
         node = stack.pop()
         if node is None or node in seen or node in known_nodes:
             continue
         seen.add(node)
-        variable = getattr(node, "variable", None)  # AccumulateGrad nodes hold their leaf
+        variable = node if torch.is_tensor(node) else getattr(node, "variable", None)  # AccumulateGrad holds its leaf
+        if torch.is_tensor(node) and id(node) in known_leaves:
+            continue
         if variable is not None and id(variable) not in known_leaves:
             name = names.get(id(variable), f"a tensor of shape {tuple(variable.shape)}")
             # The walk cannot tell a parameter used inside the segment from one reached through
@@ -451,48 +512,34 @@ def _check_no_forgotten(names: dict[int, str], outputs: list[torch.Tensor], know
                 "add it to params= (for a module: params=module.parameters()); if it reaches the segment "
                 "through a tensor computed outside it (a closure over an activation), pass that tensor as an "
                 "argument instead." + hint)
-        stack.extend(next_node for next_node, _ in node.next_functions)
+        if not torch.is_tensor(node):
+            stack.extend(next_node for next_node, _ in node.next_functions)
 
 
-def _explicit_params(function: Callable[..., Any], params: Any) -> tuple[torch.Tensor, ...]:
-    """`params` as a tuple of distinct tensors, or a clear error for what cannot be meant."""
-    if params is None:
-        if not isinstance(function, nn.Module):
-            raise TypeError("speedlib.checkpoint: pass params= (the tensors requiring grad that the function uses "
-                            "besides its inputs; () if none); only an nn.Module's can be found automatically")
-        params = function.parameters()
-    if torch.is_tensor(params):
-        # Iterating a tensor yields its rows: views that are not the parameter, whose
-        # gradients would never reach it.
-        raise TypeError("speedlib.checkpoint: params= takes an iterable of tensors (params=[weight] or "
-                        "params=module.parameters()), not a single tensor")
-    if isinstance(params, (str, bytes)) or not isinstance(params, Iterable):
-        raise TypeError(f"speedlib.checkpoint: params= takes an iterable of tensors, got {type(params).__name__}")
-    unique: dict[int, torch.Tensor] = {}
-    for p in params:
-        if isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str):  # module.named_parameters()
-            p = p[1]
-        if not torch.is_tensor(p):
-            raise TypeError(f"speedlib.checkpoint: params must be tensors, got {type(p).__name__}")
-        # A tensor listed twice (tied weights reached through two modules) would be an input
-        # of the node twice, and the outer backward would add its gradient twice.
-        unique.setdefault(id(p), p)
-    return tuple(unique.values())
-
-
-def checkpoint(function: Callable[..., Any], *args: Any, params: Iterable[torch.Tensor] | None = None,
-               preserve_rng_state: bool = True, check_params: bool = True, **kwargs: Any) -> Any:
+def checkpoint(function: Callable[..., Any], *args: Any, use_reentrant: bool | None = None,
+               context_fn: Callable[[], tuple[Any, Any]] | None = None, determinism_check: str = "default",
+               debug: bool = False, params: Iterable[torch.Tensor] | None = None, preserve_rng_state: bool = True,
+               check_params: bool = True, **kwargs: Any) -> Any:
     """Run `function(*args, **kwargs)` without keeping its activations; rerun it in backward.
+
+    Takes torch.utils.checkpoint.checkpoint's arguments and behaves as its non-reentrant
+    variant, except where docs/techniques/checkpoint.md says why not.
 
     args, kwargs: passed to `function`. They may be nested lists, tuples and dicts: every
         tensor anywhere in them gets its gradient (a DenseNet layer's list of feature maps).
-        A keyword argument of the function named like one of this call's own (params,
-        preserve_rng_state, check_params) must go through a lambda.
+        A keyword argument of the function named like one of this call's own must go
+        through a lambda (as under torch).
+    use_reentrant: None or False (the reentrant variant's nested backward is refused).
+    context_fn: torch's: returns two context managers, for the first run and the rerun.
+    determinism_check: "default" (a rerun that saves other tensors raises
+        NondeterministicSegmentError) or "none". debug: False only.
     params: every tensor requiring grad that `function` uses besides `args` and `kwargs`
-        (its parameters). Defaults to `function.parameters()` when `function` is an
-        `nn.Module`; any other callable must list them (an empty tuple if it has none).
-        `module.named_parameters()` is accepted too; a tensor listed twice counts once.
-    preserve_rng_state: restore the RNG state for the rerun (dropout sees the same mask).
+        (its parameters). Found automatically when `function` is an `nn.Module`, a bound
+        method of one, or a `functools.partial` over either; any other callable must list
+        them (an empty tuple if it has none). `module.named_parameters()` is accepted too;
+        a tensor listed twice counts once.
+    preserve_rng_state: restore the RNG state for the rerun (dropout sees the same mask),
+        the default generators and any generator the segment draws from itself.
     check_params: raise ForgottenParameterError in backward when the rerun reaches a tensor
         requiring grad that is in neither the arguments nor `params`.
 
@@ -500,20 +547,62 @@ def checkpoint(function: Callable[..., Any], *args: Any, params: Iterable[torch.
     (None, ints, strings) next to them. Higher-order gradients (backward or autograd.grad
     with create_graph=True, as in a gradient penalty) equal those without checkpointing.
     """
-    if "use_reentrant" in kwargs:  # a torch.utils.checkpoint habit; it would reach the function
-        raise TypeError("speedlib.checkpoint has no use_reentrant: it is neither of torch's variants; drop the "
-                        "argument (a function that takes use_reentrant itself must be wrapped in a lambda)")
+    if torch.compiler.is_compiling():  # under torch.compile: a graph break, the segment runs eagerly
+        return _eager_checkpoint()(function, *args, use_reentrant=use_reentrant, context_fn=context_fn,
+                                   determinism_check=determinism_check, debug=debug, params=params,
+                                   preserve_rng_state=preserve_rng_state, check_params=check_params, **kwargs)
+    contexts = two_contexts(torch_options(use_reentrant, context_fn, determinism_check, debug))
     if not callable(function):
         raise TypeError(f"speedlib.checkpoint: the function to checkpoint must be callable, got {type(function).__name__}")
-    params = _explicit_params(function, params)
-    named = function.named_parameters() if check_params and isinstance(function, nn.Module) else ()
+    function, args, kwargs = open_partial(function, args, kwargs)
+    module = owner(function, args)
+    params = explicit_params(module, params)
+    if any(nn.parameter.is_lazy(p) for p in params):
+        # A lazy module (nn.LazyLinear) shapes its parameters in its first call, and the node
+        # needs their shapes before it: that one call runs without checkpointing.
+        return function(*args, **kwargs)
+    named = module.named_parameters() if check_params and module is not None else ()
     leaves, in_spec = _flatten((args, kwargs))
-    segment = _Segment(function, in_spec, {id(p): f"parameter {n!r}" for n, p in named})
+    segment = _Segment(function, in_spec, {id(p): f"parameter {n!r}" for n, p in named}, contexts,
+                       ModuleTensors(module), determinism_check == "default")
     # Recording the first run's saved tensors needs grad mode (without it there is no
     # backward to check) and saved-tensor hooks that are not disabled.
     record = torch.is_grad_enabled() and torch._C._autograd._saved_tensors_hooks_is_enabled()
-    outputs = _Checkpoint.apply(segment, len(leaves), preserve_rng_state, check_params, record, *leaves, *params)
+    will_rerun = torch.is_grad_enabled() and any(torch.is_tensor(t) and t.requires_grad for t in (*leaves, *params))
+    outputs = _Checkpoint.apply(segment, len(leaves), preserve_rng_state, check_params, record, will_rerun,
+                                *leaves, *params)
     return segment.rebuild(_own_nodes(segment, outputs))
+
+
+@functools.cache
+def _eager_checkpoint() -> Callable[..., Any]:
+    # The first run and the rerun must run the same code: compiled, they would save other tensors.
+    return torch.compiler.disable(checkpoint)
+
+
+def checkpoint_sequential(functions: nn.Sequential | list[Callable[..., Any]], segments: int, input: Any,  # noqa: A002 - torch's name
+                          use_reentrant: bool | None = None, **kwargs: Any) -> Any:
+    """torch.utils.checkpoint.checkpoint_sequential with speedlib's checkpoint.
+
+    Runs `functions` (an nn.Sequential or a list of modules) in order on `input`, split into
+    `segments` runs of len // segments functions; every run but the last is checkpointed.
+    kwargs: preserve_rng_state, context_fn, determinism_check, check_params.
+    """
+    items = list(functions.children()) if isinstance(functions, nn.Sequential) else list(functions)
+    if not isinstance(segments, int) or not 1 <= segments <= max(1, len(items)):
+        raise ValueError(f"speedlib.checkpoint_sequential: segments must be an int from 1 to the number of "
+                         f"functions ({len(items)}), got {segments!r}")
+    size = len(items) // segments
+    for start in range(0, size * (segments - 1), size):
+        part = items[start:start + size]
+        found = [m.parameters() for m in part if isinstance(m, nn.Module)]
+        if len(found) < len(part):
+            raise TypeError("speedlib.checkpoint_sequential: every function must be an nn.Module (its parameters "
+                            "are the segment's); wrap other callables in a module")
+        input = checkpoint(nn.Sequential(*part), input, use_reentrant=use_reentrant, **kwargs)  # noqa: A001
+    for f in items[size * (segments - 1):]:
+        input = f(input)  # noqa: A001 - the last run needs its activations for backward anyway
+    return input
 
 
 # --- the variants the benchmark compares ------------------------------------------------

@@ -87,52 +87,17 @@ from torch import nn
 
 # Two parts live in private modules, each readable on its own: the argument checks
 # (speedlib/_contiguous_checks.py, with the alignment limits) and the process-wide module,
-# optimizer and gradient hooks with their weak tables (_contiguous_hooks.py). This module
-# keeps the buffers and stays the technique's one import.
+# optimizer and gradient hooks with their weak tables (_contiguous_hooks.py); the type all
+# three share, FlatParameter, is below them (_flat_parameter.py). This module keeps the
+# buffers and stays the technique's one import.
 from speedlib._contiguous_checks import (ALIGN_BYTES, MAX_ALIGN_BYTES, _check_align_bytes,  # noqa: F401
                                          _check_parameter, _dense_strides, _normalise_groups,
                                          _refuse_shared_memory, _round_up, _split_names)
 from speedlib._contiguous_hooks import _FROZEN_IN, _OWNER_OF, _install_hooks, _watch_gradient
+from speedlib._flat_parameter import _BASE_GRAD, FlatParameter, InvalidBufferError
 
 __all__ = ["ContiguousParams", "FlatParameter", "InvalidBufferError"]
 
-_BASE_GRAD = torch._C.TensorBase.grad  # the C-level .grad descriptor FlatParameter wraps
-
-
-class InvalidBufferError(ValueError):
-    """Parameters or gradients no longer live in the flat buffers.
-
-    A ValueError, as in `contiguous_params`, so existing handlers keep working.
-    """
-
-
-class FlatParameter(nn.Parameter):
-    """One parameter group's slice of a flat buffer, as handed to the optimizer.
-
-    Its `.grad` is pinned to the matching slice of the flat gradient buffer: setting it to
-    None (what `optimizer.zero_grad()` does by default) zeroes the slice in place, and
-    assigning a tensor copies into it, so the per-parameter gradient views stay linked.
-    """
-
-    def __new__(cls, data: torch.Tensor | None = None, requires_grad: bool = False):
-        # Same signature as nn.Parameter so deepcopy works (the copy is unlinked).
-        return super().__new__(cls, data, requires_grad)
-
-    @property
-    def grad(self) -> torch.Tensor | None:
-        return _BASE_GRAD.__get__(self)
-
-    @grad.setter
-    def grad(self, value: torch.Tensor | None) -> None:
-        linked = self.__dict__.get("_linked_grad")
-        if linked is None:  # an unlinked copy behaves like any tensor
-            _BASE_GRAD.__set__(self, value)
-            return
-        if value is None:
-            linked.zero_()  # one memset; unlinking would silently stop training
-        elif value is not linked:
-            linked.copy_(value)
-        _BASE_GRAD.__set__(self, linked)
 
 
 class _Slot:
@@ -169,6 +134,8 @@ class ContiguousParams:
     def __init__(self, parameters: Iterable[torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | Iterable[dict],
                  *, align_bytes: int = ALIGN_BYTES):
         _check_align_bytes(align_bytes)
+        if isinstance(parameters, ContiguousParams):
+            raise TypeError("these parameters are already a ContiguousParams; use it as it is")
         groups, self._grouped = _normalise_groups(parameters)
         _install_hooks()
         seen: set[int] = set()
@@ -451,7 +418,17 @@ class ContiguousParams:
             what = (f"its strides changed from {s.stride} to {tuple(p.stride())} "
                     "(a memory-format conversion such as model.to(memory_format=torch.channels_last))")
         else:
-            what = "its .data was replaced (p.data = ..., or load_state_dict with swapped tensors)"
+            what = ("its .data was replaced (p.data = ..., torch.nn.utils.vector_to_parameters, or load_state_dict "
+                    "with swapped tensors)")
+            return (
+                f"{len(moved)} of {len(self._slots)} wrapped parameters no longer live in the flat buffer "
+                f"(first: {self._name(moved[0])}): {what}. The optimizer would update a buffer the model "
+                "no longer reads. Write values in place instead: under torch.no_grad(), p.copy_(value) for "
+                "p.data = value, and for vector_to_parameters(vec, params) copy each slice, "
+                "p.copy_(vec[offset:offset + p.numel()].view_as(p)), or copy vec into the flat tensors of "
+                "contiguous() when the order and padding match. Then build ContiguousParams and the "
+                "optimizer again, as this one lost the parameters."
+            )
         return (
             f"{len(moved)} of {len(self._slots)} wrapped parameters no longer live in the flat buffer "
             f"(first: {self._name(moved[0])}): {what}. The optimizer would update a buffer the model "

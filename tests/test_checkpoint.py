@@ -234,8 +234,8 @@ def test_bad_calls_are_clear_errors():
         checkpoint(lambda t: t, torch.ones(2), params=nn.Linear(2, 2).weight)
     with pytest.raises(TypeError, match="iterable of tensors, got int"):
         checkpoint(lambda t: t, torch.ones(2), params=3)
-    with pytest.raises(TypeError, match="has no use_reentrant"):
-        checkpoint(nn.Linear(2, 2), torch.ones(2), use_reentrant=False)
+    with pytest.raises(ValueError, match="use_reentrant=True is refused: the reentrant variant runs a nested"):
+        checkpoint(nn.Linear(2, 2), torch.ones(2), use_reentrant=True)
     with pytest.raises(ValueError, match="unknown segment checkpoint variant"):
         run_segment("magic", lambda t: t, torch.ones(1), params=())
 
