@@ -198,7 +198,8 @@ def _natural(text: str) -> list:
 def _command(name: str) -> str:
     """The `speedlib run` that measures the technique's timed comparison: its paired class,
     else its headline's (transfer's headline chunk measures % of floor, not times)."""
-    suite = report.TECHNIQUES[name].suite or next(h.suite for h in headline.HEADLINES if h.technique == name)
+    technique = report.TECHNIQUES[name]
+    suite = technique.suite or technique.comparison.suite
     return plan.how_to_measure(f"bench_{name}.{suite}.")
 
 
@@ -206,9 +207,9 @@ def _one_device(name: str, rows: pd.DataFrame, machine: str) -> None:
     """Say it where a comparison about several devices ran on one (the H100's DDP against
     DataParallel at world=1): the overview's grid says so, and the page must not show the
     same 0.94x without it."""
-    for h in headline.HEADLINES:
-        if h.technique == name and machine in headline.single_device(rows, h):
-            st.info(headline.single_device_note(h, machine))
+    h = report.TECHNIQUES[name].comparison
+    if h is not None and machine in headline.single_device(rows, h):
+        st.info(headline.single_device_note(h, machine))
 
 
 def _not_measured(data: dict, name: str, machine: str | None = None) -> None:
