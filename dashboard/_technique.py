@@ -17,6 +17,7 @@ from speedbench import words
 from speedbench.report import headline
 from speedbench.run import plan
 from speedbench import report
+from speedbench.results.environment import NoGpuModel
 
 
 # The line above the tabs names the machine and its GPU, the title the technique, and the page
@@ -41,7 +42,7 @@ def technique_page(name: str) -> None:
         # A GPU first: the question is which GPU, and the CPU's small workloads are a smoke
         # check (a page that opened on the 2-core CPU machine showed CPU numbers to a GPU reader).
         gpus = rows.drop_duplicates("machine").set_index("machine")["gpu"]
-        on_gpu = sorted(m for m in gpus.index if gpus[m] != "CPU only")
+        on_gpu = sorted(m for m in gpus.index if gpus[m] != NoGpuModel.CPU_ONLY)
         machine = pick("Machine", sorted(rows["machine"].unique()), key="machine",
                        default=on_gpu[0] if on_gpu else None)
     rows = rows[rows["machine"] == machine]
@@ -104,7 +105,7 @@ def technique_page(name: str) -> None:
     with memory_tab:
         memory = rows[rows["kind"] == "memory"]
         if memory.empty:
-            if first["gpu"] == "CPU only":
+            if first["gpu"] == NoGpuModel.CPU_ONLY:
                 st.info("No memory results here: peak GPU memory is measured on GPU machines only.")
             else:
                 st.info(f"No memory results for this technique from {machine} at commit {commit}: its run did "

@@ -1,22 +1,25 @@
 """The sources' published claims, and the table that sets what speedlib measured beside them.
 
 Each `Claim`, written in its technique's record (speedbench.techniques), names a source's
-figure and the metric, variant and baseline that measure the same thing; `comparable` says whether a result's device compares with the source's. Also the
-helpers the technique pages use to say what was not measured, and why (`never_run`,
-`why_not_measured`, `is_own_baseline`).
+figure and the metric, variant and baseline that measure the same thing; `comparable` says
+whether a result's device compares with the source's. Also the helpers the technique pages
+use to say what was not measured, and why (`never_run`, `why_not_measured`, `is_own_baseline`).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
+from speedbench.results.common import Status
+from speedbench.results.environment import NoGpuModel
 from speedbench.stats import contention
 from speedbench.run import plan
 from speedbench.report.tables import (CONTENDED, EARLIER, Table, fmt_ratio, _shown, with_earlier_note, citable,
                                contended, earlier_version, paired, speedups)
 from speedbench.techniques import TECHNIQUES, Claim, SourceRow
 
-__all__ = ["Claim", "CLAIMS", "SourceRow", "comparable", "how_to_measure", "claims_table", "is_own_baseline", "never_run", "why_not_measured"]
+__all__ = ["Claim", "CLAIMS", "SourceRow", "comparable", "how_to_measure", "claims_table", "is_own_baseline",
+           "never_run", "why_not_measured"]
 
 
 def how_to_measure(claim: Claim) -> str:
@@ -33,7 +36,7 @@ def comparable(gpu: str, claim: Claim, world=None) -> str:
                 f"{claim.hardware}")
     if claim.hardware is None:
         return "yes: an exact count, the same on any device"
-    if gpu in ("CPU only", "unknown", "") or gpu.startswith("none"):
+    if gpu in (NoGpuModel.CPU_ONLY, NoGpuModel.UNKNOWN, "") or gpu.startswith("none"):
         return f"no: a CPU result beside a claim measured on {claim.hardware}"
     if claim.measured_as == "memory ratio":  # peak allocator memory: cuDNN's workspaces differ by GPU
         return (f"roughly: a peak-memory ratio on a GPU beside one on {claim.hardware}; the allocator and "
@@ -96,9 +99,9 @@ def why_not_measured(rows: pd.DataFrame) -> pd.Series:
     only "skipped" (NaN), so the reason is read off the row: its status, its machine (GPU
     count) and its parameters, the same conditions the benchmarks skip on."""
     def why(r) -> str:
-        if r.status == "outdated":
+        if r.status == Status.OUTDATED:
             return "measured with an earlier version of the benchmark, not comparable with the current one"
-        if r.status == "failed":
+        if r.status == Status.FAILED:
             return "raised an error in its run (the output of `speedlib run` shows it)"
         gpus = int(r.gpu_count) if pd.notna(r.gpu_count) else 0
         world = str(r.world) if pd.notna(r.world) else ""

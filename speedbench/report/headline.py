@@ -26,6 +26,7 @@ import pandas as pd
 from speedbench.stats import contention
 from speedbench.run import plan
 from speedbench import report
+from speedbench.results.environment import NoGpuModel
 from speedbench.stats.paired import paired_ratio
 from speedbench.techniques import TECHNIQUES, Headline
 
@@ -142,9 +143,9 @@ def _kind(gpu) -> str | None:
     """"gpu" or "cpu": the kind of machine a column measured on, whose PyTorch defaults
     differ (Adam's foreach needs every parameter on CUDA); None where its run did not say."""
     gpu = str(gpu)
-    if gpu == "CPU only":
+    if gpu == NoGpuModel.CPU_ONLY:
         return "cpu"
-    return None if gpu in ("unknown", "", "nan", "None") else "gpu"
+    return None if gpu in (NoGpuModel.UNKNOWN, "", "nan", "None") else "gpu"
 
 
 def _order(h: Headline, kind: str | None, present) -> list[str]:
@@ -223,7 +224,7 @@ def _cell(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, gpu: str) -> tu
         sources = pd.concat(used)
         return "; ".join(labelled) + (f" {EARLIER}" if report.earlier_version(sources).any() else "") \
             + (f" {report.GPU_TESTS_FAILED}" if report.gpu_tests_failed(sources).any() else ""), sources
-    if h.gpu_only and gpu == "CPU only":
+    if h.gpu_only and gpu == NoGpuModel.CPU_ONLY:
         return "needs a GPU", hits.iloc[0:0]
     return f"not measured yet: {_command(h)}", hits.iloc[0:0]
 
