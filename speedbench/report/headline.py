@@ -253,7 +253,7 @@ def _instead_of_contended(df: pd.DataFrame, sources: pd.DataFrame) -> list[str]:
     for r in sources.itertuples():
         latest_commit = newest.get((r.machine, r.benchmark))
         if latest_commit is not None and latest_commit != r.commit:
-            out_of = report.TECHNIQUES[r.technique].title if r.technique in report.TECHNIQUES else r.technique
+            out_of = TECHNIQUES[r.technique].title if r.technique in TECHNIQUES else r.technique
             notes.add(f"{out_of} on {r.machine}: commit {r.commit[:8]}, the newest measured on an uncontended "
                       f"machine; the latest, {latest_commit[:8]}, was contended ({report.CONTENDED})")
     return sorted(notes)
@@ -261,7 +261,7 @@ def _instead_of_contended(df: pd.DataFrame, sources: pd.DataFrame) -> list[str]:
 
 def _not_own(r) -> str:
     """", vs foreach" for a ratio against another baseline than its technique's own."""
-    own = report.TECHNIQUES[r.technique].baseline if r.technique in report.TECHNIQUES else None
+    own = TECHNIQUES[r.technique].baseline if r.technique in TECHNIQUES else None
     return "" if r.baseline == own else f", vs {r.baseline}"
 
 
@@ -284,7 +284,7 @@ def _too_few_devices(hits: pd.DataFrame, h: Headline) -> list[str]:
 
 
 def single_device_note(h: Headline, machine: str) -> str:
-    return (f"{report.TECHNIQUES[h.technique].title} on {machine}: one device only, so the two run the same single "
+    return (f"{TECHNIQUES[h.technique].title} on {machine}: one device only, so the two run the same single "
             "replica and the ratio is their per-step overhead, not the scaling the comparison is about "
             f"({_command(h)} on a machine with {h.devices} or more GPUs)")
 
@@ -299,7 +299,7 @@ def grid(df: pd.DataFrame) -> report.Table:
     rows, used, few = [], [], []
     gpus = dict(zip(last["machine"], last["gpu"].astype(str)))
     for h in HEADLINES:
-        row = {"technique": report.TECHNIQUES[h.technique].title}
+        row = {"technique": TECHNIQUES[h.technique].title}
         hits, memory = _comparisons(last, h)
         whole = _comparisons(last, h.whole) if h.whole else None
         few += [(h, m) for m in _too_few_devices(hits, h)]
@@ -319,10 +319,10 @@ def grid(df: pd.DataFrame) -> report.Table:
              "with several baselines names each, PyTorch's default on that machine first",
              "[low, high]: the 99 % Wilcoxon interval of a paired speedup (variants taking turns in one "
              "process, N rounds); separate launches: the worst-case bounds of two separately timed values"]
-    notes += [f"{report.TECHNIQUES[h.technique].title}: {h.against}" for h in HEADLINES if h.against]
+    notes += [f"{TECHNIQUES[h.technique].title}: {h.against}" for h in HEADLINES if h.against]
     parts = [h for h in HEADLINES if h.whole]
     notes.append("scope: each cell opens with what its timed region holds; "
-                 + "; ".join(f"{report.TECHNIQUES[h.technique].title} times {h.scope}, and its cells add "
+                 + "; ".join(f"{TECHNIQUES[h.technique].title} times {h.scope}, and its cells add "
                              f"{h.whole.scope} ({h.whole.suite}), what a training run gains" for h in parts))
     notes = report.with_earlier_note(notes, sources)  # the dagger's note, the double dagger's and its counters
     notes += _instead_of_contended(df, sources)
@@ -336,7 +336,7 @@ def grid(df: pd.DataFrame) -> report.Table:
     wide = sources[sources["wide_because"].map(lambda w: isinstance(w, str) and bool(w))] \
         if "wide_because" in sources else sources.iloc[0:0]
     whole_suites = {(h.technique, h.whole.suite) for h in HEADLINES if h.whole}
-    notes += [f"{report.TECHNIQUES[r.technique].title} on {r.machine} ("
+    notes += [f"{TECHNIQUES[r.technique].title} on {r.machine} ("
               # the whole-step class shares its parameters with the headline's: name it
               + (f"{r.suite}, " if (r.technique, r.suite) in whole_suites else "")
               + f"{r.params}{_not_own(r)}): {WIDE_NOTE} "
