@@ -17,6 +17,7 @@ from speedbench import words
 from speedbench.report import headline
 from speedbench.run import plan
 from speedbench import report
+from speedbench.results.environment import NoGpuModel
 
 
 # The line above the tabs names the machine and its GPU, the title the technique, and the page
@@ -41,7 +42,7 @@ def technique_page(name: str) -> None:
         # A GPU first: the question is which GPU, and the CPU's small workloads are a smoke
         # check (a page that opened on the 2-core CPU machine showed CPU numbers to a GPU reader).
         gpus = rows.drop_duplicates("machine").set_index("machine")["gpu"]
-        on_gpu = sorted(m for m in gpus.index if gpus[m] != "CPU only")
+        on_gpu = sorted(m for m in gpus.index if gpus[m] != NoGpuModel.CPU_ONLY)
         machine = pick("Machine", sorted(rows["machine"].unique()), key="machine",
                        default=on_gpu[0] if on_gpu else None)
     rows = rows[rows["machine"] == machine]
@@ -104,7 +105,7 @@ def technique_page(name: str) -> None:
     with memory_tab:
         memory = rows[rows["kind"] == "memory"]
         if memory.empty:
-            if first["gpu"] == "CPU only":
+            if first["gpu"] == NoGpuModel.CPU_ONLY:
                 st.info("No memory results here: peak GPU memory is measured on GPU machines only.")
             else:
                 st.info(f"No memory results for this technique from {machine} at commit {commit}: its run did "
@@ -198,7 +199,8 @@ def _natural(text: str) -> list:
 def _command(name: str) -> str:
     """The `speedlib run` that measures the technique's timed comparison: its paired class,
     else its headline's (transfer's headline chunk measures % of floor, not times)."""
-    suite = report.TECHNIQUES[name].suite or next(h.suite for h in headline.HEADLINES if h.technique == name)
+    technique = report.TECHNIQUES[name]
+    suite = technique.suite or technique.comparison.suite
     return plan.how_to_measure(f"bench_{name}.{suite}.")
 
 
@@ -206,9 +208,9 @@ def _one_device(name: str, rows: pd.DataFrame, machine: str) -> None:
     """Say it where a comparison about several devices ran on one (the H100's DDP against
     DataParallel at world=1): the overview's grid says so, and the page must not show the
     same 0.94x without it."""
-    for h in headline.HEADLINES:
-        if h.technique == name and machine in headline.single_device(rows, h):
-            st.info(headline.single_device_note(h, machine))
+    h = report.TECHNIQUES[name].comparison
+    if h is not None and machine in headline.single_device(rows, h):
+        st.info(headline.single_device_note(h, machine))
 
 
 def _not_measured(data: dict, name: str, machine: str | None = None) -> None:

@@ -21,6 +21,7 @@ import streamlit as st
 
 from speedbench import words
 from speedbench.results import cache
+from speedbench.results.environment import NoGpuModel
 from speedbench.run import plan
 from speedbench import report
 from speedbench.results import problems as problem_text
@@ -156,7 +157,7 @@ def page_data() -> pd.DataFrame:
 
 
 def note_missing_gpu(df: pd.DataFrame) -> None:
-    if not (df["gpu"].ne("CPU only") & df["gpu"].ne("unknown")).any():
+    if not (df["gpu"].ne(NoGpuModel.CPU_ONLY) & df["gpu"].ne(NoGpuModel.UNKNOWN)).any():
         st.info("No GPU run is committed yet: every number here comes from a CPU machine. "
                 "GPU results appear once `speedlib run` has run on an H100 or H200 and its results/ are committed.")
 

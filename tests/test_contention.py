@@ -367,3 +367,14 @@ def test_the_table_after_a_run_marks_contended_rows(tree, capsys):
     assert rows and all(line.rstrip().endswith("‡ contended") for line in rows)
     suite._print_table(tree, "m", ["a" * 40])
     assert "contended" not in capsys.readouterr().out
+
+
+def test_verdicts_are_stored_as_their_words(tree):
+    """The verdicts are an enum of strings: frames, CSV exports and environment records hold
+    the words ("clean", "contended", ...), as files written before the enum did."""
+    assert [str(s) for s in contention.State] == ["clean", "dropped", "contended", "unknown"]
+    m = load_results(tree).measured
+    assert set(m["contention"]) <= {"clean", "dropped", "contended"} and "contended" in set(m["contention"])
+    assert set(pd.read_csv(io.StringIO(m[["contention"]].to_csv(index=False)))["contention"]) == set(m["contention"])
+    said = json.dumps(contention.summary({"a": {"others_cpu": [90.0] * 9}}, 2))
+    assert '"verdicts": {"contended": 1}' in said and '"contended": ["a"]' in said

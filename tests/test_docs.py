@@ -123,7 +123,7 @@ def techniques() -> list[str]:
 
 def test_every_benchmarked_technique_has_all_its_parts():
     """A technique is a library module, its equivalence test, its dashboard page, its docs page
-    and its entry in speedbench/techniques.py's TECHNIQUES (docs/adding-a-technique.md). Files are
+    and its record in speedbench/techniques.py's TECHNIQUES (docs/adding-a-technique.md). Files are
     read as text: nothing is imported."""
     names = techniques()
     assert names, "no benchmarks/bench_<name>.py found"
@@ -134,8 +134,8 @@ def test_every_benchmarked_technique_has_all_its_parts():
                      f"docs/techniques/{name}.md"):
             if not (ROOT / part).is_file():
                 missing.append(part)
-        if f'"{name}":' not in registry:
-            missing.append(f'"{name}": in speedbench/techniques.py (TECHNIQUES)')
+        if f'"{name}": Technique(' not in registry:
+            missing.append(f'"{name}": Technique(...) in speedbench/techniques.py (TECHNIQUES)')
     assert not missing, f"techniques with benchmarks lack: {missing}"
 
 

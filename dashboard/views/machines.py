@@ -4,6 +4,8 @@ import streamlit as st
 
 from _view import caption, config_label, page_data, pick, ratio_chart, show, table
 from speedbench import report
+from speedbench.results.environment import NoGpuModel
+from speedbench.results.gpu_tests import GpuTests
 
 st.title("Machine comparison")
 df = page_data()
@@ -13,11 +15,11 @@ st.subheader("Machines")
 # the newest commit alone once described a machine by a dashboard-timing run's CPU and torch.
 env = ["machine", "gpu", "driver", "cuda", "torch", "cpu_model"]
 rows = df.assign(driver=df["driver"].replace("", None).fillna(
-                     df["gpu"].map(lambda g: "n/a (no GPU)" if g == "CPU only" else "unknown")),
+                     df["gpu"].map(lambda g: "n/a (no GPU)" if g == NoGpuModel.CPU_ONLY else "unknown")),
                  cuda=df["cuda"].replace("", None).fillna("n/a"), torch=df["torch"].fillna("unknown"),
                  cpu_model=df["cpu_model"].fillna("unknown"))
 # The GPU tests' verdict at the latest commit (speedlib slot): a GPU run without one says "not recorded".
-rows = rows.assign(gpu_tests_note=rows["gpu_tests_note"].fillna("not recorded"))
+rows = rows.assign(gpu_tests_note=rows["gpu_tests_note"].fillna(GpuTests.NOT_RECORDED))
 machines_table = rows.sort_values("commit_date").groupby(env, sort=True).agg(
     commits=("commit", "nunique"), results=("commit", "size"), latest=("commit", lambda c: c.iloc[-1][:8]),
     gpu_tests=("gpu_tests_note", lambda v: v.iloc[-1]),
@@ -25,7 +27,7 @@ machines_table = rows.sort_values("commit_date").groupby(env, sort=True).agg(
                                 "latest": "latest commit", "gpu_tests": "GPU tests at the latest commit"})
 show(machines_table)
 # Every GPU machine's commits with their verdicts: where they failed, its figures carry the section mark.
-verdicts = rows[rows["gpu_tests"].ne("not applicable")].drop_duplicates(["machine", "commit"])
+verdicts = rows[rows["gpu_tests"].ne(GpuTests.NOT_APPLICABLE)].drop_duplicates(["machine", "commit"])
 if not verdicts.empty:
     st.subheader("GPU tests per commit")
     mark = report.gpu_tests_failed(verdicts).map({True: f" {report.GPU_TESTS_FAILED}", False: ""})

@@ -1,90 +1,31 @@
 """The sources' published claims, and the table that sets what speedlib measured beside them.
 
-Each `Claim` names a source's figure and the metric, variant and baseline that measure the
-same thing; `comparable` says whether a result's device compares with the source's. Also the
-helpers the technique pages use to say what was not measured, and why (`never_run`,
-`why_not_measured`, `is_own_baseline`).
+Each `Claim`, written in its technique's record (speedbench.techniques), names a source's
+figure and the metric, variant and baseline that measure the same thing; `comparable` says
+whether a result's device compares with the source's. Also the helpers the technique pages
+use to say what was not measured, and why (`never_run`, `why_not_measured`, `is_own_baseline`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pandas as pd
 
+from speedbench.results.common import Status
+from speedbench.results.environment import NoGpuModel
 from speedbench.stats import contention
 from speedbench.run import plan
 from speedbench.report.tables import (CONTENDED, EARLIER, Table, fmt_ratio, _shown, with_earlier_note, citable,
                                contended, earlier_version, paired, speedups)
-from speedbench.techniques import TECHNIQUES
+from speedbench.techniques import TECHNIQUES, Claim, SourceRow
 
-__all__ = ["Claim", "CLAIMS", "SourceRow", "comparable", "claims_table", "is_own_baseline", "never_run", "why_not_measured"]
-
-
-
-@dataclass(frozen=True)
-class SourceRow:
-    """One row of a source's published table: its label, as the source prints it, and its
-    figures, e.g. SourceRow("This (1 GPU, batch 256)", (("memory GB", 5.37), ("time s", 0.50))).
-    A claim that compares two figures takes both from one row each (`Claim.rows`), so a
-    memory and a time are never paired across rows."""
-
-    label: str
-    figures: tuple[tuple[str, float], ...]
-
-    def figure(self, name: str) -> float:
-        return dict(self.figures)[name]
+__all__ = ["Claim", "CLAIMS", "SourceRow", "comparable", "how_to_measure", "claims_table", "is_own_baseline",
+           "never_run", "why_not_measured"]
 
 
-@dataclass(frozen=True)
-class Claim:
-    """A source's published figure and where speedlib measures the same thing."""
-
-    technique: str
-    source: str
-    claim: str
-    claimed: float | None  # as a ratio in the direction of `measured_as`; None: no figure given
-    claimed_high: float | None
-    measured_as: str  # "speedup" (x faster) or "memory ratio" (variant / baseline)
-    metric: str
-    variant: str
-    baseline: str
-    workload: str | None = None  # the model the figure was measured on, where only that one compares
-    # The class that measures it with variants taking turns (a paired speedup, preferred when
-    # measured), and parameters the comparison is fixed at, e.g. (("op", "gather"),).
-    suite: str | None = None
-    where: tuple[tuple[str, str], ...] = ()
-    # The device the source measured on; None where the figure is a count that does not
-    # depend on it (bytes of memory). A CPU result beside a GPU claim is not comparable.
-    hardware: str | None = "a GPU"
-    # A metric that measures the same comparison another way, used where neither the paired
-    # class nor `metric` ran: each transfer variant's bandwidth as a % of the pinned copy in
-    # its own process, so the ratio of two variants' % is the ratio of their bandwidths.
-    also: str | None = None
-    # The class that measures `metric`, where it is not `suite`: a claim not measured yet
-    # says which `speedlib run` would measure it (speedbench.run.plan.how_to_measure).
-    measured_by: str | None = None
-    # Devices the claim is about: DDP against DataParallel means nothing on one GPU.
-    devices: int = 1
-    # Where the figure is the ratio of two figures of the source's table: the variant's row
-    # and the baseline's row, and which of their figures (`figure`) the claim compares.
-    # `claimed` is then `from_rows` (the tests hold every claim to it).
-    rows: tuple[SourceRow, SourceRow] | None = None
-    figure: str | None = None
-
-    @property
-    def from_rows(self) -> float | None:
-        """The ratio the source rows give, in the direction of `measured_as`: variant /
-        baseline for a memory ratio, baseline / variant for a speedup (a time: lower is better)."""
-        if self.rows is None or self.figure is None:
-            return None
-        variant, baseline = (row.figure(self.figure) for row in self.rows)
-        return variant / baseline if self.measured_as == "memory ratio" else baseline / variant
-
-    @property
-    def how_to_measure(self) -> str:
-        on = f"a machine with {self.devices} or more GPUs" if self.devices > 1 else "a GPU"
-        return f"{plan.how_to_measure(f'bench_{self.technique}.{self.measured_by or self.suite}.')} on {on}"
+def how_to_measure(claim: Claim) -> str:
+    """The `speedlib run` that measures `claim`, on the devices it needs."""
+    on = f"a machine with {claim.devices} or more GPUs" if claim.devices > 1 else "a GPU"
+    return f"{plan.how_to_measure(f'bench_{claim.technique}.{claim.measured_by or claim.suite}.')} on {on}"
 
 
 def comparable(gpu: str, claim: Claim, world=None) -> str:
@@ -95,7 +36,7 @@ def comparable(gpu: str, claim: Claim, world=None) -> str:
                 f"{claim.hardware}")
     if claim.hardware is None:
         return "yes: an exact count, the same on any device"
-    if gpu in ("CPU only", "unknown", "") or gpu.startswith("none"):
+    if gpu in (NoGpuModel.CPU_ONLY, NoGpuModel.UNKNOWN, "") or gpu.startswith("none"):
         return f"no: a CPU result beside a claim measured on {claim.hardware}"
     if claim.measured_as == "memory ratio":  # peak allocator memory: cuDNN's workspaces differ by GPU
         return (f"roughly: a peak-memory ratio on a GPU beside one on {claim.hardware}; the allocator and "
@@ -111,43 +52,9 @@ def comparable(gpu: str, claim: Claim, world=None) -> str:
 _ANY_GPU = ("a GPU", "Volta or newer GPUs")
 
 
-# pytorch-checkpoint's README table (DenseNet-BC-100, TITAN X Pascal): one GPU, batch 256.
-# Its "Previous" row (torch.utils.checkpoint: 5.38G, 0.52s) is not the one compared here.
-_NAIVE = SourceRow("Naive (1 GPU, batch 256)", (("memory GB", 9.93), ("time s", 0.42)))
-_THIS = SourceRow("This (1 GPU, batch 256)", (("memory GB", 5.37), ("time s", 0.50)))
-# SpeedTorch's README (Colab): host memory of a 10M x 128 float32 table. Its "PyTorch pinned"
-# is plain PyTorch (a pinned tensor, index_select, a non_blocking copy): torch_pinned in the
-# benchmark, never speedlib's pinned backend.
-_CUPY_PINNED = SourceRow("CuPy pinned", (("host memory GB", 9.93),))
-_TORCH_PINNED = SourceRow("PyTorch pinned", (("host memory GB", 6.59),))
+# Every technique's claims, from its record.
+CLAIMS = tuple(c for t in TECHNIQUES.values() for c in t.claims)
 
-CLAIMS = (
-    Claim("contiguous", "contiguous_params README", "optimizer step 7x-100x faster", 7.0, 100.0,
-          "speedup", "adam_step", "speedlib", "forloop", suite="AdamStep"),
-    Claim("transfer", "SpeedTorch README (Tesla K80, 2-core CPU)", "CuPy pinned gather 3.1x faster than PyTorch pinned",
-          3.1, None, "speedup", "gather", "cupy", "torch_pinned", suite="Transfer", where=(("op", "gather"), ("indices", "random")),
-          hardware="a Tesla K80", also="gather_fraction_of_floor"),
-    Claim("transfer", "SpeedTorch README (Tesla K80, 2-core CPU)", "CuPy pinned write-back 410x faster than PyTorch pinned",
-          410.0, None, "speedup", "scatter", "cupy", "torch_pinned", suite="Transfer",
-          where=(("op", "scatter"), ("indices", "random")), hardware="a Tesla K80", also="scatter_fraction_of_floor"),
-    Claim("transfer", "SpeedTorch README (Colab)", "10M x 128 float32 table: CuPy pinned 9.93 GB of host memory, PyTorch pinned 6.59 GB",
-          9.93 / 6.59, None, "memory ratio", "host_footprint", "cupy", "torch_pinned", hardware=None,
-          measured_by="Footprint",
-          rows=(_CUPY_PINNED, _TORCH_PINNED), figure="host memory GB"),
-    Claim("checkpoint", "efficient DenseNet / pytorch-checkpoint (TITAN X, DenseNet-BC-100)",
-          "about -46 % memory (9.93 -> 5.37 GB)", 5.37 / 9.93, None, "memory ratio", "peak_memory", "speedlib", "none",
-          "densenet_bc", hardware="a TITAN X", measured_by="PeakMemory", rows=(_THIS, _NAIVE), figure="memory GB"),
-    Claim("checkpoint", "efficient DenseNet / pytorch-checkpoint (TITAN X, DenseNet-BC-100)",
-          "about +19 % step time (0.42 -> 0.50 s)", 0.42 / 0.50, None, "speedup", "step", "speedlib", "none",
-          "densenet_bc", suite="TrainingStep", hardware="a TITAN X", rows=(_THIS, _NAIVE), figure="time s"),
-    Claim("amp", "PyTorch Performance Tuning Guide", "mixed precision up to 3x faster", None, 3.0,
-          "speedup", "step", "bf16", "fp32", suite="TrainingStep", hardware="Volta or newer GPUs"),
-    Claim("amp", "PyTorch Performance Tuning Guide", "mixed precision up to 3x faster (with channels_last)", None, 3.0,
-          "speedup", "step", "bf16_channels_last", "fp32", suite="TrainingStep", hardware="Volta or newer GPUs"),
-    Claim("parallel", "PyTorch Tuning Guide; Lightning speed-up guide", "DistributedDataParallel much faster than DataParallel",
-          None, None, "speedup", "step", "ddp", "dataparallel", hardware="several GPUs", measured_by="Step",
-          devices=2),
-)
 
 def _claim_rows(s: pd.DataFrame, c: Claim, by_suite: bool, metric: str | None = None) -> pd.DataFrame:
     """The rows of `s` that measure claim `c`: its class's paired speedups (`by_suite`), else
@@ -192,9 +99,9 @@ def why_not_measured(rows: pd.DataFrame) -> pd.Series:
     only "skipped" (NaN), so the reason is read off the row: its status, its machine (GPU
     count) and its parameters, the same conditions the benchmarks skip on."""
     def why(r) -> str:
-        if r.status == "outdated":
+        if r.status == Status.OUTDATED:
             return "measured with an earlier version of the benchmark, not comparable with the current one"
-        if r.status == "failed":
+        if r.status == Status.FAILED:
             return "raised an error in its run (the output of `speedlib run` shows it)"
         gpus = int(r.gpu_count) if pd.notna(r.gpu_count) else 0
         world = str(r.world) if pd.notna(r.world) else ""
@@ -239,7 +146,7 @@ def claims_table(df: pd.DataFrame) -> Table:
         if hit.empty:
             rows.append({"technique": c.technique, "source": c.source, "claim": c.claim, "claimed": claimed,
                          "measured as": label, "machine": "", "workload": "",
-                         "measured": f"not measured yet: {c.how_to_measure}", "comparable": ""})
+                         "measured": f"not measured yet: {how_to_measure(c)}", "comparable": ""})
             numbers.append(claim_numbers)
             continue
         used.append(hit)

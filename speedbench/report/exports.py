@@ -26,6 +26,7 @@ import pandas as pd
 
 import speedlib
 from speedbench.stats import contention
+from speedbench.results import gpu_tests as gpu_verdicts
 from speedbench.results.load import is_commit, printable  # the loader's rule: one home for what a hash is
 from speedbench.report.tables import CONTENDED, GPU_TESTS_FAILED, Table, contended, earlier_version
 
@@ -103,9 +104,9 @@ def provenance(sources: pd.DataFrame) -> list[dict[str, str]]:
                if earlier_version(rows).any() else {}),
             "machine state": run_state(rows),
             # the commit's GPU tests on that machine (speedlib slot); nothing to say on a CPU machine
-            **({"GPU tests": (f"{GPU_TESTS_FAILED} " if r["gpu_tests"] == "failed" else "")
-                + (r.get("gpu_tests_note") or r["gpu_tests"])} if r.get("gpu_tests") not in (None, "not applicable")
-               else {}),
+            **({"GPU tests": (f"{GPU_TESTS_FAILED} " if r["gpu_tests"] == gpu_verdicts.FAILED else "")
+                + (r.get("gpu_tests_note") or r["gpu_tests"])}
+               if r.get("gpu_tests") not in (None, gpu_verdicts.NOT_APPLICABLE) else {}),
             # None: the commit is no hash, and the footer says so instead (`_footer_lines`)
             "command": reproduce_command(r["commit"], list(rows["benchmark"]), quiet=bool(contended(rows).any()))
             if is_commit(r["commit"]) else None,

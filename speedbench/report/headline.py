@@ -13,116 +13,28 @@ default on that machine, where the suite measures it and it is not the source's 
 (torch.optim.Adam is foreach where every parameter is on CUDA, the per-tensor loop on CPUs; a
 host tensor is pageable; on GPUs cuDNN convolutions run in TF32 and matmuls in float32), then
 the other baselines a practitioner would weigh (fused Adam), then the source's baseline, which
-the claims table keeps (speedbench.report.CLAIMS). speedbench.words.DEFAULTS says, per
-technique, which variant is PyTorch's default, and where the suite does not measure it.
+the claims table keeps (speedbench.report.CLAIMS). Each technique's record (speedbench.techniques)
+says which variant is PyTorch's default, and where the suite does not measure it.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import pandas as pd
 
 from speedbench.stats import contention
 from speedbench.run import plan
 from speedbench import report
+from speedbench.results.environment import NoGpuModel
 from speedbench.stats.paired import paired_ratio
+from speedbench.techniques import TECHNIQUES, Headline
 
 __all__ = ["Headline", "HEADLINES", "WIDE_NOTE", "grid", "single_device", "single_device_note"]
 
 
-@dataclass(frozen=True)
-class Headline:
-    """A technique's main comparison, as its benchmark class measures it."""
-
-    technique: str
-    what: str  # the comparison in a practitioner's words
-    suite: str  # the benchmark class
-    variant: str
-    baseline: str
-    where: tuple[tuple[str, str], ...] = ()  # parameters the comparison is fixed at
-    paired: bool = True  # False: not taking turns (separate launches, one value each)
-    metric: str | None = None  # not paired: the metric compared (its kind says which way is better)
-    memory_suite: str | None = None  # an exact peak-memory class to show beside the speedup
-    gpu_only: bool = False  # the variant cannot run without CUDA
-    devices: int = 1  # the devices the comparison is about: fewer measure overhead, not its point
-    # Which baselines its cells use, in words (the grid's notes say it for every row).
-    against: str = ""
-    # PyTorch's default among the variants, per kind of machine ("gpu", "cpu"), where it is
-    # not always `baseline`: the cell leads with it. `baseline` stays the source's.
-    default: tuple[tuple[str, str], ...] = ()
-    beside: tuple[str, ...] = ()  # more baselines shown after the lead, before the source's
-    names: tuple[tuple[str, str], ...] = ()  # baselines in a cell's words, where not their identifiers
-    source: str = ""  # whose baseline `baseline` is, said after it where it does not lead alone
-    # What the timed region holds, said first in every cell: a 35.8x optimizer step stood in
-    # one column with a 3.18x training step, and nothing told a reader they time different work.
-    scope: str = "whole training step"
-    # Where the headline times a part of a step: the same variants timed over the whole step,
-    # shown beside it, since the part's ratio is not what a training run gains.
-    whole: Headline | None = None
-
-
-# One per technique, the comparison its source write-up is about, on the suite's workload
-# that matches the source best, led by PyTorch's default where that is another variant.
-HEADLINES = (
-    Headline("contiguous", "Adam step on ResNet-50's parameters, flat buffer (speedlib) vs PyTorch's default "
-             "Adam, vs fused Adam and vs the per-tensor loop", "AdamStep", "speedlib", "forloop",
-             (("workload", "resnet50"),),
-             against="leads with PyTorch's default Adam on the machine: foreach where every parameter is on CUDA, "
-                     "the per-tensor loop (forloop) on CPUs (torch.optim.Adam without foreach or fused); then fused "
-                     "Adam (fused=True, never the default); then the per-tensor loop, contiguous_params' baseline, "
-                     "which the claims table keeps",
-             default=(("gpu", "foreach"), ("cpu", "forloop")), beside=("fused",),
-             names=(("forloop", "per-tensor loop"),), source="contiguous_params' baseline",
-             scope="Adam step alone (optimizer.step(), not clip or zero_grad)",
-             whole=Headline("contiguous", "the whole training iteration (forward, backward, clip, Adam step, "
-                            "zero_grad) on ResNet-50", "Iteration", "speedlib", "forloop",
-                            (("workload", "resnet50"),), default=(("gpu", "foreach"), ("cpu", "forloop")),
-                            beside=("fused",), names=(("forloop", "per-tensor loop"),),
-                            source="contiguous_params' baseline", scope="whole training iteration")),
-    Headline("transfer", "gather of 131072 random rows from a 10M-row host table, HostTable's default (auto: "
-             "speedlib picks its path by measurement) vs PyTorch's default pageable copy and vs PyTorch's pinned "
-             "path (each as % of the pinned copy bandwidth)", "FractionOfFloor",
-             "auto", "torch_pinned", paired=False, metric="gather_fraction_of_floor", gpu_only=True,
-             against="leads with torch_pageable, PyTorch's default (table[idx].to(device): a host tensor is pageable "
-                     "unless pinned, and .to(device) copies it synchronously); then torch_pinned, PyTorch's pinned path "
-                     "(index_select into a pinned buffer, then .to(device, non_blocking=True)), SpeedTorch's baseline "
-                     "('PyTorch pinned'), which the claims table keeps; both written with torch alone in the "
-                     "benchmark. Results measured before they existed had speedlib's own pinned backend as "
-                     "baseline: they show no ratio",
-             default=(("gpu", "torch_pageable"), ("cpu", "torch_pageable")),
-             names=(("torch_pageable", "PyTorch pageable"), ("torch_pinned", "PyTorch pinned")),
-             source="SpeedTorch's baseline", scope="row gather only (no training)",
-             whole=Headline("transfer", "an embedding's training step (forward, backward, optimizer step) on a "
-                            "host-resident table, HostTable's default (auto) vs nn.Embedding(sparse=True) + "
-                            "SparseAdam in host memory", "EmbeddingStep", "auto", "sparse_adam_host",
-                            beside=("sparse_adam",),
-                            names=(("sparse_adam_host", "PyTorch SparseAdam, table on the host"),
-                                   ("sparse_adam", "PyTorch SparseAdam, table on the GPU")),
-                            scope="whole embedding training step")),
-    Headline("checkpoint", "DenseNet-BC-100 training step, checkpointed (speedlib) vs none",
-             "TrainingStep", "speedlib", "none", (("workload", "densenet_bc"),), memory_suite="PeakMemory",
-             against="against none (no checkpointing), PyTorch's default"),
-    Headline("amp", "ResNet-50 training step, bf16 + channels_last vs PyTorch's default precision and vs strict fp32",
-             "TrainingStep", "bf16_channels_last", "fp32", (("workload", "resnet50"),),
-             against="leads on GPUs with default, PyTorch's default precision (cuDNN convolutions in TF32, matmuls in "
-                     "float32: torch.backends.cudnn.allow_tf32 = True, torch.backends.cuda.matmul.allow_tf32 = False; "
-                     "on GPUs older than Ampere TF32 does nothing and it computes as fp32); then strict fp32 (TF32 "
-                     "off everywhere), the Tuning Guide's baseline, which the claims table keeps. On CPUs TF32 does "
-                     "not exist: PyTorch's default is strict fp32, which leads there",
-             default=(("gpu", "default"), ("cpu", "fp32")),
-             names=(("default", "TF32 convolutions + fp32 matmuls"), ("fp32", "strict fp32")),
-             source="the Tuning Guide's baseline"),
-    Headline("parallel", "training step, DistributedDataParallel vs DataParallel",
-             "Step", "ddp", "dataparallel", paired=False, metric="step", gpu_only=True, devices=2,
-             scope="whole training step, all GPUs",
-             against="against DataParallel, the sources' baseline: PyTorch has no default for several GPUs "
-                     "(its documentation recommends DDP over DataParallel)"),
-    Headline("tuning", "ResNet-50 training step, channels_last on vs off",
-             "TrainingStep", "on", "off", (("knob", "channels_last"),),
-             against="against off (NCHW), PyTorch's default memory format"),
-)
+# Each technique's main comparison, from its record, in the records' order.
+HEADLINES = tuple(t.comparison for t in TECHNIQUES.values() if t.comparison is not None)
 
 
 def _fixed(rows: pd.DataFrame, h: Headline) -> pd.DataFrame:
@@ -231,9 +143,9 @@ def _kind(gpu) -> str | None:
     """"gpu" or "cpu": the kind of machine a column measured on, whose PyTorch defaults
     differ (Adam's foreach needs every parameter on CUDA); None where its run did not say."""
     gpu = str(gpu)
-    if gpu == "CPU only":
+    if gpu == NoGpuModel.CPU_ONLY:
         return "cpu"
-    return None if gpu in ("unknown", "", "nan", "None") else "gpu"
+    return None if gpu in (NoGpuModel.UNKNOWN, "", "nan", "None") else "gpu"
 
 
 def _order(h: Headline, kind: str | None, present) -> list[str]:
@@ -312,7 +224,7 @@ def _cell(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, gpu: str) -> tu
         sources = pd.concat(used)
         return "; ".join(labelled) + (f" {EARLIER}" if report.earlier_version(sources).any() else "") \
             + (f" {report.GPU_TESTS_FAILED}" if report.gpu_tests_failed(sources).any() else ""), sources
-    if h.gpu_only and gpu == "CPU only":
+    if h.gpu_only and gpu == NoGpuModel.CPU_ONLY:
         return "needs a GPU", hits.iloc[0:0]
     return f"not measured yet: {_command(h)}", hits.iloc[0:0]
 
@@ -341,7 +253,7 @@ def _instead_of_contended(df: pd.DataFrame, sources: pd.DataFrame) -> list[str]:
     for r in sources.itertuples():
         latest_commit = newest.get((r.machine, r.benchmark))
         if latest_commit is not None and latest_commit != r.commit:
-            out_of = report.TECHNIQUES[r.technique].title if r.technique in report.TECHNIQUES else r.technique
+            out_of = TECHNIQUES[r.technique].title if r.technique in TECHNIQUES else r.technique
             notes.add(f"{out_of} on {r.machine}: commit {r.commit[:8]}, the newest measured on an uncontended "
                       f"machine; the latest, {latest_commit[:8]}, was contended ({report.CONTENDED})")
     return sorted(notes)
@@ -349,7 +261,7 @@ def _instead_of_contended(df: pd.DataFrame, sources: pd.DataFrame) -> list[str]:
 
 def _not_own(r) -> str:
     """", vs foreach" for a ratio against another baseline than its technique's own."""
-    own = report.TECHNIQUES[r.technique].baseline if r.technique in report.TECHNIQUES else None
+    own = TECHNIQUES[r.technique].baseline if r.technique in TECHNIQUES else None
     return "" if r.baseline == own else f", vs {r.baseline}"
 
 
@@ -372,7 +284,7 @@ def _too_few_devices(hits: pd.DataFrame, h: Headline) -> list[str]:
 
 
 def single_device_note(h: Headline, machine: str) -> str:
-    return (f"{report.TECHNIQUES[h.technique].title} on {machine}: one device only, so the two run the same single "
+    return (f"{TECHNIQUES[h.technique].title} on {machine}: one device only, so the two run the same single "
             "replica and the ratio is their per-step overhead, not the scaling the comparison is about "
             f"({_command(h)} on a machine with {h.devices} or more GPUs)")
 
@@ -387,7 +299,7 @@ def grid(df: pd.DataFrame) -> report.Table:
     rows, used, few = [], [], []
     gpus = dict(zip(last["machine"], last["gpu"].astype(str)))
     for h in HEADLINES:
-        row = {"technique": report.TECHNIQUES[h.technique].title}
+        row = {"technique": TECHNIQUES[h.technique].title}
         hits, memory = _comparisons(last, h)
         whole = _comparisons(last, h.whole) if h.whole else None
         few += [(h, m) for m in _too_few_devices(hits, h)]
@@ -407,10 +319,10 @@ def grid(df: pd.DataFrame) -> report.Table:
              "with several baselines names each, PyTorch's default on that machine first",
              "[low, high]: the 99 % Wilcoxon interval of a paired speedup (variants taking turns in one "
              "process, N rounds); separate launches: the worst-case bounds of two separately timed values"]
-    notes += [f"{report.TECHNIQUES[h.technique].title}: {h.against}" for h in HEADLINES if h.against]
+    notes += [f"{TECHNIQUES[h.technique].title}: {h.against}" for h in HEADLINES if h.against]
     parts = [h for h in HEADLINES if h.whole]
     notes.append("scope: each cell opens with what its timed region holds; "
-                 + "; ".join(f"{report.TECHNIQUES[h.technique].title} times {h.scope}, and its cells add "
+                 + "; ".join(f"{TECHNIQUES[h.technique].title} times {h.scope}, and its cells add "
                              f"{h.whole.scope} ({h.whole.suite}), what a training run gains" for h in parts))
     notes = report.with_earlier_note(notes, sources)  # the dagger's note, the double dagger's and its counters
     notes += _instead_of_contended(df, sources)
@@ -424,7 +336,7 @@ def grid(df: pd.DataFrame) -> report.Table:
     wide = sources[sources["wide_because"].map(lambda w: isinstance(w, str) and bool(w))] \
         if "wide_because" in sources else sources.iloc[0:0]
     whole_suites = {(h.technique, h.whole.suite) for h in HEADLINES if h.whole}
-    notes += [f"{report.TECHNIQUES[r.technique].title} on {r.machine} ("
+    notes += [f"{TECHNIQUES[r.technique].title} on {r.machine} ("
               # the whole-step class shares its parameters with the headline's: name it
               + (f"{r.suite}, " if (r.technique, r.suite) in whole_suites else "")
               + f"{r.params}{_not_own(r)}): {WIDE_NOTE} "

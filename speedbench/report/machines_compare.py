@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from speedbench.results.environment import NoGpuModel
 from speedbench.report.tables import (CONTENDED, EARLIER, Table, _comparison, _with_ratio, contended, earlier_version,
                                       fmt_ratio, fmt_value, latest, paired, with_earlier_note)
 
@@ -28,7 +29,7 @@ def same_work(df: pd.DataFrame, machine_a: str, machine_b: str) -> bool:
     """Whether the two machines ran the suite's workloads at the same size: a CPU runs small
     ones (benchmarks/common.py picks sizes per profile), so its values and a GPU's measure
     different work, and only each machine's speedups against its own baseline compare."""
-    cpu = df.drop_duplicates("machine").set_index("machine")["gpu"].eq("CPU only")
+    cpu = df.drop_duplicates("machine").set_index("machine")["gpu"].eq(NoGpuModel.CPU_ONLY)
     return bool(cpu.get(machine_a, False) == cpu.get(machine_b, False))
 
 

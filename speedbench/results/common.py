@@ -11,10 +11,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 
 import pandas as pd
 
-__all__ = ["Problem", "printable"]
+__all__ = ["Problem", "Status", "printable"]
+
+
+class Status(StrEnum):
+    """A row's `status`, from its value (speedbench.results.load) and its benchmark's version
+    (speedbench.results.settle); only MEASURED rows are in the measured frame."""
+
+    MEASURED = "measured"
+    SKIPPED = "skipped"  # asv's NaN: the benchmark skipped itself
+    FAILED = "failed"  # asv's null: it raised
+    INVALID = "invalid"  # infinite, or a time or ratio of zero or less
+    OUTDATED = "outdated"  # an older version of its benchmark, set aside
 
 
 def printable(text) -> str:

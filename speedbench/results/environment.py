@@ -13,12 +13,20 @@ from __future__ import annotations
 import bisect
 import json
 import math
+from enum import StrEnum
 from pathlib import Path
 
 import pandas as pd
 
 from speedbench.results.common import _FIRST_DATE, _LAST_DATE, Problem, _is_number, _to_float
 from speedbench.results.files import _children, _read, _real_dir, _subdirectory, _Unreadable
+
+
+class NoGpuModel(StrEnum):
+    """What a row's `gpu` column holds where it names no GPU model."""
+
+    CPU_ONLY = "CPU only"  # the run's environment record names none: a CPU machine
+    UNKNOWN = "unknown"  # no record, or its GPU model was left out as unusable
 
 # Environment-record keys carried onto every row (provenance for exports and the dashboard).
 ENV_COLUMNS = ("gpu_model", "gpu_count", "driver", "cuda", "cudnn", "nccl", "torch", "torchvision",
@@ -133,8 +141,8 @@ def _join_environment(rows: list[dict], records: dict[str, list[tuple]], problem
             # The columns one run's rows share, built once per run (rows number tens of thousands).
             # No GPU model in a record means a CPU machine, unless the model was left out as unusable.
             chosen[key] = {**{name: record.get(name) for name in ENV_COLUMNS},
-                           "gpu": record.get("gpu_model") or ("CPU only" if record and "gpu_model" not in left_out
-                                                              else "unknown")}
+                           "gpu": record.get("gpu_model") or (NoGpuModel.CPU_ONLY if record and "gpu_model" not in
+                                                              left_out else NoGpuModel.UNKNOWN)}
         row.update(chosen[key])
     for file in sorted(missing):
         problems.append(Problem(file, "no environment record for this commit: GPU, driver and versions unknown"))

@@ -26,17 +26,31 @@ and problems, read through speedbench.results.files like every other file. Each 
 from __future__ import annotations
 
 import math
+from enum import StrEnum
 from pathlib import Path
 
 from speedbench.results.common import Problem, _is_number, _to_float, printable
+from speedbench.results.environment import NoGpuModel
 from speedbench.results.files import (_children, _NotJson, _parse_json, _read, _real_dir, _subdirectory,
                                        _Unreadable, _utf8_name)
 
 GPU_TESTS_DIR = "gpu-tests"
-# What a row's `gpu_tests` column holds: the verdict's status, or why there is none.
-PASSED, FAILED, INCOMPLETE, NONE_RAN = "passed", "failed", "incomplete", "none ran"
-NOT_RECORDED, NOT_APPLICABLE = "not recorded", "not applicable"
-STATUSES = (PASSED, FAILED, INCOMPLETE, NONE_RAN, NOT_RECORDED, NOT_APPLICABLE)
+
+
+class GpuTests(StrEnum):
+    """What a row's `gpu_tests` column holds: the verdict's status, or why there is none."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    INCOMPLETE = "incomplete"
+    NONE_RAN = "none ran"
+    NOT_RECORDED = "not recorded"
+    NOT_APPLICABLE = "not applicable"
+
+
+PASSED, FAILED, INCOMPLETE, NONE_RAN = GpuTests.PASSED, GpuTests.FAILED, GpuTests.INCOMPLETE, GpuTests.NONE_RAN
+NOT_RECORDED, NOT_APPLICABLE = GpuTests.NOT_RECORDED, GpuTests.NOT_APPLICABLE
+STATUSES = tuple(GpuTests)
 _COUNTS = ("passed", "failed", "skipped", "errors")
 # The failing tests a note names before it says "and N more": the file holds them all.
 _NAMED = 5
@@ -146,7 +160,7 @@ def _join_gpu_tests(rows: list[dict], verdicts: dict[str, dict]) -> None:
     said: dict[str, tuple[str, str]] = {}
     for row in rows:
         verdict = verdicts.get(row["commit"])
-        cpu = row.get("gpu") == "CPU only"
+        cpu = row.get("gpu") == NoGpuModel.CPU_ONLY
         if verdict is not None and cpu and status(verdict) == NONE_RAN:  # a slot rehearsed on a CPU
             row["gpu_tests"] = NOT_APPLICABLE
             row["gpu_tests_note"] = f"not applicable (no GPU: the {verdict['skipped']} GPU tests skipped)"

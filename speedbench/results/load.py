@@ -35,7 +35,7 @@ from speedbench.results import merge
 from speedbench.results import safekeep
 # The loader's parts, each in a module of its own: the names other modules and the tests
 # use are re-exported here, so `speedbench.results.load` stays the one place to import from.
-from speedbench.results.common import _FIRST_DATE, _LAST_DATE, Problem, _is_number, _to_float, printable
+from speedbench.results.common import _FIRST_DATE, _LAST_DATE, Problem, Status, _is_number, _to_float, printable
 from speedbench.results.environment import ENV_COLUMNS, _environment_records, _join_environment
 from speedbench.results.files import (MAX_FILE_BYTES, _children, _first_visit, _NotJson, _parse_json, _read,
                                        _read_identified, _real_dir, _subdirectory, _Unreadable, _utf8_name)
@@ -373,14 +373,14 @@ def _benchmarks(raw: dict, path: str, problems: list[Problem]) -> dict[str, _Ben
 _POSITIVE_KINDS = ("time", "paired speedup")
 
 
-def _status(value: float | None, kind: str) -> str:
+def _status(value: float | None, kind: str) -> Status:
     if value is None:
-        return "failed"
+        return Status.FAILED
     if math.isnan(value):
-        return "skipped"
+        return Status.SKIPPED
     if math.isinf(value) or (kind in _POSITIVE_KINDS and value <= 0):
-        return "invalid"
-    return "measured"
+        return Status.INVALID
+    return Status.MEASURED
 
 
 def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], problems: list[Problem]) -> list[dict]:
@@ -418,7 +418,7 @@ def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], 
         for i, combo in enumerate(combos):
             value = values[i]
             status = _status(value, kind)
-            if status == "invalid" and name not in invalid:
+            if status == Status.INVALID and name not in invalid:
                 invalid.append(name)
             sample = _samples(record, i)
             q25, q75 = _stat(record, "stats_q_25", i), _stat(record, "stats_q_75", i)
@@ -597,8 +597,8 @@ def load_results(path: str | Path) -> LoadedResults:
         df[col] = pd.to_datetime(df[col], utc=True)
     extra = [c for c in df.columns if c not in COLUMNS]
     df = df[[*COLUMNS[:COLUMNS.index("value")], *extra, *COLUMNS[COLUMNS.index("value"):]]]
-    measured = df[df["status"] == "measured"].reset_index(drop=True)
-    return LoadedResults(measured, df[df["status"] != "measured"].reset_index(drop=True), problems)
+    measured = df[df["status"] == Status.MEASURED].reset_index(drop=True)
+    return LoadedResults(measured, df[df["status"] != Status.MEASURED].reset_index(drop=True), problems)
 
 
 def format_table(df: pd.DataFrame, columns: tuple[str, ...] = ("machine", "commit", "benchmark", "params", "value", "unit")) -> str:

@@ -15,7 +15,7 @@ import statistics
 import pandas as pd
 
 from speedbench.stats import contention
-from speedbench.results.common import Problem, _is_number, _to_float
+from speedbench.results.common import Problem, Status, _is_number, _to_float
 
 # How far apart a measurement and its counters may have started and still be of one run:
 # asv runs a class's track_* processes back to back once its setup_cache has measured.
@@ -33,7 +33,7 @@ def _attach_counters(rows: list[dict]) -> list[dict]:
         name = contention.COUNTER_METRICS.get(r["metric"]) if r["kind"] == "interference" else None
         if name is None:
             kept.append(r)
-        elif r["status"] == "measured" and r["samples"]:
+        elif r["status"] == Status.MEASURED and r["samples"]:
             key = (r["file"], r["benchmark"].rsplit(".", 1)[0], r["params"])
             counters.setdefault(key, {})[name] = (r["samples"], r["run_date"])
     verdicts: dict[tuple, contention.Verdict] = {}
@@ -86,7 +86,7 @@ def _settle_versions(rows: list[dict], problems: list[Problem]) -> None:
         if key in last and r["version"] == last[key][1]:
             kept.setdefault(r["file"], set()).add(r["benchmark"])
         else:
-            r["status"] = "outdated"
+            r["status"] = Status.OUTDATED
             apart.setdefault(r["file"], set()).add(r["benchmark"])
     for file, names in apart.items():
         problems.append(Problem(file, f"{len(names)} result(s) from an older version of their benchmark set aside: "

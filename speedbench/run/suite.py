@@ -75,6 +75,7 @@ from speedbench.run.records import (  # noqa: F401 - re-exported: tests use them
 )
 from speedbench.run.errors import SuiteError
 from speedbench.results.load import printable
+from speedbench.stats import contention
 
 try:
     import fcntl
@@ -568,7 +569,7 @@ def _print_table(results_dir: Path, machine: str, shas: Sequence[str] | None = N
         print("\nno measured results to show", flush=True)
     else:
         columns = ("commit", "benchmark", "params", "value", "unit")
-        busy = df["contention"].eq("contended")
+        busy = df["contention"].eq(contention.CONTENDED)
         if busy.any():  # the line above the table says so too, but a figure copied from here must carry it
             df, columns = df.assign(state=busy.map({True: "‡ contended", False: ""})), (*columns, "state")
         print("\n" + format_table(df, columns), flush=True)

@@ -45,8 +45,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
-__all__ = ["Verdict", "judge", "keep", "disturbances", "summary", "summary_line", "OTHERS_CORES_MAX",
+__all__ = ["State", "Verdict", "judge", "keep", "disturbances", "summary", "summary_line", "OTHERS_CORES_MAX",
            "others_limit", "PREEMPTIONS_MAX", "CLOCK_DROP_MAX",
            "MAX_DISTURBED_SHARE", "MIN_CLEAN_ROUNDS", "CLEAN", "DROPPED", "CONTENDED", "UNKNOWN", "MARK",
            "COUNTER_METRICS"]
@@ -57,7 +58,19 @@ CLOCK_DROP_MAX = 10.0  # % below the median round's SM clock
 MAX_DISTURBED_SHARE = 1 / 3
 MIN_CLEAN_ROUNDS = 8  # the fewest rounds with a 99 % Wilcoxon interval (speedbench.stats.paired)
 
-CLEAN, DROPPED, CONTENDED, UNKNOWN = "clean", "dropped", "contended", "unknown"
+
+
+class State(StrEnum):
+    """A result's verdict on its counters (the module docstring says each), as the `contention`
+    column and the environment records hold it: plain strings, so files and frames keep their text."""
+
+    CLEAN = "clean"
+    DROPPED = "dropped"
+    CONTENDED = "contended"
+    UNKNOWN = "unknown"
+
+
+CLEAN, DROPPED, CONTENDED, UNKNOWN = State.CLEAN, State.DROPPED, State.CONTENDED, State.UNKNOWN  # the short names
 # The mark a contended figure carries wherever it is shown (the dagger marks an earlier
 # benchmark version; this one a busy machine).
 MARK = "‡"
@@ -70,7 +83,7 @@ COUNTER_METRICS = {"interference": "others_cpu", "preemptions": "preemptions", "
 
 @dataclass(frozen=True)
 class Verdict:
-    state: str  # CLEAN, DROPPED, CONTENDED or UNKNOWN
+    state: State
     disturbed: tuple[bool, ...]  # per round; empty when unknown
     note: str  # the counters behind the verdict, in words ("" when clean or unknown)
 
@@ -151,7 +164,7 @@ def judge(counters: dict[str, Sequence[float]], rounds: int, cores: float | None
     return Verdict(state, disturbed, _note(state, per_round, usable, bad, rounds, cores))
 
 
-def _note(state: str, per_round: list[list[str]], counters: dict[str, list[float]], bad: int, rounds: int,
+def _note(state: State, per_round: list[list[str]], counters: dict[str, list[float]], bad: int, rounds: int,
           cores: float | None = None) -> str:
     """E.g. "contended: 15 of 15 rounds disturbed (other processes kept 1.0 of 2 CPUs busy,
     182 preemptions/s in the disturbed rounds, median)"."""
@@ -181,7 +194,7 @@ def summary(results: dict[str, dict[str, Sequence[float]]], cores: float | None 
     """What one run's counters said, for its environment record and the line `speedlib run`
     prints after each commit. `results`: per measurement (a class's configuration), the
     counters of its rounds (`judge`'s input); `cores` and `threads` as `judge` takes them."""
-    states: dict[str, int] = {}
+    states: dict[State, int] = {}
     rounds = disturbed = 0
     pooled: dict[str, list[float]] = {}
     busy = []
