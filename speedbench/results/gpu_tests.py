@@ -31,8 +31,7 @@ from pathlib import Path
 from speedbench.results.common import Problem, _is_number, _to_float, printable
 from speedbench.results.files import (_children, _NotJson, _parse_json, _read, _real_dir, _subdirectory,
                                        _Unreadable, _utf8_name)
-
-GPU_TESTS_DIR = "gpu-tests"
+from speedbench.results.tree import GPU_TESTS_DIR
 # What a row's `gpu_tests` column holds: the verdict's status, or why there is none.
 PASSED, FAILED, INCOMPLETE, NONE_RAN = "passed", "failed", "incomplete", "none ran"
 NOT_RECORDED, NOT_APPLICABLE = "not recorded", "not applicable"
@@ -40,12 +39,6 @@ STATUSES = (PASSED, FAILED, INCOMPLETE, NONE_RAN, NOT_RECORDED, NOT_APPLICABLE)
 _COUNTS = ("passed", "failed", "skipped", "errors")
 # The failing tests a note names before it says "and N more": the file holds them all.
 _NAMED = 5
-
-
-def verdict_path(results_dir: Path, machine: str, sha: str) -> Path:
-    """Where the slot writes the verdict of `sha`'s GPU tests on `machine` (not a .json beside
-    asv's result files: asv would read it as one)."""
-    return Path(results_dir) / machine / GPU_TESTS_DIR / f"{sha[:8]}.json"
 
 
 def check_verdict(obj, machine: str, stem: str) -> dict:
