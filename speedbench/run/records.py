@@ -21,6 +21,7 @@ from speedbench.results.atomic import append_line, disk_full
 from speedbench.results.common import printable
 from speedbench.results.tree import ResultsError, ResultsTree
 from speedbench.run.errors import SuiteError
+from speedbench.stats.contention import COUNTER_METRICS
 
 
 def _record_environment(path: Path, sha: str, env: dict, command: list[str]) -> None:
@@ -78,8 +79,6 @@ def interference_counters(results_dir: Path, machine: str, sha: str, since_ms: i
     """The interference counters (benchmarks/common.py `_Interference`) that asv recorded for
     `sha` from `since_ms` on, one entry per measurement: a paired configuration's rounds are
     stored once per variant, and counted once."""
-    from speedbench.stats.contention import COUNTER_METRICS  # noqa: PLC0415
-
     found: dict[tuple, dict] = {}
     for path in ResultsTree(results_dir).machine(machine).result_files(sha):
         try:

@@ -112,7 +112,7 @@ def _check_writable(directory: Path, what: str) -> None:
 
 
 def _check_options(req: Request) -> None:
-    from speedbench.run import suite  # noqa: PLC0415 - no torch at import
+    from speedbench.run import suite  # noqa: PLC0415 - the loader's pandas: `speedlib --help` builds this parser
 
     if req.machine is not None:
         try:

@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from speedbench.measure import interference
+from speedbench.measure import interference, preflight
 from speedbench.results import machines, merge, problems, safekeep
 from speedbench.results.common import printable
 from speedbench.results.load import format_table, load_results
@@ -67,6 +67,7 @@ from speedbench.run.checkout import (  # noqa: F401 - re-exported: cli.py and te
     prune_stale,
     resolve_commits,
 )
+from speedbench.run.errors import SuiteError
 from speedbench.run.records import (  # noqa: F401 - re-exported: tests use them as suite.X
     _record_environment,
     _writing,
@@ -74,7 +75,6 @@ from speedbench.run.records import (  # noqa: F401 - re-exported: tests use them
     interference_counters,
     pack_results,
 )
-from speedbench.run.errors import SuiteError
 from speedbench.stats import contention
 
 __all__ = ["RunOptions", "RunResult", "run", "failed_benchmarks", "find_root", "resolve_commits",
@@ -307,8 +307,6 @@ def _preflight(options: RunOptions):
     summary line. --wait-quiet checks again until a busy machine settles; --require-quiet
     refuses to measure on one (SuiteError: exit 2). Otherwise a busy machine is measured on,
     with a warning; the environment record keeps the findings either way."""
-    from speedbench.measure import preflight  # noqa: PLC0415
-
     report = preflight.check()
     waited = options.wait_quiet is not None and report.busy
     if waited:
