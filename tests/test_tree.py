@@ -46,8 +46,9 @@ def test_the_paths_the_tree_names_are_where_a_tree_keeps_its_files(tmp_path):
 
 
 def test_a_checkout_or_an_unpacked_archive_is_found_by_its_results_directory(tmp_path):
+    assert ResultsTree.found_in(tmp_path).root == tmp_path  # no results/ in it: taken as a tree
     (tmp_path / "results").mkdir()
-    assert ResultsTree.found_in(tmp_path).root == tmp_path / "results"
+    assert ResultsTree.found_in(tmp_path) == ResultsTree.in_checkout(tmp_path) == ResultsTree(tmp_path / "results")
     (tmp_path / "results" / "benchmarks.json").write_text("{}")
     assert ResultsTree.found_in(tmp_path / "results").root == tmp_path / "results"  # a tree itself
     # a tree that holds a machine named `results` is no checkout

@@ -3,7 +3,7 @@
 speedlib's own files (environment records, chunk times) grow a line at a time. A line is
 added by writing the whole new content beside the file, flushing it to the disk and renaming
 it over the old one: a full disk or a kill leaves the old file or the new one, never half a
-line (`append_line`).
+line (speedbench.results.atomic's `append_line`).
 
 asv's files cannot be written that way: asv rewrites the listing (benchmarks.json), the
 machine's machine.json and a commit's result file in place, truncating each before writing
@@ -34,10 +34,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from speedbench.results.atomic import append_line, disk_full, sync_dir, write_whole, written_whole  # noqa: F401 - the run's writers use them as safekeep.X
+from speedbench.results.atomic import disk_full, sync_dir, write_whole, written_whole  # noqa: F401 - `speedlib report --output` uses written_whole as safekeep.X
 from speedbench.results.tree import BENCHMARKS, JOURNAL, MACHINE_FILE, SNAPSHOT, ResultsTree
 
-__all__ = ["SNAPSHOT", "SnapshotError", "Snapshot", "append_line", "written_whole", "disk_full", "take", "settle", "recover"]
+__all__ = ["SNAPSHOT", "SnapshotError", "Snapshot", "written_whole", "disk_full", "take", "settle", "recover"]
 
 _COPY = ".saved"
 _SAVED, _LEFT = "saved", "left"  # copied / there before but not a regular file: never touched

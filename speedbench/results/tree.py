@@ -36,7 +36,7 @@ except ImportError:  # not a POSIX system: runs are not locked against each othe
 
 __all__ = ["ResultsTree", "MachineDir", "ResultsLock", "ResultsError", "TreeBusy", "check_writable", "archive_path",
            "BENCHMARKS", "MACHINE_FILE", "ENVIRONMENT_DIR", "CHUNK_TIMES", "GPU_TESTS_DIR", "DISPLACED", "SNAPSHOT",
-           "MERGE_STAGING", "JOURNAL", "ARCHIVE_ROOT"]
+           "MERGE_STAGING", "JOURNAL", "CHECKOUT_RESULTS", "ARCHIVE_ROOT"]
 
 BENCHMARKS = "benchmarks.json"  # asv's listing, rewritten by every asv run
 MACHINE_FILE = "machine.json"  # asv's description of a machine: what makes a directory a machine's
@@ -49,7 +49,8 @@ DISPLACED = "merge-displaced.jsonl"
 SNAPSHOT = ".speedlib-snapshot"  # asv's files as a run copied them before asv ran (safekeep)
 MERGE_STAGING = ".speedlib-merge"  # a merge's files, written in full before they are renamed
 JOURNAL = "journal"  # in either: what to put back or rename (not *.json: asv reads every .json)
-ARCHIVE_ROOT = "results"  # an archive unpacks in a checkout's root, into its results tree
+CHECKOUT_RESULTS = "results"  # a checkout's committed tree (asv.conf.json's results_dir)
+ARCHIVE_ROOT = CHECKOUT_RESULTS  # an archive unpacks in a checkout's root, into its results tree
 
 
 class ResultsError(RuntimeError):
@@ -148,11 +149,15 @@ class ResultsTree:
         object.__setattr__(self, "root", Path(self.root))
 
     @classmethod
+    def in_checkout(cls, root: Path) -> ResultsTree:
+        """The results tree committed in the checkout at `root`."""
+        return cls(Path(root) / CHECKOUT_RESULTS)
+
+    @classmethod
     def found_in(cls, path: Path) -> ResultsTree:
-        """The tree at `path`, or at `path`/results for a checkout or an unpacked archive."""
-        path = Path(path)
-        inner = path / ARCHIVE_ROOT
-        return cls(inner if inner.is_dir() and not (path / BENCHMARKS).exists() else path)
+        """The tree at `path`, or the one in it where `path` is a checkout or an unpacked archive."""
+        inner = cls.in_checkout(path)
+        return inner if inner.root.is_dir() and not (Path(path) / BENCHMARKS).exists() else cls(path)
 
     @property
     def benchmarks(self) -> Path:

@@ -128,7 +128,7 @@ def benchmark_listing(root: Path, results_dir: Path) -> Path | None:
     """asv's benchmark listing: the results directory's (a run writes it first thing), else
     the checkout's committed one; None before the suite ever ran. PlanError (one line) when
     that file cannot be read as a listing: a plan or a budget priced from it would be wrong."""
-    for listing in (ResultsTree(results_dir).benchmarks, ResultsTree.found_in(root).benchmarks):
+    for listing in (ResultsTree(results_dir).benchmarks, ResultsTree.in_checkout(root).benchmarks):
         if listing.is_file():
             _check_listing(listing)
             return listing

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from speedbench.results.common import printable as _printable
-from speedbench.results.tree import BENCHMARKS, ResultsError, check_writable
+from speedbench.results.tree import BENCHMARKS, ResultsError, ResultsTree, check_writable
 
 __all__ = ["SlurmError", "Request", "Task", "add_parser", "command", "prepare", "time_limit_minutes",
            "array_script", "merge_script", "submit_script", "write", "submit",
@@ -204,7 +204,7 @@ def prepare(req: Request, root: Path | None = None) -> Request:
     except suite.SuiteError as e:
         raise SlurmError(str(e)) from None
     req.shared = req.shared.absolute()
-    req.into = (req.into or req.root / "results").absolute()
+    req.into = (req.into or ResultsTree.in_checkout(req.root).root).absolute()
     _check_writable(req.shared, "--shared")
     _check_writable(req.into, "--into")
     _price(req)  # a bad chunk name first: it needs no git

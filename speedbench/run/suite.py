@@ -13,13 +13,14 @@ name, option-like --commits, an --archive that is a directory, a --results-dir t
 file), so is the machine directory: one whose environment records name other hardware, or
 another torch/CUDA build without --new-build, is refused (speedbench.results.machines), and one run
 at a time writes to a results directory: a second one refuses to start (the results tree's
-lock, speedbench.results.tree). Each run first removes the scratch directories and commit worktrees that
-runs killed outright left behind (`prune_stale`).
+lock, speedbench.results.tree). Each run first removes the scratch directories and commit
+worktrees that runs killed outright left behind (`prune_stale`).
 A benchmark that fails does not stop the run: the other results, the environment records
 and the archive are still written, and the failures are listed at the end (`RunResult.failed`).
 
 This module is the run itself: its options and their checks, and the loop over chunks and
-commits; every path it writes, the lock and the writable check are the results tree's. Beside it, and re-exported here as `suite.X`: the checkout, its
+commits; every path it writes, the lock and the writable check are the results tree's
+(speedbench/results/tree.py). Beside it, and re-exported here as `suite.X`: the checkout, its
 commits and the run's scratch directories (speedbench/run/checkout.py), asv under the supervisor
 and the signals that stop it (speedbench/run/asv_process.py), and the records a run reads and
 writes beside asv's results (speedbench/run/records.py). Tests patch `suite._asv`,
