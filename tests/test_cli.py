@@ -26,6 +26,7 @@ from speedbench.run import errors
 from speedbench.run import suite
 from speedbench.results import synthetic
 from speedbench.results.load import load_results
+from speedbench.results.tree import ResultsTree
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_BENCH = r"AdamStep.track_seconds\('mlp', '(speedlib|fused)'\)"
@@ -317,7 +318,7 @@ def test_commit_range_results_are_read_by_asv_publish_and_compare(scratch_repo, 
     result_files = [p for p in machine_dir.glob("*.json") if p.name != "machine.json"]
     assert {json.loads(p.read_text())["commit_hash"] for p in result_files} == set(shas)
     for sha in shas:
-        lines = suite.environment_record_path(scratch_repo / "results", machine_dir.name, sha).read_text().splitlines()
+        lines = ResultsTree(scratch_repo / "results").machine(machine_dir.name).environment_record(sha).read_text().splitlines()
         record = json.loads(lines[-1])
         command = shlex.split(record["command"])  # the command as typed, each word once
         assert record["commit"] == sha and command[:3] == ["speedlib", "run", "--commits"]
@@ -364,7 +365,7 @@ def test_a_failing_benchmark_keeps_the_rest_of_the_run(failing_repo, tmp_path):
     assert list(zip(failed["commit"], failed["benchmark"])) == [(broken, "bench_planted.Planted.track_note")]
     assert not loaded.problems  # every result file has its environment record
     for sha in (broken, fixed):
-        assert suite.environment_record_path(results, machine, sha).is_file()
+        assert ResultsTree(results).machine(machine).environment_record(sha).is_file()
     with tarfile.open(archive) as tar:
         names = set(tar.getnames())
     assert {"results/benchmarks.json", f"results/{machine}/machine.json",

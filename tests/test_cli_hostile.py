@@ -25,6 +25,7 @@ import pytest
 
 from speedbench.cli import parser as cli
 from speedbench.cli import dashboard as dashboard_cli
+from speedbench.results.tree import ResultsTree
 from speedbench.run import plan
 from speedbench.run import suite
 
@@ -173,7 +174,7 @@ def test_a_damaged_listing_refuses_a_budgeted_run_before_any_work(tmp_path, monk
 
 def _bad_chunk_times(results: Path, good: str, bad: str) -> Path:
     """A chunk-times.jsonl with one good line for `good` and every kind of bad line for `bad`."""
-    path = plan.chunk_times_path(results, "m")
+    path = ResultsTree(results).machine("m").chunk_times
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps({"chunk": good, "commit": SHA, "seconds": 100.0, "launch": plan.LAUNCH_METHOD}).encode()]
     for seconds in (float("nan"), float("inf"), -5.0, 1e308, "soon", True, None):
@@ -201,7 +202,7 @@ def test_a_chunk_time_that_is_not_a_finite_positive_number_does_not_price_the_ch
     chunk = plan.Chunk("c", "", r"^(?:a\.B\.time_x)")
     names = {"a.B.time_x": ["a.B.time_x(1)", "a.B.time_x(2)"]}
     estimate = plan.chunk_cost(chunk, names, tmp_path, "m")
-    path = plan.chunk_times_path(tmp_path, "m")
+    path = ResultsTree(tmp_path).machine("m").chunk_times
     path.parent.mkdir(parents=True)
     for seconds in (float("nan"), float("-inf"), -1.0, 1e308, plan.MAX_CHUNK_SECONDS + 1):
         path.write_text(json.dumps({"chunk": "c", "commit": SHA, "seconds": seconds, "launch": plan.LAUNCH_METHOD}))

@@ -19,8 +19,9 @@ from speedbench.report import headline
 from speedbench import report
 from speedbench.results import synthetic
 from speedbench.results.gpu_tests import (FAILED, INCOMPLETE, NONE_RAN, NOT_APPLICABLE, NOT_RECORDED, PASSED,
-                                           check_verdict, status, verdict_path)
+                                           check_verdict, status)
 from speedbench.results.load import load_results
+from speedbench.results.tree import ResultsTree
 
 ROOT = Path(__file__).resolve().parents[1]
 FAILING = ["tests/test_transfer.py::test_x[device]", "tests/test_checkpoint_torch.py::test_y[False]"]
@@ -34,7 +35,7 @@ def verdict(commit: str, machine: str, **changes) -> dict:
 
 
 def write(root: Path, v: dict, name: str | None = None) -> Path:
-    path = verdict_path(root, v["machine"], v["commit"]) if name is None else root / v["machine"] / "gpu-tests" / name
+    path = ResultsTree(root).machine(v["machine"]).verdict(v["commit"]) if name is None else root / v["machine"] / "gpu-tests" / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(v))
     return path

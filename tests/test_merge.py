@@ -17,6 +17,7 @@ import pytest
 
 from speedbench.cli import parser as cli
 from speedbench.results import merge
+from speedbench.results import tree as results_tree
 from speedbench.run import suite
 from speedbench.results.load import load_results
 
@@ -215,7 +216,7 @@ def _stopped_merge(tmp_path, monkeypatch) -> tuple[Path, Path, Path, dict]:
     assert _run(a, "--into", into) == 0
     before = _snapshot(into)
     renamed = []
-    real = merge._rename
+    real = results_tree._rename
 
     def one_then_die(tmp, final):
         if renamed:
@@ -223,11 +224,11 @@ def _stopped_merge(tmp_path, monkeypatch) -> tuple[Path, Path, Path, dict]:
         renamed.append(final)
         real(tmp, final)
 
-    monkeypatch.setattr(merge, "_rename", one_then_die)
+    monkeypatch.setattr(results_tree, "_rename", one_then_die)
     with pytest.raises(KeyboardInterrupt):
         merge.merge([b], into)
     assert len(renamed) == 1 and (into / merge.STAGING / "journal").is_file()
-    monkeypatch.setattr(merge, "_rename", real)
+    monkeypatch.setattr(results_tree, "_rename", real)
     return b, into, reference, before
 
 
@@ -249,7 +250,7 @@ def test_a_merge_stopped_before_its_journal_leaves_the_tree_as_it_was(tmp_path, 
     def full(*args, **kw):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(merge.os, "fsync", full)
+    monkeypatch.setattr(results_tree.os, "fsync", full)
     capsys.readouterr()
     assert _run(b, "--into", into) == merge.BAD_INPUT
     err = capsys.readouterr().err.strip().splitlines()

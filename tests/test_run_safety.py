@@ -24,6 +24,7 @@ import pytest
 
 from speedbench.run import plan
 from speedbench.run import suite
+from speedbench.results.tree import ResultsTree
 
 ROOT = Path(__file__).resolve().parents[1]
 SHA = "0123456789abcdef" * 2 + "01234567"
@@ -399,7 +400,7 @@ def full_disk_writes(monkeypatch):
 
 
 def test_an_environment_record_that_cannot_be_written_leaves_the_old_ones(tmp_path, monkeypatch, request):
-    path = suite.environment_record_path(tmp_path, "m", SHA)
+    path = ResultsTree(tmp_path).machine("m").environment_record(SHA)
     suite._record_environment(path, SHA, {"torch": "2.4"}, ["speedlib", "run"])
     old = path.read_bytes()
     request.getfixturevalue("full_disk_writes")
@@ -412,7 +413,7 @@ def test_an_environment_record_that_cannot_be_written_leaves_the_old_ones(tmp_pa
 
 def test_a_chunk_time_that_cannot_be_written_leaves_the_old_ones(tmp_path, request):
     plan.record_chunk_time(tmp_path, "m", "c", SHA, 42.0)
-    path = plan.chunk_times_path(tmp_path, "m")
+    path = ResultsTree(tmp_path).machine("m").chunk_times
     old = path.read_bytes()
     request.getfixturevalue("full_disk_writes")
     with pytest.raises(OSError):
@@ -425,12 +426,12 @@ def test_a_record_appended_after_a_torn_line_stands_on_its_own(tmp_path):
     """A run killed by the old, appending code left a line without its end: the next record
     must not be glued to it (and lost with it)."""
     chunk = plan.Chunk("c", "", r"^(?:a\.B\.)")
-    path = plan.chunk_times_path(tmp_path, "m")
+    path = ResultsTree(tmp_path).machine("m").chunk_times
     path.parent.mkdir(parents=True)
     path.write_text('{"chunk": "c", "seco')
     plan.record_chunk_time(tmp_path, "m", "c", SHA, 42.0)
     assert plan.chunk_cost(chunk, {"a.B.x": ["a.B.x"]}, tmp_path, "m") == (42.0, "measured chunk time")
-    env = suite.environment_record_path(tmp_path, "m", SHA)
+    env = ResultsTree(tmp_path).machine("m").environment_record(SHA)
     env.parent.mkdir(parents=True)
     env.write_text('{"commit": "0123')
     suite._record_environment(env, SHA, {}, ["speedlib", "run"])

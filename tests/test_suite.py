@@ -15,6 +15,7 @@ import pytest
 import speedlib
 from speedbench.run import plan
 from speedbench.run import suite
+from speedbench.results.tree import ResultsTree
 
 ROOT = Path(__file__).resolve().parents[1]
 SHA = "0123456789abcdef" * 2 + "01234567"
@@ -198,7 +199,7 @@ def test_each_commits_record_reads_the_gpu_state_when_it_is_written(tmp_path, mo
     head = suite.resolve_commits(ROOT, None)[0]
     suite._run_commit(suite.RunOptions(), ROOT, tmp_path / "asv.conf.json", tmp_path, "m",
                       {"gpu_state": [{"index": 0, "temperature_c": 30}]}, [], head, "[1/1]", [])
-    record = json.loads(suite.environment_record_path(tmp_path, "m", head).read_text())
+    record = json.loads(ResultsTree(tmp_path).machine("m").environment_record(head).read_text())
     assert record["gpu_state"] == [{"index": 0, "temperature_c": 71}] and record["commit"] == head
 
 
@@ -209,7 +210,7 @@ def test_a_measured_chunk_time_replaces_the_estimate(tmp_path):
     assert guessed == plan.estimate_seconds(chunk, names)[0] * plan.HEADROOM and source.startswith("estimate")
     plan.record_chunk_time(tmp_path, "m", "c", SHA, 100.0)
     plan.record_chunk_time(tmp_path, "m", "c", SHA, 42.0)
-    with plan.chunk_times_path(tmp_path, "m").open("a") as f:
+    with ResultsTree(tmp_path).machine("m").chunk_times.open("a") as f:
         f.write('{"chunk": "c", "seco')  # a line torn by a killed run
     assert plan.chunk_cost(chunk, names, tmp_path, "m") == (42.0, "measured chunk time")
 
@@ -296,7 +297,8 @@ def test_a_second_run_on_the_same_results_directory_refuses_to_start(monkeypatch
     results = tmp_path / "results"
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys; from pathlib import Path; from speedbench.run import suite; "
-                               f"lock = suite._ResultsLock(Path({str(results)!r})).__enter__(); print('locked', flush=True); "
+                               "from speedbench.results.tree import ResultsTree; "
+                               f"lock = ResultsTree(Path({str(results)!r})).lock().__enter__(); print('locked', flush=True); "
                                "sys.stdin.read()"],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -330,7 +332,7 @@ def test_a_directory_made_for_the_lock_goes_if_the_run_wrote_nothing(monkeypatch
 
 def test_a_quick_run_takes_no_lock(monkeypatch, tmp_path):
     monkeypatch.setattr(suite, "_run", lambda *a, **k: "ran")
-    monkeypatch.setattr(suite, "_ResultsLock", lambda d: pytest.fail("locked a results directory"))
+    monkeypatch.setattr(suite, "_locked", lambda d: pytest.fail("locked a results directory"))
     assert suite.run(suite.RunOptions(quick=True, results_dir=tmp_path / "r"), root=ROOT) == "ran"
 
 
@@ -427,7 +429,7 @@ def test_a_chunk_time_measured_under_spawn_is_repriced_for_the_forkserver(tmp_pa
     processes cost REPORT_SECONDS["spawn"] each, today's cost SECONDS_PER_REPORT."""
     chunk = plan.Chunk("c", "", r"^(?:a\.B\.)")
     names = {"a.B.track_x": [f"a.B.track_x({i})" for i in range(10)]}
-    path = plan.chunk_times_path(tmp_path, "m")
+    path = ResultsTree(tmp_path).machine("m").chunk_times
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"chunk": "c", "commit": SHA, "seconds": 100.0}) + "\n")
     saved = 10 * (plan.REPORT_SECONDS["spawn"] - plan.SECONDS_PER_REPORT)

@@ -1,6 +1,7 @@
-"""The results tree on disk and what is read from it: the loader (asv result files -> one tidy
-frame), environment records, machines, safekeeping of a run's files, merging trees from
-several hosts, synthetic trees. No torch.
+"""The results tree on disk (its one owner: `ResultsTree`, speedbench/results/tree.py) and what
+is read from it: the loader (asv result files -> one tidy frame), environment records,
+machines, safekeeping of a run's files, merging trees from several hosts, synthetic trees.
+No torch.
 """
 
 from speedbench._api import lazy
@@ -11,4 +12,5 @@ __all__, __getattr__ = lazy(__name__, {
     'merge': ('MergeError',),
     'safekeep': ('Snapshot', 'SnapshotError'),
     'synthetic': ('write_results',),
+    'tree': ('ResultsTree', 'MachineDir', 'ResultsError', 'TreeBusy', 'check_writable'),
 })

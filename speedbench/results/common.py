@@ -1,10 +1,10 @@
 """Small things every part of the results loader shares (speedbench.results.load re-exports them).
 
-`Problem` (what a load reports), `printable` (a name from a file made safe to print), the
-JSON number checks and the range of dates a result may carry. They sit apart, below the
-loader's other modules (speedbench.results.files, speedbench.results.environment,
-speedbench.results.settle and speedbench.results.load itself), so that each can import them
-without importing speedbench.results.load: that module imports the others.
+`Problem` (what a load reports), `printable` (a name from a file made safe to print) and the
+JSON number checks. Stdlib only (the results tree and `speedlib merge`'s parser use `printable`
+too). They sit apart, below the loader's other modules (speedbench.results.files,
+speedbench.results.environment, speedbench.results.settle and speedbench.results.load
+itself), so that each can import them without importing speedbench.results.load.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
-
-import pandas as pd
 
 __all__ = ["Problem", "Status", "printable"]
 
@@ -71,11 +69,3 @@ def _to_float(x) -> float:
         return float(x)
     except OverflowError:
         return math.inf if x > 0 else -math.inf
-
-
-# The dates a result may carry: those pandas' nanosecond times hold, the years 1677 to 2262.
-# pandas 2 and later parse dates beyond in a coarser unit, but `.value`, a frame that mixes
-# them with nanosecond times and the pages' arithmetic overflow on them (a record dated 2300
-# stopped the load); and no measurement was made in 1600 or 9999.
-_FIRST_DATE = pd.Timestamp.min.tz_localize("UTC")
-_LAST_DATE = pd.Timestamp.max.tz_localize("UTC")

@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from speedbench.results.common import _FIRST_DATE, _LAST_DATE, Problem, _is_number, _to_float
+from speedbench.results.common import Problem, _is_number, _to_float
+from speedbench.results.dates import FIRST_DATE, LAST_DATE
 from speedbench.results.files import _children, _read, _real_dir, _subdirectory, _Unreadable
+from speedbench.results.tree import ENVIRONMENT_DIR
 
 
 class NoGpuModel(StrEnum):
@@ -48,7 +50,7 @@ def _timestamp(text) -> pd.Timestamp:
         t = pd.Timestamp(text)
     except (ValueError, OverflowError, TypeError):
         return pd.NaT
-    if t is pd.NaT or t.tzinfo is None or not _FIRST_DATE <= t <= _LAST_DATE:
+    if t is pd.NaT or t.tzinfo is None or not FIRST_DATE <= t <= LAST_DATE:
         return pd.NaT
     return t.tz_convert("UTC")
 
@@ -88,7 +90,7 @@ def _environment_records(machine_dir: Path, root_real: Path, problems: list[Prob
     first, those without a usable time last. Each line stands alone: a bad one is reported
     and skipped."""
     records: dict[str, list[tuple]] = {}
-    env_dir = machine_dir / "environment"
+    env_dir = machine_dir / ENVIRONMENT_DIR
     if not _subdirectory(env_dir, root_real, problems):
         return records
     env_real = _real_dir(env_dir, root_real)

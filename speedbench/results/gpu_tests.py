@@ -33,8 +33,7 @@ from speedbench.results.common import Problem, _is_number, _to_float, printable
 from speedbench.results.environment import NoGpuModel
 from speedbench.results.files import (_children, _NotJson, _parse_json, _read, _real_dir, _subdirectory,
                                        _Unreadable, _utf8_name)
-
-GPU_TESTS_DIR = "gpu-tests"
+from speedbench.results.tree import GPU_TESTS_DIR
 
 
 class GpuTests(StrEnum):
@@ -54,12 +53,6 @@ STATUSES = tuple(GpuTests)
 _COUNTS = ("passed", "failed", "skipped", "errors")
 # The failing tests a note names before it says "and N more": the file holds them all.
 _NAMED = 5
-
-
-def verdict_path(results_dir: Path, machine: str, sha: str) -> Path:
-    """Where the slot writes the verdict of `sha`'s GPU tests on `machine` (not a .json beside
-    asv's result files: asv would read it as one)."""
-    return Path(results_dir) / machine / GPU_TESTS_DIR / f"{sha[:8]}.json"
 
 
 def check_verdict(obj, machine: str, stem: str) -> dict:

@@ -31,16 +31,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from speedbench.results import merge
-from speedbench.results import safekeep
 # The loader's parts, each in a module of its own: the names other modules and the tests
 # use are re-exported here, so `speedbench.results.load` stays the one place to import from.
-from speedbench.results.common import _FIRST_DATE, _LAST_DATE, Problem, Status, _is_number, _to_float, printable
+from speedbench.results.common import Problem, Status, _is_number, _to_float, printable
+from speedbench.results.dates import FIRST_DATE, LAST_DATE
 from speedbench.results.environment import ENV_COLUMNS, _environment_records, _join_environment
 from speedbench.results.files import (MAX_FILE_BYTES, _children, _first_visit, _NotJson, _parse_json, _read,
                                        _read_identified, _real_dir, _subdirectory, _Unreadable, _utf8_name)
 from speedbench.results.gpu_tests import _join_gpu_tests, _verdicts
 from speedbench.results.settle import _attach_counters, _settle_versions
+from speedbench.results.tree import BENCHMARKS, MACHINE_FILE, ResultsTree
 
 __all__ = ["LoadedResults", "Problem", "load_results", "format_table", "metric_kind", "higher_is_better", "result_id",
            "printable", "MAX_FILE_BYTES", "MAX_COMBINATIONS", "MAX_FILE_COMBINATIONS", "MAX_PARAM_CHARS", "too_many_combinations",
@@ -55,7 +55,7 @@ _STATS = {
     "stats_number": "number",
     "stats_repeat": "repeat",
 }
-_SKIP_FILES = {"machine.json", "benchmarks.json"}
+_SKIP_FILES = {MACHINE_FILE, BENCHMARKS}
 # The most parameter combinations one benchmark may have. The suite's largest has 30, and asv
 # starts a process per combination to report each, so a thousand would keep a GPU slot busy
 # for hours while its rows take a few MB. A few KB of JSON can list parameters that multiply
@@ -151,7 +151,7 @@ def _ms_time(value, what: str) -> pd.Timestamp:
         t = pd.Timestamp(ms, unit="ms", tz="UTC")
     except (ValueError, OverflowError):
         t = None
-    if t is None or not _FIRST_DATE <= t <= _LAST_DATE:
+    if t is None or not FIRST_DATE <= t <= LAST_DATE:
         raise _Malformed(f"{what} {_describe(value)} is out of the range of dates (the years 1677 to 2262)")
     return t
 
@@ -455,10 +455,10 @@ def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], 
             rows.append(row)
     for count, what, names, expected in (
             (len(malformed), "entr(ies) with wrong types or over a limit skipped", malformed, False),
-            (len(unknown), "result(s) of benchmarks not in benchmarks.json skipped", unknown, True),
+            (len(unknown), f"result(s) of benchmarks not in {BENCHMARKS} skipped", unknown, True),
             (len(invalid), "benchmark(s) with an infinite value, or a time or ratio of zero or less, set aside as "
                            "not measured", invalid, False),
-            (len(unnamed), "benchmark(s) with more parameters than benchmarks.json names, the others shown as "
+            (len(unnamed), f"benchmark(s) with more parameters than {BENCHMARKS} names, the others shown as "
                            "param<i>", unnamed, False)):
         if count:
             problems.append(Problem(str(path), f"{count} {what}: {', '.join(sorted(names))}", expected,
@@ -496,7 +496,7 @@ def _load_benchmarks(root: Path, problems: list[Problem]) -> dict[str, _Benchmar
     except OSError as e:
         problems.append(Problem(str(root), f"no results directory here ({e.strerror or e})"))
         return None
-    bench_file = root / "benchmarks.json"
+    bench_file = ResultsTree(root).benchmarks
     try:
         os.lstat(bench_file)
     except FileNotFoundError:
@@ -532,13 +532,13 @@ def _check_machine_json(path: Path, root_real: Path, parent_real: Path | None, p
 def _machine_rows(machine_dir: Path, root_real: Path, benchmarks: dict[str, _Benchmark],
                   problems: list[Problem], seen: dict[tuple[int, int], Path]) -> list[dict]:
     children = _children(machine_dir, problems)
-    if "machine.json" not in {c.name for c in children}:
+    if MACHINE_FILE not in {c.name for c in children}:
         if any(c.suffix == ".json" for c in children):
-            problems.append(Problem(str(machine_dir), "no machine.json: not an asv machine directory, skipped"))
+            problems.append(Problem(str(machine_dir), f"no {MACHINE_FILE}: not an asv machine directory, skipped"))
         return []
     rows: list[dict] = []
     machine_real = _real_dir(machine_dir, root_real)
-    _check_machine_json(machine_dir / "machine.json", root_real, machine_real, problems)
+    _check_machine_json(machine_dir / MACHINE_FILE, root_real, machine_real, problems)
     for file in children:
         if file.suffix == ".json" and file.name not in _SKIP_FILES and _utf8_name(file, "result file", problems):
             rows += _file_rows(file, machine_dir.name, root_real, benchmarks, problems, machine_real, seen)
@@ -558,12 +558,13 @@ def _machine_dirs(root: Path, root_real: Path, problems: list[Problem]) -> list[
 def _killed_run(root: Path, problems: list[Problem]) -> None:
     """A `speedlib run` killed outright while asv wrote here left its copy of asv's files
     (speedbench.results.safekeep): what asv left may read as damaged until the next run puts it back."""
-    snapshot = safekeep.left_by_killed_run(root)
+    tree = ResultsTree(root)
+    snapshot = tree.left_by_killed_run()
     if snapshot is not None:
         problems.append(Problem(str(snapshot), "a speedlib run was killed while asv wrote here; the files from "
                                                "before it are kept in this directory, and the next speedlib run "
                                                "puts them back"))
-    stage = merge.left_by_stopped_merge(root)
+    stage = tree.left_by_stopped_merge()
     if stage is not None:
         problems.append(Problem(str(stage), "a speedlib merge was stopped while renaming its files, so some are "
                                             "merged and some not yet; the next speedlib merge or speedlib run "

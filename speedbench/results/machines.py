@@ -26,7 +26,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from speedbench.results.load import MAX_FILE_BYTES, printable
+from speedbench.results import files
+from speedbench.results.common import printable
+from speedbench.results.tree import ResultsTree
 
 __all__ = ["ENVIRONMENT", "environment_keys", "describe", "describe_change",
            "MachineMismatch", "directory_records", "check_directory"]
@@ -91,11 +93,12 @@ def directory_records(machine_dir: Path) -> list[dict]:
     not a record, or a file the loader would not read, is passed over here: the results
     loader reports it."""
     records = []
-    for file in sorted((Path(machine_dir) / "environment").glob("*.jsonl")):
+    machine_dir = Path(machine_dir)
+    for file in ResultsTree(machine_dir.parent).machine(machine_dir.name).environment_records():
         try:
             # Regular files only, of a size the loader reads: opening a FIFO would wait for
             # a writer, and the run with it.
-            if not file.is_file() or file.stat().st_size > MAX_FILE_BYTES:
+            if not file.is_file() or file.stat().st_size > files.MAX_FILE_BYTES:
                 continue
             lines = file.read_bytes().splitlines()
         except OSError:

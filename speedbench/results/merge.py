@@ -48,21 +48,20 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from speedbench.results import safekeep
-from speedbench.results.merge_sources import (BAD_INPUT, CONFLICTS, DISPLACED, MergeError, _bad, _loads, _Machine,
-                                       _read_dir, _read_source, _Tree, printable)
+from speedbench.results.atomic import disk_full
+from speedbench.results.merge_sources import (BAD_INPUT, CONFLICTS, MergeError, _bad, _loads, _Machine, _read_dir,
+                                              _read_source, _Tree, printable)
+from speedbench.results.tree import (BENCHMARKS, DISPLACED, ENVIRONMENT_DIR, MACHINE_FILE, MERGE_STAGING, ResultsError,
+                                     ResultsTree)
 
-__all__ = ["MergeError", "merge", "recover", "left_by_stopped_merge", "add_parser", "STAGING", "DISPLACED", "CONFLICTS",
-           "BAD_INPUT"]
+__all__ = ["MergeError", "merge", "recover", "add_parser", "STAGING", "DISPLACED", "CONFLICTS", "BAD_INPUT"]
 
-STAGING = ".speedlib-merge"
-_JOURNAL = "journal"
+STAGING = MERGE_STAGING
 # machine.json's fields that name the hardware (asv machine --cpu/--arch/--num_cpu/--ram)
 _HARDWARE = ("arch", "cpu", "num_cpu", "ram")
 
@@ -148,7 +147,7 @@ class _Merge:
         have = self.into.listing
         if have is None:
             self.into.listing, self.into.listing_raw = dict(src.listing), src.listing_raw
-            self.changed.add(("", "benchmarks.json"))  # as it was written, unless a later source adds to it
+            self.changed.add(("", BENCHMARKS))  # as it was written, unless a later source adds to it
             self.origin["listing"] = src.label
             return
         mine, theirs = _listing_start(self.into), _listing_start(src)
@@ -160,16 +159,16 @@ class _Merge:
         replaced = sum(1 for k in have if not _same(have[k], merged[k]))
         self.into.listing = merged
         self.into.listing_raw = src.listing_raw if _same(merged, src.listing) else b""  # else asv's format
-        self.changed.add(("", "benchmarks.json"))
+        self.changed.add(("", BENCHMARKS))
         if newer:
             was, self.origin["listing"] = self.source_of("listing"), src.label
-            self.said.append(f"benchmarks.json follows the newer listing of {src.label} (its results last started "
+            self.said.append(f"{BENCHMARKS} follows the newer listing of {src.label} (its results last started "
                              f"{_when(theirs)}, those of the listing of {printable(was)} {_when(mine)}): "
                              f"{replaced} entr(y/ies) replaced, "
                              f"{added} added, {len(have.keys() - src.listing.keys())} kept from the older listing "
                              "only; results of replaced versions stay, marked as of an earlier version")
         else:
-            self.said.append(f"benchmarks.json: {added} entr(y/ies) added from the older listing of {src.label} "
+            self.said.append(f"{BENCHMARKS}: {added} entr(y/ies) added from the older listing of {src.label} "
                              f"(its results last started {_when(theirs)}); the rest stays as the newer listing has it")
 
     def machine(self, name: str, src: _Machine, label: str) -> None:
@@ -179,7 +178,7 @@ class _Merge:
         if have.info is None and src.info is not None:
             have.info, have.info_raw = src.info, src.info_raw
             self.origin[("info", name)] = label
-            self.changed.add((name, "machine.json"))
+            self.changed.add((name, MACHINE_FILE))
         for file, obj in src.results.items():
             if file not in have.results:
                 have.results[file], have.raw[file] = obj, src.raw[file]
@@ -192,7 +191,7 @@ class _Merge:
                 have.raw.pop(file, None)  # rewritten in asv's format
         for inner, obj in src.side.items():
             self.side_file(name, inner, have, obj, src.raw[inner], label)
-        if src.lines.keys() - {DISPLACED} and not any(k.startswith("environment/") for k in have.lines):
+        if src.lines.keys() - {DISPLACED} and not any(k.startswith(f"{ENVIRONMENT_DIR}/") for k in have.lines):
             self.origin[("env", name)] = label
         for inner, lines in src.lines.items():
             added = _append(have.lines, inner, lines)
@@ -293,7 +292,7 @@ def _displaced_key(record) -> str:
 def _records(m: _Machine) -> list[dict]:
     out = []
     for inner, lines in m.lines.items():
-        if inner.startswith("environment/"):
+        if inner.startswith(f"{ENVIRONMENT_DIR}/"):
             out += [r for r in map(_loads, lines) if isinstance(r, dict)]
     return out
 
@@ -325,72 +324,34 @@ def _append(store: dict[str, list[bytes]], inner: str, lines: list[bytes]) -> in
 # --- writing -------------------------------------------------------------------------------
 
 def _content(tree: _Tree, machine: str, inner: str, old: bytes | None) -> bytes:
-    if not machine and inner == "benchmarks.json":
+    if not machine and inner == BENCHMARKS:
         if tree.listing_raw:
             return tree.listing_raw
         return json.dumps(tree.listing, indent=4, sort_keys=True).encode()  # asv's write_json
     m = tree.machines[machine]
     if inner.endswith(".jsonl"):
         return b"".join(line.rstrip(b"\r\n") + b"\n" for line in m.lines[inner])
-    if inner == "machine.json":
+    if inner == MACHINE_FILE:
         return m.info_raw
     if inner in m.raw:  # added whole from one source
         return m.raw[inner]
     return json.dumps(m.results[inner]).encode()  # asv's compact result format
 
 
-def _rename(tmp: Path, final: Path) -> None:
-    final.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, final)
-
-
-def left_by_stopped_merge(into: Path) -> Path | None:
-    """The staging directory of a merge stopped between its renames (for the loader to say
-    so), or None: with its journal written, part of the tree is merged and part not yet."""
-    stage = Path(into) / STAGING
-    return stage if (stage / _JOURNAL).is_file() else None
-
-
 def recover(into: Path) -> list[str]:
-    """Finish or drop what a stopped merge left in `into` (hold its lock): renames a journal
+    """Finish or drop what a stopped merge left in `into` (hold its lock): renames its journal
     names are completed; files staged before the journal was written are removed."""
-    stage = Path(into) / STAGING
-    if not (stage.exists() or stage.is_symlink()):
-        return []
-    journal = stage / _JOURNAL
-    if stage.is_symlink() or not journal.is_file():
-        if stage.is_symlink() or not stage.is_dir():
-            stage.unlink()
-        else:
-            shutil.rmtree(stage)
-        return []
-    entries = [json.loads(line) for line in journal.read_bytes().splitlines() if line.strip()]
-    for tmp, rel in entries:
-        if (stage / tmp).exists():
-            _rename(stage / tmp, Path(into) / rel)
-    journal.unlink()
-    shutil.rmtree(stage)
-    return [f"finished a merge that was stopped while renaming its files ({len(entries)} file(s))"]
+    done = ResultsTree(into).finish_staged()
+    return [] if done is None else [f"finished a merge that was stopped while renaming its files ({done} file(s))"]
 
 
 def _write(into: Path, files: list[tuple[str, bytes]]) -> None:
-    stage = into / STAGING
-    entries = []
+    tree = ResultsTree(into)
     try:
-        stage.mkdir()
-        for i, (rel, data) in enumerate(files):
-            tmp = f"{i}.new"
-            with (stage / tmp).open("wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            entries.append([tmp, rel])
-        with safekeep.written_whole(stage / _JOURNAL) as f:
-            f.write(b"".join(json.dumps(e).encode() + b"\n" for e in entries))
+        tree.stage(files)
     except OSError as e:
-        shutil.rmtree(stage, ignore_errors=True)
         raise MergeError(BAD_INPUT, [f"could not write into {printable(str(into))} ({e.strerror or e})"
-                                     f"{safekeep.disk_full(e)}; it is as it was: free some space and merge again"]) from None
+                                     f"{disk_full(e)}; it is as it was: free some space and merge again"]) from None
     try:
         recover(into)  # the renames
     except OSError as e:
@@ -401,8 +362,6 @@ def _write(into: Path, files: list[tuple[str, bytes]]) -> None:
 def merge(sources: Sequence[Path], into: Path, prefer: str | None = None) -> list[str]:
     """Merge `sources` (archives, results trees) into the results tree `into`; the lines to
     print. MergeError (nothing written) on bad input, conflicts or a full disk."""
-    from speedbench.run.suite import SuiteError, _ResultsLock  # noqa: PLC0415 - one lock for runs and merges
-
     into = Path(into)
     if prefer not in (None, "newer"):
         raise _bad(f"--prefer must be 'newer', got {printable(prefer)}")
@@ -411,7 +370,7 @@ def merge(sources: Sequence[Path], into: Path, prefer: str | None = None) -> lis
     trees = [_read_source(Path(s)) for s in sources]
     said = []
     try:
-        with _ResultsLock(into):
+        with ResultsTree(into).lock():
             try:
                 said += recover(into)
                 said += safekeep.recover(into)  # what a killed `speedlib run` left torn
@@ -419,7 +378,7 @@ def merge(sources: Sequence[Path], into: Path, prefer: str | None = None) -> lis
                 raise MergeError(BAD_INPUT, [f"cannot settle what a stopped run left in {printable(str(into))}: "
                                              f"{printable(str(e))}"]) from None
             return said + _merge_locked(trees, into, prefer)
-    except SuiteError as e:
+    except ResultsError as e:  # another run or merge holds it, or it cannot be locked
         raise MergeError(BAD_INPUT, [printable(str(e))]) from None
 
 

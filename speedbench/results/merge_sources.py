@@ -20,26 +20,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-DISPLACED = "merge-displaced.jsonl"
+from speedbench.results import files
+from speedbench.results.common import printable
+from speedbench.results.tree import (ARCHIVE_ROOT, BENCHMARKS, CHUNK_TIMES, DISPLACED, ENVIRONMENT_DIR, GPU_TESTS_DIR,
+                                     MACHINE_FILE, ResultsTree, archive_path)
+
 # Directories of a machine holding one whole JSON object per commit (<machine>/<dir>/<name>.json),
-# merged whole: gpu-tests/ holds the verdict of a GPU slot's GPU-only tests.
-SIDE_DIRS = ("gpu-tests",)
+# merged whole: the GPU tests' directory holds the verdict of a GPU slot's GPU-only tests.
+SIDE_DIRS = (GPU_TESTS_DIR,)
 CONFLICTS, BAD_INPUT = 1, 2  # exit statuses
 _NAME = re.compile(r"[^./\x00-\x1f\x7f][^/\x00-\x1f\x7f]*\Z")  # a plain file or directory name
-
-
-def printable(text) -> str:
-    """speedbench.results.load.printable, imported when needed: it loads pandas, and the parser
-    (`speedlib --help`) imports this module."""
-    from speedbench.results.load import printable as shown  # noqa: PLC0415
-
-    return shown(text)
-
-
-def _max_bytes() -> int:
-    from speedbench.results.load import MAX_FILE_BYTES  # noqa: PLC0415
-
-    return MAX_FILE_BYTES
 
 
 class MergeError(RuntimeError):
@@ -59,7 +49,7 @@ def _bad(text: str) -> MergeError:
 
 @dataclass
 class _Machine:
-    info: dict | None = None  # machine.json
+    info: dict | None = None  # MACHINE_FILE
     info_raw: bytes = b""
     results: dict[str, dict] = field(default_factory=dict)  # file name -> asv result object
     raw: dict[str, bytes] = field(default_factory=dict)  # file name (or side file's path) -> its bytes as read
@@ -70,7 +60,7 @@ class _Machine:
 @dataclass
 class _Tree:
     label: str
-    listing: dict | None = None  # benchmarks.json
+    listing: dict | None = None  # BENCHMARKS, the listing
     listing_raw: bytes = b""
     machines: dict[str, _Machine] = field(default_factory=dict)
 
@@ -78,12 +68,12 @@ class _Tree:
 def _place(rel: str) -> tuple[str, str] | None:
     """(machine or '', path inside it) for a file the merge takes, None for one it leaves out."""
     parts = PurePosixPath(rel).parts
-    if parts == ("benchmarks.json",):
+    if parts == (BENCHMARKS,):
         return "", parts[0]
-    if len(parts) == 2 and (parts[1].endswith(".json") or parts[1] in ("chunk-times.jsonl", DISPLACED)):
+    if len(parts) == 2 and (parts[1].endswith(".json") or parts[1] in (CHUNK_TIMES, DISPLACED)):
         return parts[0], parts[1]
-    if len(parts) == 3 and parts[1] == "environment" and parts[2].endswith(".jsonl"):
-        return parts[0], f"environment/{parts[2]}"
+    if len(parts) == 3 and parts[1] == ENVIRONMENT_DIR and parts[2].endswith(".jsonl"):
+        return parts[0], f"{ENVIRONMENT_DIR}/{parts[2]}"
     if len(parts) == 3 and parts[1] in SIDE_DIRS and parts[2].endswith(".json"):
         return parts[0], f"{parts[1]}/{parts[2]}"
     return None
@@ -119,18 +109,18 @@ def _add_file(tree: _Tree, rel: str, data: bytes, where: str, strict: bool) -> N
     elif not name:
         tree.listing, tree.listing_raw = _json(data, where), data
         if not isinstance(tree.listing, dict):
-            raise _bad(f"{where} is not asv's benchmarks.json")
+            raise _bad(f"{where} is not asv's {BENCHMARKS}")
     elif "/" in inner:  # a side file of SIDE_DIRS
         obj = _json(data, where)
         if not isinstance(obj, dict):
             raise _bad(f"{where} is not a JSON object")
         m = tree.machines.setdefault(name, _Machine())
         m.side[inner], m.raw[inner] = obj, data
-    elif inner == "machine.json":
+    elif inner == MACHINE_FILE:
         m = tree.machines.setdefault(name, _Machine())
         m.info, m.info_raw = _json(data, where), data
         if not isinstance(m.info, dict):
-            raise _bad(f"{where} is not asv's machine.json")
+            raise _bad(f"{where} is not asv's {MACHINE_FILE}")
     else:
         obj = _json(data, where)
         _check_result(obj, where)
@@ -156,16 +146,17 @@ def _read_archive(path: Path, label: str) -> _Tree:
                 if not (member.isfile() or member.isdir()):
                     kind = "a link" if member.issym() or member.islnk() else "a device or other special file"
                     raise _bad(f"{where} is {kind}: refused")
-                if name in ("results", "."):
+                rel = archive_path(name)
+                if rel == "":  # the tree itself
                     continue
-                if not name.startswith("results/"):
+                if rel is None:
                     _checked_name(name, label)
-                    raise _bad(f"{where} is not under results/: not an archive of `speedlib run --archive`")
-                rel = _checked_name(name[len("results/"):], label)
+                    raise _bad(f"{where} is not under {ARCHIVE_ROOT}/: not an archive of `speedlib run --archive`")
+                rel = _checked_name(rel, label)
                 if member.isdir():
                     continue
-                if member.size > _max_bytes():
-                    raise _bad(f"{where} is larger than {_max_bytes() >> 20} MiB")
+                if member.size > files.MAX_FILE_BYTES:
+                    raise _bad(f"{where} is larger than {files.MAX_FILE_BYTES >> 20} MiB")
                 if _place(rel) is not None:
                     _add_file(tree, rel, tar.extractfile(member).read(), where, strict=True)
     except (tarfile.TarError, EOFError, zlib.error) as e:
@@ -180,8 +171,7 @@ def _read_archive(path: Path, label: str) -> _Tree:
 def _read_dir(root: Path, label: str, strict: bool) -> _Tree:
     """The results tree at `root` (or `root`/results for a checkout or an unpacked archive):
     only the layout `speedlib run` writes, dot-files (scratch, snapshots) left out."""
-    if (root / "results").is_dir() and not (root / "benchmarks.json").exists():
-        root = root / "results"
+    root = ResultsTree.found_in(root).root
     tree = _Tree(label)
 
     def entries(directory: Path, rel: str, depth: int) -> None:
@@ -198,7 +188,7 @@ def _read_dir(root: Path, label: str, strict: bool) -> _Tree:
                 st = os.lstat(path)
             except OSError as e:
                 raise _bad(f"cannot read {where} ({e.strerror or e})") from None
-            descend = depth == 0 or (depth == 1 and name in ("environment", *SIDE_DIRS))
+            descend = depth == 0 or (depth == 1 and name in (ENVIRONMENT_DIR, *SIDE_DIRS))
             if stat.S_ISLNK(st.st_mode) and (descend or _place(sub) is not None):
                 raise _bad(f"{where} is a link: refused")
             if stat.S_ISDIR(st.st_mode):
@@ -209,8 +199,8 @@ def _read_dir(root: Path, label: str, strict: bool) -> _Tree:
                 continue
             if not stat.S_ISREG(st.st_mode):
                 raise _bad(f"{where} is a link or special file: refused")
-            if st.st_size > _max_bytes():
-                raise _bad(f"{where} is larger than {_max_bytes() >> 20} MiB")
+            if st.st_size > files.MAX_FILE_BYTES:
+                raise _bad(f"{where} is larger than {files.MAX_FILE_BYTES >> 20} MiB")
             _checked_name(sub, label)
             _add_file(tree, sub, path.read_bytes(), where, strict)
 

@@ -3,7 +3,7 @@
 speedlib's own files (environment records, chunk times) grow a line at a time. A line is
 added by writing the whole new content beside the file, flushing it to the disk and renaming
 it over the old one: a full disk or a kill leaves the old file or the new one, never half a
-line (`append_line`).
+line (speedbench.results.atomic's `append_line`).
 
 asv's files cannot be written that way: asv rewrites the listing (benchmarks.json), the
 machine's machine.json and a commit's result file in place, truncating each before writing
@@ -26,7 +26,6 @@ machine.json, so neither asv nor speedlib's loader reads it as results.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fnmatch
 import json
@@ -35,69 +34,17 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-__all__ = ["SNAPSHOT", "SnapshotError", "Snapshot", "append_line", "written_whole", "disk_full", "take", "settle", "recover",
-           "left_by_killed_run"]
+from speedbench.results.atomic import disk_full, sync_dir, write_whole, written_whole  # noqa: F401 - `speedlib report --output` uses written_whole as safekeep.X
+from speedbench.results.tree import BENCHMARKS, JOURNAL, MACHINE_FILE, SNAPSHOT, ResultsTree
 
-SNAPSHOT = ".speedlib-snapshot"
-_JOURNAL = "journal"  # not *.json: asv reads every .json file under the results directory
+__all__ = ["SNAPSHOT", "SnapshotError", "Snapshot", "written_whole", "disk_full", "take", "settle", "recover"]
+
 _COPY = ".saved"
 _SAVED, _LEFT = "saved", "left"  # copied / there before but not a regular file: never touched
 
 
 class SnapshotError(RuntimeError):
     """asv's files could not be copied or put back; the message says what to do."""
-
-
-def disk_full(e: OSError) -> str:
-    """': the disk is full' where that is why `e` happened, else ''; for one-line errors."""
-    return ": the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
-
-
-def _sync_dir(directory: Path) -> None:
-    """Make a rename in `directory` survive a power cut (where the system allows it)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # not supported for directories here: the rename is still atomic
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def written_whole(path: Path):
-    """A binary file to write `path`'s new content into: on leaving the block it is flushed
-    and renamed over `path`, so `path` ends up whole or as it was (an exception, a kill or a
-    full disk leave no partial file behind)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
-        with tmp.open("wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _sync_dir(path.parent)
-
-
-def _write_whole(path: Path, data: bytes) -> None:
-    """`path` holds `data`, or is as it was."""
-    with written_whole(path) as f:
-        f.write(data)
-
-
-def append_line(path: Path, line: str) -> None:
-    """Add `line` to `path` (made if missing), or raise OSError and leave it as it was."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    old = path.read_bytes() if path.exists() else b""
-    if old and not old.endswith(b"\n"):
-        old += b"\n"  # a line torn by a killed run stays a line of its own, skipped by readers
-    _write_whole(path, old + line.encode("utf-8") + b"\n")
 
 
 # --- asv's files -----------------------------------------------------------------------
@@ -111,7 +58,7 @@ class Snapshot:
 
     @property
     def directory(self) -> Path:
-        return self.results_dir / SNAPSHOT
+        return ResultsTree(self.results_dir).snapshot
 
     def copy_of(self, rel: str) -> Path:
         return self.directory / (rel + _COPY)
@@ -129,7 +76,7 @@ def take(results_dir: Path, machine: str, sha: str) -> Snapshot:
     """Copy the files an `asv run` of `sha` may rewrite, then write the journal that marks
     the snapshot whole. No room for the copy: SnapshotError, and nothing has changed."""
     results_dir = Path(results_dir)
-    patterns = ["benchmarks.json", f"{machine}/machine.json", f"{machine}/{sha[:8]}-*.json"]
+    patterns = ResultsTree(results_dir).asv_writes(machine, sha)
     snapshot = Snapshot(results_dir, sha, patterns, {})
     if snapshot.directory.is_symlink() or snapshot.directory.exists():
         _remove_unjournaled(snapshot.directory)
@@ -142,10 +89,10 @@ def take(results_dir: Path, machine: str, sha: str) -> Snapshot:
                 continue
             copy = snapshot.copy_of(rel)
             copy.parent.mkdir(parents=True, exist_ok=True)
-            _write_whole(copy, source.read_bytes())
+            write_whole(copy, source.read_bytes())
             snapshot.before[rel] = _SAVED
         journal = {"commit": sha, "patterns": patterns, "before": snapshot.before}
-        _write_whole(snapshot.directory / _JOURNAL, json.dumps(journal, indent=1).encode())
+        write_whole(snapshot.directory / JOURNAL, json.dumps(journal, indent=1).encode())
     except OSError as e:
         shutil.rmtree(snapshot.directory, ignore_errors=True)
         todo = "free some space" if disk_full(e) else "give the run a results directory it can write (--results-dir)"
@@ -160,7 +107,7 @@ def _remove_unjournaled(directory: Path) -> None:
     started: the files it copied are still in place, so it is only removed."""
     if directory.is_symlink() or not directory.is_dir():
         raise SnapshotError(f"{directory} is in the way of the copy a run keeps of asv's files: move it away")
-    if (directory / _JOURNAL).exists():
+    if (directory / JOURNAL).exists():
         raise SnapshotError(f"{directory} holds the files of a run that was not put back: run speedlib run, "
                             "which puts them back first")
     shutil.rmtree(directory)
@@ -183,7 +130,7 @@ def _entries(data: dict) -> set[str]:
 
 
 def _is_result(rel: str) -> bool:
-    return rel != "benchmarks.json" and PurePosixPath(rel).name != "machine.json"
+    return rel != BENCHMARKS and PurePosixPath(rel).name != MACHINE_FILE
 
 
 def _saved_results(snapshot: Snapshot, now: dict[str, dict | None]) -> bool:
@@ -217,7 +164,7 @@ def _verdicts(snapshot: Snapshot, failed: bool) -> dict[str, str]:
             verdicts[rel] = "put back (torn)" if (results_dir / rel).exists() else "put back (missing)"
         elif not failed:
             continue
-        elif rel == "benchmarks.json":
+        elif rel == BENCHMARKS:
             # asv rewrites the listing from the benchmark code, dropping removed benchmarks:
             # right when results were saved against it, wrong for the results on disk if none were.
             if not results_saved and snapshot.copy_of(rel).read_bytes() != (results_dir / rel).read_bytes():
@@ -234,9 +181,9 @@ def _put_back(snapshot: Snapshot, rel: str) -> None:
     except OSError as e:
         if e.errno != errno.EXDEV:  # a machine directory linked to another disk: copied instead
             raise
-        _write_whole(target, copy.read_bytes())
+        write_whole(target, copy.read_bytes())
         copy.unlink()
-    _sync_dir(target.parent)
+    sync_dir(target.parent)
 
 
 def settle(snapshot: Snapshot, failed: bool) -> list[str]:
@@ -266,16 +213,16 @@ def settle(snapshot: Snapshot, failed: bool) -> list[str]:
 
 def _drop(directory: Path) -> None:
     """The journal goes first: a snapshot without one is never read again."""
-    (directory / _JOURNAL).unlink(missing_ok=True)
-    _sync_dir(directory)
+    (directory / JOURNAL).unlink(missing_ok=True)
+    sync_dir(directory)
     shutil.rmtree(directory, ignore_errors=True)
 
 
 def _journaled(results_dir: Path) -> Snapshot:
     """The snapshot a killed run left, as its journal describes it; SnapshotError if the
     journal is not one this module wrote (paths outside the results directory included)."""
-    directory = results_dir / SNAPSHOT
-    data = _load(directory / _JOURNAL)
+    directory = ResultsTree(results_dir).snapshot
+    data = _load(directory / JOURNAL)
     patterns = data.get("patterns") if data else None
     before = data.get("before") if data else None
     ok = (isinstance(patterns, list) and isinstance(before, dict) and isinstance(data.get("commit"), str)
@@ -293,20 +240,14 @@ def _inside(rel: str) -> bool:
     return bool(rel) and not path.is_absolute() and ".." not in path.parts and "\\" not in rel
 
 
-def left_by_killed_run(results_dir: Path) -> Path | None:
-    """The snapshot a run killed outright left in `results_dir` (for the loader to say so), or None."""
-    directory = Path(results_dir) / SNAPSHOT
-    return directory if (directory / _JOURNAL).is_file() else None
-
-
 def recover(results_dir: Path) -> list[str]:
     """Settle, as failed, the snapshot a run killed outright left in `results_dir` (call it
     holding the results directory's lock, so that the run is known to be gone). One line
     per file handled; none when there was nothing to do."""
-    directory = Path(results_dir) / SNAPSHOT
+    directory = ResultsTree(results_dir).snapshot
     if not (directory.is_symlink() or directory.exists()):
         return []
-    if directory.is_symlink() or not directory.is_dir() or not (directory / _JOURNAL).exists():
+    if directory.is_symlink() or not directory.is_dir() or not (directory / JOURNAL).exists():
         _remove_unjournaled(directory)
         return []
     return settle(_journaled(Path(results_dir)), failed=True)

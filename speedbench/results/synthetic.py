@@ -14,6 +14,8 @@ import json
 import random
 from pathlib import Path
 
+from speedbench.results.tree import ResultsTree
+
 __all__ = ["write_results", "BENCHMARKS"]
 
 _COLUMNS = ["result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b",
@@ -69,9 +71,10 @@ def _entry(rng: random.Random, kind: str, bases, factors, scale: float, started:
 
 
 def write_results(root: str | Path, *, commits: int = 3, machines: int = 3, seed: int = 0) -> list[Path]:
-    """Write `machines` x `commits` result files (plus benchmarks.json, machine.json and
+    """Write `machines` x `commits` result files (plus the listing, the machine files and
     environment records) under `root`; return the result files."""
     root = Path(root)
+    tree = ResultsTree(root)
     rng = random.Random(seed)
     root.mkdir(parents=True, exist_ok=True)
     benchmarks = {"version": 2}
@@ -79,7 +82,7 @@ def write_results(root: str | Path, *, commits: int = 3, machines: int = 3, seed
         benchmarks[name] = {"name": name, "type": kind, "unit": unit, "param_names": ["workload", "variant"],
                             "params": [[repr(w) for w in _WORKLOADS], [repr(v) for v in _VARIANTS]],
                             "version": _version(kind, bases)}
-    (root / "benchmarks.json").write_text(json.dumps(benchmarks, indent=2, sort_keys=True))
+    tree.benchmarks.write_text(json.dumps(benchmarks, indent=2, sort_keys=True))
     names = list(_MACHINES)
     files = []
     start = 1_790_000_000_000  # ms since the epoch: 2026-09-21T14:13Z
@@ -87,9 +90,9 @@ def write_results(root: str | Path, *, commits: int = 3, machines: int = 3, seed
         base_name = names[m % len(names)]
         machine = base_name if m < len(names) else f"{base_name}-{m // len(names)}"
         gpu, driver, scale = _MACHINES[base_name]
-        mdir = root / machine
-        (mdir / "environment").mkdir(parents=True, exist_ok=True)
-        (mdir / "machine.json").write_text(json.dumps({"machine": machine, "version": 1}))
+        mdir = tree.machine(machine)
+        mdir.environment_dir.mkdir(parents=True, exist_ok=True)
+        mdir.machine_file.write_text(json.dumps({"machine": machine, "version": 1}))
         for c in range(commits):
             sha = _sha(f"commit {c}")
             date = start + c * 86_400_000
@@ -102,7 +105,7 @@ def write_results(root: str | Path, *, commits: int = 3, machines: int = 3, seed
                     "params": {"machine": machine, "python": "/usr/bin/python3"}, "python": "/usr/bin/python3",
                     "requirements": {}, "env_vars": {}, "result_columns": _COLUMNS, "results": results,
                     "durations": {}, "version": 2}
-            file = mdir / f"{sha[:8]}-{env_name}.json"
+            file = mdir.path / f"{sha[:8]}-{env_name}.json"
             file.write_text(json.dumps(data, sort_keys=True))
             files.append(file)
             recorded = _dt.datetime.fromtimestamp((started + 7_200_000) / 1000, _dt.timezone.utc)
@@ -111,6 +114,6 @@ def write_results(root: str | Path, *, commits: int = 3, machines: int = 3, seed
                       "gpu_count": 1 if gpu else 0, "driver": driver, "cuda": "12.8", "cudnn": 91000,
                       "torch": "2.11.0+cu128", "torchvision": "0.26.0", "python": "3.12.3",
                       "cpu_model": "synthetic CPU", "nccl": None, "cupy": None}
-            with (mdir / "environment" / f"{sha[:8]}.jsonl").open("a") as f:
+            with mdir.environment_record(sha).open("a") as f:
                 f.write(json.dumps(record, sort_keys=True) + "\n")
     return files

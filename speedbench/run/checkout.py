@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from speedbench.run.errors import SuiteError
-from speedbench.results.load import printable
+from speedbench.results.common import printable
 
 CONFIG = "asv.conf.json"
 

@@ -17,13 +17,14 @@ from pathlib import Path
 
 from speedbench import CHECKOUT
 from speedbench.results import load as results
-from speedbench.results import safekeep
+from speedbench.results.common import printable
+from speedbench.results.tree import ResultsTree
 
 __all__ = ["Chunk", "CHECKOUT", "how_to_measure", "load_chunks", "benchmark_listing", "select_chunks", "combinations",
            "estimate_seconds",
            "SECONDS_PER_COMBINATION", "SECONDS_PER_CLASS", "SECONDS_PER_REPORT", "REPORT_SECONDS", "LAUNCH_METHOD",
            "HEADROOM", "PlanError",
-           "chunk_times_path", "record_chunk_time", "recorded_chunk_seconds", "seconds_per_combination", "chunk_cost",
+           "record_chunk_time", "recorded_chunk_seconds", "seconds_per_combination", "chunk_cost",
            "chunk_times_note"]
 
 # A chunk's cost, process by process. Each class is one measuring process (benchmarks/common.py:
@@ -127,7 +128,7 @@ def benchmark_listing(root: Path, results_dir: Path) -> Path | None:
     """asv's benchmark listing: the results directory's (a run writes it first thing), else
     the checkout's committed one; None before the suite ever ran. PlanError (one line) when
     that file cannot be read as a listing: a plan or a budget priced from it would be wrong."""
-    for listing in (Path(results_dir) / "benchmarks.json", Path(root) / "results" / "benchmarks.json"):
+    for listing in (ResultsTree(results_dir).benchmarks, ResultsTree.in_checkout(root).benchmarks):
         if listing.is_file():
             _check_listing(listing)
             return listing
@@ -151,10 +152,10 @@ def _check_listing(path: Path) -> None:
         if isinstance(data, dict):
             return
         problem = f"not a JSON object of benchmarks (a JSON {type(data).__name__})"
-    snapshot = safekeep.left_by_killed_run(path.parent)
-    todo = (f"a killed run left its copy in {results.printable(str(snapshot))}, and the next speedlib run puts it "
+    snapshot = ResultsTree(path.parent).left_by_killed_run()
+    todo = (f"a killed run left its copy in {printable(str(snapshot))}, and the next speedlib run puts it "
             "back first" if snapshot is not None else "restore it from git, or delete it and the next run writes it again")
-    raise PlanError(f"{results.printable(str(path))}: {problem}: {todo}")
+    raise PlanError(f"{printable(str(path))}: {problem}: {todo}")
 
 
 def combinations(benchmarks_json: Path, skipped: list[str] | None = None) -> dict[str, list[str]]:
@@ -214,11 +215,6 @@ def estimate_seconds(chunk: Chunk, names: dict[str, list[str]],
 
 # --- measured chunk times: the estimate that needs no guessing --------------------------
 
-def chunk_times_path(results_dir: Path, machine: str) -> Path:
-    """One JSON line per chunk and commit a run measured (not *.json: asv would read it)."""
-    return Path(results_dir) / machine / "chunk-times.jsonl"
-
-
 # The longest a chunk may be recorded to have taken over one commit: the whole suite takes
 # under an hour on one GPU, and a device slot lasts minutes; a week is far beyond any real
 # run, and a figure beyond it (a hand-edited or damaged line) would price every chunk out.
@@ -226,9 +222,10 @@ MAX_CHUNK_SECONDS = 7 * 24 * 3600
 
 
 def record_chunk_time(results_dir: Path, machine: str, chunk: str, sha: str, seconds: float) -> None:
-    """Add a line to chunk-times.jsonl, or raise OSError (a full disk) and leave it as it was."""
+    """Add a line to the machine's chunk times (one per chunk and commit a run measured), or
+    raise OSError (a full disk) and leave them as they were."""
     entry = {"chunk": chunk, "commit": sha, "seconds": round(seconds, 1), "launch": LAUNCH_METHOD}
-    safekeep.append_line(chunk_times_path(results_dir, machine), json.dumps(entry))
+    ResultsTree(results_dir).machine(machine).record_chunk_time(entry)
 
 
 def _recorded(results_dir: Path, machine: str) -> dict[str, tuple[float, str]]:
@@ -236,7 +233,7 @@ def _recorded(results_dir: Path, machine: str) -> dict[str, tuple[float, str]]:
     this machine. Lines that are not a chunk time are left out (chunk_times_note says so)."""
     recorded: dict[str, tuple[float, str]] = {}
     try:
-        lines = _chunk_time_lines(chunk_times_path(results_dir, machine))
+        lines = ResultsTree(results_dir).machine(machine).chunk_time_lines()
     except OSError:
         return recorded  # chunk_times_note says why
     for line in lines:
@@ -244,14 +241,6 @@ def _recorded(results_dir: Path, machine: str) -> dict[str, tuple[float, str]]:
         if entry is not None:
             recorded[entry[0]] = entry[1:]
     return recorded
-
-
-def _chunk_time_lines(path: Path) -> list[bytes]:
-    """The non-blank lines of chunk-times.jsonl as bytes (decoded one by one: a line that is
-    not UTF-8 spoils only itself); none when there is no file."""
-    if not path.is_file():
-        return []
-    return [line for line in path.read_bytes().splitlines() if line.strip()]
 
 
 def _chunk_time(line: bytes) -> tuple[str, float, str] | None:
@@ -279,13 +268,13 @@ def _chunk_time(line: bytes) -> tuple[str, float, str] | None:
 
 
 def chunk_times_note(results_dir: Path, machine: str) -> str | None:
-    """One line saying that this machine's chunk-times.jsonl has lines that are not chunk
-    times, which the estimates leave out; None when every line is one (or there is no file).
-    Said once per command, not per chunk priced."""
-    path = chunk_times_path(results_dir, machine)
-    shown = results.printable(str(path))
+    """One line saying that this machine's chunk times have lines that are not chunk times,
+    which the estimates leave out; None when every line is one (or there is no file). Said once
+    per command, not per chunk priced."""
+    machine_dir = ResultsTree(results_dir).machine(machine)
+    shown = printable(str(machine_dir.chunk_times))
     try:
-        lines = _chunk_time_lines(path)
+        lines = machine_dir.chunk_time_lines()
     except OSError as e:
         return f"{shown} cannot be read ({e.strerror or e}): every chunk is priced by its estimate"
     bad = sum(_chunk_time(line) is None for line in lines)

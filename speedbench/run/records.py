@@ -3,7 +3,8 @@ of each commit, the benchmarks asv recorded as failed, the interference counters
 benchmarks recorded, and the .tar.gz that carries a run's results to another checkout.
 
 Apart from speedbench/run/suite.py (which re-exports these names) because they are the run's
-records, read and written by path alone: none of them starts asv or touches git.
+records, read and written where the results tree (speedbench.results.tree) says: none of them
+starts asv or touches git.
 """
 
 from __future__ import annotations
@@ -13,21 +14,14 @@ import datetime as _dt
 import itertools
 import json
 import shlex
-import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from speedbench.results import safekeep
-from speedbench.results.gpu_tests import verdict_path
+from speedbench.results.atomic import append_line, disk_full
+from speedbench.results.common import printable
+from speedbench.results.tree import ResultsError, ResultsTree
 from speedbench.run.errors import SuiteError
-from speedbench.results.load import printable
-
-def environment_record_path(results_dir: Path, machine: str, sha: str) -> Path:
-    """Where a run's environment record goes: beside asv's files, one JSON line per run.
-
-    Not a .json file in the machine directory, which asv would try to read as a result.
-    """
-    return results_dir / machine / "environment" / f"{sha[:8]}.jsonl"
+from speedbench.stats.contention import COUNTER_METRICS
 
 
 def _record_environment(path: Path, sha: str, env: dict, command: list[str]) -> None:
@@ -39,7 +33,7 @@ def _record_environment(path: Path, sha: str, env: dict, command: list[str]) -> 
         **env,
     }
     with _writing(path):  # appended: a rerun never loses the last record
-        safekeep.append_line(path, json.dumps(record, sort_keys=True))
+        append_line(path, json.dumps(record, sort_keys=True))
 
 
 @contextlib.contextmanager
@@ -49,7 +43,7 @@ def _writing(path: Path):
     try:
         yield
     except OSError as e:
-        raise SuiteError(f"could not write {printable(str(path))} ({e.strerror or e}){safekeep.disk_full(e)}; it is as it was "
+        raise SuiteError(f"could not write {printable(str(path))} ({e.strerror or e}){disk_full(e)}; it is as it was "
                          "before: free some space and run again") from None
 
 
@@ -58,7 +52,7 @@ def failed_benchmarks(results_dir: Path, machine: str, sha: str, since_ms: int =
     and that started at `since_ms` or later: the result file keeps earlier runs' entries of
     the commit, and a failure from one of those is not this run's."""
     lines = []
-    for path in sorted((Path(results_dir) / machine).glob(f"{sha[:8]}-*.json")):
+    for path in ResultsTree(results_dir).machine(machine).result_files(sha):
         data = json.loads(path.read_text(encoding="utf-8"))
         if data.get("commit_hash") != sha:
             continue
@@ -85,10 +79,8 @@ def interference_counters(results_dir: Path, machine: str, sha: str, since_ms: i
     """The interference counters (benchmarks/common.py `_Interference`) that asv recorded for
     `sha` from `since_ms` on, one entry per measurement: a paired configuration's rounds are
     stored once per variant, and counted once."""
-    from speedbench.stats.contention import COUNTER_METRICS  # noqa: PLC0415
-
     found: dict[tuple, dict] = {}
-    for path in sorted((Path(results_dir) / machine).glob(f"{sha[:8]}-*.json")):
+    for path in ResultsTree(results_dir).machine(machine).result_files(sha):
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -119,24 +111,10 @@ def interference_counters(results_dir: Path, machine: str, sha: str, since_ms: i
 
 
 def pack_results(results_dir: Path, machine: str, shas: Sequence[str], dest: Path) -> Path:
-    """One .tar.gz of what a run wrote, laid out as `results/...` so that unpacking it in a
-    checkout's root adds it there: the machine's result files and environment records for
-    `shas`, its machine.json, and benchmarks.json (the benchmark versions asv compares)."""
-    results_dir, dest = Path(results_dir), Path(dest)
-    machine_dir = results_dir / machine
-    files = [results_dir / "benchmarks.json", machine_dir / "machine.json", machine_dir / "chunk-times.jsonl"]
-    measured = [f for sha in shas for f in sorted(machine_dir.glob(f"{sha[:8]}-*.json"))]
-    for sha in shas:  # beside the results: each commit's environment records and GPU test verdict (speedlib slot)
-        files += [environment_record_path(results_dir, machine, sha), verdict_path(results_dir, machine, sha)]
-    files += measured
-    missing = [str(f) for f in files[:2] if not f.is_file()]
-    if missing or not measured:
-        raise SuiteError(f"nothing to pack for {machine} in {results_dir}: missing {missing or 'result files'}")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    # Written aside and renamed: a run killed while packing, or a full disk, keeps the
-    # previous archive whole.
-    with _writing(dest), safekeep.written_whole(dest) as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
-        for f in files:
-            if f.is_file():
-                tar.add(f, arcname=str(Path("results") / f.relative_to(results_dir)))
-    return dest
+    """The archive of what a run of `shas` wrote (ResultsTree's MachineDir.pack_run); a
+    SuiteError (one line) when there is nothing to pack or it cannot be written."""
+    try:
+        with _writing(dest):
+            return ResultsTree(results_dir).machine(machine).pack_run(shas, dest)
+    except ResultsError as e:
+        raise SuiteError(str(e)) from None

@@ -26,12 +26,14 @@ import shlex
 import signal
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from speedbench.results.atomic import written_whole
+from speedbench.results.tree import ResultsTree
 
 DEFAULT_MINUTES = 9.0
 # The GPU tests' limit: 146 of them took 43 s on an H200. A hung test must not eat the slot.
@@ -91,7 +93,7 @@ def run(options: SlotOptions, root: Path | None = None, argv: list[str] | tuple 
     other than its own deadline stops it."""
     from speedbench.measure import devices as measure  # noqa: PLC0415 - torch, asv: only when a slot runs
     from speedbench.run import suite  # noqa: PLC0415 - torch, asv: only when a slot runs
-    from speedbench.results.gpu_tests import NONE_RAN, status, verdict_path  # noqa: PLC0415
+    from speedbench.results.gpu_tests import NONE_RAN, status  # noqa: PLC0415
 
     began = time.monotonic()
     deadline = began + options.minutes * 60
@@ -117,8 +119,8 @@ def run(options: SlotOptions, root: Path | None = None, argv: list[str] | tuple 
     _say(f"step 1 of 3: the GPU tests ({shlex.join(PYTEST)}), at most {limit:.0f} s")
     with suite._stopped_by_signals():
         verdict = gpu_tests(root, sha, machine, identity, limit)
-    path = verdict_path(results_dir, machine, sha)
-    with suite._ResultsLock(results_dir):
+    path = ResultsTree(results_dir).machine(machine).verdict(sha)
+    with suite._locked(results_dir):
         write_verdict(path, verdict)
         _pack_verdict(results_dir, path, options.archive)
     _say(f"step 1 took {verdict['duration_s']:.0f} s: GPU tests {_words(verdict)}; verdict in {path}, packed into "
@@ -218,14 +220,13 @@ def verdict_from_tally(tally: dict | None, stopped: bool, returncode: int, **abo
 def write_verdict(path: Path, verdict: dict) -> None:
     """`path` holds `verdict` whole, or is as it was (SuiteError says why not). The verdict is
     checked as the loader will check it: a slot never files one the loader would refuse."""
-    from speedbench.results import safekeep  # noqa: PLC0415
     from speedbench.run import suite  # noqa: PLC0415
     from speedbench.results.gpu_tests import check_verdict  # noqa: PLC0415
 
     check_verdict(verdict, path.parent.parent.name, path.stem)
     with suite._writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        with safekeep.written_whole(path) as f:
+        with written_whole(path) as f:
             f.write((json.dumps(verdict, indent=1, sort_keys=True) + "\n").encode("utf-8"))
 
 
@@ -233,13 +234,10 @@ def _pack_verdict(results_dir: Path, verdict_file: Path, archive: Path) -> None:
     """The archive with the verdict alone, laid out as `speedlib run --archive` lays it out:
     a slot whose chunks all fail or run out of time still carries its GPU tests off the host
     (the first chunk that finishes rewrites it with its results, the verdict kept)."""
-    from speedbench.results import safekeep  # noqa: PLC0415
     from speedbench.run import suite  # noqa: PLC0415
 
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    with suite._writing(archive), safekeep.written_whole(archive) as raw, \
-            tarfile.open(fileobj=raw, mode="w:gz") as tar:
-        tar.add(verdict_file, arcname=str(Path("results") / verdict_file.relative_to(results_dir)))
+    with suite._writing(archive):
+        ResultsTree(results_dir).pack([verdict_file], archive)
 
 
 class _Deadline:
@@ -308,10 +306,8 @@ def _chunks(result: SlotResult, run_options, root: Path, results_dir: Path, sha:
 def _finished(results_dir: Path, machine: str, sha: str) -> list[str]:
     """The chunks recorded as finished for `sha`, oldest first: speedlib run records a chunk's
     time when its asv run ends, just before packing it."""
-    from speedbench.run import plan  # noqa: PLC0415
-
     done = []
-    for line in plan._chunk_time_lines(plan.chunk_times_path(results_dir, machine)):
+    for line in ResultsTree(results_dir).machine(machine).chunk_time_lines():
         try:
             entry = json.loads(line)
         except ValueError:

@@ -25,15 +25,16 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import math
-import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from speedbench.results.common import printable as _printable
+from speedbench.results.tree import BENCHMARKS, ResultsError, ResultsTree, check_writable
 
 __all__ = ["SlurmError", "Request", "Task", "add_parser", "command", "prepare", "time_limit_minutes",
            "array_script", "merge_script", "submit_script", "write", "submit",
@@ -94,30 +95,24 @@ def time_limit_minutes(seconds: list[float]) -> int:
     return max(FLOOR_MINUTES, math.ceil((longest * SLURM_HEADROOM + TASK_START_S) / 60))
 
 
-def _printable(text: str) -> str:
-    from speedbench.results.load import printable  # noqa: PLC0415
-
-    return printable(text)
-
-
 def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
 
 
 def _check_writable(directory: Path, what: str) -> None:
-    """Make `directory` and a file in it, or SlurmError (root passes os.access everywhere)."""
+    """Make `directory` where the results tree's writable check lets it be made, or SlurmError."""
     try:
+        check_writable(directory, f"{what} {_printable(str(directory))}", "name a directory you can write to")
         directory.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".speedlib-probe-", dir=directory)
+    except ResultsError as e:
+        raise SlurmError(str(e)) from None
     except OSError as e:
         raise SlurmError(f"{what} {_printable(str(directory))} cannot be written ({e.strerror or e}): "
                          "name a directory you can write to") from None
-    os.close(fd)
-    os.unlink(probe)
 
 
 def _check_options(req: Request) -> None:
-    from speedbench.run import suite  # noqa: PLC0415 - no torch at import
+    from speedbench.run import suite  # noqa: PLC0415 - the loader's pandas: `speedlib --help` builds this parser
 
     if req.machine is not None:
         try:
@@ -190,7 +185,7 @@ def _price(req: Request) -> None:
     for chunk in selected:
         if chunk.name not in recorded and plan.estimate_seconds(chunk, names)[1] == 0:
             where = (f"{_printable(str(listing))} lists no benchmark of it" if listing is not None else
-                     f"there is no benchmarks.json in {_printable(str(req.into))} or the checkout's results/")
+                     f"there is no {BENCHMARKS} in {_printable(str(req.into))} or the checkout's results/")
             raise SlurmError(f"chunk {chunk.name} has no time estimate: {where}, and "
                              f"{req.machine or 'no --machine'} recorded no time for it; run "
                              f"speedlib run --chunk {chunk.name} once, or leave it out")
@@ -209,7 +204,7 @@ def prepare(req: Request, root: Path | None = None) -> Request:
     except suite.SuiteError as e:
         raise SlurmError(str(e)) from None
     req.shared = req.shared.absolute()
-    req.into = (req.into or req.root / "results").absolute()
+    req.into = (req.into or ResultsTree.in_checkout(req.root).root).absolute()
     _check_writable(req.shared, "--shared")
     _check_writable(req.into, "--into")
     _price(req)  # a bad chunk name first: it needs no git

@@ -12,14 +12,15 @@ Options are checked before any work (a bad --bench regex, a --machine that is no
 name, option-like --commits, an --archive that is a directory, a --results-dir that is a
 file), so is the machine directory: one whose environment records name other hardware, or
 another torch/CUDA build without --new-build, is refused (speedbench.results.machines), and one run
-at a time writes to a results directory: a second one refuses to start
-(`_ResultsLock`). Each run first removes the scratch directories and commit worktrees that
-runs killed outright left behind (`prune_stale`).
+at a time writes to a results directory: a second one refuses to start (the results tree's
+lock, speedbench.results.tree). Each run first removes the scratch directories and commit
+worktrees that runs killed outright left behind (`prune_stale`).
 A benchmark that fails does not stop the run: the other results, the environment records
 and the archive are still written, and the failures are listed at the end (`RunResult.failed`).
 
-This module is the run itself: its options and their checks, the results lock, and the loop
-over chunks and commits. Beside it, and re-exported here as `suite.X`: the checkout, its
+This module is the run itself: its options and their checks, and the loop over chunks and
+commits; every path it writes, the lock and the writable check are the results tree's
+(speedbench/results/tree.py). Beside it, and re-exported here as `suite.X`: the checkout, its
 commits and the run's scratch directories (speedbench/run/checkout.py), asv under the supervisor
 and the signals that stop it (speedbench/run/asv_process.py), and the records a run reads and
 writes beside asv's results (speedbench/run/records.py). Tests patch `suite._asv`,
@@ -29,7 +30,6 @@ writes beside asv's results (speedbench/run/records.py). Tests patch `suite._asv
 from __future__ import annotations
 
 import contextlib
-import errno
 import importlib.util
 import json
 import math
@@ -43,9 +43,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from speedbench.results import merge
+from speedbench.measure import interference, preflight
+from speedbench.results import machines, merge, problems, safekeep
+from speedbench.results.common import printable
+from speedbench.results.load import format_table, load_results
+from speedbench.results.tree import ResultsError, ResultsTree
 from speedbench.run import plan
-from speedbench.results import safekeep
 from speedbench.run.asv_process import (  # noqa: F401 - re-exported: tests patch and call them as suite.X
     Interrupted,
     _asv,
@@ -65,25 +68,19 @@ from speedbench.run.checkout import (  # noqa: F401 - re-exported: cli.py and te
     prune_stale,
     resolve_commits,
 )
+from speedbench.run.errors import SuiteError
 from speedbench.run.records import (  # noqa: F401 - re-exported: tests use them as suite.X
     _record_environment,
     _writing,
-    environment_record_path,
     failed_benchmarks,
     interference_counters,
     pack_results,
 )
-from speedbench.run.errors import SuiteError
-from speedbench.results.load import printable
+
 from speedbench.stats import contention
 
-try:
-    import fcntl
-except ImportError:  # not a POSIX system: runs are not locked against each other
-    fcntl = None
-
 __all__ = ["RunOptions", "RunResult", "run", "failed_benchmarks", "find_root", "resolve_commits",
-           "environment_record_path", "pack_results", "check_options", "prune_stale"]
+           "pack_results", "check_options", "prune_stale"]
 
 
 @dataclass
@@ -145,73 +142,27 @@ def check_options(options: RunOptions) -> None:
 
 
 def _check_writable(directory: Path, what: str, instead: str) -> None:
-    """SuiteError, one line, unless this user can write to `directory` or create it (its
-    nearest existing ancestor is a writable directory). Asked before anything is measured:
-    asv and the archive would find out only after the run, and its results with nowhere to go."""
-    existing = directory
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise SuiteError(f"{what} cannot be written: {printable(str(existing))} is not a directory; {instead}")
-    if not os.access(existing, os.W_OK | os.X_OK):  # a read-only mount too, for root as well
-        raise SuiteError(f"{what} cannot be written: {printable(str(existing))} is read-only for this user; {instead}")
-    # os.access says yes to root wherever the mode allows, and /proc or a full quota says no
-    # only when a file is made: one is made, and removed at once.
+    """The results tree's writable check (speedbench.results.tree), its refusal a SuiteError."""
     try:
-        fd, probe = tempfile.mkstemp(prefix=".speedlib-probe-", dir=existing)
-    except OSError as e:
-        raise SuiteError(f"{what} cannot be written: no file can be made in {printable(str(existing))} "
-                         f"({e.strerror or e}); {instead}") from None
-    os.close(fd)
-    os.unlink(probe)
+        ResultsTree(directory).check_writable(what, instead)
+    except ResultsError as e:
+        raise SuiteError(str(e)) from None
 
 
 def _results_dir(options: RunOptions, root: Path, conf: dict) -> Path:
     return (options.results_dir or root / conf.get("results_dir", "results")).resolve()
 
 
-class _ResultsLock:
-    """Context manager: an exclusive lock on a results directory (the directory itself: no
-    lock file to commit), held until the run ends however it ends (the kernel drops it with
-    the process). Two runs writing one directory would each rewrite a commit's result file,
-    and the one finishing last would keep only its own benchmarks: the second one refuses.
-    A directory created only to be locked is removed again if the run left it empty."""
-
-    def __init__(self, results_dir: Path):
-        self.results_dir = results_dir
-        self.fd: int | None = None
-        self.created = False
-
-    def __enter__(self) -> _ResultsLock:
-        if fcntl is None:
-            return self
-        self.created = not self.results_dir.exists()
+@contextlib.contextmanager
+def _locked(results_dir: Path):
+    """The results tree's lock held for the block; a refusal (another run or merge holds it)
+    is a SuiteError, exit 2, like every precondition of the run."""
+    with contextlib.ExitStack() as held:
         try:
-            self.results_dir.mkdir(parents=True, exist_ok=True)
-            self.fd = os.open(self.results_dir, os.O_RDONLY)
-        except OSError as e:  # run() checked that it can be written; this is what changed since
-            raise SuiteError(f"cannot use {printable(str(self.results_dir))} for results ({e.strerror or e}): give "
-                             "the run another with --results-dir") from None
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            os.close(self.fd)
-            self.fd = None
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise SuiteError(f"cannot lock {printable(str(self.results_dir))} against other runs "
-                                 f"({e.strerror or e}): give the run another --results-dir") from None
-            raise SuiteError(f"another speedlib run is writing to {printable(str(self.results_dir))}: wait for "
-                             "it to finish, or give this one its own --results-dir") from None
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-        if self.created:
-            try:
-                self.results_dir.rmdir()  # only if empty: a failed first run leaves nothing behind
-            except OSError:
-                pass
+            held.enter_context(ResultsTree(results_dir).lock())
+        except ResultsError as e:
+            raise SuiteError(str(e)) from None
+        yield
 
 
 def _register_machine(conf: Path, root: Path, name: str, env: dict) -> None:
@@ -265,14 +216,14 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
     if options.budget_minutes is not None:  # priced from the listing: a torn one is refused now, not mid-run
         _listing(root, root / "results" if options.quick else results_dir)
     # A quick run writes to a scratch directory of its own: nothing to lock.
-    lock = contextlib.nullcontext() if options.quick else _ResultsLock(results_dir)
+    lock = contextlib.nullcontext() if options.quick else _locked(results_dir)
     # SIGINT and SIGTERM (Ctrl+C, a time limit, a batch system) unwind the run: asv is
     # stopped, worktrees and the scratch directories are removed, the lock released.
     with _stopped_by_signals(), lock:
         for stale in prune_stale(root):
             print(f"speedlib run: removed {printable(str(stale))}, left by a run that was killed", flush=True)
         if not options.quick:
-            _recover(lock.results_dir)
+            _recover(results_dir)
         return _run(options, root, argv, shas, steps)
 
 
@@ -315,7 +266,7 @@ def _run(options: RunOptions, root: Path, argv: Sequence[str], shas: list[str], 
                 failed += _run_commit(options, root, conf_path, results_dir, machine, env, argv, sha,
                                       f"[{i}/{len(shas)}]", bench)
                 if chunk is not None:  # the next budget decision for this chunk uses this, not a guess
-                    with _writing(plan.chunk_times_path(results_dir, machine)):
+                    with _writing(ResultsTree(results_dir).machine(machine).chunk_times):
                         plan.record_chunk_time(results_dir, machine, chunk.name, sha, time.monotonic() - began)
             if chunk is not None and options.archive is not None and not options.quick:
                 # After every chunk: a command killed in the next one keeps this archive.
@@ -341,8 +292,6 @@ def _check_machine(options: RunOptions, root: Path, identity: dict) -> None:
     """Refuse (SuiteError) to file this run under a machine directory whose environment records
     name other hardware, or another torch/CUDA build without --new-build (speedbench.results.machines).
     A quick run files nothing."""
-    from speedbench.results import machines  # noqa: PLC0415
-
     if options.quick:
         return
     machine = options.machine or identity["machine"]
@@ -360,8 +309,6 @@ def _preflight(options: RunOptions):
     summary line. --wait-quiet checks again until a busy machine settles; --require-quiet
     refuses to measure on one (SuiteError: exit 2). Otherwise a busy machine is measured on,
     with a warning; the environment record keeps the findings either way."""
-    from speedbench.measure import preflight  # noqa: PLC0415
-
     report = preflight.check()
     waited = options.wait_quiet is not None and report.busy
     if waited:
@@ -456,9 +403,7 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
         process_env = {**os.environ, "ASV_PYTHONPATH": path}
         if options.quick:  # paired comparisons: one round each (benchmarks/common.py)
             process_env["SPEEDLIB_QUICK"] = "1"
-        from speedbench.measure.interference import load_average  # noqa: PLC0415
-
-        load_start = load_average()
+        load_start = interference.load_average()
         status = _asv_keeping_results(asv_args, process_env, root, Path(results_dir), machine, sha)
     found = []
     if status == 2:
@@ -467,8 +412,6 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
         if not found:
             raise SuiteError(f"asv exited with status 2 at {sha[:8]} but recorded no failed benchmark: "
                              "see its output above")
-    from speedbench.stats import contention  # noqa: PLC0415 - torch; already imported by _run()
-    from speedbench.measure import interference  # noqa: PLC0415 - torch; already imported by _run()
     from speedbench.measure import devices as measure  # noqa: PLC0415 - torch; already imported by _run()
 
     # What else the machine did while this commit was measured: said at once, and kept.
@@ -478,7 +421,8 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
     # Clocks and temperature as this commit's benchmarks left them, not as the run began.
     env = {**env, "gpu_state": measure.gpu_state(), "load_start": load_start,
            "load_end": interference.load_average(), "interference": counters}
-    _record_environment(environment_record_path(results_dir, machine, sha), sha, env, ["speedlib", *argv])
+    _record_environment(ResultsTree(results_dir).machine(machine).environment_record(sha), sha, env,
+                        ["speedlib", *argv])
     return found
 
 
@@ -558,8 +502,6 @@ def _print_failed(failed: Sequence[str]) -> None:
 
 
 def _print_table(results_dir: Path, machine: str, shas: Sequence[str] | None = None) -> None:
-    from speedbench.results.load import format_table, load_results  # noqa: PLC0415
-
     loaded = load_results(results_dir)
     df = loaded.measured
     df = df[df["machine"] == machine]
@@ -573,8 +515,6 @@ def _print_table(results_dir: Path, machine: str, shas: Sequence[str] | None = N
         if busy.any():  # the line above the table says so too, but a figure copied from here must carry it
             df, columns = df.assign(state=busy.map({True: "‡ contended", False: ""})), (*columns, "state")
         print("\n" + format_table(df, columns), flush=True)
-    from speedbench.results import problems  # noqa: PLC0415
-
     # Also, and above all, when they leave nothing to show: damaged results one by one, the
     # older results the loader set aside or kept in one line.
     hint = f"speedlib report --results {printable(str(results_dir))} --verbose lists them"

@@ -1,0 +1,65 @@
+"""Files written whole or not at all: a full disk, an exception or a kill leaves the old
+content or the new, never part of it. Everything speedbench writes under a results tree goes
+through here (speedbench.results.tree, safekeep, merge, the run's records).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from pathlib import Path
+
+__all__ = ["disk_full", "written_whole", "write_whole", "append_line", "sync_dir"]
+
+
+def disk_full(e: OSError) -> str:
+    """': the disk is full' where that is why `e` happened, else ''; for one-line errors."""
+    return ": the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+
+
+def sync_dir(directory: Path) -> None:
+    """Make a rename in `directory` survive a power cut (where the system allows it)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # not supported for directories here: the rename is still atomic
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def written_whole(path: Path):
+    """A binary file to write `path`'s new content into: on leaving the block it is flushed
+    and renamed over `path`, so `path` ends up whole or as it was (an exception, a kill or a
+    full disk leave no partial file behind)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        with tmp.open("wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    sync_dir(path.parent)
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """`path` holds `data`, or is as it was."""
+    with written_whole(path) as f:
+        f.write(data)
+
+
+def append_line(path: Path, line: str) -> None:
+    """Add `line` to `path` (made if missing), or raise OSError and leave it as it was."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = path.read_bytes() if path.exists() else b""
+    if old and not old.endswith(b"\n"):
+        old += b"\n"  # a line torn by a killed run stays a line of its own, skipped by readers
+    write_whole(path, old + line.encode("utf-8") + b"\n")

@@ -1,0 +1,336 @@
+"""The results tree on disk: every path under a results root, and what guards it.
+
+A results root holds asv's listing (`BENCHMARKS`) and one directory per machine (`MachineDir`):
+asv's machine file and result files, and speedlib's own files beside them (environment records,
+chunk times, the GPU tests' verdicts, entries a merge displaced). The loader, `speedlib run` and
+its planner, `speedlib merge`, `speedlib slot` and `speedlib slurm` ask `ResultsTree` for a path
+instead of spelling it. The tree also owns:
+- the lock that lets one run or merge at a time write under the root (`lock`);
+- the check that a directory can be written, made before anything is measured (`check_writable`);
+- the markers a stopped run or merge leaves: safekeep's snapshot of asv's files, and the merge's
+  staging directory with the journal of its renames (`stage`, `finish_staged`);
+- the archive that carries a run's files to another checkout, laid out as `results/...` (`pack`,
+  `archive_path`).
+Stdlib only: `speedlib --help` builds `speedlib merge`'s parser, which imports this module.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from speedbench.results.atomic import append_line, written_whole
+from speedbench.results.common import printable
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: runs are not locked against each other
+    fcntl = None
+
+__all__ = ["ResultsTree", "MachineDir", "ResultsLock", "ResultsError", "TreeBusy", "check_writable", "archive_path",
+           "BENCHMARKS", "MACHINE_FILE", "ENVIRONMENT_DIR", "CHUNK_TIMES", "GPU_TESTS_DIR", "DISPLACED", "SNAPSHOT",
+           "MERGE_STAGING", "JOURNAL", "CHECKOUT_RESULTS", "ARCHIVE_ROOT"]
+
+BENCHMARKS = "benchmarks.json"  # asv's listing, rewritten by every asv run
+MACHINE_FILE = "machine.json"  # asv's description of a machine: what makes a directory a machine's
+# speedlib's own files in a machine directory: not *.json where asv would read them as results
+ENVIRONMENT_DIR = "environment"  # <commit8>.jsonl: one record per run of that commit
+CHUNK_TIMES = "chunk-times.jsonl"
+GPU_TESTS_DIR = "gpu-tests"  # <commit8>.json: the verdict of `speedlib slot`'s GPU tests (a subdirectory)
+DISPLACED = "merge-displaced.jsonl"
+# Leftovers of a stopped command, dot-directories that neither asv nor the loader reads
+SNAPSHOT = ".speedlib-snapshot"  # asv's files as a run copied them before asv ran (safekeep)
+MERGE_STAGING = ".speedlib-merge"  # a merge's files, written in full before they are renamed
+JOURNAL = "journal"  # in either: what to put back or rename (not *.json: asv reads every .json)
+CHECKOUT_RESULTS = "results"  # a checkout's committed tree (asv.conf.json's results_dir)
+ARCHIVE_ROOT = CHECKOUT_RESULTS  # an archive unpacks in a checkout's root, into its results tree
+
+
+class ResultsError(RuntimeError):
+    """A results tree (or a directory asked for) cannot be used; the message says how to fix it."""
+
+
+class TreeBusy(ResultsError):
+    """Another run or merge holds the results tree's lock."""
+
+
+@dataclass(frozen=True)
+class MachineDir:
+    """One machine's directory in a results tree."""
+
+    tree: ResultsTree
+    name: str
+
+    @property
+    def path(self) -> Path:
+        return self.tree.root / self.name
+
+    @property
+    def machine_file(self) -> Path:
+        return self.path / MACHINE_FILE
+
+    @property
+    def environment_dir(self) -> Path:
+        return self.path / ENVIRONMENT_DIR
+
+    def environment_record(self, sha: str) -> Path:
+        """Where a run of `sha` adds its environment record (a line per run)."""
+        return self.environment_dir / f"{sha[:8]}.jsonl"
+
+    def environment_records(self) -> list[Path]:
+        return sorted(self.environment_dir.glob("*.jsonl"))
+
+    @property
+    def gpu_tests_dir(self) -> Path:
+        return self.path / GPU_TESTS_DIR
+
+    def verdict(self, sha: str) -> Path:
+        """Where `speedlib slot` writes the verdict of `sha`'s GPU tests on this machine."""
+        return self.gpu_tests_dir / f"{sha[:8]}.json"
+
+    @property
+    def chunk_times(self) -> Path:
+        return self.path / CHUNK_TIMES
+
+    @property
+    def displaced(self) -> Path:
+        return self.path / DISPLACED
+
+    def result_files(self, sha: str) -> list[Path]:
+        """asv's result files of `sha` here (one per environment asv names)."""
+        return sorted(self.path.glob(result_pattern(sha)))
+
+    def record_chunk_time(self, entry: dict) -> None:
+        """Add `entry` as a line of the chunk times, or raise OSError (a full disk) and leave them as they were."""
+        append_line(self.chunk_times, json.dumps(entry))
+
+    def chunk_time_lines(self) -> list[bytes]:
+        """The non-blank lines of the chunk times as bytes (decoded one by one by the reader: a
+        line that is not UTF-8 spoils only itself); none when there is no file."""
+        if not self.chunk_times.is_file():
+            return []
+        return [line for line in self.chunk_times.read_bytes().splitlines() if line.strip()]
+
+    def pack_run(self, shas: Sequence[str], dest: Path) -> Path:
+        """One archive (`pack`) of what a run of `shas` wrote here: the result files, each
+        commit's environment records and GPU test verdict, the machine file, the chunk times and
+        the listing (the benchmark versions asv compares). ResultsError when there is nothing to pack."""
+        files = [self.tree.benchmarks, self.machine_file, self.chunk_times]
+        measured = [f for sha in shas for f in self.result_files(sha)]
+        for sha in shas:
+            files += [self.environment_record(sha), self.verdict(sha)]
+        files += measured
+        missing = [str(f) for f in files[:2] if not f.is_file()]
+        if missing or not measured:
+            raise ResultsError(f"nothing to pack for {self.name} in {self.tree.root}: missing "
+                               f"{missing or 'result files'}")
+        return self.tree.pack(files, dest)
+
+
+def result_pattern(sha: str) -> str:
+    """asv's result files of `sha` in a machine directory (asv names them <commit8>-<environment>.json)."""
+    return f"{sha[:8]}-*.json"
+
+
+@dataclass(frozen=True)
+class ResultsTree:
+    """A results root (`speedlib run --results-dir`, `speedlib merge --into`, results/)."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @classmethod
+    def in_checkout(cls, root: Path) -> ResultsTree:
+        """The results tree committed in the checkout at `root`."""
+        return cls(Path(root) / CHECKOUT_RESULTS)
+
+    @classmethod
+    def found_in(cls, path: Path) -> ResultsTree:
+        """The tree at `path`, or the one in it where `path` is a checkout or an unpacked archive."""
+        inner = cls.in_checkout(path)
+        return inner if inner.root.is_dir() and not (Path(path) / BENCHMARKS).exists() else cls(path)
+
+    @property
+    def benchmarks(self) -> Path:
+        return self.root / BENCHMARKS
+
+    def machine(self, name: str) -> MachineDir:
+        return MachineDir(self, name)
+
+    def asv_writes(self, machine: str, sha: str) -> list[str]:
+        """The files (globs under the root) an `asv run` of `sha` on `machine` rewrites in place."""
+        return [BENCHMARKS, f"{machine}/{MACHINE_FILE}", f"{machine}/{result_pattern(sha)}"]
+
+    # --- the lock and the writable check --------------------------------------------------
+
+    def lock(self) -> ResultsLock:
+        return ResultsLock(self.root)
+
+    def check_writable(self, what: str, instead: str) -> None:
+        check_writable(self.root, what, instead)
+
+    # --- what a stopped run or merge leaves -----------------------------------------------
+
+    @property
+    def snapshot(self) -> Path:
+        return self.root / SNAPSHOT
+
+    @property
+    def merge_staging(self) -> Path:
+        return self.root / MERGE_STAGING
+
+    def left_by_killed_run(self) -> Path | None:
+        """The snapshot a run killed outright while asv wrote here left (journal written), or None."""
+        return self.snapshot if (self.snapshot / JOURNAL).is_file() else None
+
+    def left_by_stopped_merge(self) -> Path | None:
+        """The staging directory of a merge stopped between its renames, or None: with its
+        journal written, part of the tree is merged and part not yet."""
+        return self.merge_staging if (self.merge_staging / JOURNAL).is_file() else None
+
+    def stage(self, files: Iterable[tuple[str, bytes]]) -> None:
+        """Write `files` ((path under the root, content)) in full into the staging directory,
+        then the journal naming their renames (`finish_staged` does them). OSError, with the
+        staging removed and the tree as it was, where that fails (a full disk)."""
+        stage, entries = self.merge_staging, []
+        try:
+            stage.mkdir()
+            for i, (rel, data) in enumerate(files):
+                tmp = f"{i}.new"
+                with (stage / tmp).open("wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                entries.append([tmp, rel])
+            with written_whole(stage / JOURNAL) as f:
+                f.write(b"".join(json.dumps(e).encode() + b"\n" for e in entries))
+        except OSError:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+
+    def finish_staged(self) -> int | None:
+        """Finish or drop what a staging left (hold the lock): the renames its journal names are
+        completed, and their number returned; files staged before the journal was written are
+        removed (None, as when nothing was staged)."""
+        stage = self.merge_staging
+        if not (stage.exists() or stage.is_symlink()):
+            return None
+        journal = stage / JOURNAL
+        if stage.is_symlink() or not journal.is_file():
+            if stage.is_symlink() or not stage.is_dir():
+                stage.unlink()
+            else:
+                shutil.rmtree(stage)
+            return None
+        entries = [json.loads(line) for line in journal.read_bytes().splitlines() if line.strip()]
+        for tmp, rel in entries:
+            if (stage / tmp).exists():
+                _rename(stage / tmp, self.root / rel)
+        journal.unlink()
+        shutil.rmtree(stage)
+        return len(entries)
+
+    # --- archives -------------------------------------------------------------------------
+
+    def pack(self, files: Iterable[Path], dest: Path) -> Path:
+        """One .tar.gz of those of `files` (under the root) that exist, laid out as `results/...`
+        so that unpacking it in a checkout's root adds them there. Written aside and renamed: a
+        command killed while packing, or a full disk (OSError), keeps the previous archive whole."""
+        dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with written_whole(dest) as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
+            for f in files:
+                if f.is_file():
+                    tar.add(f, arcname=str(Path(ARCHIVE_ROOT) / f.relative_to(self.root)))
+        return dest
+
+
+def archive_path(member: str) -> str | None:
+    """The path under the results root of an archive's member named `member`: '' for the root
+    itself, None for a member outside it (not an archive `pack` wrote)."""
+    if member in (ARCHIVE_ROOT, "."):
+        return ""
+    prefix = f"{ARCHIVE_ROOT}/"
+    return member[len(prefix):] if member.startswith(prefix) else None
+
+
+def _rename(tmp: Path, final: Path) -> None:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, final)
+
+
+class ResultsLock:
+    """Context manager: an exclusive lock on a results directory (the directory itself: no
+    lock file to commit), held until the run or merge ends however it ends (the kernel drops it
+    with the process). Two runs writing one directory would each rewrite a commit's result file,
+    and the one finishing last would keep only its own benchmarks: the second one refuses
+    (TreeBusy). A directory created only to be locked is removed again if it was left empty."""
+
+    def __init__(self, root: Path):
+        self.results_dir = Path(root)
+        self.fd: int | None = None
+        self.created = False
+
+    def __enter__(self) -> ResultsLock:
+        if fcntl is None:
+            return self
+        self.created = not self.results_dir.exists()
+        try:
+            self.results_dir.mkdir(parents=True, exist_ok=True)
+            self.fd = os.open(self.results_dir, os.O_RDONLY)
+        except OSError as e:  # checked to be writable before; this is what changed since
+            raise ResultsError(f"cannot use {printable(str(self.results_dir))} for results ({e.strerror or e}): "
+                               "give the run another with --results-dir") from None
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(self.fd)
+            self.fd = None
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise ResultsError(f"cannot lock {printable(str(self.results_dir))} against other runs "
+                                   f"({e.strerror or e}): give the run another --results-dir") from None
+            raise TreeBusy(f"another speedlib run is writing to {printable(str(self.results_dir))}: wait for "
+                           "it to finish, or give this one its own --results-dir") from None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+        if self.created:
+            try:
+                self.results_dir.rmdir()  # only if empty: a failed first run leaves nothing behind
+            except OSError:
+                pass
+
+
+def check_writable(directory: Path, what: str, instead: str) -> None:
+    """ResultsError, one line ("`what` cannot be written: why; `instead`"), unless this user can
+    write to `directory` or create it (its nearest existing ancestor is a writable directory).
+    Asked before anything is measured: asv and an archive would find out only afterwards, and
+    the results with nowhere to go."""
+    existing = Path(directory)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ResultsError(f"{what} cannot be written: {printable(str(existing))} is not a directory; {instead}")
+    if not os.access(existing, os.W_OK | os.X_OK):  # a read-only mount too, for root as well
+        raise ResultsError(f"{what} cannot be written: {printable(str(existing))} is read-only for this user; "
+                           f"{instead}")
+    # os.access says yes to root wherever the mode allows, and /proc or a full quota says no
+    # only when a file is made: one is made, and removed at once.
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".speedlib-probe-", dir=existing)
+    except OSError as e:
+        raise ResultsError(f"{what} cannot be written: no file can be made in {printable(str(existing))} "
+                           f"({e.strerror or e}); {instead}") from None
+    os.close(fd)
+    os.unlink(probe)
