@@ -216,7 +216,8 @@ def test_a_machine_of_many_cpus_takes_its_cpu_counters_over_longer_windows():
 
 # --- /proc readings that no kernel writes (damaged or planted) ------------------------------
 
-@pytest.mark.parametrize("value", ["9" * 400, str(2**64), "-5", "9" * 5000, "１２"])
+@pytest.mark.parametrize("value", ["9" * 400, str(2**64), "-5", "9" * 5000, "１２"],
+                         ids=["400-digits", "2**64", "negative", "5000-digits", "fullwidth-digits"])
 def test_a_counter_no_kernel_writes_is_no_reading(tmp_path, value):
     """/proc counters are unsigned 64-bit: a 400-digit one made an OverflowError (its seconds
     do not fit a float) where it should be what an unreadable file is, no reading."""
