@@ -215,6 +215,10 @@ class HostTable:
 
     def copy_(self, src: torch.Tensor, start: int = 0) -> HostTable:
         """Write the 2-D `src` into rows start .. start + len(src)."""
+        if not isinstance(src, torch.Tensor):
+            raise TypeError(f"src must be a tensor, got {type(src).__name__}")
+        if not isinstance(start, int) or isinstance(start, bool):
+            raise TypeError(f"start must be an integer row index, got {start!r}")
         if src.dim() != 2 or src.shape[1] != self.shape[1] or not 0 <= start <= self.shape[0] - src.shape[0]:
             raise ValueError(f"cannot copy a {tuple(src.shape)} tensor into rows {start}.. of a {self.shape} table")
         if src.dtype != self.dtype:

@@ -123,14 +123,25 @@ class Precision:
         return {"policy": self.policy, "scaler": self.scaler.state_dict() if self.scaler is not None else None}
 
     def load_state_dict(self, state: dict) -> None:
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be the dict that Precision.state_dict() returns, got {type(state).__name__}")
         if state.get("policy") != self.policy:
             raise ValueError(f"state of policy {state.get('policy')!r} cannot load into {self.policy!r}")
         if self.scaler is not None:
-            self.scaler.load_state_dict(state["scaler"])
+            scaler = state.get("scaler")
+            # GradScaler would fail on a missing or non-dict entry with a bare KeyError/AttributeError.
+            if not isinstance(scaler, dict) or not scaler:
+                raise ValueError("state['scaler'] must be the GradScaler state of an fp16 Precision, "
+                                 f"got {scaler!r:.80}")
+            self.scaler.load_state_dict(scaler)
 
 
 def pad_to_multiple(n: int, multiple: int = 8) -> int:
     """The smallest multiple of `multiple` that is >= n."""
+    for name, value in (("n", n), ("multiple", multiple)):
+        # A float would slip through the arithmetic and come back as a float size (2.5 -> 8.0).
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an integer, got {value!r}")
     if n < 0 or multiple < 1:
         raise ValueError(f"need n >= 0 and multiple >= 1, got n={n}, multiple={multiple}")
     return -(-n // multiple) * multiple

@@ -157,6 +157,30 @@ def test_pad_to_multiple():
         pad_to_multiple(5, 0)
 
 
+@pytest.mark.parametrize("n,multiple,name", [(2.5, 8, "n"), (5, 2.5, "multiple"), ("9", 8, "n"), (True, 8, "n")])
+def test_pad_to_multiple_refuses_what_is_not_an_integer(n, multiple, name):
+    """2.5 used to come back as 8.0, a float where a size goes."""
+    with pytest.raises(TypeError, match=f"{name} must be an integer, got {n if name == 'n' else multiple!r}"):
+        pad_to_multiple(n, multiple)
+
+
+@pytest.mark.parametrize("policy", ["fp16", "bf16"])
+@pytest.mark.parametrize("state", ["x", None, [("policy", "fp16")]])
+def test_load_state_dict_refuses_what_is_not_a_state_dict(policy, state):
+    with pytest.raises(TypeError, match="state must be the dict that Precision.state_dict\\(\\) returns"):
+        Precision(policy, "cpu").load_state_dict(state)
+
+
+@pytest.mark.parametrize("scaler", ["x", None, {}], ids=["str", "none", "empty"])
+def test_an_fp16_state_without_the_scaler_state_is_refused_by_name(scaler):
+    precision = Precision("fp16", "cpu", init_scale=64.0)
+    with pytest.raises(ValueError, match=r"state\['scaler'\] must be the GradScaler state"):
+        precision.load_state_dict({"policy": "fp16", "scaler": scaler})
+    with pytest.raises(ValueError, match=r"state\['scaler'\]"):
+        precision.load_state_dict({"policy": "fp16"})
+    assert precision.scaler.get_scale() == 64.0  # nothing loaded
+
+
 @pytest.mark.parametrize("bias", [True, False])
 def test_pad_linear_computes_the_same_outputs_and_gradients(bias):
     torch.manual_seed(0)

@@ -25,6 +25,7 @@ import pytest
 
 from speedbench.cli import parser as cli
 from speedbench.cli import dashboard as dashboard_cli
+from speedbench.results.common import printable
 from speedbench.results.tree import ResultsTree
 from speedbench.run import plan
 from speedbench.run import suite
@@ -516,3 +517,111 @@ def test_a_noise_table_against_a_missing_directory_says_it_is_missing(tmp_path, 
     missing = tmp_path / "nowhere"
     assert cli.main(["report", "--results", str(ROOT / "results"), "--table", "noise", "--against", str(missing)]) == 2
     assert capsys.readouterr().err.splitlines()[-1] == f"speedlib report: no results directory at {missing} (--against)"
+
+
+# --- 9. settings from the environment, a closed pipe, Ctrl+C twice, paths on the terminal -----
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "4\x1b[2J"])
+def test_a_bad_speedlib_threads_is_one_line_from_env_and_run(value, monkeypatch, capsys):
+    """Both used to end in preflight.benchmark_threads' ValueError traceback."""
+    from speedbench.measure import devices as measure  # noqa: PLC0415 - imports torch, which only these tests need
+
+    monkeypatch.setenv("SPEEDLIB_THREADS", value)
+    monkeypatch.setattr(measure, "environment", lambda: pytest.fail("the record was made"))
+    monkeypatch.setattr(suite, "run", lambda *a, **k: pytest.fail("the run started"))
+    for command in (["env"], ["run", "--quick"]):
+        assert cli.main(command) == 2
+        out = capsys.readouterr()
+        assert out.out == ""
+        _one_line(out.err, f"speedlib {command[0]}: $SPEEDLIB_THREADS must be a positive integer, got ")
+        assert "\x1b" not in out.err
+
+
+@pytest.mark.parametrize("value", ["junk", "meta", "cuda:x", "CPU", "cpu\x1b[2J"])
+def test_a_device_the_benchmarks_cannot_measure_on_is_refused_before_the_run(value, monkeypatch, capsys):
+    """junk failed every benchmark without a reason (status 3); meta measured nothing and
+    exited 0, filing timings of no-op kernels."""
+    from speedbench.measure import devices as measure  # noqa: PLC0415 - imports torch, which only these tests need
+
+    monkeypatch.setenv("SPEEDLIB_DEVICE", value)
+    monkeypatch.setattr(suite, "run", lambda *a, **k: pytest.fail("the run started"))
+    assert cli.main(["run", "--quick"]) == 2
+    err = capsys.readouterr().err
+    _one_line(err, f"speedlib run: $SPEEDLIB_DEVICE must be cpu, cuda or cuda:N (the device to measure on), "
+                   f"got {value!r}")
+    with pytest.raises(ValueError, match="SPEEDLIB_DEVICE must be cpu, cuda or cuda:N"):
+        measure.device()  # a benchmark started some other way refuses it too
+    for good in ("cpu", " "):
+        monkeypatch.setenv("SPEEDLIB_DEVICE", good)
+        assert measure.device().type in ("cpu", "cuda")
+
+
+def test_a_reader_that_has_gone_ends_report_quietly_as_cat_does(tmp_path):
+    """`speedlib report | head`: BrokenPipeError's traceback (and an "Exception ignored"
+    at exit) became a quiet exit with 128 + SIGPIPE, what a shell shows for `cat`."""
+    read, write = os.pipe()
+    os.close(read)  # every write to stdout now fails with EPIPE
+    try:
+        proc = subprocess.run([sys.executable, "-m", "speedbench.cli", "report", "--results", str(ROOT / "results"),
+                               "--table", "results"], cwd=ROOT, stdout=write, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    finally:
+        os.close(write)
+    assert proc.returncode == cli.READER_GONE == 141, proc.stderr
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr and "ignored" not in proc.stderr
+
+
+SECOND_CTRL_C = '''
+import os, signal, sys
+from speedbench.cli import parser as cli
+from speedbench.results import load
+
+def interrupted(path):
+    raise KeyboardInterrupt  # the first Ctrl+C, while results load
+
+load.load_results = interrupted
+sys.argv = ["speedlib", "report", "--results", sys.argv[1]]
+status = cli.main()  # as the `speedlib` command calls it
+os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl+C, after it said it stopped
+sys.exit(status)
+'''
+
+
+def test_a_second_ctrl_c_after_the_first_stopped_a_command_still_exits_130(tmp_path, monkeypatch, capsys):
+    """It escaped as a KeyboardInterrupt once the first one's handling was over: a traceback
+    and status -2 (killed by SIGINT) after "stopped by Ctrl+C"."""
+    proc = subprocess.run([sys.executable, "-c", SECOND_CTRL_C, str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr == "speedlib report: stopped by Ctrl+C\n"
+    # A program that calls main() itself (here, pytest) gets its own handler back.
+    from speedbench.results import load  # noqa: PLC0415 - as the subprocess above patches it, here in-process
+
+    def interrupted(path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(load, "load_results", interrupted)
+    assert cli.main(["report", "--results", str(tmp_path)]) == 130
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert capsys.readouterr().err == "speedlib report: stopped by Ctrl+C\n"
+
+
+def test_the_dashboard_start_up_lines_print_paths_escaped(tmp_path, monkeypatch, capsys):
+    """An escape sequence in a results path reached the terminal raw."""
+    missing = tmp_path / "gone\x1b[2J"
+    assert cli.main(["dashboard", "--results", str(missing), "--no-browser"]) == 2
+    err = capsys.readouterr().err
+    _one_line(err, "speedlib dashboard: no results directory at ")
+    assert "\x1b" not in err and "gone\\x1b[2J" in err
+    results = tmp_path / "res\x1b]0;owned\x07ults"
+    results.mkdir()
+    started = []
+    monkeypatch.setattr(subprocess, "Popen", lambda cmd, **k: started.append(cmd) or SimpleNamespace(
+        wait=lambda: 0, poll=lambda: None, terminate=lambda: None))
+    monkeypatch.setattr(dashboard_cli, "_cannot_listen", lambda address, port: None)
+    monkeypatch.setattr(dashboard_cli, "_wait_until_listening", lambda *a, **k: True)
+    assert cli.main(["dashboard", "--results", str(results), "--no-browser", "--port", "8599"]) == 0
+    out = capsys.readouterr().out
+    shown = printable(results.resolve())
+    assert started and out == f"speedlib dashboard: serving {shown} on http://127.0.0.1:8599 (Ctrl+C stops it)\n"
+    assert "\x1b" not in out and "\x07" not in out

@@ -308,11 +308,16 @@ class Busy(common.Paired):
 
 @pytest.mark.slow
 def test_a_run_beside_busy_loops_is_marked_contended_and_an_idle_run_is_not(tmp_path):
+    """The busy half always holds. The idle run is only as idle as the host: on a shared one
+    speedlib rightly marks it contended, so its half is asserted only where the pre-flight
+    check finds the host quiet before and after it, and skipped with what the check saw."""
     import os
     import subprocess
     import sys
 
     from test_cli import commit_all, copy_project, run_cli
+
+    from speedbench.measure import preflight  # noqa: PLC0415 - beside the test's other imports
 
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -325,7 +330,14 @@ def test_a_run_beside_busy_loops_is_marked_contended_and_an_idle_run_is_not(tmp_
         assert out.returncode == 0, out.stdout + out.stderr
         return out
 
+    def others_seen() -> str | None:
+        """What the pre-flight check found busy on the host now, None where it is quiet."""
+        found = preflight.check()
+        return found.busy_line() if found.busy else None
+
+    seen = {"before": others_seen()}
     said = {"idle": measure("idle").stdout}
+    seen["after"] = others_seen()
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
     try:
         said["busy"] = measure("busy").stdout
@@ -334,7 +346,8 @@ def test_a_run_beside_busy_loops_is_marked_contended_and_an_idle_run_is_not(tmp_
             p.kill()
             p.wait()
 
-    for name, contended in (("idle", False), ("busy", True)):
+    host_busy = [f"{when} the idle run: {what}" for when, what in seen.items() if what]
+    for name, contended in (("busy", True),) + (() if host_busy else (("idle", False),)):
         results = repo / name
         # the run says so as it ends, and the environment record keeps the summary
         assert ("1 of 1 measurements contended (bench_busy.Busy('w'))" in said[name]) == contended, said[name]
@@ -357,6 +370,9 @@ def test_a_run_beside_busy_loops_is_marked_contended_and_an_idle_run_is_not(tmp_
         csv = run_cli("report", "--results", name, "--table", "paired", "--format", "csv", cwd=repo, home=tmp_path)
         table = pd.read_csv(io.StringIO(csv.stdout))
         assert table["contended"].tolist() == [contended]
+    if host_busy:
+        pytest.skip("the busy run was marked contended; the idle run's half is not asserted: the pre-flight "
+                    f"check found the host busy {'; '.join(host_busy)}")
 
 
 def test_the_table_after_a_run_marks_contended_rows(tree, capsys):

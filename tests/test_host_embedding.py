@@ -99,6 +99,15 @@ def test_a_frozen_embedding_without_optimizer_loads_a_trained_checkpoint():
         frozen.load_state_dict({**trained.state_dict(), "bias": torch.zeros(1)})
 
 
+@pytest.mark.parametrize("weight", ["x", 3, [[0.0] * DIM] * ROWS], ids=["str", "int", "list"])
+def test_a_weight_that_is_not_a_tensor_is_refused_by_name(weight):
+    """As nn.Embedding does: load_state_dict's RuntimeError, naming the key and what was wrong."""
+    emb = HostEmbedding.from_pretrained(_reference(ROWS, DIM), backend="pageable", device="cpu")
+    with pytest.raises(RuntimeError, match=f"weight: src must be a tensor, got {type(weight).__name__}"):
+        emb.load_state_dict({"weight": weight})
+    assert torch.equal(emb.table.cpu(), _reference(ROWS, DIM))
+
+
 def test_a_table_has_one_trainer_at_a_time():
     """Two trainers would each write back rows gathered before the other's step(): refused."""
     make = functools.partial(torch.optim.SGD, lr=0.1)

@@ -139,6 +139,12 @@ def test_bad_input_gives_clear_errors():
         table.copy_(torch.zeros(2, 16, dtype=torch.float16))
     with pytest.raises(ValueError, match="cannot copy"):
         table.copy_(torch.zeros(2, 16), start=999)
+    with pytest.raises(TypeError, match="start must be an integer row index, got 1.5"):
+        table.copy_(torch.zeros(2, 16), start=1.5)
+    with pytest.raises(TypeError, match="start must be an integer row index, got True"):
+        table.copy_(torch.zeros(2, 16), start=True)
+    with pytest.raises(TypeError, match="src must be a tensor, got list"):
+        table.copy_([[0.0] * 16])
     assert torch.equal(table.cpu(), _reference())
 
 

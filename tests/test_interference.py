@@ -212,3 +212,18 @@ def test_a_machine_of_many_cpus_takes_its_cpu_counters_over_longer_windows():
     assert [round(w["others_cpu"]) for w in interference.round_windows(two_rounds(2))] == [50, 0]
     sixteen = interference.round_windows(two_rounds(16))
     assert sixteen[0]["others_cpu"] == sixteen[1]["others_cpu"] == pytest.approx(100 * 0.3 / (0.6 * 16))
+
+
+# --- /proc readings that no kernel writes (damaged or planted) ------------------------------
+
+@pytest.mark.parametrize("value", ["9" * 400, str(2**64), "-5", "9" * 5000, "１２"],
+                         ids=["400-digits", "2**64", "negative", "5000-digits", "fullwidth-digits"])
+def test_a_counter_no_kernel_writes_is_no_reading(tmp_path, value):
+    """/proc counters are unsigned 64-bit: a 400-digit one made an OverflowError (its seconds
+    do not fit a float) where it should be what an unreadable file is, no reading."""
+    with pytest.raises(ValueError):
+        interference.counter(value)
+    stat = tmp_path / "stat"
+    stat.write_text(f"cpu  {value} 20 30 5000 40 5 6 7 50 0\ncpu0 50 10 15 2500 20 2 3 3 25 0\n")
+    assert interference.machine_cpu_times(str(stat)) is None
+    assert interference.counter(str(2**64 - 1)) == 2**64 - 1 and interference.counter("0") == 0

@@ -7,6 +7,7 @@ advances, or a check stood in by a report that says "busy". GPUs are a fake NVML
 from __future__ import annotations
 
 import functools
+import io
 import json
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from speedbench.cli import parser as cli
 from speedbench.measure import preflight
 from speedbench.run import suite
 from speedbench.results import synthetic
+from speedbench.results.common import printable
 from speedbench.results.load import load_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,6 +162,58 @@ def test_a_powersave_governor_warns(tmp_path):
     (tmp_path / "cpu0" / "cpufreq" / "scaling_governor").write_text("performance\n")
     (tmp_path / "cpu1" / "cpufreq" / "scaling_governor").write_text("performance\n")
     assert preflight._cpufreq_finding(preflight.cpu_frequency_policy(tmp_path)).level == "ok"
+
+
+# --- /proc and sysfs readings that no kernel writes (damaged or planted) ----------------------
+
+def test_a_process_whose_counters_no_kernel_writes_is_left_out_of_the_sample(tmp_path):
+    """A 400-digit utime made an OverflowError; the process is now left out, as one that
+    ended while being read, and the others are counted as before."""
+    root, sleep, clock, _ = fake_proc(tmp_path)
+
+    def sleep_then_plant(seconds):
+        sleep(seconds)
+        stat = root / "100" / "stat"
+        stat.write_text(stat.read_text().replace(f" {round(10.8 * TICKS)} ", f" {'9' * 400} ", 1))
+
+    sample = preflight.sample_processes(1.0, str(root), SELF, sleep_then_plant, clock)
+    assert "9" * 400 in (root / "100" / "stat").read_text()  # the planted counter was read
+    names = dict(sample.top)
+    assert "python3" not in names and "chromium" in names
+
+
+def test_a_proc_stat_whose_counters_no_kernel_writes_is_no_sample(tmp_path):
+    root, sleep, clock, _ = fake_proc(tmp_path)
+    (root / "stat").write_text(f"cpu  {'9' * 400} 0 0 99999 0 0 0 0 0 0\ncpu0 0\ncpu1 0\n")
+    assert preflight.sample_processes(1.0, str(root), SELF, sleep, clock) is None
+    assert preflight._busy_finding(None).level == "ok"  # said as not checked, never raised
+
+
+@pytest.mark.parametrize("governor, shown", [("performancé", "performanc\\xc3\\xa9"),
+                                             ("\x1b[2Jpowersave", "\\x1b[2Jpowersave")])
+def test_a_governor_no_kernel_writes_is_recorded_escaped_and_never_raises(tmp_path, governor, shown):
+    """A non-ASCII governor was a UnicodeDecodeError; an escape sequence must reach no terminal."""
+    (tmp_path / "cpu0" / "cpufreq").mkdir(parents=True)
+    (tmp_path / "cpu0" / "cpufreq" / "scaling_governor").write_bytes(governor.encode() + b"\n")
+    (tmp_path / "cpufreq").mkdir()
+    (tmp_path / "cpufreq" / "boost").write_bytes("1é\n".encode())
+    policy = preflight.cpu_frequency_policy(tmp_path)
+    assert policy["cpu_boost"] is False  # not the "1" that says on
+    finding = preflight._cpufreq_finding(policy)
+    assert printable(finding.line()) == f"cpufreq: governor {shown}, turbo/boost off"
+    assert json.loads(json.dumps(policy)) == policy  # the environment record keeps it as text
+
+
+def test_a_cpu_model_line_that_is_not_utf8_does_not_end_the_run(monkeypatch):
+    from speedbench.measure import devices  # noqa: PLC0415 - imports torch, which this file needs nowhere else
+
+    def fake_open(path, encoding=None, errors=None):
+        assert path == "/proc/cpuinfo"
+        return io.TextIOWrapper(io.BytesIO(b"processor\t: 0\nmodel name\t: Xeon \xff Gold\n"), encoding=encoding,
+                                errors=errors)
+
+    monkeypatch.setattr(devices, "open", fake_open, raising=False)  # found before the builtin
+    assert devices.cpu_model() == "Xeon \ufffd Gold"
 
 
 # --- GPUs, through a fake NVML ---------------------------------------------------------

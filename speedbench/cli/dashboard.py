@@ -16,6 +16,8 @@ def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
     import os  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
 
+    from speedbench.results.common import printable  # noqa: PLC0415 - paths may hold any character
+
     bad = _bad_port(args.port) or _bad_address(args.address)
     if bad:
         print(f"speedlib dashboard: {bad}", file=sys.stderr)
@@ -23,7 +25,7 @@ def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
     port = int(args.port)
     app = CHECKOUT / "dashboard" / "app.py"
     if not app.is_file():
-        print(f"speedlib dashboard: no dashboard at {app}: run it from a checkout "
+        print(f"speedlib dashboard: no dashboard at {printable(app)}: run it from a checkout "
               "(python3 -m pip install -e \".[dashboard]\")", file=sys.stderr)
         return 2
     if importlib.util.find_spec("streamlit") is None:
@@ -31,7 +33,7 @@ def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return 2
     results = Path(args.results).resolve()
     if not results.is_dir():
-        print(f"speedlib dashboard: no results directory at {results}", file=sys.stderr)
+        print(f"speedlib dashboard: no results directory at {printable(results)}", file=sys.stderr)
         return 2
     unavailable = _cannot_listen(args.address, port)
     if unavailable:
@@ -67,7 +69,7 @@ def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
                       f"{url} (its messages are above)", file=sys.stderr)
             proc.wait()
             return 2
-        print(f"speedlib dashboard: serving {results} on {url} (Ctrl+C stops it)", flush=True)
+        print(f"speedlib dashboard: serving {printable(results)} on {url} (Ctrl+C stops it)", flush=True)
         if not args.no_browser:
             _open_browser(url)
         return proc.wait()

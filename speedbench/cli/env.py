@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 
 from speedbench.run.errors import missing_torch
@@ -14,18 +15,37 @@ ENV_EXIT_STATUS = """exit status:
   0  the record was printed; with --check, no check found anything bad (warnings may remain)
   1  --check found something bad: the machine is busy, a GPU has other processes on it, or
      $SPEEDLIB_THREADS is not a positive integer
-  2  the record needs PyTorch, which is not installed (--check does not)"""
+  2  the record needs PyTorch, which is not installed (--check does not), or a positive
+     integer in $SPEEDLIB_THREADS where it is set"""
 
 
 def _cmd_env(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.check:
         return _check()
+    if settings_refused("env"):
+        return 2
     if missing_torch("env"):
         return 2
     from speedbench.measure import devices as measure  # noqa: PLC0415
 
     print(json.dumps(measure.environment(), indent=2, sort_keys=True))
     return 0
+
+
+def settings_refused(command: str, *, device: bool = False) -> bool:
+    """A $SPEEDLIB_THREADS that is not a positive integer (and with `device`, a $SPEEDLIB_DEVICE
+    the benchmarks cannot measure on) said in one line (True), before the environment record
+    or a run would raise on it or file timings of nothing."""
+    from speedbench.measure import preflight  # noqa: PLC0415 - the parser imports this module; it needs none
+
+    readers = (preflight.benchmark_threads, preflight.benchmark_device) if device else (preflight.benchmark_threads,)
+    for read in readers:
+        try:
+            read()
+        except ValueError as e:  # its message quotes the value with repr: no control character gets through
+            print(f"speedlib {command}: {e}", file=sys.stderr)
+            return True
+    return False
 
 
 def _check() -> int:

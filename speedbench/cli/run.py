@@ -24,6 +24,7 @@ RUN_EXIT_STATUS = """exit status:
 
 
 def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from speedbench.cli.env import settings_refused  # noqa: PLC0415 - as suite, only when it runs
     from speedbench.run import suite  # noqa: PLC0415 - keeps `speedlib --help` free of torch
 
     options = suite.RunOptions(
@@ -48,7 +49,7 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return 2
     if args.plan:
         return _print_plan(options)
-    if missing_torch("run"):
+    if settings_refused("run", device=True) or missing_torch("run"):
         return 2
     try:
         result = suite.run(options, argv=argv)

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from speedbench.measure import preflight  # $SPEEDLIB_DEVICE's rule, which the CLI checks without torch
 # The CPU frequency reader and the thread rule live with the pre-flight check, which must
 # work without torch; the benchmarks and the environment record read them from here.
 from speedbench.measure.preflight import CPU_SYSFS, THREADS_ENV, benchmark_threads, cpu_frequency_policy, usable_cores
@@ -65,7 +66,7 @@ __all__ = [
 
 def device(prefer: str | None = None) -> torch.device:
     """The device to measure on: `prefer` if given (or $SPEEDLIB_DEVICE), else CUDA when present."""
-    name = prefer or os.environ.get("SPEEDLIB_DEVICE")
+    name = prefer or preflight.benchmark_device()
     if name:
         dev = torch.device(name)
         if dev.type == "cuda" and not torch.cuda.is_available():
@@ -253,7 +254,7 @@ def device_memory_in_use(dev: torch.device | str) -> int:
 def cpu_model() -> str:
     """The CPU's marketing name (from /proc/cpuinfo on Linux), else platform's guess."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:  # a bad byte must not end the run
             for line in f:
                 if line.startswith("model name"):
                     return line.split(":", 1)[1].strip()

@@ -48,6 +48,18 @@ PROC_STAT = "/proc/stat"
 TICK_S = 1 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 
 
+# The kernel keeps its CPU-time counters as unsigned 64-bit numbers: a longer one is no
+# reading (a damaged or planted file), and its seconds would overflow a float.
+_COUNTER_MAX = 2**64 - 1
+
+
+def counter(text: str) -> int:
+    """One /proc tick counter; ValueError for anything but ASCII digits worth 0 .. 2**64 - 1."""
+    if not (text.isascii() and text.isdigit()) or len(text) > len(str(_COUNTER_MAX)) or int(text) > _COUNTER_MAX:
+        raise ValueError(f"no /proc counter: {len(text)} characters, not a number of 0 .. 2**64 - 1")
+    return int(text)
+
+
 def machine_cpu_times(path: str = PROC_STAT) -> tuple[float, float, int] | None:
     """(busy seconds, steal seconds, cores) summed over the machine's CPUs since boot, from
     the aggregate `cpu` line of /proc/stat; None where it cannot be read."""
@@ -60,7 +72,7 @@ def machine_cpu_times(path: str = PROC_STAT) -> tuple[float, float, int] | None:
     if len(head) < 9 or head[0] != "cpu":
         return None
     try:
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in head[1:9])
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (counter(v) for v in head[1:9])
     except ValueError:
         return None
     # guest time is already inside user (the kernel adds it there), so it is not added again
@@ -87,7 +99,7 @@ def _live_children_cpu(pid: int | str = "self", depth: int = 0) -> float:
                 with open(f"/proc/{child}/stat", encoding="ascii", errors="replace") as f:
                     # the command name is in parentheses and may hold spaces: fields follow the last ')'
                     fields = f.read().rsplit(")", 1)[1].split()
-                utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
+                utime, stime, cutime, cstime = (counter(v) for v in fields[11:15])
             except (OSError, IndexError, ValueError):
                 continue
             total += (utime + stime + cutime + cstime) * TICK_S

@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import re
 import resource
 import time
 from collections.abc import Callable
@@ -117,18 +118,24 @@ def cpu_frequency_policy(sysfs: str | os.PathLike = CPU_SYSFS) -> dict:
     governors = set()
     for path in root.glob("cpu[0-9]*/cpufreq/scaling_governor"):
         try:
-            governors.add(path.read_text(encoding="ascii").strip())
+            governors.add(_sysfs_word(path))
         except OSError:
             pass
     boost = None
     # intel_pstate says the opposite (no_turbo); acpi-cpufreq and amd-pstate say "boost".
     for name, on in (("intel_pstate/no_turbo", "0"), ("cpufreq/boost", "1")):
         try:
-            boost = (root / name).read_text(encoding="ascii").strip() == on
+            boost = _sysfs_word(root / name) == on
             break
         except OSError:
             pass
     return {"cpu_governors": sorted(governors) or None, "cpu_boost": boost}
+
+
+def _sysfs_word(path: Path) -> str:
+    """A one-word sysfs file, stripped. The kernel writes ASCII: any other byte (a damaged or
+    planted file) is kept as its escape, \\xNN, so the word is recorded and shown, never raises."""
+    return path.read_bytes().decode("ascii", "backslashreplace").strip()
 
 
 # --- the CPU sample ----------------------------------------------------------------------
@@ -149,7 +156,7 @@ def _processes(proc: str) -> dict[int, tuple[str, int, int]]:
             left, right = text.index("("), text.rindex(")")
             fields = text[right + 2:].split()
             ppid, flags = int(fields[1]), int(fields[6])
-            ticks = int(fields[11]) + int(fields[12])  # utime + stime
+            ticks = interference.counter(fields[11]) + interference.counter(fields[12])  # utime + stime
         except (OSError, ValueError, IndexError):
             continue
         pid = int(name)
@@ -321,6 +328,25 @@ def benchmark_threads() -> int:
     if threads < 1:
         raise ValueError(f"${THREADS_ENV} must be a positive integer, got {text!r}")
     return threads
+
+
+# $SPEEDLIB_DEVICE names the device the benchmarks measure on; by default CUDA when present.
+DEVICE_ENV = "SPEEDLIB_DEVICE"
+# The benchmarks have a CPU and a GPU profile and nothing else: on "meta" every kernel is a
+# no-op (a run would file timings of nothing), and torch rejects a name it does not know
+# only inside each benchmark, which then fails without saying why.
+_DEVICE_NAME = re.compile(r"cpu|cuda(:[0-9]+)?")
+
+
+def benchmark_device() -> str | None:
+    """$SPEEDLIB_DEVICE (None where it is unset or blank), read without torch. Raises
+    ValueError for anything but cpu, cuda or cuda:N."""
+    text = os.environ.get(DEVICE_ENV)
+    if text is None or not text.strip():
+        return None
+    if not _DEVICE_NAME.fullmatch(text):
+        raise ValueError(f"${DEVICE_ENV} must be cpu, cuda or cuda:N (the device to measure on), got {text!r}")
+    return text
 
 
 def _usable_and_threads() -> tuple[int, int | None, str | None]:
