@@ -625,3 +625,20 @@ def test_the_dashboard_start_up_lines_print_paths_escaped(tmp_path, monkeypatch,
     shown = printable(results.resolve())
     assert started and out == f"speedlib dashboard: serving {shown} on http://127.0.0.1:8599 (Ctrl+C stops it)\n"
     assert "\x1b" not in out and "\x07" not in out
+
+
+def test_a_results_dir_in_a_symlink_loop_or_over_long_is_refused_in_one_line(tmp_path):
+    """A --results-dir that cannot be resolved (a loop of links, a name over the file system's
+    limit) is refused before any work, naming the option, not a RuntimeError or OSError."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    for path, why in ((tmp_path / "a" / "results", "loop of symbolic links"),
+                      (tmp_path / ("r" * 300), "File name too long")):
+        with pytest.raises(suite.SuiteError, match=f"--results-dir .* cannot be used: .*{why}"):
+            suite.check_options(suite.RunOptions(results_dir=path))
+
+
+def test_an_over_long_machine_name_says_how_long_it_may_be():
+    with pytest.raises(suite.SuiteError, match="--machine is 300 characters long: .* at most 100 characters"):
+        suite.check_options(suite.RunOptions(machine="m" * 300))
+    suite.check_options(suite.RunOptions(machine="m" * 100))  # the longest name a directory takes here

@@ -110,11 +110,15 @@ class RunResult:
 
 # An asv machine name is a directory under results/: one path component, nothing that
 # climbs out (..), hides (a leading dot) or reads as an option (a leading dash).
-_MACHINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+_MACHINE_NAME_MAX = 100
+_MACHINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
 
 def check_options(options: RunOptions) -> None:
     """Refuse, with one line, options that would fail or misfile results later in the run."""
+    if options.machine is not None and len(options.machine) > _MACHINE_NAME_MAX:
+        raise SuiteError(f"--machine is {len(options.machine)} characters long: a machine name names a directory, "
+                         f"at most {_MACHINE_NAME_MAX} characters")
     if options.machine is not None and (not _MACHINE_NAME.fullmatch(options.machine) or ".." in options.machine):
         raise SuiteError(f"--machine '{printable(options.machine)}' is not a plain name: use letters, digits and "
                          ". _ + - (no path separators, no '..', not starting with '.' or '-')")
@@ -129,6 +133,12 @@ def check_options(options: RunOptions) -> None:
             raise SuiteError(f"--commits '{printable(options.commits)}' is not a revision or a range A..B")
     if options.archive is not None and options.archive.is_dir():
         raise SuiteError(f"--archive {printable(str(options.archive))} is a directory: name the .tar.gz file to write")
+    if options.results_dir is not None:
+        try:  # a symlink loop (RuntimeError before Python 3.13), a name over 255 bytes or a path over 4096 (OSError)
+            options.results_dir.resolve().exists()
+        except (OSError, RuntimeError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else "it is a loop of symbolic links"
+            raise SuiteError(f"--results-dir {printable(str(options.results_dir))} cannot be used: {why}") from None
     if options.results_dir is not None and options.results_dir.exists() and not options.results_dir.is_dir():
         raise SuiteError(f"--results-dir {printable(str(options.results_dir))} exists and is not a directory")
     if options.wait_quiet is not None and not (math.isfinite(options.wait_quiet) and options.wait_quiet > 0):
