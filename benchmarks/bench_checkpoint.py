@@ -117,7 +117,7 @@ def _torch_checkpoint_classes() -> dict:
 
         use_reentrant = False
 
-        def forward(self, src):  # noqa: D102
+        def forward(self, src):
             if not torch.is_grad_enabled():
                 return super().forward(src)
             return checkpoint(super().forward, src, use_reentrant=self.use_reentrant)
@@ -125,7 +125,7 @@ def _torch_checkpoint_classes() -> dict:
     class Segmented(nn.Sequential):
         """nn.Sequential trained through checkpoint_sequential in ceil(sqrt(n)) segments."""
 
-        def forward(self, input):  # noqa: A002, D102 - nn.Sequential's name
+        def forward(self, input):
             if not torch.is_grad_enabled():
                 return super().forward(input)
             return checkpoint_sequential(self, max(1, math.ceil(math.sqrt(len(self)))), input, use_reentrant=False)

@@ -10,15 +10,26 @@ import pandas as pd
 import plotly.colors
 import plotly.graph_objects as go
 import streamlit as st
+from _view import (
+    config_label,
+    log_axis,
+    pick,
+    pick_many,
+    ratio_chart,
+    results,
+    say_names,
+    show,
+    show_problems,
+    spread_chart,
+    suite_listing,
+    table,
+    tabs,
+)
 
-from _view import (config_label, log_axis, pick, pick_many, ratio_chart, results, say_names, show_problems,
-                   show, spread_chart, suite_listing, table, tabs)
-from speedbench import words
+from speedbench import report, words
 from speedbench.report import headline
-from speedbench.run import plan
-from speedbench import report
 from speedbench.results.environment import NoGpuModel
-
+from speedbench.run import plan
 
 # The line above the tabs names the machine and its GPU, the title the technique, and the page
 # shows one of each: in every table they would only push the numbers past the right edge.

@@ -19,12 +19,11 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from speedbench import words
+from speedbench import report, words
 from speedbench.results import cache
+from speedbench.results import problems as problem_text
 from speedbench.results.environment import NoGpuModel
 from speedbench.run import plan
-from speedbench import report
-from speedbench.results import problems as problem_text
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(os.environ.get("SPEEDLIB_RESULTS") or ROOT / "results").resolve()

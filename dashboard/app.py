@@ -13,7 +13,7 @@ import streamlit as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # pages import _view from here
 
-from speedbench.techniques import TECHNIQUES  # noqa: E402
+from speedbench.techniques import TECHNIQUES
 
 st.set_page_config(page_title="speedlib results", layout="wide")
 

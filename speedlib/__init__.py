@@ -23,8 +23,12 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
-    from speedlib.contiguous import ContiguousParams, FlatParameter, InvalidBufferError
-    from speedlib.transfer import HostEmbedding, HostTable
+    # the redundant aliases mark them re-exported, for type checkers (at run time __getattr__ serves them)
+    from speedlib.contiguous import ContiguousParams as ContiguousParams
+    from speedlib.contiguous import FlatParameter as FlatParameter
+    from speedlib.contiguous import InvalidBufferError as InvalidBufferError
+    from speedlib.transfer import HostEmbedding as HostEmbedding
+    from speedlib.transfer import HostTable as HostTable
 
 
 def __getattr__(name: str):

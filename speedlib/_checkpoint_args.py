@@ -11,14 +11,15 @@ autograd node, so they live apart from speedlib/checkpoint.py's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 import contextlib
 import functools
 import inspect
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import nn
+
 # functional_call's own swap of a module's tensors; there is no public context manager for it.
 from torch.nn.utils.stateless import _reparametrize_module
 

@@ -27,7 +27,7 @@ def in_backward() -> bool:
 class _OnceBatchNorm:
     """Mixin for nn.BatchNorm*d: no running-statistics update when rerun in backward."""
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - nn.Module's name
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not (self.training and self.track_running_stats and in_backward()):
             return super().forward(input)
         self._check_input_dim(input)

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+
 # torch's own checkpoint and torch.compile flatten arguments with it; there is no public twin.
 from torch.utils import _pytree as pytree
 

@@ -206,7 +206,7 @@ def _release_cupy_tables() -> None:
 
 class _Cupy:
     def __init__(self, rows: int, dim: int, dtype: torch.dtype, device: torch.device):
-        global _cupy  # noqa: PLW0603 - the exit hook frees its pools
+        global _cupy
         cupy, cupyx = _import_cupy()
         _cupy = cupy
         import numpy  # noqa: PLC0415

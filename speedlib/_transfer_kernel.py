@@ -120,7 +120,7 @@ def copy_rows(src: torch.Tensor, dst: torch.Tensor, *, src_rows: torch.Tensor | 
     kernel: a `build()` result to use (tests pass the interpreted one); by default the
     compiled kernel, or torch's indexing where it cannot be built here. A kernel that built
     and ran once is trusted: a later error is raised, not hidden by the fallback."""
-    global KERNEL  # noqa: PLW0603 - a status for benchmarks and users to read
+    global KERNEL
     n = (src_rows if src_rows is not None else dst_rows if dst_rows is not None else src).shape[0]
     if n == 0:
         return
@@ -130,7 +130,7 @@ def copy_rows(src: torch.Tensor, dst: torch.Tensor, *, src_rows: torch.Tensor | 
             _launch(_kernel(), prepared, src_rows, dst_rows, n)
         except torch.cuda.OutOfMemoryError:
             raise  # the GPU was full, which says nothing about whether the kernel can run
-        except Exception as e:  # noqa: BLE001 - no Triton, no compiler, an unsupported GPU: the fallback is exact
+        except Exception as e:
             if _ran:
                 raise  # a kernel that built and ran here once is trusted: this is a real error
             _unusable.append(f"{type(e).__name__}: {e}")

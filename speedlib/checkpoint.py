@@ -44,14 +44,16 @@ segments; the decision does not depend on whether the input requires grad.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 import contextlib
 import functools
 import math
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import nn
+
+from speedlib._checkpoint_args import ModuleTensors, explicit_params, open_partial, owner, torch_options, two_contexts
 
 # Three parts live in private modules, each readable on its own: the flattening of a segment's
 # arguments and results and the log of its saved tensors (speedlib/_checkpoint_tree.py), and
@@ -59,9 +61,15 @@ from torch import nn
 # caller's arguments as torch's (_checkpoint_args.py). This module keeps the
 # autograd node and stays the technique's one import.
 from speedlib._checkpoint_batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d, convert_batchnorm, in_backward
-from speedlib._checkpoint_args import ModuleTensors, explicit_params, open_partial, owner, torch_options, two_contexts
-from speedlib._checkpoint_tree import (NondeterministicSegmentError, _flatten, _GeneratorLog, _meta, _nondeterministic,
-                                       _SavedLog, _unflatten)
+from speedlib._checkpoint_tree import (
+    NondeterministicSegmentError,
+    _flatten,
+    _GeneratorLog,
+    _meta,
+    _nondeterministic,
+    _SavedLog,
+    _unflatten,
+)
 
 __all__ = ["checkpoint", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "convert_batchnorm",
            "in_backward", "ForgottenParameterError", "NondeterministicSegmentError", "SEGMENT_VARIANTS", "run_segment", "CheckpointedSequential",
@@ -580,7 +588,7 @@ def _eager_checkpoint() -> Callable[..., Any]:
     return torch.compiler.disable(checkpoint)
 
 
-def checkpoint_sequential(functions: nn.Sequential | list[Callable[..., Any]], segments: int, input: Any,  # noqa: A002 - torch's name
+def checkpoint_sequential(functions: nn.Sequential | list[Callable[..., Any]], segments: int, input: Any,
                           use_reentrant: bool | None = None, **kwargs: Any) -> Any:
     """torch.utils.checkpoint.checkpoint_sequential with speedlib's checkpoint.
 
@@ -599,9 +607,9 @@ def checkpoint_sequential(functions: nn.Sequential | list[Callable[..., Any]], s
         if len(found) < len(part):
             raise TypeError("speedlib.checkpoint_sequential: every function must be an nn.Module (its parameters "
                             "are the segment's); wrap other callables in a module")
-        input = checkpoint(nn.Sequential(*part), input, use_reentrant=use_reentrant, **kwargs)  # noqa: A001
+        input = checkpoint(nn.Sequential(*part), input, use_reentrant=use_reentrant, **kwargs)
     for f in items[size * (segments - 1):]:
-        input = f(input)  # noqa: A001 - the last run needs its activations for backward anyway
+        input = f(input)
     return input
 
 
@@ -632,7 +640,7 @@ class CheckpointedSequential(nn.Sequential):
 
     checkpoint_variant = "none"
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - nn.Sequential's name
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
         if self.checkpoint_variant != "sequential" or not torch.is_grad_enabled():
             return super().forward(input)
         from torch.utils.checkpoint import checkpoint_sequential  # noqa: PLC0415

@@ -90,9 +90,17 @@ from torch import nn
 # optimizer and gradient hooks with their weak tables (_contiguous_hooks.py); the type all
 # three share, FlatParameter, is below them (_flat_parameter.py). This module keeps the
 # buffers and stays the technique's one import.
-from speedlib._contiguous_checks import (ALIGN_BYTES, MAX_ALIGN_BYTES, _check_align_bytes,  # noqa: F401
-                                         _check_parameter, _dense_strides, _normalise_groups,
-                                         _refuse_shared_memory, _round_up, _split_names)
+from speedlib._contiguous_checks import (  # noqa: F401
+    ALIGN_BYTES,
+    MAX_ALIGN_BYTES,
+    _check_align_bytes,
+    _check_parameter,
+    _dense_strides,
+    _normalise_groups,
+    _refuse_shared_memory,
+    _round_up,
+    _split_names,
+)
 from speedlib._contiguous_hooks import _FROZEN_IN, _OWNER_OF, _install_hooks, _watch_gradient
 from speedlib._flat_parameter import _BASE_GRAD, FlatParameter, InvalidBufferError
 

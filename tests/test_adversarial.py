@@ -37,11 +37,10 @@ import pandas as pd
 import pytest
 
 from speedbench.results import files as _results_files
-from speedbench.results import machines
-from speedbench.run import plan
-from speedbench.results import synthetic
 from speedbench.results import load as results_module
+from speedbench.results import machines, synthetic
 from speedbench.results.load import COLUMNS, format_table, load_results
+from speedbench.run import plan
 
 TIME = "bench_contiguous.OptimizerStep.time_adam_step"
 TRACK = "bench_contiguous.IterationMemory.track_peak_memory"

@@ -215,7 +215,6 @@ def test_the_tunings_unpaired_plain_measurements_run_no_speedlib_code():
     """BatchSize's step at PyTorch's defaults, and RetainedGraph's "off" measurement whole
     (speedlib.tuning imported first: its import is no variant's code)."""
     import speedlib.tuning  # noqa: F401, PLC0415
-
     from benchmarks import bench_tuning  # noqa: PLC0415
 
     assert speedlib_calls(bench_tuning._Trainer("batch_size", "defaults", batch=1).step) == []

@@ -10,9 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from speedbench.results import cache
+from speedbench.results import cache, synthetic
 from speedbench.results import load as results
-from speedbench.results import synthetic
 
 
 @pytest.fixture

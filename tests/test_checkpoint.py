@@ -23,8 +23,14 @@ from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from speedbench.measure import devices as measure
 from speedbench.measure import workloads
-from speedlib.checkpoint import (BatchNorm2d, ForgottenParameterError, checkpoint, convert_batchnorm, in_backward,
-                                 run_segment)
+from speedlib.checkpoint import (
+    BatchNorm2d,
+    ForgottenParameterError,
+    checkpoint,
+    convert_batchnorm,
+    in_backward,
+    run_segment,
+)
 
 STEPS = 3
 CHECKPOINTED = [v for v in workloads.CHECKPOINT_VARIANTS if v != "none"]

@@ -15,8 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 from torch.utils.checkpoint import checkpoint_sequential as torch_checkpoint_sequential
 
-from speedlib.checkpoint import (ForgottenParameterError, checkpoint,
-                                 checkpoint_sequential, in_backward)
+from speedlib.checkpoint import ForgottenParameterError, checkpoint, checkpoint_sequential, in_backward
 
 
 def _block(seed: int = 0) -> nn.Module:

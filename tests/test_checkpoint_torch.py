@@ -50,8 +50,8 @@ import weakref
 import pytest
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint as torch_checkpoint
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
 from torch.utils.checkpoint import checkpoint_sequential
 
 from speedlib.checkpoint import checkpoint

@@ -20,13 +20,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from speedbench.cli import parser as cli
 from speedbench.cli import dashboard as dashboard_cli
-from speedbench.run import errors
-from speedbench.run import suite
+from speedbench.cli import parser as cli
 from speedbench.results import synthetic
 from speedbench.results.load import load_results
 from speedbench.results.tree import ResultsTree
+from speedbench.run import errors, suite
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_BENCH = r"AdamStep.track_seconds\('mlp', '(speedlib|fused)'\)"

@@ -23,12 +23,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from speedbench.cli import parser as cli
 from speedbench.cli import dashboard as dashboard_cli
+from speedbench.cli import parser as cli
 from speedbench.results.common import printable
 from speedbench.results.tree import ResultsTree
-from speedbench.run import plan
-from speedbench.run import suite
+from speedbench.run import plan, suite
 
 ROOT = Path(__file__).resolve().parents[1]
 SHA = "0123456789abcdef" * 2 + "01234567"

@@ -9,8 +9,8 @@ import pytest
 
 pd = pytest.importorskip("pandas")
 
-from speedbench.report import comparisons  # noqa: E402
 from speedbench import report  # noqa: E402
+from speedbench.report import comparisons  # noqa: E402
 from speedbench.results.load import load_results  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"

@@ -9,11 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from speedbench.stats import contention
-from speedbench.stats import paired
 from speedbench import report
-from speedbench.stats.contention import CLEAN, CONTENDED, DROPPED, UNKNOWN
 from speedbench.results.load import load_results
+from speedbench.stats import contention, paired
+from speedbench.stats.contention import CLEAN, CONTENDED, DROPPED, UNKNOWN
 
 QUIET = {"others_cpu": [1.0] * 15, "preemptions": [3.0] * 15}
 

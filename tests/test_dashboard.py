@@ -9,7 +9,6 @@ browser fails the test instead of skipping it.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import re
@@ -27,11 +26,11 @@ import pandas as pd
 import pytest
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed (pip install -e '.[dashboard]')")
-from streamlit.testing.v1 import AppTest  # noqa: E402
-from streamlit.testing.v1.element_tree import Dataframe, Table  # noqa: E402
+from streamlit.testing.v1 import AppTest
+from streamlit.testing.v1.element_tree import Dataframe, Table
 
-from speedbench import report  # noqa: E402
-from speedbench.results import synthetic  # noqa: E402
+from speedbench import report
+from speedbench.results import synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "dashboard" / "app.py"

@@ -23,10 +23,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from speedbench.cli import parser as cli
 from speedbench import report
-from speedbench.results import synthetic
+from speedbench.cli import parser as cli
 from speedbench.report import writeup
+from speedbench.results import synthetic
 from speedbench.results.load import load_results, printable
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,12 +14,20 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from speedbench import report
 from speedbench.cli import parser as cli
 from speedbench.report import headline
-from speedbench import report
 from speedbench.results import synthetic
-from speedbench.results.gpu_tests import (FAILED, INCOMPLETE, NONE_RAN, NOT_APPLICABLE, NOT_RECORDED, PASSED,
-                                           check_verdict, status)
+from speedbench.results.gpu_tests import (
+    FAILED,
+    INCOMPLETE,
+    NONE_RAN,
+    NOT_APPLICABLE,
+    NOT_RECORDED,
+    PASSED,
+    check_verdict,
+    status,
+)
 from speedbench.results.load import load_results
 from speedbench.results.tree import ResultsTree
 
@@ -114,7 +122,7 @@ def test_tables_mark_a_figure_whose_commit_failed_its_gpu_tests(tree):
     md = report.to_markdown(t)
     assert f"| {latest[:8]} {report.GPU_TESTS_FAILED} |" in md and "tests/test_transfer.py::test_x\\[device\\]" in md
     footer = report.csv_provenance(t)
-    assert f"machine synthetic-h200, " in footer and "GPU tests § failed: 2 of 145" in footer
+    assert "machine synthetic-h200, " in footer and "GPU tests § failed: 2 of 145" in footer
     assert "GPU tests not recorded" in footer  # the H100's run
     csv = pd.read_csv(io.StringIO(report.to_csv(t)), keep_default_na=False)
     by_machine = csv.groupby("machine")[["gpu_tests", "gpu_tests_failed"]].agg(lambda c: set(map(str, c))).to_dict()

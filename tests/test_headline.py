@@ -8,10 +8,10 @@ import pytest
 
 pd = pytest.importorskip("pandas")
 
-from speedbench.report import headline  # noqa: E402
 from speedbench import report  # noqa: E402
-from speedbench.stats.paired import paired_ratio, ratio_estimate  # noqa: E402
+from speedbench.report import headline  # noqa: E402
 from speedbench.results.load import load_results  # noqa: E402
+from speedbench.stats.paired import paired_ratio, ratio_estimate  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 H100 = "h100-sxm-80gb (NVIDIA H100 80GB HBM3)"

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from speedbench.measure import interference
-from speedbench.stats import paired
 from speedbench.measure.interference import Snapshot
+from speedbench.stats import paired
 
 
 def snap(wall, own=0.0, invol=0, busy=0.0, steal=0.0, cores=2, load=0.1, gpu=None) -> Snapshot:
@@ -194,8 +194,8 @@ def test_the_loader_knows_every_counter_track_by_its_unit():
     """benchmarks/common.py names the tracks' units; speedbench.results.load reads a row of one of
     them as a counter (kind "interference") and keeps it out of the results: the two must agree."""
     from benchmarks import common
-    from speedbench.stats import contention
     from speedbench.results import load as results
+    from speedbench.stats import contention
 
     tracks = {m: getattr(common._Interference, f"track_{m}").unit for m in contention.COUNTER_METRICS}
     assert set(tracks.values()) == set(results.INTERFERENCE_UNITS)

@@ -14,12 +14,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from speedbench.cli import parser as cli
-from speedbench.results import machines
 from speedbench import report
-from speedbench.run import suite
-from speedbench.results import synthetic
+from speedbench.cli import parser as cli
+from speedbench.results import machines, synthetic
 from speedbench.results.load import load_results
+from speedbench.run import suite
 
 ROOT = Path(__file__).resolve().parents[1]
 SHA = "0123456789abcdef" * 2 + "01234567"

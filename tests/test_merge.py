@@ -18,8 +18,8 @@ import pytest
 from speedbench.cli import parser as cli
 from speedbench.results import merge
 from speedbench.results import tree as results_tree
-from speedbench.run import suite
 from speedbench.results.load import load_results
+from speedbench.run import suite
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "results" / "h100-sxm-80gb"

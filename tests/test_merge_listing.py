@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from speedbench.cli import parser as cli
-from speedbench.results import merge
-from speedbench.results import synthetic
+from speedbench.results import merge, synthetic
 from speedbench.results.load import load_results
 
 CHANGED, REMOVED, KEPT = synthetic.BENCHMARKS

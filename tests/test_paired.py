@@ -385,7 +385,6 @@ def test_the_headline_checkpoint_chunk_fits_one_gpu_command():
     say what the chunk takes."""
     import json
     import os
-    import re
     import subprocess
     import sys
     from pathlib import Path

@@ -19,10 +19,10 @@ import pytest
 
 from speedbench.cli import parser as cli
 from speedbench.measure import preflight
-from speedbench.run import suite
 from speedbench.results import synthetic
 from speedbench.results.common import printable
 from speedbench.results.load import load_results
+from speedbench.run import suite
 
 ROOT = Path(__file__).resolve().parents[1]
 TICKS = round(1 / preflight._TICK)  # /proc's ticks per second

@@ -17,11 +17,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from speedbench.cli import parser as cli
-from speedbench.stats import paired
 from speedbench import report
+from speedbench.cli import parser as cli
 from speedbench.results import synthetic
 from speedbench.results.load import load_results
+from speedbench.stats import paired
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).parent / "golden"

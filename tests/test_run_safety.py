@@ -22,9 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from speedbench.run import plan
-from speedbench.run import suite
 from speedbench.results.tree import ResultsTree
+from speedbench.run import plan, suite
 
 ROOT = Path(__file__).resolve().parents[1]
 SHA = "0123456789abcdef" * 2 + "01234567"

@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from speedbench.run import slot
-from speedbench.run import suite
 from speedbench.results.gpu_tests import FAILED, INCOMPLETE, PASSED, check_verdict, status
-from speedbench.run.slot_pytest import TALLY
 from speedbench.results.load import load_results
+from speedbench.run import slot, suite
+from speedbench.run.slot_pytest import TALLY
 
 pytest_plugins = ["pytester"]
 

@@ -21,11 +21,10 @@ from pathlib import Path
 import pytest
 
 from speedbench.cli import parser as cli
-from speedbench.run import plan
-from speedbench.run import slurm
+from speedbench.run import plan, slurm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import slurm_cluster  # noqa: E402
+import slurm_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRE = os.environ.get("SPEEDLIB_REQUIRE_SLURM") == "1"

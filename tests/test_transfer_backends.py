@@ -47,11 +47,11 @@ class _FakeCudart:
     def __init__(self, calls: list, current: list, result: int = 0):
         self.calls, self.current, self.result = calls, current, result
 
-    def cudaHostRegister(self, ptr, nbytes, flags):  # noqa: N802 - CUDA's name
+    def cudaHostRegister(self, ptr, nbytes, flags):
         self.calls.append(("register", ptr, nbytes, flags, self.current[-1]))
         return self.result
 
-    def cudaHostUnregister(self, ptr):  # noqa: N802
+    def cudaHostUnregister(self, ptr):
         self.calls.append(("unregister", ptr))
         return 0
 

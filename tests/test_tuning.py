@@ -17,8 +17,8 @@ from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from speedlib import amp, tuning
 from speedbench.measure import devices as measure
+from speedlib import amp, tuning
 
 HAS_CUDA = torch.cuda.is_available()
 REPO = Path(__file__).resolve().parents[1]
@@ -624,7 +624,8 @@ def test_cudnn_autotuner_is_timed_in_separate_processes_only():
     """cuDNN plans are cached per process under a key without the autotuner flag, so in one
     process the first trainer to meet a shape picks the plan for both variants: the knob
     is an asv class of its own (a process per variant), never in a one-process class."""
-    from benchmarks import bench_tuning as bench, common  # noqa: PLC0415
+    from benchmarks import bench_tuning as bench  # noqa: PLC0415
+    from benchmarks import common
 
     assert "cudnn_benchmark" in bench.STEP_KNOBS
     for cls in (bench.TrainingStep, bench.PeakMemory):
@@ -659,7 +660,6 @@ def test_the_benchmarks_plain_item_meter_sums_as_running_loss_did():
     """Sync's "off" meter moved from RunningLoss("item") to .item() calls written with torch
     alone: the same loss sum and correct count over the same epoch."""
     from benchmarks import bench_tuning as bench  # noqa: PLC0415
-
     from speedbench.measure import workloads  # noqa: PLC0415
 
     plain = bench._mlp_epoch("off")()

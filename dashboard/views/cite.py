@@ -4,10 +4,10 @@ with its provenance footer, and BibTeX."""
 from dataclasses import replace
 
 import streamlit as st
-
 from _view import ROOT, on_screen, page_data, pick, pick_many, show
-from speedbench.report import headline
+
 from speedbench import report
+from speedbench.report import headline
 
 st.title("Cite and export")
 df = page_data()

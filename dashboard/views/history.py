@@ -5,10 +5,9 @@ import html
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
-
 from _view import caption, log_axis, page_data, pick, pick_many, table
-from speedbench import words
-from speedbench import report
+
+from speedbench import report, words
 from speedbench.results.machines import describe, environment_keys
 
 st.title("History across commits")

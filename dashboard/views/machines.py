@@ -1,8 +1,8 @@
 """Machine comparison: the environment of every machine, and one GPU against another."""
 
 import streamlit as st
-
 from _view import caption, config_label, page_data, pick, ratio_chart, show, table
+
 from speedbench import report
 from speedbench.results.environment import NoGpuModel
 from speedbench.results.gpu_tests import GpuTests

@@ -1,13 +1,20 @@
 """Overview: the headline speedup of every technique per GPU, and the sources' claims beside them."""
 
 import streamlit as st
+from _view import (
+    caption,
+    comparison_index,
+    note_missing_gpu,
+    on_screen,
+    page_data,
+    pick_many,
+    ratio_chart,
+    say_names,
+    table,
+)
 
-from _view import (caption, comparison_index, note_missing_gpu, on_screen, page_data, pick_many, ratio_chart,
-                   say_names, table)
-from speedbench import words
-from speedbench.report import comparisons
-from speedbench.report import headline
-from speedbench import report
+from speedbench import report, words
+from speedbench.report import comparisons, headline
 
 st.title("speedlib: which PyTorch speed tricks pay off")
 st.caption("Headline speedups are paired: the variants took turns in one process, and each number is the "

@@ -10,7 +10,6 @@ from pathlib import Path
 from speedbench import CHECKOUT
 
 
-
 def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
     import importlib.util  # noqa: PLC0415
     import os  # noqa: PLC0415

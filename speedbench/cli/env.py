@@ -9,8 +9,6 @@ from collections.abc import Sequence
 
 from speedbench.run.errors import missing_torch
 
-
-
 ENV_EXIT_STATUS = """exit status:
   0  the record was printed; with --check, no check found anything bad (warnings may remain)
   1  --check found something bad: the machine is busy, a GPU has other processes on it, or

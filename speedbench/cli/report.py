@@ -8,10 +8,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
-
 def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from speedbench.results import cache  # noqa: PLC0415
     from speedbench import report  # noqa: PLC0415
+    from speedbench.results import cache  # noqa: PLC0415
     from speedbench.results.load import format_table, printable  # noqa: PLC0415
 
     path = Path(args.results)

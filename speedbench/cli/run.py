@@ -9,8 +9,6 @@ from pathlib import Path
 
 from speedbench.run.errors import BENCHMARKS_FAILED, CHUNKS_LEFT, missing_torch
 
-
-
 RUN_EXIT_STATUS = """exit status:
   0  every selected chunk ran and no benchmark failed
   2  the run stopped: a precondition or asv itself failed (the message says which; a busy
@@ -70,8 +68,8 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 def _number(text: str | None, option: str, unit: str) -> float | None:
     """A number of `unit` from the command line; one line (SuiteError) if it is not one
     (suite.check_options refuses one that is not finite and positive)."""
-    from speedbench.run import suite  # noqa: PLC0415
     from speedbench.results.load import printable  # noqa: PLC0415
+    from speedbench.run import suite  # noqa: PLC0415
 
     if text is None:
         return None
@@ -82,9 +80,11 @@ def _number(text: str | None, option: str, unit: str) -> float | None:
 
 
 def _print_plan(options) -> int:
-    from speedbench.run import plan  # noqa: PLC0415
-    from speedbench.run import suite  # noqa: PLC0415
     from speedbench.results.load import printable  # noqa: PLC0415 - the listing's names come from a file
+    from speedbench.run import (
+        plan,
+        suite,
+    )
 
     try:
         root = suite.find_root()

@@ -29,14 +29,14 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from importlib import metadata
-from pathlib import Path
 
 import torch
 
 from speedbench.measure import preflight  # $SPEEDLIB_DEVICE's rule, which the CLI checks without torch
+
 # The CPU frequency reader and the thread rule live with the pre-flight check, which must
 # work without torch; the benchmarks and the environment record read them from here.
-from speedbench.measure.preflight import CPU_SYSFS, THREADS_ENV, benchmark_threads, cpu_frequency_policy, usable_cores
+from speedbench.measure.preflight import CPU_SYSFS, benchmark_threads, cpu_frequency_policy, usable_cores
 
 __all__ = [
     "device",

@@ -34,8 +34,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from speedbench.stats import contention
 from speedbench.measure import interference
+from speedbench.stats import contention
 
 __all__ = ["Finding", "Report", "check", "wait_until_quiet", "sample_processes", "cpu_frequency_policy",
            "CPU_SYSFS", "BUSY_WARN_CORES", "LOAD_WARN"]

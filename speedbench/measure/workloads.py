@@ -170,7 +170,7 @@ class TransformerBlock(nn.TransformerEncoderLayer):
 
     checkpoint_variant = "none"
 
-    def forward(self, src: torch.Tensor) -> torch.Tensor:  # noqa: D102
+    def forward(self, src: torch.Tensor) -> torch.Tensor:
         if self.checkpoint_variant == "none" or not torch.is_grad_enabled():
             return super().forward(src)
         return cp.run_segment(self.checkpoint_variant, super().forward, src, params=tuple(self.parameters()))

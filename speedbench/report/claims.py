@@ -10,12 +10,23 @@ from __future__ import annotations
 
 import pandas as pd
 
+from speedbench.report.tables import (
+    CONTENDED,
+    EARLIER,
+    Table,
+    _shown,
+    citable,
+    contended,
+    earlier_version,
+    fmt_ratio,
+    paired,
+    speedups,
+    with_earlier_note,
+)
 from speedbench.results.common import Status
 from speedbench.results.environment import NoGpuModel
-from speedbench.stats import contention
 from speedbench.run import plan
-from speedbench.report.tables import (CONTENDED, EARLIER, Table, fmt_ratio, _shown, with_earlier_note, citable,
-                               contended, earlier_version, paired, speedups)
+from speedbench.stats import contention
 from speedbench.techniques import TECHNIQUES, Claim, SourceRow
 
 __all__ = ["Claim", "CLAIMS", "SourceRow", "comparable", "how_to_measure", "claims_table", "is_own_baseline",

@@ -13,13 +13,27 @@ import re
 
 import pandas as pd
 
-from speedbench.stats import contention
+from speedbench.report.tables import (
+    CONTENDED,
+    NOT_COMPARED,
+    Table,
+    _commit_label,
+    contended,
+    fmt_value,
+    with_earlier_note,
+)
 from speedbench.results import machines
 from speedbench.results.load import is_commit
-from speedbench.stats.significance import (EXACT_MAX, MIN_SEGMENT, P_THRESHOLD, SIGNIFICANCE_FACTOR, _direction, _steps,
-                                   _verdict)
-from speedbench.report.tables import (CONTENDED, NOT_COMPARED, Table, _commit_label, fmt_value, with_earlier_note,
-                               contended)
+from speedbench.stats import contention
+from speedbench.stats.significance import (
+    EXACT_MAX,
+    MIN_SEGMENT,
+    P_THRESHOLD,
+    SIGNIFICANCE_FACTOR,
+    _direction,
+    _steps,
+    _verdict,
+)
 
 __all__ = ["history", "history_table", "resolve_commit", "compare_commits", "change_table"]
 

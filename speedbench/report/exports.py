@@ -25,10 +25,10 @@ from pathlib import Path
 import pandas as pd
 
 import speedlib
-from speedbench.stats import contention
+from speedbench.report.tables import CONTENDED, GPU_TESTS_FAILED, Table, contended, earlier_version
 from speedbench.results import gpu_tests as gpu_verdicts
 from speedbench.results.load import is_commit, printable  # the loader's rule: one home for what a hash is
-from speedbench.report.tables import CONTENDED, GPU_TESTS_FAILED, Table, contended, earlier_version
+from speedbench.stats import contention
 
 __all__ = ["provenance", "reproduce_command", "is_commit", "to_markdown", "to_csv", "csv_provenance",
            "provenance_path", "csv_bundle", "to_latex", "bibtex", "NO_ROWS"]

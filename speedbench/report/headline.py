@@ -23,10 +23,10 @@ import math
 
 import pandas as pd
 
-from speedbench.stats import contention
-from speedbench.run import plan
 from speedbench import report
 from speedbench.results.environment import NoGpuModel
+from speedbench.run import plan
+from speedbench.stats import contention
 from speedbench.stats.paired import paired_ratio
 from speedbench.techniques import TECHNIQUES, Headline
 

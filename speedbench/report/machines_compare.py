@@ -4,9 +4,21 @@ from __future__ import annotations
 
 import pandas as pd
 
+from speedbench.report.tables import (
+    CONTENDED,
+    EARLIER,
+    Table,
+    _comparison,
+    _with_ratio,
+    contended,
+    earlier_version,
+    fmt_ratio,
+    fmt_value,
+    latest,
+    paired,
+    with_earlier_note,
+)
 from speedbench.results.environment import NoGpuModel
-from speedbench.report.tables import (CONTENDED, EARLIER, Table, _comparison, _with_ratio, contended, earlier_version,
-                                      fmt_ratio, fmt_value, latest, paired, with_earlier_note)
 
 __all__ = ["compare_machines", "same_work", "machine_comparison", "speedup_comparison"]
 

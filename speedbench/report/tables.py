@@ -29,10 +29,10 @@ import numpy as np
 import pandas as pd
 
 from speedbench.results import gpu_tests as gpu_verdicts
-from speedbench.stats import contention
 from speedbench.results import machines
-from speedbench.stats.paired import ratio_estimate
 from speedbench.results.load import COLUMNS, higher_is_better
+from speedbench.stats import contention
+from speedbench.stats.paired import ratio_estimate
 from speedbench.techniques import TECHNIQUES
 
 __all__ = ["Table", "speedups", "speedup_table", "memory_table", "floor_table", "floor_figures", "FLOOR_FIGURES",

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from speedbench.report import headline
 from speedbench import report
+from speedbench.report import headline
 
 COMMAND = "speedlib report --writeup --against results-rerun > docs/results.md"
 

@@ -24,6 +24,7 @@ from speedbench.run import supervise
 from speedbench.run.checkout import _claim
 from speedbench.run.errors import SuiteError
 
+
 class Interrupted(SuiteError):
     """SIGINT or SIGTERM stopped the run; asv and its benchmark processes were stopped too."""
 

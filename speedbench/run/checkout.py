@@ -16,8 +16,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from speedbench.run.errors import SuiteError
 from speedbench.results.common import printable
+from speedbench.run.errors import SuiteError
 
 CONFIG = "asv.conf.json"
 

@@ -92,8 +92,8 @@ def run(options: SlotOptions, root: Path | None = None, argv: list[str] | tuple 
     """The slot; SuiteError (one line) when it cannot start, suite.Interrupted when a signal
     other than its own deadline stops it."""
     from speedbench.measure import devices as measure  # noqa: PLC0415 - torch, asv: only when a slot runs
-    from speedbench.run import suite  # noqa: PLC0415 - torch, asv: only when a slot runs
     from speedbench.results.gpu_tests import NONE_RAN, status  # noqa: PLC0415
+    from speedbench.run import suite  # noqa: PLC0415 - torch, asv: only when a slot runs
 
     began = time.monotonic()
     deadline = began + options.minutes * 60
@@ -220,8 +220,8 @@ def verdict_from_tally(tally: dict | None, stopped: bool, returncode: int, **abo
 def write_verdict(path: Path, verdict: dict) -> None:
     """`path` holds `verdict` whole, or is as it was (SuiteError says why not). The verdict is
     checked as the loader will check it: a slot never files one the loader would refuse."""
-    from speedbench.run import suite  # noqa: PLC0415
     from speedbench.results.gpu_tests import check_verdict  # noqa: PLC0415
+    from speedbench.run import suite  # noqa: PLC0415
 
     check_verdict(verdict, path.parent.parent.name, path.stem)
     with suite._writing(path):
@@ -265,8 +265,10 @@ def _chunks(result: SlotResult, run_options, root: Path, results_dir: Path, sha:
             argv: list[str]) -> None:
     """Steps 2 and 3: the headline chunks, then the others, each `suite.run` priced against the
     time left; the deadline stops whatever runs then, and what had finished is kept."""
-    from speedbench.run import plan  # noqa: PLC0415
-    from speedbench.run import suite  # noqa: PLC0415
+    from speedbench.run import (
+        plan,
+        suite,
+    )
 
     names = [c.name for c in plan.select_chunks(plan.load_chunks(root), ["all"])]
     headline = [n for n in names if n.startswith("headline")]
@@ -345,9 +347,9 @@ def add_parser(sub) -> None:
 
 
 def _cmd_slot(args, argv) -> int:
-    from speedbench.run.errors import BENCHMARKS_FAILED, CHUNKS_LEFT, missing_torch  # noqa: PLC0415
-    from speedbench.run import suite  # noqa: PLC0415
     from speedbench.results.gpu_tests import FAILED, INCOMPLETE, status  # noqa: PLC0415
+    from speedbench.run import suite  # noqa: PLC0415
+    from speedbench.run.errors import BENCHMARKS_FAILED, CHUNKS_LEFT, missing_torch  # noqa: PLC0415
 
     try:
         minutes = float(args.minutes)

@@ -69,14 +69,13 @@ from speedbench.run.checkout import (  # noqa: F401 - re-exported: cli.py and te
     resolve_commits,
 )
 from speedbench.run.errors import SuiteError
-from speedbench.run.records import (  # noqa: F401 - re-exported: tests use them as suite.X
+from speedbench.run.records import (
     _record_environment,
     _writing,
     failed_benchmarks,
     interference_counters,
     pack_results,
 )
-
 from speedbench.stats import contention
 
 __all__ = ["RunOptions", "RunResult", "run", "failed_benchmarks", "find_root", "resolve_commits",
