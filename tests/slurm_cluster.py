@@ -1,4 +1,4 @@
-"""A one-node Slurm cluster in a temporary directory, for tests/test_slurm.py.
+"""A one-node Slurm cluster in a temporary directory, for tests/harness/run/test_slurm.py.
 
 munged, slurmctld and slurmd run as this user (root in CI) in the foreground, each in a
 process group of its own, with every file (key, sockets, state, spool, logs) under one

@@ -18,7 +18,7 @@ from speedbench.report import headline
 from speedbench.run import plan
 from speedbench.techniques import TECHNIQUES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 BENCHMARKS = ROOT / "benchmarks"
 NOT_TECHNIQUES = {"dashboard"}  # bench_dashboard times the viewer itself: no variants, no record
 PAGES = {"overview", "history", "machines", "cite"}  # the dashboard's pages that are not a technique's

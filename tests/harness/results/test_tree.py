@@ -17,7 +17,7 @@ from speedbench.results import safekeep, synthetic
 from speedbench.results.load import load_results
 from speedbench.results.tree import ResultsError, ResultsTree, TreeBusy, archive_path, check_writable
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 SHA = "0123456789abcdef" * 2 + "01234567"
 
 

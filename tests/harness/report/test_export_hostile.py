@@ -29,7 +29,7 @@ from speedbench.report import writeup
 from speedbench.results import synthetic
 from speedbench.results.load import load_results, printable
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TIME = "bench_contiguous.OptimizerStep.time_adam_step"
 RETAINED = "bench_tuning.RetainedGraph.track_retained_bytes"  # its `on` variant retains 0 bytes
 # report.bibtex reads CITATION.cff with PyYAML, which comes with the dashboard extra.

@@ -23,10 +23,10 @@ import pytest
 from speedbench.cli import parser as cli
 from speedbench.run import plan, slurm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import slurm_cluster
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "tests"))  # slurm_cluster.py
+import slurm_cluster  # noqa: E402 - found through the line above
 
-ROOT = Path(__file__).resolve().parents[1]
 REQUIRE = os.environ.get("SPEEDLIB_REQUIRE_SLURM") == "1"
 MACHINE = "slurm-test"
 # Spaces, quotes, a dollar, a backtick and a glob in every path the scripts name.

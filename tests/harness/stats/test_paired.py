@@ -391,7 +391,7 @@ def test_the_headline_checkpoint_chunk_fits_one_gpu_command():
 
     from speedbench.run import plan
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[3]
     chunk = next(c for c in plan.load_chunks(root) if c.name == "headline-checkpoint")
     # The GPU profile is chosen at import from $SPEEDLIB_DEVICE (benchmarks.common.ON_GPU),
     # so the classes are read in a process of their own; importing them imports no torch.

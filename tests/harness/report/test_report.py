@@ -1,8 +1,8 @@
 """speedbench.report: ratios and their intervals, claims, and golden exports (history and
-significance across commits: tests/test_significance.py).
+significance across commits: tests/harness/report/test_significance.py).
 
 Golden files live in tests/golden/; after a deliberate format change, regenerate them with
-`SPEEDLIB_UPDATE_GOLDEN=1 python3 -m pytest tests/test_report.py` and review the diff.
+`SPEEDLIB_UPDATE_GOLDEN=1 python3 -m pytest tests/harness/report/test_report.py` and review the diff.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from speedbench.results import synthetic
 from speedbench.results.load import load_results
 from speedbench.stats import paired
 
-ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = Path(__file__).parent / "golden"
+ROOT = Path(__file__).resolve().parents[3]
+GOLDEN = ROOT / "tests" / "golden"
 TIME = "bench_contiguous.OptimizerStep.time_adam_step"
 
 

@@ -20,7 +20,7 @@ from speedbench.results import machines, synthetic
 from speedbench.results.load import load_results
 from speedbench.run import suite
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 SHA = "0123456789abcdef" * 2 + "01234567"
 AMD = {"commit": SHA, "recorded_at": "2026-11-23T09:29:55+00:00", "cpu_model": "AMD EPYC", "gpu_model": None,
        "gpu_count": 0, "torch": "2.15.0+cu132", "cuda": "13.2"}

@@ -25,7 +25,7 @@ import pytest
 from speedbench.results.tree import ResultsTree
 from speedbench.run import plan, suite
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 SHA = "0123456789abcdef" * 2 + "01234567"
 COLUMNS = ["result", "params", "version", "started_at", "duration"]
 

@@ -2,7 +2,7 @@
 `forloop`, `on` and `gather_fraction_of_floor` with nothing saying what they are.
 
 The benchmark modules are imported as asv imports them (no torch at import time, which
-tests/test_suite.py checks), and their classes' parameters read the way asv reads them.
+tests/harness/run/test_suite.py checks), and their classes' parameters read the way asv reads them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 from speedbench import words
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 

@@ -23,7 +23,7 @@ from speedbench.run.slot_pytest import TALLY
 
 pytest_plugins = ["pytester"]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 SHA = "c" * 40
 ABOUT = {"commit": SHA, "machine": "m", "started_at": 1, "duration_s": 1.0, "command": "python3 -m pytest -m gpu",
          "torch": "2.14.1", "gpu": None}

@@ -18,8 +18,8 @@ from speedbench.cli import parser as cli
 from speedbench.results import synthetic
 from speedbench.results.load import load_results
 
-ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = Path(__file__).parent / "golden"
+ROOT = Path(__file__).resolve().parents[3]
+GOLDEN = ROOT / "tests" / "golden"
 TIME = "bench_contiguous.OptimizerStep.time_adam_step"
 
 

@@ -13,7 +13,7 @@ from speedbench import report  # noqa: E402
 from speedbench.report import comparisons  # noqa: E402
 from speedbench.results.load import load_results  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = Path(__file__).resolve().parents[3] / "results"
 INTEL = "cpu-2core-intel-xeon (CPU only)"
 H100 = "h100-sxm-80gb (NVIDIA H100 80GB HBM3)"
 

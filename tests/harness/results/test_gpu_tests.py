@@ -31,7 +31,7 @@ from speedbench.results.gpu_tests import (
 from speedbench.results.load import load_results
 from speedbench.results.tree import ResultsTree
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 FAILING = ["tests/test_transfer.py::test_x[device]", "tests/test_checkpoint_torch.py::test_y[False]"]
 
 

@@ -29,7 +29,7 @@ from speedbench.results.common import printable
 from speedbench.results.tree import ResultsTree
 from speedbench.run import plan, suite
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 SHA = "0123456789abcdef" * 2 + "01234567"
 LINUX_PROC = pytest.mark.skipif(not Path("/proc/self/stat").exists(),
                                 reason="the supervisor and the death signal are Linux's (/proc, prctl)")

@@ -261,7 +261,7 @@ def test_the_dashboard_chart_cross_hatches_a_contended_bar(tree):
     pytest.importorskip("plotly")
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dashboard"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "dashboard"))
     try:
         from _view import ratio_chart
     finally:
@@ -314,7 +314,7 @@ def test_a_run_beside_busy_loops_is_marked_contended_and_an_idle_run_is_not(tmp_
     import subprocess
     import sys
 
-    from test_cli import commit_all, copy_project, run_cli
+    from project_bits import commit_all, copy_project, run_cli
 
     from speedbench.measure import preflight  # noqa: PLC0415 - beside the test's other imports
 

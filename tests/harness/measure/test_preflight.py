@@ -24,7 +24,7 @@ from speedbench.results.common import printable
 from speedbench.results.load import load_results
 from speedbench.run import suite
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TICKS = round(1 / preflight._TICK)  # /proc's ticks per second
 SELF = 500  # this process's pid in the fake /proc
 

@@ -12,7 +12,7 @@ import pytest
 from speedbench.results import synthetic
 from speedbench.results.load import COLUMNS, load_results, metric_kind
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TIME = "bench_contiguous.OptimizerStep.time_adam_step"
 
 

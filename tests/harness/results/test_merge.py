@@ -21,7 +21,7 @@ from speedbench.results import tree as results_tree
 from speedbench.results.load import load_results
 from speedbench.run import suite
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 REAL = ROOT / "results" / "h100-sxm-80gb"
 SHA = "bdb0cb6dd5f8cec580cb5a8cfcd26521924e8024"
 FILE = "bdb0cb6d-existing-py_opt_torch_.venv_bin_python3.json"
