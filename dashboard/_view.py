@@ -525,3 +525,33 @@ def caption(text: str) -> None:
     that would start a heading or a list (">" is already "&gt;", never a quote)."""
     text = report.md_escape(text)
     st.caption("\\" + text if text.startswith(("#", "-", "+", "*")) else text)
+
+
+def glance_chart(grid: report.Table, key: str, technique: str | None = None) -> None:
+    """The at-a-glance chart of `grid` (speedbench.report.headline.grid; `technique`: its row
+    only), the marks it uses said right under it, a click on a cell opening its technique's
+    page, and a row of links to the same pages (a touch screen has no hover or precise click)."""
+    from speedbench.report import glance  # noqa: PLC0415
+    from speedbench.report import headline  # noqa: PLC0415
+
+    picks = headline.pick(grid.data)
+    if technique is not None:
+        picks = picks[picks["technique"] == technique]
+    if picks.empty:
+        st.info("No headline result for the selected machines yet.")
+        return
+    # A phone's column is narrower than the chart's cells can be: there it scrolls sideways (a
+    # constant style, nothing from a file; st-key-* is the class Streamlit gives a keyed element).
+    st.markdown(f"<style>@media (max-width: {glance.MIN_WIDTH}px) {{ .st-key-glance-{key} {{ overflow-x: auto; }} "
+                f".st-key-glance-{key} > div {{ min-width: {glance.MIN_WIDTH}px; }} }}</style>", unsafe_allow_html=True)
+    event = st.plotly_chart(glance.figure(picks), key=f"glance-{key}", on_select="rerun", selection_mode="points",
+                            config={"displayModeBar": False})
+    points = event.selection.points if event and event.selection else []
+    clicked = [p.get("customdata") for p in points if p.get("customdata")]
+    if technique is None and clicked and clicked[0][0] in report.TECHNIQUES:
+        st.switch_page(f"views/{clicked[0][0]}.py")
+    caption(glance.LEGEND)
+    if technique is None:
+        cols = st.columns(len(report.TECHNIQUES))
+        for col, (name, t) in zip(cols, report.TECHNIQUES.items()):
+            col.page_link(f"views/{name}.py", label=t.title)

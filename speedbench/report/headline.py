@@ -30,7 +30,7 @@ from speedbench.results.environment import NoGpuModel
 from speedbench.stats.paired import paired_ratio
 from speedbench.techniques import TECHNIQUES, Headline
 
-__all__ = ["Headline", "HEADLINES", "WIDE_NOTE", "grid", "glance", "single_device", "single_device_note"]
+__all__ = ["Headline", "HEADLINES", "WIDE_NOTE", "grid", "glance", "pick", "single_device", "single_device_note"]
 
 
 # Each technique's main comparison, from its record, in the records' order.
@@ -392,11 +392,15 @@ def _tidy(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, machine: str, g
 
 
 def glance(df: pd.DataFrame) -> pd.DataFrame:
-    """One number per technique and machine, what a training run gains: the whole step's lead
-    ratio where measured, else the headline's (its scope said in `part`), else its peak-memory
-    ratio, else the cell's reason; from `grid` (the same numbers as every export). Machines
-    with a GPU first."""
-    rows = grid(df).data
+    """`pick` of the grid of `df`."""
+    return pick(grid(df).data)
+
+
+def pick(rows: pd.DataFrame) -> pd.DataFrame:
+    """One number per technique and machine of the grid's tidy rows (`grid(df).data`), what a
+    training run gains: the whole step's lead ratio where measured, else the headline's (its
+    scope said in `part`), else its peak-memory ratio, else the cell's reason; the same numbers
+    as every export. Machines with a GPU first."""
     if rows.empty:
         return rows
     measured = rows[rows["status"] == "measured"]
