@@ -552,6 +552,6 @@ def glance_chart(grid: report.Table, key: str, technique: str | None = None) -> 
         st.switch_page(f"views/{clicked[0][0]}.py")
     caption(glance.LEGEND)
     if technique is None:
-        cols = st.columns(len(report.TECHNIQUES))
-        for col, (name, t) in zip(cols, report.TECHNIQUES.items()):
-            col.page_link(f"views/{name}.py", label=t.title)
+        cols = st.columns(3)  # two rows of three: six in one row cut every title short
+        for i, (name, t) in enumerate(report.TECHNIQUES.items()):
+            cols[i % 3].page_link(f"views/{name}.py", label=t.title)

@@ -31,8 +31,10 @@ every = comparisons.every_comparison(mine)
 if every.frame.empty:
     st.info("None of the selected machines has a paired comparison yet.")
 else:
-    st.markdown(comparison_index(every))
-    with st.expander(f"Notes on these comparisons ({len(every.notes)})"):
+    # folded: its forty lines made the page five screens tall; the chart above is the summary
+    with st.expander(f"{len(every.frame)} comparisons of {every.frame['technique'].nunique()} techniques, "
+                     "each linked to its technique's page"):
+        st.markdown(comparison_index(every))
         for n in every.notes:
             caption(n)
 st.subheader("Claims of the sources versus measured")
