@@ -544,13 +544,14 @@ def glance_chart(grid: report.Table, key: str, technique: str | None = None) -> 
     # constant style, nothing from a file; st-key-* is the class Streamlit gives a keyed element).
     st.markdown(f"<style>@media (max-width: {glance.MIN_WIDTH}px) {{ .st-key-glance-{key} {{ overflow-x: auto; }} "
                 f".st-key-glance-{key} > div {{ min-width: {glance.MIN_WIDTH}px; }} }}</style>", unsafe_allow_html=True)
+    # the marks' meaning above the chart: below it, it fell past the first screen (the dagger is on every H100 cell)
+    caption(glance.LEGEND)
     event = st.plotly_chart(glance.figure(picks), key=f"glance-{key}", on_select="rerun", selection_mode="points",
                             config={"displayModeBar": False})
     points = event.selection.points if event and event.selection else []
     clicked = [p.get("customdata") for p in points if p.get("customdata")]
     if technique is None and clicked and clicked[0][0] in report.TECHNIQUES:
         st.switch_page(f"views/{clicked[0][0]}.py")
-    caption(glance.LEGEND)
     if technique is None:
         cols = st.columns(3)  # two rows of three: six in one row cut every title short
         for i, (name, t) in enumerate(report.TECHNIQUES.items()):

@@ -126,11 +126,11 @@ def figure(picks: pd.DataFrame, height: int | None = None):
     fig.add_trace(go.Scatter(
         x=[x[machines.index(m)] for _, m, _ in cells], y=[y[techniques.index(t)] for t, _, _ in cells],
         mode="markers+text", text=[_cell(r) for _, _, r in cells], textfont=dict(size=13, color="#111"),
-        marker=dict(symbol="square", size=60, color="rgba(0,0,0,0)"),
+        marker=dict(symbol="square", size=56, color="rgba(0,0,0,0)"),
         hovertext=[_hover(r) for _, _, r in cells], hoverinfo="text",
         customdata=[[t, m] for t, m, _ in cells], showlegend=False))
     fig.update_layout(
-        height=height or 110 + 78 * len(techniques), margin=dict(l=10, r=10, t=60, b=10),
+        height=height or 90 + 68 * len(techniques), margin=dict(l=10, r=10, t=50, b=4),
         xaxis=dict(side="top", fixedrange=True, type="category"),
         yaxis=dict(autorange="reversed", fixedrange=True, type="category"),
         plot_bgcolor="white", dragmode=False, clickmode="event+select", hoverlabel=dict(align="left"))
