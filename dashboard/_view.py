@@ -545,7 +545,7 @@ def glance_chart(grid: report.Table, key: str, technique: str | None = None) -> 
     st.markdown(f"<style>@media (max-width: {glance.MIN_WIDTH}px) {{ .st-key-glance-{key} {{ overflow-x: auto; }} "
                 f".st-key-glance-{key} > div {{ min-width: {glance.MIN_WIDTH}px; }} }}</style>", unsafe_allow_html=True)
     # the marks' meaning above the chart: below it, it fell past the first screen (the dagger is on every H100 cell)
-    caption(glance.LEGEND)
+    caption(glance.LEGEND + (f" {glance.CLICK}" if technique is None else ""))
     event = st.plotly_chart(glance.figure(picks), key=f"glance-{key}", on_select="rerun", selection_mode="points",
                             config={"displayModeBar": False})
     points = event.selection.points if event and event.selection else []

@@ -460,7 +460,7 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
                 "() => { const t = document.querySelector('.js-plotly-plot').data.find(t => t.type === 'scatter');"
                 " return t.text.map((x, i) => [x, t.customdata[i]]); }")
             # The chart and the marks' meaning: whole on the first screen, the marks said above the chart.
-            legend = page.get_by_text(glance.LEGEND, exact=True).first.bounding_box()
+            legend = page.get_by_text(glance.LEGEND).first.bounding_box()
             chart_box = chart.bounding_box()
             page.get_by_text("comparisons of").first.click()  # the index, folded under its count
             page.locator("[data-testid='stMarkdownContainer'] table").first.wait_for(timeout=60_000)

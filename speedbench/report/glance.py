@@ -19,7 +19,7 @@ import pandas as pd
 
 from speedbench import report
 
-__all__ = ["figure", "label", "figure_text", "GAIN_CAP", "LEGEND"]
+__all__ = ["figure", "label", "figure_text", "GAIN_CAP", "LEGEND", "CLICK"]
 
 # Colour saturates at 4x either way: the flat-buffer step's 47.8x must not wash every 1.3x out.
 GAIN_CAP = 4.0
@@ -31,8 +31,8 @@ _NO_NUMBER = "#d9d9d9"
 LEGEND = (f"Each cell: x faster than the baseline (PyTorch's default on that machine where measured; hover for the "
           f"scope and the baseline in words), the whole training step where measured, else the figure named in "
           f"italics; peak memory is variant / baseline. [low, high]: 99 % interval. {report.CONTENDED} contended, "
-          f"{report.EARLIER} earlier benchmark version, {report.GPU_TESTS_FAILED} GPU tests failed. "
-          f"A click opens the technique's page.")
+          f"{report.EARLIER} earlier benchmark version, {report.GPU_TESTS_FAILED} GPU tests failed.")
+CLICK = "A click on a cell opens its technique's page."
 
 
 def label(r) -> str:

@@ -85,7 +85,7 @@ def _overview(df: pd.DataFrame, grid: report.Table) -> str:
     claims = report.claims_table(df)
     index = every.frame.assign(technique=[report.TECHNIQUES[p].title if p in report.TECHNIQUES else p
                                           for p in every.frame["page"]]).drop(columns="page")
-    return (_figure(glance.figure(picks), "glance", clickable=True) + f"<p>{_e(glance.LEGEND)}</p>"
+    return (f"<p>{_e(glance.LEGEND)} {_e(glance.CLICK)}</p>" + _figure(glance.figure(picks), "glance", clickable=True)
             + '<p class="prov">Every figure of every cell, each baseline named: <a href="cite.html">cite page</a>, '
               "<code>speedlib report --table headline</code>.</p>" + _provenance(grid)
             + "<h2>Every paired comparison (latest commit per machine)</h2>"
@@ -98,7 +98,8 @@ def _overview(df: pd.DataFrame, grid: report.Table) -> str:
 def _technique(df: pd.DataFrame, grid: report.Table, name: str) -> str:
     picks = headline.pick(grid.data)
     picks = picks[picks["technique"] == name]
-    body = _figure(glance.figure(picks), f"glance-{name}", clickable=False) if not picks.empty else ""
+    body = (f"<p>{_e(glance.LEGEND)}</p>" + _figure(glance.figure(picks), f"glance-{name}", clickable=False)) \
+        if not picks.empty else ""
     tidy = grid.data[grid.data["technique"] == name]
     mine = tidy.assign(figure=[glance.figure_text(r) for r in tidy.itertuples()])[
         ["machine", "part", "measure", "case", "figure", "n", "baseline_name", "baseline_words", "status"]]
