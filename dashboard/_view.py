@@ -483,7 +483,7 @@ def show(frame: pd.DataFrame) -> None:
     if _fitting(widths_px):
         st.dataframe(frame, hide_index=True, column_config=widths(frame, widths_px))
     else:
-        st.table(frame.style.hide(axis="index"))
+        st.table(frame, hide_index=True)  # a Styler's hidden index showed anyway: the loader's row numbers, with gaps
 
 
 def table(t: report.Table, hide: tuple[str, ...] = ()) -> None:

@@ -548,3 +548,12 @@ def test_a_deep_link_is_the_first_request_of_a_fresh_server(tmp_path):
             browser.close()
     assert "Mixed precision" in sidebar and "Performance Tuning Guide knobs" in sidebar
     assert "app" not in sidebar.split()
+
+
+@pytest.mark.parametrize("page", ["views/machines.py", "views/overview.py"])
+def test_no_static_table_shows_the_loaders_row_numbers(page, monkeypatch):
+    """The Machine comparison's value-by-value table showed a raw pandas index with gaps
+    (0-6, then 12...): a Styler's hidden index is not hidden by st.table; hide_index is."""
+    at = app_on(ROOT / "results", page, monkeypatch, a="cpu-2core-amd-epyc", b="cpu-2core-intel-xeon")
+    assert not at.exception and at.table
+    assert all(t.proto.hide_index for t in at.table)

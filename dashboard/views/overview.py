@@ -42,6 +42,6 @@ claims = report.claims_table(mine)
 with st.expander(f"{len(claims.frame)} published figures set beside what the suite measured"):
     # A static table: every cell whole and wrapped (in a grid the comparability and the machine
     # sat past the right edge, so a CPU figure stood beside a GPU claim with no warning in view).
-    st.table(on_screen(claims.frame, hide=("measured as",)))  # how it was measured: in the exports
+    st.table(on_screen(claims.frame, hide=("measured as",)), hide_index=True)  # how it was measured: in the exports
     for n in claims.notes:
         caption(n)
