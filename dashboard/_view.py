@@ -529,10 +529,9 @@ def caption(text: str) -> None:
 
 def glance_chart(grid: report.Table, key: str, technique: str | None = None) -> None:
     """The at-a-glance chart of `grid` (speedbench.report.headline.grid; `technique`: its row
-    only), the marks it uses said right under it, a click on a cell opening its technique's
+    only), the marks it uses said above it, a click on a cell opening its technique's
     page, and a row of links to the same pages (a touch screen has no hover or precise click)."""
-    from speedbench.report import glance  # noqa: PLC0415
-    from speedbench.report import headline  # noqa: PLC0415
+    from speedbench.report import glance, headline  # noqa: PLC0415
 
     picks = headline.pick(grid.data)
     if technique is not None:

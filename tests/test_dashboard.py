@@ -30,6 +30,7 @@ pytest.importorskip("streamlit", reason="the dashboard extra is not installed (p
 from streamlit.testing.v1 import AppTest  # noqa: E402
 from streamlit.testing.v1.element_tree import Dataframe, Table  # noqa: E402
 
+import browser_bits  # noqa: E402
 from speedbench import report  # noqa: E402
 from speedbench.results import synthetic  # noqa: E402
 
@@ -253,18 +254,7 @@ def served(synthetic_tree, tmp_path):
         yield url
 
 
-def _browser():
-    chromium = shutil.which("chromium")
-    try:
-        from playwright.sync_api import sync_playwright  # noqa: PLC0415
-    except ImportError:
-        sync_playwright = None
-    if chromium is None or sync_playwright is None:
-        why = "Debian's chromium (apt-get install chromium) and playwright are needed for the browser test"
-        if os.environ.get("SPEEDLIB_REQUIRE_BROWSER"):
-            pytest.fail(why)
-        pytest.skip(why)
-    return chromium, sync_playwright
+_browser = browser_bits.browser
 
 
 def test_browser_end_to_end(served, tmp_path):

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import re
-import shutil
 from pathlib import Path
 
+import browser_bits
 import pytest
 
 pd = pytest.importorskip("pandas")
@@ -49,7 +48,8 @@ def test_every_page_has_a_stable_name_and_loads_nothing_from_the_network(publish
         text = (published / name).read_text(encoding="utf-8")
         assert re.findall(r'<script src="([^"]+)"', text) == [site.PLOTLY_JS], name  # plotly.js written once
         assert not re.search(r'(src|href)="(https?:)?//', text), name  # every link relative
-        assert ("Reproduce: " in text and "git checkout " in text) or name == "history.html" and "No timed" in text, name
+        reproduce = "Reproduce: " in text and "git checkout " in text
+        assert reproduce or (name == "history.html" and "No timed" in text), name
     # the cite page's CSV is the report's, byte for byte
     assert (published / "headline.csv").read_text(encoding="utf-8") == _report("--table", "headline", "--format", "csv")
 
@@ -57,20 +57,6 @@ def test_every_page_has_a_stable_name_and_loads_nothing_from_the_network(publish
 def test_publish_refuses_a_missing_results_directory(tmp_path, capsys):
     assert main(["publish", "--results", str(tmp_path / "nowhere"), "--output", str(tmp_path / "site")]) == 2
     assert "no results directory" in capsys.readouterr().err and not (tmp_path / "site").exists()
-
-
-def _browser():
-    chromium = shutil.which("chromium")
-    try:
-        from playwright.sync_api import sync_playwright  # noqa: PLC0415
-    except ImportError:
-        sync_playwright = None
-    if chromium is None or sync_playwright is None:
-        why = "Debian's chromium (apt-get install chromium) and playwright are needed for the browser test"
-        if os.environ.get("SPEEDLIB_REQUIRE_BROWSER"):
-            pytest.fail(why)
-        pytest.skip(why)
-    return chromium, sync_playwright
 
 
 def _cell_figures(text: str) -> str:
@@ -81,11 +67,10 @@ def _cell_figures(text: str) -> str:
 
 
 def test_every_page_opens_offline_without_a_console_error_and_shows_the_reports_numbers(published):
-    chromium, sync_playwright = _browser()
+    chromium, sync_playwright = browser_bits.browser()
     errors, blocked = [], []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        browser = p.chromium.launch(executable_path=chromium, args=browser_bits.ARGS)
         try:
             context = browser.new_context(viewport={"width": 1440, "height": 900})
             context.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file://")

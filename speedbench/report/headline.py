@@ -190,17 +190,23 @@ def _ordered(hits: pd.DataFrame, h: Headline, gpu: str) -> list[tuple[str, list]
     if not (h.default or h.beside):
         return [(_others(row, h), [r]) for (_, row), r in zip(hits.iterrows(), hits.itertuples())]
     order = _order(h, _kind(gpu), set(hits["baseline"]) if not hits.empty else set())
-    hits = hits[hits["baseline"].isin(order)] if not hits.empty else hits
+    hits = _shown(hits, order)
     groups: dict[str, list] = {}
     for other, r in zip((_others(row, h) for _, row in hits.iterrows()), hits.itertuples()):
         groups.setdefault(other, []).append(r)
     return [(other, sorted(rs, key=lambda r: order.index(r.baseline))) for other, rs in groups.items()]
 
 
+def _shown(hits: pd.DataFrame, order: list[str]) -> pd.DataFrame:
+    """The rows of the baselines a cell shows (`_order`): the others are neither shown nor its sources."""
+    return hits[hits["baseline"].isin(order)] if not hits.empty else hits
+
+
 def _cell(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, gpu: str) -> tuple[str, pd.DataFrame]:
     """The text of one machine's cell (from that machine's rows) and the rows it was computed from."""
     if h.default or h.beside:  # several baselines: each ratio names its own, the lead first
         kind = _kind(gpu)
+        hits = _shown(hits, _order(h, kind, set(hits["baseline"]) if not hits.empty else set()))
         labelled = []
         for other, rs in _ordered(hits, h, gpu):
             text = "; ".join(_versus(r, h, kind, lead=i == 0) for i, r in enumerate(rs))
