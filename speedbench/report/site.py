@@ -30,6 +30,7 @@ _STYLE = """body{font-family:system-ui,sans-serif;margin:0 auto;max-width:1180px
 nav{display:flex;flex-wrap:wrap;gap:4px 14px;padding:10px 0;border-bottom:1px solid #ddd;font-size:14px}
 .figure{overflow-x:auto}.figure>div{min-width:%dpx}table{border-collapse:collapse;font-size:13px;margin:8px 0}
 td,th{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}.scroll{overflow-x:auto}
+.scroll table{min-width:760px}
 .prov{font-size:12px;color:#555}.prov code{white-space:pre-wrap;word-break:break-all}details{margin:8px 0}
 pre{white-space:pre-wrap;word-break:break-all;background:#f6f6f6;padding:8px;font-size:12px}""" % glance.MIN_WIDTH
 
