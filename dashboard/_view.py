@@ -174,7 +174,17 @@ def pick(label: str, options: list, key: str, default=None, words=None):
     wanted = st.query_params.get(key)
     index = names.index(wanted) if wanted in names else options.index(default) if default in options else 0
     shown = (lambda o: f"{words(o)} ({o})" if words(o) != str(o) else str(o)) if words else str
-    value = st.selectbox(label, options, index=index, key=key, format_func=shown)
+    # A link (the first run of this view: no choice made yet) naming a value these results lack
+    # (?machine=h100-typo, ?commit=deadbeef) is a citation gone wrong: another machine's or
+    # commit's numbers in its place would be cited as its own. Say so, show nothing until a
+    # choice is made, and leave the link as it was.
+    broken = wanted is not None and wanted not in names and key not in st.session_state
+    if broken:
+        st.error(f"This link names {label.split(' (')[0].lower()} '{wanted}', which these results do not have: "
+                 "nothing is shown rather than another one's numbers. Choose one below.")
+    value = st.selectbox(label, options, index=None if broken else index, key=key, format_func=shown)
+    if value is None and broken:
+        st.stop()
     if value is not None:
         st.query_params[key] = str(value)
     return value

@@ -547,3 +547,14 @@ def test_no_static_table_shows_the_loaders_row_numbers(page, monkeypatch):
     at = app_on(ROOT / "results", page, monkeypatch, a="cpu-2core-amd-epyc", b="cpu-2core-intel-xeon")
     assert not at.exception and at.table
     assert all(t.proto.hide_index for t in at.table)
+
+
+@pytest.mark.parametrize("query", [{"machine": "h100-typo"}, {"machine": "h100-sxm-80gb", "commit": "deadbeef"}])
+def test_a_link_naming_what_the_results_lack_says_so_and_shows_no_other_numbers(query, monkeypatch):
+    """?machine=h100-typo silently showed another machine's numbers and rewrote the link."""
+    at = app_on(ROOT / "results", "views/contiguous.py", monkeypatch, **query)
+    assert not at.exception
+    (wanted,) = [v for v in query.values() if v in ("h100-typo", "deadbeef")]
+    assert any(f"'{wanted}', which these results do not have" in e.value for e in at.error)
+    assert not frames(at)  # no table of anything else
+    assert wanted in dict(at.query_params).values()  # the link is left as it was
