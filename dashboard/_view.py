@@ -180,7 +180,8 @@ def pick(label: str, options: list, key: str, default=None, words=None):
     # choice is made, and leave the link as it was.
     broken = wanted is not None and wanted not in names and key not in st.session_state
     if broken:
-        st.error(f"This link names {label.split(' (')[0].lower()} '{wanted}', which these results do not have: "
+        # the value comes from the URL: escaped (report.md_escape), so it is shown, never rendered
+        st.error(f"This link names {label.split(' (')[0].lower()} '{report.md_escape(wanted)}', which these results do not have: "
                  "nothing is shown rather than another one's numbers. Choose one below.")
     value = st.selectbox(label, options, index=None if broken else index, key=key, format_func=shown)
     if value is None and broken:

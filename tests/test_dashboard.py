@@ -174,10 +174,13 @@ def test_filter_from_the_url(synthetic_tree, monkeypatch):
     assert set(frames(at)[0]["machine"]) == {"synthetic-h200"}
 
 
-def test_a_filter_value_that_does_not_exist_is_ignored(synthetic_tree, monkeypatch):
+def test_a_filter_value_that_does_not_exist_is_said_escaped_and_nothing_else_shown(synthetic_tree, monkeypatch):
+    """Issue 44: a link naming a machine the results lack no longer shows another machine's
+    numbers in its place; the value is said, escaped, never rendered."""
     at = app_on(synthetic_tree, "views/contiguous.py", monkeypatch, machine="<script>alert(1)</script>")
-    # the default instead: the first GPU machine (the question is which GPU; a CPU runs small workloads)
-    assert not at.exception and any(t.value.startswith("synthetic-h100: ") for t in at.text)
+    assert not at.exception and not any(t.value.startswith("synthetic-h100: ") for t in at.text)
+    assert any("&lt;script&gt;alert(1)&lt;/script&gt;" in e.value for e in at.error)
+    # without a choice in the link, the default: the first GPU machine (a CPU runs small workloads)
     at = app_on(synthetic_tree, "views/contiguous.py", monkeypatch)
     assert at.query_params["machine"] == "synthetic-h100"
 
