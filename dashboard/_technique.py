@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 import streamlit as st
 from _view import (
     config_label,
+    glance_chart,
     log_axis,
     pick,
     pick_many,
@@ -48,6 +49,8 @@ def technique_page(name: str) -> None:
                 f"`speedlib run --bench bench_{name}` on a machine, then commit results/.")
         _not_measured(data, name)
         return
+    # The page opens with its chart: this technique's headline on every machine, as the overview draws it.
+    glance_chart(headline.grid(df), name, technique=name)
     c1, c2, c3, c4 = st.columns(4)
     with c1:
         # A GPU first: the question is which GPU, and the CPU's small workloads are a smoke

@@ -173,7 +173,18 @@ def pick(label: str, options: list, key: str, default=None, words=None):
     wanted = st.query_params.get(key)
     index = names.index(wanted) if wanted in names else options.index(default) if default in options else 0
     shown = (lambda o: f"{words(o)} ({o})" if words(o) != str(o) else str(o)) if words else str
-    value = st.selectbox(label, options, index=index, key=key, format_func=shown)
+    # A link (the first run of this view: no choice made yet) naming a value these results lack
+    # (?machine=h100-typo, ?commit=deadbeef) is a citation gone wrong: another machine's or
+    # commit's numbers in its place would be cited as its own. Say so, show nothing until a
+    # choice is made, and leave the link as it was.
+    broken = wanted is not None and wanted not in names and key not in st.session_state
+    if broken:
+        # the value comes from the URL: escaped (report.md_escape), so it is shown, never rendered
+        st.error(f"This link names {label.split(' (')[0].lower()} '{report.md_escape(wanted)}', which these results do not have: "
+                 "nothing is shown rather than another one's numbers. Choose one below.")
+    value = st.selectbox(label, options, index=None if broken else index, key=key, format_func=shown)
+    if value is None and broken:
+        st.stop()
     if value is not None:
         st.query_params[key] = str(value)
     return value
@@ -482,7 +493,7 @@ def show(frame: pd.DataFrame) -> None:
     if _fitting(widths_px):
         st.dataframe(frame, hide_index=True, column_config=widths(frame, widths_px))
     else:
-        st.table(frame.style.hide(axis="index"))
+        st.table(frame, hide_index=True)  # a Styler's hidden index showed anyway: the loader's row numbers, with gaps
 
 
 def table(t: report.Table, hide: tuple[str, ...] = ()) -> None:
@@ -524,3 +535,33 @@ def caption(text: str) -> None:
     that would start a heading or a list (">" is already "&gt;", never a quote)."""
     text = report.md_escape(text)
     st.caption("\\" + text if text.startswith(("#", "-", "+", "*")) else text)
+
+
+def glance_chart(grid: report.Table, key: str, technique: str | None = None) -> None:
+    """The at-a-glance chart of `grid` (speedbench.report.headline.grid; `technique`: its row
+    only), the marks it uses said above it, a click on a cell opening its technique's
+    page, and a row of links to the same pages (a touch screen has no hover or precise click)."""
+    from speedbench.report import glance, headline  # noqa: PLC0415
+
+    picks = headline.pick(grid.data)
+    if technique is not None:
+        picks = picks[picks["technique"] == technique]
+    if picks.empty:
+        st.info("No headline result for the selected machines yet.")
+        return
+    # A phone's column is narrower than the chart's cells can be: there it scrolls sideways (a
+    # constant style, nothing from a file; st-key-* is the class Streamlit gives a keyed element).
+    st.markdown(f"<style>@media (max-width: {glance.MIN_WIDTH}px) {{ .st-key-glance-{key} {{ overflow-x: auto; }} "
+                f".st-key-glance-{key} > div {{ min-width: {glance.MIN_WIDTH}px; }} }}</style>", unsafe_allow_html=True)
+    # the marks' meaning above the chart: below it, it fell past the first screen (the dagger is on every H100 cell)
+    caption(glance.LEGEND + (f" {glance.CLICK}" if technique is None else ""))
+    event = st.plotly_chart(glance.figure(picks), key=f"glance-{key}", on_select="rerun", selection_mode="points",
+                            config={"displayModeBar": False})
+    points = event.selection.points if event and event.selection else []
+    clicked = [p.get("customdata") for p in points if p.get("customdata")]
+    if technique is None and clicked and clicked[0][0] in report.TECHNIQUES:
+        st.switch_page(f"views/{clicked[0][0]}.py")
+    if technique is None:
+        cols = st.columns(3)  # two rows of three: six in one row cut every title short
+        for i, (name, t) in enumerate(report.TECHNIQUES.items()):
+            cols[i % 3].page_link(f"views/{name}.py", label=t.title)

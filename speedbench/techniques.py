@@ -5,7 +5,7 @@ baseline chain and headline metric (the tables, speedbench.report.tables), its p
 variants, every variant in words and which one is PyTorch's default (speedbench.words), the
 sources' published claims (speedbench.report.claims), its headline comparison (the overview's
 first table, speedbench.report.headline) and the chunks of benchmarks/chunks.py that measure it.
-Those modules read the record; tests/test_techniques.py holds the rest of the checkout to it.
+Those modules read the record; tests/harness/report/test_techniques.py holds the rest of the checkout to it.
 This module imports nothing else of the harness, so any package can import it.
 
 A baseline is plain PyTorch: a variant written with torch alone in its benchmark
@@ -131,7 +131,7 @@ class Technique:
     former: tuple[str, ...] = ()
     # Variant -> what it is, saying whose code it runs: "plain PyTorch" (written with torch
     # alone in the benchmark; every baseline is one), speedlib's, or another package's. The
-    # benchmark modules' docstrings remain the reference; tests/test_words.py checks coverage.
+    # benchmark modules' docstrings remain the reference; tests/harness/report/test_words.py checks coverage.
     variants: dict[str, str] = field(default_factory=dict)
     # Which variant is what PyTorch does by default (a user who changes nothing gets it), read
     # from torch 2.14's source, and where the suite does not measure it: the headline grid leads

@@ -9,7 +9,7 @@ selects); these words go beside them: in a glossary under each chart, in chart l
 
 The definitions repeat the benchmark modules' docstrings (benchmarks/bench_<name>.py), which
 remain the reference; a variant's words live in its technique's record (speedbench.techniques),
-the knobs' and metrics' here; tests/test_words.py checks that every variant and knob a benchmark
+the knobs' and metrics' here; tests/harness/report/test_words.py checks that every variant and knob a benchmark
 declares has its words.
 """
 

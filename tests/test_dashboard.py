@@ -26,11 +26,12 @@ import pandas as pd
 import pytest
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed (pip install -e '.[dashboard]')")
+import browser_bits  # noqa: E402
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1.element_tree import Dataframe, Table
 
-from speedbench import report
-from speedbench.results import synthetic
+from speedbench import report  # noqa: E402
+from speedbench.results import synthetic  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "dashboard" / "app.py"
@@ -172,10 +173,13 @@ def test_filter_from_the_url(synthetic_tree, monkeypatch):
     assert set(frames(at)[0]["machine"]) == {"synthetic-h200"}
 
 
-def test_a_filter_value_that_does_not_exist_is_ignored(synthetic_tree, monkeypatch):
+def test_a_filter_value_that_does_not_exist_is_said_escaped_and_nothing_else_shown(synthetic_tree, monkeypatch):
+    """Issue 44: a link naming a machine the results lack no longer shows another machine's
+    numbers in its place; the value is said, escaped, never rendered."""
     at = app_on(synthetic_tree, "views/contiguous.py", monkeypatch, machine="<script>alert(1)</script>")
-    # the default instead: the first GPU machine (the question is which GPU; a CPU runs small workloads)
-    assert not at.exception and any(t.value.startswith("synthetic-h100: ") for t in at.text)
+    assert not at.exception and not any(t.value.startswith("synthetic-h100: ") for t in at.text)
+    assert any("&lt;script&gt;alert(1)&lt;/script&gt;" in e.value for e in at.error)
+    # without a choice in the link, the default: the first GPU machine (a CPU runs small workloads)
     at = app_on(synthetic_tree, "views/contiguous.py", monkeypatch)
     assert at.query_params["machine"] == "synthetic-h100"
 
@@ -252,18 +256,7 @@ def served(synthetic_tree, tmp_path):
         yield url
 
 
-def _browser():
-    chromium = shutil.which("chromium")
-    try:
-        from playwright.sync_api import sync_playwright  # noqa: PLC0415
-    except ImportError:
-        sync_playwright = None
-    if chromium is None or sync_playwright is None:
-        why = "Debian's chromium (apt-get install chromium) and playwright are needed for the browser test"
-        if os.environ.get("SPEEDLIB_REQUIRE_BROWSER"):
-            pytest.fail(why)
-        pytest.skip(why)
-    return chromium, sync_playwright
+_browser = browser_bits.browser
 
 
 def test_browser_end_to_end(served, tmp_path):
@@ -275,7 +268,7 @@ def test_browser_end_to_end(served, tmp_path):
         try:
             page = browser.new_page(accept_downloads=True)
             page.goto(served)
-            page.get_by_text("At a glance: each technique's main comparison").wait_for(timeout=60_000)
+            page.locator("#glance, .js-plotly-plot").first.wait_for(timeout=60_000)  # the at-a-glance chart
             page.get_by_role("link", name="History across commits").click()
             page.get_by_role("heading", name="History across commits").wait_for(timeout=30_000)
             assert urllib.parse.urlsplit(page.url).path.rstrip("/").endswith("/history")
@@ -303,21 +296,30 @@ def test_browser_end_to_end(served, tmp_path):
     assert (table["low"] <= table["ratio"]).all() and (table["ratio"] <= table["high"]).all()
 
 
-def test_the_overview_leads_with_the_paired_speedups(monkeypatch):
-    """Each technique with a paired class shows its paired estimates, the very figures
-    `speedlib report --table paired` gives, for every machine (here: amp on CPUs, H100 and H200)."""
+def test_the_overview_leads_with_the_at_a_glance_chart(monkeypatch):
+    """The first thing on the overview is one chart, technique x machine, GPU machines first,
+    each cell the number headline.pick chooses from `speedlib report --table headline`'s rows;
+    the paired comparisons follow, folded, every line of speedbench.report.comparisons there."""
+    from speedbench.report import comparisons, glance, headline
     from speedbench.results.load import load_results
+
     at = app_on(ROOT / "results", "views/overview.py", monkeypatch)
-    last = report.latest(load_results(ROOT / "results").measured)
-    expected = report.paired_table(last[(last["technique"] == "amp") & (last["suite"] == "TrainingStep")]).frame
-    assert set(expected["machine"]) == {"cpu-2core-intel-xeon", "cpu-2core-amd-epyc", "h100-sxm-80gb", "h200-141gb"}
-    assert len(expected) >= 10
-    # a grid where its columns fit, else a static table (dashboard/_view.show): either counts
-    shown = pd.concat([d for d in frames(at) if "speedup" in d and "comparison" in d])
-    key = ["machine", "comparison", "variant", "baseline", "speedup"]
-    on_screen = set(map(tuple, shown[key].astype(str).values))
-    assert set(map(tuple, expected[key].astype(str).values)) <= on_screen
-    assert "Mixed precision" in texts(at) and "variants taking turns" in texts(at)
+    assert not at.exception
+    measured = load_results(ROOT / "results").measured
+    (first, *_) = [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
+    (cells,) = [t for t in first["data"] if t["type"] == "scatter"]
+    picks = headline.glance(measured)
+    at_cell = {(r.technique, r.machine): r for r in picks.itertuples()}
+    assert sorted(tuple(c) for c in cells["customdata"]) == sorted(at_cell)
+    assert [c[1] for c in cells["customdata"][:2]] == ["h100-sxm-80gb", "h200-141gb"]  # GPUs first
+    for text, c in zip(cells["text"], cells["customdata"]):
+        figure = glance.figure_text(at_cell[tuple(c)])
+        assert (figure.split()[0] in text) if figure else ("not measured" in text or "needs a GPU" in text)
+    assert "5.65x" in cells["text"][0] and "[5.39, 6.61]" in cells["text"][0]  # the H100 flat-buffer step
+    every = comparisons.every_comparison(measured)
+    (index,) = [e for e in at.expander if "comparisons of" in e.label]
+    shown = " ".join(m.value for m in index.markdown)
+    assert all(report.md_escape(c) in shown for c in every.frame["comparison"])
 
 
 def _land_a_newer_commit(tree: Path, scratch: Path) -> None:
@@ -421,8 +423,11 @@ def _scrolling_sideways(page) -> list:
 def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
     """On the committed results at 1440 x 900: each page opened by its URL and by the sidebar
     shows its title and no exception, and no table on it scrolls sideways; a screenshot of each
-    is kept; the overview explains the dagger on its first screen, above the first table, and
-    lists every paired comparison; the tuning page draws one bar per knob, never one stacked bar."""
+    is kept; the overview's first screen holds its whole chart with the marks explained above
+    it, and lists every paired comparison; the tuning page draws one bar per knob, never one
+    stacked bar."""
+    from speedbench.report import glance, headline
+
     chromium, sync_playwright = _browser()
     shots = _screenshot_dir()
     with _serving(ROOT / "results", tmp_path) as url, sync_playwright() as p:
@@ -441,17 +446,20 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
                 too_wide[name] = _scrolling_sideways(page)
             page.goto(url)
             _settled(page, TITLES["overview"])
-            page.locator("[data-testid='stTable'] td").first.wait_for(timeout=60_000)
-            grid_on_screen = page.evaluate(
-                "() => [...document.querySelector('[data-testid=\"stTable\"]').querySelectorAll('tr')]"
-                ".map(r => [...r.querySelectorAll('th, td')].map(c => c.innerText.trim()))")
-            # The dagger's meaning: on the first screen, above the first table that uses it.
-            dagger = page.get_by_text(report.EARLIER_NOTE, exact=True).first.bounding_box()
-            first_table = page.locator("[data-testid='stTable']").first.bounding_box()
-            page.locator("[data-testid='stMarkdownContainer'] table").first.wait_for(timeout=60_000)  # drawn last
+            chart = page.locator(".js-plotly-plot").first
+            chart.wait_for(timeout=60_000)
+            cells_on_screen = page.evaluate(
+                "() => { const t = document.querySelector('.js-plotly-plot').data.find(t => t.type === 'scatter');"
+                " return t.text.map((x, i) => [x, t.customdata[i]]); }")
+            # The chart and the marks' meaning: whole on the first screen, the marks said above the chart.
+            legend = page.get_by_text(glance.LEGEND).first.bounding_box()
+            chart_box = chart.bounding_box()
+            page.get_by_text("comparisons of").first.click()  # the index, folded under its count
+            page.locator("[data-testid='stMarkdownContainer'] table").first.wait_for(timeout=60_000)
             index_on_screen = page.evaluate(
                 "() => [...document.querySelectorAll('[data-testid=\"stMarkdownContainer\"] table')].map(t =>"
                 " [...t.querySelectorAll('tr')].map(r => [...r.querySelectorAll('th, td')].map(c => c.innerText.trim())))")
+            overview_height = page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
             for name, title in TITLES.items():  # by navigation: the sidebar's links
                 if name == "overview":
                     continue
@@ -466,16 +474,19 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
                                    ".map(el => el.data.map(t => ({type: t.type, x: [...((t.orientation === 'h' ? t.y : t.x) || [])]})))")
         finally:
             browser.close()
-    # The headline grid as drawn is the grid `speedlib report` computes, cell for cell.
-    from speedbench.report import headline
+    # The chart as drawn is the one `speedlib report --table headline`'s rows give, cell for cell.
     from speedbench.results.load import load_results
 
     measured = load_results(ROOT / "results").measured
-    frame = headline.grid(measured).frame
-    assert grid_on_screen[0] == list(frame.columns)
-    assert grid_on_screen[1:] == [[str(v) for v in row] for row in frame.itertuples(index=False)]
+    picks = headline.glance(measured)
+    at_cell = {(r.technique, r.machine): r for r in picks.itertuples()}
+    assert len(cells_on_screen) == len(picks)
+    for text, c in cells_on_screen:
+        figure = glance.figure_text(at_cell[tuple(c)])
+        assert (figure.split()[0] in text) if figure else ("not measured" in text or "needs a GPU" in text)
     assert {n: w for n, w in too_wide.items() if w} == {}, "a table scrolls sideways at 1440 px"
-    assert dagger is not None and dagger["y"] + dagger["height"] <= 900 and dagger["y"] < first_table["y"]
+    assert legend is not None and legend["y"] < chart_box["y"] and chart_box["y"] + chart_box["height"] <= 900
+    assert overview_height <= 3 * 900 + 300, overview_height  # about three screens, the index open
     # Every paired comparison, one line each, as speedbench.report.comparisons computes it.
     from speedbench.report import comparisons
 
@@ -502,7 +513,7 @@ def test_a_fresh_view_is_pinned_to_the_newest_result_not_just_before_it(monkeypa
     assert not any("newer" in b.label for b in at.button)
     measured = load_results(ROOT / "results").measured
     assert (measured["run_date"] != measured["run_date"].dt.floor("s")).any()  # the case this guards
-    assert at.metric[2].value == str(len(measured))
+    assert f"{len(measured)} measured values" in texts(at)
 
 
 def test_a_deep_link_is_the_first_request_of_a_fresh_server(tmp_path):
@@ -529,3 +540,23 @@ def test_a_deep_link_is_the_first_request_of_a_fresh_server(tmp_path):
             browser.close()
     assert "Mixed precision" in sidebar and "Performance Tuning Guide knobs" in sidebar
     assert "app" not in sidebar.split()
+
+
+@pytest.mark.parametrize("page", ["views/machines.py", "views/overview.py"])
+def test_no_static_table_shows_the_loaders_row_numbers(page, monkeypatch):
+    """The Machine comparison's value-by-value table showed a raw pandas index with gaps
+    (0-6, then 12...): a Styler's hidden index is not hidden by st.table; hide_index is."""
+    at = app_on(ROOT / "results", page, monkeypatch, a="cpu-2core-amd-epyc", b="cpu-2core-intel-xeon")
+    assert not at.exception and at.table
+    assert all(t.proto.hide_index for t in at.table)
+
+
+@pytest.mark.parametrize("query", [{"machine": "h100-typo"}, {"machine": "h100-sxm-80gb", "commit": "deadbeef"}])
+def test_a_link_naming_what_the_results_lack_says_so_and_shows_no_other_numbers(query, monkeypatch):
+    """?machine=h100-typo silently showed another machine's numbers and rewrote the link."""
+    at = app_on(ROOT / "results", "views/contiguous.py", monkeypatch, **query)
+    assert not at.exception
+    (wanted,) = [v for v in query.values() if v in ("h100-typo", "deadbeef")]
+    assert any(f"'{wanted}', which these results do not have" in e.value for e in at.error)
+    assert not frames(at)  # no table of anything else
+    assert wanted in dict(at.query_params).values()  # the link is left as it was

@@ -28,11 +28,20 @@ sys.path.insert(0, str(ROOT / "dashboard"))
 import _view  # noqa: E402
 
 
-def figures(results: Path, page: str, monkeypatch, **query) -> list[dict]:
-    """Every plotly figure `page` draws on `results`, as plotly JSON."""
+def figures(results: Path, page: str, monkeypatch, glance: bool = False, **query) -> list[dict]:
+    """Every plotly figure `page` draws on `results`, as plotly JSON; the at-a-glance chart
+    (speedbench.report.glance, which opens the overview and every technique page) only if `glance`."""
     at = app_on(results, page, monkeypatch, **query)
     assert not at.exception, at.exception
+    return [f for f in drawn(at) if is_glance(f) == glance]
+
+
+def drawn(at) -> list[dict]:
     return [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
+
+
+def is_glance(figure: dict) -> bool:
+    return any(t.get("type") == "heatmap" for t in figure["data"])
 
 
 def values(array) -> list:
@@ -413,21 +422,21 @@ def test_every_technique_chart_names_the_machine(monkeypatch):
 
 def test_the_overview_draws_checkpointings_memory_beside_its_time(monkeypatch):
     """Checkpointing is about memory: the overview drew only its CPU slowdowns, and the H100's
-    0.37x-0.39x peak memory stood only in the grid's text."""
-    charts = figures(ROOT / "results", "views/overview.py", monkeypatch)
-    (memory,) = [c for c in charts if c["layout"]["title"]["text"].startswith("memory against the baseline")]
-    gpus = ["h100-sxm-80gb", "h200-141gb"]  # one trace per GPU machine; CPUs have no GPU memory
-    assert [t["name"].split()[0] for t in memory["data"]] == gpus
+    0.37x-0.39x peak memory stood only in the grid's text. Its chart's GPU cells show the peak
+    memory (variant / baseline, exact) where no step time was measured, and say so; the CPU
+    cells the step time."""
+    (chart,) = figures(ROOT / "results", "views/overview.py", monkeypatch, glance=True)
+    (cells,) = [t for t in chart["data"] if t["type"] == "scatter"]
+    said = {tuple(c): text for c, text in zip(cells["customdata"], cells["text"])}
     last = report.latest(load_results(ROOT / "results").measured)
-    for machine, trace in zip(gpus, memory["data"]):
-        assert not any(values(trace["marker"]["pattern"]["shape"]))  # exact counts: not hatched as unsure
+    for machine in ("h100-sxm-80gb", "h200-141gb"):
         rows = last[(last["machine"] == machine) & (last["suite"] == "PeakMemory") & (last["technique"] == "checkpoint")]
         expected = report.memory_table(rows).sources
-        bars = dict(zip(labels(trace), [1.0 + x for x in lengths(trace)]))  # bars grow from 1x
-        label = ("peak GPU memory: densenet_bc, batch=256 / speedlib vs none")
         row = expected[(expected["metric"] == "peak_memory") & (expected["workload"] == "densenet_bc")
-                       & (expected["batch"].astype(str) == "256") & (expected["variant"] == "speedlib")].iloc[0]
-        assert bars[label] == pytest.approx(row["ratio"]) and row["ratio"] < 1  # variant / baseline, as the grid says
+                       & (expected["batch"].astype(str) == "64") & (expected["variant"] == "speedlib")].iloc[0]
+        text = said["checkpoint", machine]
+        assert f"<b>{row['ratio']:.3g}x</b>" in text and "peak memory" in text and row["ratio"] < 1  # variant / baseline
+    assert "whole step" in said["checkpoint", "cpu-2core-intel-xeon"]
 
 
 def test_the_overview_claims_table_shows_every_cell_whole(monkeypatch):
@@ -531,7 +540,7 @@ def test_the_floor_tab_shows_the_gbps_beside_each_percent(tmp_path, monkeypatch)
     scatter = floor[floor["benchmark"].str.contains("write-back") & (floor["variant"] == "cupy")]
     assert scatter[["achieved", "GB/s", "floor GB/s"]].values.tolist() == [["40.0 %", "8.0 GB/s", "20.0 GB/s"]]
     assert not (floor[["GB/s", "floor GB/s"]] == report.NOT_RECORDED).any().any()
-    charts = [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
+    charts = [c for c in drawn(at) if not is_glance(c)]
     hovers = {}
     for chart in charts:
         for trace in chart["data"]:
@@ -554,7 +563,7 @@ def test_the_floor_tab_says_not_recorded_where_a_run_kept_only_the_percent(monke
     assert len(floor) == 10 and "GB/s" not in floor.columns and "floor GB/s" not in floor.columns
     assert any(c.value.startswith(f"{report.NOT_RECORDED}: no GB/s result exists for bdb0cb6d FractionOfFloor")
                for c in at.caption)
-    for chart in (json.loads(e.proto.spec) for e in at.get("plotly_chart")):
+    for chart in (c for c in drawn(at) if not is_glance(c)):
         for trace in chart["data"]:
             assert [len(row) for row in trace["customdata"]] == [1] and "GB/s" not in trace["hovertemplate"]
     at = app_on(ROOT / "results", "views/contiguous.py", monkeypatch, machine="cpu-2core-intel-xeon",

@@ -316,3 +316,49 @@ def test_the_whole_step_has_its_own_marks_and_wide_interval_notes(measured):
                for n in t.notes)
     assert any("times Adam step alone (optimizer.step(), not clip or zero_grad), and its cells add whole training iteration (Iteration)" in n
                for n in t.notes)
+
+
+def test_the_csv_export_is_tidy_numbers_with_the_same_figures_as_the_grid(measured):
+    """`speedlib report --table headline --format csv`: one row per technique, machine and
+    comparison, ratio/low/high/N numeric, scope and baseline words in columns of their own;
+    every figure the grid's text shows is one row of it, formatted as the grid formats it."""
+    import io
+
+    table = headline.grid(measured)
+    data = pd.read_csv(io.StringIO(report.to_csv(table)))
+    for column in ("ratio", "low", "high", "n"):
+        assert pd.api.types.is_float_dtype(data[column]), column
+    for column in ("technique", "machine", "part", "scope", "baseline", "baseline_words", "status"):
+        assert column in data
+    assert not data.duplicated(["technique", "machine", "part", "measure", "case", "baseline"]).any()
+    # the H100 flat-buffer step: 5.65x [5.39, 6.61] N=30 vs foreach, PyTorch's default on CUDA
+    row = data[(data["technique"] == "contiguous") & (data["machine"] == "h100-sxm-80gb")
+               & (data["part"] == "headline") & data["lead"]].iloc[0]
+    assert (row["baseline"], row["baseline_words"], row["n"]) == ("foreach", "PyTorch's default on CUDA", 30)
+    assert report.fmt_ratio(row["ratio"], row["low"], row["high"]) in cell(table.frame, "contiguous", H100)
+    speed = data[(data["status"] == "measured") & (data["measure"] == "speed")]
+    for r in speed.itertuples():
+        col = next(c for c in table.frame.columns if c.startswith(r.machine + " "))
+        text = cell(table.frame, r.technique, col, "whole" if r.part == "whole step" else "main")
+        low, high = (None, None) if pd.isna(r.low) else (r.low, r.high)
+        assert report.fmt_ratio(r.ratio, low, high) in text, (r.technique, r.machine, text)
+    # a cell without a number says why in the same words as the grid
+    gone = data[(data["technique"] == "transfer") & (data["machine"] == "h100-sxm-80gb") & (data["part"] == "headline")]
+    assert gone["ratio"].isna().all() and gone["status"].iloc[0].startswith("not measured yet: speedlib run")
+
+
+def test_glance_gives_one_number_per_technique_and_machine_gpus_first(measured):
+    picks = headline.glance(measured)
+    assert not picks.duplicated(["technique", "machine"]).any()
+    assert len(picks) == len(headline.HEADLINES) * measured["machine"].nunique()
+    kinds = list(picks["gpu"].map(lambda g: g == "CPU only"))
+    assert kinds == sorted(kinds)  # every GPU machine before every CPU one
+    # the whole step where it was measured (H200 flat buffer), else the headline's own figure
+    h200 = picks[(picks["technique"] == "contiguous") & (picks["machine"] == "h200-141gb")].iloc[0]
+    assert (h200["part"], h200["baseline"]) == ("whole step", "foreach")
+    h100 = picks[(picks["technique"] == "contiguous") & (picks["machine"] == "h100-sxm-80gb")].iloc[0]
+    assert (h100["part"], h100["baseline"]) == ("headline", "foreach")
+    tidy = headline.grid(measured).data
+    lead = tidy[(tidy["technique"] == "contiguous") & (tidy["machine"] == "h200-141gb") & (tidy["part"] == "whole step")
+                & tidy["lead"]].iloc[0]
+    assert h200["ratio"] == lead["ratio"]

@@ -9,7 +9,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from speedbench.cli import dashboard, env, report, run
+from speedbench.cli import dashboard, env, publish, report, run
 from speedbench.results import merge
 from speedbench.run import slot, slurm
 from speedlib import __version__
@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"speedlib {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     # one module per command; each imports only the standard library until it runs
-    for command in (run, env, report, dashboard, merge, slurm, slot):
+    for command in (run, env, report, dashboard, publish, merge, slurm, slot):
         command.add_parser(sub)
     return parser
 

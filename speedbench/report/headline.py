@@ -30,7 +30,7 @@ from speedbench.stats import contention
 from speedbench.stats.paired import paired_ratio
 from speedbench.techniques import TECHNIQUES, Headline
 
-__all__ = ["Headline", "HEADLINES", "WIDE_NOTE", "grid", "single_device", "single_device_note"]
+__all__ = ["Headline", "HEADLINES", "WIDE_NOTE", "grid", "glance", "pick", "single_device", "single_device_note"]
 
 
 # Each technique's main comparison, from its record, in the records' order.
@@ -184,18 +184,31 @@ def _versus(r, h: Headline, kind: str | None, lead: bool) -> str:
     return f"{ratio} vs {name} ({'; '.join(x for x in said if x)})"
 
 
+def _ordered(hits: pd.DataFrame, h: Headline, gpu: str) -> list[tuple[str, list]]:
+    """One cell's rows as the grid shows them: groups told apart by other parameters
+    (batch=...), each group's baselines the lead first (`_order`)."""
+    if not (h.default or h.beside):
+        return [(_others(row, h), [r]) for (_, row), r in zip(hits.iterrows(), hits.itertuples())]
+    order = _order(h, _kind(gpu), set(hits["baseline"]) if not hits.empty else set())
+    hits = _shown(hits, order)
+    groups: dict[str, list] = {}
+    for other, r in zip((_others(row, h) for _, row in hits.iterrows()), hits.itertuples()):
+        groups.setdefault(other, []).append(r)
+    return [(other, sorted(rs, key=lambda r: order.index(r.baseline))) for other, rs in groups.items()]
+
+
+def _shown(hits: pd.DataFrame, order: list[str]) -> pd.DataFrame:
+    """The rows of the baselines a cell shows (`_order`): the others are neither shown nor its sources."""
+    return hits[hits["baseline"].isin(order)] if not hits.empty else hits
+
+
 def _cell(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, gpu: str) -> tuple[str, pd.DataFrame]:
     """The text of one machine's cell (from that machine's rows) and the rows it was computed from."""
     if h.default or h.beside:  # several baselines: each ratio names its own, the lead first
         kind = _kind(gpu)
-        order = _order(h, kind, set(hits["baseline"]) if not hits.empty else set())
-        hits = hits[hits["baseline"].isin(order)] if not hits.empty else hits
-        groups: dict[str, list] = {}  # rows told apart by other parameters (batch=...), each with its baselines
-        for other, r in zip((_others(row, h) for _, row in hits.iterrows()), hits.itertuples()):
-            groups.setdefault(other, []).append(r)
+        hits = _shown(hits, _order(h, kind, set(hits["baseline"]) if not hits.empty else set()))
         labelled = []
-        for other, rs in groups.items():
-            rs = sorted(rs, key=lambda r: order.index(r.baseline))
+        for other, rs in _ordered(hits, h, gpu):
             text = "; ".join(_versus(r, h, kind, lead=i == 0) for i, r in enumerate(rs))
             labelled.append(f"{other}: {text}" if other else text)
     else:
@@ -296,7 +309,7 @@ def grid(df: pd.DataFrame) -> report.Table:
     last = report.citable(df)
     machines = sorted(last["machine"].unique()) if not last.empty else []
     columns = {m: f"{m} ({last.loc[last['machine'] == m, 'gpu'].iloc[0]})" for m in machines}
-    rows, used, few = [], [], []
+    rows, used, few, tidy = [], [], [], []
     gpus = dict(zip(last["machine"], last["gpu"].astype(str)))
     for h in HEADLINES:
         row = {"technique": TECHNIQUES[h.technique].title}
@@ -307,10 +320,12 @@ def grid(df: pd.DataFrame) -> report.Table:
             text, source = _cell(_on(hits, m), _on(memory, m), h, gpus[m])
             parts = [_scoped(h, text)]
             used.append(source)
+            tidy += _tidy(_on(hits, m), _on(memory, m), h, m, gpus[m], "headline", text)
             if whole is not None:
                 text, source = _cell(_on(whole[0], m), _on(whole[1], m), h.whole, gpus[m])
                 parts.append(_scoped(h.whole, text))
                 used.append(source)
+                tidy += _tidy(_on(whole[0], m), _on(whole[1], m), h.whole, m, gpus[m], "whole step", text)
             row[columns[m]] = ". ".join(parts)
         what = h.what + (f"; beside it, {h.whole.what}" if h.whole else "")
         rows.append({**row, "comparison": what})  # the numbers first, where the eye lands
@@ -342,4 +357,69 @@ def grid(df: pd.DataFrame) -> report.Table:
               + f"{r.params}{_not_own(r)}): {WIDE_NOTE} "
               f"[{r.ratio_low:.3g}, {r.ratio_high:.3g}] spans {r.width:.2f}x (high / low), more than "
               f"{report.PAIRED_WIDTH_TARGET:.2f}x: {r.wide_because}" for r in wide.itertuples()]
-    return report.Table("Headline: each technique's main comparison per machine", pd.DataFrame(rows), sources, notes)
+    return report.Table("Headline: each technique's main comparison per machine", pd.DataFrame(rows), sources, notes,
+                        data=pd.DataFrame(tidy, columns=TIDY))
+
+
+# The grid as tidy data (its CSV export, the overview's chart, the static site): one row per
+# technique, machine and comparison (baseline, case, speed or memory), numbers as numbers.
+TIDY = ["technique", "title", "machine", "gpu", "part", "scope", "measure", "case", "baseline", "baseline_name",
+        "baseline_words", "lead", "ratio", "low", "high", "n", "paired", "contended", "earlier_version",
+        "gpu_tests_failed", "status", "result_id"]
+
+
+def _tidy(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, machine: str, gpu: str, part: str,
+          text: str) -> list[dict]:
+    """One machine's cell of `h` as tidy rows: every ratio the cell's text shows, in its order
+    (`_ordered`), then its peak-memory ratios; a cell without a number gives one row saying why."""
+    kind, names = _kind(gpu), dict(h.names)
+    base = {"technique": h.technique, "title": TECHNIQUES[h.technique].title, "machine": machine, "gpu": gpu,
+            "part": part, "scope": h.scope}
+    out = []
+
+    def row(r, measure: str, case: str, lead: bool, ratio, low, high) -> dict:
+        return {**base, "measure": measure, "case": case, "baseline": r.baseline,
+                "baseline_name": names.get(r.baseline, r.baseline), "baseline_words": _tag(h, r.baseline, kind),
+                "lead": lead, "ratio": ratio, "low": low, "high": high, "n": r.n, "paired": h.paired,
+                "contended": getattr(r, "contention", "") == contention.CONTENDED,
+                "earlier_version": bool(report.earlier_version(pd.DataFrame([r._asdict()])).any()),
+                "gpu_tests_failed": bool(report.gpu_tests_failed(pd.DataFrame([r._asdict()])).any()),
+                "status": "measured", "result_id": getattr(r, "result_id", "")}
+
+    for other, rs in _ordered(hits, h, gpu):
+        out += [row(r, "speed", other, i == 0, r.ratio, r.ratio_low, r.ratio_high) for i, r in enumerate(rs)]
+    if h.memory_suite:  # variant / baseline, as the cell's text says it (an exact count: no interval)
+        out += [row(r, "peak memory", _others(pd.Series(r._asdict()), h), not out and i == 0,
+                    1 / r.ratio if r.ratio else math.inf, math.nan, math.nan)
+                for i, r in enumerate(memory[memory["ratio"].notna()].itertuples())] if not memory.empty else []
+    if not out:  # why this cell has no number: the same words as the grid's
+        out.append({**base, "measure": "speed", "lead": True, "status": text, "paired": h.paired})
+    return out
+
+
+def glance(df: pd.DataFrame) -> pd.DataFrame:
+    """`pick` of the grid of `df`."""
+    return pick(grid(df).data)
+
+
+def pick(rows: pd.DataFrame) -> pd.DataFrame:
+    """One number per technique and machine of the grid's tidy rows (`grid(df).data`), what a
+    training run gains: the whole step's lead ratio where measured, else the headline's (its
+    scope said in `part`), else its peak-memory ratio, else the cell's reason; the same numbers
+    as every export. Machines with a GPU first."""
+    if rows.empty:
+        return rows
+    measured = rows[rows["status"] == "measured"]
+    speed = measured[measured["measure"] == "speed"]
+    picks = []
+    for (technique, machine), its in rows.groupby(["technique", "machine"], sort=False):
+        mine = speed[(speed["technique"] == technique) & (speed["machine"] == machine)]
+        whole = mine[mine["part"] == "whole step"]
+        pool = whole if not whole.empty else mine
+        if pool.empty:
+            pool = measured[(measured["technique"] == technique) & (measured["machine"] == machine)]
+        picks.append(pool.iloc[0] if not pool.empty else its.iloc[0])
+    out = pd.DataFrame(picks).reset_index(drop=True)
+    gpu_first = out["gpu"].map(lambda g: _kind(g) != "gpu")
+    return out.assign(_cpu=gpu_first).sort_values(["_cpu", "machine"], kind="stable").drop(columns="_cpu") \
+        .reset_index(drop=True)

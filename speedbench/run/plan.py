@@ -41,7 +41,7 @@ SECONDS_PER_CLASS = 3.0
 # VM (2026-11-24), ActivationMemory's 30 combinations against its 10 transformer ones cost
 # 0.26 s per extra reporting process under spawn and 0.014 s under forkserver. Forking is
 # safe for CUDA because the server never initialises it: importing the benchmark modules
-# imports no torch (tests/test_suite.py checks), the measuring happens in the forked child.
+# imports no torch (tests/harness/run/test_suite.py checks), the measuring happens in the forked child.
 LAUNCH_METHOD = "forkserver"
 # Seconds per reporting process by launch method: spawn as measured on the H100; forkserver
 # has no GPU measurement yet, so 3.5x what the 2-core VM measured.

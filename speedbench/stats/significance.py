@@ -5,7 +5,7 @@ the two results differ (`differ`: the two-sided Mann-Whitney U test at P_THRESHO
 kept their samples, else disjoint 99 % intervals, else the ratio alone), as asv compare 0.6
 decides. Sustained level changes across a history are found by binary segmentation
 (`_steps`). Implemented here rather than imported from scipy, so that viewing results needs
-neither asv nor scipy; tests/test_statistics_scipy.py checks the test against scipy's.
+neither asv nor scipy; tests/harness/stats/test_statistics_scipy.py checks the test against scipy's.
 The history and change tables that use these rules are in speedbench.report.commits.
 """
 

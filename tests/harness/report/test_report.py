@@ -330,7 +330,10 @@ def test_report_table_headline_exports_the_grid_in_every_format(tmp_path, capsys
                      "--output", str(tmp_path / f"grid.{fmt}")]) == 0
     assert (tmp_path / f"grid.{fmt}").read_text() == said.out
     if fmt == "csv":
-        assert len(pd.read_csv(tmp_path / "grid.csv")) == len(headline.HEADLINES)
+        # tidy data (issue 44): one row per technique, machine and comparison, the ratio a number
+        back = pd.read_csv(tmp_path / "grid.csv")
+        assert len(back) == len(grid.data) and set(back["technique"]) == {h.technique for h in headline.HEADLINES}
+        assert pd.api.types.is_float_dtype(back["ratio"])
         assert (tmp_path / "grid.provenance.txt").read_text() == report.csv_provenance(grid)
         assert report.csv_provenance(grid) in said.err and "Reproduce: git checkout " in said.err
 

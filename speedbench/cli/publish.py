@@ -1,0 +1,34 @@
+"""`speedlib publish --output DIR`: the results as a static site (speedbench.report.site)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def _cmd_publish(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from speedbench.report import site  # noqa: PLC0415 - pandas and plotly only when it runs
+    from speedbench.results.load import load_results, printable  # noqa: PLC0415
+
+    results = Path(args.results)
+    if not results.is_dir():
+        print(f"speedlib publish: no results directory at {printable(str(results))}", file=sys.stderr)
+        return 2
+    df = load_results(results).measured
+    if df.empty:
+        print(f"speedlib publish: no measured results under {printable(str(results))}", file=sys.stderr)
+        return 1
+    cff = Path(args.citation)
+    written = site.publish(df, Path(args.output), cff.read_text(encoding="utf-8") if cff.is_file() else None)
+    print(f"speedlib publish: {len(written)} files in {printable(str(args.output))}; open index.html")
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("publish", help="write the results as a static site (no server, no network)")
+    p.add_argument("--results", default="results", help="results directory (default: results)")
+    p.add_argument("--output", "-o", required=True, metavar="DIR", help="the site's directory (created)")
+    p.add_argument("--citation", default="CITATION.cff", help="the citation file whose BibTeX the cite page shows")
+    p.set_defaults(func=_cmd_publish)
