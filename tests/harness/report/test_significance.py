@@ -19,24 +19,7 @@ from speedbench.results import synthetic
 from speedbench.results.load import load_results
 
 ROOT = Path(__file__).resolve().parents[3]
-GOLDEN = ROOT / "tests" / "golden"
 TIME = "bench_contiguous.OptimizerStep.time_adam_step"
-
-
-@pytest.fixture(scope="module")
-def df(tmp_path_factory) -> pd.DataFrame:
-    tree = tmp_path_factory.mktemp("results")
-    synthetic.write_results(tree, commits=2, machines=3)
-    return load_results(tree).measured
-
-
-def one(frame: pd.DataFrame, **where) -> pd.Series:
-    for k, v in where.items():
-        frame = frame[frame[k] == v]
-    assert len(frame) == 1, where
-    return frame.iloc[0]
-
-
 
 
 def _history_rows(values, ci_halfwidth=0.01, samples=None, kind="time", repeat=10):
