@@ -69,7 +69,7 @@ BATCHES = common.pick(cpu=[4, 16], gpu=[64, 256])
 PAIRS = 15
 # ROUND_BUDGET: the class's measured rounds may take MEASURING seconds, shared evenly by its
 # configurations. On GPUs 4 minutes over 6 configurations, 40 s each: the rest of a 9-minute
-# command is left to building and warming the models (tests/test_paired.py checks that the
+# command is left to building and warming the models (tests/harness/stats/test_paired.py checks that the
 # headline-checkpoint chunk fits one command). On CPUs 12 minutes, 120 s each: 15 rounds in
 # every committed CPU run (at most 7 s a round, DenseNet-BC at batch 16 on a loaded VM); fewer
 # only on a machine slower than 8 s a round.

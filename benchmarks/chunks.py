@@ -10,7 +10,7 @@ Each chunk is a list of regular expressions matched, as asv's `--bench` does, ag
 first chunk that matches it; the last chunk matches everything, so a benchmark added later
 is never left out. No imports: the harness reads this file without torch, from a checkout
 of any commit. Each technique's record (speedbench/techniques.py) names the chunks that hold
-its classes; tests/test_techniques.py holds the two together.
+its classes; tests/harness/report/test_techniques.py holds the two together.
 
 The headline is split into one chunk per class (`--chunk headline` selects them all): on
 an H100 the six classes together took over eight minutes, and a chunk killed at a limit
