@@ -35,6 +35,7 @@ import pandas as pd
 # use are re-exported here, so `speedbench.results.load` stays the one place to import from.
 from speedbench.results.common import Problem, Status, _is_number, _to_float, printable
 from speedbench.results.dates import FIRST_DATE, LAST_DATE
+from speedbench.stats.significance import higher_is_better
 from speedbench.results.environment import ENV_COLUMNS, _environment_records, _join_environment
 from speedbench.results.files import (MAX_FILE_BYTES, _children, _first_visit, _NotJson, _parse_json, _read,
                                        _read_identified, _real_dir, _subdirectory, _Unreadable, _utf8_name)
@@ -117,10 +118,6 @@ def metric_kind(benchmark_type: str | None, unit: str | None) -> str:
     if unit.endswith("/s"):
         return "bandwidth" if unit[:-2].endswith("B") else "throughput"
     return "other"
-
-
-def higher_is_better(kind: str) -> bool:
-    return kind in ("fraction of floor", "bandwidth", "throughput", "paired speedup")
 
 
 def _strip(value: str) -> str:

@@ -18,8 +18,6 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from speedbench.results.load import higher_is_better
-
 __all__ = ["SIGNIFICANCE_FACTOR", "P_THRESHOLD", "EXACT_MAX", "MIN_SEGMENT", "MannWhitney", "mann_whitney_u",
            "differ"]
 
@@ -56,6 +54,11 @@ def _u_counts(m: int, n: int) -> np.ndarray:
     counts[n:n + len(top_x)] += top_x
     counts[:len(top_y)] += top_y
     return counts
+
+
+def higher_is_better(kind: str) -> bool:
+    """Whether a larger value of this metric kind (results.load.metric_kind) is the better one."""
+    return kind in ("fraction of floor", "bandwidth", "throughput", "paired speedup")
 
 
 def mann_whitney_u(x, y) -> MannWhitney:
