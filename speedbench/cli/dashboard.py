@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from speedbench import CHECKOUT
+from speedbench.results.tree import ResultsTree
 
 
 def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -190,7 +191,7 @@ def _cannot_listen(address: str, port: int) -> str | None:
 
 def add_parser(sub) -> None:
     dash = sub.add_parser("dashboard", help="open the Streamlit dashboard on the results")
-    dash.add_argument("--results", default=str(CHECKOUT / "results"),
+    dash.add_argument("--results", default=str(ResultsTree.in_checkout(CHECKOUT).root),
                       help="results directory (default: this checkout's results/)")
     dash.add_argument("--address", default="127.0.0.1",
                       help="address to listen on (default: 127.0.0.1, this machine only)")

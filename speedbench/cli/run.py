@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from speedbench.results.tree import BENCHMARKS
 from speedbench.run.errors import BENCHMARKS_FAILED, CHUNKS_LEFT, missing_torch
 
 RUN_EXIT_STATUS = """exit status:
@@ -103,7 +104,7 @@ def _print_plan(options) -> int:
         print(f"speedlib run: {e}", file=sys.stderr)
         return 2
     if listing is None:
-        print(f"speedlib run: no benchmarks.json in {results_dir} or the checkout to count the benchmarks from; "
+        print(f"speedlib run: no {BENCHMARKS} in {results_dir} or the checkout to count the benchmarks from; "
               "run the suite once", file=sys.stderr)
         return 2
     skipped: list[str] = []
