@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
 import sys
+import time
+import webbrowser
 from collections.abc import Sequence
 from pathlib import Path
 
 from speedbench import CHECKOUT
+from speedbench.results.common import printable
 from speedbench.results.tree import ResultsTree
+from speedbench.run import supervise
 
 
 def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    import importlib.util  # noqa: PLC0415
-    import os  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
-
-    from speedbench.results.common import printable  # noqa: PLC0415 - paths may hold any character
-
     bad = _bad_port(args.port) or _bad_address(args.address)
     if bad:
         print(f"speedlib dashboard: {bad}", file=sys.stderr)
@@ -29,7 +33,8 @@ def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
               "(python3 -m pip install -e \".[dashboard]\")", file=sys.stderr)
         return 2
     if importlib.util.find_spec("streamlit") is None:
-        print('speedlib dashboard: Streamlit is not installed: python3 -m pip install -e ".[dashboard]"', file=sys.stderr)
+        print('speedlib dashboard: Streamlit is not installed: python3 -m pip install -e ".[dashboard]"',
+              file=sys.stderr)
         return 2
     results = Path(args.results).resolve()
     if not results.is_dir():
@@ -53,7 +58,6 @@ def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
     url = _url(args.address, port)
     proc = subprocess.Popen(cmd, env=env, preexec_fn=_dies_with(os.getpid()))
     # A SIGTERM to speedlib (kill, a service manager) must stop Streamlit too, not orphan it.
-    import signal  # noqa: PLC0415
 
     def _stop(signum, frame):
         raise KeyboardInterrupt
@@ -92,8 +96,6 @@ STARTUP_TIMEOUT_S = 120.0  # Streamlit imports pandas and plotly: seconds on a c
 def _bad_port(text: str) -> str | None:
     """Why `text` is no port to serve on, or None. Not 0: the system would pick one, and the
     URL printed could not name it."""
-    from speedbench.results.load import printable  # noqa: PLC0415
-
     try:
         if 1 <= int(text) <= 65535:
             return None
@@ -105,11 +107,6 @@ def _bad_port(text: str) -> str | None:
 def _bad_address(address: str) -> str | None:
     """Why `address` is no address to serve on, or None: an IP address, or a host name this
     machine resolves (asked of the resolver, as Streamlit will)."""
-    import ipaddress  # noqa: PLC0415
-    import socket  # noqa: PLC0415
-
-    from speedbench.results.load import printable  # noqa: PLC0415
-
     try:
         ipaddress.ip_address(address)
         return None
@@ -127,11 +124,6 @@ def _dies_with(parent: int):
     """A preexec_fn for Streamlit: the kernel stops it (SIGTERM, which Streamlit handles by
     shutting down) when speedlib dies, even by SIGKILL, where speedlib cannot stop it
     itself and it would go on serving the port. Linux only (prctl); None elsewhere."""
-    import os  # noqa: PLC0415
-    import signal  # noqa: PLC0415
-
-    from speedbench.run import supervise  # noqa: PLC0415
-
     if not sys.platform.startswith("linux"):
         return None
 
@@ -147,9 +139,6 @@ def _wait_until_listening(proc, address: str, port: int, timeout: float) -> bool
     """True once something accepts connections on address:port while `proc` runs; False when
     `proc` exits first or `timeout` seconds pass. The URL is printed only after this, so a
     script that reads it can connect at once."""
-    import socket  # noqa: PLC0415
-    import time  # noqa: PLC0415
-
     deadline = time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline:
         try:
@@ -163,9 +152,6 @@ def _wait_until_listening(proc, address: str, port: int, timeout: float) -> bool
 def _open_browser(url: str) -> None:
     """Open `url` where a browser can show it: on macOS and Windows, or under a Linux/BSD
     display server. Elsewhere (ssh, containers, CI) the printed URL is the way in."""
-    import os  # noqa: PLC0415
-    import webbrowser  # noqa: PLC0415
-
     if sys.platform in ("darwin", "win32") or os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
         try:
             webbrowser.open(url)
@@ -177,8 +163,6 @@ def _cannot_listen(address: str, port: int) -> str | None:
     """Why a server could not listen on address:port, or None. Asked before Streamlit starts:
     it would print its banner first and then fail, or quietly take another port. SO_REUSEADDR
     as a server sets it: a port left in TIME_WAIT is free, one with a listener is not."""
-    import socket  # noqa: PLC0415
-
     try:
         family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0][0]
         with socket.socket(family, socket.SOCK_STREAM) as s:

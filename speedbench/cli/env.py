@@ -7,6 +7,8 @@ import json
 import sys
 from collections.abc import Sequence
 
+from speedbench.measure import preflight
+from speedbench.results.common import printable
 from speedbench.run.errors import missing_torch
 
 ENV_EXIT_STATUS = """exit status:
@@ -24,7 +26,7 @@ def _cmd_env(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return 2
     if missing_torch("env"):
         return 2
-    from speedbench.measure import devices as measure  # noqa: PLC0415
+    from speedbench.measure import devices as measure  # noqa: PLC0415 - torch; `speedlib --help` loads none
 
     print(json.dumps(measure.environment(), indent=2, sort_keys=True))
     return 0
@@ -34,8 +36,6 @@ def settings_refused(command: str, *, device: bool = False) -> bool:
     """A $SPEEDLIB_THREADS that is not a positive integer (and with `device`, a $SPEEDLIB_DEVICE
     the benchmarks cannot measure on) said in one line (True), before the environment record
     or a run would raise on it or file timings of nothing."""
-    from speedbench.measure import preflight  # noqa: PLC0415 - the parser imports this module; it needs none
-
     readers = (preflight.benchmark_threads, preflight.benchmark_device) if device else (preflight.benchmark_threads,)
     for read in readers:
         try:
@@ -49,9 +49,6 @@ def settings_refused(command: str, *, device: bool = False) -> bool:
 def _check() -> int:
     """`speedlib env --check`: every pre-flight check, one line each, then a summary; 1 if
     one of them is bad. Needs no torch (the thread check is then skipped, with a note)."""
-    from speedbench.measure import preflight  # noqa: PLC0415
-    from speedbench.results.load import printable  # noqa: PLC0415 - process names come from /proc
-
     report = preflight.check()
     width = max(len(level) for level in preflight.LEVELS)
     for finding in report.findings:

@@ -7,10 +7,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from speedbench.results.common import printable
+
 
 def _cmd_publish(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from speedbench.report import site  # noqa: PLC0415 - pandas and plotly only when it runs
-    from speedbench.results.load import load_results, printable  # noqa: PLC0415
+    from speedbench.report import site  # noqa: PLC0415 - pandas and plotly; `speedlib --help` loads none
+    from speedbench.results.load import load_results  # noqa: PLC0415 - pandas; `speedlib --help` loads none
 
     results = Path(args.results)
     if not results.is_dir():

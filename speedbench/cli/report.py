@@ -7,11 +7,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from speedbench import report
+from speedbench.results import safekeep
+from speedbench.results.common import printable
+
 
 def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from speedbench import report  # noqa: PLC0415
-    from speedbench.results import cache  # noqa: PLC0415
-    from speedbench.results.load import format_table, printable  # noqa: PLC0415
+    from speedbench.results import cache  # noqa: PLC0415 - pandas; `speedlib --help` loads none
+    from speedbench.results.load import format_table  # noqa: PLC0415 - pandas; `speedlib --help` loads none
 
     path = Path(args.results)
     if not path.is_dir():
@@ -33,7 +36,7 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print("no measured results", file=sys.stderr)
         return 1
     if args.writeup:
-        from speedbench.report import writeup  # noqa: PLC0415
+        from speedbench.report import writeup  # noqa: PLC0415 - pandas; `speedlib --help` loads none
 
         rerun = None
         if args.against:
@@ -75,7 +78,7 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if args.table == "claims":  # all commits: a contended latest result gives way to an earlier quiet one
             rows = df
         if args.table == "headline":  # the overview's "At a glance" grid: it picks each machine's results itself
-            from speedbench.report import headline  # noqa: PLC0415
+            from speedbench.report import headline  # noqa: PLC0415 - pandas; `speedlib --help` loads none
 
             table = headline.grid(df)
         else:
@@ -95,8 +98,6 @@ def _export(report, table, args: argparse.Namespace) -> int:
         if footer:
             print(footer, end="", file=sys.stderr)
         return 0
-    from speedbench.results import safekeep  # noqa: PLC0415 - only when writing
-
     try:  # each file whole or as it was: a full disk or a kill leaves no torn export
         for path, content in ((Path(args.output), text), (report.provenance_path(args.output), footer)):
             if content is not None:  # no footer beside md or tex
@@ -113,7 +114,7 @@ def _export(report, table, args: argparse.Namespace) -> int:
 def _second_run(directory: str, verbose: bool = False):
     """The measured rows of --against DIR, a second run; as for --results, a damaged file is
     never silent."""
-    from speedbench.results.load import load_results, printable  # noqa: PLC0415
+    from speedbench.results.load import load_results  # noqa: PLC0415 - pandas; `speedlib --help` loads none
 
     again = load_results(Path(directory))
     _print_problems(again.problems, verbose, f"speedlib report: --against {printable(directory)}: ")
@@ -123,7 +124,7 @@ def _second_run(directory: str, verbose: bool = False):
 def _print_problems(problems, verbose: bool, prefix: str) -> None:
     """On stderr: every damaged or incomplete result (always), the older results the loader
     set aside or kept in one summary line, or one by one with --verbose (speedbench.results.problems)."""
-    from speedbench.results import problems as told  # noqa: PLC0415
+    from speedbench.results import problems as told  # noqa: PLC0415 - pandas; `speedlib --help` loads none
 
     shown = told.lines(problems, verbose)
     for line in shown[:-1]:
@@ -134,8 +135,6 @@ def _print_problems(problems, verbose: bool, prefix: str) -> None:
 
 def _regression_gate(report, df, args: argparse.Namespace) -> int:
     """--fail-on-regression A B: the significant changes from A to B; exit 1 on a regression."""
-    from speedbench.results.load import printable  # noqa: PLC0415
-
     if args.machine and df.empty:
         print(f"speedlib report: no measured results for machine {args.machine}", file=sys.stderr)
         return 2
@@ -166,7 +165,8 @@ def add_parser(sub) -> None:
                              "PATH's name with .provenance.txt in place of .csv)")
     report.add_argument("--benchmark", help="the benchmark whose history to show (--table history)")
     report.add_argument("--against", metavar="DIR",
-                        help="--table noise: results of a second run of the same commit (speedlib run --results-dir DIR)")
+                        help="--table noise: results of a second run of the same commit "
+                             "(speedlib run --results-dir DIR)")
     report.add_argument("--writeup", action="store_true",
                         help="print the results page (docs/results.md) for every machine, with a run-to-run "
                              "section from --against DIR (--table is ignored)")

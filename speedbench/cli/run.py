@@ -7,6 +7,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from speedbench.cli.env import settings_refused
+from speedbench.results.common import printable
 from speedbench.results.tree import BENCHMARKS
 from speedbench.run.errors import BENCHMARKS_FAILED, CHUNKS_LEFT, missing_torch
 
@@ -23,8 +25,7 @@ RUN_EXIT_STATUS = """exit status:
 
 
 def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from speedbench.cli.env import settings_refused  # noqa: PLC0415 - as suite, only when it runs
-    from speedbench.run import suite  # noqa: PLC0415 - keeps `speedlib --help` free of torch
+    from speedbench.run import suite  # noqa: PLC0415 - pandas; `speedlib --help` loads none
 
     options = suite.RunOptions(
         quick=args.quick,
@@ -69,23 +70,19 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 def _number(text: str | None, option: str, unit: str) -> float | None:
     """A number of `unit` from the command line; one line (SuiteError) if it is not one
     (suite.check_options refuses one that is not finite and positive)."""
-    from speedbench.results.load import printable  # noqa: PLC0415
-    from speedbench.run import suite  # noqa: PLC0415
+    from speedbench.run import suite  # noqa: PLC0415 - pandas; `speedlib --help` loads none
 
     if text is None:
         return None
     try:
         return float(text)
     except ValueError:
-        raise suite.SuiteError(f"{option} must be a positive, finite number of {unit}, got '{printable(text)}'") from None
+        raise suite.SuiteError(f"{option} must be a positive, finite number of {unit}, "
+                               f"got '{printable(text)}'") from None
 
 
 def _print_plan(options) -> int:
-    from speedbench.results.load import printable  # noqa: PLC0415 - the listing's names come from a file
-    from speedbench.run import (
-        plan,
-        suite,
-    )
+    from speedbench.run import plan, suite  # noqa: PLC0415 - pandas; `speedlib --help` loads none
 
     try:
         root = suite.find_root()
@@ -95,7 +92,7 @@ def _print_plan(options) -> int:
         return 2
     results_dir = options.results_dir or root / "results"
     if options.machine is None:
-        from speedbench.measure import devices as measure  # noqa: PLC0415 - imports torch, only to name this machine
+        from speedbench.measure import devices as measure  # noqa: PLC0415 - torch, only to name this machine
 
         options.machine = measure.machine_name()
     try:

@@ -6,7 +6,12 @@ counters and the pre-flight check. The only package that loads torch.
 from speedbench._api import lazy
 
 __all__, __getattr__ = lazy(__name__, {
-    'devices': ('device', 'synchronize', 'timer', 'peak_memory', 'saved_tensor_bytes', 'count_syncs', 'allocator_segments', 'release_cached_memory', 'best_seconds', 'memory_bandwidth', 'host_copy_bandwidth', 'host_memory', 'device_memory_in_use', 'environment', 'gpu_state', 'cpu_frequency_policy', 'machine_name', 'cpu_model', 'cpu_slug', 'identity', 'benchmark_threads', 'usable_cores'),
+    'devices': (
+        'device', 'synchronize', 'timer', 'peak_memory', 'saved_tensor_bytes', 'count_syncs', 'allocator_segments',
+        'release_cached_memory', 'best_seconds', 'memory_bandwidth', 'host_copy_bandwidth', 'host_memory',
+        'device_memory_in_use', 'environment', 'gpu_state', 'cpu_frequency_policy', 'machine_name', 'cpu_model',
+        'cpu_slug', 'identity', 'benchmark_threads', 'usable_cores',
+    ),
     'workloads': ('Workload', 'WORKLOADS', 'EmbeddingBatch'),
     'ddp_launch': ('Recipe', 'RunConfig', 'RunResult', 'RunFailed', 'RunTimedOut'),
     'interference': ('Snapshot', 'snapshot', 'window', 'load_average'),

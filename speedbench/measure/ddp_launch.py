@@ -48,11 +48,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from speedbench.measure import devices as measure
 from speedbench.measure import workloads
 from speedlib import tuning
+from speedlib.contiguous import ContiguousParams
 from speedlib.parallel import MODES, wrap
 
 __all__ = ["MODES", "FAULTS", "Recipe", "LIBRARY", "RunConfig", "RunResult", "RunFailed", "RunTimedOut", "run",
@@ -112,7 +116,8 @@ class RunConfig:
         if self.steps < 1 or self.warmup < 0:
             raise ValueError(f"need steps >= 1 and warmup >= 0, got {self.steps}, {self.warmup}")
         if self.checkpoint not in workloads.CHECKPOINT_VARIANTS:
-            raise ValueError(f"unknown checkpoint variant {self.checkpoint!r}; choose one of {workloads.CHECKPOINT_VARIANTS}")
+            raise ValueError(f"unknown checkpoint variant {self.checkpoint!r}; "
+                             f"choose one of {workloads.CHECKPOINT_VARIANTS}")
         if self.fault is not None:
             self._check_fault()
 
@@ -205,8 +210,6 @@ def _device(config: RunConfig, local_rank: int) -> torch.device:
 
 
 def _count_allreduces(model: nn.parallel.DistributedDataParallel, counter: list[int]) -> None:
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: PLC0415
-
     def hook(state, bucket):
         counter[0] += 1
         return default_hooks.allreduce_hook(None, bucket)
@@ -236,8 +239,6 @@ def train(config: RunConfig, rank: int = 0, local_rank: int = 0, recipe: Recipe 
     x, y = x.tensor_split(world)[rank].to(dev), y.tensor_split(world)[rank].to(dev)
     flat = None
     if config.contiguous:  # after .to(device), before DDP wraps the model
-        from speedlib.contiguous import ContiguousParams  # noqa: PLC0415
-
         flat = ContiguousParams(model.parameters())
     counter = [0]
     if config.mode == "ddp":
@@ -269,8 +270,6 @@ def train(config: RunConfig, rank: int = 0, local_rank: int = 0, recipe: Recipe 
 def _distributed_rank(config: RunConfig, rank: int, local_rank: int, init_method: str, out_dir: str,
                       recipe: Recipe = LIBRARY) -> None:
     """Join the process group, train, gather every rank's times to rank 0, which writes them."""
-    import torch.distributed as dist  # noqa: PLC0415
-
     if config.device == "cpu":  # ranks on one host share its cores instead of oversubscribing them
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", config.world_size))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
@@ -299,7 +298,8 @@ def _check_devices(config: RunConfig) -> None:
         have = torch.cuda.device_count()
         need = config.world_size if config.mode != "single" else 1
         if have < need:
-            raise ValueError(f"{config.mode} with world_size {config.world_size} needs {need} CUDA devices; this machine has {have}")
+            raise ValueError(f"{config.mode} with world_size {config.world_size} needs {need} CUDA devices; "
+                             f"this machine has {have}")
 
 
 def _result(config: RunConfig, out_dir: str) -> RunResult:
@@ -311,8 +311,6 @@ def _result(config: RunConfig, out_dir: str) -> RunResult:
 
 
 def _run_mp(config: RunConfig, out_dir: str, timeout: float, recipe: Recipe = LIBRARY) -> None:
-    import torch.multiprocessing as mp  # noqa: PLC0415
-
     init = f"file://{Path(out_dir, 'rendezvous')}"
     ctx = mp.start_processes(_mp_entry, args=(json.dumps(dataclasses.asdict(config)), init, out_dir, recipe),
                              nprocs=config.world_size, join=False, start_method="spawn")
@@ -323,7 +321,8 @@ def _run_mp(config: RunConfig, out_dir: str, timeout: float, recipe: Recipe = LI
             if time.monotonic() > deadline:
                 alive = [rank for rank, p in enumerate(ctx.processes) if p.is_alive()]
                 raise RunTimedOut(f"the DDP run did not finish within {timeout:.0f} s; ranks {alive} were still "
-                                  "running (a hung rank, or peers waiting for it in a collective) and were killed", pids)
+                                  "running (a hung rank, or peers waiting for it in a collective) and were killed",
+                                  pids)
     except mp.ProcessRaisedException as e:
         raise RunFailed(f"rank {e.error_index} raised:\n{e}", pids) from None
     except mp.ProcessExitedException as e:
@@ -338,8 +337,8 @@ def _run_mp(config: RunConfig, out_dir: str, timeout: float, recipe: Recipe = LI
 def torchrun_command(config: RunConfig, out_dir: str) -> list[str]:
     """The single-node torchrun command for `config` (what `run(..., launcher="torchrun")` runs)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={config.world_size}",
-            "--max-restarts=0", "-m", "speedbench.measure.ddp_launch", "--config", json.dumps(dataclasses.asdict(config)),
-            "--out", out_dir]
+            "--max-restarts=0", "-m", "speedbench.measure.ddp_launch",
+            "--config", json.dumps(dataclasses.asdict(config)), "--out", out_dir]
 
 
 def _kill_workers_of(out_dir: str) -> None:
@@ -416,7 +415,8 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"${var} is not set: start this module with torchrun, not directly")
     config = RunConfig(**json.loads(args.config))
     if int(os.environ["WORLD_SIZE"]) != config.world_size:
-        parser.error(f"torchrun started {os.environ['WORLD_SIZE']} processes but the config says world_size {config.world_size}")
+        parser.error(f"torchrun started {os.environ['WORLD_SIZE']} processes but the config says "
+                     f"world_size {config.world_size}")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     _distributed_rank(config, int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), "env://", args.out)
 

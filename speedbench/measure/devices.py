@@ -110,7 +110,8 @@ def peak_memory(fn: Callable[[], object], dev: torch.device | str, above_start: 
     return int(torch.cuda.max_memory_allocated(dev)) - start
 
 
-def saved_tensor_bytes(fn: Callable[[], object], exclude: Iterable[torch.Tensor] = (), alive_after: bool = False) -> int:
+def saved_tensor_bytes(fn: Callable[[], object], exclude: Iterable[torch.Tensor] = (),
+                       alive_after: bool = False) -> int:
     """Bytes of distinct storage that autograd saves for backward while `fn()` runs.
 
     Each storage counts once however many saved tensors view it. Storages of `exclude`
@@ -274,7 +275,7 @@ def _cupy_version() -> str | None:
     # CuPy ships under several distribution names (cupy, cupy-cuda12x, ...): ask the module.
     try:
         import cupy  # noqa: PLC0415 - optional and heavy, only imported when asked for
-    except Exception:
+    except Exception:  # noqa: BLE001 - a broken CUDA install makes its import fail with anything
         return None
     return cupy.__version__
 
@@ -357,7 +358,7 @@ def _gpu_state_nvml() -> list[dict] | None:
     try:
         import pynvml as nv  # noqa: PLC0415 - optional (nvidia-ml-py); nvidia-smi is the fallback
         nv.nvmlInit()
-    except Exception:  # not installed, or no driver to talk to
+    except Exception:  # noqa: BLE001 - not installed, a broken install, or no driver to talk to (NVMLError)
         return None
     readers = {  # NVML reports power in milliwatts; modes as (current, pending) where pending exists
         "pci_bus_id": lambda h: _text(nv.nvmlDeviceGetPciInfo(h).busId),
@@ -377,18 +378,18 @@ def _gpu_state_nvml() -> list[dict] | None:
     def read(fn: Callable, handle: object) -> object:
         try:
             return fn(handle)
-        except Exception:  # NVMLError_NotSupported and the like: no value, as nvidia-smi's [N/A]
+        except Exception:  # noqa: BLE001 - NVMLError_NotSupported and the like: no value, as nvidia-smi's [N/A]
             return None
 
     try:
         handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
         return [{"index": i, **{key: read(fn, h) for key, fn in readers.items()}} for i, h in enumerate(handles)]
-    except Exception:
+    except Exception:  # noqa: BLE001 - any NVMLError (the device list may change under us): no state
         return None
     finally:
         try:
             nv.nvmlShutdown()
-        except Exception:
+        except Exception:  # noqa: BLE001 - the state is read; a failed shutdown changes nothing
             pass
 
 
@@ -420,7 +421,7 @@ def environment(cpu_sysfs: str | os.PathLike = CPU_SYSFS) -> dict:
     if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
         try:
             nccl = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:  # NCCL missing from this build
+        except Exception:  # noqa: BLE001 - NCCL missing from this build: torch raises what its binding does
             nccl = None
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     return {

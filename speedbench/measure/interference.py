@@ -36,8 +36,8 @@ import resource
 import time
 from dataclasses import dataclass
 
-__all__ = ["Snapshot", "snapshot", "window", "round_windows", "MIN_WINDOW_S", "machine_cpu_times", "own_cpu_seconds", "load_average", "gpu_probe",
-           "GpuProbe", "COUNTERS", "TICK_S"]
+__all__ = ["Snapshot", "snapshot", "window", "round_windows", "MIN_WINDOW_S", "machine_cpu_times", "own_cpu_seconds",
+           "load_average", "gpu_probe", "GpuProbe", "COUNTERS", "TICK_S"]
 
 # The counters `window` returns, in the order the benchmarks store them.
 COUNTERS = ("others_cpu", "steal", "preemptions", "cpu_per_wall", "load", "gpu_clock", "gpu_reasons",
@@ -153,13 +153,13 @@ class GpuProbe:
             if fn is not None:
                 try:
                     reasons = int(fn(self.handle))
-                except Exception:  # noqa: BLE001
+                except Exception:  # noqa: BLE001 - NVMLError_NotSupported and the like: unknown, not wrong
                     pass
                 break
         try:
             procs = nv.nvmlDeviceGetComputeRunningProcesses(self.handle)
             others = sum(1 for p in procs if getattr(p, "pid", None) != self.pid)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - NVMLError_NotSupported and the like: unknown, not wrong
             pass
         return clock, reasons, others
 
@@ -192,7 +192,7 @@ def _handle_by_bus_id(nvml, bus_id: str):
     for text in dict.fromkeys((bus_id.upper(), bus_id.lower())):
         try:
             return nvml.nvmlDeviceGetHandleByPciBusId_v2(text)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - NVMLError_NotFound or an unaccepted spelling: try the other case
             error = e
     raise error
 

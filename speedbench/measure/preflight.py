@@ -427,7 +427,7 @@ def _process_names(probe, proc: str) -> str:
     try:
         pids = [p.pid for p in probe.nvml.nvmlDeviceGetComputeRunningProcesses(probe.handle)
                 if getattr(p, "pid", None) != probe.pid]
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - NVMLError_NotSupported and the like: the line names no process
         return ""
     names = []
     for pid in pids:

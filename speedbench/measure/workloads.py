@@ -73,7 +73,7 @@ def _mlp_model(layers: int = 100, width: int = 128) -> nn.Module:
 
 def _resnet50_model() -> nn.Module:
     # Imported here: torchvision is heavy and only this workload needs it.
-    import torchvision  # noqa: PLC0415
+    import torchvision  # noqa: PLC0415 - torchvision: optional, heavy, only for this workload
 
     return torchvision.models.resnet50(weights=None)
 
@@ -112,7 +112,7 @@ def _dense_layer_class() -> type[nn.Module]:
     # Built on first use: torchvision is heavy. torchvision's layer already separates the
     # bottleneck (concatenation + BN + ReLU + 1x1 conv) that efficient DenseNet checkpoints;
     # this subclass only chooses which checkpoint runs it.
-    from torchvision.models import densenet  # noqa: PLC0415
+    from torchvision.models import densenet  # noqa: PLC0415 - torchvision: optional, heavy, only for this workload
 
     class DenseLayer(densenet._DenseLayer):
         checkpoint_variant = "none"
@@ -137,7 +137,7 @@ def _densenet_for_checkpointing(model: nn.Module) -> nn.Module:
 
 
 def _torch_densenet_bc(depth: int, growth_rate: int) -> nn.Module:
-    import torchvision  # noqa: PLC0415
+    import torchvision  # noqa: PLC0415 - torchvision: optional, heavy, only for this workload
 
     layers = (depth - 4) // 6  # 3 blocks of bottleneck layers (2 convs each) + 4 other layers
     model = torchvision.models.DenseNet(growth_rate=growth_rate, block_config=(layers,) * 3,
@@ -156,7 +156,7 @@ def _densenet_bc_model(depth: int, growth_rate: int, efficient: bool) -> nn.Modu
 
 
 def _torch_densenet121() -> nn.Module:
-    import torchvision  # noqa: PLC0415
+    import torchvision  # noqa: PLC0415 - torchvision: optional, heavy, only for this workload
 
     return torchvision.models.densenet121(weights=None)
 
