@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from project_bits import ROOT, commit_all, copy_project, git, registered_machine, run_cli  # noqa: F401 - other tests import them from here too
+from project_bits import ROOT, commit_all, copy_project, git, registered_machine, run_cli
 
 from speedbench.cli import dashboard as dashboard_cli
 from speedbench.cli import parser as cli

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
+import sys
+import time
+import types
+from importlib import metadata
 
 import pytest
 import torch
 
 from speedbench.measure import devices as measure
+from speedbench.run import suite
 
 requires_cuda = pytest.mark.gpu(reason="needs a CUDA GPU; CPU tests cover the logic")
 
@@ -91,9 +98,6 @@ def test_environment_record_is_json_ready():
 def test_machine_name_on_cpu():
     if torch.cuda.is_available():
         pytest.skip("a GPU machine is named after its GPU")
-    import os
-
-    from speedbench.run import suite
     name = measure.machine_name()
     assert name == f"cpu-{os.cpu_count()}core-{measure.cpu_slug(measure.cpu_model())}"
     assert suite._MACHINE_NAME.fullmatch(name)  # the name --machine would accept
@@ -117,7 +121,6 @@ def test_a_cpu_model_gives_a_short_stable_name(model, slug):
 
 
 def test_a_long_cpu_model_is_cut_at_a_word():
-    from speedbench.run import suite
     slug = measure.cpu_slug("Intel(R) Xeon(R) Some Very Long Marketing Name With Many Words 12345")
     assert slug == "intel-xeon-some-very-long-marketing-name"
     assert len(measure.cpu_slug("x" * 80)) == 40
@@ -196,8 +199,6 @@ _EXPECTED_STATE = [
 
 def _fake_smi(tmp_path, monkeypatch, body: str):
     """Put an executable `nvidia-smi` running `body` (Python) first on PATH; hide pynvml."""
-    import stat
-    import sys
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     script = bin_dir / "nvidia-smi"
@@ -228,8 +229,6 @@ for row in rows:
 
 
 def _fake_pynvml():
-    import types
-
     class NVMLError(Exception):
         pass
 
@@ -264,7 +263,6 @@ def _fake_pynvml():
 
 
 def test_gpu_state_from_pynvml(tmp_path, monkeypatch):
-    import sys
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi: the values can only come from NVML
     nv = _fake_pynvml()
     monkeypatch.setitem(sys.modules, "pynvml", nv)
@@ -275,7 +273,6 @@ def test_gpu_state_from_pynvml(tmp_path, monkeypatch):
 
 
 def test_gpu_state_without_nvml_or_nvidia_smi(tmp_path, monkeypatch):
-    import sys
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setitem(sys.modules, "pynvml", None)
     env = measure.environment()
@@ -284,7 +281,6 @@ def test_gpu_state_without_nvml_or_nvidia_smi(tmp_path, monkeypatch):
 
 def test_gpu_state_when_nvml_has_no_driver(tmp_path, monkeypatch):
     """pynvml installed on a host without a driver: nvmlInit raises; nvidia-smi is asked next."""
-    import sys
     nv = _fake_pynvml()
 
     def no_driver():
@@ -301,7 +297,6 @@ def test_gpu_state_when_nvml_has_no_driver(tmp_path, monkeypatch):
     'print("NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."); sys.exit(9)',
 ])
 def test_gpu_state_when_nvidia_smi_hangs_or_fails(tmp_path, monkeypatch, body):
-    import time
     _fake_smi(tmp_path, monkeypatch, body)
     monkeypatch.setattr(measure, "NVIDIA_SMI_TIMEOUT_S", 1.0)
     start = time.monotonic()
@@ -336,7 +331,6 @@ def test_cpu_frequency_policy_without_cpufreq(tmp_path):
 
 
 def test_environment_records_asv_versions(monkeypatch):
-    from importlib import metadata
     env = measure.environment()
     assert env["asv"] == metadata.version("asv")
     assert env["asv_runner"] == metadata.version("asv-runner")
