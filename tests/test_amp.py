@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from benchmarks import bench_amp as bench
 from speedlib.amp import POLICIES, Precision, pad_linear, pad_to_multiple, tf32
 
 HAS_CUDA = torch.cuda.is_available()
@@ -111,7 +112,8 @@ def test_policies_without_a_scaler_never_report_skips():
 
 def test_context_sets_autocast_and_tf32_as_the_policy_says():
     lin = nn.Linear(4, 4)
-    for policy, dtype in (("fp32", torch.float32), ("tf32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16)):
+    for policy, dtype in (("fp32", torch.float32), ("tf32", torch.float32), ("fp16", torch.float16),
+                          ("bf16", torch.bfloat16)):
         with Precision(policy, "cpu").context():
             assert lin(torch.randn(2, 4)).dtype == dtype
             assert torch.backends.cuda.matmul.allow_tf32 == (policy == "tf32")
@@ -201,8 +203,6 @@ def test_pad_linear_computes_the_same_outputs_and_gradients(bias):
 def test_benchmark_skips_what_cannot_run_and_pairs_the_rest(monkeypatch):
     """One process measures a class (setup_cache); its track_* processes report, and a
     NotImplementedError there is asv's skip, not a failure."""
-    from benchmarks import bench_amp as bench  # noqa: PLC0415
-
     memory = bench.PeakMemory()
     assert math.isnan(memory.track_peak_memory(memory.measure_all(), "resnet50", "fp32"))  # asv: skipped
     steps = bench.TrainingStep()
@@ -233,8 +233,6 @@ def test_the_benchmarks_plain_fp32_and_default_steps_train_as_precision_fp32_did
     """The baseline moved from speedlib.amp.Precision("fp32").step to a step written with torch
     alone (issue 40): the same maths and flags, so the same parameters, bitwise, after a few
     steps; `default` too on a CPU, where the TF32 flags change nothing."""
-    from benchmarks import bench_amp as bench  # noqa: PLC0415
-
     before = bench._Trainer("resnet50", "fp32")
     precision = Precision("fp32", "cpu")
     plain = {v: bench._Trainer("resnet50", v) for v in bench.PLAIN_PYTORCH}

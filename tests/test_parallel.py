@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from speedbench.measure import ddp_launch
+from benchmarks import bench_parallel
+from benchmarks import bench_parallel as bench
+from speedbench.measure import ddp_launch, workloads
 from speedbench.measure.ddp_launch import RunConfig, RunFailed, RunResult
 from speedlib import parallel
 
@@ -34,13 +38,12 @@ def _assert_same_parameters(a: RunResult, b: RunResult) -> None:
     # The all-reduce sums the two shards' gradients in another order than one process does.
     assert a.state_dict.keys() == b.state_dict.keys()
     for k in a.state_dict:
-        torch.testing.assert_close(b.state_dict[k], a.state_dict[k], rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
+        torch.testing.assert_close(b.state_dict[k], a.state_dict[k], rtol=1e-5, atol=1e-6,
+                                   msg=lambda m, k=k: f"{k}: {m}")
 
 
 def _moved(result: RunResult) -> bool:
     """Training did something: the weights differ from their initial values."""
-    from speedbench.measure import workloads  # noqa: PLC0415
-
     start = workloads.get(result.config.workload).model(seed=result.config.seed).state_dict()
     return any(not torch.equal(start[k], v) for k, v in result.state_dict.items())
 
@@ -75,12 +78,7 @@ def test_the_benchmarks_plain_recipe_trains_as_speedlibs_path_did(single):
     """The benchmark's baselines (one process; DDP all-reducing every micro-batch, NoSync's
     off) moved from speedlib.parallel.wrap + speedlib.tuning.accumulation_step to a recipe
     written with torch alone (issue 40): the same parameters, bitwise, and the same all-reduces."""
-    import sys  # noqa: PLC0415
-    from pathlib import Path  # noqa: PLC0415
-
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the spawned ranks import the benchmark too
-    from benchmarks import bench_parallel  # noqa: PLC0415
-
     recipe = bench_parallel.torch_recipe()
     _assert_bitwise(single, ddp_launch.run(RunConfig(**BASE, mode="single"), recipe=recipe))
     off = {"mode": "ddp", "world_size": 2, "micro_batches": 4, "no_sync": False, "count_allreduces": True}
@@ -128,8 +126,6 @@ def test_dataparallel_and_nccl_ddp_on_one_gpu_equal_one_process():
 def test_benchmark_measures_its_grid_in_one_process_and_skips_what_this_machine_cannot_run(monkeypatch):
     """One process measures a class (asv's setup_cache) and its track_* processes report from
     that cache: what this machine cannot run is NaN (asv: skipped), decided before a launch."""
-    from benchmarks import bench_parallel as bench  # noqa: PLC0415
-
     monkeypatch.setitem(bench._SETUP, "steps", 2)
     monkeypatch.setitem(bench._SETUP, "warmup", 0)
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
@@ -140,13 +136,15 @@ def test_benchmark_measures_its_grid_in_one_process_and_skips_what_this_machine_
     cache = step.measure_all()
     assert [(c.mode, c.world_size) for c in launched] == [("single", 1), ("ddp", 1)]
     assert launched[0].batch == bench._SETUP["per_rank"] and launched[0].device == "cpu"
-    assert cache[(1, "dataparallel")] == ("skip", "DataParallel splits batches over CUDA devices; on a CPU it only calls the module")
+    assert cache[(1, "dataparallel")] == ("skip", "DataParallel splits batches over CUDA devices; "
+                                                  "on a CPU it only calls the module")
     assert cache[(2, "single")] == ("skip", "one process is world size 1")
     assert cache[(2, "ddp")] == ("skip", "world size 2 needs 2 cores; this machine has 1")
     for track in (step.track_step, step.track_samples_per_second, step.track_scaling_efficiency):
         assert math.isnan(track(cache, 2, "ddp")) and math.isnan(track(cache, 1, "dataparallel"))
     seconds = step.track_step(cache, 1, "single")
-    assert seconds > 0 and step.track_samples_per_second(cache, 1, "single") == pytest.approx(bench._SETUP["per_rank"] / seconds)
+    assert seconds > 0
+    assert step.track_samples_per_second(cache, 1, "single") == pytest.approx(bench._SETUP["per_rank"] / seconds)
     assert math.isnan(step.track_scaling_efficiency(cache, 1, "ddp"))  # 100 % by definition
     # As if 2 ranks had run: DDP's samples/s over twice one process's.
     cache[(2, "ddp")] = ("ok", {"step": 1.0, "samples_per_second": 96.0})
@@ -155,4 +153,5 @@ def test_benchmark_measures_its_grid_in_one_process_and_skips_what_this_machine_
 
     no_sync = bench.NoSync()
     cache = no_sync.measure_all()  # both variants need 2 ranks: nothing launched
-    assert len(launched) == 2 and math.isnan(no_sync.track_step(cache, "on")) and math.isnan(no_sync.track_allreduces(cache, "off"))
+    assert len(launched) == 2
+    assert math.isnan(no_sync.track_step(cache, "on")) and math.isnan(no_sync.track_allreduces(cache, "off"))

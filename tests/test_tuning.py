@@ -12,12 +12,18 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from benchmarks import bench_tuning as bench
+from benchmarks import common
 from speedbench.measure import devices as measure
+from speedbench.measure import workloads
+from speedbench.report import TECHNIQUES
 from speedlib import amp, tuning
 
 HAS_CUDA = torch.cuda.is_available()
@@ -52,8 +58,6 @@ def _assert_same(a: dict, b: dict, **tol) -> None:
 # --- data_loader -------------------------------------------------------------------------
 
 def test_knobs_name_off_as_the_baseline():
-    from speedbench.report import TECHNIQUES  # noqa: PLC0415
-
     assert all(v[0] == TECHNIQUES["tuning"].baseline for v in tuning.KNOBS.values() if v)
 
 
@@ -88,7 +92,8 @@ def test_data_loader_errors():
 @needs_cuda
 def test_pinned_batches_are_pinned_and_equal():
     data = tuning.SyntheticImages(n=4, size=48, crop=32, length=8)
-    for (a, ya), (b, yb) in zip(tuning.loader(data, 4, "off"), tuning.loader(data, 4, "workers_pin_memory"), strict=True):
+    plain, pinned = tuning.loader(data, 4, "off"), tuning.loader(data, 4, "workers_pin_memory")
+    for (a, ya), (b, yb) in zip(plain, pinned, strict=True):
         assert b.is_pinned() and torch.equal(a, b) and torch.equal(ya, yb)
 
 
@@ -346,7 +351,8 @@ def test_keeping_the_loss_tensor_retains_every_evaluation_step():
     for mode in ("graph", "device"):
         meters = []
         retained[mode] = measure.saved_tensor_bytes(
-            lambda mode=mode: meters.append(_meter_epoch(mode, train=False, steps=3)), alive_after=True)
+            lambda mode=mode, meters=meters: meters.append(_meter_epoch(mode, train=False, steps=3)),
+            alive_after=True)
     assert retained["device"] == 0
     assert retained["graph"] > 3 * 8 * 8 * 8 * 8 * 4, "at least one activation map per step"
     per_step = {n: measure.saved_tensor_bytes(lambda n=n: _meter_epoch("graph", train=False, steps=n).total,
@@ -452,7 +458,8 @@ def test_deterministic_factories_give_the_same_tensor_both_ways(factory, kwargs)
 
 def _variable_length_training(prealloc: bool, device: str = "cpu") -> tuple[dict, torch.Tensor]:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 4)).to(device)
+    model = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.3),
+                          nn.Linear(32, 4)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     gen = torch.Generator().manual_seed(5)
     if prealloc:
@@ -531,9 +538,6 @@ def test_accumulation_rejects_bad_chunk_counts():
 def test_no_sync_all_reduces_once_per_step_under_ddp(tmp_path):
     """DistributedDataParallel (gloo, one process): same parameters, 1 all-reduce per step
     instead of one per micro-batch. Counted through a communication hook."""
-    import torch.distributed as dist  # noqa: PLC0415
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: PLC0415
-
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     try:
         torch.manual_seed(0)
@@ -557,7 +561,8 @@ def test_no_sync_all_reduces_once_per_step_under_ddp(tmp_path):
 def test_benchmark_module_imports_no_torch():
     """asv starts a process per benchmark and parameter set; those that only report what
     setup_cache measured, or skip, must not pay for importing torch."""
-    code = "import sys; import benchmarks.bench_tuning; print(sorted(m for m in ('torch', 'speedbench.measure.devices') if m in sys.modules))"
+    code = ("import sys; import benchmarks.bench_tuning; "
+            "print(sorted(m for m in ('torch', 'speedbench.measure.devices') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -566,8 +571,6 @@ def test_benchmark_module_imports_no_torch():
 def test_benchmark_skips_what_needs_a_gpu(monkeypatch):
     """A class's one measuring process records what cannot run here as skips, which its
     track_* methods report as NaN (asv: skipped); the plain asv class skips from setup."""
-    from benchmarks import bench_tuning as bench  # noqa: PLC0415
-
     for cls, method, params in ((bench.PeakMemory, "track_peak_memory", ("accumulation", "on")),
                                 (bench.InferenceMemory, "track_peak_memory", ("off",)),
                                 (bench.SyncCount, "track_syncs", ("off",)),
@@ -597,8 +600,6 @@ def test_benchmark_skips_what_needs_a_gpu(monkeypatch):
 def test_training_step_pairs_off_and_on_per_round(monkeypatch):
     """The headline: a knob's off and on steps take turns in one process, and each round's
     ratio is off / on of that round."""
-    from benchmarks import bench_tuning as bench  # noqa: PLC0415
-
     monkeypatch.setattr(bench.TrainingStep, "params", (["zero_grad"], bench.ON_OFF))
     monkeypatch.setattr(bench.TrainingStep, "pairs", 2)
     monkeypatch.setattr(bench.TrainingStep, "warmup", 0)
@@ -613,8 +614,6 @@ def test_training_step_pairs_off_and_on_per_round(monkeypatch):
 
 
 def test_benchmark_off_model_has_a_bias_before_every_norm():
-    from benchmarks import bench_tuning as bench  # noqa: PLC0415
-
     model = bench._add_conv_bias(nn.Sequential(nn.Conv2d(3, 4, 1, bias=False), nn.BatchNorm2d(4)))
     assert model[0].bias is not None and not model[0].bias.any()
     assert tuning.remove_conv_bias(model) == ["0"]
@@ -624,9 +623,6 @@ def test_cudnn_autotuner_is_timed_in_separate_processes_only():
     """cuDNN plans are cached per process under a key without the autotuner flag, so in one
     process the first trainer to meet a shape picks the plan for both variants: the knob
     is an asv class of its own (a process per variant), never in a one-process class."""
-    from benchmarks import bench_tuning as bench  # noqa: PLC0415
-    from benchmarks import common
-
     assert "cudnn_benchmark" in bench.STEP_KNOBS
     for cls in (bench.TrainingStep, bench.PeakMemory):
         assert sorted(cls.params[0]) == sorted(k for k in bench.STEP_KNOBS if k != "cudnn_benchmark"), cls.__name__
@@ -641,8 +637,6 @@ def test_the_benchmarks_plain_off_step_trains_as_the_speedlib_path_did(knob):
     """"off" moved from speedlib.tuning.clear_grads to a loop written with torch alone (issue
     40): zero-filled gradients for zero_grad's off, None for the others, so the same
     parameters, bitwise, as stepping with clear_grads did."""
-    from benchmarks import bench_tuning as bench  # noqa: PLC0415
-
     plain, before = bench._Trainer(knob, "off"), bench._Trainer(knob, "off")
     for _ in range(3):
         plain.step()
@@ -659,9 +653,6 @@ def test_the_benchmarks_plain_off_step_trains_as_the_speedlib_path_did(knob):
 def test_the_benchmarks_plain_item_meter_sums_as_running_loss_did():
     """Sync's "off" meter moved from RunningLoss("item") to .item() calls written with torch
     alone: the same loss sum and correct count over the same epoch."""
-    from benchmarks import bench_tuning as bench  # noqa: PLC0415
-    from speedbench.measure import workloads  # noqa: PLC0415
-
     plain = bench._mlp_epoch("off")()
     meter = tuning.RunningLoss("item")
     wl = workloads.get("mlp", "cpu")

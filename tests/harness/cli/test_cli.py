@@ -5,16 +5,20 @@ The end-to-end tests run real asv on one small benchmark, so they take tens of s
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tarfile
+import time
+import webbrowser
 from pathlib import Path
 
 import pandas as pd
@@ -23,6 +27,7 @@ from project_bits import ROOT, commit_all, copy_project, git, registered_machine
 
 from speedbench.cli import dashboard as dashboard_cli
 from speedbench.cli import parser as cli
+from speedbench.results import load as results
 from speedbench.results import synthetic
 from speedbench.results.load import load_results
 from speedbench.results.tree import ResultsTree
@@ -196,7 +201,8 @@ def test_report_counts_older_results_in_one_line_and_always_lists_damage(tmp_pat
     assert len(err) == 2
     assert err[0].startswith(f"problem: {broken}: not valid JSON")
     assert err[1] == ("speedlib report: 1 problem(s) with damaged or incomplete results; 3 result file(s) hold older "
-                      "results (files per kind, one file may hold several: 1 set aside: older benchmark version; 1 skipped: benchmark removed; 1 kept, flagged †: "
+                      "results (files per kind, one file may hold several: 1 set aside: older benchmark version; "
+                      "1 skipped: benchmark removed; 1 kept, flagged †: "
                       "the machine's newest); --verbose lists them")
     assert not any(line.startswith("skipped ") for line in err)
 
@@ -246,8 +252,6 @@ def test_dashboard_says_first_that_the_port_is_taken(tmp_path, capsys, monkeypat
 
 
 def test_ctrl_c_in_report_is_one_line_not_a_traceback(tmp_path, capsys, monkeypatch):
-    from speedbench.results import load as results
-
     def interrupted(path):
         raise KeyboardInterrupt
 
@@ -300,7 +304,8 @@ def test_commit_range_results_are_read_by_asv_publish_and_compare(scratch_repo, 
     result_files = [p for p in machine_dir.glob("*.json") if p.name != "machine.json"]
     assert {json.loads(p.read_text())["commit_hash"] for p in result_files} == set(shas)
     for sha in shas:
-        lines = ResultsTree(scratch_repo / "results").machine(machine_dir.name).environment_record(sha).read_text().splitlines()
+        env_file = ResultsTree(scratch_repo / "results").machine(machine_dir.name).environment_record(sha)
+        lines = env_file.read_text().splitlines()
         record = json.loads(lines[-1])
         command = shlex.split(record["command"])  # the command as typed, each word once
         assert record["commit"] == sha and command[:3] == ["speedlib", "run", "--commits"]
@@ -450,8 +455,8 @@ def test_offline_chunked_run_from_a_bundle_rehearses_a_gpu_slot(tmp_path):
 
     report = run_cli("report", "--results", "results", cwd=unpacked, home=tmp_path)
     assert report.returncode == 0 and "track_ok" in report.stdout and "AdamStep" in report.stdout
-    pub = subprocess.run([sys.executable, "-m", "asv", "publish"], cwd=unpacked, env={**os.environ, "HOME": str(tmp_path)},
-                         capture_output=True, text=True)
+    pub = subprocess.run([sys.executable, "-m", "asv", "publish"], cwd=unpacked,
+                         env={**os.environ, "HOME": str(tmp_path)}, capture_output=True, text=True)
     assert pub.returncode == 0, pub.stdout + pub.stderr
     assert (unpacked / ".asv" / "html" / "index.html").is_file()
 
@@ -498,9 +503,6 @@ def _processes_mentioning(text: str) -> list[int]:
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds leftover processes through Linux's /proc")
 def test_sigterm_stops_asv_and_its_benchmarks(tmp_path):
     """A time limit's SIGTERM to speedlib alone must not leave asv benchmarking on."""
-    import signal
-    import time
-
     repo = tmp_path / "repo"
     repo.mkdir()
     copy_project(repo)
@@ -533,7 +535,8 @@ def test_sigterm_stops_asv_and_its_benchmarks(tmp_path):
 def test_dashboard_reports_a_streamlit_that_exits_before_serving(tmp_path, capsys, monkeypatch):
     pytest.importorskip("streamlit")
     real_popen = subprocess.Popen
-    monkeypatch.setattr(subprocess, "Popen", lambda cmd, **kw: real_popen([sys.executable, "-c", "raise SystemExit(3)"]))
+    monkeypatch.setattr(subprocess, "Popen",
+                        lambda cmd, **kw: real_popen([sys.executable, "-c", "raise SystemExit(3)"]))
     with socket.socket() as s:  # a free port (0 is refused: the URL could not name the port)
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -550,8 +553,6 @@ def test_dashboard_reports_a_streamlit_that_exits_before_serving(tmp_path, capsy
     ("darwin", {}, True),
 ])
 def test_dashboard_opens_a_browser_only_where_a_display_exists(platform, env, opened, monkeypatch):
-    import webbrowser
-
     calls = []
     monkeypatch.setattr(webbrowser, "open", lambda url: calls.append(url))
     monkeypatch.setattr(sys, "platform", platform)
@@ -565,10 +566,9 @@ def test_dashboard_opens_a_browser_only_where_a_display_exists(platform, env, op
 
 @pytest.mark.parametrize("command", [["run"], ["env"]])
 def test_measuring_without_torch_says_so_in_one_line(command, capsys, monkeypatch):
-    import importlib.util
-
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real_find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch" else real_find_spec(name, *a))
     monkeypatch.setattr(suite, "run", lambda *a, **k: pytest.fail("the run started without torch"))
     assert cli.main(command) == 2
     err = capsys.readouterr().err

@@ -25,6 +25,7 @@ import pytest
 
 from speedbench.cli import dashboard as dashboard_cli
 from speedbench.cli import parser as cli
+from speedbench.results import safekeep
 from speedbench.results.common import printable
 from speedbench.results.tree import ResultsTree
 from speedbench.run import plan, suite
@@ -101,7 +102,8 @@ def test_a_place_whose_mode_allows_writing_but_that_takes_no_file_is_refused_up_
     """/proc's mode lets root write, and os.access says yes; only making a file says no."""
     monkeypatch.setattr(suite, "run", lambda *a, **k: pytest.fail("the run started"))
     assert cli.main(["run", "--archive", "/proc/run.tar.gz"]) == 2
-    _one_line(capsys.readouterr().err, "speedlib run: --archive /proc/run.tar.gz cannot be written: no file can be made")
+    _one_line(capsys.readouterr().err,
+              "speedlib run: --archive /proc/run.tar.gz cannot be written: no file can be made")
     with pytest.raises(suite.SuiteError, match="no file can be made in /proc"):
         suite.check_options(suite.RunOptions(archive=Path("/proc/new/run.tar.gz")))
 
@@ -141,8 +143,6 @@ def test_a_listing_that_cannot_be_read_is_one_line_for_the_plan(tmp_path, monkey
 def test_a_listing_torn_by_a_killed_run_points_the_plan_to_the_copy_it_left(tmp_path, monkeypatch, capsys):
     """After a SIGKILL the listing's copy is in the snapshot, and the next run puts it back:
     'restore it from git' would throw away results filed against the listing on disk."""
-    from speedbench.results import safekeep
-
     monkeypatch.chdir(ROOT)
     (tmp_path / "benchmarks.json").write_text('{"version": 2}')
     safekeep.take(tmp_path, "m", SHA)  # what a run does before asv starts; then it was killed
@@ -178,8 +178,10 @@ def _bad_chunk_times(results: Path, good: str, bad: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps({"chunk": good, "commit": SHA, "seconds": 100.0, "launch": plan.LAUNCH_METHOD}).encode()]
     for seconds in (float("nan"), float("inf"), -5.0, 1e308, "soon", True, None):
-        lines.append(json.dumps({"chunk": bad, "commit": SHA, "seconds": seconds, "launch": plan.LAUNCH_METHOD}).encode())
-    lines += [b'{"chunk": "' + bad.encode() + b'", "seconds": 1\xff}', b"[1, 2]", b'{"chunk": "' + bad.encode() + b'", "sec']
+        record = {"chunk": bad, "commit": SHA, "seconds": seconds, "launch": plan.LAUNCH_METHOD}
+        lines.append(json.dumps(record).encode())
+    lines += [b'{"chunk": "' + bad.encode() + b'", "seconds": 1\xff}', b"[1, 2]",
+              b'{"chunk": "' + bad.encode() + b'", "sec']
     path.write_bytes(b"\n".join(lines))
     return path
 
@@ -216,7 +218,7 @@ def test_a_chunk_time_that_is_not_a_finite_positive_number_does_not_price_the_ch
 def test_a_budgeted_run_is_not_driven_by_bad_chunk_times_and_says_so_once(tmp_path, monkeypatch, capsys):
     """A NaN chunk time 'fits' any budget (nan > left is False): the chunk must be priced by
     its estimate instead, and the bad lines named once, not once per chunk."""
-    from speedbench.measure import devices as measure
+    from speedbench.measure import devices as measure  # noqa: PLC0415 - torch, only for this test: the rest of the file needs none
 
     results = tmp_path / "results"
     results.mkdir()
@@ -240,7 +242,7 @@ def test_a_budgeted_run_is_not_driven_by_bad_chunk_times_and_says_so_once(tmp_pa
 def test_a_budgeted_run_names_the_benchmarks_its_prices_leave_out(tmp_path, monkeypatch, capsys):
     """A benchmark whose listed parameters multiply out past the limit is left out of every
     chunk's price (plan.combinations): the run says so once, as --plan does."""
-    from speedbench.measure import devices as measure
+    from speedbench.measure import devices as measure  # noqa: PLC0415 - torch, only for this test: the rest of the file needs none
 
     results = tmp_path / "results"
     results.mkdir()

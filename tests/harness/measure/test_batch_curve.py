@@ -11,6 +11,7 @@ import re
 import pytest
 import torch
 
+from benchmarks import bench_tuning as bench
 from speedbench.measure import batch_curve
 
 HAS_CUDA = torch.cuda.is_available()
@@ -41,8 +42,10 @@ def test_batch_size_curve_measures_until_memory_runs_out():
 # of PyTorch's checks around cuDNN, cuBLAS, cuFFT, NCCL and the CUDA runtime.
 ALLOCATION_FAILURES = [
     torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB "
-                           "of which 1.06 GiB is free. Including non-PyTorch memory, this process has 78.12 GiB in use."),
-    RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input."),
+                           "of which 1.06 GiB is free. Including non-PyTorch memory, "
+                           "this process has 78.12 GiB in use."),
+    RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. "
+                 "This error may appear if you passed in a non-contiguous input."),
     RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"),
     RuntimeError("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR"),
     RuntimeError("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED"),  # cuDNN 9's name
@@ -136,8 +139,6 @@ def test_batch_size_benchmark_skips_only_a_batch_that_does_not_fit(monkeypatch, 
     """An allocation failure ends the curve: that batch and the larger ones are skips (the
     first with the reason); anything else is that batch's failure: a bug must not look
     like a full GPU."""
-    from benchmarks import bench_tuning as bench  # noqa: PLC0415
-
     class Trainer:
         def __init__(self, knob, variant, batch=None):
             raise error

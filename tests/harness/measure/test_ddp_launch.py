@@ -86,9 +86,11 @@ def test_bad_configs_are_refused(kwargs, message):
 @pytest.mark.parametrize("kwargs,message", [
     ({"micro_batches": 0}, "micro_batches must be >= 1, got 0"),
     ({"batch": 0}, "batch must be >= 1, got 0"),
-    ({"mode": "ddp", "world_size": 2, "fault": "raise", "fault_rank": 7}, r"fault_rank must be one of the 2 ranks \(0 to 1\), got 7"),
+    ({"mode": "ddp", "world_size": 2, "fault": "raise", "fault_rank": 7},
+     r"fault_rank must be one of the 2 ranks \(0 to 1\), got 7"),
     ({"mode": "ddp", "world_size": 2, "fault": "kill", "fault_rank": -1}, "fault_rank must be one of the 2 ranks"),
-    ({"mode": "ddp", "world_size": 2, "fault": "hang", "fault_step": 4}, r"fault_step must be one of the 4 steps \(0 to 3"),
+    ({"mode": "ddp", "world_size": 2, "fault": "hang", "fault_step": 4},
+     r"fault_step must be one of the 4 steps \(0 to 3"),
     ({"mode": "single", "fault": "raise", "fault_rank": 0}, "faults are injected into DDP ranks only"),
     ({"workload": "bogus"}, r"unknown workload 'bogus'; choose one of \["),
     ({"lr": float("nan")}, "lr must be a positive finite number, got nan"),

@@ -10,9 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from benchmarks import common
 from speedbench.measure import interference
 from speedbench.measure.interference import Snapshot
-from speedbench.stats import paired
+from speedbench.stats import contention, paired
 
 
 def snap(wall, own=0.0, invol=0, busy=0.0, steal=0.0, cores=2, load=0.1, gpu=None) -> Snapshot:
@@ -162,9 +163,7 @@ def test_a_paired_class_stores_one_counter_per_round_beside_its_samples():
     """benchmarks.common.Paired end to end, in this process: the counters' tracks have one
     sample per round, the same for every variant of the configuration."""
     pytest.importorskip("torch")
-    import torch
-
-    from benchmarks import common
+    import torch  # noqa: PLC0415 - torch, only for this test: the rest of the file needs none
 
     class Tiny(common.Paired):
         params = (["w"], ["slow", "fast"])
@@ -193,9 +192,7 @@ def test_a_paired_class_stores_one_counter_per_round_beside_its_samples():
 def test_the_loader_knows_every_counter_track_by_its_unit():
     """benchmarks/common.py names the tracks' units; speedbench.results.load reads a row of one of
     them as a counter (kind "interference") and keeps it out of the results: the two must agree."""
-    from benchmarks import common
-    from speedbench.results import load as results
-    from speedbench.stats import contention
+    from speedbench.results import load as results  # noqa: PLC0415 - pandas, only for this test
 
     tracks = {m: getattr(common._Interference, f"track_{m}").unit for m in contention.COUNTER_METRICS}
     assert set(tracks.values()) == set(results.INTERFERENCE_UNITS)

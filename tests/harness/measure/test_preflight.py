@@ -23,6 +23,7 @@ from speedbench.results import synthetic
 from speedbench.results.common import printable
 from speedbench.results.load import load_results
 from speedbench.run import suite
+from speedbench.stats import contention
 
 ROOT = Path(__file__).resolve().parents[3]
 TICKS = round(1 / preflight._TICK)  # /proc's ticks per second
@@ -112,8 +113,6 @@ def test_a_busy_sample_is_bad_and_names_the_busiest(tmp_path):
     (2, 2, 5.0, "ok"), (2, 2, 5.5, "warn"), (2, 2, 25.0, "warn"), (2, 2, 25.5, "bad"),
     (2, 1, 50.0, "ok"), (2, 1, 55.5, "warn"), (2, 1, 75.5, "bad"), (16, 16, 6.25, "bad"), (16, None, 6.25, "bad")])
 def test_busy_where_a_measured_round_would_count_as_disturbed(cpus, threads, others, level):
-    from speedbench.stats import contention
-
     finding = preflight._busy_finding(preflight.Sample(1.0, cpus, others, 0.0, []), threads)
     assert finding.level == level and finding.busy == (level != "ok")
     assert preflight.Report([finding]).busy == (level == "bad")  # only bad holds a run back
@@ -370,15 +369,15 @@ def test_help_names_the_new_options_and_exit_status(capsys):
 def measuring(monkeypatch):
     """`speedlib run --quick` in this checkout with asv stood in: the env each commit would
     record. Nothing is measured, no stale scratch is pruned."""
-    from speedbench.measure import devices as measure
+    from speedbench.measure import devices as measure  # noqa: PLC0415 - torch, only for this test: the rest of the file needs none
 
     recorded = []
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(suite, "prune_stale", lambda root: [])
     monkeypatch.setattr(measure, "environment", lambda: {"machine": "m"})
     monkeypatch.setattr(suite, "_register_machine", lambda *a, **k: None)
-    monkeypatch.setattr(suite, "_run_commit", lambda options, root, conf, results, machine, env, *a: recorded.append(env)
-                        or [])
+    monkeypatch.setattr(suite, "_run_commit",
+                        lambda options, root, conf, results, machine, env, *a: recorded.append(env) or [])
     monkeypatch.setattr(suite, "_print_table", lambda *a, **k: None)
     return recorded
 

@@ -109,7 +109,8 @@ def test_a_leader_killed_outright_takes_the_whole_tree_with_it(tmp_path):
               f"process_group=0); time.sleep(300)")
     proc = subprocess.Popen([sys.executable, "-c", leader])
     try:
-        assert _wait_for(lambda: len(_alive_with(token)) == 5), "the stand-in tree never came up"  # leader, supervisor, tree
+        # leader, supervisor, tree
+        assert _wait_for(lambda: len(_alive_with(token)) == 5), "the stand-in tree never came up"
         proc.kill()
         proc.wait()
         assert _wait_for(lambda: not _alive_with(token), 20) and _alive_with(token) == []
