@@ -54,13 +54,14 @@ import torch
 from torch import nn
 
 from speedlib._checkpoint_args import ModuleTensors, explicit_params, open_partial, owner, torch_options, two_contexts
+from speedlib._checkpoint_batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d, convert_batchnorm, in_backward
 
 # Three parts live in private modules, each readable on its own: the flattening of a segment's
 # arguments and results and the log of its saved tensors (speedlib/_checkpoint_tree.py), and
 # the BatchNorm that counts a step once (_checkpoint_batchnorm.py), and the reading of the
 # caller's arguments as torch's (_checkpoint_args.py). This module keeps the
 # autograd node and stays the technique's one import.
-from speedlib._checkpoint_batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d, convert_batchnorm, in_backward
+from speedlib._checkpoint_hooks import HookLog
 from speedlib._checkpoint_tree import (
     NondeterministicSegmentError,
     _flatten,
@@ -115,6 +116,7 @@ class _Segment:
         self.tensors = tensors  # the owning module's tensors as forward saw them
         self.check_determinism = check_determinism
         self.generators = _GeneratorLog()  # the segment's own generators, filled by the first run
+        self.hooks = HookLog(tensors.module)  # its modules' forward hooks that only observe
         self.out_spec: Any = None
         self.out_leaves: list[Any] = []  # the first run's flat result, tensors replaced by _TENSOR
         self.out_meta: list[tuple[Any, ...]] = []  # the first run's output shapes, dtypes, devices
@@ -191,6 +193,8 @@ def _first_run(ctx, segment: _Segment, leaves: tuple[Any, ...], record: bool, wi
     with segment.forward_context, contextlib.ExitStack() as stack:
         if will_rerun and ctx.preserve_rng:  # a rerun will come: log the generators it must replay
             stack.enter_context(segment.generators)
+        if will_rerun:
+            stack.enter_context(segment.hooks.watching())
         return _first_run_logged(ctx, segment, leaves, record)
 
 
@@ -311,6 +315,7 @@ def _rerun(ctx, create_graph: bool) -> tuple[list[Any], list[torch.Tensor], _Gat
         with torch.enable_grad(), contextlib.ExitStack() as stack:
             stack.enter_context(segment.recompute_context)
             stack.enter_context(segment.tensors.restored())
+            stack.enter_context(segment.hooks.quiet())
             for device_type, enabled, dtype in ctx.autocast:  # re-enter the first run's autocast state
                 stack.enter_context(torch.autocast(device_type, enabled=enabled, dtype=dtype))
             if torch.get_default_device() != ctx.default_device:
