@@ -349,7 +349,10 @@ def test_adam_is_sparse_adam_whose_eps_is_scaled_by_the_bias_correction():
     after). With gradients ~1e-8 plain SparseAdam differs visibly; the rescaled one does not."""
     w, eps, beta2, lr = _reference(ROWS, DIM), 1e-8, 0.999, 0.05
     batches = _batches()
-    tiny = lambda out, target: _loss(out, target) * 1e-8  # noqa: E731 - gradients ~1e-8, near eps
+
+    def tiny(out, target):
+        return _loss(out, target) * 1e-8  # gradients ~1e-8, near eps
+
     ref = nn.Embedding(ROWS, DIM, sparse=True, _weight=w.clone())
     plain = nn.Embedding(ROWS, DIM, sparse=True, _weight=w.clone())
     ref_opt = torch.optim.SparseAdam(ref.parameters(), lr=lr, eps=eps)
