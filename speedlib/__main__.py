@@ -8,7 +8,7 @@ import sys
 
 
 def main() -> int:
-    from speedbench.cli.parser import main as cli_main  # noqa: PLC0415  (the harness, only when run)
+    from speedbench.cli.parser import main as cli_main  # noqa: PLC0415 - the harness, only when the command runs
 
     return cli_main()
 

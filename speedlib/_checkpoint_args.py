@@ -4,9 +4,10 @@ torch's keywords (`use_reentrant`, `context_fn`, `determinism_check`, `debug`) a
 refused by name, never passed on to the function; `functools.partial` is opened so the
 tensors it holds become tracked arguments; the segment's parameters are found on the module a
 function belongs to (the module itself, a bound method of it, a partial over either: what
-Hugging Face models pass, bound or with the module as first argument); and that module's tensors as seen in forward are kept, so the
-rerun in backward uses them even outside a `torch.func.functional_call`. These need no
-autograd node, so they live apart from speedlib/checkpoint.py's.
+Hugging Face models pass, bound or with the module as first argument); and that module's
+tensors as seen in forward are kept, so the rerun in backward uses them even outside a
+`torch.func.functional_call`. These need no autograd node, so they live apart from
+speedlib/checkpoint.py's.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ def explicit_params(module: nn.Module | None, params: Any) -> tuple[torch.Tensor
 
 
 def _tensors_of(module: nn.Module) -> dict[str, torch.Tensor]:
-    return {**dict(module.named_parameters(remove_duplicate=False)), **dict(module.named_buffers(remove_duplicate=False))}
+    return {**dict(module.named_parameters(remove_duplicate=False)),
+            **dict(module.named_buffers(remove_duplicate=False))}
 
 
 class ModuleTensors:

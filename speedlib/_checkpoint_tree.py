@@ -62,7 +62,7 @@ def _unflatten(leaves: list[Any], spec: Any) -> Any:
             continue
         cls, names, sub_spec, n = node
         obj = cls.__new__(cls)
-        for name, value in zip(names, _unflatten(leaves[pos:pos + n], sub_spec)):
+        for name, value in zip(names, _unflatten(leaves[pos:pos + n], sub_spec), strict=True):
             object.__setattr__(obj, name, value)
         items.append(obj)
         pos += n
@@ -122,7 +122,7 @@ class _SavedLog:
         if len(first) != len(self.meta):
             raise _nondeterministic(f"a different number of tensors was saved during the original forward and "
                                     f"recomputation ({len(first)} in forward, {len(self.meta)} in the rerun)")
-        for i, (a, b) in enumerate(zip(first, self.meta) if metadata else ()):
+        for i, (a, b) in enumerate(zip(first, self.meta, strict=True) if metadata else ()):
             if a != b:
                 raise _nondeterministic(f"saved tensor {i} had shape, dtype and device {a} in forward and {b} "
                                         "in the rerun")

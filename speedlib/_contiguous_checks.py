@@ -31,7 +31,7 @@ def _dense_strides(p: torch.Tensor) -> tuple[int, ...]:
     Keeping them means a channels_last model stays channels_last once wrapped.
     """
     expected = 1
-    for size, stride in sorted(zip(p.shape, p.stride()), key=lambda d: d[1]):
+    for size, stride in sorted(zip(p.shape, p.stride(), strict=True), key=lambda d: d[1]):
         if size == 1:
             continue
         if stride != expected:
@@ -123,7 +123,7 @@ def _byte_span(p: torch.Tensor) -> tuple[int, int] | None:
     """[first, end) addresses of the bytes p can reach; None for a tensor without memory."""
     if p.numel() == 0 or p.device.type == "meta":
         return None
-    last = sum((n - 1) * s for n, s in zip(p.shape, p.stride()))  # strides are never negative
+    last = sum((n - 1) * s for n, s in zip(p.shape, p.stride(), strict=True))  # strides are never negative
     return p.data_ptr(), p.data_ptr() + (last + 1) * p.element_size()
 
 

@@ -43,7 +43,8 @@ class _RankSync:
         dist = torch.distributed
         comm, world, dim = self._comm_device(), dist.get_world_size(group), self.embedding_dim
         w = self._rows_weight
-        rows = self._rows.to(comm, torch.int64) if self._rows is not None else torch.empty(0, dtype=torch.int64, device=comm)
+        rows = (self._rows.to(comm, torch.int64) if self._rows is not None
+                else torch.empty(0, dtype=torch.int64, device=comm))
         grad = w.grad.to(comm) if w.grad is not None else torch.zeros(0, dim, dtype=w.dtype, device=comm)
         # all_gather needs one size on every rank: share the counts, pad to the largest.
         counts = [torch.zeros(1, dtype=torch.int64, device=comm) for _ in range(world)]
@@ -60,11 +61,11 @@ class _RankSync:
         all_grads = [torch.empty_like(grad) for _ in range(world)]
         dist.all_gather(all_rows, rows, group=group)
         dist.all_gather(all_grads, grad, group=group)
-        all_rows = [r[:n] for r, n in zip(all_rows, counts)]
+        all_rows = [r[:n] for r, n in zip(all_rows, counts, strict=True)]
         union, where = torch.unique(torch.cat(all_rows), sorted=True, return_inverse=True)
         summed = torch.zeros(union.numel(), dim, dtype=grad.dtype, device=comm)
         start = 0
-        for r, g in zip(all_rows, all_grads):  # rank by rank, in the same order on every rank
+        for r, g in zip(all_rows, all_grads, strict=True):  # rank by rank, in the same order on every rank
             summed.index_add_(0, where[start:start + r.numel()], g[:r.numel()])
             start += r.numel()
         summed.div_(world)

@@ -139,9 +139,10 @@ class HostEmbedding(_RankSync, nn.Module):
     and gradients, sums them by row, divides by the world size like DDP's averaging, and
     every rank applies the same update to the union of rows: one process on the global
     batch, when the loss is a mean over the local batch. Construction, step() and
-    touched_rows() are collectives then: call them on every rank. Gloo communicates CPU tensors, NCCL CUDA tensors. An embedding built before
-    init_process_group refuses to step on more than one rank; pass a single-rank group
-    (`dist.new_group([rank])`) to train each rank's table on its own.
+    touched_rows() are collectives then: call them on every rank. Gloo communicates CPU
+    tensors, NCCL CUDA tensors. An embedding built before init_process_group refuses to step
+    on more than one rank; pass a single-rank group (`dist.new_group([rank])`) to train each
+    rank's table on its own.
 
     Memory-mapped tables: train a `HostTable.from_file` table (or pass a `.npy` path or
     `numpy.memmap` to `from_pretrained`) and its rows are updated in the file. Optimizer
@@ -161,17 +162,20 @@ class HostEmbedding(_RankSync, nn.Module):
 
     def __init__(self, num_embeddings: int, embedding_dim: int,
                  optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None,
-                 *, backend: str | None = None, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                 weight: torch.Tensor | HostTable | None = None, padding_idx: int | None = None, freeze: bool = False,
+                 *, backend: str | None = None, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None, weight: torch.Tensor | HostTable | None = None,
+                 padding_idx: int | None = None, freeze: bool = False,
                  process_group=None, max_norm: float | None = None, norm_type: float = 2.0,
                  scale_grad_by_freq: bool = False, sparse: bool | None = None):
         super().__init__()
         self._check_embedding_options(max_norm, sparse)
         if optimizer is None:
             if not freeze:
-                raise ValueError("optimizer=None is for frozen embeddings only (freeze=True): training needs an optimizer")
+                raise ValueError("optimizer=None is for frozen embeddings only (freeze=True): "
+                                 "training needs an optimizer")
         elif not callable(optimizer):
-            raise TypeError("optimizer must be a callable taking a list of tensors, e.g. functools.partial(torch.optim.Adam, lr=1e-3)")
+            raise TypeError("optimizer must be a callable taking a list of tensors, "
+                            "e.g. functools.partial(torch.optim.Adam, lr=1e-3)")
         pad = self._padding_index(padding_idx, num_embeddings)
         if isinstance(weight, HostTable):
             if (backend, device, dtype) != (None, None, None):
@@ -249,7 +253,7 @@ class HostEmbedding(_RankSync, nn.Module):
         or 'pinned'; a path opens read-only when frozen, read-write otherwise).
         The padding row keeps its pretrained value, as in nn.Embedding.
         """
-        import numpy as np  # noqa: PLC0415 - torch needs it for from_numpy anyway
+        import numpy as np  # noqa: PLC0415 - speedlib needs torch alone: the module must import without NumPy
 
         if isinstance(embeddings, (str, os.PathLike, np.memmap)):
             embeddings = HostTable.from_file(embeddings, mode="r" if freeze else "r+", backend=backend or "auto",
@@ -278,7 +282,8 @@ class HostEmbedding(_RankSync, nn.Module):
                              "SparseAdam), since a dense update would move the whole table to the device every "
                              "step: leave sparse unset or pass sparse=True")
         if max_norm is not None and not (isinstance(max_norm, (int, float)) and max_norm > 0):
-            raise ValueError(f"max_norm must be positive (rows with a larger norm are scaled down to it), got {max_norm!r}")
+            raise ValueError(f"max_norm must be positive (rows with a larger norm are scaled down to it), "
+                             f"got {max_norm!r}")
 
     @staticmethod
     def _padding_index(padding_idx, rows: int) -> int | None:
@@ -287,7 +292,8 @@ class HostEmbedding(_RankSync, nn.Module):
         if not isinstance(padding_idx, int) or isinstance(padding_idx, bool):
             raise TypeError(f"padding_idx must be an int or None, got {padding_idx!r}")
         if not -rows <= padding_idx < rows:
-            raise ValueError(f"padding_idx must be within num_embeddings: -{rows} <= padding_idx < {rows}, got {padding_idx}")
+            raise ValueError(f"padding_idx must be within num_embeddings: -{rows} <= padding_idx < {rows}, "
+                             f"got {padding_idx}")
         return padding_idx % rows  # negative counts from the end, as in nn.Embedding
 
     def _init_normal(self, chunk: int = 1 << 20) -> None:
@@ -545,8 +551,9 @@ class HostEmbedding(_RankSync, nn.Module):
         group = self.optimizer.param_groups[0]
         opt = type(self.optimizer)([probe], **{k: v for k, v in group.items() if k in accepted and k != "params"})
         opt.step()
-        table = HostTable(*self.table.shape, dtype=self.table.dtype, backend=self.table.backend, device=self.table.device,
-                          **self.table.options)  # the weight's sort order: state moves as rows do
+        # the weight's sort order: state moves as rows do
+        table = HostTable(*self.table.shape, dtype=self.table.dtype, backend=self.table.backend,
+                          device=self.table.device, **self.table.options)
         initial = opt.state[probe].get(key)
         if isinstance(initial, torch.Tensor) and initial.any():
             table.fill_(initial.detach())
@@ -571,7 +578,8 @@ class HostEmbedding(_RankSync, nn.Module):
             raise ValueError("this HostEmbedding has no optimizer (frozen): there is no optimizer state to load")
         self._set_optimizer_state(dict(state))
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
         mine = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
         if "weight" not in mine:
             missing_keys.append(prefix + "weight")
@@ -598,9 +606,11 @@ class HostEmbedding(_RankSync, nn.Module):
         self._state_tables, state = {}, {}
         for key, value in {**self._fresh_state, **loaded}.items():
             if isinstance(value, torch.Tensor) and tuple(value.shape) == self.table.shape:
-                self._state_tables[key] = HostTable.from_tensor(value, backend=self.table.backend, device=self.table.device)
+                self._state_tables[key] = HostTable.from_tensor(value, backend=self.table.backend,
+                                                                device=self.table.device)
                 value = value.new_empty(0, self.embedding_dim).to(self.table.device)
-            elif isinstance(value, torch.Tensor) and tuple(value.shape) == (0, self.embedding_dim):  # fresh per-row state
+            elif isinstance(value, torch.Tensor) and tuple(value.shape) == (0, self.embedding_dim):
+                # fresh per-row state
                 self._state_tables[key] = self._new_state_table(key)
             state[key] = value.clone() if isinstance(value, torch.Tensor) else value
         if state:

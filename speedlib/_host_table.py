@@ -87,8 +87,8 @@ class HostTable:
         if dev.type == "cuda" and not torch.cuda.is_available():
             # Here, not at the first gather: a 'pageable' table would otherwise be built and
             # fail later with torch's own message about the CUDA build.
-            raise RuntimeError(f"backend {backend!r} needs CUDA, and torch sees no CUDA device"
-                               + (": use device='cpu' for a table on this machine" if backend in ("pageable", "auto") else ""))
+            hint = ": use device='cpu' for a table on this machine" if backend in ("pageable", "auto") else ""
+            raise RuntimeError(f"backend {backend!r} needs CUDA, and torch sees no CUDA device" + hint)
         if dev.type == "cuda" and dev.index is None:
             # 'cuda' and 'cuda:0' are the same device but compare unequal: name the index, so
             # that indices and values made on the current device pass the device check.
@@ -265,7 +265,8 @@ class HostTable:
             try:
                 idx = torch.as_tensor(indices)
             except (TypeError, ValueError, RuntimeError) as e:
-                raise TypeError(f"indices must be a tensor or a list of ints, got {type(indices).__name__}: {e}") from None
+                raise TypeError(f"indices must be a tensor or a list of ints, "
+                                f"got {type(indices).__name__}: {e}") from None
             if idx.numel() == 0:
                 # torch reads an empty list as float32, which would be refused below with a
                 # message about the dtype: name the actual problem.
@@ -276,7 +277,8 @@ class HostTable:
                     if idx.is_floating_point() else "")
             raise TypeError(f"indices must be int32 or int64, got {idx.dtype}{hint}")
         if idx.device.type != "cpu" and idx.device != self.device:
-            raise ValueError(f"indices are on {idx.device}; a table on {self.device} takes CPU or {self.device} indices")
+            raise ValueError(f"indices are on {idx.device}; "
+                             f"a table on {self.device} takes CPU or {self.device} indices")
         if idx.numel():
             # One synchronisation, so that a bad index is an IndexError here rather than a
             # device-side assert that would poison the CUDA context.
@@ -304,7 +306,8 @@ class HostTable:
             raise ValueError(f"values for indices of shape {tuple(idx.shape)} must have shape "
                              f"{(*idx.shape, self.shape[1])}, got {tuple(values.shape)}")
         if values.device.type != "cpu" and values.device != self.device:
-            raise ValueError(f"values are on {values.device}; a table on {self.device} takes CPU or {self.device} values")
+            raise ValueError(f"values are on {values.device}; "
+                             f"a table on {self.device} takes CPU or {self.device} values")
         self._check_writable()
         flat = values.reshape(-1, self.shape[1])
         rows, flat = last_write_wins(idx.reshape(-1).to(flat.device), flat)

@@ -180,7 +180,7 @@ class _Uva:
 def _import_cupy():
     try:
         import cupy  # noqa: PLC0415 - optional and heavy
-        import cupyx  # noqa: PLC0415
+        import cupyx  # noqa: PLC0415 - optional and heavy, as cupy
     except ImportError as e:
         raise ImportError("the 'cupy' backend needs CuPy: pip install 'speedlib[cupy]'") from e
     return cupy, cupyx
@@ -209,7 +209,7 @@ class _Cupy:
         global _cupy
         cupy, cupyx = _import_cupy()
         _cupy = cupy
-        import numpy  # noqa: PLC0415
+        import numpy  # noqa: PLC0415 - speedlib needs torch alone: the module imports without NumPy; CuPy brings it
 
         self.cupy, self.device = cupy, device
         self._numpy = {torch.float16: numpy.float16, torch.float32: numpy.float32, torch.float64: numpy.float64,

@@ -43,7 +43,7 @@ def build():
     """The Triton kernel, decorated now (so the interpreter is chosen by the environment of
     this call). Raises ImportError without Triton."""
     import triton  # noqa: PLC0415 - optional: CPU-only torch builds have no Triton
-    import triton.language as tl  # noqa: PLC0415
+    import triton.language as tl  # noqa: PLC0415 - optional, as triton
 
     @triton.jit
     def copy_rows_kernel(src, src_rows, dst, dst_rows, n, words,

@@ -104,7 +104,8 @@ class Precision:
             self.scaler.update()
 
     def step(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-             loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+             loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x: torch.Tensor,
+             y: torch.Tensor) -> torch.Tensor:
         """zero_grad (set to None), forward + loss under `context()`, backward, step. Returns the loss, detached."""
         optimizer.zero_grad(set_to_none=True)
         with self.context():
@@ -155,7 +156,8 @@ def pad_linear(linear: nn.Linear, multiple: int = 8) -> nn.Linear:
     slice: the logits of a vocabulary of 50257 become a 50264-wide matmul Tensor Cores like.
     """
     out_f, in_f = pad_to_multiple(linear.out_features, multiple), pad_to_multiple(linear.in_features, multiple)
-    padded = nn.Linear(in_f, out_f, bias=linear.bias is not None, device=linear.weight.device, dtype=linear.weight.dtype)
+    padded = nn.Linear(in_f, out_f, bias=linear.bias is not None, device=linear.weight.device,
+                       dtype=linear.weight.dtype)
     with torch.no_grad():
         padded.weight.zero_()
         padded.weight[: linear.out_features, : linear.in_features] = linear.weight

@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from speedlib._checkpoint_args import ModuleTensors, explicit_params, open_partial, owner, torch_options, two_contexts
@@ -73,8 +74,8 @@ from speedlib._checkpoint_tree import (
 )
 
 __all__ = ["checkpoint", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "convert_batchnorm",
-           "in_backward", "ForgottenParameterError", "NondeterministicSegmentError", "SEGMENT_VARIANTS", "run_segment", "CheckpointedSequential",
-           "checkpoint_sequential"]
+           "in_backward", "ForgottenParameterError", "NondeterministicSegmentError", "SEGMENT_VARIANTS", "run_segment",
+           "CheckpointedSequential", "checkpoint_sequential"]
 
 
 class ForgottenParameterError(RuntimeError):
@@ -135,11 +136,12 @@ class _Segment:
         shape = [self._TENSOR if torch.is_tensor(o) else o for o in flat]
         if self.out_spec is None:  # the first run fixes the structure (no tensor at all is fine: no rerun)
             self.out_spec, self.out_leaves, self.out_meta = spec, shape, [_meta(t) for t in tensors]
-        elif spec != self.out_spec or [o is self._TENSOR for o in shape] != [o is self._TENSOR for o in self.out_leaves]:
+        elif (spec != self.out_spec
+              or [o is self._TENSOR for o in shape] != [o is self._TENSOR for o in self.out_leaves]):
             raise RuntimeError("speedlib.checkpoint: the rerun in backward returned a different structure than "
                                "the first run; a checkpointed function must return the same structure each time")
         else:
-            for i, (a, t) in enumerate(zip(self.out_meta, tensors)):
+            for i, (a, t) in enumerate(zip(self.out_meta, tensors, strict=True)):
                 if a != _meta(t):
                     raise _nondeterministic(f"output {i} had shape, dtype and device {a} in forward and "
                                             f"{_meta(t)} in the rerun")
@@ -180,7 +182,7 @@ class _Bridge(torch.autograd.Function):
 
 def _set_rng(ctx) -> None:
     torch.set_rng_state(ctx.cpu_rng)
-    for dev, state in zip(ctx.cuda_devices, ctx.cuda_rng):
+    for dev, state in zip(ctx.cuda_devices, ctx.cuda_rng, strict=True):
         torch.cuda.set_rng_state(state, dev)
 
 
@@ -226,7 +228,7 @@ def _first_run_logged(ctx, segment: _Segment, leaves: tuple[Any, ...], record: b
 
 def _fresh(leaves: Any, input_grad: list[bool]) -> list[Any]:
     """The first run's arguments: tensors needing a gradient as new leaves, so its graph stops there."""
-    return [t.detach().requires_grad_() if g else t for t, g in zip(leaves, input_grad)]
+    return [t.detach().requires_grad_() if g else t for t, g in zip(leaves, input_grad, strict=True)]
 
 
 def _edges_below(t: torch.Tensor) -> set[tuple[Any, int]]:
@@ -291,7 +293,7 @@ def _rerun(ctx, create_graph: bool) -> tuple[list[Any], list[torch.Tensor], _Gat
     """Rerun the segment as in forward (RNG, autocast); return its leaves and outputs."""
     gate = _Gate()
     leaves = list(ctx.others)
-    for i, t in zip(ctx.tensor_at, ctx.saved_tensors):
+    for i, t in zip(ctx.tensor_at, ctx.saved_tensors, strict=True):
         if create_graph and ctx.input_grad[i]:
             # A bridge per position: autograd.grad then reports each position's own
             # gradient even when one tensor is passed twice (a leaf listed twice would
@@ -380,7 +382,7 @@ class _Checkpoint(torch.autograd.Function):
         leaves, outputs, gate = _rerun(ctx, create_graph)
         params = ctx.params
         wrt = [leaves[i] for i in ctx.tensor_at if ctx.input_grad[i]] + [p for p in params if p.requires_grad]
-        pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if o.requires_grad and g is not None]
+        pairs = [(o, g) for o, g in zip(outputs, grad_outputs, strict=True) if o.requires_grad and g is not None]
         if ctx.check_params and pairs:
             _check_no_forgotten(ctx.segment.names, [o for o, _ in pairs], wrt)
         gate.closed = True
@@ -450,7 +452,7 @@ class _Link(torch.autograd.Function):
         if not node_runs:
             return (None, None, None, None, None, *grads)
         sent = ctx.checkpoint_ctx.sent
-        for i, g in zip(ctx.deps, grads):
+        for i, g in zip(ctx.deps, grads, strict=True):
             if g is not None:
                 sent[i] = g if sent.get(i) is None else sent[i] + g
         return (None, None, None, None, grad, *grads)
@@ -464,7 +466,7 @@ def _minus_sent(ctx, grad_outputs: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def _check_inputs_unchanged(before: list[int], tensors: list[torch.Tensor], positions: list[int]) -> None:
     """A segment must not change its arguments in place: the rerun would change them again, from the changed value."""
-    for i, (version, t) in enumerate(zip(before, tensors)):
+    for i, (version, t) in enumerate(zip(before, tensors, strict=True)):
         if t._version != version:
             raise RuntimeError(
                 f"speedlib.checkpoint: the segment modified its tensor argument {positions[i]} (counting every tensor "
@@ -500,7 +502,8 @@ def _check_no_forgotten(names: dict[int, str], outputs: list[torch.Tensor], know
     known tensors, so it never leaves the segment unless something was forgotten.
     """
     known_leaves = {id(t) for t in known if t.grad_fn is None}
-    known_nodes = {t.grad_fn for t in known if t.grad_fn is not None}  # aliases, non-leaf params (DataParallel replicas)
+    # aliases, non-leaf params (DataParallel replicas)
+    known_nodes = {t.grad_fn for t in known if t.grad_fn is not None}
     # An output may be a leaf itself (a closed-over parameter returned unchanged): it has no node to walk from.
     stack: list[Any] = [o.grad_fn if o.grad_fn is not None else o for o in outputs]
     seen = set()
@@ -566,7 +569,8 @@ def checkpoint(function: Callable[..., Any], *args: Any, use_reentrant: bool | N
                                    preserve_rng_state=preserve_rng_state, check_params=check_params, **kwargs)
     contexts = two_contexts(torch_options(use_reentrant, context_fn, determinism_check, debug))
     if not callable(function):
-        raise TypeError(f"speedlib.checkpoint: the function to checkpoint must be callable, got {type(function).__name__}")
+        raise TypeError(f"speedlib.checkpoint: the function to checkpoint must be callable, "
+                        f"got {type(function).__name__}")
     function, args, kwargs = open_partial(function, args, kwargs)
     module = owner(function, args)
     params = explicit_params(module, params)
@@ -631,9 +635,7 @@ def run_segment(variant: str, function: Callable[..., Any], *inputs: Any, params
     if variant == "speedlib":
         return checkpoint(function, *inputs, params=params)
     if variant in ("reentrant", "non_reentrant"):
-        from torch.utils.checkpoint import checkpoint as torch_checkpoint  # noqa: PLC0415
-
-        return torch_checkpoint(function, *inputs, use_reentrant=variant == "reentrant")
+        return torch.utils.checkpoint.checkpoint(function, *inputs, use_reentrant=variant == "reentrant")
     raise ValueError(f"unknown segment checkpoint variant {variant!r}; expected one of {SEGMENT_VARIANTS}")
 
 
@@ -648,7 +650,5 @@ class CheckpointedSequential(nn.Sequential):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if self.checkpoint_variant != "sequential" or not torch.is_grad_enabled():
             return super().forward(input)
-        from torch.utils.checkpoint import checkpoint_sequential  # noqa: PLC0415
-
         segments = max(1, math.ceil(math.sqrt(len(self))))
-        return checkpoint_sequential(self, segments, input, use_reentrant=False)
+        return torch.utils.checkpoint.checkpoint_sequential(self, segments, input, use_reentrant=False)

@@ -90,9 +90,9 @@ from torch import nn
 # optimizer and gradient hooks with their weak tables (_contiguous_hooks.py); the type all
 # three share, FlatParameter, is below them (_flat_parameter.py). This module keeps the
 # buffers and stays the technique's one import.
-from speedlib._contiguous_checks import (  # noqa: F401
+from speedlib._contiguous_checks import (
     ALIGN_BYTES,
-    MAX_ALIGN_BYTES,
+    MAX_ALIGN_BYTES,  # noqa: F401 - align_bytes' upper limit, public beside ALIGN_BYTES on the technique's one import
     _check_align_bytes,
     _check_parameter,
     _dense_strides,
@@ -159,7 +159,7 @@ class ContiguousParams:
             tensors, group_names = _split_names(
                 group["params"], f"parameter group {gi}" if self._grouped else "the parameter list")
             trainable = []
-            for pi, (p, name) in enumerate(zip(tensors, group_names)):
+            for pi, (p, name) in enumerate(zip(tensors, group_names, strict=True)):
                 where = f"parameter {name!r}" if name else f"parameter {pi} of group {gi}"
                 _check_parameter(p, where)
                 if id(p) in seen:
@@ -249,7 +249,7 @@ class ContiguousParams:
         """What to give the optimizer and clip_grad_norm_: flat tensors (or group dicts)."""
         if not self._grouped:
             return list(self._flat_groups[0])
-        return [{**g, "params": list(f)} for g, f in zip(self._groups, self._flat_groups)]
+        return [{**g, "params": list(f)} for g, f in zip(self._groups, self._flat_groups, strict=True)]
 
     def flat_parameters(self) -> list[FlatParameter]:
         """Every flat tensor, ungrouped: what clip_grad_norm_ takes when groups were given."""
@@ -365,7 +365,8 @@ class ContiguousParams:
             return (
                 f"the .grad of {len(graph_grad)} wrapped parameters was replaced by a tensor that is "
                 f"part of the autograd graph (first: {self._name(graph_grad[0])}): "
-                "backward(create_graph=True) builds gradients as new graph-connected tensors instead of accumulating in place, so "
+                "backward(create_graph=True) builds gradients as new graph-connected tensors instead of "
+                "accumulating in place, so "
                 "they cannot live in the flat gradient buffer. For a gradient penalty, take the "
                 "gradients with torch.autograd.grad(..., create_graph=True) and call backward() without "
                 "create_graph; an optimizer that needs graph-connected gradients (a Hessian-based one) "
@@ -391,7 +392,7 @@ class ContiguousParams:
         else:
             return None
         first, count = None, 0
-        for p, label in zip(self._frozen_params, self._frozen_labels):
+        for p, label in zip(self._frozen_params, self._frozen_labels, strict=True):
             if p.requires_grad and _FROZEN_IN.get(p) is self._ref:  # not taken over by a newer wrapper
                 count += 1
                 if first is None:

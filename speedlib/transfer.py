@@ -32,12 +32,12 @@ moves rows between it and `device`:
 
 `gather(indices)` returns a tensor on `device` shaped `indices.shape + (dim,)`, ordered on
 the current CUDA stream like any other kernel's output. `scatter_(indices, values)` writes
-rows back (and returns once they are in the table). **Duplicate indices: the last occurrence wins**, as in Python and NumPy
-assignment; `index_copy_` alone leaves the winner unspecified on both CPU and GPU, so every
-backend first makes duplicates carry the same row (`last_write_wins`). Bad input fails
-before anything is written: out-of-range indices raise `IndexError`, non-integer indices or
-values of another dtype `TypeError`, a shape or device mismatch `ValueError`. Indices may be
-int32 or int64 everywhere.
+rows back (and returns once they are in the table). **Duplicate indices: the last occurrence
+wins**, as in Python and NumPy assignment; `index_copy_` alone leaves the winner unspecified
+on both CPU and GPU, so every backend first makes duplicates carry the same row
+(`last_write_wins`). Bad input fails before anything is written: out-of-range indices raise
+`IndexError`, non-integer indices or values of another dtype `TypeError`, a shape or device
+mismatch `ValueError`. Indices may be int32 or int64 everywhere.
 
 `HostTable.from_file(path)` maps a 2-D `.npy` file instead of allocating (the 'auto',
 'pageable' and 'pinned' backends, which index on the CPU): a table larger than RAM, as

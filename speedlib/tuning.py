@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from itertools import pairwise
 
 import torch
 from torch import nn
@@ -57,7 +59,7 @@ _STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
 
 
 def _encode_jpeg(img: torch.Tensor) -> bytes:
-    from PIL import Image  # noqa: PLC0415  (Pillow comes with torchvision)
+    from PIL import Image  # noqa: PLC0415 - optional (speedlib needs torch alone); Pillow comes with torchvision
 
     buf = io.BytesIO()
     Image.fromarray(img.permute(1, 2, 0).numpy()).save(buf, format="JPEG", quality=90)
@@ -66,8 +68,8 @@ def _encode_jpeg(img: torch.Tensor) -> bytes:
 
 def _decode_jpeg(data: bytes) -> torch.Tensor:
     """JPEG bytes -> uint8 (3, H, W), through Pillow as torchvision's ImageFolder does."""
-    from PIL import Image  # noqa: PLC0415
-    from torchvision.transforms.v2 import functional as F  # noqa: PLC0415
+    from PIL import Image  # noqa: PLC0415 - optional (speedlib needs torch alone); Pillow comes with torchvision
+    from torchvision.transforms.v2 import functional as F  # noqa: PLC0415 - optional, and heavy to import
 
     with Image.open(io.BytesIO(data)) as img:
         return F.pil_to_tensor(img.convert("RGB"))
@@ -99,7 +101,7 @@ class SyntheticImages(torch.utils.data.Dataset):
         return self.length
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        from torchvision.transforms.v2 import functional as F  # noqa: PLC0415  (heavy; only this needs it)
+        from torchvision.transforms.v2 import functional as F  # noqa: PLC0415 - optional, and heavy to import
 
         if not 0 <= index < self.length:
             raise IndexError(f"index {index} out of range for {self.length} images")
@@ -158,10 +160,10 @@ def _conv_norm_pairs(model: nn.Module) -> list[tuple[str, str]]:
     modules = dict(model.named_modules())
     try:
         graph = torch.fx.symbolic_trace(model).graph
-    except Exception:  # fx raises several types (TraceError, TypeError, ...) for untraceable code
+    except Exception:  # noqa: BLE001 - tracing runs the model's own forward on proxies, which can raise anything
         return [(f"{name}.{a}".lstrip("."), f"{name}.{b}".lstrip("."))
                 for name, m in model.named_modules() if isinstance(m, nn.Sequential)
-                for (a, conv), (b, norm) in zip(m.named_children(), list(m.named_children())[1:])
+                for (a, conv), (b, norm) in pairwise(m.named_children())
                 if isinstance(conv, _CONVS) and isinstance(norm, nn.modules.batchnorm._BatchNorm)]
     calls = Counter(n.target for n in graph.nodes if n.op == "call_module")
     pairs = []
@@ -224,8 +226,6 @@ def pointwise(variant: str = "off") -> Callable[[torch.Tensor], torch.Tensor]:
     if variant == "off":
         return gelu
     if variant == "torchscript":
-        import warnings  # noqa: PLC0415
-
         with warnings.catch_warnings():  # measured on purpose: the guide recommends it
             warnings.filterwarnings("ignore", message=".*torch.jit.script.*deprecated", category=DeprecationWarning)
             warnings.filterwarnings("ignore", message=".*torch.jit.script.*deprecated", category=FutureWarning)
@@ -280,7 +280,8 @@ class RunningLoss:
         self.correct: int | torch.Tensor = 0
         self.samples = 0
 
-    def update(self, loss: torch.Tensor, logits: torch.Tensor | None = None, target: torch.Tensor | None = None) -> None:
+    def update(self, loss: torch.Tensor, logits: torch.Tensor | None = None,
+               target: torch.Tensor | None = None) -> None:
         hits = None if logits is None else (logits.argmax(dim=1) == target).sum()
         if self.mode == "item":
             self.total += loss.item()
@@ -345,7 +346,7 @@ def accumulation_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_f
     if micro_batches < 1 or micro_batches > x.shape[0]:
         raise ValueError(f"micro_batches must be in 1..{x.shape[0]} (the batch size), got {micro_batches}")
     optimizer.zero_grad(set_to_none=True)
-    chunks = list(zip(x.tensor_split(micro_batches), y.tensor_split(micro_batches)))
+    chunks = list(zip(x.tensor_split(micro_batches), y.tensor_split(micro_batches), strict=True))
     total = x.new_zeros((), dtype=torch.float32)
     for i, (xc, yc) in enumerate(chunks):
         last = i == len(chunks) - 1

@@ -53,8 +53,8 @@ def train(model, optimizer, clip_params=None, data=None, zero=lambda opt: opt.ze
 
 
 def assert_same_params(a: nn.Module, b: nn.Module, atol=1e-6, rtol=1e-5):
-    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
-        torch.testing.assert_close(pa, pb, atol=atol, rtol=rtol, msg=lambda m: f"{name}: {m}")
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(pa, pb, atol=atol, rtol=rtol, msg=lambda m, name=name: f"{name}: {m}")
 
 
 OPTIMIZERS = {

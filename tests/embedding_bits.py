@@ -21,7 +21,8 @@ def _batches(steps=5, coverage="partial", seed=0):
     out = []
     for _ in range(steps):
         if coverage == "full":
-            idx = torch.cat([torch.randperm(ROWS, generator=gen), torch.randint(0, ROWS, (8,), generator=gen)]).reshape(-1, 4)
+            idx = torch.cat([torch.randperm(ROWS, generator=gen),
+                             torch.randint(0, ROWS, (8,), generator=gen)]).reshape(-1, 4)
         else:
             idx = torch.randint(0, ROWS // 2, (6, 4), generator=gen)  # rows >= 20 never touched
         out.append((idx, torch.randn(*idx.shape, DIM, generator=gen)))
@@ -48,8 +49,8 @@ def _train_reference(weight, make_opt, batches, sparse=False, padding_idx=None):
 def _train_host(weight, make_opt, batches, backend="pageable", emb=None, device=None, **kwargs):
     """Train a HostEmbedding built from `weight` (or `emb`, built by the caller) on `batches`."""
     if emb is None:
-        emb = HostEmbedding(ROWS, DIM, make_opt, backend=backend, device=device or _train_device(backend), weight=weight,
-                            **kwargs)
+        emb = HostEmbedding(ROWS, DIM, make_opt, backend=backend, device=device or _train_device(backend),
+                            weight=weight, **kwargs)
     outs = []
     for idx, target in batches:
         out = emb(idx)
@@ -68,5 +69,8 @@ def _with_padding(batches, pad):
     return out
 
 
-def _host(weight=None, make=functools.partial(torch.optim.SGD, lr=0.1), backend="pageable", **kwargs):
+_SGD = functools.partial(torch.optim.SGD, lr=0.1)
+
+
+def _host(weight=None, make=_SGD, backend="pageable", **kwargs):
     return HostEmbedding(ROWS, DIM, make, backend=backend, device=_train_device(backend), weight=weight, **kwargs)

@@ -9,6 +9,7 @@ accounting: ProctrackType=proctrack/linuxproc, TaskPlugin=task/none.
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -186,6 +187,4 @@ class Cluster:
 
 
 def _user() -> str:
-    import pwd  # noqa: PLC0415
-
     return pwd.getpwuid(os.getuid()).pw_name

@@ -43,7 +43,7 @@ def _check_curves(device: str) -> None:
     assert reference[-1] < 0.7 * reference[0], "the fp32 model must actually learn for the comparison to mean anything"
     for policy, tol in TOLERANCE[device].items():
         curve = _loss_curve(policy, device)
-        worst = max(abs(a - b) / abs(b) for a, b in zip(curve, reference))
+        worst = max(abs(a - b) / abs(b) for a, b in zip(curve, reference, strict=True))
         assert worst <= tol, f"{policy}: loss deviates {worst:.2e} from fp32 (tolerance {tol:.0e})"
 
 
@@ -70,11 +70,11 @@ def test_fp16_skips_a_step_with_overflowed_gradients_and_lowers_the_scale():
     before = [p.detach().clone() for p in model.parameters()]
     precision.step(model, opt, lambda out, t: F.mse_loss(out, t) * float("inf"), x, y)
     assert precision.last_step_skipped()
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert precision.scaler.get_scale() == 512.0
     precision.step(model, opt, F.mse_loss, x, y)
     assert not precision.last_step_skipped()
-    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
 def test_fp16_step_equals_unscaled_fp16_autocast_step():
@@ -86,7 +86,7 @@ def test_fp16_step_equals_unscaled_fp16_autocast_step():
         loss = F.mse_loss(ref_model(x), y)
     loss.backward()
     ref_opt.step()
-    for a, b in zip(model.parameters(), ref_model.parameters()):
+    for a, b in zip(model.parameters(), ref_model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
 
@@ -225,7 +225,7 @@ def test_benchmark_skips_what_cannot_run_and_pairs_the_rest(monkeypatch):
     bf16 = steps.track_seconds(cache, "transformer", "bf16")["samples"]
     ratios = steps.track_speedup(cache, "transformer", "bf16")["samples"]
     assert len(fp32) == len(bf16) == len(ratios) == 2 and min(fp32 + bf16) > 0
-    assert ratios == pytest.approx([a / b for a, b in zip(fp32, bf16)])  # per round, never of medians
+    assert ratios == pytest.approx([a / b for a, b in zip(fp32, bf16, strict=True)])  # per round, never of medians
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the CPU behaviour of the benchmark")

@@ -15,16 +15,24 @@ import importlib
 import inspect
 import os
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch.nn.modules.module import _global_parameter_registration_hooks
 from torch.optim.optimizer import _global_optimizer_pre_hooks
 
 import speedlib
+import speedlib.tuning  # before any profile: its import is no variant's code
+from benchmarks import bench_amp, bench_checkpoint, bench_parallel, bench_transfer, bench_tuning
 from speedbench import techniques
+from speedbench.measure import ddp_launch, workloads
+from speedbench.measure.ddp_launch import LIBRARY, Recipe, RunConfig
+from speedlib import _contiguous_hooks
+from speedlib.amp import Precision
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -87,8 +95,6 @@ def one_class_per_process(monkeypatch):
     """As asv measures every class in a process of its own, a test here starts without the
     process-wide hooks an earlier test's ContiguousParams installed (a speedlib variant built
     in the test installs them again, as in its class's process) and ends without its own."""
-    from speedlib import _contiguous_hooks  # noqa: PLC0415
-
     earlier = _speedlib_hooks()
     for registry, key, _ in earlier:
         del registry[key]
@@ -100,6 +106,15 @@ def one_class_per_process(monkeypatch):
         registry[key] = hook
 
 
+def _params_by_name(cls) -> dict[str, list]:
+    """An asv class's parameters, {name: values}; a class with one parameter may list its
+    values flat (bench_tuning.CudnnBenchmark), as asv allows."""
+    names, params = getattr(cls, "param_names", ()), getattr(cls, "params", ())
+    if len(names) == 1 and not all(isinstance(values, (list, tuple)) for values in params):
+        params = [params]
+    return dict(zip(names, params, strict=True))
+
+
 def test_every_baseline_is_a_plain_variant_its_benchmark_declares():
     declared = _declared()
     missing = {p.stem.removeprefix("bench_") for p in (ROOT / "benchmarks").glob("bench_*.py")} - set(declared)
@@ -107,15 +122,15 @@ def test_every_baseline_is_a_plain_variant_its_benchmark_declares():
     for technique, plain in declared.items():
         module = _module(technique)
         classes = [c for c in vars(module).values() if inspect.isclass(c) and c.__module__ == module.__name__]
-        variants = {v for c in classes for n, values in zip(getattr(c, "param_names", ()), getattr(c, "params", ()))
-                    if n == "variant" and isinstance(values, (list, tuple)) for v in values}
+        variants = {v for c in classes for v in _params_by_name(c).get("variant", ())}
         # the report side's list (no torch there) is the benchmark's own, and names besides only
         # variants the module no longer has (kept for old results: Packing's index_select)
         report_side = set(techniques.TECHNIQUES[technique].plain)
         assert set(plain) <= report_side and not (report_side - set(plain)) & variants, technique
         for cls in classes:
             if getattr(cls, "baseline", ""):
-                assert cls.baseline in plain, f"{technique}.{cls.__name__}: baseline {cls.baseline!r} is not plain PyTorch"
+                assert cls.baseline in plain, (f"{technique}.{cls.__name__}: baseline {cls.baseline!r} "
+                                               "is not plain PyTorch")
     for name, t in techniques.TECHNIQUES.items():
         assert set(t.baselines) <= set(t.plain), name
         assert not set(t.former) & set(t.plain), name  # a former baseline is one that was a speedlib path
@@ -184,29 +199,23 @@ def test_plain_variants_run_no_speedlib_code(technique, name, config, monkeypatc
 def test_the_check_sees_speedlib_code_in_a_speedlib_variant():
     """The same check fails where speedlib runs: a speedlib variant's step, and the baseline's
     step of the code before issue 40 (speedlib.amp.Precision("fp32"))."""
-    from benchmarks import bench_amp  # noqa: PLC0415
-    from speedlib.amp import Precision  # noqa: PLC0415
-
     trainer = bench_amp._Trainer("transformer", "bf16")
     assert "amp.py:Precision.step" in speedlib_calls(trainer.step)
     old = bench_amp._Trainer("transformer", "fp32")
     precision = Precision("fp32", "cpu")
-    assert "amp.py:Precision.step" in speedlib_calls(lambda: precision.step(old.model, old.optimizer, old.loss_fn, old.x, old.y))
+    assert "amp.py:Precision.step" in speedlib_calls(
+        lambda: precision.step(old.model, old.optimizer, old.loss_fn, old.x, old.y))
 
 
 @cpu_only
 def test_amps_default_runs_no_speedlib_code_on_cpu():
     """`default` is measured on GPUs only; its step is the same code on a CPU."""
-    from benchmarks import bench_amp  # noqa: PLC0415
-
     assert speedlib_calls(bench_amp._Trainer("transformer", "default").step) == []
 
 
 @cpu_only
 def test_create_on_devices_off_runs_no_speedlib_code():
     """CreateOnDevice runs on GPUs only; its "off" is built by the same function here."""
-    from benchmarks import bench_tuning  # noqa: PLC0415
-
     assert speedlib_calls(bench_tuning._creations(torch.device("cpu"))["off"]) == []
 
 
@@ -214,9 +223,6 @@ def test_create_on_devices_off_runs_no_speedlib_code():
 def test_the_tunings_unpaired_plain_measurements_run_no_speedlib_code():
     """BatchSize's step at PyTorch's defaults, and RetainedGraph's "off" measurement whole
     (speedlib.tuning imported first: its import is no variant's code)."""
-    import speedlib.tuning  # noqa: F401, PLC0415
-    from benchmarks import bench_tuning  # noqa: PLC0415
-
     assert speedlib_calls(bench_tuning._Trainer("batch_size", "defaults", batch=1).step) == []
     retained = {}
     assert speedlib_calls(lambda: retained.update(off=bench_tuning.RetainedGraph().measure_one("off"))) == []
@@ -226,12 +232,6 @@ def test_the_tunings_unpaired_plain_measurements_run_no_speedlib_code():
 def _rank(config, recipe) -> list[str]:
     """speedlib code in one rank's training with `recipe` (speedbench.measure.ddp_launch.train), in
     this process; a DDP config joins a one-rank gloo group first."""
-    import tempfile  # noqa: PLC0415
-
-    import torch.distributed as dist  # noqa: PLC0415
-
-    from speedbench.measure import ddp_launch  # noqa: PLC0415
-
     if config.mode != "ddp":
         return speedlib_calls(lambda: ddp_launch.train(config, recipe=recipe))
     with tempfile.TemporaryDirectory() as tmp:
@@ -246,9 +246,6 @@ def _rank(config, recipe) -> list[str]:
 def test_the_parallel_baselines_train_with_torch_alone():
     """single (the CPU baseline) and NoSync's off (DDP all-reducing every micro-batch) with
     bench_parallel's recipe; dataparallel is the same recipe's other branch (CUDA only)."""
-    from benchmarks import bench_parallel  # noqa: PLC0415
-    from speedbench.measure.ddp_launch import LIBRARY, RunConfig  # noqa: PLC0415
-
     recipe = bench_parallel.torch_recipe()
     base = {"workload": "mlp", "batch": 8, "steps": 1, "warmup": 0}
     assert _rank(RunConfig(mode="single", **base), recipe) == []
@@ -262,9 +259,6 @@ def test_the_parallel_baselines_train_with_torch_alone():
 def test_the_distributed_checkpoint_baselines_train_with_torch_alone(variant):
     """DistributedStep's ranks (GPUs only) build the variant's model as the paired classes do
     and wrap and step it with bench_parallel's recipe; here one rank of it, in this process."""
-    from benchmarks import bench_checkpoint, bench_parallel  # noqa: PLC0415
-    from speedbench.measure.ddp_launch import Recipe, RunConfig  # noqa: PLC0415
-
     torch_only = bench_parallel.torch_recipe()
     recipe = Recipe(bench_checkpoint._ddp_model, torch_only.wrap, torch_only.step)
     config = RunConfig(mode="single", workload="transformer", batch=4, steps=1, warmup=0, checkpoint=variant)
@@ -276,16 +270,14 @@ def test_the_distributed_checkpoint_baselines_train_with_torch_alone(variant):
                                           ("EmbeddingStep", ())])
 def test_transfers_plain_variants_run_no_speedlib_code(name, config, monkeypatch):
     """On a small table (the CPU profile's 1M rows would build three 0.5 GB tables here)."""
-    from benchmarks import bench_transfer as bench  # noqa: PLC0415
-    from speedbench.measure import workloads  # noqa: PLC0415
-
     spec = workloads.EmbeddingBatch(rows=4096, dim=16, batch=512)
-    monkeypatch.setattr(bench, "_spec", lambda: spec)
-    monkeypatch.setattr(bench, "BATCH_BYTES", spec.batch * spec.dim * 4)
-    monkeypatch.setattr(bench, "_tables", [])
-    _, steps = getattr(bench, name)().steps(*config)
-    plain = [v for v in steps if v in bench.PLAIN_PYTORCH]
-    assert getattr(bench, name).baseline in plain and "auto" in steps  # a speedlib variant took turns with them
+    monkeypatch.setattr(bench_transfer, "_spec", lambda: spec)
+    monkeypatch.setattr(bench_transfer, "BATCH_BYTES", spec.batch * spec.dim * 4)
+    monkeypatch.setattr(bench_transfer, "_tables", [])
+    _, steps = getattr(bench_transfer, name)().steps(*config)
+    plain = [v for v in steps if v in bench_transfer.PLAIN_PYTORCH]
+    # a speedlib variant took turns with them
+    assert getattr(bench_transfer, name).baseline in plain and "auto" in steps
     for variant in plain:
         assert speedlib_calls(steps[variant]) == [], f"transfer.{name}{config} {variant}"
     assert speedlib_calls(steps["auto"])  # the check sees speedlib's own path

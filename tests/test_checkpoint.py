@@ -21,8 +21,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
+from benchmarks import bench_checkpoint as bench
+from speedbench.measure import ddp_launch, workloads
 from speedbench.measure import devices as measure
-from speedbench.measure import workloads
 from speedlib.checkpoint import (
     BatchNorm2d,
     ForgottenParameterError,
@@ -172,10 +173,10 @@ def _grads(run, preserve: bool = True) -> list[torch.Tensor]:
 def test_dropout_sees_the_same_mask_on_the_rerun():
     plain = _grads(lambda m, x, _: m(x))
     same = _grads(lambda m, x, keep: checkpoint(m, x, preserve_rng_state=keep))
-    assert all(torch.equal(a, b) for a, b in zip(plain, same))
+    assert all(torch.equal(a, b) for a, b in zip(plain, same, strict=True))
     # The check can fail: without restoring the RNG state the rerun draws a new mask.
     other = _grads(lambda m, x, keep: checkpoint(m, x, preserve_rng_state=keep), preserve=False)
-    assert not all(torch.equal(a, b) for a, b in zip(plain, other))
+    assert not all(torch.equal(a, b) for a, b in zip(plain, other, strict=True))
 
 
 def test_multiple_outputs_inputs_without_grad_and_non_tensor_inputs():
@@ -196,7 +197,7 @@ def test_multiple_outputs_inputs_without_grad_and_non_tensor_inputs():
     a2, s2, idx2 = checkpoint(segment, x, mask, 2.0, "tag", params=lin.parameters())
     assert torch.equal(a, a2) and torch.equal(s, s2) and torch.equal(idx, idx2) and not idx2.requires_grad
     ((a2 ** 2).sum() + s2.sum()).backward()
-    assert all(torch.equal(e, g) for e, g in zip(expected, [x.grad, lin.weight.grad, lin.bias.grad]))
+    assert all(torch.equal(e, g) for e, g in zip(expected, [x.grad, lin.weight.grad, lin.bias.grad], strict=True))
     assert mask.grad is None
 
 
@@ -282,7 +283,7 @@ def test_double_backward_matches_no_checkpointing(penalty):
     second-order contributions of each parameter in another order."""
     expected = _penalty_step(_penalty_net(), lambda m, x: m(x), penalty)
     got = _penalty_step(_penalty_net(), lambda m, x: checkpoint(m, x), penalty)
-    for e, g in zip(expected, got):
+    for e, g in zip(expected, got, strict=True):
         torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-14)
     assert all(p.abs().sum() > 0 for p in got)
 
@@ -320,7 +321,7 @@ def test_double_backward_when_a_parameter_also_produced_the_input():
 
     expected = penalised(lambda m, h: m(h))
     got = penalised(lambda m, h: checkpoint(m, h))
-    for e, g in zip(expected, got):
+    for e, g in zip(expected, got, strict=True):
         torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-14)
 
 
@@ -328,7 +329,7 @@ def test_double_backward_when_a_parameter_also_produced_the_input():
 def test_densenet_layer_takes_its_list_of_feature_maps(check_params):
     """Efficient DenseNet checkpoints the bottleneck on the list of all earlier feature maps:
     each map must get its gradient, and through it whatever produced it."""
-    from torchvision.models.densenet import _DenseLayer  # noqa: PLC0415
+    from torchvision.models.densenet import _DenseLayer  # noqa: PLC0415 - torchvision: optional, heavy
 
     def step(checkpointed: bool):
         torch.manual_seed(0)
@@ -348,7 +349,7 @@ def test_densenet_layer_takes_its_list_of_feature_maps(check_params):
 
     expected, got = step(False), step(True)
     assert len(got) == len(expected) and all(g is not None for g in got)
-    assert all(torch.equal(e, g) for e, g in zip(expected, got))
+    assert all(torch.equal(e, g) for e, g in zip(expected, got, strict=True))
 
 
 def test_dict_tuple_nested_and_keyword_arguments_get_their_gradients():
@@ -369,7 +370,7 @@ def test_dict_tuple_nested_and_keyword_arguments_get_their_gradients():
     expected = grads(lambda f, *a, **k: f(*a, **k))
     lin.zero_grad()
     got = grads(lambda f, *a, **k: checkpoint(f, *a, params=lin.parameters(), **k))
-    assert all(g is not None and torch.equal(e, g) for e, g in zip(expected, got))
+    assert all(g is not None and torch.equal(e, g) for e, g in zip(expected, got, strict=True))
 
 
 def test_results_with_non_tensors_keep_their_structure():
@@ -389,7 +390,7 @@ def test_results_with_non_tensors_keep_their_structure():
     assert got.keys() == plain.keys() and got["aux"][1:3] == (None, 3) and got["aux"][3][1] == "tag"
     assert torch.equal(got["out"], plain["out"]) and torch.equal(got["aux"][3][0], plain["aux"][3][0])
     (got["out"].sum() + got["aux"][0]).backward()
-    assert all(torch.equal(e, g) for e, g in zip(expected, [x.grad, *(p.grad for p in lin.parameters())]))
+    assert all(torch.equal(e, g) for e, g in zip(expected, [x.grad, *(p.grad for p in lin.parameters())], strict=True))
     # A result without any tensor comes back as it is (torch's checkpoint allows it too).
     assert checkpoint(lambda a, n: (a * n, "tag"), 0.5, 4, params=()) == (2.0, "tag")
 
@@ -435,7 +436,7 @@ def test_named_parameters_are_accepted_as_params():
     expected = [p.grad.clone() for p in lin.parameters()]
     lin.zero_grad()
     checkpoint(lambda t: lin(t), x, params=lin.named_parameters()).sum().backward()
-    assert all(torch.equal(e, p.grad) for e, p in zip(expected, lin.parameters()))
+    assert all(torch.equal(e, p.grad) for e, p in zip(expected, lin.parameters(), strict=True))
 
 
 def test_a_rerun_with_another_structure_is_an_error():
@@ -509,7 +510,7 @@ def test_cuda_rng_and_gradients_match_on_gpu():
     net.zero_grad()
     torch.manual_seed(3)
     checkpoint(net, x).sum().backward()
-    assert all(torch.equal(e, p.grad) for e, p in zip(expected, net.parameters()))
+    assert all(torch.equal(e, p.grad) for e, p in zip(expected, net.parameters(), strict=True))
 
 
 @pytest.mark.gpu(devices=2, reason="DataParallel needs two GPUs; DDP (gloo) is tested on CPU")
@@ -521,7 +522,8 @@ def test_data_parallel_replicas_get_gradients():
         x, y = wl.batch("cuda")
         wl.loss(nn.DataParallel(model)(x), y).backward()
         grads[variant] = [p.grad for p in model.parameters()]
-    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(grads["none"], grads["speedlib"]))
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+               for a, b in zip(grads["none"], grads["speedlib"], strict=True))
 
 
 @pytest.mark.slow
@@ -529,11 +531,9 @@ def test_data_parallel_replicas_get_gradients():
 def test_distributed_data_parallel_two_processes_match(variant):
     """DDP with gloo, 2 processes, through speedbench.measure.ddp_launch: the checkpointed
     model ends bitwise equal to the uncheckpointed one (parameters and BN statistics)."""
-    from speedbench.measure.ddp_launch import RunConfig, run  # noqa: PLC0415
-
-    config = RunConfig(mode="ddp", world_size=2, workload="densenet_bc", batch=8, steps=2, warmup=1)
-    none = run(config)
-    other = run(dataclasses.replace(config, checkpoint=variant))
+    config = ddp_launch.RunConfig(mode="ddp", world_size=2, workload="densenet_bc", batch=8, steps=2, warmup=1)
+    none = ddp_launch.run(config)
+    other = ddp_launch.run(dataclasses.replace(config, checkpoint=variant))
     assert len(other.step_times[0]) == 2
     _assert_same(none.state_dict, other.state_dict)
     assert int(other.state_dict["features.denseblock1.denselayer1.norm1.num_batches_tracked"]) == 3
@@ -565,8 +565,6 @@ assert "torch" not in sys.modules
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU behaviour of the benchmark")
 def test_benchmark_pairs_the_variants_and_counts_saved_activations(monkeypatch):
     """One process measures a class (setup_cache), its track_* methods only read it."""
-    from benchmarks import bench_checkpoint as bench  # noqa: PLC0415
-
     assert bench.BATCHES == [4, 16]
     checkpointed = bench.VARIANTS[1:]
     one_config = (["transformer"], [4], bench.VARIANTS)  # the fastest configuration on a CPU
@@ -584,7 +582,8 @@ def test_benchmark_pairs_the_variants_and_counts_saved_activations(monkeypatch):
         seconds = steps.track_seconds(cache, "transformer", 4, variant)["samples"]
         ratios = steps.track_speedup(cache, "transformer", 4, variant)["samples"]
         assert len(seconds) == len(ratios) == 2 and min(seconds) > 0
-        assert ratios == pytest.approx([a / b for a, b in zip(none, seconds)])  # per round, never of medians
+        # per round, never of medians
+        assert ratios == pytest.approx([a / b for a, b in zip(none, seconds, strict=True)])
 
     memory = bench.ActivationMemory()
     monkeypatch.setattr(bench.ActivationMemory, "params", one_config)
@@ -603,8 +602,6 @@ def test_the_benchmarks_plain_variants_train_as_the_checkpointable_model_did(wor
     checkpointed with torch.utils.checkpoint (issue 40): the same initial weights, and after
     two steps the same parameters, bitwise. The one difference is PyTorch's own: nn.BatchNorm
     updates its running statistics again when a checkpoint reruns it, which speedlib's does not."""
-    from benchmarks import bench_checkpoint as bench  # noqa: PLC0415
-
     wl = workloads.get(workload, "cpu").with_batch(batch)
     _assert_same(wl.torch_model().state_dict(), wl.model().state_dict())
     for variant in bench.PLAIN_PYTORCH:
@@ -643,15 +640,15 @@ def test_a_parameter_hook_runs_once_and_sees_torchs_gradient(create_graph):
         torch.manual_seed(0)
         lin = nn.Linear(3, 3).double()
         seen = []
-        lin.weight.register_hook(lambda g: seen.append(g.clone()) or g * 2)  # scales: twice would show
+        lin.weight.register_hook(lambda g, seen=seen: seen.append(g.clone()) or g * 2)  # scales: twice would show
         x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
-        out = run(lambda t: lin(t).tanh(), x, params=lin.parameters())
+        out = run(lambda t, lin=lin: lin(t).tanh(), x, params=lin.parameters())
         grads = torch.autograd.grad(out.sum(), [x, lin.weight], create_graph=create_graph)
         second = torch.autograd.grad(sum((g ** 2).sum() for g in grads), x) if create_graph else ()
         results.append((len(seen), grads, second))
     (n_torch, g_torch, s_torch), (n_ours, g_ours, s_ours) = results
     assert n_ours == n_torch == 1
-    for e, g in zip([*g_torch, *s_torch], [*g_ours, *s_ours]):
+    for e, g in zip([*g_torch, *s_torch], [*g_ours, *s_ours], strict=True):
         torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-14)
 
 
@@ -683,7 +680,7 @@ def test_dataclass_results_and_arguments_get_torchs_gradients():
         assert isinstance(out, _Pair) and out.tag == "pair!"
         ((out.main ** 2).sum() + out.aux.sum()).backward()
         results.append([x.grad, w.grad, lin.weight.grad, lin.bias.grad])
-    assert all(g is not None and torch.equal(e, g) for e, g in zip(*results))
+    assert all(g is not None and torch.equal(e, g) for e, g in zip(*results, strict=True))
 
 
 def _counter_segment(make):
@@ -768,7 +765,7 @@ def test_gradient_of_one_output_with_respect_to_another():
         from_a, = torch.autograd.grad(b.sum(), a, retain_graph=True)  # b was computed from a in the segment
         (a.sum() + b.sum()).backward()  # and an ordinary pass does not count b's path through a twice
         results.append((from_a, x.grad))
-    for e, g in zip(*results):
+    for e, g in zip(*results, strict=True):
         torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-14)
 
 

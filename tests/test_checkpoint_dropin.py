@@ -38,7 +38,7 @@ def test_use_reentrant_false_is_accepted_and_true_refused_with_why():
     block.zero_grad(set_to_none=True)
     torch.manual_seed(1)
     torch_checkpoint(block, x, use_reentrant=False).sum().backward()
-    assert all(torch.equal(a, b) for a, b in zip(ours, _grads(block)))
+    assert all(torch.equal(a, b) for a, b in zip(ours, _grads(block), strict=True))
     with pytest.raises(ValueError, match="use_reentrant=True is refused.*nested backward"):
         checkpoint(block, x, use_reentrant=True)
     with pytest.raises(TypeError, match="use_reentrant takes None or False"):
@@ -154,7 +154,7 @@ def test_parameters_are_found_for_bound_methods_and_partials(how):
     checkpoint(fn, *args).sum().backward()
     got = [t.grad for t in (x, bias, *layer.parameters()) if t.grad is not None]
     assert len(got) == len(expected)
-    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
 
 
 def test_a_plain_function_still_needs_params():
@@ -172,7 +172,7 @@ def test_checkpoint_sequential_matches_torchs():
         out = fn(model, 2, x)
         out.pow(2).sum().backward()
         results.append([out.detach(), x.grad, *_grads(model)])
-    assert all(torch.equal(a, b) for a, b in zip(*results))
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
     with pytest.raises(ValueError, match="segments must be an int from 1 to the number of functions"):
         checkpoint_sequential(model, 0, x)
 
@@ -237,7 +237,7 @@ def test_autograd_grad_over_two_outputs_and_the_input_matches_torch(ask):
         else:
             wrt = [y, t] if ask == "outputs_and_input" else [t, y]
             results.append(list(torch.autograd.grad(z.sum() + 2 * y.sum(), wrt, allow_unused=True)))
-    for a, b in zip(*results):
+    for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b)
 
 
@@ -274,7 +274,7 @@ def test_torch_compile_over_a_checkpointed_module_matches_eager():
     plain(x).sum().backward()
     compiled_model = _Outer(True)
     torch.compile(compiled_model, backend="aot_eager")(x).sum().backward()
-    assert all(torch.allclose(a, b) for a, b in zip(_grads(plain), _grads(compiled_model)))
+    assert all(torch.allclose(a, b) for a, b in zip(_grads(plain), _grads(compiled_model), strict=True))
 
 
 def test_a_lazy_module_is_checkpointed_from_its_second_call():
@@ -286,7 +286,7 @@ def test_a_lazy_module_is_checkpointed_from_its_second_call():
             x = torch.randn(2, 5, requires_grad=True)
             ckpt(lazy, x).tanh().sum().backward()
         results.append(_grads(lazy))
-    assert all(torch.equal(a, b) for a, b in zip(*results))
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
 
 
 def test_functional_call_over_a_checkpointed_module_uses_the_given_tensors():
@@ -300,7 +300,7 @@ def test_functional_call_over_a_checkpointed_module_uses_the_given_tensors():
         torch.func.functional_call(model, given, (x,)).sum().backward()
         assert all(p.grad is None for p in model.parameters())
         results.append([given[k].grad for k in sorted(given)])
-    assert all(torch.equal(a, b) for a, b in zip(*results))
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
 
 
 # --- hooks and side effects ------------------------------------------------------------------

@@ -53,6 +53,6 @@ def test_a_small_llama_trains_under_speedlibs_checkpoint_as_without():
     assert calls == 2  # one per decoder layer: speedlib's function did the checkpointing
     assert torch.equal(ours_loss, loss) and torch.equal(torch_loss, loss)
     assert all(g is not None for g in ours)
-    for a, b, c in zip(ours, expected, torch_grads):
+    for a, b, c in zip(ours, expected, torch_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(c, b, rtol=1e-5, atol=1e-6)

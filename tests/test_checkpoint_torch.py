@@ -46,6 +46,7 @@ import subprocess
 import sys
 import textwrap
 import weakref
+from itertools import pairwise
 
 import pytest
 import torch
@@ -360,10 +361,10 @@ def test_rerun_buffers_are_freed_during_backward_on_gpu(retain_graph):
     kept = [b for _, b, _ in _freed_as_backward_goes(_backward(True), "cuda", _GPU_FLOATS)]
     ours = [b for _, b, _ in _freed_as_backward_goes(_checkpointed(retain_graph), "cuda", _GPU_FLOATS)]
     assert len(plain) == len(kept) == len(ours) == 3
-    assert all(a - b > half for a, b in zip(plain, plain[1:])), plain  # frees as it goes
-    assert all(abs(a - b) < half for a, b in zip(kept, kept[1:])), kept  # keeps: the trace can tell
-    assert all(a - b > half for a, b in zip(ours, ours[1:])), ours
-    assert all(abs(a - b) < half for a, b in zip(ours, plain)), (ours, plain)
+    assert all(a - b > half for a, b in pairwise(plain)), plain  # frees as it goes
+    assert all(abs(a - b) < half for a, b in pairwise(kept)), kept  # keeps: the trace can tell
+    assert all(a - b > half for a, b in pairwise(ours)), ours
+    assert all(abs(a - b) < half for a, b in zip(ours, plain, strict=True)), (ours, plain)
 
 
 def _device_context_case(device):

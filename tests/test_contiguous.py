@@ -33,6 +33,8 @@ from contiguous_bits import (
 )
 from torch import nn
 
+from benchmarks import bench_contiguous as bench
+from speedbench.measure import workloads
 from speedlib import ContiguousParams, FlatParameter, InvalidBufferError
 
 requires_cuda = pytest.mark.gpu(reason="needs a CUDA GPU; the CPU variant of this test covers the logic")
@@ -80,7 +82,12 @@ def test_original_package_stops_training_under_default_zero_grad():
     train(model, opt, data=batches(1))
     after_first = [p.detach().clone() for p in model.parameters()]
     train(model, opt, data=batches(3))
-    assert all(torch.equal(a, p) for a, p in zip(after_first, model.parameters()))
+    assert all(torch.equal(a, p) for a, p in zip(after_first, model.parameters(), strict=True))
+
+
+def _keep_gradients(optimizer):
+    """The original package's loop: gradients zeroed in place, never set to None."""
+    optimizer.zero_grad(set_to_none=False)
 
 
 def test_matches_original_package_on_its_intended_loop():
@@ -89,9 +96,8 @@ def test_matches_original_package_on_its_intended_loop():
     ours_model, theirs_model = twin()
     ours = ContiguousParams(ours_model.parameters())
     theirs = original.ContiguousParams(theirs_model.parameters())
-    keep = lambda opt: opt.zero_grad(set_to_none=False)  # noqa: E731
-    train(theirs_model, torch.optim.Adam(theirs.contiguous(), lr=1e-2), theirs.contiguous(), zero=keep)
-    train(ours_model, torch.optim.Adam(ours.contiguous(), lr=1e-2), ours.contiguous(), zero=keep)
+    train(theirs_model, torch.optim.Adam(theirs.contiguous(), lr=1e-2), theirs.contiguous(), zero=_keep_gradients)
+    train(ours_model, torch.optim.Adam(ours.contiguous(), lr=1e-2), ours.contiguous(), zero=_keep_gradients)
     assert_same_params(theirs_model, ours_model)
     for method in ("contiguous", "original", "buffer_is_valid", "assert_buffer_is_valid"):
         assert callable(getattr(ours, method))
@@ -129,14 +135,13 @@ def test_original_buffer_attributes_are_read_only_and_need_one_buffer():
 def test_optimizer_checkpoint_of_the_original_resumes_with_align_bytes_1():
     """Without alignment padding the flat layout is the original's, so its optimizer state loads."""
     original = pytest.importorskip("contiguous_params", reason="contiguous_params is not installed")
-    keep = lambda opt: opt.zero_grad(set_to_none=False)  # noqa: E731
     data = batches(6)
     theirs, _ = twin()
     theirs_params = original.ContiguousParams(theirs.parameters())
     theirs_opt = torch.optim.Adam(theirs_params.contiguous(), lr=1e-2)
-    train(theirs, theirs_opt, data=data[:3], zero=keep)
+    train(theirs, theirs_opt, data=data[:3], zero=_keep_gradients)
     model_state, opt_state = copy.deepcopy(theirs.state_dict()), copy.deepcopy(theirs_opt.state_dict())
-    train(theirs, theirs_opt, data=data[3:], zero=keep)
+    train(theirs, theirs_opt, data=data[3:], zero=_keep_gradients)
 
     ours = small_net()
     ours.load_state_dict(model_state)
@@ -243,9 +248,10 @@ def test_create_graph_backward_is_named_as_the_cause():
     assert not params.buffer_is_valid()
     assert "torch.autograd.grad(..., create_graph=True)" in params.problem()
     before = [p.detach().clone() for p in model.parameters()]
-    with pytest.raises(InvalidBufferError, match=r"backward\(create_graph=True\) builds gradients as new graph-connected"):
+    with pytest.raises(InvalidBufferError,
+                       match=r"backward\(create_graph=True\) builds gradients as new graph-connected"):
         opt.step()
-    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
 
 
 @pytest.mark.filterwarnings(CREATE_GRAPH_WARNING)
@@ -281,10 +287,13 @@ def test_gradient_penalty_as_the_create_graph_message_advises_trains_correctly()
 
 def test_parameter_groups_keep_their_options():
     ref, model = twin()
-    groups = lambda m: [  # noqa: E731
-        {"params": list(m[0].parameters()) + list(m[1].parameters()), "lr": 1e-3, "weight_decay": 0.0},
-        {"params": list(m[5].parameters()) + list(m[7].parameters()), "lr": 1e-2, "weight_decay": 0.5},
-    ]
+
+    def groups(m):
+        return [
+            {"params": list(m[0].parameters()) + list(m[1].parameters()), "lr": 1e-3, "weight_decay": 0.0},
+            {"params": list(m[5].parameters()) + list(m[7].parameters()), "lr": 1e-2, "weight_decay": 0.5},
+        ]
+
     ref_opt = torch.optim.AdamW(groups(ref), foreach=False)
     params = ContiguousParams(groups(model))
     flat_groups = params.contiguous()
@@ -313,8 +322,9 @@ def test_named_parameters_train_exactly_like_parameters(grouped):
     named = wrap(named_model, nn.Module.named_parameters)
     assert named.num_tensors == plain.num_tensors
     originals = named.original() if not grouped else [p for g in named.original() for p in g["params"]]
-    wanted = list(named_model.parameters()) if not grouped else [*named_model[0].parameters(), *named_model[5].parameters()]
-    assert len(originals) == len(wanted) and all(a is b for a, b in zip(originals, wanted))
+    wanted = (list(named_model.parameters()) if not grouped
+              else [*named_model[0].parameters(), *named_model[5].parameters()])
+    assert len(originals) == len(wanted) and all(a is b for a, b in zip(originals, wanted, strict=True))
     plain_losses = train(plain_model, torch.optim.AdamW(plain.contiguous()), plain.flat_parameters())
     named_losses = train(named_model, torch.optim.AdamW(named.contiguous()), named.flat_parameters())
     assert named_losses == plain_losses
@@ -378,7 +388,7 @@ def test_unfreezing_a_parameter_wrapped_as_frozen_is_caught_by_name():
             r"1 of 3 parameters that were frozen .* now require grad \(first: parameter '0\.weight', "
             r"shape \(8, 3, 3, 3\)\).*build ContiguousParams and the optimizer again.*per-tensor optimizer")):
         opt.step()
-    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
     unnamed_model = frozen_first_layer(small_net())
     unnamed = ContiguousParams(unnamed_model.parameters())
     unnamed_model[0].requires_grad_(True)
@@ -494,7 +504,7 @@ def test_existing_gradients_are_kept():
     one_backward(model)
     grads = [p.grad.clone() for p in model.parameters()]
     ContiguousParams(model.parameters())
-    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters(), strict=True))
 
 
 def test_passing_the_wrapper_to_an_optimizer_is_a_clear_error():
@@ -512,7 +522,7 @@ def test_clip_grad_norm_on_flat_view_equals_per_parameter_clipping():
         ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.1, norm_type=norm_type)
         norm = torch.nn.utils.clip_grad_norm_(params.contiguous(), 0.1, norm_type=norm_type)
         torch.testing.assert_close(norm, ref_norm, rtol=1e-6, atol=0)
-        for pr, p in zip(ref.parameters(), model.parameters()):
+        for pr, p in zip(ref.parameters(), model.parameters(), strict=True):
             torch.testing.assert_close(p.grad, pr.grad, rtol=1e-6, atol=1e-9)
 
 
@@ -594,7 +604,7 @@ def test_distributed_data_parallel_gloo_two_processes():
         torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
         opt.step()
     for rank in (0, 1):
-        for got, want in zip(results[rank], ref.parameters()):
+        for got, want in zip(results[rank], ref.parameters(), strict=True):
             torch.testing.assert_close(got, want.detach(), atol=1e-5, rtol=1e-4)
 
 
@@ -604,9 +614,6 @@ def test_benchmark_pairs_the_variants_per_round_and_skips_what_cannot_run(monkey
     """One process measures a class (asv's setup_cache) and its track_* processes report from
     that cache: a variant that cannot run here is NaN (asv: skipped), every ratio and
     bandwidth is of one round, never of medians."""
-    from benchmarks import bench_contiguous as bench  # noqa: PLC0415
-    from speedbench.measure import workloads  # noqa: PLC0415
-
     monkeypatch.setitem(sys.modules, "contiguous_params", None)  # as where it is not installed
     for cls in (bench.AdamStep, bench.OptimizerStep, bench.Iteration):
         monkeypatch.setattr(cls, "params", (["mlp"], bench.VARIANTS))
@@ -622,7 +629,8 @@ def test_benchmark_pairs_the_variants_per_round_and_skips_what_cannot_run(monkey
     flat = adam.track_seconds(cache, "mlp", "speedlib")["samples"]
     rounds = adam.builds * math.ceil(2 / adam.builds)  # 2 rounds asked, spread over the CPU profile's builds
     assert adam.builds == 3 and len(forloop) == len(flat) == rounds == 3 and min(forloop + flat) > 0
-    assert adam.track_speedup(cache, "mlp", "speedlib")["samples"] == pytest.approx([a / b for a, b in zip(forloop, flat)])
+    assert adam.track_speedup(cache, "mlp", "speedlib")["samples"] == pytest.approx(
+        [a / b for a, b in zip(forloop, flat, strict=True)])
     nbytes = bench.ADAM_BYTES_PER_PARAM * sum(p.numel() for p in workloads.get("mlp").model().parameters())
     bandwidth = adam.track_step_bandwidth(cache, "mlp", "speedlib")["samples"]
     assert bandwidth == pytest.approx([nbytes / s / 1e9 for s in flat])
@@ -632,7 +640,8 @@ def test_benchmark_pairs_the_variants_per_round_and_skips_what_cannot_run(monkey
 
     for cls in (bench.OptimizerStep, bench.Iteration):
         cache = cls().measure_all()
-        assert {v: cache[("mlp", v)][0] for v in bench.VARIANTS} == {**dict.fromkeys(bench.VARIANTS, "ok"), "original": "skip"}
+        assert ({v: cache[("mlp", v)][0] for v in bench.VARIANTS}
+                == {**dict.fromkeys(bench.VARIANTS, "ok"), "original": "skip"})
         assert all(len(s) == rounds and min(s) > 0 for s in cache[("mlp", "forloop")][1].values())
 
     memory = bench.IterationMemory()

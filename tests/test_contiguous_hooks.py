@@ -39,7 +39,7 @@ def test_model_zero_grad_reattaches_the_flat_gradient():
     one_backward(model)
     one_backward(ref)
     assert params.buffer_is_valid()
-    for pr, p in zip(ref.parameters(), model.parameters()):
+    for pr, p in zip(ref.parameters(), model.parameters(), strict=True):
         assert in_grad_buffer(params, p)
         torch.testing.assert_close(p.grad, pr.grad, rtol=0, atol=0)
 
@@ -164,7 +164,7 @@ def test_closure_that_sets_gradients_to_none_leaves_no_stale_gradient_in_an_unto
     for step in range(4):
         x, y = torch.randn(8, 4, generator=gen), torch.randint(0, 3, (8,), generator=gen)
         for m, o in ((ref, ref_opt), (model, opt)):
-            def closure(m=m):
+            def closure(m=m, x=x, y=y, step=step):
                 m.zero_grad(set_to_none=True)
                 loss = nn.functional.cross_entropy(m(x, step), y)
                 loss.backward()
@@ -183,7 +183,7 @@ def test_step_right_after_module_zero_grad_is_a_zero_gradient_step():
     model.zero_grad(set_to_none=True)
     before = [p.detach().clone() for p in model.parameters()]
     opt.step()
-    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
     assert all(in_grad_buffer(params, p) and p.grad.abs().sum() == 0 for p in model.parameters())
 
 

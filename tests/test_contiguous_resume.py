@@ -75,7 +75,8 @@ def test_vector_to_parameters_names_the_in_place_fix_and_the_fix_keeps_the_buffe
     optimizer = torch.optim.SGD(params.contiguous(), lr=0.1)
     vec = torch.arange(66, dtype=torch.float32) / 100
     torch.nn.utils.vector_to_parameters(vec, model.parameters())
-    with pytest.raises(InvalidBufferError, match=r"vector_to_parameters.*p\.copy_\(vec\[offset:offset \+ p\.numel\(\)\]"):
+    with pytest.raises(InvalidBufferError,
+                       match=r"vector_to_parameters.*p\.copy_\(vec\[offset:offset \+ p\.numel\(\)\]"):
         _step(model, optimizer, 0)
 
     model = _net()
@@ -92,7 +93,7 @@ def test_vector_to_parameters_names_the_in_place_fix_and_the_fix_keeps_the_buffe
     per_tensor = torch.optim.SGD(reference.parameters(), lr=0.1)
     _step(model, optimizer, 0)
     _step(reference, per_tensor, 0)
-    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters(), strict=True))
 
 
 def _speedlib_imports(path: Path) -> set[str]:

@@ -176,8 +176,8 @@ def test_relative_links_point_to_existing_files():
 def test_the_results_page_is_generated_from_the_committed_results():
     """docs/results.md is `speedlib report --writeup` over results/ and results-rerun/: no
     figure on it is typed by hand, and it cannot fall behind the results."""
-    from speedbench.report import writeup
-    from speedbench.results.load import load_results
+    from speedbench.report import writeup  # noqa: PLC0415 - pandas, only for this test
+    from speedbench.results.load import load_results  # noqa: PLC0415 - pandas, only for this test
 
     expected = writeup.writeup(load_results(ROOT / "results").measured,
                                load_results(ROOT / "results-rerun").measured)

@@ -66,7 +66,7 @@ def _run_ranks(script: str, tmp_path, world: int = 2, timeout: float = 120) -> l
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    for r, (p, log) in enumerate(zip(procs, logs)):
+    for r, (p, log) in enumerate(zip(procs, logs, strict=True)):
         assert p.returncode == 0, f"rank {r} failed:\n{log}"
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
 

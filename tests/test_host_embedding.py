@@ -172,7 +172,8 @@ def test_embedding_misuse_is_explained():
     with pytest.raises(IndexError):
         emb(torch.tensor([ROWS]))
     with pytest.raises(TypeError, match="callable"):
-        HostEmbedding(ROWS, DIM, torch.optim.SGD([torch.zeros(1, requires_grad=True)]), backend="pageable", device="cpu")
+        HostEmbedding(ROWS, DIM, torch.optim.SGD([torch.zeros(1, requires_grad=True)]), backend="pageable",
+                      device="cpu")
     with pytest.raises(TypeError, match="must return a torch.optim.Optimizer"):
         HostEmbedding(ROWS, DIM, lambda params: params, backend="pageable", device="cpu")
     with pytest.raises(ValueError, match="weight must have shape"):
@@ -229,7 +230,8 @@ def test_a_gradient_arriving_after_step_updates_the_current_rows():
     target = torch.randn(3, DIM, generator=torch.Generator().manual_seed(9))
     ref = nn.Embedding.from_pretrained(w.clone(), freeze=False)
     opt = torch.optim.SGD(ref.parameters(), lr=0.5)
-    emb = HostEmbedding(ROWS, DIM, functools.partial(torch.optim.SGD, lr=0.5), backend="pageable", device="cpu", weight=w)
+    emb = HostEmbedding(ROWS, DIM, functools.partial(torch.optim.SGD, lr=0.5), backend="pageable", device="cpu",
+                        weight=w)
     for model, step in ((ref, opt.step), (emb, emb.step)):
         late = _loss(model(a), target)
         _loss(model(b), target[:2]).backward()
@@ -242,7 +244,8 @@ def test_a_gradient_arriving_after_step_updates_the_current_rows():
 
 def test_zero_grad_drops_gathered_gradients():
     w = _reference(ROWS, DIM)
-    emb = HostEmbedding(ROWS, DIM, functools.partial(torch.optim.SGD, lr=0.5), backend="pageable", device="cpu", weight=w)
+    emb = HostEmbedding(ROWS, DIM, functools.partial(torch.optim.SGD, lr=0.5), backend="pageable", device="cpu",
+                        weight=w)
     emb(torch.tensor([1, 2])).sum().backward()
     emb.zero_grad()
     emb.step()
@@ -261,7 +264,8 @@ def test_padding_row_is_never_written_not_even_by_weight_decay_or_momentum():
         assert torch.equal(emb.table.cpu()[pad], w[pad])
         assert emb._state_tables and all(not t.cpu()[pad].any() for t in emb._state_tables.values())
     # ...and the other rows train as with SparseAdam on nn.Embedding(padding_idx=...).
-    ref_w, _ = _train_reference(w, functools.partial(torch.optim.SparseAdam, lr=0.05), batches, sparse=True, padding_idx=pad)
+    ref_w, _ = _train_reference(w, functools.partial(torch.optim.SparseAdam, lr=0.05), batches, sparse=True,
+                                padding_idx=pad)
     emb, _ = _train_host(w, functools.partial(torch.optim.Adam, lr=0.05), batches, padding_idx=pad)
     torch.testing.assert_close(emb.table.cpu(), ref_w, rtol=1e-5, atol=1e-6)
 
@@ -382,7 +386,8 @@ def test_read_only_mapping_looks_up_but_never_writes(tmp_path):
     with pytest.raises(ValueError, match="read-only"):
         frozen.table.copy_(torch.zeros(1, DIM))
     with pytest.raises(ValueError, match="read-only and cannot be trained"):
-        HostEmbedding.from_pretrained(np.load(path, mmap_mode="r"), make, freeze=False, backend="pageable", device="cpu")
+        HostEmbedding.from_pretrained(np.load(path, mmap_mode="r"), make, freeze=False, backend="pageable",
+                                      device="cpu")
     with pytest.raises(ValueError, match="no writable weight"):  # a write through a view would crash, not raise
         frozen.weight.data.zero_()
     with pytest.raises(ValueError, match="max_norm renormalises .* read-only"):

@@ -55,7 +55,8 @@ def test_the_speedtorch_loop_is_a_host_embedding_with_a_dense_optimizer():
         batch_weight = table[rows].clone().requires_grad_()
         batch_opt = torch.optim.Adam([batch_weight], lr=0.05)
         if state["step"][rows].max() > 0:  # SpeedTorch kept one step count; rows here all share it
-            batch_opt.state[batch_weight] = {"step": state["step"][rows[0]].clone(), "exp_avg": state["m"][rows].clone(),
+            batch_opt.state[batch_weight] = {"step": state["step"][rows[0]].clone(),
+                                             "exp_avg": state["m"][rows].clone(),
                                              "exp_avg_sq": state["v"][rows].clone()}
         out = reference.head(nn.functional.embedding(torch.searchsorted(rows, idx), batch_weight))
         nn.functional.mse_loss(out, target).backward()
@@ -72,7 +73,7 @@ def test_the_speedtorch_loop_is_a_host_embedding_with_a_dense_optimizer():
         head_opt.zero_grad()
     torch.testing.assert_close(ours.emb.table.cpu(), table)
     torch.testing.assert_close(ours.emb.optimizer_state_dict()["exp_avg"], state["m"])
-    assert all(torch.equal(a, b) for a, b in zip(ours.head.parameters(), reference.head.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(ours.head.parameters(), reference.head.parameters(), strict=True))
 
 
 def test_the_data_gadget_is_a_host_table_from_a_npy_file(tmp_path):
@@ -142,7 +143,8 @@ def test_an_older_state_dict_with_optimizer_entries_still_resumes():
     idx, target = _batches(1)[0]
     nn.functional.mse_loss(source(idx), target).backward()
     source.step()
-    old_format = {"weight": source.table.cpu(), **{f"optimizer.{k}": v for k, v in source.optimizer_state_dict().items()}}
+    old_format = {"weight": source.table.cpu(),
+                  **{f"optimizer.{k}": v for k, v in source.optimizer_state_dict().items()}}
     target_emb = HostEmbedding(ROWS, DIM, adam, backend="pageable", device="cpu")
     target_emb.load_state_dict(old_format)
     for k, v in source.optimizer_state_dict().items():

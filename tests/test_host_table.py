@@ -23,7 +23,7 @@ from speedlib.transfer import HostTable, last_write_wins
 
 def _last_wins_by_loop(table: torch.Tensor, idx: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     out = table.clone()
-    for i, v in zip(idx.tolist(), values):
+    for i, v in zip(idx.tolist(), values, strict=True):
         out[i] = v  # Python assignment order: the last occurrence stays
     return out
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from speedbench.report import TECHNIQUES
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -58,8 +60,6 @@ def test_report_works_without_torch(tmp_path):
 
 def test_every_dashboard_page_renders_without_torch(tmp_path):
     pytest.importorskip("streamlit")
-    from speedbench.report import TECHNIQUES
-
     pages = ["overview", "history", "machines", "cite", *TECHNIQUES]
     script = tmp_path / "pages.py"
     script.write_text(f"""

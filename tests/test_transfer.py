@@ -13,17 +13,25 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
 from embedding_bits import DIM, ROWS, _batches, _host, _loss, _train_host, _train_reference, _with_padding
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn import functional as F
 from transfer_bits import ALL, GPU_BACKENDS, HAS_CUDA, _backend_params, _reference, _train_device, needs_cuda
 
+from benchmarks import bench_transfer as bench
+from speedbench import words
+from speedbench.measure import devices as measure
+from speedbench.measure import workloads
+from speedlib._transfer_auto import Path
 from speedlib.transfer import HostEmbedding, HostTable
 
 # --- CPU-hosted embedding training against nn.Embedding and torch.optim -------------------
@@ -33,7 +41,7 @@ def test_embedding_with_sgd_equals_nn_embedding_exactly():
     make = functools.partial(torch.optim.SGD, lr=0.1)
     ref_w, ref_outs = _train_reference(w, make, _batches())
     emb, outs = _train_host(w, make, _batches())
-    assert all(torch.equal(a, b) for a, b in zip(outs, ref_outs))
+    assert all(torch.equal(a, b) for a, b in zip(outs, ref_outs, strict=True))
     assert torch.equal(emb.table.cpu(), ref_w)
     assert torch.equal(emb.table.cpu()[ROWS // 2:], w[ROWS // 2:])  # untouched rows stay
 
@@ -70,7 +78,7 @@ def test_embedding_touching_every_row_equals_dense_training(make):
     ref_w, ref_outs = _train_reference(w, make, _batches(coverage="full"))
     emb, outs = _train_host(w, make, _batches(coverage="full"))
     torch.testing.assert_close(emb.table.cpu(), ref_w, rtol=1e-6, atol=1e-6)
-    for a, b in zip(outs, ref_outs):
+    for a, b in zip(outs, ref_outs, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
@@ -133,7 +141,8 @@ def _sgns_host(w_in, w_out, make_opt, batches, shared, backend="pageable", devic
 def test_word2vec_lookups_in_one_step_with_sgd_equal_nn_embedding(shared):
     """Positives and negatives looked up separately, one backward, one step: the gradients of a
     row used by both lookups add up, and every touched row moves once, as with nn.Embedding."""
-    w_in, w_out, make = _reference(ROWS, DIM, seed=1), _reference(ROWS, DIM, seed=2), functools.partial(torch.optim.SGD, lr=0.5)
+    w_in, w_out = _reference(ROWS, DIM, seed=1), _reference(ROWS, DIM, seed=2)
+    make = functools.partial(torch.optim.SGD, lr=0.5)
     batches = _sgns_batches()
     got, want = _sgns_host(w_in, w_out, make, batches, shared), _sgns_reference(w_in, w_out, make, batches, shared)
     if shared:  # three lookups of one row: autograd may add the three gradients in another order
@@ -155,7 +164,7 @@ def test_word2vec_lookups_in_one_step_with_adam_equal_sparse_adam(shared):
     got = _sgns_host(w_in, w_out, functools.partial(torch.optim.Adam, lr=0.05, eps=1e-12), batches, shared)
     want = _sgns_reference(w_in, w_out, functools.partial(torch.optim.SparseAdam, lr=0.05, eps=1e-12), batches, shared,
                            sparse=True)
-    for g, r in zip(got, want):
+    for g, r in zip(got, want, strict=True):
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
 
 
@@ -163,10 +172,11 @@ def test_word2vec_lookups_in_one_step_with_adam_equal_sparse_adam(shared):
 def test_several_lookups_with_padding_on_gpu_backends_equal_pageable(backend):
     """The GPU-indexed backends find distinct rows and merge lookups on the GPU; compared with
     'pageable' on the CPU to a tolerance, as GPU kernels round differently."""
-    w_in, w_out, make = _reference(ROWS, DIM, seed=1), _reference(ROWS, DIM, seed=2), functools.partial(torch.optim.Adam, lr=0.05)
+    w_in, w_out = _reference(ROWS, DIM, seed=1), _reference(ROWS, DIM, seed=2)
+    make = functools.partial(torch.optim.Adam, lr=0.05)
     host = _sgns_host(w_in, w_out, make, _sgns_batches(), False, padding_idx=1)
     gpu = _sgns_host(w_in, w_out, make, _sgns_batches(), False, backend=backend, device="cuda", padding_idx=1)
-    for g, h in zip(gpu, host):
+    for g, h in zip(gpu, host, strict=True):
         torch.testing.assert_close(g, h, rtol=1e-5, atol=1e-6)
     assert torch.equal(gpu[1][1], w_out[1])
 
@@ -181,7 +191,7 @@ def test_padding_idx_equals_nn_embedding(pad):
     ref_w, ref_outs = _train_reference(w, make, batches, padding_idx=pad)
     emb, outs = _train_host(w, make, batches, padding_idx=pad)
     assert emb.padding_idx == pad % ROWS
-    assert all(torch.equal(a, b) for a, b in zip(outs, ref_outs))  # lookups return the padding row's value
+    assert all(torch.equal(a, b) for a, b in zip(outs, ref_outs, strict=True))  # lookups return the padding row's value
     assert torch.equal(emb.table.cpu(), ref_w)
     assert torch.equal(emb.table.cpu()[pad], w[pad])
 
@@ -253,7 +263,8 @@ def test_weight_initialisers_write_into_the_table_as_into_nn_embedding(backend):
     emb = _host(backend=backend)
     ref = nn.Embedding(ROWS, DIM, device=emb.weight.device)
     inits = [lambda w: w.data.uniform_(-0.1, 0.1), lambda w: w.data.normal_(0, 0.02),
-             lambda w: nn.init.xavier_uniform_(w), lambda w: w.data.copy_(torch.arange(ROWS * DIM).reshape(ROWS, DIM).float())]
+             lambda w: nn.init.xavier_uniform_(w),
+             lambda w: w.data.copy_(torch.arange(ROWS * DIM).reshape(ROWS, DIM).float())]
     for init in inits:
         for w in (emb.weight, ref.weight):
             torch.manual_seed(7)
@@ -284,7 +295,7 @@ def test_nn_embedding_options_train_as_in_nn_embedding(options):
     emb, outs = _train_host(w, make, batches, **options)
     # A sparse gradient sums repeated indices in another order than a dense one: one ulp apart.
     tol = {"rtol": 1e-6, "atol": 1e-6} if options.get("sparse") else {"rtol": 0, "atol": 1e-7}
-    for a, b in zip(outs, ref_outs):
+    for a, b in zip(outs, ref_outs, strict=True):
         torch.testing.assert_close(a, b, **tol)
     torch.testing.assert_close(emb.table.cpu(), ref.weight.detach(), **tol)
     assert not torch.equal(emb.table.cpu(), w)
@@ -305,7 +316,7 @@ def test_grad_scaler_steps_the_embedding_optimizer_as_any_other():
     ref_opt, emb = make(ref.parameters()), _host(w)
     scalers = [torch.amp.GradScaler("cpu", init_scale=1024.0) for _ in range(2)]
     for idx, target in _amp_batches():
-        for (model, opt), scaler in zip([(ref, ref_opt), (emb, emb.optimizer)], scalers):
+        for (model, opt), scaler in zip([(ref, ref_opt), (emb, emb.optimizer)], scalers, strict=True):
             opt.zero_grad()
             scaler.scale(_loss(model(idx), target)).backward()
             scaler.step(opt)
@@ -338,7 +349,10 @@ def test_adam_is_sparse_adam_whose_eps_is_scaled_by_the_bias_correction():
     after). With gradients ~1e-8 plain SparseAdam differs visibly; the rescaled one does not."""
     w, eps, beta2, lr = _reference(ROWS, DIM), 1e-8, 0.999, 0.05
     batches = _batches()
-    tiny = lambda out, target: _loss(out, target) * 1e-8  # noqa: E731 - gradients ~1e-8, near eps
+
+    def tiny(out, target):
+        return _loss(out, target) * 1e-8  # gradients ~1e-8, near eps
+
     ref = nn.Embedding(ROWS, DIM, sparse=True, _weight=w.clone())
     plain = nn.Embedding(ROWS, DIM, sparse=True, _weight=w.clone())
     ref_opt = torch.optim.SparseAdam(ref.parameters(), lr=lr, eps=eps)
@@ -373,11 +387,6 @@ def test_benchmark_skips_what_a_cpu_cannot_run_and_pairs_the_rest(monkeypatch):
     baseline), speedlib's 'pageable' and 'auto' take turns and their ratios are per round;
     EmbeddingStep's baseline is plain PyTorch's SparseAdam on the host. A small batch stands in
     for workloads.embedding()."""
-    import math  # noqa: PLC0415
-
-    from benchmarks import bench_transfer as bench  # noqa: PLC0415
-    from speedbench.measure import workloads  # noqa: PLC0415
-
     spec = workloads.EmbeddingBatch(rows=131072, dim=128, batch=4096)  # a 64 MiB table
     monkeypatch.setattr(bench, "_spec", lambda: spec)
     monkeypatch.setattr(bench, "BATCH_BYTES", spec.batch * spec.dim * 4)
@@ -402,7 +411,8 @@ def test_benchmark_skips_what_a_cpu_cannot_run_and_pairs_the_rest(monkeypatch):
             f"spec = workloads.EmbeddingBatch(rows={spec.rows}, dim={spec.dim}, batch={spec.batch})\n"
             "bench._spec = lambda: spec\n"
             "host = bench.Footprint(); cache = host.measure_all()\n"
-            "print(json.dumps([host.track_host_footprint(cache, v) for v in ('uva', 'pageable', 'torch_pageable', 'auto')]))")
+            "print(json.dumps([host.track_host_footprint(cache, v) "
+            "for v in ('uva', 'pageable', 'torch_pageable', 'auto')]))")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -424,7 +434,7 @@ def test_benchmark_skips_what_a_cpu_cannot_run_and_pairs_the_rest(monkeypatch):
                 gbps = transfer.track_bandwidth(cache, op, order, variant)["samples"]
                 assert gbps == pytest.approx([spec.batch * spec.dim * 4 / s / 1e9 for s in seconds])
                 ratios = transfer.track_speedup(cache, op, order, variant)["samples"]
-                assert ratios == pytest.approx([b / s for b, s in zip(base, seconds)])  # per round
+                assert ratios == pytest.approx([b / s for b, s in zip(base, seconds, strict=True)])  # per round
             for variant in [*GPU_BACKENDS, "torch_pinned"]:
                 assert math.isnan(transfer.track_seconds(cache, op, order, variant))
                 assert math.isnan(transfer.track_speedup(cache, op, order, variant))
@@ -437,7 +447,8 @@ def test_benchmark_skips_what_a_cpu_cannot_run_and_pairs_the_rest(monkeypatch):
         mine = steps.track_seconds(cache, variant)["samples"]
         ratios = steps.track_speedup(cache, variant)["samples"]
         assert len(mine) == len(sparse) == len(ratios) == 3 and min(mine + sparse) > 0
-        assert ratios == pytest.approx([a / b for a, b in zip(sparse, mine)])  # per round, never of medians
+        # per round, never of medians
+        assert ratios == pytest.approx([a / b for a, b in zip(sparse, mine, strict=True)])
 
 
 def test_benchmark_looks_up_sparse_adam_indices_on_the_tables_device(monkeypatch):
@@ -446,11 +457,6 @@ def test_benchmark_looks_up_sparse_adam_indices_on_the_tables_device(monkeypatch
     CUDA device without memory and refuses an op mixing devices, as CUDA kernels do. Autograd
     would start its CUDA worker (which needs a GPU), so backward is a no-op: the lookup is
     where devices meet."""
-    from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC0415
-
-    from benchmarks import bench_transfer as bench  # noqa: PLC0415
-    from speedbench.measure import devices as measure  # noqa: PLC0415
-
     monkeypatch.setattr(measure, "device", lambda prefer=None: torch.device("cuda", 0))
     monkeypatch.setattr(measure, "synchronize", lambda dev=None: None)
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *args, **kwargs: self)  # fake tensors cannot pin
@@ -466,11 +472,6 @@ def test_fraction_of_floor_reports_the_gbps_its_percent_was_computed_from(monkey
     the host->device floor, write-back over device->host, each floor timed once in the same
     process. The % tracks are unchanged; a variant that cannot run is NaN in every track.
     Fakes stand in for the GPU: 12.5 GB/s over a 25 GB/s floor is 50 %."""
-    import math  # noqa: PLC0415
-
-    from benchmarks import bench_transfer as bench  # noqa: PLC0415
-    from speedbench.measure import devices as measure  # noqa: PLC0415
-
     floors, timed = {"h2d": 25e9, "d2h": 20e9}, []
 
     def copy(dev, direction, pinned):
@@ -516,8 +517,7 @@ def test_fraction_of_floor_reports_the_gbps_its_percent_was_computed_from(monkey
               floor.track_scatter_bandwidth, floor.track_h2d_floor, floor.track_d2h_floor)
     assert all(math.isnan(track(cache, "cupy")) for track in tracks)
     # the GB/s are kind "bandwidth" (unit GB/s), the % still "fraction of floor", each in its own words
-    from speedbench import words  # noqa: PLC0415
-    from speedbench.results.load import metric_kind  # noqa: PLC0415
+    from speedbench.results.load import metric_kind  # noqa: PLC0415 - pandas, only for this test
 
     for track in tracks[2:]:
         assert track.unit == "GB/s" and metric_kind("track", track.unit) == "bandwidth"
@@ -528,10 +528,6 @@ def test_fraction_of_floor_reports_the_gbps_its_percent_was_computed_from(monkey
 @pytest.mark.skipif(HAS_CUDA, reason="checks the CPU behaviour of the benchmark")
 def test_fraction_of_floor_gbps_are_skips_on_a_cpu():
     """GPUs only, as the % are: a CPU records NaN (asv's skip) for every variant."""
-    import math  # noqa: PLC0415
-
-    from benchmarks import bench_transfer as bench  # noqa: PLC0415
-
     floor = bench.FractionOfFloor()
     cache = floor.measure_all()
     for variant in bench.VARIANTS:
@@ -544,10 +540,6 @@ def test_the_plain_pytorch_baselines_move_the_rows_speedlib_moves(monkeypatch):
     """bench_transfer's baselines are torch alone: the pageable one as it is, the pinned one's
     logic with stand-ins for what needs a GPU (pinning, the copy's event), on a batch shorter
     than its buffer; each gathers the rows a speedlib table gathers and writes back alike."""
-    import types  # noqa: PLC0415
-
-    from benchmarks import bench_transfer as bench  # noqa: PLC0415
-
     class Event:
         def record(self):
             self.recorded = True
@@ -562,7 +554,8 @@ def test_the_plain_pytorch_baselines_move_the_rows_speedlib_moves(monkeypatch):
     def unpinned(make):
         return lambda *shape, pin_memory=False, **kw: make(*shape, **kw)
 
-    fake = types.SimpleNamespace(zeros=unpinned(torch.zeros), empty=unpinned(torch.empty), index_select=torch.index_select,
+    fake = types.SimpleNamespace(zeros=unpinned(torch.zeros), empty=unpinned(torch.empty),
+                                 index_select=torch.index_select,
                                  cuda=types.SimpleNamespace(Event=Event, current_stream=Stream))
     weight = torch.randn(50, 4, generator=torch.Generator().manual_seed(2))
     idx = torch.tensor([7, 3, 7, 49, 0])
@@ -586,8 +579,6 @@ def test_the_plain_pytorch_baselines_move_the_rows_speedlib_moves(monkeypatch):
 
 @needs_cuda
 def test_the_plain_pytorch_pinned_baseline_gathers_and_writes_back_on_a_gpu():
-    from benchmarks import bench_transfer as bench  # noqa: PLC0415
-
     weight = torch.randn(300, 16)
     table = bench._storage("torch_pinned", 300, 16, torch.device("cuda"), 64)
     assert table.table.is_pinned() and table.buffer.is_pinned()
@@ -604,9 +595,6 @@ def test_the_plain_pytorch_pinned_baseline_gathers_and_writes_back_on_a_gpu():
 def test_fraction_of_floor_prints_what_auto_chose_with_its_gather_bandwidth(capsys):
     """What 'auto' measured reaches `speedlib run --show-stderr` through a track (asv keeps a
     setup_cache's output only when it fails): the path kept, and every path's median."""
-    from benchmarks import bench_transfer as bench  # noqa: PLC0415
-    from speedlib._transfer_auto import Path  # noqa: PLC0415
-
     table = HostTable(20, 4, device="cpu")
     table._impl.chosen = {"gather": Path("split", share=0.42)}
     table._impl.measured = {"gather": {Path("pinned"): 2e-3, Path("split", share=0.42): 1.25e-3}}

@@ -253,7 +253,7 @@ def test_a_split_refills_a_staging_buffer_only_after_its_copy(interpreted):
     for event in split.pinned._events:
         if event is not None:
             event.synchronize()  # what a later wait would do
-    assert all(same_bits(out, host[i]) for out, i in zip(outs, idx))
+    assert all(same_bits(out, host[i]) for out, i in zip(outs, idx, strict=True))
 
 
 # --- on a GPU: every path of a real table ---------------------------------------------------------
@@ -269,7 +269,7 @@ def _every_path():
 def test_every_auto_path_gathers_and_writes_back_bitwise(path, pattern, fresh_choices):
     weight = bits(700, 24, torch.bfloat16)
     table = HostTable.from_tensor(weight)
-    key = lambda op, n: table._impl._key(op, n)  # noqa: E731
+    key = table._impl._key
     idx = indices(pattern, 333, 700)
     _transfer_auto.CHOICES.update({key("gather", 333): path, key("scatter", 333): path})  # forced
     for where in ("cpu", table.device):

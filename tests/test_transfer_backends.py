@@ -22,6 +22,8 @@ import pytest
 import torch
 from transfer_bits import GPU_BACKENDS, _cupy_ok, _reference, needs_cuda
 
+from speedlib import _transfer_backends as transfer
+from speedlib._transfer_backends import _MappedHost
 from speedlib.transfer import HostTable
 
 
@@ -33,8 +35,6 @@ def test_cupy_backend_refuses_bfloat16():
 
 
 def test_mapped_host_describes_the_table_bytes_in_place():
-    from speedlib._transfer_backends import _MappedHost  # noqa: PLC0415 - the uva backend's CPU-side logic
-
     host = torch.zeros(6, 5, dtype=torch.bfloat16)
     cai = _MappedHost(host).__cuda_array_interface__
     assert cai["data"] == (host.data_ptr(), False)
@@ -66,8 +66,6 @@ def test_uva_memory_is_locked_exactly_and_unlocked_when_its_owner_is_freed(monke
     mapped and portable, under the table's device (CUDA records it as the memory's, and
     torch.as_tensor reads it back); page-aligned and shared, so no neighbour's page is locked
     and a fork copies no page; unregistered when the owner is freed, the memory still valid."""
-    from speedlib import _transfer_backends as transfer  # noqa: PLC0415 - the backends' internals
-
     calls, current = [], [None]
 
     class Device:  # torch.cuda.device stood in
@@ -171,8 +169,6 @@ def test_exit_releases_cupy_tables_then_the_blocks_cupys_pools_cache(monkeypatch
     tables drop their memory first (a block in use cannot be freed), then the pinned and
     device pools of the CuPy the tables used free their cached blocks while CUDA is alive.
     A CuPy that no table used is left alone: its pools could make CUDA calls at exit."""
-    from speedlib import _transfer_backends as transfer  # noqa: PLC0415 - the backends' internals
-
     events = []
 
     class Pool:

@@ -6,16 +6,17 @@ compared bitwise with plain indexing, on tables of random bits (tests/transfer_b
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import warnings
 
 import pytest
 import torch
-from transfer_bits import PATTERNS, bits, indices, needs_cuda, needs_triton, same_bits
+from transfer_bits import PATTERNS, _cupy_ok, bits, indices, needs_cuda, needs_triton, same_bits
 
-from speedlib import _transfer_kernel
-from speedlib.transfer import HostTable
+from speedlib import _host_table, _transfer_kernel
+from speedlib.transfer import HostEmbedding, HostTable
 
 # --- the uva row-copy kernel, in Triton's interpreter ------------------------------------------
 
@@ -108,8 +109,6 @@ def test_without_a_kernel_the_copy_says_why_once_and_falls_back_exactly(monkeypa
 # --- the backends' options --------------------------------------------------------------------
 
 def test_backend_options_are_checked_and_kept_for_the_backend():
-    from speedlib import _host_table  # noqa: PLC0415 - the options' checks
-
     assert _host_table._options("uva", True) == {"sort_indices": True}
     assert _host_table._options("cupy", False) == {}
     assert _host_table._options("auto", False) == {}
@@ -117,10 +116,6 @@ def test_backend_options_are_checked_and_kept_for_the_backend():
 
 @needs_cuda
 def test_options_reach_the_table_its_repr_and_an_embeddings_state_tables():
-    import functools  # noqa: PLC0415
-
-    from speedlib.transfer import HostEmbedding  # noqa: PLC0415
-
     table = HostTable(100, 8, backend="uva", sort_indices=True)
     assert table.options == {"sort_indices": True} and "sort_indices=True" in repr(table)
     emb = HostEmbedding(100, 8, functools.partial(torch.optim.Adam, lr=0.1), weight=table)
@@ -147,11 +142,8 @@ def test_backend_options_are_refused_where_they_would_do_nothing():
 
 def _gpu_backends():
     out = [("auto", {}), ("pinned", {}), ("uva", {}), ("uva", {"sort_indices": True}), ("device", {})]
-    try:
-        import cupy  # noqa: F401, PLC0415
+    if _cupy_ok():
         out.append(("cupy", {}))
-    except ImportError:
-        pass
     return out
 
 

@@ -610,7 +610,7 @@ def test_training_step_pairs_off_and_on_per_round(monkeypatch):
     on = steps.track_seconds(cache, "zero_grad", "on")["samples"]
     ratios = steps.track_speedup(cache, "zero_grad", "on")["samples"]
     assert len(off) == len(on) == len(ratios) == 2 and min(off + on) > 0
-    assert ratios == pytest.approx([a / b for a, b in zip(off, on)])  # per round, never of medians
+    assert ratios == pytest.approx([a / b for a, b in zip(off, on, strict=True)])  # per round, never of medians
 
 
 def test_benchmark_off_model_has_a_bias_before_every_norm():

@@ -14,7 +14,7 @@ from speedlib.transfer import BACKENDS
 
 needs_cuda = pytest.mark.gpu(reason="these backends move rows to a CUDA device; this machine has none")
 try:
-    import triton  # noqa: F401
+    import triton  # noqa: F401 - imported only to learn whether Triton is installed
     HAS_TRITON = True
 except ImportError:
     HAS_TRITON = False
@@ -25,7 +25,7 @@ GPU_BACKENDS = [b for b in BACKENDS if b not in ("pageable", "auto")]  # auto is
 
 def _cupy_ok() -> bool:
     try:
-        import cupy  # noqa: F401, PLC0415
+        import cupy  # noqa: F401, PLC0415 - optional and heavy: imported only to learn whether it is installed
     except ImportError:
         return False
     return True
@@ -66,7 +66,8 @@ def _reference(rows=1000, dim=16, dtype=torch.float32, seed=0):
 
 def bits(rows: int, dim: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
     """A table of random bit patterns: NaNs with payloads, infinities, subnormals."""
-    raw = torch.randint(0, 256, (rows, dim * dtype.itemsize), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+    raw = torch.randint(0, 256, (rows, dim * dtype.itemsize), dtype=torch.uint8,
+                        generator=torch.Generator().manual_seed(seed))
     return raw.view(dtype)
 
 
