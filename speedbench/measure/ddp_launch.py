@@ -152,7 +152,7 @@ class RunResult:
     @property
     def step_seconds(self) -> float:
         """Median over steps of the slowest rank's time: a step ends when every rank is done."""
-        return statistics.median(max(ranks) for ranks in zip(*self.step_times))
+        return statistics.median(max(ranks) for ranks in zip(*self.step_times, strict=True))
 
     @property
     def samples_per_second(self) -> float:

@@ -350,7 +350,8 @@ def _gpu_state_smi() -> list[dict] | None:
     except (OSError, subprocess.SubprocessError):  # absent, timed out, or failed: unknown, not an error
         return None
     rows = [[v.strip() for v in line.split(",")] for line in out.splitlines() if line.strip()]
-    return [{key: _smi_value(text, parse) for (key, (_, parse)), text in zip(_GPU_STATE_FIELDS.items(), row)}
+    return [{key: _smi_value(text, parse)
+             for (key, (_, parse)), text in zip(_GPU_STATE_FIELDS.items(), row, strict=True)}
             for row in rows if len(row) == len(fields)]
 
 

@@ -88,7 +88,7 @@ def is_own_baseline(rows: pd.DataFrame) -> pd.Series:
     baseline's too, in results from before baselines were plain PyTorch)."""
     chains = {t: (*TECHNIQUES[t].baselines, *TECHNIQUES[t].former) for t in TECHNIQUES}
     return pd.Series([str(b).endswith(".track_speedup") and v in chains.get(t, ())
-                      for b, t, v in zip(rows["benchmark"], rows["technique"], rows["variant"])],
+                      for b, t, v in zip(rows["benchmark"], rows["technique"], rows["variant"], strict=True)],
                      index=rows.index, dtype=bool)
 
 
@@ -144,7 +144,8 @@ def claims_table(df: pd.DataFrame) -> Table:
             label = f"{c.metric}: {c.variant} vs {c.baseline} ({c.measured_as})"
         if hit.empty and c.also and not _claim_rows(s, c, by_suite=False, metric=c.also).empty:
             hit = _claim_rows(s, c, by_suite=False, metric=c.also)
-            label = f"{c.also}: {c.variant} vs {c.baseline} (bandwidth ratio: each as % of a pinned copy timed just before it)"
+            label = (f"{c.also}: {c.variant} vs {c.baseline} "
+                     "(bandwidth ratio: each as % of a pinned copy timed just before it)")
         fixed = {k for k, _ in c.where}
         others = [p for p in _shown(hit) if p != "workload" and p not in fixed]  # e.g. batch: one row per value
         if c.measured_as == "memory ratio":  # report variant / baseline, as the claim is stated

@@ -8,6 +8,7 @@ results) and writes the tables.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -72,7 +73,7 @@ def history(df: pd.DataFrame, benchmark: str | None = None) -> pd.DataFrame:
         if not quiet:
             continue
         stretches = [[quiet[0]]]  # consecutive quiet rows of one environment
-        for before, i in zip(quiet, quiet[1:]):
+        for before, i in itertools.pairwise(quiet):
             if env[i] != env[before]:
                 out["environment_change"][i] = machines.describe_change(records[before], records[i])
                 stretches.append([i])
@@ -116,11 +117,11 @@ def history_table(df: pd.DataFrame, benchmark: str) -> Table:
     frame = pd.DataFrame({
         "machine": h["machine"], "commit": _commit_label(h) if not h.empty else h["commit"],
         "commit date": h["commit_date"].dt.strftime("%Y-%m-%d"), "params": h["params"],
-        "value": [fmt_value(v, u) for v, u in zip(h["value"], h["unit"])],
+        "value": [fmt_value(v, u) for v, u in zip(h["value"], h["unit"], strict=True)],
         "change": [_fmt_change(c) for c in h["change"]],
-        "test": [_fmt_test(t, p) for t, p in zip(h["test"], h["p_value"])],
+        "test": [_fmt_test(t, p) for t, p in zip(h["test"], h["p_value"], strict=True)],
         "flag": [_flag(d, s, e, x) for d, s, e, x in zip(h["direction"], h["step_direction"], h["environment_change"],
-                                                         h["left_out"])],
+                                                         h["left_out"], strict=True)],
         "N": h["n"],
     })
     contended_notes = [f"'{CONTENDED} contended: {NOT_COMPARED}': measured on a busy machine; the next commit is "
@@ -183,7 +184,8 @@ def compare_commits(df: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
                          "build), or gate on a machine that measured both alike with --machine")
     busy = m[contended(m)]  # either side: `contended` reads contention_base too
     if not busy.empty:
-        where = sorted({f"{r['machine']} at {r['commit'][:8] if r.get('contention') == contention.CONTENDED else r['commit_base'][:8]}"
+        where = sorted({f"{r['machine']} at "
+                        f"{r['commit'][:8] if r.get('contention') == contention.CONTENDED else r['commit_base'][:8]}"
                         for r in busy.to_dict("records")})
         raise ValueError(f"{len(busy)} of the results compared were measured on a contended machine "
                          f"({CONTENDED}: {'; '.join(where)}), so a change between {a[:8]} and {b[:8]} could be the "
@@ -204,11 +206,11 @@ def change_table(df: pd.DataFrame, a: str, b: str) -> Table:
     s = pd.concat([m[m["direction"] == "regression"], m[m["direction"] == "improvement"]])
     frame = pd.DataFrame({
         "machine": s["machine"], "benchmark": s["benchmark"], "params": s["params"],
-        a8: [fmt_value(v, u) for v, u in zip(s["value_base"], s["unit"])],
-        b8: [fmt_value(v, u) for v, u in zip(s["value"], s["unit"])],
+        a8: [fmt_value(v, u) for v, u in zip(s["value_base"], s["unit"], strict=True)],
+        b8: [fmt_value(v, u) for v, u in zip(s["value"], s["unit"], strict=True)],
         "change": [_fmt_change(c) for c in s["change"]],
-        "test": [_fmt_test(t, p) for t, p in zip(s["test"], s["p_value"])], "verdict": s["direction"],
-        "N": [f"{na} / {nb}" for na, nb in zip(s["n_base"], s["n"])],
+        "test": [_fmt_test(t, p) for t, p in zip(s["test"], s["p_value"], strict=True)], "verdict": s["direction"],
+        "N": [f"{na} / {nb}" for na, nb in zip(s["n_base"], s["n"], strict=True)],
     })
     counts = s["direction"].value_counts()
     compared = pd.concat([_latest_run(df, c) for c in (m["commit_base"].iloc[0], m["commit"].iloc[0])])

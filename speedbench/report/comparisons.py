@@ -42,7 +42,7 @@ def _cell(rows: pd.DataFrame) -> str:
             + f"{marks[0]} N={r.n}{earlier}"
     if len(rows) <= MAX_CASES_NAMED:
         return "; ".join(f"{_case(r.config, getattr(r, 'knob', None))}: {report.fmt_ratio(r.ratio, None, None)}{m}"
-                         for r, m in zip(rows.itertuples(), marks)) + earlier
+                         for r, m in zip(rows.itertuples(), marks, strict=True)) + earlier
     low, high = rows["ratio"].min(), rows["ratio"].max()
     busy = f" ({sum(bool(m) for m in marks)} {report.CONTENDED})" if any(marks) else ""
     return f"{report.fmt_ratio(low, None, None)} to {report.fmt_ratio(high, None, None)} over {len(rows)} " \
@@ -61,7 +61,7 @@ def every_comparison(df: pd.DataFrame) -> report.Table:
                             s, [])
     s = s.assign(knob=s["knob"] if "knob" in s else None)
     machines = sorted(s["machine"].unique())
-    gpus = dict(zip(s["machine"], s["gpu"].astype(str)))
+    gpus = dict(zip(s["machine"], s["gpu"].astype(str), strict=True))
     columns = {m: f"{m} ({gpus[m]})" for m in machines}
     order = {name: i for i, name in enumerate(report.TECHNIQUES)}
     keys = ["technique", "suite", "knob", "variant", "baseline"]

@@ -99,7 +99,8 @@ def provenance(sources: pd.DataFrame) -> list[dict[str, str]]:
             **({"torch threads": f"{r['torch_threads']:g}"} if isinstance(r.get("torch_threads"), (int, float))
                else {}),
             "statistic": _statistic(set(rows["kind"]), rows["n"]),
-            "measured": str(r.get("recorded_at") or (r["run_date"].isoformat() if r["run_date"] is not None else "unknown")),
+            "measured": str(r.get("recorded_at")
+                            or (r["run_date"].isoformat() if r["run_date"] is not None else "unknown")),
             **({"benchmark code": "an earlier version, changed since (the command below reruns that version)"}
                if earlier_version(rows).any() else {}),
             "machine state": run_state(rows),
@@ -178,7 +179,8 @@ def _cells(frame: pd.DataFrame) -> list[list[str]]:
 # file), the pipe that ends a cell, backticks that open code, the brackets of link, image
 # and reference syntax; HTML's <, > and & as entities, so no tag, autolink or entity is
 # read from a file.
-_MARKDOWN = {"\\": "\\\\", "|": "\\|", "`": "\\`", "[": "\\[", "]": "\\]", "<": "&lt;", ">": "&gt;", "&": "&amp;", "*": "\\*"}
+_MARKDOWN = {"\\": "\\\\", "|": "\\|", "`": "\\`", "[": "\\[", "]": "\\]", "<": "&lt;", ">": "&gt;", "&": "&amp;",
+             "*": "\\*"}
 _MARKDOWN_RE = re.compile("|".join(re.escape(k) for k in _MARKDOWN))
 
 

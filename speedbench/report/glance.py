@@ -104,8 +104,8 @@ def figure(picks: pd.DataFrame, height: int | None = None):
 
     techniques = list(dict.fromkeys(picks["technique"]))
     machines = list(dict.fromkeys(picks["machine"]))
-    titles = dict(zip(picks["technique"], picks["title"]))
-    gpus = dict(zip(picks["machine"], picks["gpu"].astype(str)))
+    titles = dict(zip(picks["technique"], picks["title"], strict=True))
+    gpus = dict(zip(picks["machine"], picks["gpu"].astype(str), strict=True))
     y = [_wrap(titles[t]) for t in techniques]
     x = [f"{html.escape(m)}<br>{html.escape(gpus[m])}" for m in machines]
     at = {(r.technique, r.machine): r for r in picks.itertuples()}

@@ -108,12 +108,14 @@ def _against(own: pd.DataFrame, h: Headline, other: str) -> pd.DataFrame:
     theirs = seconds[seconds["variant"] == other]
     found = {(m, c, b, report.shared_config(p)): (x, i, e) for m, c, b, p, x, i, e in zip(
         theirs["machine"], theirs["commit"], theirs["benchmark"], theirs["params"], theirs["samples"],
-        theirs["result_id"] if "result_id" in theirs else [None] * len(theirs), report.earlier_version(theirs))}
+        theirs["result_id"] if "result_id" in theirs else [None] * len(theirs), report.earlier_version(theirs),
+        strict=True)}
     mine = _fixed(seconds, h) if not seconds.empty else seconds
     out = []
-    for (_, r), mine_earlier in zip(mine.iterrows(), report.earlier_version(mine)):
+    for (_, r), mine_earlier in zip(mine.iterrows(), report.earlier_version(mine), strict=True):
         config = report.shared_config(r["params"])
-        samples, result_id, earlier = found.get((r["machine"], r["commit"], r["benchmark"], config), (None, None, False))
+        samples, result_id, earlier = found.get((r["machine"], r["commit"], r["benchmark"], config),
+                                                (None, None, False))
         if not isinstance(samples, list) or not isinstance(r["samples"], list) or len(samples) != len(r["samples"]):
             continue  # `other` did not run in these rounds
         # the rounds report.paired keeps: both variants' seconds come from the same rounds, so
@@ -125,7 +127,7 @@ def _against(own: pd.DataFrame, h: Headline, other: str) -> pd.DataFrame:
             e = paired_ratio(theirs_kept, mine_kept)
         except ValueError:  # a time no measurement can have: no ratio rather than a wrong one
             continue
-        ratios = [b / v for b, v in zip(theirs_kept, mine_kept)]
+        ratios = [b / v for b, v in zip(theirs_kept, mine_kept, strict=True)]
         out.append({**r.to_dict(), "kind": "paired speedup", "samples": ratios, "baseline": other,
                     "ratio": e.ratio, "ratio_low": e.low, "ratio_high": e.high, "n": e.n,
                     "width": e.high / e.low, "wide_because": report.why_wide(ratios, e.high / e.low),
@@ -188,11 +190,11 @@ def _ordered(hits: pd.DataFrame, h: Headline, gpu: str) -> list[tuple[str, list]
     """One cell's rows as the grid shows them: groups told apart by other parameters
     (batch=...), each group's baselines the lead first (`_order`)."""
     if not (h.default or h.beside):
-        return [(_others(row, h), [r]) for (_, row), r in zip(hits.iterrows(), hits.itertuples())]
+        return [(_others(row, h), [r]) for (_, row), r in zip(hits.iterrows(), hits.itertuples(), strict=True)]
     order = _order(h, _kind(gpu), set(hits["baseline"]) if not hits.empty else set())
     hits = _shown(hits, order)
     groups: dict[str, list] = {}
-    for other, r in zip((_others(row, h) for _, row in hits.iterrows()), hits.itertuples()):
+    for other, r in zip((_others(row, h) for _, row in hits.iterrows()), hits.itertuples(), strict=True):
         groups.setdefault(other, []).append(r)
     return [(other, sorted(rs, key=lambda r: order.index(r.baseline))) for other, rs in groups.items()]
 
@@ -222,7 +224,7 @@ def _cell(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, gpu: str) -> tu
             texts = [f"{report.fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)}{_busy(r)} ({_values(r)}; N={r.n} "
                      "each, not paired)" for r in hits.itertuples()]
         labelled = [f"{other}: {t}" if other else t
-                    for other, t in zip((_others(r, h) for _, r in hits.iterrows()), texts)]
+                    for other, t in zip((_others(r, h) for _, r in hits.iterrows()), texts, strict=True)]
     if not labelled:  # said first, so that a memory-only cell does not pass for the whole comparison
         labelled = [f"speed not measured yet ({_command(h)})"]
     used = [hits]
@@ -310,7 +312,7 @@ def grid(df: pd.DataFrame) -> report.Table:
     machines = sorted(last["machine"].unique()) if not last.empty else []
     columns = {m: f"{m} ({last.loc[last['machine'] == m, 'gpu'].iloc[0]})" for m in machines}
     rows, used, few, tidy = [], [], [], []
-    gpus = dict(zip(last["machine"], last["gpu"].astype(str)))
+    gpus = dict(zip(last["machine"], last["gpu"].astype(str), strict=True))
     for h in HEADLINES:
         row = {"technique": TECHNIQUES[h.technique].title}
         hits, memory = _comparisons(last, h)

@@ -57,10 +57,11 @@ def machine_comparison(df: pd.DataFrame, machine_a: str, machine_b: str) -> Tabl
         m = m.iloc[0:0]
     frame = pd.DataFrame({
         "benchmark": m["benchmark"], "params": m["params"],
-        machine_a: [fmt_value(v, u) for v, u in zip(m["value_base"], m["unit"])],
-        machine_b: [fmt_value(v, u) for v, u in zip(m["value"], m["unit"])],
-        f"{machine_b} vs {machine_a}": [fmt_ratio(r, lo, hi) + (f" {CONTENDED}" if busy else "") for r, lo, hi, busy
-                                         in zip(m["ratio"], m["ratio_low"], m["ratio_high"], contended(m))],
+        machine_a: [fmt_value(v, u) for v, u in zip(m["value_base"], m["unit"], strict=True)],
+        machine_b: [fmt_value(v, u) for v, u in zip(m["value"], m["unit"], strict=True)],
+        f"{machine_b} vs {machine_a}": [
+            fmt_ratio(r, lo, hi) + (f" {CONTENDED}" if busy else "")
+            for r, lo, hi, busy in zip(m["ratio"], m["ratio_low"], m["ratio_high"], contended(m), strict=True)],
         "commits": m["commit_base"].str[:8] + " / " + m["commit"].str[:8],
     })
     last = latest(df[df["machine"].isin([machine_a, machine_b])])
@@ -85,7 +86,7 @@ def speedup_comparison(df: pd.DataFrame, machine_a: str, machine_b: str) -> Tabl
         own = m.rename(columns={f"earlier_version_{side}": "earlier_version", f"contention_{side}": "contention"})
         return [fmt_ratio(r, lo, hi) + f" N={n}" + (f" {EARLIER}" if e else "") + (f" {CONTENDED}" if c else "")
                 for r, lo, hi, n, e, c in zip(m[f"ratio_{side}"], m[f"ratio_low_{side}"], m[f"ratio_high_{side}"],
-                                              m[f"n_{side}"], earlier_version(own), contended(own))]
+                                              m[f"n_{side}"], earlier_version(own), contended(own), strict=True)]
 
     frame = pd.DataFrame({
         "technique": m["technique"],

@@ -141,7 +141,7 @@ def case_label(df: pd.DataFrame) -> pd.Series:
         head = [workload] if isinstance(workload, str) and workload else []
         return " / ".join([", ".join(head + parts), variant if isinstance(variant, str) else ""]).strip(" /")
 
-    return pd.Series([label(p, w, v) for p, w, v in zip(df["params"], df["workload"], df["variant"])],
+    return pd.Series([label(p, w, v) for p, w, v in zip(df["params"], df["workload"], df["variant"], strict=True)],
                      index=df.index, dtype=object)
 
 
@@ -161,8 +161,8 @@ def speedups(df: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:
     # then per comparison group the most preferred baseline present.
     chains = {t: (baseline,) if baseline is not None else TECHNIQUES[t].baselines if t in TECHNIQUES else ()
               for t in rows["technique"].unique()}
-    rank = np.array([chains[t].index(v) if v in chains[t] else np.nan for t, v in zip(rows["technique"], rows["variant"])],
-                    dtype=float)
+    rank = np.array([chains[t].index(v) if v in chains[t] else np.nan
+                     for t, v in zip(rows["technique"], rows["variant"], strict=True)], dtype=float)
     usable = ~np.isnan(rank)
     base = rows[usable].assign(_rank=rank[usable]).sort_values("_rank", kind="stable").drop_duplicates(keys)
     merged = rows.merge(base[[*keys, "variant", "value", "ci99_low", "ci99_high", "q25", "q75",
@@ -278,7 +278,7 @@ def _gpu_tests_notes(s: pd.DataFrame) -> list[str]:
         machine = s[f"machine{suffix}"] if f"machine{suffix}" in s else s["machine"]
         commit = s[f"commit{suffix}"] if f"commit{suffix}" in s else s["commit"]
         for m, c, state, note in zip(machine, commit, s[f"gpu_tests{suffix}"],
-                                     s[f"gpu_tests_note{suffix}"]):
+                                     s[f"gpu_tests_note{suffix}"], strict=True):
             if isinstance(state, str) and state != gpu_verdicts.NOT_APPLICABLE:
                 seen.setdefault((m, c), (state, note))
     failed = [f"{GPU_TESTS_FAILED} {m} {c[:8]}: GPU tests {note}"
@@ -310,7 +310,8 @@ def with_earlier_note(notes: list[str], s: pd.DataFrame) -> list[str]:
     if not busy.empty:
         out.append(CONTENDED_NOTE)
         where = busy["benchmark"].str.rsplit(".", n=1).str[0] + busy["params"].map(
-            lambda p: f" ({shared_config(p)})" if shared_config(p) else "")  # the configuration: which of a class's rounds
+            # the configuration: which of a class's rounds
+            lambda p: f" ({shared_config(p)})" if shared_config(p) else "")
         for (machine, commit, bench, note), _ in busy.groupby(["machine", "commit", where, "contention_note"],
                                                               sort=True):
             out.append(f"{CONTENDED} {machine} {commit[:8]} {bench}: {note}")
@@ -329,7 +330,8 @@ def machine_state(s: pd.DataFrame) -> pd.Series:
         return pd.Series("not recorded", index=s.index, dtype=object)
     notes = s["contention_note"] if "contention_note" in s else pd.Series("", index=s.index)
     return pd.Series([_STATE_WORDS.get(state) or (f"{CONTENDED} {note}" if state == contention.CONTENDED else note)
-                      for state, note in zip(s["contention"].fillna(""), notes.fillna(""))], index=s.index, dtype=object)
+                      for state, note in zip(s["contention"].fillna(""), notes.fillna(""), strict=True)],
+                     index=s.index, dtype=object)
 
 
 def citable(df: pd.DataFrame) -> pd.DataFrame:
@@ -386,9 +388,10 @@ def speedup_table(df: pd.DataFrame, kind: str = "time", baseline: str | None = N
     frame = pd.DataFrame({
         **_identity(s),
         "variant": s["variant"], "baseline": s["baseline"],
-        "value": [fmt_value(v, u) for v, u in zip(s["value"], s["unit"])],
-        "baseline value": [fmt_value(v, u) for v, u in zip(s["baseline_value"], s["unit"])],
-        "speedup": [fmt_ratio(r, lo, hi) for r, lo, hi in zip(s["ratio"], s["ratio_low"], s["ratio_high"])],
+        "value": [fmt_value(v, u) for v, u in zip(s["value"], s["unit"], strict=True)],
+        "baseline value": [fmt_value(v, u) for v, u in zip(s["baseline_value"], s["unit"], strict=True)],
+        "speedup": [fmt_ratio(r, lo, hi)
+                    for r, lo, hi in zip(s["ratio"], s["ratio_low"], s["ratio_high"], strict=True)],
         "interval": s["interval"], "N": s["n"],
     })
     notes = ["speedup = baseline / variant for time, variant / baseline for bandwidth and % of floor; "
@@ -415,7 +418,8 @@ def memory_table(df: pd.DataFrame, baseline: str | None = None) -> Table:
         # bytes, not "peak": the table holds saved activations and retained bytes too
         "bytes": [fmt_value(v, "bytes") for v in s["value"]],
         "baseline bytes": [fmt_value(v, "bytes") for v in s["baseline_value"]],
-        "memory ratio": [fmt_ratio(r, lo, hi) for r, lo, hi in zip(s["ratio"], s["ratio_low"], s["ratio_high"])],
+        "memory ratio": [fmt_ratio(r, lo, hi)
+                         for r, lo, hi in zip(s["ratio"], s["ratio_low"], s["ratio_high"], strict=True)],
         "change": [f"{c:+.1f} %" if math.isfinite(c) else UNDEFINED if pd.notna(c) else "" for c in change],
         "N": s["n"],
     })
@@ -470,7 +474,7 @@ def why_wide(ratios, width: float) -> str:
 def _comparison(benchmarks, configs) -> list[str]:
     """A paired comparison in a few words: its class and configuration, the workload by name
     alone ("TrainingStep resnet50", "TrainingStep knob=channels_last")."""
-    return [f"{b.split('.')[1]} {c.replace('workload=', '')}".strip() for b, c in zip(benchmarks, configs)]
+    return [f"{b.split('.')[1]} {c.replace('workload=', '')}".strip() for b, c in zip(benchmarks, configs, strict=True)]
 
 
 def paired(df: pd.DataFrame) -> pd.DataFrame:
@@ -490,8 +494,8 @@ def paired(df: pd.DataFrame) -> pd.DataFrame:
     # Disturbed rounds are left out where the verdict says enough others remain (DROPPED).
     kept = [contention.keep(x, state, disturbed) if isinstance(disturbed, list) else list(x)
             for x, state, disturbed in zip(s["samples"], s.get("contention", [""] * len(s)),
-                                           s.get("disturbed", [None] * len(s)))]
-    s["dropped"] = [len(x) - len(k) for x, k in zip(s["samples"], kept)]
+                                           s.get("disturbed", [None] * len(s)), strict=True)]
+    s["dropped"] = [len(x) - len(k) for x, k in zip(s["samples"], kept, strict=True)]
     s["samples"] = kept
     estimates = [ratio_estimate(x) for x in s["samples"]]
     s["ratio"] = [e.ratio for e in estimates]
@@ -499,14 +503,14 @@ def paired(df: pd.DataFrame) -> pd.DataFrame:
     s["ratio_high"] = [e.high for e in estimates]
     s["n"] = [e.n for e in estimates]
     s["width"] = s["ratio_high"] / s["ratio_low"]
-    s["wide_because"] = [why_wide(x, w) for x, w in zip(s["samples"], s["width"])]
+    s["wide_because"] = [why_wide(x, w) for x, w in zip(s["samples"], s["width"], strict=True)]
     s["config"] = s["params"].map(shared_config)
     # The baseline: the variant of the same class and configuration that has times but, being
     # the reference, no speedup of its own; the technique's preference order breaks ties.
     timed = df[df["benchmark"].str.endswith(".track_seconds")]
     variants: dict[tuple, set] = {}
     for m, c, b, params, v in zip(timed["machine"], timed["commit"], timed["benchmark"], timed["params"],
-                                  timed["variant"]):
+                                  timed["variant"], strict=True):
         variants.setdefault((m, c, b.rsplit(".", 1)[0], shared_config(params)), set()).add(v)
 
     def baseline(machine, commit, benchmark, technique, config) -> str:
@@ -515,7 +519,8 @@ def paired(df: pd.DataFrame) -> pd.DataFrame:
         found = variants.get(key, set())
         return next((b for b in chain if b in found), "")
 
-    s["baseline"] = [baseline(*k) for k in zip(s["machine"], s["commit"], s["benchmark"], s["technique"], s["config"])]
+    s["baseline"] = [baseline(*k)
+                     for k in zip(s["machine"], s["commit"], s["benchmark"], s["technique"], s["config"], strict=True)]
     # Where none of a technique's class's variants is a baseline, its per-round speedups are
     # against a speedlib code path (transfer's classes before their plain-PyTorch variants
     # existed had speedlib's own pinned / pageable backend as baseline): a speedlib path is
@@ -534,7 +539,7 @@ def paired_table(df: pd.DataFrame) -> Table:
         "comparison": _comparison(s["benchmark"], s["config"]),
         "variant": s["variant"], "baseline": s["baseline"],
         "speedup": [fmt_ratio(r, lo, hi) + (f" {CONTENDED}" if busy else "")
-                    for r, lo, hi, busy in zip(s["ratio"], s["ratio_low"], s["ratio_high"], contended(s))],
+                    for r, lo, hi, busy in zip(s["ratio"], s["ratio_low"], s["ratio_high"], contended(s), strict=True)],
         "N": s["n"],
         "machine state": machine_state(s),
         f"why wider than {PAIRED_WIDTH_TARGET:.2f}x": s["wide_because"],
@@ -614,16 +619,17 @@ def noise_table(first: pd.DataFrame, second: pd.DataFrame) -> Table:
     pr, m = paired_noise(first, second), noise(first, second)
     frame = pd.concat([pd.DataFrame({
         "machine": pr["machine"], "commit": pr["commit"].str[:8], "benchmark": pr["benchmark"], "params": pr["params"],
-        "first": [fmt_ratio(r, lo, hi) for r, lo, hi in zip(pr["ratio"], pr["ratio_low"], pr["ratio_high"])],
+        "first": [fmt_ratio(r, lo, hi)
+                  for r, lo, hi in zip(pr["ratio"], pr["ratio_low"], pr["ratio_high"], strict=True)],
         "second": [fmt_ratio(r, lo, hi) for r, lo, hi in
-                   zip(pr["ratio_second"], pr["ratio_low_second"], pr["ratio_high_second"])],
+                   zip(pr["ratio_second"], pr["ratio_low_second"], pr["ratio_high_second"], strict=True)],
         "run to run": [f"{r * 100:.1f} %" for r in pr["run_to_run"]],
         "IQR / median": "", "target": f"{PAIRED_NOISE_TARGET:.0%}",
         "within": np.where(pr["within_target"], "yes", "NO"),
     }), pd.DataFrame({
         "machine": m["machine"], "commit": m["commit"].str[:8], "benchmark": m["benchmark"], "params": m["params"],
-        "first": [fmt_value(v, u) for v, u in zip(m["value"], m["unit"])],
-        "second": [fmt_value(v, u) for v, u in zip(m["value_second"], m["unit"])],
+        "first": [fmt_value(v, u) for v, u in zip(m["value"], m["unit"], strict=True)],
+        "second": [fmt_value(v, u) for v, u in zip(m["value_second"], m["unit"], strict=True)],
         "run to run": [f"{r * 100:.1f} %" for r in m["run_to_run"]],
         "IQR / median": [f"{x * 100:.1f} %" if pd.notna(x) else "" for x in m["spread"]],
         "target": f"{NOISE_TARGET:.0%}", "within": np.where(m["within_target"], "yes", "NO"),
@@ -632,7 +638,8 @@ def noise_table(first: pd.DataFrame, second: pd.DataFrame) -> Table:
     if len(pr):
         worst = pr["run_to_run"].max()
         notes.append(f"{int(pr['within_target'].sum())} of {len(pr)} paired speedups within "
-                     f"{PAIRED_NOISE_TARGET:.0%} run to run (worst {worst * 100:.1f} %); run to run = larger / smaller - 1")
+                     f"{PAIRED_NOISE_TARGET:.0%} run to run (worst {worst * 100:.1f} %); "
+                     "run to run = larger / smaller - 1")
     notes += [f"{int(m['within_target'].sum())} of {len(m)} times within {NOISE_TARGET:.0%} run to run; "
               "run to run = |second - first| / min(first, second); IQR / median: the larger of the two runs'"]
     apart, how = _rerun_elsewhere(first, second)
@@ -742,7 +749,7 @@ def _floor_figures(df: pd.DataFrame) -> tuple[pd.DataFrame, list]:
                                                           kind="stable")
     figures = _gbps_rows(df)
     found: dict[tuple, list] = {}
-    for index, row in zip(figures.index, figures.to_dict("records")):
+    for index, row in zip(figures.index, figures.to_dict("records"), strict=True):
         found.setdefault(_run_of(row, row["metric"]), []).append((index, row))
     out: dict[str, list] = {c: [] for c in ("gbps", "floor_gbps", "gbps_text", "floor_gbps_text", "gbps_result_id",
                                             "floor_gbps_result_id")}
@@ -757,7 +764,7 @@ def _floor_figures(df: pd.DataFrame) -> tuple[pd.DataFrame, list]:
             # Both terms of the %, checked against it, or neither: a lone figure, or a pair the
             # % was not made of, would be another measurement's.
             matches = [None, None]
-        for column, match in zip(("gbps", "floor_gbps"), matches):
+        for column, match in zip(("gbps", "floor_gbps"), matches, strict=True):
             if match is None:
                 value, text, rid = math.nan, NOT_A_BANDWIDTH if pair is None else NOT_RECORDED, None
             else:
@@ -792,14 +799,15 @@ def _figure_notes(s: pd.DataFrame, df: pd.DataFrame, shown) -> list[str]:
     # The GB/s a run has at all, per machine, commit and class: none means its benchmark had
     # no such tracks at that commit (asv records every method of a class it runs).
     figures = _gbps_rows(df)
-    has = set(zip(figures["machine"], figures["commit"], figures["benchmark"].str.rsplit(".", n=1).str[0]))
+    has = set(zip(figures["machine"], figures["commit"], figures["benchmark"].str.rsplit(".", n=1).str[0], strict=True))
     predate, apart = [], []
     # A run is its machine and commit; where every row is one machine's (a dashboard page, which
     # names it above the table) the machine is left out: the note is Markdown there, and a
     # machine's name comes from a result file.
     several = s["machine"].nunique() > 1
     for (machine, commit, cls), rows in s.groupby(["machine", "commit", classes], sort=True):
-        lacking = [(m, i) for m, g, f in zip(metrics[rows.index], rows["gbps_text"], rows["floor_gbps_text"])
+        lacking = [(m, i)
+                   for m, g, f in zip(metrics[rows.index], rows["gbps_text"], rows["floor_gbps_text"], strict=True)
                    if m in FLOOR_FIGURES for i, text in enumerate((g, f))
                    if text == NOT_RECORDED and FLOOR_FIGURES[m][i] is not None]
         if lacking:

@@ -6,6 +6,8 @@ from speedbench._api import lazy
 
 __all__, __getattr__ = lazy(__name__, {
     'paired': ('take_turns', 'PairedRatio', 'paired_ratio', 'ratio_estimate', 'signed_rank_cutoff'),
-    'significance': ('SIGNIFICANCE_FACTOR', 'P_THRESHOLD', 'EXACT_MAX', 'MIN_SEGMENT', 'MannWhitney', 'mann_whitney_u', 'differ'),
+    'significance': (
+        'SIGNIFICANCE_FACTOR', 'P_THRESHOLD', 'EXACT_MAX', 'MIN_SEGMENT', 'MannWhitney', 'mann_whitney_u', 'differ',
+    ),
     'contention': ('Verdict', 'judge', 'summary_line'),
 })

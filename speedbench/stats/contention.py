@@ -102,7 +102,7 @@ def keep(samples: Sequence[float], state: str, disturbed: Sequence[bool]) -> lis
     them; all of them otherwise."""
     if state != DROPPED or len(samples) != len(disturbed):
         return list(samples)
-    return [x for x, bad in zip(samples, disturbed) if not bad]
+    return [x for x, bad in zip(samples, disturbed, strict=True) if not bad]
 
 
 def others_limit(cores: float | None, threads: float | None = None) -> float | None:
@@ -130,9 +130,10 @@ def disturbances(counters: dict[str, Sequence[float]], cores: float | None = Non
     for i in range(rounds):
         def at(name: str):
             values = counters.get(name) or []
-            return values[i] if i < len(values) else None
+            return values[i] if i < len(values) else None  # noqa: B023 - called at once, in this round
 
-        others, preempted, neighbours, clock = at("others_cpu"), at("preemptions"), at("gpu_neighbours"), at("gpu_clock")
+        others, preempted = at("others_cpu"), at("preemptions")
+        neighbours, clock = at("gpu_neighbours"), at("gpu_clock")
         if limit is None:
             others = None  # a share of an unknown machine: preemptions judge instead
         if others is not None and others > limit:
@@ -169,14 +170,15 @@ def _note(state: State, per_round: list[list[str]], counters: dict[str, list[flo
     """E.g. "contended: 15 of 15 rounds disturbed (other processes kept 1.0 of 2 CPUs busy,
     182 preemptions/s in the disturbed rounds, median)"."""
     what = []
-    others = [v for v, r in zip(counters.get("others_cpu") or [], per_round) if r]
+    # strict=False: a counter that was not recorded is [] here, and gives no values
+    others = [v for v, r in zip(counters.get("others_cpu") or [], per_round, strict=False) if r]
     if others:
         median = statistics.median(others)
         what.append(f"other processes kept {median * cores / 100:.1f} of {cores:g} CPUs busy" if cores else
                     f"{median:.0f} % of the CPUs to other processes")
     for name, unit in (("preemptions", "preemptions/s"), ("gpu_neighbours", "other GPU processes"),
                        ("gpu_clock", "% of max SM clock")):
-        values = [v for v, r in zip(counters.get(name) or [], per_round) if r]
+        values = [v for v, r in zip(counters.get(name) or [], per_round, strict=False) if r]  # as `others`
         if values:
             what.append(f"{statistics.median(values):.0f} {unit}")
     counted = f"{bad} of {rounds} round{'s' if rounds != 1 else ''} disturbed"

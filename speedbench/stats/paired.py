@@ -102,7 +102,7 @@ def paired_ratio(baseline: Sequence[float], variant: Sequence[float], alpha: flo
         raise ValueError(f"paired samples must have one equal, non-zero length, got {len(baseline)} and {len(variant)}")
     if any(not (x > 0 and math.isfinite(x)) for x in (*baseline, *variant)):
         raise ValueError("paired samples must be positive, finite times")
-    return ratio_estimate([b / v for b, v in zip(baseline, variant)], alpha)
+    return ratio_estimate([b / v for b, v in zip(baseline, variant, strict=True)], alpha)
 
 
 def ratio_estimate(ratios: Sequence[float], alpha: float = 0.01) -> PairedRatio:

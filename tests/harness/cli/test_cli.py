@@ -342,14 +342,15 @@ def test_a_failing_benchmark_keeps_the_rest_of_the_run(failing_repo, tmp_path):
     results = failing_repo / "results"
     loaded = load_results(results)
     measured = loaded.measured[loaded.measured["machine"] == machine]
-    assert sorted(zip(measured["commit"], measured["benchmark"])) == sorted([
+    assert sorted(zip(measured["commit"], measured["benchmark"], strict=True)) == sorted([
         (broken, "bench_planted.Planted.track_ok"), (fixed, "bench_planted.Planted.track_note"),
         (fixed, "bench_planted.Planted.track_ok"),
         (broken, "bench_planted.Planted.track_harness"), (fixed, "bench_planted.Planted.track_harness")])
     # Each commit's library, but the checkout's harness at every commit.
     assert list(measured.loc[measured["benchmark"].str.endswith("track_harness"), "value"]) == [1, 1]
     failed = loaded.not_measured[loaded.not_measured["status"] == "failed"]
-    assert list(zip(failed["commit"], failed["benchmark"])) == [(broken, "bench_planted.Planted.track_note")]
+    assert list(zip(failed["commit"], failed["benchmark"], strict=True)) == \
+        [(broken, "bench_planted.Planted.track_note")]
     assert not loaded.problems  # every result file has its environment record
     for sha in (broken, fixed):
         assert ResultsTree(results).machine(machine).environment_record(sha).is_file()

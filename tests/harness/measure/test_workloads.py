@@ -32,7 +32,7 @@ def test_default_size_follows_the_device():
 def test_models_and_batches_are_deterministic():
     wl = workloads.get("mlp", "cpu")
     a, b = wl.model(seed=3), wl.model(seed=3)
-    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
     x1, y1 = wl.batch(seed=1)
     x2, y2 = wl.batch(seed=1)
     assert torch.equal(x1, x2) and torch.equal(y1, y2)

@@ -9,9 +9,9 @@ import pytest
 
 pd = pytest.importorskip("pandas")
 
-from speedbench import report  # noqa: E402
-from speedbench.report import comparisons  # noqa: E402
-from speedbench.results.load import load_results  # noqa: E402
+from speedbench import report  # noqa: E402 - after the pandas skip above
+from speedbench.report import comparisons  # noqa: E402 - after the pandas skip above
+from speedbench.results.load import load_results  # noqa: E402 - after the pandas skip above
 
 RESULTS = Path(__file__).resolve().parents[3] / "results"
 INTEL = "cpu-2core-intel-xeon (CPU only)"
@@ -38,7 +38,8 @@ def test_every_paired_class_variant_and_baseline_has_one_line(measured, every):
     last = report.latest(measured[measured["technique"].isin(report.TECHNIQUES)])
     p = report.paired(last)
     expected = {(t, s, k if isinstance(k, str) else "", v, b)
-                for t, s, k, v, b in zip(p["technique"], p["suite"], p["knob"], p["variant"], p["baseline"])}
+                for t, s, k, v, b in zip(p["technique"], p["suite"], p["knob"], p["variant"], p["baseline"],
+                                         strict=True)}
     assert len(every) == len(expected) >= 30
     # the viewer's own timing benchmark is no technique; every line links to a technique's page
     assert set(every["page"]) <= set(report.TECHNIQUES) and "dashboard" not in set(every["page"])
@@ -54,7 +55,8 @@ def test_one_case_is_the_paired_estimate_with_its_interval(measured, every):
     p = report.paired(last[(last["suite"] == "FusedPointwise") & (last["machine"] == "cpu-2core-intel-xeon")])
     r = p[p["variant"] == "compile"].iloc[0]
     expected = f"{r['ratio']:.3g}x [{r['ratio_low']:.3g}, {r['ratio_high']:.3g}] N={r['n']}"
-    assert line(every, "FusedPointwise: compile vs off", "tuning")[INTEL] == expected + _mark(p[p["variant"] == "compile"])
+    assert line(every, "FusedPointwise: compile vs off", "tuning")[INTEL] == \
+        expected + _mark(p[p["variant"] == "compile"])
 
 
 def _mark(rows: pd.DataFrame) -> str:
@@ -64,7 +66,8 @@ def _mark(rows: pd.DataFrame) -> str:
 
 def test_a_few_cases_are_named_and_many_give_their_range(measured, every):
     last = report.latest(measured)
-    p = report.paired(last[(last["machine"] == "cpu-2core-intel-xeon") & (last["technique"].isin(["contiguous", "checkpoint"]))])
+    p = report.paired(last[(last["machine"] == "cpu-2core-intel-xeon")
+                           & (last["technique"].isin(["contiguous", "checkpoint"]))])
     adam_rows = p[(p["suite"] == "AdamStep") & (p["variant"] == "speedlib") & (p["baseline"] == "forloop")]
     adam = adam_rows.set_index("workload")["ratio"]
     assert line(every, "AdamStep: speedlib vs forloop", "contiguous")[INTEL] == \

@@ -25,7 +25,7 @@ import pytest
 
 from speedbench import report
 from speedbench.cli import parser as cli
-from speedbench.report import writeup
+from speedbench.report import headline, writeup
 from speedbench.results import synthetic
 from speedbench.results.load import load_results, printable
 
@@ -274,8 +274,8 @@ def _track_history(values: list[float], kind: str = "memory") -> pd.DataFrame:
     for i, v in enumerate(values):
         day = pd.Timestamp("2026-01-01", tz="UTC") + pd.Timedelta(days=i)
         rows.append({"machine": "m", "benchmark": "bench_x.S.track_bytes", "params": "variant=on", "kind": kind,
-                     "unit": "bytes", "commit": (f"{i + 1:x}" * 40)[:40], "commit_date": day, "run_date": day, "value": v,
-                     "ci99_low": None, "ci99_high": None, "n": 1, "repeat": 1, "samples": []})
+                     "unit": "bytes", "commit": (f"{i + 1:x}" * 40)[:40], "commit_date": day, "run_date": day,
+                     "value": v, "ci99_low": None, "ci99_high": None, "n": 1, "repeat": 1, "samples": []})
     return pd.DataFrame(rows)
 
 
@@ -451,7 +451,7 @@ def test_a_link_pinned_before_the_first_result_says_so_not_that_there_are_none(a
 
 def _cite_page(results: Path, citation: bytes, tmp_path: Path, monkeypatch):
     """The cite page with `citation` as the repository's CITATION.cff."""
-    from streamlit.testing.v1 import AppTest  # noqa: PLC0415
+    from streamlit.testing.v1 import AppTest  # noqa: PLC0415 - needs streamlit, which the `app` fixture skips without
 
     root = tmp_path / "checkout"
     root.mkdir()
@@ -500,7 +500,7 @@ def test_the_cite_page_escapes_a_hostile_title(app, tree, tmp_path, monkeypatch)
 def test_a_chart_of_a_ratio_that_divides_by_zero(app):
     """A baseline that retained 0 bytes: its memory ratio has no value, and no bar; the rest draw."""
     sys.path.insert(0, str(ROOT / "dashboard"))
-    import _view  # noqa: PLC0415
+    import _view  # noqa: PLC0415 - found through the line above
 
     s = pd.DataFrame({"case": ["a", "b", "c"], "machine": ["m"] * 3, "ratio": [float("inf"), 0.5, float("nan")],
                       "ratio_low": [float("nan"), 0.4, float("nan")], "ratio_high": [float("nan"), 0.6, float("nan")]})
@@ -514,7 +514,7 @@ def test_a_chart_of_a_ratio_that_divides_by_zero(app):
 def test_a_newest_result_at_the_end_of_the_range_of_dates_is_not_pinned(app, newest):
     """A run date pandas holds but a link cannot (past 9999, or rounding up past pandas' end)."""
     sys.path.insert(0, str(ROOT / "dashboard"))
-    import _view  # noqa: PLC0415
+    import _view  # noqa: PLC0415 - found through the line above
 
     assert _view._link_time(newest, ceil=True) is None
     assert _view._link_time(pd.Timestamp("2026-11-24T10:47:13.2Z"), ceil=True) == "2026-11-24T10:47:14Z"
@@ -522,8 +522,6 @@ def test_a_newest_result_at_the_end_of_the_range_of_dates_is_not_pinned(app, new
 
 def test_the_headline_of_a_baseline_that_used_no_memory():
     """Checkpointing's cell divides the variant's peak memory by the baseline's."""
-    from speedbench.report import headline  # noqa: PLC0415
-
     df = load_results(ROOT / "results").measured
     peak = (df["suite"] == "PeakMemory") & (df["variant"] == "none")
     assert peak.any()  # the committed H100 run measured it

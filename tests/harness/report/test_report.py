@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ import pytest
 
 from speedbench import report
 from speedbench.cli import parser as cli
+from speedbench.report import headline
 from speedbench.results import synthetic
 from speedbench.results.load import load_results
 from speedbench.stats import paired
@@ -45,7 +47,8 @@ def one(frame: pd.DataFrame, **where) -> pd.Series:
 
 def test_speedup_and_its_interval_for_time(df):
     s = report.speedups(df)
-    r = one(s, machine="synthetic-h100", benchmark=TIME, workload="mlp", variant="speedlib", commit=df["commit"].iloc[0])
+    r = one(s, machine="synthetic-h100", benchmark=TIME, workload="mlp", variant="speedlib",
+            commit=df["commit"].iloc[0])
     b = one(df, machine="synthetic-h100", benchmark=TIME, workload="mlp", variant="forloop", commit=r["commit"])
     assert r["baseline"] == "forloop" and r["ratio"] == pytest.approx(b["value"] / r["value"])
     assert r["ratio_low"] == pytest.approx(b["ci99_low"] / r["ci99_high"])
@@ -62,7 +65,8 @@ def test_higher_is_better_metrics_invert_the_ratio(df):
 
 def test_iqr_is_the_fallback_interval(df):
     rows = df[df["benchmark"] == TIME].assign(ci99_low=float("nan"), ci99_high=float("nan"))
-    r = one(report.speedups(rows), machine="synthetic-cpu", workload="mlp", variant="fused", commit=df["commit"].iloc[0])
+    r = one(report.speedups(rows), machine="synthetic-cpu", workload="mlp", variant="fused",
+            commit=df["commit"].iloc[0])
     b = one(rows, machine="synthetic-cpu", workload="mlp", variant="forloop", commit=r["commit"])
     assert r["interval"] == "IQR" and r["ratio_low"] == pytest.approx(b["q25"] / r["q75"])
 
@@ -87,20 +91,23 @@ def test_a_missing_baseline_falls_back_in_order():
                          row("on", 1.5, None, "bench_parallel.NoSync.track_step")])
     s = report.speedups(rows).set_index(["machine", "benchmark", "variant"])
     assert s.loc[("m", "bench_parallel.Step.track_step", "ddp"), ["baseline", "ratio"]].tolist() == ["single", 2.0]
-    assert s.loc[("gpu", "bench_parallel.Step.track_step", "ddp"), ["baseline", "ratio"]].tolist() == ["dataparallel", 4.0]
+    assert s.loc[("gpu", "bench_parallel.Step.track_step", "ddp"), ["baseline", "ratio"]].tolist() == \
+        ["dataparallel", 4.0]
     assert s.loc[("m", "bench_parallel.NoSync.track_step", "on"), ["baseline", "ratio"]].tolist() == ["off", 2.0]
     assert len(s) == 7, "every row has exactly one baseline"
 
 
 def test_case_labels_tell_rows_apart():
-    rows = pd.DataFrame({"params": ["workload=mlp, variant=speedlib", "knob=conv_bias, variant=on", "batch=8", "world=2, variant=ddp"],
+    rows = pd.DataFrame({"params": ["workload=mlp, variant=speedlib", "knob=conv_bias, variant=on", "batch=8",
+                                    "world=2, variant=ddp"],
                          "workload": ["mlp", None, None, None], "variant": ["speedlib", "on", None, "ddp"]})
     assert report.case_label(rows).tolist() == ["mlp / speedlib", "knob=conv_bias / on", "batch=8", "world=2 / ddp"]
 
 
 def test_noise_compares_the_same_commit_across_two_runs():
     def run(values, iqr):
-        return pd.DataFrame({"machine": "m", "commit": "c" * 40, "benchmark": ["b.S.time_x", "b.S.time_y", "b.S.track_z"],
+        return pd.DataFrame({"machine": "m", "commit": "c" * 40,
+                             "benchmark": ["b.S.time_x", "b.S.time_y", "b.S.track_z"],
                              "params": "", "kind": ["time", "time", "memory"], "unit": ["seconds", "seconds", "bytes"],
                              "value": values, "iqr": iqr})
 
@@ -189,7 +196,8 @@ def test_claims_table(df):
     t = report.claims_table(df)
     frame = t.frame
     assert len(frame[frame["technique"] == "contiguous"]) == 3 * 2  # 3 machines x 2 workloads
-    assert (frame[frame["technique"] != "contiguous"]["measured"].str.startswith("not measured yet: speedlib run --chunk ")).all()
+    others = frame[frame["technique"] != "contiguous"]
+    assert others["measured"].str.startswith("not measured yet: speedlib run --chunk ").all()
     assert set(frame["technique"]) == {"contiguous", "transfer", "checkpoint", "amp", "parallel"}
     expected = report.speedups(report.latest(df))
     r = one(expected, machine="synthetic-cpu", benchmark=TIME, workload="mlp", variant="speedlib")
@@ -246,7 +254,7 @@ def test_csv_export_reads_back_as_numbers(df):
     assert list(back["result_id"]) == list(s["result_id"]) and list(back["commit"]) == list(s["commit"])
     # The text table shows the same ratios, rounded.
     assert list(t.frame["speedup"]) == [report.fmt_ratio(r, lo, hi) for r, lo, hi in
-                                        zip(back["ratio"], back["low"], back["high"])]
+                                        zip(back["ratio"], back["low"], back["high"], strict=True)]
     assert not any(line.startswith("#") for line in text.splitlines())  # the footer travels beside it
     assert any(line.startswith("Reproduce: git checkout ") for line in report.csv_provenance(t).splitlines())
 
@@ -287,8 +295,6 @@ def test_the_csv_provenance_names_the_commits_and_the_command_that_reruns_them(c
 
 
 def test_the_csv_zip_holds_the_data_and_its_provenance(committed):
-    import zipfile
-
     t = report.claims_table(committed)
     bundle = report.csv_bundle(t, "speedlib-claims")
     assert bundle == report.csv_bundle(t, "speedlib-claims")  # the same table, the same bytes
@@ -318,8 +324,6 @@ def test_report_csv_output_writes_the_provenance_beside_it(tmp_path, capsys):
 
 @pytest.mark.parametrize("fmt", ["md", "csv", "tex"])
 def test_report_table_headline_exports_the_grid_in_every_format(tmp_path, capsys, fmt):
-    from speedbench.report import headline
-
     tree = ROOT / "results"  # the committed results: the synthetic tree has no headline class
     grid = headline.grid(load_results(tree).measured)
     assert len(grid.frame) == len(headline.HEADLINES)
@@ -340,8 +344,6 @@ def test_report_table_headline_exports_the_grid_in_every_format(tmp_path, capsys
 
 @pytest.mark.parametrize("build", [report.paired_table, report.memory_table, report.floor_table, report.claims_table])
 def test_every_exported_table_has_numeric_ratio_or_value_columns(build):
-    from speedbench.results.load import load_results
-
     t = build(report.latest(load_results(ROOT / "results").measured))  # the committed results
     back = pd.read_csv(io.StringIO(report.to_csv(t)))
     assert len(back) == len(t.frame) > 0
@@ -368,8 +370,6 @@ def test_a_shared_value_moved_to_the_footer_is_escaped_too():
 
 def test_latex_of_one_machines_speedups_fits_a_page():
     """The committed H100 speedups: the identity columns every row shares go to the footer."""
-    from speedbench.results.load import load_results
-
     measured = load_results(ROOT / "results").measured
     t = report.speedup_table(report.latest(measured[measured["machine"] == "h100-sxm-80gb"]))
     tex = report.to_latex(t)
@@ -496,8 +496,10 @@ def test_claims_prefer_the_paired_speedup_to_a_ratio_of_separate_times():
 
 
 @pytest.mark.parametrize("gpu, claim, expected", [
-    ("CPU only", "SpeedTorch README (Tesla K80, 2-core CPU)", "no: a CPU result beside a claim measured on a Tesla K80"),
-    ("NVIDIA H100 80GB HBM3", "SpeedTorch README (Tesla K80, 2-core CPU)", "other GPU: NVIDIA H100 80GB HBM3 beside a Tesla K80"),
+    ("CPU only", "SpeedTorch README (Tesla K80, 2-core CPU)",
+     "no: a CPU result beside a claim measured on a Tesla K80"),
+    ("NVIDIA H100 80GB HBM3", "SpeedTorch README (Tesla K80, 2-core CPU)",
+     "other GPU: NVIDIA H100 80GB HBM3 beside a Tesla K80"),
     ("Tesla K80", "SpeedTorch README (Tesla K80, 2-core CPU)", "yes: the same GPU"),
     ("NVIDIA H100 80GB HBM3", "SpeedTorch README (Colab)", "yes: an exact count"),  # bytes of host memory
     # peak allocator memory is not an exact count: cuDNN's workspaces differ by GPU
@@ -517,7 +519,8 @@ def test_every_row_without_a_number_says_why():
         {"status": "skipped", "gpu_count": 1, "world": "2", "metric": "step", "variant": "ddp", "workload": None},
         {"status": "skipped", "gpu_count": 1, "world": "1", "metric": "scaling_efficiency", "variant": "single",
          "workload": None},
-        {"status": "skipped", "gpu_count": 0, "world": "1", "metric": "step", "variant": "dataparallel", "workload": None},
+        {"status": "skipped", "gpu_count": 0, "world": "1", "metric": "step", "variant": "dataparallel",
+         "workload": None},
         {"status": "skipped", "gpu_count": 1, "world": None, "metric": "seconds", "variant": "fp16_channels_last",
          "workload": "transformer"},
         {"status": "skipped", "gpu_count": 0, "world": None, "metric": "peak_memory", "variant": "fp32",
@@ -563,8 +566,6 @@ def test_a_claim_about_several_gpus_is_not_compared_with_one():
 
 
 def test_every_claims_row_with_a_figure_says_whether_it_compares():
-    from speedbench.results.load import load_results
-
     t = report.claims_table(load_results(ROOT / "results").measured)
     measured = t.frame[~t.frame["measured"].str.startswith("not measured yet")]
     assert len(measured) and measured["comparable"].str.match(r"(yes|no|roughly|other GPU):").all()
@@ -573,8 +574,6 @@ def test_every_claims_row_with_a_figure_says_whether_it_compares():
 
 
 def test_a_floor_table_says_why_a_value_passes_100_percent():
-    from speedbench.results.load import load_results
-
     last = report.latest(load_results(ROOT / "results").measured)
     floors = last[last["kind"] == "fraction of floor"]
     assert (floors["value"] > 100).any()  # the committed results hold such values (device table, CPU Adam)
@@ -612,8 +611,6 @@ def test_transfer_claims_are_not_read_against_speedlibs_old_pinned_baseline():
     the benchmark's baseline: a speedlib code path, so no claim is set beside it. The H200 run
     of d93fd5c1 measured cupy against plain PyTorch's pinned path, taking turns: the claims read
     that paired estimate."""
-    from speedbench.results.load import load_results
-
     last = report.latest(load_results(ROOT / "results").measured)
     floor = last[(last["machine"] == "h100-sxm-80gb") & (last["suite"] == "FractionOfFloor")]
     assert {"pinned", "cupy"} <= set(floor["variant"]) and "torch_pinned" not in set(floor["variant"])
@@ -650,8 +647,8 @@ def test_rows_from_an_earlier_benchmark_version_carry_the_dagger_in_every_table(
     assert report.EARLIER_NOTE not in plain.notes and not plain.frame["commit"].str.contains(report.EARLIER).any()
 
 
-@pytest.mark.parametrize("nbytes, text", [(900 * 2**20, "900 MiB"), (3845 * 2**20, "3.755 GiB"), (15350 * 2**20, "14.99 GiB"),
-                                          (2**30, "1 GiB"), (512 * 2**10, "0.5 MiB")])
+@pytest.mark.parametrize("nbytes, text", [(900 * 2**20, "900 MiB"), (3845 * 2**20, "3.755 GiB"),
+                                          (15350 * 2**20, "14.99 GiB"), (2**30, "1 GiB"), (512 * 2**10, "0.5 MiB")])
 def test_memory_reads_in_mib_or_gib_never_in_exponents(nbytes, text):
     assert report.fmt_value(nbytes, "bytes") == text
 
@@ -676,7 +673,8 @@ _FLOOR_UNITS = {"gather_fraction_of_floor": "% of pinned host->device bandwidth"
                 "scatter_fraction_of_floor": "% of pinned device->host bandwidth"}
 
 
-def _floor_rows(machine: str, commit: str, variant: str, figures: dict, started: str = "2026-11-23 06:33") -> list[dict]:
+def _floor_rows(machine: str, commit: str, variant: str, figures: dict,
+                started: str = "2026-11-23 06:33") -> list[dict]:
     """One FractionOfFloor run's rows of `variant`: metric -> value (a % or GB/s), as the loader
     gives them (one result file per machine and commit)."""
     when = pd.Timestamp(started, tz="UTC")
@@ -799,7 +797,8 @@ def test_adam_shows_its_step_bandwidth_and_says_its_floor_is_not_recorded():
     # the H200 run of d93fd5c1 records both terms of each %, for its eight variants: shown as measured
     h200 = transfer[transfer["machine"] == "h200-141gb"]
     cupy = one(last, machine="h200-141gb", metric="h2d_floor", variant="cupy")
-    assert set(h200["commit"].str[:8]) == {"d93fd5c1"} and len(h200) == 2 * 8 and not (h200[["GB/s", "floor GB/s"]] == report.NOT_RECORDED).any().any()
+    assert set(h200["commit"].str[:8]) == {"d93fd5c1"} and len(h200) == 2 * 8
+    assert not (h200[["GB/s", "floor GB/s"]] == report.NOT_RECORDED).any().any()
     assert h200[(h200["variant"] == "cupy") & h200["benchmark"].str.contains("gather")]["floor GB/s"].tolist() == \
         [f"{cupy['value']:.1f} GB/s"]
     (note,) = [n for n in t.notes if n.startswith(f"{report.NOT_RECORDED}:")]

@@ -151,7 +151,7 @@ def _levels(levels, seed=0, kind="time"):
 
 
 def steps(h) -> list[tuple[int, str]]:
-    return [(i, d) for i, (s, d) in enumerate(zip(h["step"], h["step_direction"])) if s]
+    return [(i, d) for i, (s, d) in enumerate(zip(h["step"], h["step_direction"], strict=True)) if s]
 
 
 def test_a_step_is_found_at_the_first_commit_of_the_new_level():
@@ -193,9 +193,11 @@ def test_a_step_in_single_values_needs_enough_commits_for_the_test():
 
 def _scale_time(tree: Path, machine: str, commit_index: int, factor: float) -> None:
     """Scale every time_adam_step value and statistic of one result file by `factor`."""
-    path = sorted((tree / machine).glob("*-existing-*.json"), key=lambda f: json.loads(f.read_text())["date"])[commit_index]
+    path = sorted((tree / machine).glob("*-existing-*.json"),
+                  key=lambda f: json.loads(f.read_text())["date"])[commit_index]
     data = json.loads(path.read_text())
-    entry = dict(zip(data["result_columns"], data["results"][TIME]))
+    # strict=False: asv's format drops a row's trailing nulls, so a row may be shorter than the columns
+    entry = dict(zip(data["result_columns"], data["results"][TIME], strict=False))
     for col in ("result", "stats_ci_99_a", "stats_ci_99_b", "stats_q_25", "stats_q_75"):
         entry[col] = [v * factor for v in entry[col]]
     entry["samples"] = [[v * factor for v in s] for s in entry["samples"]]

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
-from speedbench import words
+from speedbench import report, words
+from speedbench.techniques import TECHNIQUES
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
@@ -33,7 +35,7 @@ def benchmark_classes():
                 params = [params]  # asv's one-parameter shorthand
             metrics = [m.removeprefix("track_").removeprefix("time_") for m in dir(cls)
                        if m.startswith(("track_", "time_"))]
-            yield path.stem.removeprefix("bench_"), name, dict(zip(names, params)), metrics
+            yield path.stem.removeprefix("bench_"), name, dict(zip(names, params, strict=True)), metrics
 
 
 CLASSES = list(benchmark_classes())
@@ -73,8 +75,6 @@ def test_every_technique_says_which_variant_is_pytorchs_default():
     """A baseline is not always what a user gets without changing anything (Adam's default on
     CUDA is foreach, not the per-tensor loop the contiguous benchmarks compare with): every
     technique's glossary says which variant is, after the names it explains."""
-    from speedbench import report
-
     assert set(words.DEFAULTS) == set(report.TECHNIQUES)
     line = words.glossary("contiguous", ["forloop", "foreach"])
     assert line.startswith("forloop: ") and line.endswith(words.DEFAULTS["contiguous"])
@@ -91,10 +91,6 @@ def test_every_technique_says_which_variant_is_pytorchs_default():
 def test_every_variant_says_whose_code_it_runs():
     """A baseline is plain PyTorch and says so wherever it is named: every plain variant's
     words say "plain PyTorch", and no other variant's do (speedbench.techniques lists which)."""
-    import re
-
-    from speedbench.techniques import TECHNIQUES
-
     for technique, variants in words.VARIANTS.items():
         plain = set(TECHNIQUES[technique].plain)
         for variant, said in variants.items():

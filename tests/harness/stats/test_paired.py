@@ -3,12 +3,20 @@ benchmarks.common.Paired: rounds spread over fresh builds."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import random
+import subprocess
+import sys
+import time
+import types
 import weakref
+from pathlib import Path
 
 import pytest
 
+from benchmarks import common
 from speedbench.stats.paired import paired_ratio, signed_rank_cutoff, take_turns
 
 
@@ -96,8 +104,6 @@ class _Built:
 
 
 def _builds_class(n_builds, pairs, variants_of_build=lambda b: ("base", "fast")):
-    from benchmarks import common  # noqa: PLC0415
-
     class Comparison(common.Paired):
         params = (["w"], ["base", "fast"])
         param_names = ["workload", "variant"]
@@ -111,14 +117,15 @@ def _builds_class(n_builds, pairs, variants_of_build=lambda b: ("base", "fast"))
             return self.measure_all()
 
         def steps(self, workload):
-            import torch  # noqa: PLC0415
+            import torch  # noqa: PLC0415 - as a benchmark's steps import it: the rest of the file needs no torch
 
             type(self).alive_at_build.append(sum(ref() is not None for ref in self.made))
             held = _Built()
             held.build = len(self.made)
             self.made.append(weakref.ref(held))
             # Each build runs at its own speed, as builds whose memory landed elsewhere do.
-            return torch.device("cpu"), {v: (lambda held=held, v=v: (held.build, v)) for v in variants_of_build(held.build)}
+            return torch.device("cpu"), {v: (lambda held=held, v=v: (held.build, v))
+                                         for v in variants_of_build(held.build)}
 
     Comparison.pairs = pairs
     return Comparison
@@ -127,8 +134,6 @@ def _builds_class(n_builds, pairs, variants_of_build=lambda b: ("base", "fast"))
 def _fake_timer(monkeypatch):
     """paired_times without a clock: round r of build b takes b + 1 seconds for the baseline
     and half that for 'fast', so pooled samples show which build they came from."""
-    from benchmarks import common  # noqa: PLC0415
-
     calls = []
 
     def fake(steps, dev, rounds, warmup, number=1, counters=None):
@@ -158,8 +163,6 @@ def test_rounds_are_spread_over_fresh_builds_each_freed_before_the_next(monkeypa
 
 
 def test_builds_round_up_to_at_least_the_rounds_asked_for_and_one_build_is_the_default(monkeypatch):
-    from benchmarks import common  # noqa: PLC0415
-
     calls = _fake_timer(monkeypatch)
     _builds_class(n_builds=3, pairs=8)().measure_all()
     assert calls == [3, 3, 3]  # 9 rounds >= 8
@@ -177,8 +180,6 @@ def test_builds_with_different_variants_are_not_pooled(monkeypatch):
 
 
 def test_a_quick_run_makes_one_build_of_one_round(monkeypatch):
-    from benchmarks import common  # noqa: PLC0415
-
     calls = _fake_timer(monkeypatch)
     monkeypatch.setattr(common, "QUICK", True)
     _builds_class(n_builds=3, pairs=15)().measure_all()
@@ -226,8 +227,6 @@ def test_take_turns_sizes_the_rounds_from_the_first_measured_one_which_counts():
     (40, 9.1, 8, 15, 3, 3),  # the floor, ceil(8 / 3) a build
 ])
 def test_sized_rounds_clamps_what_fits_between_min_pairs_and_pairs(budget, per_round, fewest, most, builds, per_build):
-    from benchmarks import common
-
     got, line = common.sized_rounds("C('w',)", budget, per_round, fewest, most, builds)
     assert got == per_build
     assert line.startswith("warning: ") == (per_round * per_build * builds > budget)
@@ -235,10 +234,9 @@ def test_sized_rounds_clamps_what_fits_between_min_pairs_and_pairs(budget, per_r
 
 
 def test_sized_rounds_says_what_it_decided_and_warns_when_the_floor_overshoots():
-    from benchmarks import common
-
     assert common.sized_rounds("CheckpointStep('densenet_bc', 64)", 120, 6.2, 8, 15) == (
-        15, "CheckpointStep('densenet_bc', 64): one round 6.2 s -> 15 rounds, about 93 s (budget 120 s, 8 to 15 rounds)")
+        15, "CheckpointStep('densenet_bc', 64): one round 6.2 s -> 15 rounds, about 93 s "
+            "(budget 120 s, 8 to 15 rounds)")
     per_build, line = common.sized_rounds("C('w',)", 40, 9.1, 8, 15)
     assert per_build == 8
     assert line == ("warning: C('w',): one round 9.1 s -> 8 rounds, the fewest allowed (min_pairs 8): about 72.8 s, "
@@ -261,8 +259,6 @@ class _Clock:
 def _budget_class(clock, seconds: dict, budget, pairs=15, warmup=1, builds=1, min_pairs=8):
     """A Paired class of two variants on CPU whose steps take `seconds[variant]` on the fake
     clock; it counts every step it runs, per build."""
-    from benchmarks import common  # noqa: PLC0415
-
     class Sized(common.Paired):
         params = (["w"], ["base", "fast"])
         param_names = ["workload", "variant"]
@@ -273,7 +269,7 @@ def _budget_class(clock, seconds: dict, budget, pairs=15, warmup=1, builds=1, mi
             return self.measure_all()
 
         def steps(self, workload):
-            import torch  # noqa: PLC0415
+            import torch  # noqa: PLC0415 - as a benchmark's steps import it: the rest of the file needs no torch
 
             counts = {v: 0 for v in seconds}
             type(self).ran.append(counts)
@@ -285,26 +281,20 @@ def _budget_class(clock, seconds: dict, budget, pairs=15, warmup=1, builds=1, mi
                 return run
             return torch.device("cpu"), {v: step(v) for v in seconds}
 
-    Sized.round_budget, Sized.pairs, Sized.warmup, Sized.builds, Sized.min_pairs = budget, pairs, warmup, builds, min_pairs
+    Sized.round_budget, Sized.pairs, Sized.warmup = budget, pairs, warmup
+    Sized.builds, Sized.min_pairs = builds, min_pairs
     return Sized
 
 
 @pytest.fixture
 def clock(monkeypatch):
     """benchmarks.common's clock, faked: only its own binding of `time` is replaced."""
-    import time
-    import types
-
-    from benchmarks import common
-
     fake = _Clock()
     monkeypatch.setattr(common, "time", types.SimpleNamespace(perf_counter=fake, monotonic=time.monotonic))
     return fake
 
 
 def test_a_budget_sizes_the_rounds_from_the_first_measured_round(clock, capsys):
-    from benchmarks import common
-
     cls = _budget_class(clock, {"base": 2.0, "fast": 0.5}, budget=30.0, warmup=1)  # 2.5 s a round: 12 fit
     bench = cls()
     cache = bench.measure_all()
@@ -344,8 +334,6 @@ def test_a_budget_spreads_the_decided_rounds_over_the_builds(clock, capsys):
 
 
 def test_a_quick_run_with_a_budget_keeps_one_round_and_sizes_nothing(clock, capsys, monkeypatch):
-    from benchmarks import common
-
     monkeypatch.setattr(common, "QUICK", True)
     cls = _budget_class(clock, {"base": 9.0, "fast": 9.0}, budget=1.0, builds=3)
     cache = cls().measure_all()
@@ -355,8 +343,6 @@ def test_a_quick_run_with_a_budget_keeps_one_round_and_sizes_nothing(clock, caps
 
 
 def test_without_a_budget_a_class_runs_pairs_rounds_as_before(clock, capsys):
-    from benchmarks import common
-
     assert common.Paired.round_budget is None  # opt-in
     cls = _budget_class(clock, {"base": 60.0, "fast": 60.0}, budget=None, pairs=15, warmup=1)
     cache = cls().measure_all()
@@ -383,13 +369,7 @@ def test_the_headline_checkpoint_chunk_fits_one_gpu_command():
     processes, inside one 9-minute command. Arithmetic on the definitions, not a timing: a GPU
     slower than that prints a warning per configuration instead, and only a GPU run can
     say what the chunk takes."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from speedbench.run import plan
+    from speedbench.run import plan  # noqa: PLC0415 - pandas, only for this test: the rest of the file needs none
 
     root = Path(__file__).resolve().parents[3]
     chunk = next(c for c in plan.load_chunks(root) if c.name == "headline-checkpoint")

@@ -188,7 +188,7 @@ def _tie_breakings(x, y):
     layouts = [list(itertools.combinations(range(a + b), a)) for _, a, b in groups]
     for choice in itertools.product(*layouts):
         bx, by = [], []
-        for (v, a, b), x_slots in zip(groups, choice):
+        for (v, a, b), x_slots in zip(groups, choice, strict=True):  # a layout per group
             for slot in range(a + b):
                 (bx if slot in x_slots else by).append(v + slot * 1e-3)
         yield np.array(bx), np.array(by)
