@@ -26,8 +26,8 @@ import stat
 import tempfile
 from pathlib import Path
 
-from speedbench.stats import contention
 from speedbench.results import load as results
+from speedbench.stats import contention
 
 _FORMAT = 1  # bump when what is pickled changes shape
 

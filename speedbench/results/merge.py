@@ -54,10 +54,27 @@ from pathlib import Path, PurePosixPath
 
 from speedbench.results import safekeep
 from speedbench.results.atomic import disk_full
-from speedbench.results.merge_sources import (BAD_INPUT, CONFLICTS, MergeError, _bad, _loads, _Machine, _read_dir,
-                                              _read_source, _Tree, printable)
-from speedbench.results.tree import (BENCHMARKS, DISPLACED, ENVIRONMENT_DIR, MACHINE_FILE, MERGE_STAGING, ResultsError,
-                                     ResultsTree)
+from speedbench.results.merge_sources import (
+    BAD_INPUT,
+    CONFLICTS,
+    MergeError,
+    _bad,
+    _loads,
+    _Machine,
+    _read_dir,
+    _read_source,
+    _Tree,
+    printable,
+)
+from speedbench.results.tree import (
+    BENCHMARKS,
+    DISPLACED,
+    ENVIRONMENT_DIR,
+    MACHINE_FILE,
+    MERGE_STAGING,
+    ResultsError,
+    ResultsTree,
+)
 
 __all__ = ["MergeError", "merge", "recover", "add_parser", "STAGING", "DISPLACED", "CONFLICTS", "BAD_INPUT"]
 
@@ -397,7 +414,8 @@ def _merge_locked(trees: list[_Tree], into: Path, prefer: str | None) -> list[st
     if m.conflicts:
         raise MergeError(CONFLICTS, [*(f"conflict: {c}" for c in m.conflicts),
                                      f"{len(m.conflicts)} entr(y/ies) measured twice with different data; nothing was "
-                                     "written: --prefer newer keeps the later one and the other in merge-displaced.jsonl"])
+                                     "written: --prefer newer keeps the later one and the other in "
+                                     "merge-displaced.jsonl"])
     files = []
     for machine, inner in sorted(m.changed):
         rel = str(PurePosixPath(machine, inner)) if machine else inner
@@ -408,8 +426,9 @@ def _merge_locked(trees: list[_Tree], into: Path, prefer: str | None) -> list[st
             files.append((rel, data))
     for (machine, file), (added, replaced) in sorted(m.added.items()):
         if added or replaced:
-            m.said.append(f"{printable(machine)} commit {printable(base.machines[machine].results[file]['commit_hash'][:8])}"
-                          f": {added} benchmark(s) added" + (f", {replaced} replaced by newer ones" if replaced else ""))
+            commit = base.machines[machine].results[file]["commit_hash"][:8]
+            m.said.append(f"{printable(machine)} commit {printable(commit)}: {added} benchmark(s) added"
+                          + (f", {replaced} replaced by newer ones" if replaced else ""))
     for (machine, inner), n in sorted(m.appended.items()):
         m.said.append(f"appended {n} line(s) to {printable(machine)}/{printable(inner)}")
     if not files:

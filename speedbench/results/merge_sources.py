@@ -22,8 +22,17 @@ from pathlib import Path, PurePosixPath
 
 from speedbench.results import files
 from speedbench.results.common import printable
-from speedbench.results.tree import (ARCHIVE_ROOT, BENCHMARKS, CHUNK_TIMES, DISPLACED, ENVIRONMENT_DIR, GPU_TESTS_DIR,
-                                     MACHINE_FILE, ResultsTree, archive_path)
+from speedbench.results.tree import (
+    ARCHIVE_ROOT,
+    BENCHMARKS,
+    CHUNK_TIMES,
+    DISPLACED,
+    ENVIRONMENT_DIR,
+    GPU_TESTS_DIR,
+    MACHINE_FILE,
+    ResultsTree,
+    archive_path,
+)
 
 # Directories of a machine holding one whole JSON object per commit (<machine>/<dir>/<name>.json),
 # merged whole: the GPU tests' directory holds the verdict of a GPU slot's GPU-only tests.

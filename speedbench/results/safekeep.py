@@ -34,7 +34,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from speedbench.results.atomic import disk_full, sync_dir, write_whole, written_whole  # noqa: F401 - `speedlib report --output` uses written_whole as safekeep.X
+# written_whole and disk_full are re-exported: `speedlib report --output` uses them as safekeep.X
+from speedbench.results.atomic import disk_full, sync_dir, write_whole, written_whole
 from speedbench.results.tree import BENCHMARKS, JOURNAL, MACHINE_FILE, SNAPSHOT, ResultsTree
 
 __all__ = ["SNAPSHOT", "SnapshotError", "Snapshot", "written_whole", "disk_full", "take", "settle", "recover"]
