@@ -46,8 +46,10 @@ forward by the next merge. A full disk stops the merge before any rename.
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -464,8 +466,6 @@ aside, then renamed under a journal: a stopped merge is finished by the next one
 
 def add_parser(sub) -> None:
     """The `merge` subcommand on `speedlib`'s subparsers."""
-    import argparse  # noqa: PLC0415
-
     p = sub.add_parser("merge", help="merge archives of `speedlib run --archive` and results trees into one results "
                                      "tree, benchmark by benchmark", description=DESCRIPTION,
                        epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -479,8 +479,6 @@ def add_parser(sub) -> None:
 
 
 def _cmd_merge(args, argv) -> int:
-    import sys  # noqa: PLC0415
-
     try:
         lines = merge([Path(s) for s in args.sources], Path(args.into), args.prefer)
     except MergeError as e:
