@@ -48,9 +48,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import functools
 import json
+import os
+import stat
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -63,10 +66,13 @@ from speedbench.results.merge_sources import (
     _bad,
     _loads,
     _Machine,
+    _Raw,
     _read_dir,
     _read_source,
     _Tree,
+    copy_whole,
     printable,
+    records,
 )
 from speedbench.results.tree import (
     BENCHMARKS,
@@ -147,8 +153,8 @@ class _Merge:
                     f"machine {printable(name)}: {printable(self.source_of(('info', name)))} has {f} "
                     f"{printable(str(have.info[f]))} and {label} {printable(str(src.info[f]))}")
                 return
-        mine = [machines._hardware(r) for r in _records(have)]
-        for theirs in map(machines._hardware, _records(src)):
+        mine = [machines._hardware(r) for r in records(have)]
+        for theirs in map(machines._hardware, records(src)):
             other = next((h for h in mine if machines._differs(h, theirs)), None)
             if other is not None:
                 self.hardware.append(
@@ -177,7 +183,7 @@ class _Merge:
         added = len(merged.keys() - have.keys())
         replaced = sum(1 for k in have if not _same(have[k], merged[k]))
         self.into.listing = merged
-        self.into.listing_raw = src.listing_raw if _same(merged, src.listing) else b""  # else asv's format
+        self.into.listing_raw = src.listing_raw if _same(merged, src.listing) else None  # else asv's format
         self.changed.add(("", BENCHMARKS))
         if newer:
             was, self.origin["listing"] = self.source_of("listing"), src.label
@@ -219,7 +225,7 @@ class _Merge:
                 if inner != DISPLACED:
                     self.appended[(name, inner)] = self.appended.get((name, inner), 0) + added
 
-    def side_file(self, name: str, inner: str, have: _Machine, obj: dict, raw: bytes, label: str) -> None:
+    def side_file(self, name: str, inner: str, have: _Machine, obj: dict, raw: _Raw, label: str) -> None:
         """A per-commit side file (SIDE_DIRS) is one entry: added, identical, or a conflict
         that --prefer newer settles by its `started_at` like a result."""
         old = have.side.get(inner)
@@ -308,14 +314,6 @@ def _displaced_key(record) -> str:
     return json.dumps({k: v for k, v in record.items() if k != "source"}, sort_keys=True)
 
 
-def _records(m: _Machine) -> list[dict]:
-    out = []
-    for inner, lines in m.lines.items():
-        if inner.startswith(f"{ENVIRONMENT_DIR}/"):
-            out += [r for r in map(_loads, lines) if isinstance(r, dict)]
-    return out
-
-
 def _listing_start(tree: _Tree):
     """When `tree`'s listing was last measured with: the latest start of its results of the
     versions it lists (asv writes the listing of the run it discovers); None if unknown."""
@@ -342,9 +340,10 @@ def _append(store: dict[str, list[bytes]], inner: str, lines: list[bytes]) -> in
 
 # --- writing -------------------------------------------------------------------------------
 
-def _content(tree: _Tree, machine: str, inner: str, old: bytes | None) -> bytes:
+def _content(tree: _Tree, machine: str, inner: str) -> bytes | _Raw:
+    """A file's new content; for one added whole, where to copy it from."""
     if not machine and inner == BENCHMARKS:
-        if tree.listing_raw:
+        if tree.listing_raw is not None:
             return tree.listing_raw
         return json.dumps(tree.listing, indent=4, sort_keys=True).encode()  # asv's write_json
     m = tree.machines[machine]
@@ -359,23 +358,36 @@ def _content(tree: _Tree, machine: str, inner: str, old: bytes | None) -> bytes:
 
 def recover(into: Path) -> list[str]:
     """Finish or drop what a stopped merge left in `into` (hold its lock): renames its journal
-    names are completed; files staged before the journal was written are removed."""
-    done = ResultsTree(into).finish_staged()
-    return [] if done is None else [f"finished a merge that was stopped while renaming its files ({done} file(s))"]
-
-
-def _write(into: Path, files: list[tuple[str, bytes]]) -> None:
-    tree = ResultsTree(into)
+    names are completed; files staged before the journal was written are removed. MergeError,
+    one line, where the journal names what no merge writes (`speedlib run` calls this too)."""
     try:
-        tree.stage(files)
-    except OSError as e:
-        raise MergeError(BAD_INPUT, [f"could not write into {printable(str(into))} ({e.strerror or e})"
-                                     f"{disk_full(e)}; it is as it was: free some space and merge again"]) from None
-    try:
-        recover(into)  # the renames
+        done = ResultsTree(into).finish_staged()
+    except ResultsError as e:
+        raise MergeError(BAD_INPUT, [f"cannot settle what a stopped run left in {printable(str(into))}: "
+                                     f"{printable(str(e))}"]) from None
     except OSError as e:
         raise MergeError(BAD_INPUT, [f"stopped while renaming into {printable(str(into))} ({e.strerror or e}); "
                                      "run speedlib merge again to finish"]) from None
+    return [] if done is None else [f"finished a merge that was stopped while renaming its files ({done} file(s))"]
+
+
+def _write(into: Path, files: list[tuple[str, Callable[[], bytes] | _Raw]]) -> None:
+    """Stage `files` (path under `into`, its content made on demand or copied from a source),
+    one at a time, then rename them under the journal. Every target is checked first: a file
+    where a directory goes refuses the merge before anything is written."""
+    try:
+        with ResultsTree(into).staging([rel for rel, _ in files]) as staged:
+            for rel, content in files:
+                if not isinstance(content, _Raw):
+                    with staged(rel) as f:
+                        f.write(content())
+            copy_whole([(rel, c) for rel, c in files if isinstance(c, _Raw)], staged)
+    except ResultsError as e:
+        raise _bad(f"cannot merge into {printable(str(into))}: {printable(str(e))}") from None
+    except OSError as e:
+        raise MergeError(BAD_INPUT, [f"could not write into {printable(str(into))} ({e.strerror or e})"
+                                     f"{disk_full(e)}; it is as it was: free some space and merge again"]) from None
+    recover(into)  # the renames
 
 
 def merge(sources: Sequence[Path], into: Path, prefer: str | None = None) -> list[str]:
@@ -418,14 +430,14 @@ def _merge_locked(trees: list[_Tree], into: Path, prefer: str | None) -> list[st
                                      f"{len(m.conflicts)} entr(y/ies) measured twice with different data; nothing was "
                                      "written: --prefer newer keeps the later one and the other in "
                                      "merge-displaced.jsonl"])
-    files = []
+    files: list[tuple[str, Callable[[], bytes] | _Raw]] = []
     for machine, inner in sorted(m.changed):
         rel = str(PurePosixPath(machine, inner)) if machine else inner
-        path = into / rel
-        old = path.read_bytes() if path.is_file() else None
-        data = _content(base, machine, inner, old)
-        if data != old:
+        data = _content(base, machine, inner)
+        if isinstance(data, _Raw):  # added whole: new there
             files.append((rel, data))
+        elif data != _old(into / rel):  # made again when it is written: no merge holds every file at once
+            files.append((rel, functools.partial(_content, base, machine, inner)))
     for (machine, file), (added, replaced) in sorted(m.added.items()):
         if added or replaced:
             commit = base.machines[machine].results[file]["commit_hash"][:8]
@@ -437,6 +449,14 @@ def _merge_locked(trees: list[_Tree], into: Path, prefer: str | None) -> list[st
         return [*m.said, f"nothing changed: {printable(str(into))} already holds everything in the sources"]
     _write(into, files)
     return [*m.said, f"{len(files)} file(s) written in {printable(str(into))}"]
+
+
+def _old(path: Path) -> bytes | None:
+    """What a file of the tree holds now; None for none (or no regular file: the target check says so)."""
+    try:
+        return path.read_bytes() if stat.S_ISREG(os.lstat(path).st_mode) else None
+    except OSError:  # missing, or not to be read: written anew
+        return None
 
 
 # --- the command ---------------------------------------------------------------------------
