@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from pathlib import Path
 
 __all__ = ["disk_full", "written_whole", "write_whole", "append_line", "sync_dir"]
@@ -32,11 +33,29 @@ def sync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _target(path: Path) -> int | None:
+    """The mode of what `path` names (through a link), None where nothing is there yet."""
+    try:
+        return os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+
+
 @contextlib.contextmanager
 def written_whole(path: Path):
     """A binary file to write `path`'s new content into: on leaving the block it is flushed
     and renamed over `path`, so `path` ends up whole or as it was (an exception, a kill or a
-    full disk leave no partial file behind)."""
+    full disk leave no partial file behind). A character device or a FIFO there (/dev/null,
+    /dev/stdout, a pipe someone reads) is written in place: renaming over it would replace it
+    with a file. Anything else that is not a regular file (a directory, a block device, a
+    socket) is refused with an OSError, before anything is written."""
+    mode = _target(path)
+    if mode is not None and (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
+        with open(path, "wb") as f:
+            yield f
+        return
+    if mode is not None and not stat.S_ISREG(mode):
+        raise OSError(errno.EINVAL, "not a regular file, character device or FIFO: refused", str(path))
     tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
         with tmp.open("wb") as f:
@@ -59,7 +78,10 @@ def write_whole(path: Path, data: bytes) -> None:
 def append_line(path: Path, line: str) -> None:
     """Add `line` to `path` (made if missing), or raise OSError and leave it as it was."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    old = path.read_bytes() if path.exists() else b""
+    mode = _target(path)
+    if mode is not None and not stat.S_ISREG(mode):  # a FIFO would wait for a writer, and the run with it
+        raise OSError(errno.EINVAL, "not a regular file: refused", str(path))
+    old = path.read_bytes() if mode is not None else b""
     if old and not old.endswith(b"\n"):
         old += b"\n"  # a line torn by a killed run stays a line of its own, skipped by readers
     write_whole(path, old + line.encode("utf-8") + b"\n")
