@@ -36,6 +36,7 @@ from pathlib import Path, PurePosixPath
 
 # written_whole and disk_full are re-exported: `speedlib report --output` uses them as safekeep.X
 from speedbench.results.atomic import disk_full, sync_dir, write_whole, written_whole
+from speedbench.results.common import printable
 from speedbench.results.tree import BENCHMARKS, JOURNAL, MACHINE_FILE, SNAPSHOT, ResultsTree
 
 __all__ = ["SNAPSHOT", "SnapshotError", "Snapshot", "written_whole", "disk_full", "take", "settle", "recover"]
@@ -79,6 +80,11 @@ def take(results_dir: Path, machine: str, sha: str) -> Snapshot:
     results_dir = Path(results_dir)
     patterns = ResultsTree(results_dir).asv_writes(machine, sha)
     snapshot = Snapshot(results_dir, sha, patterns, {})
+    for rel in _matching(results_dir, patterns):
+        if (results_dir / rel).is_symlink():  # asv truncates and writes in place: through the link
+            raise SnapshotError(f"{printable(str(results_dir / rel))} is a link (to "
+                                f"{printable(os.readlink(results_dir / rel))}), and asv would write through it: "
+                                "put the file itself there, or remove the link; nothing was run or changed")
     if snapshot.directory.is_symlink() or snapshot.directory.exists():
         _remove_unjournaled(snapshot.directory)
     try:
