@@ -42,20 +42,22 @@ def _target(path: Path) -> int | None:
 
 
 @contextlib.contextmanager
-def written_whole(path: Path):
+def written_whole(path: Path, streams: bool = True):
     """A binary file to write `path`'s new content into: on leaving the block it is flushed
     and renamed over `path`, so `path` ends up whole or as it was (an exception, a kill or a
     full disk leave no partial file behind). A character device or a FIFO there (/dev/null,
     /dev/stdout, a pipe someone reads) is written in place: renaming over it would replace it
     with a file. Anything else that is not a regular file (a directory, a block device, a
-    socket) is refused with an OSError, before anything is written."""
+    socket) is refused with an OSError, before anything is written; so is a device or FIFO
+    with `streams=False`, for a file of a results tree (one planted there would hold the run)."""
     mode = _target(path)
-    if mode is not None and (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
+    if streams and mode is not None and (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
         with open(path, "wb") as f:
             yield f
         return
     if mode is not None and not stat.S_ISREG(mode):
-        raise OSError(errno.EINVAL, "not a regular file, character device or FIFO: refused", str(path))
+        why = "not a regular file, character device or FIFO" if streams else "not a regular file"
+        raise OSError(errno.EINVAL, f"{why}: refused", str(path))
     tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
         with tmp.open("wb") as f:
@@ -70,8 +72,8 @@ def written_whole(path: Path):
 
 
 def write_whole(path: Path, data: bytes) -> None:
-    """`path` holds `data`, or is as it was."""
-    with written_whole(path) as f:
+    """`path`, a file of a results tree, holds `data`, or is as it was."""
+    with written_whole(path, streams=False) as f:
         f.write(data)
 
 

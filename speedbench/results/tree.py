@@ -281,7 +281,7 @@ class ResultsTree:
         try:
             stage.mkdir()
             yield staged
-            with written_whole(stage / JOURNAL) as f:
+            with written_whole(stage / JOURNAL, streams=False) as f:
                 f.write(b"".join(json.dumps([names[rel], rel]).encode() + b"\n" for rel in written))
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)

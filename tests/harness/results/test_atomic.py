@@ -25,8 +25,8 @@ import pytest
 
 from speedbench.cli import parser as cli
 from speedbench.results import synthetic
-from speedbench.results.atomic import append_line, written_whole
-from speedbench.run import suite
+from speedbench.results.atomic import append_line, write_whole, written_whole
+from speedbench.run import slot, suite
 
 
 @contextlib.contextmanager
@@ -131,28 +131,57 @@ def test_a_regular_file_is_still_replaced_whole(tmp_path):
     assert path.read_bytes() == b"new" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
-def test_a_line_is_never_appended_to_a_fifo(tmp_path):
-    """A FIFO planted where an environment record goes would make the run wait for a writer."""
-    fifo = tmp_path / "record.jsonl"
-    os.mkfifo(fifo)
-    raised: list[BaseException | None] = []
+def _refused_without_waiting(write, fifo: Path) -> OSError:
+    """The OSError `write()` refuses the FIFO `fifo` with; a failure if it waits on it instead."""
+    raised: list[OSError | None] = []
 
-    def append() -> None:
+    def attempt() -> None:
         try:
-            append_line(fifo, "{}")
+            write()
             raised.append(None)
         except OSError as e:
             raised.append(e)
 
-    appending = threading.Thread(target=append, daemon=True)
-    appending.start()
-    appending.join(10)
-    if appending.is_alive():  # let it go before failing: a writer that opens and closes at once
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        appending.join(10)
-        pytest.fail("append_line waited for a writer on the FIFO")
-    assert isinstance(raised[0], OSError) and raised[0].strerror == "not a regular file: refused"
+    writing = threading.Thread(target=attempt, daemon=True)
+    writing.start()
+    writing.join(10)
+    if writing.is_alive():  # let it go before failing: a reader, or a writer, that comes and goes at once
+        for flags in (os.O_RDONLY | os.O_NONBLOCK, os.O_WRONLY | os.O_NONBLOCK):
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, flags))
+        writing.join(10)
+        pytest.fail("it waited on the FIFO")
+    assert isinstance(raised[0], OSError), "the FIFO was not refused"
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    return raised[0]
+
+
+def test_a_line_is_never_appended_to_a_fifo(tmp_path):
+    """A FIFO planted where an environment record goes would make the run wait for a writer."""
+    fifo = tmp_path / "record.jsonl"
+    os.mkfifo(fifo)
+    assert _refused_without_waiting(lambda: append_line(fifo, "{}"), fifo).strerror == "not a regular file: refused"
+
+
+def test_a_file_of_a_results_tree_is_never_written_into_a_fifo(tmp_path):
+    """A tree's own files (a copy asv's files are kept in, a GPU tests' verdict) are regular
+    files: a FIFO planted at one is refused, not waited on."""
+    fifo = tmp_path / "synthetic-h200" / "gpu-tests" / "1a2b3c4d.json"
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)
+    assert _refused_without_waiting(lambda: write_whole(fifo, b"{}"), fifo).strerror == "not a regular file: refused"
+    verdict = {"commit": "1a2b3c4d" * 5, "machine": "synthetic-h200", "started_at": 1_795_000_000_000,
+               "duration_s": 43.3, "passed": 145, "failed": 0, "skipped": 0, "errors": 0, "failures": [],
+               "command": "python3 -m pytest -m gpu", "torch": "2.11.0+cu130", "gpu": "NVIDIA H200", "exit_status": 0,
+               "finished": True}
+
+    def write_verdict() -> None:
+        try:
+            slot.write_verdict(fifo, verdict)
+        except suite.SuiteError as e:  # the slot's one line, from the OSError
+            raise OSError(str(e)) from None
+
+    assert "not a regular file: refused" in str(_refused_without_waiting(write_verdict, fifo))
 
 
 # --- the commands that write there -----------------------------------------------------------
