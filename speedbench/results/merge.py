@@ -5,9 +5,9 @@ whole asv result file for it. Unpacking the second replaces the first, so one no
 lost (docs/gpu-slots.md). This module merges instead of unpacking.
 
 What: the inputs are `.tar.gz` archives made by `speedlib run --archive` and results trees, in
-any mix. Archives are read in memory, never extracted: a member that is absolute, climbs out
-with `..`, is a link, a device or anything but a plain file or directory refuses the archive,
-so is a torn JSON file. Into the `--into` tree (default results/):
+any mix. Archives are read a member at a time, never extracted (speedbench.results.merge_sources,
+which says what refuses an input: an unsafe or repeated member, a torn JSON file, a name its
+content contradicts, a damaged archive). Into the `--into` tree (default results/):
 - a result file new there is added as it is; one of the same machine, commit and environment
   (the same file name) is merged benchmark by benchmark in asv's own format (asv's columns,
   the newest `date`, `durations` united), so `asv publish` and speedbench.results.load read it;
@@ -37,11 +37,14 @@ already there on a tie) and writes each displaced entry whole, one JSON line, in
 recorded hardware differs under one machine name (machine.json's cpu, arch, num_cpu, ram; the
 environment records' GPU or CPU model) are always refused: rerun one with another `--machine`.
 
-Atomic: under the results lock every output file is written in full into `.speedlib-merge/`
-inside the tree (same filesystem, not *.json: neither asv nor the loader reads it), then a
-journal naming the renames, then the renames. A merge stopped before the journal leaves the
-tree as it was (the next merge removes the leftovers); one stopped after it is rolled
-forward by the next merge. A full disk stops the merge before any rename.
+Atomic: under the results lock every target is checked (a file where a directory goes, a link
+on the way: refused, nothing written), then every output file is written in full into
+`.speedlib-merge/` inside the tree (same filesystem, not *.json: neither asv nor the loader
+reads it), one at a time, then a journal naming the renames, then the renames. A merge stopped
+before the journal leaves the tree as it was (the next merge removes the leftovers); one
+stopped after it is rolled forward by the next merge or `speedlib run`, which first check that
+the journal names only files a merge stages and paths inside the tree. A full disk stops the
+merge before any rename.
 """
 
 from __future__ import annotations
@@ -467,9 +470,11 @@ EXIT_STATUS = """exit status:
      machine, commit and environment with different values, or a gpu-tests file with two
      contents (without --prefer newer), or hardware that differs under one machine name
      (always refused); one line per conflict
-  2  refused, nothing written: a missing or unreadable input, an archive with unsafe
-     members (absolute paths, '..', links, devices), a torn file, a full disk, or another
-     run or merge holding the results directory"""
+  2  refused, nothing written: a missing or unreadable input, an archive with unsafe or
+     repeated members (absolute paths, '..', links, devices) or a failing checksum, a torn
+     file, a file whose name its content contradicts, a machine name --machine refuses,
+     a target with a file where a directory goes, a full disk, or another run or merge
+     holding the results directory"""
 
 
 DESCRIPTION = """Merge results from several hosts into one results tree. Result files of one machine, commit and
