@@ -705,15 +705,22 @@ def test_a_parameter_named_like_a_column_keeps_the_column(tmp_path, template, ba
 def test_a_machine_directory_name_that_is_not_utf8_is_skipped(tmp_path, template, baseline):
     def damage(tree: Path) -> None:
         os.rename(tree / "synthetic-h200", os.fsdecode(os.fsencode(tree) + b"/h200\xff"))
-    odd = lambda t: Path(os.fsdecode(os.fsencode(t) + b"/h200\xff"))  # noqa: E731
+
+    def odd(t: Path) -> Path:
+        return Path(os.fsdecode(os.fsencode(t) + b"/h200\xff"))
+
     check(tmp_path, template, baseline, Case(damage, odd, "not UTF-8", ANY_ROW), always_problem=True)
     loaded = load_results(tmp_path / "results")
     assert set(loaded.measured["machine"]) == {M} and "h200\\xff" in str(loaded.problems[0])
 
 
 def test_a_result_file_name_that_is_not_utf8_is_skipped(tmp_path, template, baseline):
-    odd = lambda t: Path(os.fsdecode(os.fsencode(t) + b"/synthetic-h200/existing-\xff.json"))  # noqa: E731
-    damage = lambda t: shutil.copy(victim_file(t), odd(t))  # noqa: E731
+    def odd(t: Path) -> Path:
+        return Path(os.fsdecode(os.fsencode(t) + b"/synthetic-h200/existing-\xff.json"))
+
+    def damage(t: Path) -> None:
+        shutil.copy(victim_file(t), odd(t))
+
     check(tmp_path, template, baseline, Case(damage, odd, "file name is not UTF-8", NO_ROW), always_problem=True)
     loaded = load_results(tmp_path / "results")
     files = pd.concat([loaded.measured, loaded.not_measured])["file"]
