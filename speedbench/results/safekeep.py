@@ -80,11 +80,12 @@ def take(results_dir: Path, machine: str, sha: str) -> Snapshot:
     results_dir = Path(results_dir)
     patterns = ResultsTree(results_dir).asv_writes(machine, sha)
     snapshot = Snapshot(results_dir, sha, patterns, {})
-    for rel in _matching(results_dir, patterns):
-        if (results_dir / rel).is_symlink():  # asv truncates and writes in place: through the link
-            raise SnapshotError(f"{printable(str(results_dir / rel))} is a link (to "
-                                f"{printable(os.readlink(results_dir / rel))}), and asv would write through it: "
-                                "put the file itself there, or remove the link; nothing was run or changed")
+    own = ResultsTree(results_dir).machine(machine).run_writes(sha)
+    for path in [*(results_dir / rel for rel in _matching(results_dir, patterns)), *own]:
+        if path.is_symlink():  # asv truncates its files and writes them in place: through the link
+            raise SnapshotError(f"{printable(str(path))} is a link (to {printable(os.readlink(path))}), and the run "
+                                "would write through it: put the file itself there, or remove the link; nothing was "
+                                "run or changed")
     if snapshot.directory.is_symlink() or snapshot.directory.exists():
         _remove_unjournaled(snapshot.directory)
     try:

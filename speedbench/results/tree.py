@@ -115,6 +115,12 @@ class MachineDir:
     def displaced(self) -> Path:
         return self.path / DISPLACED
 
+    def run_writes(self, sha: str) -> list[Path]:
+        """What a run of `sha` writes here besides asv's files (directories too): a link at any
+        of them would take the write out of the tree (safekeep refuses one before asv runs)."""
+        return [self.environment_dir, self.environment_record(sha), self.chunk_times, self.gpu_tests_dir,
+                self.verdict(sha)]
+
     def result_files(self, sha: str) -> list[Path]:
         """asv's result files of `sha` here (one per environment asv names)."""
         return sorted(self.path.glob(result_pattern(sha)))

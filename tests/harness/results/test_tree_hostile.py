@@ -30,16 +30,20 @@ def _tree(root: Path) -> tuple[Path, str, Path]:
 
 # --- a link where asv writes ----------------------------------------------------------------
 
-@pytest.mark.parametrize("which", ["benchmarks.json", "machine.json", "result file"])
-def test_a_link_where_asv_rewrites_a_file_refuses_the_run_before_asv(tmp_path, monkeypatch, which):
+@pytest.mark.parametrize("which", ["benchmarks.json", "machine.json", "result file", "environment record",
+                                   "environment directory", "chunk times"])
+def test_a_link_where_the_run_writes_refuses_it_before_asv(tmp_path, monkeypatch, which):
     """asv truncates its listing, machine file and a commit's result file and writes them in
-    place: through a link (a tree copied from another host) it rewrote a file outside the tree."""
+    place: through a link (a tree copied from another host) it rewrote a file outside the tree.
+    The run's own files beside them are refused as links too."""
     root, sha, result = _tree(tmp_path / "results")
-    victim = {"benchmarks.json": root / "benchmarks.json", "machine.json": root / MACHINE / "machine.json",
-              "result file": result}[which]
-    outside = tmp_path / "outside.json"
-    outside.write_bytes(victim.read_bytes())
-    victim.unlink()
+    machine = ResultsTree(root).machine(MACHINE)
+    machine.record_chunk_time({"chunk": "x", "commit": sha, "seconds": 1.0})
+    victim = {"benchmarks.json": root / "benchmarks.json", "machine.json": machine.machine_file,
+              "result file": result, "environment record": machine.environment_record(sha),
+              "environment directory": machine.environment_dir, "chunk times": machine.chunk_times}[which]
+    outside = tmp_path / "outside"
+    victim.rename(outside)
     victim.symlink_to(outside)
     asv_ran = []
 
@@ -51,12 +55,13 @@ def test_a_link_where_asv_rewrites_a_file_refuses_the_run_before_asv(tmp_path, m
         return 0
 
     monkeypatch.setattr(suite, "_asv", asv_writes_in_place)
-    before = outside.read_bytes()
+    before = {p: p.read_bytes() for p in [outside, *outside.rglob("*")] if p.is_file()}
     with pytest.raises(suite.SuiteError) as refused:
         suite._asv_keeping_results(["run"], {}, ROOT, root, MACHINE, sha)
-    assert str(refused.value) == (f"{victim} is a link (to {outside}), and asv would write through it: put the file "
-                                  "itself there, or remove the link; nothing was run or changed")
-    assert asv_ran == [] and outside.read_bytes() == before and victim.is_symlink()
+    assert str(refused.value) == (f"{victim} is a link (to {outside}), and the run would write through it: put the "
+                                  "file itself there, or remove the link; nothing was run or changed")
+    assert asv_ran == [] and victim.is_symlink()
+    assert before == {p: p.read_bytes() for p in [outside, *outside.rglob("*")] if p.is_file()}
     assert not ResultsTree(root).snapshot.exists()
 
 
