@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from speedbench.cli import parser as cli
-from speedbench.results import synthetic
+from speedbench.results import safekeep, synthetic
 from speedbench.results.load import load_results
 from speedbench.results.tree import ResultsTree
 from speedbench.run import suite
@@ -31,7 +31,7 @@ def _tree(root: Path) -> tuple[Path, str, Path]:
 # --- a link where asv writes ----------------------------------------------------------------
 
 @pytest.mark.parametrize("which", ["benchmarks.json", "machine.json", "result file", "environment record",
-                                   "environment directory", "chunk times"])
+                                   "environment directory", "chunk times", "machine directory"])
 def test_a_link_where_the_run_writes_refuses_it_before_asv(tmp_path, monkeypatch, which):
     """asv truncates its listing, machine file and a commit's result file and writes them in
     place: through a link (a tree copied from another host) it rewrote a file outside the tree.
@@ -41,7 +41,8 @@ def test_a_link_where_the_run_writes_refuses_it_before_asv(tmp_path, monkeypatch
     machine.record_chunk_time({"chunk": "x", "commit": sha, "seconds": 1.0})
     victim = {"benchmarks.json": root / "benchmarks.json", "machine.json": machine.machine_file,
               "result file": result, "environment record": machine.environment_record(sha),
-              "environment directory": machine.environment_dir, "chunk times": machine.chunk_times}[which]
+              "environment directory": machine.environment_dir, "chunk times": machine.chunk_times,
+              "machine directory": machine.path}[which]
     outside = tmp_path / "outside"
     victim.rename(outside)
     victim.symlink_to(outside)
@@ -58,8 +59,8 @@ def test_a_link_where_the_run_writes_refuses_it_before_asv(tmp_path, monkeypatch
     before = {p: p.read_bytes() for p in [outside, *outside.rglob("*")] if p.is_file()}
     with pytest.raises(suite.SuiteError) as refused:
         suite._asv_keeping_results(["run"], {}, ROOT, root, MACHINE, sha)
-    assert str(refused.value) == (f"{victim} is a link (to {outside}), and the run would write through it: put the "
-                                  "file itself there, or remove the link; nothing was run or changed")
+    assert str(refused.value) == (f"{victim} is a link (to {outside}), and the run would write through it: put what "
+                                  "it links to there instead, or remove the link; nothing was run or changed")
     assert asv_ran == [] and victim.is_symlink()
     assert before == {p: p.read_bytes() for p in [outside, *outside.rglob("*")] if p.is_file()}
     assert not ResultsTree(root).snapshot.exists()
@@ -133,3 +134,31 @@ def test_a_tree_that_cannot_be_examined_shows_no_stopped_run_and_loads_without_a
     tree = ResultsTree(root)
     assert tree.left_by_killed_run() is None and tree.left_by_stopped_merge() is None
     assert not load_results(root).problems
+
+
+def test_a_machine_directory_linked_elsewhere_in_the_tree_is_still_run(tmp_path):
+    """The loader reads such a link as another name for the directory: nothing leaves the tree."""
+    root, sha, _ = _tree(tmp_path / "results")
+    (root / "alias").symlink_to(MACHINE)
+    snapshot = safekeep.take(root, "alias", sha)
+    assert set(snapshot.before) == {"benchmarks.json", "alias/machine.json",
+                                    f"alias/{sha[:8]}-existing-py_usr_bin_python3.json"}
+    safekeep.settle(snapshot, failed=False)
+
+
+def test_a_planted_snapshot_journal_that_reaches_out_through_a_link_is_refused(tmp_path):
+    """The copy a killed run leaves puts back or removes what its journal names: through a
+    machine directory linked out of the tree, that was a file anywhere."""
+    root, sha, _ = _tree(tmp_path / "results")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "torn.json").write_text("{")  # what a settle removes as torn, made by asv in the run
+    (root / "m").symlink_to(outside)
+    snapshot = ResultsTree(root).snapshot
+    snapshot.mkdir()
+    (snapshot / "journal").write_text(json.dumps({"commit": sha, "patterns": ["m/*.json"], "before": {}}))
+    with pytest.raises(suite.SuiteError) as refused:
+        suite._recover(root)  # what `speedlib run` does first, under the lock
+    assert str(refused.value) == (f"{snapshot} holds a copy of asv's files whose journal cannot be read: compare "
+                                  f"{root} with it, then remove it")
+    assert (outside / "torn.json").read_text() == "{"
