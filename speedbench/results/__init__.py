@@ -7,7 +7,8 @@ No torch.
 from speedbench._api import lazy
 
 __all__, __getattr__ = lazy(__name__, {
-    'load': ('LoadedResults', 'Problem', 'load_results', 'printable', 'metric_kind', 'higher_is_better', 'result_id', 'is_commit'),
+    'load': ('LoadedResults', 'Problem', 'load_results', 'printable', 'metric_kind', 'higher_is_better', 'result_id',
+             'is_commit'),
     'machines': ('MachineMismatch', 'check_directory'),
     'merge': ('MergeError',),
     'safekeep': ('Snapshot', 'SnapshotError'),

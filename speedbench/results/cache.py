@@ -26,8 +26,10 @@ import stat
 import tempfile
 from pathlib import Path
 
-from speedbench.stats import contention
+import pandas
+
 from speedbench.results import load as results
+from speedbench.stats import contention
 
 _FORMAT = 1  # bump when what is pickled changes shape
 
@@ -42,8 +44,6 @@ def cache_dir() -> Path:
 def _loader_digest() -> bytes:
     """The loader's source (with the contention rules it applies) and pandas' version: a
     changed parser must not reuse old frames."""
-    import pandas  # noqa: PLC0415
-
     h = hashlib.sha256(f"{_FORMAT} {pandas.__version__}".encode())
     # every module of the results package: the loader and the parts it parses files with
     for part in sorted(Path(results.__file__).parent.glob("*.py")):

@@ -65,7 +65,8 @@ def _inside(path: Path, root_real: Path, parent_real: Path | None = None) -> Pat
     except RuntimeError:  # Python < 3.13 reports a symlink loop so
         raise _Unreadable("a symlink loop") from None
     except OSError as e:
-        raise _Unreadable("a symlink loop" if e.errno == errno.ELOOP else f"cannot be resolved ({e.strerror})") from None
+        why = "a symlink loop" if e.errno == errno.ELOOP else f"cannot be resolved ({e.strerror})"
+        raise _Unreadable(why) from None
     if real != root_real and root_real not in real.parents:
         raise _Unreadable(f"a symlink out of the results tree (to {real})")
     return real

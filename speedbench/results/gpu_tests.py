@@ -31,8 +31,16 @@ from pathlib import Path
 
 from speedbench.results.common import Problem, _is_number, _to_float, printable
 from speedbench.results.environment import NoGpuModel
-from speedbench.results.files import (_children, _NotJson, _parse_json, _read, _real_dir, _subdirectory,
-                                       _Unreadable, _utf8_name)
+from speedbench.results.files import (
+    _children,
+    _NotJson,
+    _parse_json,
+    _read,
+    _real_dir,
+    _subdirectory,
+    _Unreadable,
+    _utf8_name,
+)
 from speedbench.results.tree import GPU_TESTS_DIR
 
 

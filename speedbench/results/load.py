@@ -35,17 +35,28 @@ import pandas as pd
 # use are re-exported here, so `speedbench.results.load` stays the one place to import from.
 from speedbench.results.common import Problem, Status, _is_number, _to_float, printable
 from speedbench.results.dates import FIRST_DATE, LAST_DATE
-from speedbench.stats.significance import higher_is_better
 from speedbench.results.environment import ENV_COLUMNS, _environment_records, _join_environment
-from speedbench.results.files import (MAX_FILE_BYTES, _children, _first_visit, _NotJson, _parse_json, _read,
-                                       _read_identified, _real_dir, _subdirectory, _Unreadable, _utf8_name)
+from speedbench.results.files import (
+    MAX_FILE_BYTES,
+    _children,
+    _first_visit,
+    _NotJson,
+    _parse_json,
+    _read,
+    _read_identified,
+    _real_dir,
+    _subdirectory,
+    _Unreadable,
+    _utf8_name,
+)
 from speedbench.results.gpu_tests import _join_gpu_tests, _verdicts
 from speedbench.results.settle import _attach_counters, _settle_versions
 from speedbench.results.tree import BENCHMARKS, MACHINE_FILE, ResultsTree
+from speedbench.stats.significance import higher_is_better
 
 __all__ = ["LoadedResults", "Problem", "load_results", "format_table", "metric_kind", "higher_is_better", "result_id",
-           "printable", "MAX_FILE_BYTES", "MAX_COMBINATIONS", "MAX_FILE_COMBINATIONS", "MAX_PARAM_CHARS", "too_many_combinations",
-           "params_over_limits", "is_commit"]
+           "printable", "MAX_FILE_BYTES", "MAX_COMBINATIONS", "MAX_FILE_COMBINATIONS", "MAX_PARAM_CHARS",
+           "too_many_combinations", "params_over_limits", "is_commit"]
 
 # asv's statistics columns -> our column names
 _STATS = {
@@ -255,7 +266,8 @@ def _check_entry(name: str, record: dict) -> tuple[list[tuple], list]:
     """The entry's parameter combinations and values (floats or None); raises _Malformed when
     types are wrong or the combinations are too many."""
     params = record.get("params") or []
-    if not isinstance(params, list) or not all(isinstance(p, list) and all(isinstance(v, str) for v in p) for p in params):
+    if not isinstance(params, list) or not all(isinstance(p, list) and all(isinstance(v, str) for v in p)
+                                               for p in params):
         raise _Malformed(f"{name}: 'params' is not a list of lists of strings")
     too_many = params_over_limits(params)
     if too_many:
@@ -393,7 +405,7 @@ def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], 
         try:
             if not isinstance(entry, list):
                 raise _Malformed(f"{name}: entry is {type(entry).__name__}, not a list")
-            record = dict(zip(columns, entry))  # trailing nulls are dropped by asv: zip stops there
+            record = dict(zip(columns, entry, strict=False))  # trailing nulls are dropped by asv: zip stops there
             combos, values = _check_entry(name, record)
             started = record.get("started_at")
             run_date = pd.NaT if started is None else _ms_time(started, f"{name}: 'started_at'")
@@ -430,8 +442,8 @@ def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], 
                 "suite": suite,
                 "metric": metric.split("_", 1)[-1],
                 "kind": kind,
-                "params": ", ".join(f"{n}={_strip(v)}" for n, v in zip(names, combo)),
-                **{c: _strip(v) for c, v in zip(param_columns, combo)},
+                "params": ", ".join(f"{n}={_strip(v)}" for n, v in zip(names, combo, strict=True)),
+                **{c: _strip(v) for c, v in zip(param_columns, combo, strict=True)},
                 "value": math.nan if value is None else value,  # skipped is NaN already
                 "unit": meta.unit,
                 "q25": q25, "q75": q75, "iqr": q75 - q25,
@@ -599,7 +611,8 @@ def load_results(path: str | Path) -> LoadedResults:
     return LoadedResults(measured, df[df["status"] != Status.MEASURED].reset_index(drop=True), problems)
 
 
-def format_table(df: pd.DataFrame, columns: tuple[str, ...] = ("machine", "commit", "benchmark", "params", "value", "unit")) -> str:
+def format_table(df: pd.DataFrame,
+                 columns: tuple[str, ...] = ("machine", "commit", "benchmark", "params", "value", "unit")) -> str:
     """Measured rows as a plain-text table, commits shortened to 8 characters."""
     table = df.assign(commit=df["commit"].str[:8])[list(columns)]
     # Names come from result files: escaped, so that none can drive the terminal.

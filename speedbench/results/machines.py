@@ -84,8 +84,8 @@ def describe_change(old: Mapping, new: Mapping, suffix: str = "") -> str:
 # --- a run against the directory it would be filed under --------------------------------------
 
 class MachineMismatch(ValueError):
-    """This run's hardware or build differs from what its machine directory recorded; the
-    message says what differs and how to file the run."""
+    """This run's hardware or build differs from what its machine directory recorded (or that
+    directory is a file); the message says what differs and how to file the run."""
 
 
 def directory_records(machine_dir: Path) -> list[dict]:
@@ -139,6 +139,9 @@ def check_directory(results_dir: Path, machine: str, env: Mapping, new_build: bo
     A directory without records takes any run."""
     results_dir = Path(results_dir)
     where = printable(str(results_dir / machine))
+    if (results_dir / machine).exists() and not (results_dir / machine).is_dir():  # asv would fail on it, mid-run
+        raise MachineMismatch(f"{where} is a file, not a machine directory: move it away, or run with --machine "
+                              "NEWNAME")
     records = directory_records(results_dir / machine)
     mine = _hardware(env)
     other = next((r for r in reversed(records) if _differs(_hardware(r), mine)), None)

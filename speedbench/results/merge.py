@@ -5,9 +5,9 @@ whole asv result file for it. Unpacking the second replaces the first, so one no
 lost (docs/gpu-slots.md). This module merges instead of unpacking.
 
 What: the inputs are `.tar.gz` archives made by `speedlib run --archive` and results trees, in
-any mix. Archives are read in memory, never extracted: a member that is absolute, climbs out
-with `..`, is a link, a device or anything but a plain file or directory refuses the archive,
-so is a torn JSON file. Into the `--into` tree (default results/):
+any mix. Archives are read a member at a time, never extracted (speedbench.results.merge_sources,
+which says what refuses an input: an unsafe or repeated member, a torn JSON file, a name its
+content contradicts, a damaged archive). Into the `--into` tree (default results/):
 - a result file new there is added as it is; one of the same machine, commit and environment
   (the same file name) is merged benchmark by benchmark in asv's own format (asv's columns,
   the newest `date`, `durations` united), so `asv publish` and speedbench.results.load read it;
@@ -37,27 +37,55 @@ already there on a tie) and writes each displaced entry whole, one JSON line, in
 recorded hardware differs under one machine name (machine.json's cpu, arch, num_cpu, ram; the
 environment records' GPU or CPU model) are always refused: rerun one with another `--machine`.
 
-Atomic: under the results lock every output file is written in full into `.speedlib-merge/`
-inside the tree (same filesystem, not *.json: neither asv nor the loader reads it), then a
-journal naming the renames, then the renames. A merge stopped before the journal leaves the
-tree as it was (the next merge removes the leftovers); one stopped after it is rolled
-forward by the next merge. A full disk stops the merge before any rename.
+Atomic: under the results lock every target is checked (a file where a directory goes, a link
+on the way: refused, nothing written), then every output file is written in full into
+`.speedlib-merge/` inside the tree (same filesystem, not *.json: neither asv nor the loader
+reads it), one at a time, then a journal naming the renames, then the renames. A merge stopped
+before the journal leaves the tree as it was (the next merge removes the leftovers); one
+stopped after it is rolled forward by the next merge or `speedlib run`, which first check that
+the journal names only files a merge stages and paths inside the tree. A full disk stops the
+merge before any rename.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
+import functools
 import json
-from collections.abc import Sequence
+import os
+import stat
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from speedbench.results import safekeep
 from speedbench.results.atomic import disk_full
-from speedbench.results.merge_sources import (BAD_INPUT, CONFLICTS, MergeError, _bad, _loads, _Machine, _read_dir,
-                                              _read_source, _Tree, printable)
-from speedbench.results.tree import (BENCHMARKS, DISPLACED, ENVIRONMENT_DIR, MACHINE_FILE, MERGE_STAGING, ResultsError,
-                                     ResultsTree)
+from speedbench.results.merge_sources import (
+    BAD_INPUT,
+    CONFLICTS,
+    MergeError,
+    _bad,
+    _loads,
+    _Machine,
+    _Raw,
+    _read_dir,
+    _read_source,
+    _Tree,
+    copy_whole,
+    printable,
+    records,
+)
+from speedbench.results.tree import (
+    BENCHMARKS,
+    DISPLACED,
+    ENVIRONMENT_DIR,
+    MACHINE_FILE,
+    MERGE_STAGING,
+    ResultsError,
+    ResultsTree,
+)
 
 __all__ = ["MergeError", "merge", "recover", "add_parser", "STAGING", "DISPLACED", "CONFLICTS", "BAD_INPUT"]
 
@@ -128,8 +156,8 @@ class _Merge:
                     f"machine {printable(name)}: {printable(self.source_of(('info', name)))} has {f} "
                     f"{printable(str(have.info[f]))} and {label} {printable(str(src.info[f]))}")
                 return
-        mine = [machines._hardware(r) for r in _records(have)]
-        for theirs in map(machines._hardware, _records(src)):
+        mine = [machines._hardware(r) for r in records(have)]
+        for theirs in map(machines._hardware, records(src)):
             other = next((h for h in mine if machines._differs(h, theirs)), None)
             if other is not None:
                 self.hardware.append(
@@ -158,7 +186,7 @@ class _Merge:
         added = len(merged.keys() - have.keys())
         replaced = sum(1 for k in have if not _same(have[k], merged[k]))
         self.into.listing = merged
-        self.into.listing_raw = src.listing_raw if _same(merged, src.listing) else b""  # else asv's format
+        self.into.listing_raw = src.listing_raw if _same(merged, src.listing) else None  # else asv's format
         self.changed.add(("", BENCHMARKS))
         if newer:
             was, self.origin["listing"] = self.source_of("listing"), src.label
@@ -200,7 +228,7 @@ class _Merge:
                 if inner != DISPLACED:
                     self.appended[(name, inner)] = self.appended.get((name, inner), 0) + added
 
-    def side_file(self, name: str, inner: str, have: _Machine, obj: dict, raw: bytes, label: str) -> None:
+    def side_file(self, name: str, inner: str, have: _Machine, obj: dict, raw: _Raw, label: str) -> None:
         """A per-commit side file (SIDE_DIRS) is one entry: added, identical, or a conflict
         that --prefer newer settles by its `started_at` like a result."""
         old = have.side.get(inner)
@@ -289,14 +317,6 @@ def _displaced_key(record) -> str:
     return json.dumps({k: v for k, v in record.items() if k != "source"}, sort_keys=True)
 
 
-def _records(m: _Machine) -> list[dict]:
-    out = []
-    for inner, lines in m.lines.items():
-        if inner.startswith(f"{ENVIRONMENT_DIR}/"):
-            out += [r for r in map(_loads, lines) if isinstance(r, dict)]
-    return out
-
-
 def _listing_start(tree: _Tree):
     """When `tree`'s listing was last measured with: the latest start of its results of the
     versions it lists (asv writes the listing of the run it discovers); None if unknown."""
@@ -323,9 +343,10 @@ def _append(store: dict[str, list[bytes]], inner: str, lines: list[bytes]) -> in
 
 # --- writing -------------------------------------------------------------------------------
 
-def _content(tree: _Tree, machine: str, inner: str, old: bytes | None) -> bytes:
+def _content(tree: _Tree, machine: str, inner: str) -> bytes | _Raw:
+    """A file's new content; for one added whole, where to copy it from."""
     if not machine and inner == BENCHMARKS:
-        if tree.listing_raw:
+        if tree.listing_raw is not None:
             return tree.listing_raw
         return json.dumps(tree.listing, indent=4, sort_keys=True).encode()  # asv's write_json
     m = tree.machines[machine]
@@ -340,23 +361,36 @@ def _content(tree: _Tree, machine: str, inner: str, old: bytes | None) -> bytes:
 
 def recover(into: Path) -> list[str]:
     """Finish or drop what a stopped merge left in `into` (hold its lock): renames its journal
-    names are completed; files staged before the journal was written are removed."""
-    done = ResultsTree(into).finish_staged()
-    return [] if done is None else [f"finished a merge that was stopped while renaming its files ({done} file(s))"]
-
-
-def _write(into: Path, files: list[tuple[str, bytes]]) -> None:
-    tree = ResultsTree(into)
+    names are completed; files staged before the journal was written are removed. MergeError,
+    one line, where the journal names what no merge writes (`speedlib run` calls this too)."""
     try:
-        tree.stage(files)
-    except OSError as e:
-        raise MergeError(BAD_INPUT, [f"could not write into {printable(str(into))} ({e.strerror or e})"
-                                     f"{disk_full(e)}; it is as it was: free some space and merge again"]) from None
-    try:
-        recover(into)  # the renames
+        done = ResultsTree(into).finish_staged()
+    except ResultsError as e:
+        raise MergeError(BAD_INPUT, [f"cannot settle what a stopped run left in {printable(str(into))}: "
+                                     f"{printable(str(e))}"]) from None
     except OSError as e:
         raise MergeError(BAD_INPUT, [f"stopped while renaming into {printable(str(into))} ({e.strerror or e}); "
                                      "run speedlib merge again to finish"]) from None
+    return [] if done is None else [f"finished a merge that was stopped while renaming its files ({done} file(s))"]
+
+
+def _write(into: Path, files: list[tuple[str, Callable[[], bytes] | _Raw]]) -> None:
+    """Stage `files` (path under `into`, its content made on demand or copied from a source),
+    one at a time, then rename them under the journal. Every target is checked first: a file
+    where a directory goes refuses the merge before anything is written."""
+    try:
+        with ResultsTree(into).staging([rel for rel, _ in files]) as staged:
+            for rel, content in files:
+                if not isinstance(content, _Raw):
+                    with staged(rel) as f:
+                        f.write(content())
+            copy_whole([(rel, c) for rel, c in files if isinstance(c, _Raw)], staged)
+    except ResultsError as e:
+        raise _bad(f"cannot merge into {printable(str(into))}: {printable(str(e))}") from None
+    except OSError as e:
+        raise MergeError(BAD_INPUT, [f"could not write into {printable(str(into))} ({e.strerror or e})"
+                                     f"{disk_full(e)}; it is as it was: free some space and merge again"]) from None
+    recover(into)  # the renames
 
 
 def merge(sources: Sequence[Path], into: Path, prefer: str | None = None) -> list[str]:
@@ -397,25 +431,35 @@ def _merge_locked(trees: list[_Tree], into: Path, prefer: str | None) -> list[st
     if m.conflicts:
         raise MergeError(CONFLICTS, [*(f"conflict: {c}" for c in m.conflicts),
                                      f"{len(m.conflicts)} entr(y/ies) measured twice with different data; nothing was "
-                                     "written: --prefer newer keeps the later one and the other in merge-displaced.jsonl"])
-    files = []
+                                     "written: --prefer newer keeps the later one and the other in "
+                                     "merge-displaced.jsonl"])
+    files: list[tuple[str, Callable[[], bytes] | _Raw]] = []
     for machine, inner in sorted(m.changed):
         rel = str(PurePosixPath(machine, inner)) if machine else inner
-        path = into / rel
-        old = path.read_bytes() if path.is_file() else None
-        data = _content(base, machine, inner, old)
-        if data != old:
+        data = _content(base, machine, inner)
+        if isinstance(data, _Raw):  # added whole: new there
             files.append((rel, data))
+        elif data != _old(into / rel):  # made again when it is written: no merge holds every file at once
+            files.append((rel, functools.partial(_content, base, machine, inner)))
     for (machine, file), (added, replaced) in sorted(m.added.items()):
         if added or replaced:
-            m.said.append(f"{printable(machine)} commit {printable(base.machines[machine].results[file]['commit_hash'][:8])}"
-                          f": {added} benchmark(s) added" + (f", {replaced} replaced by newer ones" if replaced else ""))
+            commit = base.machines[machine].results[file]["commit_hash"][:8]
+            m.said.append(f"{printable(machine)} commit {printable(commit)}: {added} benchmark(s) added"
+                          + (f", {replaced} replaced by newer ones" if replaced else ""))
     for (machine, inner), n in sorted(m.appended.items()):
         m.said.append(f"appended {n} line(s) to {printable(machine)}/{printable(inner)}")
     if not files:
         return [*m.said, f"nothing changed: {printable(str(into))} already holds everything in the sources"]
     _write(into, files)
     return [*m.said, f"{len(files)} file(s) written in {printable(str(into))}"]
+
+
+def _old(path: Path) -> bytes | None:
+    """What a file of the tree holds now; None for none (or no regular file: the target check says so)."""
+    try:
+        return path.read_bytes() if stat.S_ISREG(os.lstat(path).st_mode) else None
+    except OSError:  # missing, or not to be read: written anew
+        return None
 
 
 # --- the command ---------------------------------------------------------------------------
@@ -426,9 +470,11 @@ EXIT_STATUS = """exit status:
      machine, commit and environment with different values, or a gpu-tests file with two
      contents (without --prefer newer), or hardware that differs under one machine name
      (always refused); one line per conflict
-  2  refused, nothing written: a missing or unreadable input, an archive with unsafe
-     members (absolute paths, '..', links, devices), a torn file, a full disk, or another
-     run or merge holding the results directory"""
+  2  refused, nothing written: a missing or unreadable input, an archive with unsafe or
+     repeated members (absolute paths, '..', links, devices) or a failing checksum, a torn
+     file, a file whose name its content contradicts, a machine name --machine refuses,
+     a target with a file where a directory goes, a full disk, or another run or merge
+     holding the results directory"""
 
 
 DESCRIPTION = """Merge results from several hosts into one results tree. Result files of one machine, commit and
@@ -445,8 +491,6 @@ aside, then renamed under a journal: a stopped merge is finished by the next one
 
 def add_parser(sub) -> None:
     """The `merge` subcommand on `speedlib`'s subparsers."""
-    import argparse  # noqa: PLC0415
-
     p = sub.add_parser("merge", help="merge archives of `speedlib run --archive` and results trees into one results "
                                      "tree, benchmark by benchmark", description=DESCRIPTION,
                        epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -460,8 +504,6 @@ def add_parser(sub) -> None:
 
 
 def _cmd_merge(args, argv) -> int:
-    import sys  # noqa: PLC0415
-
     try:
         lines = merge([Path(s) for s in args.sources], Path(args.into), args.prefer)
     except MergeError as e:

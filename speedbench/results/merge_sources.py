@@ -1,35 +1,57 @@
 """Reading the inputs of `speedlib merge` (speedbench.results.merge): archives and results trees.
 
-Archives are read in memory, never extracted; a member that is absolute, climbs out with
-`..`, is a link, a device or anything but a plain file or directory refuses the archive, so
-does a torn JSON file: `MergeError` with exit status 2 and one line. Only the layout
-`speedlib run` writes is taken (benchmarks.json, each machine's machine.json, result files,
-chunk times, environment records, the per-commit side files of `SIDE_DIRS`, and the merge's
-own displaced-entry files).
+Archives are read member by member, never extracted, and no member is held after it is read:
+a JSON file is parsed and let go, keeping where it was and its digest (`_Raw`), and a file the
+merge adds whole is copied from its source again when it is written (`copy_whole`). So a merge
+holds one member at a time, however many an archive packs.
+
+Refused with exit status 2 and one line (`MergeError`): a member that is absolute, climbs out
+with `..`, is a link, a device or anything but a plain file or directory, or comes twice; a
+torn JSON file; an archive cut short or failing its gzip checksum; a machine name that `speedlib
+run --machine` refuses; a machine.json naming another machine than its directory; a result
+file named for one commit holding another's results; one machine whose environment records
+name two kinds of hardware. Only the layout `speedlib run` writes is taken (benchmarks.json,
+each machine's machine.json, result files, chunk times, environment records, the per-commit
+side files of `SIDE_DIRS`, and the merge's own displaced-entry files).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gzip
+import hashlib
 import json
+import lzma
 import os
-import re
 import stat
 import tarfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from speedbench.results import files
 from speedbench.results.common import printable
-from speedbench.results.tree import (ARCHIVE_ROOT, BENCHMARKS, CHUNK_TIMES, DISPLACED, ENVIRONMENT_DIR, GPU_TESTS_DIR,
-                                     MACHINE_FILE, ResultsTree, archive_path)
+from speedbench.results.tree import (
+    ARCHIVE_ROOT,
+    BENCHMARKS,
+    CHUNK_TIMES,
+    DISPLACED,
+    ENVIRONMENT_DIR,
+    GPU_TESTS_DIR,
+    MACHINE_FILE,
+    ResultsTree,
+    archive_path,
+    inside,
+    machine_name_refused,
+)
 
 # Directories of a machine holding one whole JSON object per commit (<machine>/<dir>/<name>.json),
 # merged whole: the GPU tests' directory holds the verdict of a GPU slot's GPU-only tests.
 SIDE_DIRS = (GPU_TESTS_DIR,)
 CONFLICTS, BAD_INPUT = 1, 2  # exit statuses
-_NAME = re.compile(r"[^./\x00-\x1f\x7f][^/\x00-\x1f\x7f]*\Z")  # a plain file or directory name
+_CHUNK = 1 << 20  # bytes copied at a time
 
 
 class MergeError(RuntimeError):
@@ -47,12 +69,24 @@ def _bad(text: str) -> MergeError:
 
 # --- reading a tree ------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class _Raw:
+    """Where a file's bytes can be read again, and their digest: a file added whole is copied
+    from its source when the merge writes it (`copy_whole`), not kept in memory until then."""
+
+    source: Path  # the archive, or the file itself in a results tree
+    member: str | None  # the archive's member; None for a file in a tree
+    digest: str  # sha256 of the bytes as they were read and checked
+    label: str  # the source, as messages name it
+    where: str  # the file, as messages name it
+
+
 @dataclass
 class _Machine:
     info: dict | None = None  # MACHINE_FILE
-    info_raw: bytes = b""
+    info_raw: _Raw | None = None
     results: dict[str, dict] = field(default_factory=dict)  # file name -> asv result object
-    raw: dict[str, bytes] = field(default_factory=dict)  # file name (or side file's path) -> its bytes as read
+    raw: dict[str, _Raw] = field(default_factory=dict)  # file name (or side file's path) -> where its bytes are
     side: dict[str, dict] = field(default_factory=dict)  # "<dir>/<name>.json" of SIDE_DIRS -> its object
     lines: dict[str, list[bytes]] = field(default_factory=dict)  # jsonl path in the directory -> lines
 
@@ -61,7 +95,7 @@ class _Machine:
 class _Tree:
     label: str
     listing: dict | None = None  # BENCHMARKS, the listing
-    listing_raw: bytes = b""
+    listing_raw: _Raw | None = None
     machines: dict[str, _Machine] = field(default_factory=dict)
 
 
@@ -95,49 +129,84 @@ def _check_result(obj, where: str) -> None:
         raise _bad(f"{where} is not an asv result file")
 
 
-def _add_file(tree: _Tree, rel: str, data: bytes, where: str, strict: bool) -> None:
+def _lines(f: BinaryIO, where: str, strict: bool) -> list[bytes]:
+    """The non-blank lines of `f`, read a line at a time; strict: each a JSON record."""
+    lines: list[bytes] = []
+    for chunk in f:
+        for line in chunk.splitlines():  # bytes.splitlines: \r and \r\n end a line as \n does
+            if not line.strip():
+                continue
+            if strict and not isinstance(_loads(line), dict):
+                raise _bad(f"{where}: line {len(lines) + 1} is torn or not a JSON record")
+            lines.append(line)
+    return lines
+
+
+def _add_file(tree: _Tree, rel: str, f: BinaryIO, where: str, strict: bool, raw_at: Callable[[str], _Raw]) -> None:
+    """Read the file `f` found at `rel` into `tree`; `raw_at(digest)` says where it can be read again."""
     place = _place(rel)
     if place is None:
         return
     name, inner = place
+    if strict and name and machine_name_refused(name):
+        raise _bad(f"{where}: the machine name {machine_name_refused(name)}")
     if inner.endswith(".jsonl"):
-        lines = [line for line in data.splitlines() if line.strip()]
-        for n, line in enumerate(lines, 1):
-            if strict and not isinstance(_loads(line), dict):
-                raise _bad(f"{where}: line {n} is torn or not a JSON record")
-        tree.machines.setdefault(name, _Machine()).lines[inner] = lines
-    elif not name:
-        tree.listing, tree.listing_raw = _json(data, where), data
+        tree.machines.setdefault(name, _Machine()).lines[inner] = _lines(f, where, strict)
+        return
+    data = f.read()
+    raw = raw_at(hashlib.sha256(data).hexdigest())
+    obj = _json(data, where)
+    del data  # only what was parsed is kept
+    if not name:
+        tree.listing, tree.listing_raw = obj, raw
         if not isinstance(tree.listing, dict):
             raise _bad(f"{where} is not asv's {BENCHMARKS}")
-    elif "/" in inner:  # a side file of SIDE_DIRS
-        obj = _json(data, where)
+        return
+    m = tree.machines.setdefault(name, _Machine())
+    if "/" in inner:  # a side file of SIDE_DIRS
         if not isinstance(obj, dict):
             raise _bad(f"{where} is not a JSON object")
-        m = tree.machines.setdefault(name, _Machine())
-        m.side[inner], m.raw[inner] = obj, data
+        m.side[inner], m.raw[inner] = obj, raw
     elif inner == MACHINE_FILE:
-        m = tree.machines.setdefault(name, _Machine())
-        m.info, m.info_raw = _json(data, where), data
-        if not isinstance(m.info, dict):
+        if not isinstance(obj, dict):
             raise _bad(f"{where} is not asv's {MACHINE_FILE}")
+        named = obj.get("machine", name)
+        if strict and named != name:  # asv would file its results under the other name
+            raise _bad(f"{where} names the machine {printable(str(named))}, not {printable(name)} whose directory "
+                       "holds it")
+        m.info, m.info_raw = obj, raw
     else:
-        obj = _json(data, where)
         _check_result(obj, where)
-        m = tree.machines.setdefault(name, _Machine())
-        m.results[inner], m.raw[inner] = obj, data
+        named = PurePosixPath(inner).stem.split("-", 1)[0]  # asv names it <commit8>-<environment>.json
+        if strict and obj["commit_hash"][:8] != named:
+            raise _bad(f"{where} is named for commit {printable(named)} and holds results of commit "
+                       f"{printable(obj['commit_hash'][:8])}")
+        m.results[inner], m.raw[inner] = obj, raw
 
 
 def _checked_name(rel: str, where: str) -> str:
-    parts = PurePosixPath(rel).parts
-    if rel.startswith("/") or not parts or not all(_NAME.match(p) for p in parts):
+    if not inside(rel):
         raise _bad(f"{where}: member {printable(rel)} is an absolute path, climbs out with '..' or is no plain "
                    "name: refused")
     return rel
 
 
+def _read_error(label: str, e: BaseException) -> MergeError:
+    """What reading the archive `label` raised, as one line."""
+    if isinstance(e, (gzip.BadGzipFile, lzma.LZMAError)):  # its checksum, read at the end of the stream
+        return _bad(f"{label} is damaged ({printable(str(e) or type(e).__name__)})")
+    if isinstance(e, (tarfile.TarError, EOFError, zlib.error)):
+        # tarfile's message for a file that is no archive lists every method it tried: the first line says it
+        why = printable(str(e).splitlines()[0].rstrip(":")) if str(e) else type(e).__name__
+        return _bad(f"{label} is not a .tar.gz archive, or is cut short ({why})")
+    return _bad(f"cannot read {label} ({getattr(e, 'strerror', None) or e})")
+
+
+_READ_ERRORS = (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, OSError)  # OSError: BadGzipFile too
+
+
 def _read_archive(path: Path, label: str) -> _Tree:
-    tree = _Tree(label)
+    tree, seen = _Tree(label), set()
     try:
         with tarfile.open(path, "r:*") as tar:
             for member in tar:
@@ -155,23 +224,29 @@ def _read_archive(path: Path, label: str) -> _Tree:
                 rel = _checked_name(rel, label)
                 if member.isdir():
                     continue
+                if rel in seen:  # unpacked, the second would replace the first without a word
+                    raise _bad(f"{where} is in the archive twice: refused")
+                seen.add(rel)
                 if member.size > files.MAX_FILE_BYTES:
                     raise _bad(f"{where} is larger than {files.MAX_FILE_BYTES >> 20} MiB")
                 if _place(rel) is not None:
-                    _add_file(tree, rel, tar.extractfile(member).read(), where, strict=True)
-    except (tarfile.TarError, EOFError, zlib.error) as e:
-        # tarfile's message for a file that is no archive lists every method it tried: the first line says it
-        why = printable(str(e).splitlines()[0].rstrip(":")) if str(e) else type(e).__name__
-        raise _bad(f"{label} is not a .tar.gz archive, or is cut short ({why})") from None
-    except OSError as e:
-        raise _bad(f"cannot read {label} ({e.strerror or e})") from None
+                    _add_file(tree, rel, tar.extractfile(member), where, True,
+                              lambda digest, at=member.name, where=where: _Raw(path, at, digest, label, where))
+            # gzip checks its checksum at the end of the stream, which tarfile stops short of
+            while tar.fileobj.read(_CHUNK):
+                pass
+    except _READ_ERRORS as e:
+        raise _read_error(label, e) from None
     return tree
 
 
 def _read_dir(root: Path, label: str, strict: bool) -> _Tree:
     """The results tree at `root` (or `root`/results for a checkout or an unpacked archive):
     only the layout `speedlib run` writes, dot-files (scratch, snapshots) left out."""
-    root = ResultsTree.found_in(root).root
+    try:
+        root = ResultsTree.found_in(root).root
+    except OSError as e:  # a directory this user cannot read
+        raise _bad(f"cannot read {label} ({e.strerror or e})") from None
     tree = _Tree(label)
 
     def entries(directory: Path, rel: str, depth: int) -> None:
@@ -202,7 +277,12 @@ def _read_dir(root: Path, label: str, strict: bool) -> _Tree:
             if st.st_size > files.MAX_FILE_BYTES:
                 raise _bad(f"{where} is larger than {files.MAX_FILE_BYTES >> 20} MiB")
             _checked_name(sub, label)
-            _add_file(tree, sub, path.read_bytes(), where, strict)
+            try:
+                with path.open("rb") as f:
+                    _add_file(tree, sub, f, where, strict,
+                              lambda digest, at=path, where=where: _Raw(at, None, digest, label, where))
+            except OSError as e:
+                raise _bad(f"cannot read {where} ({e.strerror or e})") from None
 
     entries(root, "", 0)
     return tree
@@ -223,7 +303,34 @@ def _read_source(path: Path) -> _Tree:
     if not any(m.results for m in tree.machines.values()):
         raise _bad(f"{label} holds no asv result file (<machine>/<commit>-<env>.json): name a results tree "
                    "(the directory that holds the machine directories) or an archive of `speedlib run --archive`")
+    _one_kind_of_hardware(tree)
     return tree
+
+
+def _one_kind_of_hardware(tree: _Tree) -> None:
+    """Refuse a source whose environment records name two kinds of hardware under one machine
+    name: merged, its history would read the hardware's difference as the code's."""
+    from speedbench.results import machines  # noqa: PLC0415 - it loads pandas; `speedlib --help` imports this module
+
+    for name, m in tree.machines.items():
+        seen: list[dict] = []
+        for hardware in map(machines._hardware, records(m)):
+            other = next((h for h in seen if machines._differs(h, hardware)), None)
+            if other is not None:
+                raise _bad(f"{tree.label}: machine {printable(name)} recorded {printable(machines.describe(other))} "
+                           f"and {printable(machines.describe(hardware))}: a machine name stands for one kind of "
+                           "hardware; rerun one of them with speedlib run --machine NEWNAME")
+            if hardware not in seen:
+                seen.append(hardware)
+
+
+def records(m: _Machine) -> list[dict]:
+    """The environment records of machine `m`, as read."""
+    out = []
+    for inner, lines in m.lines.items():
+        if inner.startswith(f"{ENVIRONMENT_DIR}/"):
+            out += [r for r in map(_loads, lines) if isinstance(r, dict)]
+    return out
 
 
 def _loads(line: bytes):
@@ -231,3 +338,68 @@ def _loads(line: bytes):
         return json.loads(line)
     except (ValueError, RecursionError):
         return None
+
+
+# --- copying what is added whole -------------------------------------------------------------
+
+def copy_whole(files: Sequence[tuple[str, _Raw]], staged) -> None:
+    """Copy each file added whole from where it was read into its staged file (`staged(rel)`,
+    ResultsTree.staging), a chunk at a time, each archive read once in the order of its
+    members. MergeError where a source is gone or has changed since it was read."""
+    by_source: dict[Path, dict[str | None, tuple[str, _Raw]]] = {}
+    for rel, raw in files:
+        by_source.setdefault(raw.source, {})[raw.member] = (rel, raw)
+    for source, wanted in by_source.items():
+        if None in wanted:  # a file of a results tree: the source is the file
+            rel, raw = wanted.pop(None)
+            with _opened(source, raw.where) as read:
+                _copy(read, rel, raw, staged)
+            continue
+        label = next(iter(wanted.values()))[1].label
+        for member, read in _members(source, label, set(wanted)):
+            rel, raw = wanted.pop(member)
+            _copy(read, rel, raw, staged)
+        if wanted:
+            raise _bad(f"{next(iter(wanted.values()))[1].where} has gone from the archive since it was read")
+
+
+def _copy(read: Callable[[int], bytes], rel: str, raw: _Raw, staged) -> None:
+    digest = hashlib.sha256()
+    with staged(rel) as f:
+        while chunk := read(_CHUNK):
+            digest.update(chunk)
+            f.write(chunk)
+    if digest.hexdigest() != raw.digest:
+        raise _bad(f"{raw.where} has changed since it was read")
+
+
+def _reader(f: BinaryIO, label: str) -> Callable[[int], bytes]:
+    """f.read, with what reading the source raises as one line (MergeError): the writes
+    between the reads go to the results tree, and their errors are the caller's."""
+    def read(size: int) -> bytes:
+        try:
+            return f.read(size)
+        except _READ_ERRORS as e:
+            raise _read_error(label, e) from None
+    return read
+
+
+@contextlib.contextmanager
+def _opened(path: Path, where: str) -> Iterator[Callable[[int], bytes]]:
+    try:
+        f = path.open("rb")
+    except OSError as e:
+        raise _read_error(where, e) from None
+    with f:
+        yield _reader(f, where)
+
+
+def _members(path: Path, label: str, names: set[str]) -> Iterator[tuple[str, Callable[[int], bytes]]]:
+    """The members named `names` of the archive at `path`, in its order: (name, read)."""
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            for member in tar:
+                if member.isfile() and member.name in names:
+                    yield member.name, _reader(tar.extractfile(member), label)
+    except _READ_ERRORS as e:
+        raise _read_error(label, e) from None

@@ -34,7 +34,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from speedbench.results.atomic import disk_full, sync_dir, write_whole, written_whole  # noqa: F401 - `speedlib report --output` uses written_whole as safekeep.X
+# written_whole and disk_full are re-exported: `speedlib report --output` uses them as safekeep.X
+from speedbench.results.atomic import disk_full, sync_dir, write_whole, written_whole
+from speedbench.results.common import printable
 from speedbench.results.tree import BENCHMARKS, JOURNAL, MACHINE_FILE, SNAPSHOT, ResultsTree
 
 __all__ = ["SNAPSHOT", "SnapshotError", "Snapshot", "written_whole", "disk_full", "take", "settle", "recover"]
@@ -78,6 +80,14 @@ def take(results_dir: Path, machine: str, sha: str) -> Snapshot:
     results_dir = Path(results_dir)
     patterns = ResultsTree(results_dir).asv_writes(machine, sha)
     snapshot = Snapshot(results_dir, sha, patterns, {})
+    mdir = ResultsTree(results_dir).machine(machine)
+    # a linked machine directory may lead elsewhere in the tree (the loader reads it as an alias), not out of it
+    linked_out = [] if _stays_in(results_dir, f"{machine}/{MACHINE_FILE}") else [mdir.path]
+    for path in [*linked_out, *(results_dir / rel for rel in _matching(results_dir, patterns)), *mdir.run_writes(sha)]:
+        if path.is_symlink():  # asv truncates its files and writes them in place: through the link
+            raise SnapshotError(f"{printable(str(path))} is a link (to {printable(os.readlink(path))}), and the run "
+                                "would write through it: put what it links to there instead, or remove the link; "
+                                "nothing was run or changed")
     if snapshot.directory.is_symlink() or snapshot.directory.exists():
         _remove_unjournaled(snapshot.directory)
     try:
@@ -226,13 +236,19 @@ def _journaled(results_dir: Path) -> Snapshot:
     patterns = data.get("patterns") if data else None
     before = data.get("before") if data else None
     ok = (isinstance(patterns, list) and isinstance(before, dict) and isinstance(data.get("commit"), str)
-          and all(isinstance(p, str) and _inside(p) for p in [*patterns, *before])
+          and all(isinstance(p, str) and _inside(p) and _stays_in(results_dir, p) for p in [*patterns, *before])
           and all(v in (_SAVED, _LEFT) for v in before.values())
           and all(any(fnmatch.fnmatchcase(rel, p) for p in patterns) for rel in before))
     if not ok:
         raise SnapshotError(f"{directory} holds a copy of asv's files whose journal cannot be read: compare "
                             f"{results_dir} with it, then remove it")
     return Snapshot(results_dir, data["commit"], patterns, before)
+
+
+def _stays_in(results_dir: Path, rel: str) -> bool:
+    """Whether the directory of `rel` (under `results_dir`) is in the results tree, links followed."""
+    root, where = Path(results_dir).resolve(), (Path(results_dir) / rel).parent.resolve()
+    return where == root or root in where.parents
 
 
 def _inside(rel: str) -> bool:

@@ -14,8 +14,8 @@ import statistics
 
 import pandas as pd
 
-from speedbench.stats import contention
 from speedbench.results.common import Problem, Status, _is_number, _to_float
+from speedbench.stats import contention
 
 # How far apart a measurement and its counters may have started and still be of one run:
 # asv runs a class's track_* processes back to back once its setup_cache has measured.
@@ -42,7 +42,8 @@ def _attach_counters(rows: list[dict]) -> list[dict]:
         rounds = len(r["samples"]) or 1
         usable = {}
         for name, (samples, started) in found.items():
-            apart = abs((started - r["run_date"]).total_seconds()) if not (pd.isna(started) or pd.isna(r["run_date"])) else 0
+            known = not (pd.isna(started) or pd.isna(r["run_date"]))
+            apart = abs((started - r["run_date"]).total_seconds()) if known else 0
             if apart <= _SAME_RUN_S:
                 usable[name] = samples
         cores, threads = _count(r.get("cpu_cores")), _count(r.get("torch_threads"))

@@ -26,7 +26,8 @@ _VARIANTS = ["forloop", "fused", "speedlib"]
 BENCHMARKS = {
     "bench_contiguous.OptimizerStep.time_adam_step": ("time", "seconds", (0.015, 0.056), (1.0, 0.15, 0.06)),
     "bench_contiguous.IterationMemory.track_peak_memory": ("track", "bytes", (2.0e7, 4.1e8), (1.0, 1.0, 1.05)),
-    "bench_contiguous.AdamBandwidth.track_fraction_of_floor": ("track", "% of memory bandwidth", (8.0, 9.0), (1.0, 4.8, 9.5)),
+    "bench_contiguous.AdamBandwidth.track_fraction_of_floor": ("track", "% of memory bandwidth", (8.0, 9.0),
+                                                               (1.0, 4.8, 9.5)),
 }
 _MACHINES = {
     "synthetic-h100": ("NVIDIA H100 80GB HBM3 (synthetic)", "550.54.15", 1.0),

@@ -16,13 +16,16 @@ Stdlib only: `speedlib --help` builds `speedlib merge`'s parser, which imports t
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import re
 import shutil
+import stat
 import tarfile
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,8 +38,9 @@ except ImportError:  # not a POSIX system: runs are not locked against each othe
     fcntl = None
 
 __all__ = ["ResultsTree", "MachineDir", "ResultsLock", "ResultsError", "TreeBusy", "check_writable", "archive_path",
-           "BENCHMARKS", "MACHINE_FILE", "ENVIRONMENT_DIR", "CHUNK_TIMES", "GPU_TESTS_DIR", "DISPLACED", "SNAPSHOT",
-           "MERGE_STAGING", "JOURNAL", "CHECKOUT_RESULTS", "ARCHIVE_ROOT"]
+           "inside", "machine_name_refused", "BENCHMARKS", "MACHINE_FILE", "ENVIRONMENT_DIR", "CHUNK_TIMES",
+           "GPU_TESTS_DIR", "DISPLACED", "SNAPSHOT", "MERGE_STAGING", "JOURNAL", "CHECKOUT_RESULTS", "ARCHIVE_ROOT",
+           "PLAIN_NAME", "MACHINE_NAME", "MACHINE_NAME_MAX"]
 
 BENCHMARKS = "benchmarks.json"  # asv's listing, rewritten by every asv run
 MACHINE_FILE = "machine.json"  # asv's description of a machine: what makes a directory a machine's
@@ -51,6 +55,14 @@ MERGE_STAGING = ".speedlib-merge"  # a merge's files, written in full before the
 JOURNAL = "journal"  # in either: what to put back or rename (not *.json: asv reads every .json)
 CHECKOUT_RESULTS = "results"  # a checkout's committed tree (asv.conf.json's results_dir)
 ARCHIVE_ROOT = CHECKOUT_RESULTS  # an archive unpacks in a checkout's root, into its results tree
+# A name in a path a merge writes: nothing that climbs out ('..'), hides (a leading dot, as the
+# tree's own staging and snapshot do) or holds a control character.
+PLAIN_NAME = re.compile(r"[^./\x00-\x1f\x7f][^/\x00-\x1f\x7f]*\Z")
+# An asv machine name is a directory under results/: one path component, nothing that
+# climbs out (..), hides (a leading dot) or reads as an option (a leading dash).
+MACHINE_NAME_MAX = 100
+MACHINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+_STAGED = re.compile(r"[0-9]+\.new")  # a staged file's name (`staging`)
 
 
 class ResultsError(RuntimeError):
@@ -103,6 +115,12 @@ class MachineDir:
     def displaced(self) -> Path:
         return self.path / DISPLACED
 
+    def run_writes(self, sha: str) -> list[Path]:
+        """What a run of `sha` writes here besides asv's files (directories too): a link at any
+        of them would take the write out of the tree (safekeep refuses one before asv runs)."""
+        return [self.environment_dir, self.environment_record(sha), self.chunk_times, self.gpu_tests_dir,
+                self.verdict(sha)]
+
     def result_files(self, sha: str) -> list[Path]:
         """asv's result files of `sha` here (one per environment asv names)."""
         return sorted(self.path.glob(result_pattern(sha)))
@@ -132,6 +150,24 @@ class MachineDir:
             raise ResultsError(f"nothing to pack for {self.name} in {self.tree.root}: missing "
                                f"{missing or 'result files'}")
         return self.tree.pack(files, dest)
+
+
+def machine_name_refused(name: str) -> str | None:
+    """Why `name` cannot name a machine directory, in the words `speedlib run --machine` and
+    `speedlib merge` refuse it with ("is 300 characters long: ..."); None for a name they take."""
+    if len(name) > MACHINE_NAME_MAX:
+        return (f"is {len(name)} characters long: a machine name names a directory, "
+                f"at most {MACHINE_NAME_MAX} characters")
+    if not MACHINE_NAME.fullmatch(name) or ".." in name:
+        return (f"'{printable(name)}' is not a plain name: use letters, digits and . _ + - (no path separators, "
+                "no '..', not starting with '.' or '-')")
+    return None
+
+
+def inside(rel) -> bool:
+    """Whether `rel` is a path of plain names (PLAIN_NAME) joined by '/': joined to a tree's
+    root it stays inside the tree, whatever the links in it (checked apart: `check_target`)."""
+    return isinstance(rel, str) and all(PLAIN_NAME.match(name) for name in rel.split("/"))
 
 
 def result_pattern(sha: str) -> str:
@@ -190,37 +226,79 @@ class ResultsTree:
 
     def left_by_killed_run(self) -> Path | None:
         """The snapshot a run killed outright while asv wrote here left (journal written), or None."""
-        return self.snapshot if (self.snapshot / JOURNAL).is_file() else None
+        return self.snapshot if _is_file(self.snapshot / JOURNAL) else None
 
     def left_by_stopped_merge(self) -> Path | None:
         """The staging directory of a merge stopped between its renames, or None: with its
         journal written, part of the tree is merged and part not yet."""
-        return self.merge_staging if (self.merge_staging / JOURNAL).is_file() else None
+        return self.merge_staging if _is_file(self.merge_staging / JOURNAL) else None
+
+    def check_target(self, rel: str) -> None:
+        """ResultsError, one line, unless a file can be renamed to `rel` without leaving the tree
+        or stopping part way: `rel` a path of plain names (`inside`), each directory on the way
+        a directory or missing, the file a regular file or missing, and none of them a link."""
+        if not inside(rel):
+            raise ResultsError(f"{printable(rel)} is not a path inside {printable(str(self.root))}")
+        path, names = self.root, rel.split("/")
+        for i, name in enumerate(names):
+            path = path / name
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:
+                return  # this and what lies under it are made by the rename
+            except OSError as e:
+                raise ResultsError(f"cannot examine {printable(str(path))} ({e.strerror or e})") from None
+            if stat.S_ISLNK(mode):
+                raise ResultsError(f"{printable(str(path))} is a link: a file written through it could land outside "
+                                   f"{printable(str(self.root))}")
+            if i < len(names) - 1 and not stat.S_ISDIR(mode):
+                raise ResultsError(f"{printable(str(path))} is a file where a directory goes")
+            if i == len(names) - 1 and not stat.S_ISREG(mode):
+                raise ResultsError(f"{printable(str(path))} is a directory or special file where a file goes")
 
     def stage(self, files: Iterable[tuple[str, bytes]]) -> None:
-        """Write `files` ((path under the root, content)) in full into the staging directory,
-        then the journal naming their renames (`finish_staged` does them). OSError, with the
-        staging removed and the tree as it was, where that fails (a full disk)."""
-        stage, entries = self.merge_staging, []
+        """`staging` of `files` ((path under the root, content)), each written whole."""
+        files = list(files)
+        with self.staging([rel for rel, _ in files]) as staged:
+            for rel, data in files:
+                with staged(rel) as f:
+                    f.write(data)
+
+    @contextlib.contextmanager
+    def staging(self, rels: Sequence[str]) -> Iterator:
+        """Stage the files to be renamed to `rels` (paths under the root). Every target is
+        checked first (`check_target`: ResultsError, nothing written). The block gets a function
+        that opens the staged file of one of `rels` for writing, one at a time (a merge copies
+        from its sources file by file, never holding them all); on leaving it, the journal naming
+        the renames of those written is written (`finish_staged` does them). OSError or any
+        other exception: the staging is removed and the tree is as it was."""
+        for rel in rels:
+            self.check_target(rel)
+        stage, names, written = self.merge_staging, {rel: f"{i}.new" for i, rel in enumerate(rels)}, []
+
+        @contextlib.contextmanager
+        def staged(rel: str):
+            with (stage / names[rel]).open("xb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            written.append(rel)
+
         try:
             stage.mkdir()
-            for i, (rel, data) in enumerate(files):
-                tmp = f"{i}.new"
-                with (stage / tmp).open("wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                entries.append([tmp, rel])
-            with written_whole(stage / JOURNAL) as f:
-                f.write(b"".join(json.dumps(e).encode() + b"\n" for e in entries))
-        except OSError:
+            yield staged
+            with written_whole(stage / JOURNAL, streams=False) as f:
+                f.write(b"".join(json.dumps([names[rel], rel]).encode() + b"\n" for rel in written))
+        except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
             raise
 
     def finish_staged(self) -> int | None:
         """Finish or drop what a staging left (hold the lock): the renames its journal names are
         completed, and their number returned; files staged before the journal was written are
-        removed (None, as when nothing was staged)."""
+        removed (None, as when nothing was staged). A journal that names anything a staging
+        never writes (a path outside the tree, a link on the way, a file where a directory
+        goes) is refused whole, with one line (ResultsError) and nothing moved."""
         stage = self.merge_staging
         if not (stage.exists() or stage.is_symlink()):
             return None
@@ -231,13 +309,54 @@ class ResultsTree:
             else:
                 shutil.rmtree(stage)
             return None
-        entries = [json.loads(line) for line in journal.read_bytes().splitlines() if line.strip()]
-        for tmp, rel in entries:
-            if (stage / tmp).exists():
-                _rename(stage / tmp, self.root / rel)
+        renames, named = self._journaled_renames()
+        for tmp, rel in renames:
+            _rename(stage / tmp, self.root / rel)
         journal.unlink()
         shutil.rmtree(stage)
-        return len(entries)
+        return named
+
+    def _journaled_renames(self) -> tuple[list[tuple[str, str]], int]:
+        """The renames the journal names that are still to do, and how many it names; every one
+        checked before any is done: ResultsError where the journal is not one `staging` wrote, or a target cannot take
+        its file (`check_target`). A journal copied in with a tree is read like one left here."""
+        stage = self.merge_staging
+        journal = stage / JOURNAL
+
+        def refused(n: int, why: str) -> ResultsError:
+            return ResultsError(f"{printable(str(journal))} cannot be finished: line {n} {why}; nothing was moved: "
+                                f"look at {printable(str(stage))}, then remove it")
+
+        if not stat.S_ISREG(os.lstat(journal).st_mode):
+            raise refused(1, "is in a link or special file, not a journal a merge writes")
+        todo, named = [], 0
+        for n, line in enumerate(journal.read_bytes().splitlines(), 1):
+            if not line.strip():
+                continue
+            named += 1
+            try:
+                entry = json.loads(line)
+            except (ValueError, RecursionError):
+                entry = None
+            if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, str) for x in entry)):
+                raise refused(n, "is not a [staged file, path] pair")
+            tmp, rel = entry
+            if not _STAGED.fullmatch(tmp):
+                raise refused(n, f"names {printable(tmp)}, not a file a merge stages")
+            if not inside(rel):
+                raise refused(n, f"names {printable(rel)}, not a path inside {printable(str(self.root))}")
+            try:
+                mode = os.lstat(stage / tmp).st_mode
+            except FileNotFoundError:
+                continue  # renamed before the merge stopped
+            if not stat.S_ISREG(mode):
+                raise refused(n, f"stages {printable(tmp)}, a link or special file")
+            try:
+                self.check_target(rel)
+            except ResultsError as e:
+                raise refused(n, f"cannot be renamed: {e}") from None
+            todo.append((tmp, rel))
+        return todo, named
 
     # --- archives -------------------------------------------------------------------------
 
@@ -261,6 +380,15 @@ def archive_path(member: str) -> str | None:
         return ""
     prefix = f"{ARCHIVE_ROOT}/"
     return member[len(prefix):] if member.startswith(prefix) else None
+
+
+def _is_file(path: Path) -> bool:
+    """path.is_file(), False where it cannot be examined: a tree this user cannot read is said
+    so by whoever reads it next, in one line, not by a traceback here."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def _rename(tmp: Path, final: Path) -> None:

@@ -129,7 +129,12 @@ def benchmark_listing(root: Path, results_dir: Path) -> Path | None:
     the checkout's committed one; None before the suite ever ran. PlanError (one line) when
     that file cannot be read as a listing: a plan or a budget priced from it would be wrong."""
     for listing in (ResultsTree(results_dir).benchmarks, ResultsTree.in_checkout(root).benchmarks):
-        if listing.is_file():
+        try:
+            found = listing.is_file()
+        except OSError as e:  # a results directory this user cannot read
+            raise PlanError(f"{printable(str(listing))} cannot be examined ({e.strerror or e}): check the "
+                            f"permissions of {printable(str(listing.parent))}") from None
+        if found:
             _check_listing(listing)
             return listing
     return None

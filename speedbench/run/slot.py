@@ -226,7 +226,7 @@ def write_verdict(path: Path, verdict: dict) -> None:
     check_verdict(verdict, path.parent.parent.name, path.stem)
     with suite._writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        with written_whole(path) as f:
+        with written_whole(path, streams=False) as f:
             f.write((json.dumps(verdict, indent=1, sort_keys=True) + "\n").encode("utf-8"))
 
 

@@ -47,7 +47,7 @@ from speedbench.measure import interference, preflight
 from speedbench.results import machines, merge, problems, safekeep
 from speedbench.results.common import printable
 from speedbench.results.load import format_table, load_results
-from speedbench.results.tree import ResultsError, ResultsTree
+from speedbench.results.tree import ResultsError, ResultsTree, machine_name_refused
 from speedbench.run import plan
 from speedbench.run.asv_process import (  # noqa: F401 - re-exported: tests patch and call them as suite.X
     Interrupted,
@@ -107,20 +107,10 @@ class RunResult:
     not_run: list[str] = field(default_factory=list)  # chunks left out to keep within the budget
 
 
-# An asv machine name is a directory under results/: one path component, nothing that
-# climbs out (..), hides (a leading dot) or reads as an option (a leading dash).
-_MACHINE_NAME_MAX = 100
-_MACHINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
-
-
 def check_options(options: RunOptions) -> None:
     """Refuse, with one line, options that would fail or misfile results later in the run."""
-    if options.machine is not None and len(options.machine) > _MACHINE_NAME_MAX:
-        raise SuiteError(f"--machine is {len(options.machine)} characters long: a machine name names a directory, "
-                         f"at most {_MACHINE_NAME_MAX} characters")
-    if options.machine is not None and (not _MACHINE_NAME.fullmatch(options.machine) or ".." in options.machine):
-        raise SuiteError(f"--machine '{printable(options.machine)}' is not a plain name: use letters, digits and "
-                         ". _ + - (no path separators, no '..', not starting with '.' or '-')")
+    if options.machine is not None and machine_name_refused(options.machine):  # the rule `speedlib merge` applies
+        raise SuiteError(f"--machine {machine_name_refused(options.machine)}")
     for regex in options.bench:
         try:
             re.compile(regex)
@@ -469,7 +459,11 @@ def _recover(results_dir: Path) -> None:
     for line in lines:
         print(f"speedlib run: a run was killed while asv wrote here: {printable(line)}", flush=True)
     # and a `speedlib merge` stopped between its renames: finished, so no run reads a half-merged tree
-    for line in merge.recover(results_dir):
+    try:
+        lines = merge.recover(results_dir)
+    except merge.MergeError as e:
+        raise SuiteError(str(e)) from None
+    for line in lines:
         print(f"speedlib run: {printable(line)}", flush=True)
 
 

@@ -43,7 +43,8 @@ def verdict(commit: str, machine: str, **changes) -> dict:
 
 
 def write(root: Path, v: dict, name: str | None = None) -> Path:
-    path = ResultsTree(root).machine(v["machine"]).verdict(v["commit"]) if name is None else root / v["machine"] / "gpu-tests" / name
+    path = (ResultsTree(root).machine(v["machine"]).verdict(v["commit"]) if name is None
+            else root / v["machine"] / "gpu-tests" / name)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(v))
     return path
@@ -176,7 +177,8 @@ def test_the_committed_gpu_run_reads_not_recorded():
     """The H100 run at bdb0cb6d and the H200 run at 838236b predate the slot: their figures say
     so, and carry no mark; the H200's slot at d93fd5c1 passed."""
     df = load_results(ROOT / "results").measured
-    old = ((df["machine"] == "h100-sxm-80gb") | ((df["machine"] == "h200-141gb") & df["commit"].str.startswith("838236ba")))
+    old = ((df["machine"] == "h100-sxm-80gb")
+           | ((df["machine"] == "h200-141gb") & df["commit"].str.startswith("838236ba")))
     assert old.any() and set(df.loc[old, "gpu_tests"]) == {NOT_RECORDED}
     assert set(df.loc[df["commit"].str.startswith("d93fd5c1"), "gpu_tests"]) == {"passed"}
     t = report.paired_table(report.latest(df))
@@ -187,8 +189,8 @@ def test_the_committed_gpu_run_reads_not_recorded():
 
 def test_the_dashboard_shows_each_commits_verdict_and_marks_the_failed_one(tree, monkeypatch):
     pytest.importorskip("streamlit")
-    from streamlit.testing.v1 import AppTest
-    from streamlit.testing.v1.element_tree import Dataframe, Table
+    from streamlit.testing.v1 import AppTest  # noqa: PLC0415 - streamlit is optional: after importorskip
+    from streamlit.testing.v1.element_tree import Dataframe, Table  # noqa: PLC0415 - likewise
 
     root, latest = tree
     monkeypatch.setenv("SPEEDLIB_RESULTS", str(root))
@@ -200,7 +202,7 @@ def test_the_dashboard_shows_each_commits_verdict_and_marks_the_failed_one(tree,
     assert not at.exception, at.exception
     tables = [e.value for e in at.main if isinstance(e, (Dataframe, Table))]
     machines, per_commit = tables[0], tables[1]
-    latest_verdict = dict(zip(machines["machine"], machines["GPU tests at the latest commit"]))
+    latest_verdict = dict(zip(machines["machine"], machines["GPU tests at the latest commit"], strict=True))
     assert latest_verdict["synthetic-h200"].startswith("failed: 2 of 145")
     assert latest_verdict["synthetic-h100"].startswith("not recorded")
     assert latest_verdict["synthetic-cpu"].startswith("not applicable")
@@ -214,7 +216,7 @@ def test_the_dashboard_chart_marks_a_bar_whose_gpu_tests_failed():
     pytest.importorskip("streamlit")
     sys.path.insert(0, str(ROOT / "dashboard"))
     try:
-        from _view import ratio_chart
+        from _view import ratio_chart  # noqa: PLC0415 - the dashboard's module, found once its folder is on the path
     finally:
         sys.path.pop(0)
     s = pd.DataFrame({"case": ["a", "b"], "label": "m", "ratio": [1.5, 2.0], "ratio_low": [1.4, 1.9],

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import random
 import re
 from pathlib import Path
 
 import pytest
 
+from speedbench.results import load as results_load
 from speedbench.results import synthetic
-from speedbench.results.load import COLUMNS, load_results, metric_kind
+from speedbench.results.load import COLUMNS, format_table, load_results, metric_kind
 
 ROOT = Path(__file__).resolve().parents[3]
 TIME = "bench_contiguous.OptimizerStep.time_adam_step"
@@ -345,8 +348,6 @@ def test_environment_lines_stand_alone(tree):
 
 
 def test_control_characters_in_names_are_escaped_in_the_table_and_problems(tree):
-    from speedbench.results.load import format_table
-
     (tree / "synthetic-h100").rename(tree / "evil\x1b[2J")
     (tree / "evil\x1b[2J" / "x\x07.json").write_text("{")
     loaded = load_results(tree)
@@ -358,15 +359,8 @@ def test_control_characters_in_names_are_escaped_in_the_table_and_problems(tree)
 
 def test_result_ids_hash_exactly_the_json_key_they_always_hashed():
     """An ID names a result for good: the faster key writer must give json.dumps's bytes."""
-    import hashlib
-    import json
-    import math
-    import random
-
-    from speedbench.results import load as module
-
     def reference(machine, commit, benchmark, params, started_at):
-        ok = module._is_number(started_at) and math.isfinite(module._to_float(started_at))
+        ok = results_load._is_number(started_at) and math.isfinite(results_load._to_float(started_at))
         key = json.dumps([machine, commit, benchmark, list(params), int(started_at) if ok else None])
         return hashlib.sha256(key.encode()).hexdigest()[:12]
 
@@ -381,4 +375,4 @@ def test_result_ids_hash_exactly_the_json_key_they_always_hashed():
     cases += [(text(), text(), text(), tuple(text() for _ in range(rng.randint(0, 3))),
                rng.choice([None, 0, 1763880000123, 2.5e12, "x", -1])) for _ in range(3000)]
     for case in cases:
-        assert module.result_id(*case) == reference(*case), case
+        assert results_load.result_id(*case) == reference(*case), case

@@ -36,6 +36,7 @@ from typing import Callable
 import pandas as pd
 import pytest
 
+from speedbench import report as speedbench_report
 from speedbench.results import files as _results_files
 from speedbench.results import load as results_module
 from speedbench.results import machines, synthetic
@@ -131,7 +132,7 @@ def check(tmp_path: Path, template: Path, baseline: pd.DataFrame, case: Case, al
     now = loaded.measured.set_index("result_id")
     everything = pd.concat([loaded.measured, loaded.not_measured])
     # A damaged file's rows are found by what they measure: their IDs may change with it.
-    seen = set(zip(everything["file"], everything["benchmark"], everything["params"]))
+    seen = set(zip(everything["file"], everything["benchmark"], everything["params"], strict=True))
     for _, row in baseline.iterrows():
         file = row["file"].replace(str(template), str(tree))
         touched = case.may_lose == ANY_ROW or (case.may_lose == VICTIM_ROWS and file == victim)
@@ -163,7 +164,8 @@ HOSTILE = {
 }
 
 
-def _rewrite_json(locate: Callable[[Path], Path], change: Callable[[dict], None], end: str = "") -> Callable[[Path], None]:
+def _rewrite_json(locate: Callable[[Path], Path], change: Callable[[dict], None],
+                  end: str = "") -> Callable[[Path], None]:
     """A damage that reads the JSON file `locate` finds in the tree, changes it, writes it back."""
     def damage(tree: Path) -> None:
         path = locate(tree)
@@ -213,7 +215,8 @@ BENCHMARK_FIELDS = ("type", "unit", "version", "param_names", "params", "name", 
 ENV_FIELDS = ("commit", "recorded_at", "gpu_model", "gpu_count", "driver", "cuda", "cudnn", "torch", "command")
 
 GRID = (
-    [pytest.param(Case(_set_top(f, v), victim_file), id=f"file.{f}={k}") for f in TOP_FIELDS for k, v in HOSTILE.items()]
+    [pytest.param(Case(_set_top(f, v), victim_file), id=f"file.{f}={k}")
+     for f in TOP_FIELDS for k, v in HOSTILE.items()]
     + [pytest.param(Case(_set_entry(i, v), victim_file), id=f"entry.{c}={k}")
        for i, c in enumerate(ENTRY_COLUMNS) for k, v in HOSTILE.items()]
     + [pytest.param(Case(_set_value(v), victim_file), id=f"value={k}") for k, v in HOSTILE.items()]
@@ -277,12 +280,17 @@ KNOWN = {
     "date -1e20": (_edit(lambda d: d.__setitem__("date", -1e20)), V, "out of the range of dates"),
     "date inf": (_edit(lambda d: d.__setitem__("date", float("inf"))), V, "not a finite time"),
     "date string": (_edit(lambda d: d.__setitem__("date", "2026-01-01")), V, "'date' is '2026-01-01', not a number"),
-    "started_at 1e300": (_edit(lambda d: d["results"][TIME].__setitem__(3, 1e300)), V, "'started_at'.*out of the range"),
+    "started_at 1e300": (_edit(lambda d: d["results"][TIME].__setitem__(3, 1e300)), V,
+                         "'started_at'.*out of the range"),
     "started_at overflow": (_edit(lambda d: d["results"][TIME].__setitem__(3, 10**400)), V, "not a finite time"),
-    "repeat inf": (_edit(lambda d: d["results"][TIME].__setitem__(10, [float("inf")] * 6)), V, "'stats_repeat' holds an infinite"),
-    "number overflow": (_edit(lambda d: d["results"][TIME].__setitem__(9, [10**400] * 6)), V, "'stats_number' holds an infinite"),
-    "negative repeat": (_edit(lambda d: d["results"][TIME].__setitem__(10, [-3] * 6)), V, "negative or implausibly large"),
-    "huge repeat": (_edit(lambda d: d["results"][TIME].__setitem__(10, [1e300] * 6)), V, "negative or implausibly large"),
+    "repeat inf": (_edit(lambda d: d["results"][TIME].__setitem__(10, [float("inf")] * 6)), V,
+                   "'stats_repeat' holds an infinite"),
+    "number overflow": (_edit(lambda d: d["results"][TIME].__setitem__(9, [10**400] * 6)), V,
+                        "'stats_number' holds an infinite"),
+    "negative repeat": (_edit(lambda d: d["results"][TIME].__setitem__(10, [-3] * 6)), V,
+                        "negative or implausibly large"),
+    "huge repeat": (_edit(lambda d: d["results"][TIME].__setitem__(10, [1e300] * 6)), V,
+                    "negative or implausibly large"),
     "a string entry": (_edit(lambda d: d["results"].__setitem__(TIME, "fast")), V, "entry is str, not a list"),
     "list in result_columns": (_edit(lambda d: d["result_columns"].__setitem__(0, ["result"])), V,
                                "'result_columns' is not a list of strings"),
@@ -322,8 +330,8 @@ KNOWN = {
     "int param_names": (_set_benchmark("param_names", 5), "benchmarks.json", "'param_names' is not a list of strings"),
     "list type": (_set_benchmark("type", ["time"]), "benchmarks.json", "'type' is a list, not a string"),
     # environment records
-    "env invalid utf-8": (_write(f"{VICTIM_MACHINE}/environment/x.jsonl", b"\xff\n"), f"{VICTIM_MACHINE}/environment/x.jsonl",
-                          "not UTF-8 text"),
+    "env invalid utf-8": (_write(f"{VICTIM_MACHINE}/environment/x.jsonl", b"\xff\n"),
+                          f"{VICTIM_MACHINE}/environment/x.jsonl", "not UTF-8 text"),
     "env deep": (_write(f"{VICTIM_MACHINE}/environment/x.jsonl", "[" * 100_000 + "\n"),
                  f"{VICTIM_MACHINE}/environment/x.jsonl", "nested too deeply"),
     "env naive time": (_set_environment("recorded_at", "2026-09-21T16:13:20"), None, "recorded_at"),
@@ -396,7 +404,8 @@ FILESYSTEM = {
     "fifo benchmarks.json": (_both(lambda t: (t / "benchmarks.json").unlink(), _fifo("benchmarks.json")),
                              "benchmarks.json", "a FIFO"),
     "socket result": (_socket(f"{M}/sock.json"), f"{M}/sock.json", "a socket"),
-    "directory named .json": (lambda t: (t / M / "dir.json").mkdir(), f"{M}/dir.json", "a directory, not a regular file"),
+    "directory named .json": (lambda t: (t / M / "dir.json").mkdir(), f"{M}/dir.json",
+                              "a directory, not a regular file"),
     "link to /dev/zero": (_link(f"{M}/zero.json", "/dev/zero"), f"{M}/zero.json", "out of the results tree"),
     "link to /dev/null": (_link(f"{M}/null.json", "/dev/null"), f"{M}/null.json", "out of the results tree"),
     "link out of the tree": (_link(f"{M}/out.json", _outside), f"{M}/out.json", "out of the results tree"),
@@ -407,7 +416,8 @@ FILESYSTEM = {
     "machine dir out of the tree": (_link("elsewhere", "/"), "elsewhere", "out of the results tree"),
     "machine dir loop": (_link("loop", "loop"), "loop", "cannot be examined"),
     "environment dir out of the tree": (
-        _both(lambda t: shutil.rmtree(t / "synthetic-h200" / "environment"), _link("synthetic-h200/environment", "/etc")),
+        _both(lambda t: shutil.rmtree(t / "synthetic-h200" / "environment"),
+              _link("synthetic-h200/environment", "/etc")),
         "synthetic-h200/environment", "out of the results tree"),
     "link to /dev/tty": (_link(f"{M}/tty.json", "/dev/tty"), f"{M}/tty.json", "out of the results tree"),
     "benchmarks.json out of the tree": (
@@ -695,15 +705,22 @@ def test_a_parameter_named_like_a_column_keeps_the_column(tmp_path, template, ba
 def test_a_machine_directory_name_that_is_not_utf8_is_skipped(tmp_path, template, baseline):
     def damage(tree: Path) -> None:
         os.rename(tree / "synthetic-h200", os.fsdecode(os.fsencode(tree) + b"/h200\xff"))
-    odd = lambda t: Path(os.fsdecode(os.fsencode(t) + b"/h200\xff"))  # noqa: E731
+
+    def odd(t: Path) -> Path:
+        return Path(os.fsdecode(os.fsencode(t) + b"/h200\xff"))
+
     check(tmp_path, template, baseline, Case(damage, odd, "not UTF-8", ANY_ROW), always_problem=True)
     loaded = load_results(tmp_path / "results")
     assert set(loaded.measured["machine"]) == {M} and "h200\\xff" in str(loaded.problems[0])
 
 
 def test_a_result_file_name_that_is_not_utf8_is_skipped(tmp_path, template, baseline):
-    odd = lambda t: Path(os.fsdecode(os.fsencode(t) + b"/synthetic-h200/existing-\xff.json"))  # noqa: E731
-    damage = lambda t: shutil.copy(victim_file(t), odd(t))  # noqa: E731
+    def odd(t: Path) -> Path:
+        return Path(os.fsdecode(os.fsencode(t) + b"/synthetic-h200/existing-\xff.json"))
+
+    def damage(t: Path) -> None:
+        shutil.copy(victim_file(t), odd(t))
+
     check(tmp_path, template, baseline, Case(damage, odd, "file name is not UTF-8", NO_ROW), always_problem=True)
     loaded = load_results(tmp_path / "results")
     files = pd.concat([loaded.measured, loaded.not_measured])["file"]
@@ -730,7 +747,8 @@ INJECTIONS = {
     "formula =": '=HYPERLINK("http://x.example","click")', "formula +": "+cmd|' /C calc'!A0",
     "formula -": "-2+3+cmd|' /C calc'!A0", "formula @": "@SUM(1+1)*cmd|' /C calc'!A0", "tab formula": "\t=1+1",
     "cr formula": "\r=1+1", "newline": "a\nb", "crlf": "a\r\nb", "fake footer": "x\n# Reproduce: rm -rf ~",
-    "html": "<script>alert(1)</script>", "img": '<img src=x onerror="alert(1)">', "link": "[click](javascript:alert(1))",
+    "html": "<script>alert(1)</script>", "img": '<img src=x onerror="alert(1)">',
+    "link": "[click](javascript:alert(1))",
     "image": "![x](http://x.example/t.png)", "autolink": "<http://x.example>", "reference": "[x][1]",
     "pipe": "a|b", "backticks": "`code` ``more``", "entity": "&lt;b&gt;", "latex input": "\\input{/etc/passwd}",
     "latex write18": "\\immediate\\write18{id}", "latex specials": "100% & $x$ _ ^ ~ # { }", "optional arg": "[1cm]",
@@ -747,13 +765,6 @@ def _hostile_table(report, text: str, sources: pd.DataFrame):
     return report.Table(text, frame, src, notes=[text])
 
 
-@pytest.fixture(scope="module")
-def report_module():
-    from speedbench import report  # imports speedlib (torch): only the export tests need it
-
-    return report
-
-
 def _footer_count(report, table) -> int:
     return len(table.notes) + 2 * len(report.provenance(table.sources)) + 1
 
@@ -762,19 +773,20 @@ SIGNED_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s?%?")
 
 
 @pytest.mark.parametrize("name", INJECTIONS)
-def test_csv_cells_cannot_run_as_formulas_nor_break_rows(report_module, baseline, name):
-    table = _hostile_table(report_module, INJECTIONS[name], baseline)
-    text = report_module.to_csv(table)
+def test_csv_cells_cannot_run_as_formulas_nor_break_rows(baseline, name):
+    table = _hostile_table(speedbench_report, INJECTIONS[name], baseline)
+    text = speedbench_report.to_csv(table)
     lines = text.split("\n")
     assert lines[-1] == ""
     body = lines[:-1]  # plain data: the footer travels beside it (csv_provenance), a line each
-    footer = report_module.csv_provenance(table).split("\n")[2:-1]
-    assert len(footer) == _footer_count(report_module, table) and len(body) == 1 + len(table.frame)
+    footer = speedbench_report.csv_provenance(table).split("\n")[2:-1]
+    assert len(footer) == _footer_count(speedbench_report, table) and len(body) == 1 + len(table.frame)
     assert not any(ord(c) < 32 for line in footer for c in line)
     rows = list(csv.reader(io.StringIO("\n".join(body))))
     assert all(len(r) == 3 for r in rows)
     for cell in (c for r in rows for c in r):
-        assert not cell.startswith(("=", "+", "-", "@", "\t", "\r")) or SIGNED_NUMBER.fullmatch(cell) or cell == "'", cell
+        assert (not cell.startswith(("=", "+", "-", "@", "\t", "\r")) or SIGNED_NUMBER.fullmatch(cell)
+                or cell == "'"), cell
         assert not any(ord(c) < 32 for c in cell)
     assert rows[2][0] == "-3.2 %" and rows[3][0] == "+1.6 %"  # a signed number stays a number
     back = pd.read_csv(io.StringIO(text), comment="#", dtype=str, keep_default_na=False)
@@ -790,11 +802,11 @@ def _plain_latex(cell: str) -> str:
 
 
 @pytest.mark.parametrize("name", INJECTIONS)
-def test_latex_escapes_every_cell_title_and_footer(report_module, baseline, name):
-    table = _hostile_table(report_module, INJECTIONS[name], baseline)
-    lines = report_module.to_latex(table).split("\n")
+def test_latex_escapes_every_cell_title_and_footer(baseline, name):
+    table = _hostile_table(speedbench_report, INJECTIONS[name], baseline)
+    lines = speedbench_report.to_latex(table).split("\n")
     assert lines[-1] == "" and "" not in lines[:-1]  # no blank line: no paragraph break, no early end
-    assert len(lines) == 8 + len(table.frame) + 4 + _footer_count(report_module, table) + 2
+    assert len(lines) == 8 + len(table.frame) + 4 + _footer_count(speedbench_report, table) + 2
     assert lines[0].startswith("% speedlib export: ")
     rows = lines[6:7 + len(table.frame) + 1]
     rows = [r for r in rows if r != r"\hline"]
@@ -816,10 +828,10 @@ MARKDOWN_ESCAPE = re.compile(r"\\[\\|`\[\]*]|&(lt|gt|amp);")
 
 
 @pytest.mark.parametrize("name", INJECTIONS)
-def test_markdown_escapes_html_links_and_newlines(report_module, baseline, name):
-    table = _hostile_table(report_module, INJECTIONS[name], baseline)
-    lines = report_module.to_markdown(table).split("\n")
-    assert len(lines) == 4 + len(table.frame) + 1 + _footer_count(report_module, table) + 1
+def test_markdown_escapes_html_links_and_newlines(baseline, name):
+    table = _hostile_table(speedbench_report, INJECTIONS[name], baseline)
+    lines = speedbench_report.to_markdown(table).split("\n")
+    assert len(lines) == 4 + len(table.frame) + 1 + _footer_count(speedbench_report, table) + 1
     assert lines[0].startswith("## ") and not re.search(r"[<>\[\]`|&]", MARKDOWN_ESCAPE.sub("", lines[0][3:]))
     for row in lines[2:4 + len(table.frame)]:
         if row.startswith("|---"):

@@ -103,7 +103,7 @@ def test_unknown_fields_and_torn_lines_refuse_nothing(tmp_path):
 
 
 def test_speedlib_run_refuses_before_the_preflight_or_asv(tmp_path, monkeypatch):
-    from speedbench.measure import devices as measure
+    from speedbench.measure import devices as measure  # noqa: PLC0415 - imports torch: only this test needs it
 
     records(tmp_path, "cpu-2core", AMD)
     monkeypatch.setattr(measure, "identity", lambda: dict(HERE))
@@ -152,7 +152,7 @@ def _history(values, torch, cpu=None):
     build (and CPU) each commit's environment record named."""
     rng = np.random.default_rng(0)
     rows = []
-    for i, (level, build) in enumerate(zip(values, torch)):
+    for i, (level, build) in enumerate(zip(values, torch, strict=True)):
         day = pd.Timestamp("2026-01-01", tz="UTC") + pd.Timedelta(days=i)
         samples = list(level * (1 + 0.02 * rng.standard_normal(10)))
         v = float(np.median(samples))

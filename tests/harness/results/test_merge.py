@@ -45,7 +45,8 @@ def _tree(root: Path, machine: str, benches: list[str], *, shift_ms: int = 0, gp
         row[START] += shift_ms
         data["results"][b] = row
     (mdir / FILE).write_text(json.dumps(data))
-    env = dict(ENV, machine=machine, gpu_model=gpu or ENV["gpu_model"], recorded_at=f"2026-11-23T06:{32 + shift_ms // 60_000:02d}:00")
+    env = dict(ENV, machine=machine, gpu_model=gpu or ENV["gpu_model"],
+               recorded_at=f"2026-11-23T06:{32 + shift_ms // 60_000:02d}:00")
     (mdir / "environment" / "bdb0cb6d.jsonl").write_text(json.dumps(env, sort_keys=True) + "\n")
     (mdir / "chunk-times.jsonl").write_text(json.dumps({"chunk": chunk, "commit": SHA, "seconds": 10.0}) + "\n")
     return root

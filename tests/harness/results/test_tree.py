@@ -129,7 +129,8 @@ def test_the_writable_check_names_what_is_in_the_way(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ResultsError) as refused:
         ResultsTree(tmp_path / "file" / "results").check_writable("--results-dir x", "give the run another")
-    assert str(refused.value) == f"--results-dir x cannot be written: {tmp_path / 'file'} is not a directory; give the run another"
+    assert str(refused.value) == (f"--results-dir x cannot be written: {tmp_path / 'file'} is not a directory; "
+                                  "give the run another")
     assert [p.name for p in tmp_path.iterdir()] == ["file"]  # the probe file is gone
 
 
