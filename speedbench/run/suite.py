@@ -113,8 +113,19 @@ _MACHINE_NAME_MAX = 100
 _MACHINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
 
+# What tells the benchmarks to measure one round per comparison (benchmarks/common.py QUICK):
+# set by `--quick` for its own benchmark processes, whose results go to scratch and are never
+# filed. Left in the shell, it would make a real run's figures one round each, filed as results.
+QUICK_ENV = "SPEEDLIB_QUICK"
+
+
 def check_options(options: RunOptions) -> None:
     """Refuse, with one line, options that would fail or misfile results later in the run."""
+    quick = os.environ.get(QUICK_ENV)
+    if not options.quick and quick is not None and quick.strip():
+        raise SuiteError(f"${QUICK_ENV} is set ({QUICK_ENV}={printable(quick)}): the benchmarks would measure "
+                         "one round per comparison and this run would file those as results; unset it "
+                         f"(unset {QUICK_ENV}), or use --quick for a smoke run that saves nothing")
     if options.machine is not None and len(options.machine) > _MACHINE_NAME_MAX:
         raise SuiteError(f"--machine is {len(options.machine)} characters long: a machine name names a directory, "
                          f"at most {_MACHINE_NAME_MAX} characters")
@@ -410,8 +421,9 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
         # where no console script's install put it on the path (an offline GPU host).
         path = os.pathsep.join(dict.fromkeys([str(lib), str(root)]))
         process_env = {**os.environ, "ASV_PYTHONPATH": path}
+        process_env.pop(QUICK_ENV, None)  # blank here (check_options): only --quick makes a run quick
         if options.quick:  # paired comparisons: one round each (benchmarks/common.py)
-            process_env["SPEEDLIB_QUICK"] = "1"
+            process_env[QUICK_ENV] = "1"
         load_start = interference.load_average()
         status = _asv_keeping_results(asv_args, process_env, root, Path(results_dir), machine, sha)
     found = []

@@ -252,6 +252,39 @@ def test_an_interrupted_run_exits_with_the_signal_and_one_line(monkeypatch, caps
     assert err.count("\n") == 1 and "stopped by SIGINT" in err
 
 
+def test_a_quick_setting_left_in_the_environment_is_refused_by_a_real_run(monkeypatch, capsys):
+    """Issue 42: SPEEDLIB_QUICK=1 left in the shell made a real run measure one round per
+    comparison and file it as a normal result, exit 0, with nothing in its records to say so."""
+    from speedbench.cli import parser as cli
+
+    monkeypatch.setattr(suite, "run", lambda *a, **k: pytest.fail("the run started"))
+    monkeypatch.setenv("SPEEDLIB_QUICK", "1")
+    assert cli.main(["run"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("speedlib run: $SPEEDLIB_QUICK is set (SPEEDLIB_QUICK=1): the benchmarks would measure one round "
+                   "per comparison and this run would file those as results; unset it (unset SPEEDLIB_QUICK), or "
+                   "use --quick for a smoke run that saves nothing\n")
+    with pytest.raises(suite.SuiteError, match="SPEEDLIB_QUICK is set"):  # callers of suite.run too
+        suite.check_options(suite.RunOptions())
+    suite.check_options(suite.RunOptions(quick=True))  # --quick sets it itself, and files nothing
+
+
+@pytest.mark.parametrize("quick, setting, passed", [(False, "", None), (True, "", "1"), (True, "0", "1")])
+def test_only_quick_makes_the_benchmarks_quick(tmp_path, monkeypatch, quick, setting, passed):
+    """What the benchmark processes get: SPEEDLIB_QUICK=1 from --quick alone, never a blank or
+    other value from the shell."""
+    from speedbench.measure import devices as measure
+
+    seen = []
+    monkeypatch.setenv("SPEEDLIB_QUICK", setting)
+    monkeypatch.setattr(suite, "_asv", lambda args, env=None, **k: seen.append(env) or 0)
+    monkeypatch.setattr(measure, "gpu_state", lambda: [])
+    head = suite.resolve_commits(ROOT, None)[0]
+    suite._run_commit(suite.RunOptions(quick=quick), ROOT, tmp_path / "asv.conf.json", tmp_path, "m", {}, [], head,
+                      "[1/1]", [])
+    assert [env.get("SPEEDLIB_QUICK") for env in seen] == [passed]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--machine", "../elsewhere"], "--machine '../elsewhere' is not a plain name"),
     (["--machine", "a/b"], "is not a plain name"),
