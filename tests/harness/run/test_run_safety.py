@@ -106,22 +106,6 @@ def checkout(tiny_checkout) -> tuple[Path, str]:
     return tiny_checkout, suite.resolve_commits(tiny_checkout, None)[0]
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 512 KiB tmpfs of this test's own, to fill."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("filling a disk needs a small filesystem of the test's own: mounting a tmpfs needs root "
-                    "and mount(8)")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], capture_output=True)
-
-
 def _results(base: Path, sha: str, earlier: bool = True) -> Path:
     """A results directory as a run left it: the listing, machine m, and (earlier) a result file of `sha`."""
     results = base / "results"
