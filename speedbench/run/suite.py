@@ -154,8 +154,9 @@ def check_options(options: RunOptions) -> None:
     if options.wait_quiet is not None and not (math.isfinite(options.wait_quiet) and options.wait_quiet > 0):
         raise SuiteError(f"--wait-quiet must be a positive, finite number of seconds, got {options.wait_quiet:g}")
     # nan would start every chunk (nothing is > nan), a negative budget none
-    if options.budget_minutes is not None and not (math.isfinite(options.budget_minutes) and options.budget_minutes > 0):
-        raise SuiteError(f"--budget-minutes must be a positive, finite number of minutes, got {options.budget_minutes:g}")
+    budget = options.budget_minutes
+    if budget is not None and not (math.isfinite(budget) and budget > 0):
+        raise SuiteError(f"--budget-minutes must be a positive, finite number of minutes, got {budget:g}")
     if options.archive is not None:  # else found out only when the first chunk or the whole run is packed
         _check_writable(options.archive.parent, f"--archive {printable(str(options.archive))}",
                         "name a file in a directory you can write to")
@@ -254,6 +255,9 @@ def _run(options: RunOptions, root: Path, argv: Sequence[str], shas: list[str], 
     checked = _preflight(options)  # before anything is measured, and before asv starts
     env = measure.environment()
     env["preflight"] = checked.record()  # in every commit's environment record
+    # The verdict itself, where the loader reads it: a run that started busy has every figure
+    # marked (speedbench.results.settle), whatever its own rounds' counters say.
+    env["busy_at_start"] = env["preflight"].get("busy_at_start", "")
     machine = options.machine or env["machine"]
     with tempfile.TemporaryDirectory(prefix="speedlib-run-") as tmp:
         scratch = Path(tmp)
@@ -414,7 +418,8 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
             asv_args.append("--quick")
         if options.show_stderr:
             asv_args.append("--show-stderr")
-        for b in bench:
+        selected = plan.with_counters(bench, _listed(root, results_dir))  # every figure with its counters
+        for b in selected:
             asv_args += ["--bench", b]
         started_ms = int(time.time() * 1000)
         # The commit's `speedlib` first; then this checkout, for the harness (`speedbench`)
@@ -439,12 +444,27 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
     counters = contention.summary(interference_counters(results_dir, machine, sha, started_ms),
                                   env.get("cpu_cores"), env.get("torch_threads"))
     print(f"speedlib run: {sha[:8]}: {contention.summary_line(counters)}", flush=True)
+    unlisted = set(plan.with_counters(bench, _listed(root, results_dir))) - set(selected)
+    if unlisted:  # asv has listed them now, as it started: the next run selects their counters
+        print(f"speedlib run: {sha[:8]}: --bench selected benchmarks the listing did not name before this run, "
+              "so their interference counters were not selected with them: their figures have no contention "
+              "verdict; run again to measure them with their counters", flush=True)
     # Clocks and temperature as this commit's benchmarks left them, not as the run began.
     env = {**env, "gpu_state": measure.gpu_state(), "load_start": load_start,
            "load_end": interference.load_average(), "interference": counters}
     _record_environment(ResultsTree(results_dir).machine(machine).environment_record(sha), sha, env,
                         ["speedlib", *argv])
     return found
+
+
+def _listed(root: Path, results_dir: Path) -> dict[str, list[str]]:
+    """The selectable names of the benchmark listing (plan.combinations); none where there is
+    no listing or it cannot be read: asv writes a new one as it starts."""
+    try:
+        listing = plan.benchmark_listing(root, results_dir)
+        return plan.combinations(listing) if listing is not None else {}
+    except (plan.PlanError, OSError, ValueError):
+        return {}
 
 
 def _asv_keeping_results(asv_args: list[str], env: dict, root: Path, results_dir: Path, machine: str,
