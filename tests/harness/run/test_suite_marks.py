@@ -178,3 +178,19 @@ def test_the_run_stores_the_pre_flight_verdict_in_every_commits_record(tmp_path,
     assert [e["busy_at_start"] for e in envs] == [busy.what] * 2
     assert all(e["preflight"]["busy"] for e in envs)
 
+
+def test_samples_the_loader_cannot_use_are_said_not_dropped(tmp_path, monkeypatch, capsys):
+    """A figure whose stored samples held a NaN lost them (no per-round estimate, no interval, no
+    verdict) without a word: `speedlib run`'s table and `speedlib report` now name it."""
+    results, _ = _run_commit(tmp_path, monkeypatch, QUIET, [NARROW])
+    path = next((results / "m").glob("*-existing-py.json"))
+    data = json.loads(path.read_text())
+    data["results"][f"{CLASS}.track_speedup"][-1][1][3] = float("nan")  # one round of speedlib's ratios
+    path.write_text(json.dumps(data))
+    loaded = load_results(results)
+    (problem,) = [p for p in loaded.problems if "samples" in str(p)]
+    assert "1 benchmark(s) whose samples are not all finite numbers" in str(problem)
+    assert f"{CLASS}.track_speedup" in str(problem) and not problem.expected
+    capsys.readouterr()
+    suite._print_table(results, "m")
+    assert "whose samples are not all finite numbers" in capsys.readouterr().out
