@@ -117,7 +117,7 @@ def run(options: SlotOptions, root: Path | None = None, argv: list[str] | tuple 
 
     limit = min(TESTS_LIMIT_S, options.minutes * 60 / 3)
     _say(f"step 1 of 3: the GPU tests ({shlex.join(PYTEST)}), at most {limit:.0f} s")
-    with suite._stopped_by_signals():
+    with suite.stopped_by_signals():
         verdict = gpu_tests(root, sha, machine, identity, limit)
     path = ResultsTree(results_dir).machine(machine).verdict(sha)
     with suite._locked(results_dir):
@@ -277,7 +277,7 @@ def _chunks(result: SlotResult, run_options, root: Path, results_dir: Path, sha:
     done_before = len(_finished(results_dir, machine, sha))
     began, timer = time.monotonic(), _Deadline(deadline - STOP_S)
     try:
-        with suite._stopped_by_signals(), timer:
+        with suite.stopped_by_signals(), timer:
             for number, (what, chunks) in enumerate(steps, 2):
                 left = deadline - STOP_S - time.monotonic()
                 if left < MIN_STEP_S:

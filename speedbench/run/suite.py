@@ -53,7 +53,7 @@ from speedbench.run.asv_process import (  # noqa: F401 - re-exported: tests patc
     Interrupted,
     _asv,
     _raise_interrupted,
-    _stopped_by_signals,
+    stopped_by_signals,
 )
 from speedbench.run.checkout import (  # noqa: F401 - re-exported: cli.py and tests use them as suite.X
     _CHECKOUT_PARTS,
@@ -240,7 +240,7 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
     lock = contextlib.nullcontext() if options.quick else _locked(results_dir)
     # SIGINT and SIGTERM (Ctrl+C, a time limit, a batch system) unwind the run: asv is
     # stopped, worktrees and the scratch directories are removed, the lock released.
-    with _stopped_by_signals(), lock:
+    with stopped_by_signals(), lock:
         for stale in prune_stale(root):
             print(f"speedlib run: removed {printable(str(stale))}, left by a run that was killed", flush=True)
         if not options.quick:

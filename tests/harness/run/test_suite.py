@@ -252,6 +252,39 @@ def test_an_interrupted_run_exits_with_the_signal_and_one_line(monkeypatch, caps
     assert err.count("\n") == 1 and "stopped by SIGINT" in err
 
 
+SIGTERM_WHILE_LOADING = """
+import os, signal, sys
+from speedbench.cli import parser as cli
+
+signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as a batch system leaves it, whatever started this
+
+
+class TermWhileLoading:
+    \"\"\"A time limit's SIGTERM as `speedlib run` imports the suite (pandas, then torch: seconds).\"\"\"
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "speedbench.run.suite":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return None
+
+
+sys.meta_path.insert(0, TermWhileLoading())
+sys.argv = ["speedlib", "run", "--results-dir", sys.argv[1]]
+sys.exit(cli.main())
+"""
+
+
+def test_a_sigterm_before_the_suite_has_loaded_stops_the_run_with_its_line_and_status(tmp_path):
+    """Issue 42: the handler was set only once the suite had loaded and checked its options, so a
+    SIGTERM in the first seconds killed the run without a word or its status."""
+    proc = subprocess.run([sys.executable, "-c", SIGTERM_WHILE_LOADING, str(tmp_path / "results")], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, proc.stderr)
+    assert proc.stderr == f"speedlib run: {suite.Interrupted(signal.SIGTERM)}\n"
+    assert not (tmp_path / "results").exists()
+
+
 def test_a_quick_setting_left_in_the_environment_is_refused_by_a_real_run(monkeypatch, capsys):
     """Issue 42: SPEEDLIB_QUICK=1 left in the shell made a real run measure one round per
     comparison and file it as a normal result, exit 0, with nothing in its records to say so."""
