@@ -114,7 +114,7 @@ def _check_writable(directory: Path, what: str) -> None:
 
 
 def _check_options(req: Request) -> None:
-    from speedbench.run import suite  # noqa: PLC0415 - the loader's pandas: `speedlib --help` builds this parser
+    from speedbench.run import suite  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
 
     try:  # the name the tasks file results under, and what their environment would refuse
         suite.check_options(suite.RunOptions(machine=req.machine))
@@ -145,7 +145,7 @@ def _commit(req: Request) -> str:
             raise SlurmError(f"--bundle {_printable(str(req.bundle))} holds no branch main: make it with "
                              "git bundle create speedlib.bundle main")
         return sha
-    from speedbench.run import suite  # noqa: PLC0415
+    from speedbench.run import suite  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
 
     try:
         sha = suite.resolve_commits(req.root, None)[0]
@@ -163,7 +163,7 @@ def _commit(req: Request) -> str:
 
 def _price(req: Request) -> None:
     """req.tasks and req.minutes from the chunks' recorded times or estimates."""
-    from speedbench.run import plan  # noqa: PLC0415
+    from speedbench.run import plan  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
 
     try:
         chunks = plan.load_chunks(req.root)
@@ -197,7 +197,7 @@ def _price(req: Request) -> None:
 
 def prepare(req: Request, root: Path | None = None) -> Request:
     """Check everything and price the chunks; SlurmError (one line) for bad input."""
-    from speedbench.run import suite  # noqa: PLC0415
+    from speedbench.run import suite  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
 
     _check_options(req)
     try:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from speedbench.results.load import load_results
 from speedbench.results.tree import ResultsTree
 from speedbench.run import plan, suite
 
@@ -171,7 +171,7 @@ def test_a_full_disk_before_asv_starts_runs_nothing_and_changes_nothing(small_di
 
 
 def test_asvs_files_are_kept_when_it_succeeds(checkout, fake_asv, tmp_path, monkeypatch):
-    from speedbench.measure import devices as measure
+    from speedbench.measure import devices as measure  # noqa: PLC0415 - torch: the file's other tests need none
 
     monkeypatch.setattr(measure, "gpu_state", lambda: [])
     root, sha = checkout
@@ -318,8 +318,6 @@ def test_a_snapshot_whose_journal_cannot_be_read_stops_the_run_with_one_line(che
 def test_speedlib_report_says_a_killed_run_left_its_copy_behind(checkout, tmp_path, monkeypatch):
     """Until the next `speedlib run` puts the files back, the loader says why the listing may
     read as damaged, and where the good copy is."""
-    from speedbench.results.load import load_results
-
     root, sha = checkout
     results = _results(tmp_path, sha)
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from speedbench.cli import parser as cli
+from speedbench.results.load import load_results
 from speedbench.run import plan, slurm
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -33,7 +34,8 @@ MACHINE = "slurm-test"
 HOSTILE = "sh ared 'q' \"d\" $HOME `x` * 100%s"  # % : a printf format must never hold a path
 
 TINY = {
-    "bench_a.py": "class A:\n    def track_one(self):\n        return 1\n\n    def track_two(self):\n        return 2\n",
+    "bench_a.py": ("class A:\n    def track_one(self):\n        return 1\n\n"
+                   "    def track_two(self):\n        return 2\n"),
     "bench_b.py": ("class B:\n    params = [1, 2]\n    param_names = ['size']\n\n"
                    "    def track_n(self, size):\n        return size\n"),
     "bench_c.py": "class C:\n    def track_c(self):\n        return 3\n",
@@ -475,11 +477,9 @@ def test_the_suite_runs_as_a_job_array_and_merges_on_a_real_cluster(request, sui
         assert states[merge] == ("COMPLETED", "0:0"), f"{states}\n{_logs(shared)}"
         assert "every chunk merged" in (shared / "logs" / f"slurm-{merge}.out").read_text()
     # every chunk's results in the merged tree, read by the loader, speedlib report and asv publish
-    from speedbench.results.load import load_results  # noqa: PLC0415
-
     expected = {"bundle": {"bench_a.A.track_one", "bench_a.A.track_two", "bench_b.B.track_n", "bench_c.C.track_c"},
                 "shared": {"bench_b.B.track_n"}}
-    for name, (shared, into, _) in runs.items():
+    for name, (_shared, into, _) in runs.items():
         loaded = load_results(into)
         assert set(loaded.measured["benchmark"]) == expected[name], loaded.measured
         assert set(loaded.measured["machine"]) == {MACHINE} and not loaded.problems
