@@ -27,13 +27,7 @@ def small_disk(tmp_path):
 
 @pytest.fixture
 def full_disk(small_disk):
-    """small_disk with zeros written into it until it refuses more."""
-    fd = os.open(small_disk / "ballast", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    """small_disk with no room left: a file twice its size, written as far as it goes."""
+    with pytest.raises(OSError, match="No space left"), (small_disk / "ballast").open("wb") as f:
+        f.write(bytes(1 << 20))
     return small_disk
