@@ -352,6 +352,8 @@ def _preflight(options: RunOptions):
                              + ("" if waited else ", or give it time with --wait-quiet SECONDS"))
         print(f"speedlib run: {still}; measuring anyway, and ratios may come out inflated (--require-quiet "
               "refuses instead)", flush=True)
+        print(f"speedlib run: every figure of this run is marked {contention.MARK} contended: the machine was busy "
+              "as it started", flush=True)
     elif waited:
         print("speedlib run: the machine is quiet now", flush=True)
     return report

@@ -177,6 +177,7 @@ def test_the_run_stores_the_pre_flight_verdict_in_every_commits_record(tmp_path,
     suite._run(suite.RunOptions(results_dir=tmp_path), ROOT, [], [head, head], [(None, [])])
     assert [e["busy_at_start"] for e in envs] == [busy.what] * 2
     assert all(e["preflight"]["busy"] for e in envs)
+    assert f"every figure of this run is marked {contention.MARK} contended" in capsys.readouterr().out
 
 
 def test_samples_the_loader_cannot_use_are_said_not_dropped(tmp_path, monkeypatch, capsys):
