@@ -10,6 +10,7 @@ from pathlib import Path
 from speedbench.cli.env import settings_refused
 from speedbench.results.common import printable
 from speedbench.results.tree import BENCHMARKS
+from speedbench.run.asv_process import Interrupted, stopped_by_signals
 from speedbench.run.errors import BENCHMARKS_FAILED, CHUNKS_LEFT, missing_torch
 
 RUN_EXIT_STATUS = """exit status:
@@ -25,6 +26,18 @@ RUN_EXIT_STATUS = """exit status:
 
 
 def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    # SIGINT and SIGTERM stop the run from its first line: one that comes while the suite loads
+    # (pandas, then torch: seconds) ends it with its line and status, as one that comes later does,
+    # instead of killing it without a word.
+    with stopped_by_signals():
+        try:
+            return _run_command(args, argv)
+        except Interrupted as e:
+            print(f"speedlib run: {e}", file=sys.stderr)
+            return 128 + e.signum
+
+
+def _run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from speedbench.run import suite  # noqa: PLC0415 - pandas; `speedlib --help` loads none
 
     options = suite.RunOptions(
@@ -44,6 +57,8 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         options.wait_quiet = _number(args.wait_quiet, "--wait-quiet", "seconds")
         options.budget_minutes = _number(args.budget_minutes, "--budget-minutes", "minutes")
         suite.check_options(options)  # also inside run(); here it is refused before asv or torch load
+    except Interrupted:
+        raise  # a SuiteError too, but said by _cmd_run with its own status
     except suite.SuiteError as e:
         print(f"speedlib run: {e}", file=sys.stderr)
         return 2
@@ -53,9 +68,8 @@ def _cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return 2
     try:
         result = suite.run(options, argv=argv)
-    except suite.Interrupted as e:
-        print(f"speedlib run: {e}", file=sys.stderr)
-        return 128 + e.signum
+    except Interrupted:
+        raise
     except KeyboardInterrupt:
         print(f"speedlib run: {suite.Interrupted(2)}", file=sys.stderr)
         return 130
@@ -87,6 +101,8 @@ def _print_plan(options) -> int:
     try:
         root = suite.find_root()
         chunks = plan.select_chunks(plan.load_chunks(root), list(options.chunks) or ["all"])
+    except Interrupted:
+        raise
     except (suite.SuiteError, plan.PlanError) as e:
         print(f"speedlib run: {e}", file=sys.stderr)
         return 2

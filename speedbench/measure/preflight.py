@@ -106,8 +106,9 @@ class Report:
         return f"pre-flight check: {counts}{'; the machine is busy' if self.busy else ''}"
 
     def record(self) -> dict:
-        """What goes into the environment record."""
-        return {"level": self.level, "busy": self.busy, "findings": [asdict(f) for f in self.findings]}
+        """What goes into the environment record; `busy_at_start` says what was busy ("" when nothing)."""
+        return {"level": self.level, "busy": self.busy, "busy_at_start": self.busy_line() if self.busy else "",
+                "findings": [asdict(f) for f in self.findings]}
 
 
 def cpu_frequency_policy(sysfs: str | os.PathLike = CPU_SYSFS) -> dict:

@@ -35,11 +35,13 @@ ENV_COLUMNS = ("gpu_model", "gpu_count", "driver", "cuda", "cudnn", "nccl", "tor
                "cupy", "python", "cpu_model", "command", "recorded_at",
                # the machine's CPUs and the torch threads the benchmarks set: how many cores
                # other work may take before a round counts as disturbed (speedbench.stats.contention)
-               "cpu_cores", "torch_threads")
+               "cpu_cores", "torch_threads",
+               # what the pre-flight check found busy as the run started ("" when quiet): marks its figures
+               "busy_at_start")
 
 # Fields that name something (shown as text); the others are counts or versions as numbers.
 _ENV_TEXT = ("gpu_model", "driver", "cuda", "torch", "torchvision", "cupy", "python", "cpu_model", "command",
-             "recorded_at", "nccl")
+             "recorded_at", "nccl", "busy_at_start")
 
 
 def _timestamp(text) -> pd.Timestamp:

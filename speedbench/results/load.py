@@ -303,6 +303,12 @@ def _samples(record: dict, i: int) -> list[float]:
     return sample if all(math.isfinite(s) for s in sample) else []
 
 
+def _stored_samples(record: dict, i: int) -> bool:
+    """Whether the file stores samples for parameter set `i` (a track_* of one value stores none)."""
+    samples = record.get("samples")
+    return isinstance(samples, list) and i < len(samples) and samples[i] not in (None, [])
+
+
 def result_id(machine: str, commit: str, benchmark: str, params: tuple[str, ...], started_at) -> str:
     """12 hex digits naming one measured result; `params` as asv stores them (reprs).
     Nothing else from the file goes in, so the ID survives asv rewriting the file."""
@@ -400,7 +406,7 @@ def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], 
         problems.append(Problem(str(path), "holds no results"))
     columns = data["result_columns"]
     _check_file_combinations(data["results"], columns)
-    rows, unknown, invalid, malformed, unnamed = [], [], [], [], []
+    rows, unknown, invalid, malformed, unnamed, bad_samples = [], [], [], [], [], []
     for name, entry in data["results"].items():
         try:
             if not isinstance(entry, list):
@@ -430,6 +436,8 @@ def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], 
             if status == Status.INVALID and name not in invalid:
                 invalid.append(name)
             sample = _samples(record, i)
+            if not sample and _stored_samples(record, i) and name not in bad_samples:
+                bad_samples.append(name)
             q25, q75 = _stat(record, "stats_q_25", i), _stat(record, "stats_q_75", i)
             repeat = _stat(record, "stats_repeat", i)
             row = {
@@ -468,7 +476,9 @@ def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], 
             (len(invalid), "benchmark(s) with an infinite value, or a time or ratio of zero or less, set aside as "
                            "not measured", invalid, False),
             (len(unnamed), f"benchmark(s) with more parameters than {BENCHMARKS} names, the others shown as "
-                           "param<i>", unnamed, False)):
+                           "param<i>", unnamed, False),
+            (len(bad_samples), "benchmark(s) whose samples are not all finite numbers: their samples set aside, so "
+                               "no per-round estimate, interval or contention verdict", bad_samples, False)):
         if count:
             problems.append(Problem(str(path), f"{count} {what}: {', '.join(sorted(names))}", expected,
                                     "removed" if expected else ""))

@@ -52,6 +52,11 @@ def _attach_counters(rows: list[dict]) -> list[dict]:
             verdicts[key] = contention.judge(usable, rounds, cores, threads)
         v = verdicts[key]
         r["contention"], r["disturbed"], r["contention_note"] = v.state, list(v.disturbed), v.note
+        if r.get("busy_at_start"):  # the pre-flight check found the machine busy: no round clears that
+            busy = f"contended: the machine was busy as the run started ({r['busy_at_start']})"
+            # every round counts then, none left out: only the rounds' own contended note still holds
+            r["contention_note"] = f"{busy}; {v.note}" if v.state == contention.CONTENDED else busy
+            r["contention"] = contention.CONTENDED
         # the medians over the result's rounds, so an export shows 0 % apart from 14 %
         for name in ("others_cpu", "preemptions"):
             values = usable.get(name) if len(usable.get(name) or []) == rounds else None

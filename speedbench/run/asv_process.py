@@ -94,10 +94,13 @@ _STOPPING = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
-def _stopped_by_signals():
+def stopped_by_signals():
     """While the run lasts, SIGINT and SIGTERM raise Interrupted. Only the main thread may set
-    handlers: elsewhere the caller's stay."""
-    if threading.current_thread() is not threading.main_thread():
+    handlers: elsewhere the caller's stay. Inside a block that set them already (`speedlib run`
+    sets them on its first line, before the suite loads) they stay as that block left them: a
+    second signal still only says to wait."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) in (_raise_interrupted, _still_stopping):
         yield
         return
     previous = {signum: signal.signal(signum, _raise_interrupted) for signum in _STOPPING}

@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,9 +20,10 @@ from speedbench import CHECKOUT
 from speedbench.results import load as results
 from speedbench.results.common import printable
 from speedbench.results.tree import ResultsTree
+from speedbench.stats.contention import COUNTER_METRICS
 
 __all__ = ["Chunk", "CHECKOUT", "how_to_measure", "load_chunks", "benchmark_listing", "select_chunks", "combinations",
-           "estimate_seconds",
+           "with_counters", "estimate_seconds",
            "SECONDS_PER_COMBINATION", "SECONDS_PER_CLASS", "SECONDS_PER_REPORT", "REPORT_SECONDS", "LAUNCH_METHOD",
            "HEADROOM", "PlanError",
            "record_chunk_time", "recorded_chunk_seconds", "seconds_per_combination", "chunk_cost",
@@ -159,7 +161,8 @@ def _check_listing(path: Path) -> None:
         problem = f"not a JSON object of benchmarks (a JSON {type(data).__name__})"
     snapshot = ResultsTree(path.parent).left_by_killed_run()
     todo = (f"a killed run left its copy in {printable(str(snapshot))}, and the next speedlib run puts it "
-            "back first" if snapshot is not None else "restore it from git, or delete it and the next run writes it again")
+            "back first" if snapshot is not None else
+            "restore it from git, or delete it and the next run writes it again")
     raise PlanError(f"{printable(str(path))}: {problem}: {todo}")
 
 
@@ -167,7 +170,8 @@ def combinations(benchmarks_json: Path, skipped: list[str] | None = None) -> dic
     """Every benchmark's selectable names, as asv's --bench sees them: `name(p0, p1)` per
     parameter combination (the parameters' reprs), or just `name`. A benchmark whose
     parameters are not lists of strings, or go past the loader's limits (too many
-    combinations, too long a value: results.params_over_limits), is left out (never expanded), with a line saying why appended to `skipped`."""
+    combinations, too long a value: results.params_over_limits), is left out (never expanded),
+    with a line saying why appended to `skipped`."""
     data = json.loads(Path(benchmarks_json).read_text(encoding="utf-8"))
     names = {}
     for name, bench in data.items():
@@ -205,6 +209,40 @@ def _selected(chunk: Chunk, names: dict[str, list[str]]) -> tuple[dict[str, set[
         reports += len(chosen)  # asv starts a process per method and combination
         per_class.setdefault(name.rsplit(".", 1)[0], set()).update(chosen)
     return per_class, reports
+
+
+# The methods that record a class's interference counters (benchmarks/common.py `_Interference`).
+_COUNTER_METHODS = tuple(f"track_{metric}" for metric in COUNTER_METRICS)
+
+
+def with_counters(regexes: Sequence[str], names: dict[str, list[str]]) -> list[str]:
+    """`regexes` (asv --bench selections), then one selection per counter method of each class
+    they select part of, over the parameter combinations they select. The counters are measured
+    with every round whatever asv reports (benchmarks/common.py), but stored only by their own
+    track_* methods: a selection of one method (`^bench_contiguous\\.AdamStep\\.track_speedup`)
+    left its figure without them, so never judged and never marked. `names`: `combinations` of
+    the listing; a class it does not list gets nothing added. No regexes: everything, counters too."""
+    if not regexes:
+        return []
+    patterns = [re.compile(regex) for regex in regexes]
+
+    def picked(selectable: str) -> bool:
+        return any(p.search(selectable) for p in patterns)
+
+    wanted: dict[str, set[str]] = {}  # class -> the "(p0, p1)" parts selected of its other methods
+    for name, combos in names.items():
+        cls, _, method = name.rpartition(".")
+        if method not in _COUNTER_METHODS:
+            wanted.setdefault(cls, set()).update(c[len(name):] for c in combos if picked(c))
+    added = []
+    for name, combos in names.items():
+        cls, _, method = name.rpartition(".")
+        if method in _COUNTER_METHODS:
+            missing = [c[len(name):] for c in combos if c[len(name):] in wanted.get(cls, ()) and not picked(c)]
+            if missing:  # the "(p0, p1)" parts, or "" for a benchmark without parameters
+                alternatives = "|".join(re.escape(m) for m in missing)
+                added.append(f"^{re.escape(name)}(?:{alternatives})$" if missing != [""] else f"^{re.escape(name)}$")
+    return [*regexes, *added]
 
 
 def estimate_seconds(chunk: Chunk, names: dict[str, list[str]],

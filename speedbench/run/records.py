@@ -57,14 +57,15 @@ def failed_benchmarks(results_dir: Path, machine: str, sha: str, since_ms: int =
         if data.get("commit_hash") != sha:
             continue
         for name, entry in sorted(data.get("results", {}).items()):
-            record = dict(zip(data["result_columns"], entry))
+            record = dict(zip(data["result_columns"], entry, strict=False))  # asv drops trailing nulls
             if not isinstance(record.get("started_at"), (int, float)) or record["started_at"] < since_ms:
                 continue
             params = record.get("params") or []
             combos = list(itertools.product(*params))  # a benchmark without parameters has one, ()
             values = record.get("result")
             values = values if isinstance(values, list) else [values] * len(combos)
-            bad = [c for c, v in zip(combos, values) if v is None]
+            # a damaged file's values may not match its parameters: those it has are read
+            bad = [c for c, v in zip(combos, values, strict=False) if v is None]
             if not bad:
                 continue
             line = f"{sha[:8]} {name}"
@@ -90,12 +91,14 @@ def interference_counters(results_dir: Path, machine: str, sha: str, since_ms: i
         for name, entry in (data.get("results") or {}).items():
             cls, _, method = name.rpartition(".")
             metric = COUNTER_METRICS.get(method.removeprefix("track_"))
-            record = dict(zip(data.get("result_columns") or [], entry if isinstance(entry, list) else []))
+            entry = entry if isinstance(entry, list) else []
+            record = dict(zip(data.get("result_columns") or [], entry, strict=False))  # asv drops trailing nulls
             started = record.get("started_at")
             if metric is None or not isinstance(started, (int, float)) or started < since_ms:
                 continue
             params = record.get("params") or []
-            for combo, samples in zip(itertools.product(*params), record.get("samples") or []):
+            # samples stop where asv stored no more (a skipped set's trailing nulls are dropped)
+            for combo, samples in zip(itertools.product(*params), record.get("samples") or [], strict=False):
                 if isinstance(samples, list) and samples and all(isinstance(v, (int, float)) for v in samples):
                     found.setdefault((cls, combo), {})[metric] = samples
     unique: dict[str, tuple[str, dict]] = {}

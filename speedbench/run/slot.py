@@ -19,6 +19,8 @@ asv and the suite load when a slot runs.
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import json
 import math
 import os
@@ -34,6 +36,9 @@ from pathlib import Path
 
 from speedbench.results.atomic import written_whole
 from speedbench.results.tree import ResultsTree
+from speedbench.run.asv_process import _SUPERVISE, _stop_supervisor
+from speedbench.run.errors import BENCHMARKS_FAILED, CHUNKS_LEFT, missing_torch
+from speedbench.run.slot_pytest import TALLY
 
 DEFAULT_MINUTES = 9.0
 # The GPU tests' limit: 146 of them took 43 s on an H200. A hung test must not eat the slot.
@@ -92,7 +97,7 @@ def run(options: SlotOptions, root: Path | None = None, argv: list[str] | tuple 
     """The slot; SuiteError (one line) when it cannot start, suite.Interrupted when a signal
     other than its own deadline stops it."""
     from speedbench.measure import devices as measure  # noqa: PLC0415 - torch, asv: only when a slot runs
-    from speedbench.results.gpu_tests import NONE_RAN, status  # noqa: PLC0415
+    from speedbench.results.gpu_tests import NONE_RAN, status  # noqa: PLC0415 - pandas, as for suite
     from speedbench.run import suite  # noqa: PLC0415 - torch, asv: only when a slot runs
 
     began = time.monotonic()
@@ -117,7 +122,7 @@ def run(options: SlotOptions, root: Path | None = None, argv: list[str] | tuple 
 
     limit = min(TESTS_LIMIT_S, options.minutes * 60 / 3)
     _say(f"step 1 of 3: the GPU tests ({shlex.join(PYTEST)}), at most {limit:.0f} s")
-    with suite._stopped_by_signals():
+    with suite.stopped_by_signals():
         verdict = gpu_tests(root, sha, machine, identity, limit)
     path = ResultsTree(results_dir).machine(machine).verdict(sha)
     with suite._locked(results_dir):
@@ -141,9 +146,7 @@ def run(options: SlotOptions, root: Path | None = None, argv: list[str] | tuple 
 
 def _check(options: SlotOptions, root: Path):
     """The run options the chunks will use, checked before anything runs; SuiteError else."""
-    import importlib.util  # noqa: PLC0415
-
-    from speedbench.run import suite  # noqa: PLC0415
+    from speedbench.run import suite  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
 
     if not (math.isfinite(options.minutes) and options.minutes > 0):
         raise suite.SuiteError(f"--minutes must be a positive, finite number, got {options.minutes:g}")
@@ -163,8 +166,6 @@ def gpu_tests(root: Path, sha: str, machine: str, identity: dict, limit: float) 
     """Run the GPU tests under `limit` seconds; their verdict (the format in
     speedbench/results/gpu_tests.py). pytest runs under the suite's supervisor, so nothing it
     starts (DDP workers, DataLoader processes) outlives it or the slot."""
-    from speedbench.run.asv_process import _SUPERVISE, _stop_supervisor  # noqa: PLC0415
-    from speedbench.run.slot_pytest import TALLY  # noqa: PLC0415
 
     command = [sys.executable, *PYTEST[1:]]
     with tempfile.TemporaryDirectory(prefix="speedlib-slot-") as tmp:
@@ -220,8 +221,8 @@ def verdict_from_tally(tally: dict | None, stopped: bool, returncode: int, **abo
 def write_verdict(path: Path, verdict: dict) -> None:
     """`path` holds `verdict` whole, or is as it was (SuiteError says why not). The verdict is
     checked as the loader will check it: a slot never files one the loader would refuse."""
-    from speedbench.results.gpu_tests import check_verdict  # noqa: PLC0415
-    from speedbench.run import suite  # noqa: PLC0415
+    from speedbench.results.gpu_tests import check_verdict  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
+    from speedbench.run import suite  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
 
     check_verdict(verdict, path.parent.parent.name, path.stem)
     with suite._writing(path):
@@ -234,7 +235,7 @@ def _pack_verdict(results_dir: Path, verdict_file: Path, archive: Path) -> None:
     """The archive with the verdict alone, laid out as `speedlib run --archive` lays it out:
     a slot whose chunks all fail or run out of time still carries its GPU tests off the host
     (the first chunk that finishes rewrites it with its results, the verdict kept)."""
-    from speedbench.run import suite  # noqa: PLC0415
+    from speedbench.run import suite  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
 
     with suite._writing(archive):
         ResultsTree(results_dir).pack([verdict_file], archive)
@@ -265,10 +266,7 @@ def _chunks(result: SlotResult, run_options, root: Path, results_dir: Path, sha:
             argv: list[str]) -> None:
     """Steps 2 and 3: the headline chunks, then the others, each `suite.run` priced against the
     time left; the deadline stops whatever runs then, and what had finished is kept."""
-    from speedbench.run import (
-        plan,
-        suite,
-    )
+    from speedbench.run import plan, suite  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
 
     names = [c.name for c in plan.select_chunks(plan.load_chunks(root), ["all"])]
     headline = [n for n in names if n.startswith("headline")]
@@ -277,7 +275,7 @@ def _chunks(result: SlotResult, run_options, root: Path, results_dir: Path, sha:
     done_before = len(_finished(results_dir, machine, sha))
     began, timer = time.monotonic(), _Deadline(deadline - STOP_S)
     try:
-        with suite._stopped_by_signals(), timer:
+        with suite.stopped_by_signals(), timer:
             for number, (what, chunks) in enumerate(steps, 2):
                 left = deadline - STOP_S - time.monotonic()
                 if left < MIN_STEP_S:
@@ -320,7 +318,7 @@ def _finished(results_dir: Path, machine: str, sha: str) -> list[str]:
 
 
 def _words(verdict: dict) -> str:
-    from speedbench.results.gpu_tests import describe  # noqa: PLC0415
+    from speedbench.results.gpu_tests import describe  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
 
     return describe(verdict)
 
@@ -329,11 +327,10 @@ def _words(verdict: dict) -> str:
 
 def add_parser(sub) -> None:
     """The `slot` subcommand on `speedlib`'s subparsers."""
-    import argparse  # noqa: PLC0415
-
     p = sub.add_parser("slot", help="a short GPU slot in one command: the GPU tests, the headline chunks, then the "
                                     "others under the time left, all in one archive",
-                       description=DESCRIPTION, epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=DESCRIPTION, epilog=EXIT_STATUS,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--archive", required=True, metavar="FILE.tar.gz",
                    help="the archive to carry off the machine (rewritten after the tests and after every chunk)")
     p.add_argument("--machine", help="asv machine name (default: from the hardware, e.g. h200-141gb)")
@@ -347,9 +344,8 @@ def add_parser(sub) -> None:
 
 
 def _cmd_slot(args, argv) -> int:
-    from speedbench.results.gpu_tests import FAILED, INCOMPLETE, status  # noqa: PLC0415
-    from speedbench.run import suite  # noqa: PLC0415
-    from speedbench.run.errors import BENCHMARKS_FAILED, CHUNKS_LEFT, missing_torch  # noqa: PLC0415
+    from speedbench.results.gpu_tests import FAILED, INCOMPLETE, status  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
+    from speedbench.run import suite  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
 
     try:
         minutes = float(args.minutes)

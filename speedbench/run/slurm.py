@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import math
+import os
 import re
 import shlex
 import shutil
@@ -33,6 +34,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from speedbench.results.atomic import disk_full, written_whole
 from speedbench.results.common import printable as _printable
 from speedbench.results.tree import BENCHMARKS, ResultsError, ResultsTree, check_writable
 
@@ -112,13 +114,12 @@ def _check_writable(directory: Path, what: str) -> None:
 
 
 def _check_options(req: Request) -> None:
-    from speedbench.run import suite  # noqa: PLC0415 - the loader's pandas: `speedlib --help` builds this parser
+    from speedbench.run import suite  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
 
-    if req.machine is not None:
-        try:
-            suite.check_options(suite.RunOptions(machine=req.machine))
-        except suite.SuiteError as e:
-            raise SlurmError(str(e)) from None
+    try:  # the name the tasks file results under, and what their environment would refuse
+        suite.check_options(suite.RunOptions(machine=req.machine))
+    except suite.SuiteError as e:
+        raise SlurmError(str(e)) from None
     if req.gpus is not None and req.gres is not None:
         raise SlurmError("--gpus and --gres both request GPUs: give one of them")
     if req.gpus is not None and req.gpus < 1:
@@ -144,7 +145,7 @@ def _commit(req: Request) -> str:
             raise SlurmError(f"--bundle {_printable(str(req.bundle))} holds no branch main: make it with "
                              "git bundle create speedlib.bundle main")
         return sha
-    from speedbench.run import suite  # noqa: PLC0415
+    from speedbench.run import suite  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
 
     try:
         sha = suite.resolve_commits(req.root, None)[0]
@@ -162,7 +163,7 @@ def _commit(req: Request) -> str:
 
 def _price(req: Request) -> None:
     """req.tasks and req.minutes from the chunks' recorded times or estimates."""
-    from speedbench.run import plan  # noqa: PLC0415
+    from speedbench.run import plan  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
 
     try:
         chunks = plan.load_chunks(req.root)
@@ -196,7 +197,7 @@ def _price(req: Request) -> None:
 
 def prepare(req: Request, root: Path | None = None) -> Request:
     """Check everything and price the chunks; SlurmError (one line) for bad input."""
-    from speedbench.run import suite  # noqa: PLC0415
+    from speedbench.run import suite  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
 
     _check_options(req)
     try:
@@ -230,9 +231,8 @@ def _checkout_lines(req: Request, pin_head: bool) -> list[str]:
     q = shlex.quote
     lines = [
         f"PYTHON=\"${{SPEEDLIB_PYTHON:-}}\"; [ -n \"$PYTHON\" ] || PYTHON={q(req.python)}",
-        'SCRATCH="${SLURM_TMPDIR:-${TMPDIR:-/tmp}}/slurm-speedlib-${SLURM_JOB_ID:-$$}"',
-        'mkdir -p "$SCRATCH/tmp" "$SCRATCH/home"',
-        "trap 'rm -rf \"$SCRATCH\"' EXIT",
+        *_private_scratch_lines(),
+        'mkdir "$SCRATCH/tmp" "$SCRATCH/home"',
         '# a HOME of its own; packages installed with pip --user stay visible',
         'export PYTHONUSERBASE="${PYTHONUSERBASE:-$("$PYTHON" -m site --user-base)}"',
         'export HOME="$SCRATCH/home" TMPDIR="$SCRATCH/tmp"',
@@ -258,6 +258,23 @@ def _checkout_lines(req: Request, pin_head: bool) -> list[str]:
             'fi',
         ]
     return lines
+
+
+def _private_scratch_lines() -> list[str]:
+    """Shell lines that make $SCRATCH a new directory of this task's own, or exit 2. Never one
+    found under a predictable name: in a shared /tmp another user can make it first, and its
+    home/.gitconfig (core.fsmonitor) then runs a command as this task's user. mktemp makes a
+    new one, mode 0700; its owner and mode are checked before anything goes into it."""
+    return [
+        'SCRATCH_IN="${SLURM_TMPDIR:-${TMPDIR:-/tmp}}"',
+        'SCRATCH="$(mktemp -d "$SCRATCH_IN/slurm-speedlib-${SLURM_JOB_ID:-$$}.XXXXXXXX")" || {',
+        '  echo "speedlib slurm: cannot make a scratch directory in $SCRATCH_IN" >&2; exit 2; }',
+        'if [ -L "$SCRATCH" ] || [ ! -d "$SCRATCH" ] || [ "$(stat -c \'%u %a\' "$SCRATCH")" != "$(id -u) 700" ]; then',
+        '  echo "speedlib slurm: $SCRATCH is not a private directory of this user (mode 0700): not used" >&2',
+        '  exit 2',
+        'fi',
+        "trap 'rm -rf \"$SCRATCH\"' EXIT",
+    ]
 
 
 def _shared_bundle(req: Request) -> Path:
@@ -352,10 +369,32 @@ def submit_script(req: Request) -> str:
 def write(req: Request) -> dict[str, Path]:
     """The three scripts, logs/ and archives/ in the shared directory; the bundle copied there.
     Archives an earlier submission left for these chunks move to archives/earlier-<time>/:
-    the merge must not take them for this run's."""
-    (req.shared / "logs").mkdir(exist_ok=True)
-    archives = req.shared / "archives"
-    archives.mkdir(exist_ok=True)
+    the merge must not take them for this run's. A SlurmError (one line) where the shared
+    directory cannot take them: a folder that is a file, a full disk."""
+    try:
+        return _write(req)
+    except OSError as e:
+        named = e.filename2 or e.filename  # the name written over, else the file being written
+        where = _printable(str(named)) if isinstance(named, (str, Path)) else f"into {_printable(str(req.shared))}"
+        raise SlurmError(f"cannot write {where} ({e.strerror or e}){disk_full(e)}: "
+                         "free some space, or give --shared a directory you can write to") from None
+
+
+def _folder(path: Path) -> Path:
+    """`path` as a directory, made if missing; a SlurmError where something else has its name."""
+    try:
+        path.mkdir(exist_ok=True)
+    except FileExistsError:
+        pass  # a file or a dangling link has the name: said below
+    if not path.is_dir():
+        raise SlurmError(f"{_printable(str(path))} is not a directory: speedlib slurm keeps its "
+                         f"{path.name} there; move it away or give another --shared")
+    return path
+
+
+def _write(req: Request) -> dict[str, Path]:
+    _folder(req.shared / "logs")
+    archives = _folder(req.shared / "archives")
     stale = [archives / f"{t.chunk}.tar.gz" for t in req.tasks if (archives / f"{t.chunk}.tar.gz").exists()]
     if stale:
         aside = archives / _dt.datetime.now(_dt.timezone.utc).strftime("earlier-%Y%m%dT%H%M%S")
@@ -364,13 +403,17 @@ def write(req: Request) -> dict[str, Path]:
             path.rename(aside / path.name)
         req.notes.append(f"moved {len(stale)} archive(s) of an earlier submission into {_printable(str(aside))}")
     if req.bundle is not None and req.bundle.resolve() != _shared_bundle(req).resolve():
-        shutil.copyfile(req.bundle, _shared_bundle(req))
+        with req.bundle.open("rb") as src, written_whole(_shared_bundle(req)) as dst:
+            shutil.copyfileobj(src, dst)
     written = {}
     for name, text in (("array.sh", array_script(req)), ("merge.sh", merge_script(req)),
                        ("submit.sh", submit_script(req))):
         path = req.shared / name
-        path.write_text(text)
-        path.chmod(0o755)
+        # A new file renamed over the name: a link planted there is replaced, never followed
+        # (its target neither rewritten nor made executable).
+        with written_whole(path) as f:
+            f.write(text.encode())
+            os.fchmod(f.fileno(), 0o755)
         written[name] = path
     return written
 

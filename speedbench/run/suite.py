@@ -53,7 +53,7 @@ from speedbench.run.asv_process import (  # noqa: F401 - re-exported: tests patc
     Interrupted,
     _asv,
     _raise_interrupted,
-    _stopped_by_signals,
+    stopped_by_signals,
 )
 from speedbench.run.checkout import (  # noqa: F401 - re-exported: cli.py and tests use them as suite.X
     _CHECKOUT_PARTS,
@@ -107,8 +107,19 @@ class RunResult:
     not_run: list[str] = field(default_factory=list)  # chunks left out to keep within the budget
 
 
+# What tells the benchmarks to measure one round per comparison (benchmarks/common.py QUICK):
+# set by `--quick` for its own benchmark processes, whose results go to scratch and are never
+# filed. Left in the shell, it would make a real run's figures one round each, filed as results.
+QUICK_ENV = "SPEEDLIB_QUICK"
+
+
 def check_options(options: RunOptions) -> None:
     """Refuse, with one line, options that would fail or misfile results later in the run."""
+    quick = os.environ.get(QUICK_ENV)
+    if not options.quick and quick is not None and quick.strip():
+        raise SuiteError(f"${QUICK_ENV} is set ({QUICK_ENV}={printable(quick)}): the benchmarks would measure "
+                         "one round per comparison and this run would file those as results; unset it "
+                         f"(unset {QUICK_ENV}), or use --quick for a smoke run that saves nothing")
     if options.machine is not None and machine_name_refused(options.machine):  # the rule `speedlib merge` applies
         raise SuiteError(f"--machine {machine_name_refused(options.machine)}")
     for regex in options.bench:
@@ -133,8 +144,9 @@ def check_options(options: RunOptions) -> None:
     if options.wait_quiet is not None and not (math.isfinite(options.wait_quiet) and options.wait_quiet > 0):
         raise SuiteError(f"--wait-quiet must be a positive, finite number of seconds, got {options.wait_quiet:g}")
     # nan would start every chunk (nothing is > nan), a negative budget none
-    if options.budget_minutes is not None and not (math.isfinite(options.budget_minutes) and options.budget_minutes > 0):
-        raise SuiteError(f"--budget-minutes must be a positive, finite number of minutes, got {options.budget_minutes:g}")
+    budget = options.budget_minutes
+    if budget is not None and not (math.isfinite(budget) and budget > 0):
+        raise SuiteError(f"--budget-minutes must be a positive, finite number of minutes, got {budget:g}")
     if options.archive is not None:  # else found out only when the first chunk or the whole run is packed
         _check_writable(options.archive.parent, f"--archive {printable(str(options.archive))}",
                         "name a file in a directory you can write to")
@@ -218,7 +230,7 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
     lock = contextlib.nullcontext() if options.quick else _locked(results_dir)
     # SIGINT and SIGTERM (Ctrl+C, a time limit, a batch system) unwind the run: asv is
     # stopped, worktrees and the scratch directories are removed, the lock released.
-    with _stopped_by_signals(), lock:
+    with stopped_by_signals(), lock:
         for stale in prune_stale(root):
             print(f"speedlib run: removed {printable(str(stale))}, left by a run that was killed", flush=True)
         if not options.quick:
@@ -233,6 +245,9 @@ def _run(options: RunOptions, root: Path, argv: Sequence[str], shas: list[str], 
     checked = _preflight(options)  # before anything is measured, and before asv starts
     env = measure.environment()
     env["preflight"] = checked.record()  # in every commit's environment record
+    # The verdict itself, where the loader reads it: a run that started busy has every figure
+    # marked (speedbench.results.settle), whatever its own rounds' counters say.
+    env["busy_at_start"] = env["preflight"].get("busy_at_start", "")
     machine = options.machine or env["machine"]
     with tempfile.TemporaryDirectory(prefix="speedlib-run-") as tmp:
         scratch = Path(tmp)
@@ -327,6 +342,8 @@ def _preflight(options: RunOptions):
                              + ("" if waited else ", or give it time with --wait-quiet SECONDS"))
         print(f"speedlib run: {still}; measuring anyway, and ratios may come out inflated (--require-quiet "
               "refuses instead)", flush=True)
+        print(f"speedlib run: every figure of this run is marked {contention.MARK} contended: the machine was busy "
+              "as it started", flush=True)
     elif waited:
         print("speedlib run: the machine is quiet now", flush=True)
     return report
@@ -393,15 +410,17 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
             asv_args.append("--quick")
         if options.show_stderr:
             asv_args.append("--show-stderr")
-        for b in bench:
+        selected = plan.with_counters(bench, _listed(root, results_dir))  # every figure with its counters
+        for b in selected:
             asv_args += ["--bench", b]
         started_ms = int(time.time() * 1000)
         # The commit's `speedlib` first; then this checkout, for the harness (`speedbench`)
         # where no console script's install put it on the path (an offline GPU host).
         path = os.pathsep.join(dict.fromkeys([str(lib), str(root)]))
         process_env = {**os.environ, "ASV_PYTHONPATH": path}
+        process_env.pop(QUICK_ENV, None)  # blank here (check_options): only --quick makes a run quick
         if options.quick:  # paired comparisons: one round each (benchmarks/common.py)
-            process_env["SPEEDLIB_QUICK"] = "1"
+            process_env[QUICK_ENV] = "1"
         load_start = interference.load_average()
         status = _asv_keeping_results(asv_args, process_env, root, Path(results_dir), machine, sha)
     found = []
@@ -417,12 +436,27 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
     counters = contention.summary(interference_counters(results_dir, machine, sha, started_ms),
                                   env.get("cpu_cores"), env.get("torch_threads"))
     print(f"speedlib run: {sha[:8]}: {contention.summary_line(counters)}", flush=True)
+    unlisted = set(plan.with_counters(bench, _listed(root, results_dir))) - set(selected)
+    if unlisted:  # asv has listed them now, as it started: the next run selects their counters
+        print(f"speedlib run: {sha[:8]}: --bench selected benchmarks the listing did not name before this run, "
+              "so their interference counters were not selected with them: their figures have no contention "
+              "verdict; run again to measure them with their counters", flush=True)
     # Clocks and temperature as this commit's benchmarks left them, not as the run began.
     env = {**env, "gpu_state": measure.gpu_state(), "load_start": load_start,
            "load_end": interference.load_average(), "interference": counters}
     _record_environment(ResultsTree(results_dir).machine(machine).environment_record(sha), sha, env,
                         ["speedlib", *argv])
     return found
+
+
+def _listed(root: Path, results_dir: Path) -> dict[str, list[str]]:
+    """The selectable names of the benchmark listing (plan.combinations); none where there is
+    no listing or it cannot be read: asv writes a new one as it starts."""
+    try:
+        listing = plan.benchmark_listing(root, results_dir)
+        return plan.combinations(listing) if listing is not None else {}
+    except (plan.PlanError, OSError, ValueError):
+        return {}
 
 
 def _asv_keeping_results(asv_args: list[str], env: dict, root: Path, results_dir: Path, machine: str,

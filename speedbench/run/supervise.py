@@ -21,6 +21,7 @@ and work in any interpreter). It
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -41,8 +42,6 @@ class Stopped(Exception):
 
 def _prctl(option: int, value: int) -> bool:
     try:
-        import ctypes
-
         return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False  # not Linux: only the direct child can be stopped

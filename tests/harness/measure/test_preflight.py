@@ -315,6 +315,12 @@ BUSY = preflight.Report([preflight.Finding("busy", "bad", "other processes used 
 QUIET = preflight.Report([preflight.Finding("busy", "ok", "other processes used 1 % of the machine's 2 CPU(s)")])
 
 
+def test_the_record_says_what_was_busy_at_start():
+    """The run files it with every commit's results (issue 42): the loader marks their figures by it."""
+    assert BUSY.record()["busy_at_start"] == BUSY.busy_line() == BUSY.findings[0].what
+    assert QUIET.record()["busy_at_start"] == ""
+
+
 class FakeTime:
     def __init__(self):
         self.now = 0.0

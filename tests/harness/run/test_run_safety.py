@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from speedbench.results.load import load_results
 from speedbench.results.tree import ResultsTree
 from speedbench.run import plan, suite
 
@@ -106,22 +106,6 @@ def checkout(tiny_checkout) -> tuple[Path, str]:
     return tiny_checkout, suite.resolve_commits(tiny_checkout, None)[0]
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 512 KiB tmpfs of this test's own, to fill."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("filling a disk needs a small filesystem of the test's own: mounting a tmpfs needs root "
-                    "and mount(8)")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], capture_output=True)
-
-
 def _results(base: Path, sha: str, earlier: bool = True) -> Path:
     """A results directory as a run left it: the listing, machine m, and (earlier) a result file of `sha`."""
     results = base / "results"
@@ -187,7 +171,7 @@ def test_a_full_disk_before_asv_starts_runs_nothing_and_changes_nothing(small_di
 
 
 def test_asvs_files_are_kept_when_it_succeeds(checkout, fake_asv, tmp_path, monkeypatch):
-    from speedbench.measure import devices as measure
+    from speedbench.measure import devices as measure  # noqa: PLC0415 - torch: the file's other tests need none
 
     monkeypatch.setattr(measure, "gpu_state", lambda: [])
     root, sha = checkout
@@ -334,8 +318,6 @@ def test_a_snapshot_whose_journal_cannot_be_read_stops_the_run_with_one_line(che
 def test_speedlib_report_says_a_killed_run_left_its_copy_behind(checkout, tmp_path, monkeypatch):
     """Until the next `speedlib run` puts the files back, the loader says why the listing may
     read as damaged, and where the good copy is."""
-    from speedbench.results.load import load_results
-
     root, sha = checkout
     results = _results(tmp_path, sha)
 

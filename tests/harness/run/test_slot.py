@@ -5,6 +5,7 @@ scratch checkout (a failing GPU test, two chunks, a chunk stopped at the slot's 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -141,8 +142,6 @@ def test_a_verdict_is_written_whole_and_never_one_the_loader_refuses(tmp_path):
 def test_a_slot_refuses_to_start_without_what_it_needs(tmp_path, monkeypatch):
     with pytest.raises(suite.SuiteError, match="--minutes must be a positive"):
         slot._check(slot.SlotOptions(tmp_path / "a.tar.gz", minutes=float("nan")), ROOT)
-    import importlib.util
-
     find = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pytest" else find(name, *a))
     with pytest.raises(suite.SuiteError, match="pytest not installed here"):

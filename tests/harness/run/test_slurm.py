@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from speedbench.cli import parser as cli
+from speedbench.results.load import load_results
 from speedbench.run import plan, slurm
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -33,7 +34,8 @@ MACHINE = "slurm-test"
 HOSTILE = "sh ared 'q' \"d\" $HOME `x` * 100%s"  # % : a printf format must never hold a path
 
 TINY = {
-    "bench_a.py": "class A:\n    def track_one(self):\n        return 1\n\n    def track_two(self):\n        return 2\n",
+    "bench_a.py": ("class A:\n    def track_one(self):\n        return 1\n\n"
+                   "    def track_two(self):\n        return 2\n"),
     "bench_b.py": ("class B:\n    params = [1, 2]\n    param_names = ['size']\n\n"
                    "    def track_n(self, size):\n        return size\n"),
     "bench_c.py": "class C:\n    def track_c(self):\n        return 3\n",
@@ -159,7 +161,8 @@ def test_the_array_script_runs_its_tasks_chunk_with_every_path_intact(suite_repo
     done = subprocess.run(["bash", str(shared / "array.sh")], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     (site, run) = calls(log)
-    task = scratch / "slurm-speedlib-7"
+    task = Path(run[-3]).parent  # the task's own scratch: slurm-speedlib-<job>.<random>, made by mktemp
+    assert task.parent == scratch and task.name.startswith("slurm-speedlib-7.")
     assert site[1:] == ["-m", "site", "--user-base"]
     assert run == [str(suite_repo), "-m", "speedlib", "run", "--chunk", "second",
                    "--archive", str(shared / "archives" / "second.tar.gz"),
@@ -293,6 +296,112 @@ def test_submit_without_sbatch_and_unwritable_or_unpriced_input_are_refused(suit
     assert status == 2 and "uncommitted changes" in err
 
 
+def test_a_scratch_directory_another_user_made_first_is_never_used(suite_repo, tmp_path, monkeypatch, capsys):
+    """Issue 42: the tasks took ${TMPDIR}/slurm-speedlib-$SLURM_JOB_ID with mkdir -p, so one another
+    user made first was used, and the home/.gitconfig planted in it (core.fsmonitor) ran a command
+    as the task's user when git read the checkout's status (speedlib run's uncommitted-changes check)."""
+    shared = tmp_path / "shared"
+    assert slurm_cli("--shared", str(shared), "--machine", MACHINE, cwd=suite_repo, monkeypatch=monkeypatch,
+                     capsys=capsys)[0] == 0
+    scratch = tmp_path / "node tmp"
+    planted = scratch / "slurm-speedlib-7"
+    (planted / "home").mkdir(parents=True)
+    (planted / "tmp").mkdir()
+    ran = tmp_path / "planted command ran"
+    (planted / "home" / ".gitconfig").write_text(f"[core]\n\tfsmonitor = \"touch '{ran}'; false\"\n")
+    log = tmp_path / "python.log"
+    # the run's first git command in the checkout, under the HOME the script gave it
+    python = fake(tmp_path / "python", log, 'if [ "$2" = speedlib ]; then git status --porcelain >/dev/null; '
+                                            'echo "$HOME" > "$OLDPWD/../home.txt"; fi')
+    env = {**os.environ, "SPEEDLIB_PYTHON": str(python), "SLURM_ARRAY_TASK_ID": "0", "SLURM_JOB_ID": "7",
+           "TMPDIR": str(scratch), "PYTHONUSERBASE": str(tmp_path)}
+    env.pop("SLURM_TMPDIR", None)
+    done = subprocess.run(["bash", str(shared / "array.sh")], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not ran.exists(), "the planted .gitconfig ran its command"
+    run = calls(log)[-1]
+    task = Path(run[run.index("--results-dir") + 1]).parent
+    assert task != planted and task.parent == scratch and task.name.startswith("slurm-speedlib-7.")
+    assert (planted / "home" / ".gitconfig").exists()  # another user's directory: neither used nor removed
+    assert not task.exists()  # the task's own, removed on exit
+
+
+def test_a_scratch_directory_that_is_not_private_is_refused(suite_repo, tmp_path, monkeypatch, capsys):
+    """mktemp makes the directory 0700; the script checks owner and mode before it uses it, so a
+    mktemp that handed back another directory (here a stand-in on PATH) stops the task."""
+    shared = tmp_path / "shared"
+    assert slurm_cli("--shared", str(shared), cwd=suite_repo, monkeypatch=monkeypatch, capsys=capsys)[0] == 0
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o755)
+    open_dir.chmod(0o755)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "mktemp").write_text(f"#!/bin/bash\necho '{open_dir}'\n")
+    (bindir / "mktemp").chmod(0o755)
+    log = tmp_path / "python.log"
+    env = {**os.environ, "SPEEDLIB_PYTHON": str(fake(tmp_path / "python", log)), "SLURM_ARRAY_TASK_ID": "0",
+           "SLURM_JOB_ID": "7", "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["bash", str(shared / "array.sh")], env=env, capture_output=True, text=True)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"speedlib slurm: {open_dir} is not a private directory of this user (mode 0700): not used" in done.stderr
+    assert calls(log) == [] and open_dir.is_dir()  # nothing ran, and the directory is left as it was
+
+
+def test_a_planted_script_link_is_replaced_never_followed(suite_repo, tmp_path, monkeypatch, capsys):
+    """Issue 42: a planted SHARED/array.sh link had its target rewritten and made 0755."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    victims = {}
+    for name in ("array.sh", "merge.sh", "submit.sh", "speedlib.bundle"):
+        victims[name] = tmp_path / f"victim-{name}"
+        victims[name].write_text("mine\n")
+        victims[name].chmod(0o600)
+        (shared / name).symlink_to(victims[name])
+    bundle = tmp_path / "speedlib.bundle"
+    git(suite_repo, "bundle", "create", str(bundle), "main")
+    status, _, err = slurm_cli("--shared", str(shared), "--bundle", str(bundle), cwd=suite_repo,
+                               monkeypatch=monkeypatch, capsys=capsys)
+    assert status == 0, err
+    for name, victim in victims.items():
+        assert victim.read_text() == "mine\n" and (victim.stat().st_mode & 0o777) == 0o600, name
+        assert not (shared / name).is_symlink() and (shared / name).is_file(), name
+    assert (shared / "array.sh").stat().st_mode & 0o777 == 0o755
+    assert (shared / "speedlib.bundle").read_bytes() == bundle.read_bytes()
+
+
+@pytest.mark.parametrize("folder", ["logs", "archives"])
+def test_a_folder_that_is_a_file_is_one_line(suite_repo, tmp_path, monkeypatch, capsys, folder):
+    """Issue 42: a traceback (FileExistsError) when SHARED/logs or SHARED/archives was a file."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / folder).write_text("a file\n")
+    status, out, err = slurm_cli("--shared", str(shared), cwd=suite_repo, monkeypatch=monkeypatch, capsys=capsys)
+    assert status == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err == (f"speedlib slurm: {shared / folder} is not a directory: speedlib slurm keeps its {folder} "
+                   "there; move it away or give another --shared\n")
+    assert (shared / folder).read_text() == "a file\n"
+
+
+def test_a_full_disk_while_writing_the_scripts_is_one_line(suite_repo, full_disk, monkeypatch, capsys):
+    """Issue 42: a full disk ended `speedlib slurm` in a traceback; a script is written whole or
+    not at all (no torn array.sh left to submit)."""
+    shared = full_disk / "shared"
+    status, _, err = slurm_cli("--shared", str(shared), cwd=suite_repo, monkeypatch=monkeypatch, capsys=capsys)
+    assert status == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("speedlib slurm: cannot write ") and "(No space left on device): the disk is full: " in err
+    assert [p.name for p in shared.iterdir() if p.is_file()] == []  # no script, torn or whole
+
+
+def test_a_quick_setting_left_in_the_environment_is_refused(suite_repo, tmp_path, monkeypatch, capsys):
+    """Every task's speedlib run would refuse $SPEEDLIB_QUICK (sbatch passes the environment on):
+    refused here, before anything is written or submitted."""
+    monkeypatch.setenv("SPEEDLIB_QUICK", "1")
+    status, _, err = slurm_cli("--shared", str(tmp_path / "s"), cwd=suite_repo, monkeypatch=monkeypatch,
+                               capsys=capsys)
+    assert status == 2 and len(err.splitlines()) == 1 and "$SPEEDLIB_QUICK is set" in err
+    assert not (tmp_path / "s" / "array.sh").exists()
+
+
 # --- a real cluster -------------------------------------------------------------------------
 
 def _unavailable(reason: str):
@@ -368,11 +477,9 @@ def test_the_suite_runs_as_a_job_array_and_merges_on_a_real_cluster(request, sui
         assert states[merge] == ("COMPLETED", "0:0"), f"{states}\n{_logs(shared)}"
         assert "every chunk merged" in (shared / "logs" / f"slurm-{merge}.out").read_text()
     # every chunk's results in the merged tree, read by the loader, speedlib report and asv publish
-    from speedbench.results.load import load_results  # noqa: PLC0415
-
     expected = {"bundle": {"bench_a.A.track_one", "bench_a.A.track_two", "bench_b.B.track_n", "bench_c.C.track_c"},
                 "shared": {"bench_b.B.track_n"}}
-    for name, (shared, into, _) in runs.items():
+    for name, (_shared, into, _) in runs.items():
         loaded = load_results(into)
         assert set(loaded.measured["benchmark"]) == expected[name], loaded.measured
         assert set(loaded.measured["machine"]) == {MACHINE} and not loaded.problems

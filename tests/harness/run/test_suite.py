@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
+import inspect
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +17,8 @@ from pathlib import Path
 import pytest
 
 import speedlib
+from benchmarks import common
+from speedbench.cli import parser as cli
 from speedbench.results.tree import ResultsTree
 from speedbench.run import plan, suite
 
@@ -64,8 +70,6 @@ def test_python_dash_m_runs_the_cli_without_a_console_script(tmp_path):
 def test_every_benchmark_combination_is_in_exactly_one_chunk():
     """The chunks split the suite: nothing run twice, nothing left out, and the headline
     chunk holds a comparison of every technique."""
-    import re
-
     chunks = plan.load_chunks(ROOT)
     names = plan.combinations(ROOT / "results" / "benchmarks.json")
     assert chunks[-1].name == "rest"
@@ -76,7 +80,6 @@ def test_every_benchmark_combination_is_in_exactly_one_chunk():
     headline = plan.select_chunks(chunks, ["headline"])
     assert chunks[:len(headline)] == headline  # the headline group comes first
     # The benchmarks as the code defines them now (the committed listing may predate a rename).
-    import ast
     # (Class names only: Paired classes inherit their track_ methods.)
     defined = [f"{path.stem}.{cls.name}.track_" for path in sorted((ROOT / "benchmarks").glob("bench_*.py"))
                for cls in ast.parse(path.read_text()).body
@@ -90,10 +93,7 @@ def test_every_measuring_class_defines_its_own_setup_cache():
     common.Measured's measuring without writing `def setup_cache` itself gets no cache at all,
     and every track_* of it fails on a real run (a unit test calling measure_all() would not
     notice)."""
-    import importlib
-    import inspect
 
-    from benchmarks import common
 
     classes = []
     for path in sorted((ROOT / "benchmarks").glob("bench_*.py")):
@@ -135,7 +135,10 @@ def test_work_per_combination_comes_from_the_chunks_this_machine_measured(tmp_pa
 
 def test_a_chunk_name_selects_that_chunk_and_a_prefix_its_group():
     chunks = [plan.Chunk(n, "", "x") for n in ("head-a", "head-a-memory", "head-b", "rest")]
-    pick = lambda *names: [c.name for c in plan.select_chunks(chunks, list(names))]  # noqa: E731
+
+    def pick(*names):
+        return [c.name for c in plan.select_chunks(chunks, list(names))]
+
     assert pick("head-a") == ["head-a"]
     assert pick("head") == ["head-a", "head-a-memory", "head-b"]
     assert pick("rest", "head-b") == ["head-b", "rest"]  # suite order, not the order asked
@@ -191,7 +194,7 @@ def test_chunk_options_are_checked_before_any_work(monkeypatch):
 def test_each_commits_record_reads_the_gpu_state_when_it_is_written(tmp_path, monkeypatch):
     """Clocks and temperature drift during a run: the record made after a commit's
     benchmarks must hold the state then, not the snapshot taken when the run started."""
-    from speedbench.measure import devices as measure
+    from speedbench.measure import devices as measure  # noqa: PLC0415 - torch: only the tests that run a commit load it
 
     monkeypatch.setattr(suite, "_asv", lambda *a, **k: 0)
     monkeypatch.setattr(measure, "gpu_state", lambda: [{"index": 0, "temperature_c": 71}])
@@ -234,14 +237,12 @@ def test_a_copy_without_git_inside_another_repository_is_refused(tmp_path):
 @pytest.mark.parametrize("failed, not_run, status", [([], [], 0), (["x"], ["c"], 3), ([], ["c"], 4)])
 def test_run_exit_status_says_what_a_slot_script_needs(monkeypatch, tmp_path, failed, not_run, status):
     """0: all ran; 3: failures (they matter more than leftovers); 4: chunks left for later."""
-    from speedbench.cli import parser as cli
 
     monkeypatch.setattr(suite, "run", lambda options, argv=(): suite.RunResult(tmp_path, "m", failed, not_run))
     assert cli.main(["run", "--chunk", "all"]) == status
 
 
 def test_an_interrupted_run_exits_with_the_signal_and_one_line(monkeypatch, capsys):
-    from speedbench.cli import parser as cli
 
     def stopped(options, argv=()):
         raise KeyboardInterrupt
@@ -250,6 +251,71 @@ def test_an_interrupted_run_exits_with_the_signal_and_one_line(monkeypatch, caps
     assert cli.main(["run"]) == 130
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "stopped by SIGINT" in err
+
+
+SIGTERM_WHILE_LOADING = """
+import os, signal, sys
+from speedbench.cli import parser as cli
+
+signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as a batch system leaves it, whatever started this
+
+
+class TermWhileLoading:
+    \"\"\"A time limit's SIGTERM as `speedlib run` imports the suite (pandas, then torch: seconds).\"\"\"
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "speedbench.run.suite":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return None
+
+
+sys.meta_path.insert(0, TermWhileLoading())
+sys.argv = ["speedlib", "run", "--results-dir", sys.argv[1]]
+sys.exit(cli.main())
+"""
+
+
+def test_a_sigterm_before_the_suite_has_loaded_stops_the_run_with_its_line_and_status(tmp_path):
+    """Issue 42: the handler was set only once the suite had loaded and checked its options, so a
+    SIGTERM in the first seconds killed the run without a word or its status."""
+    proc = subprocess.run([sys.executable, "-c", SIGTERM_WHILE_LOADING, str(tmp_path / "results")], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, proc.stderr)
+    assert proc.stderr == f"speedlib run: {suite.Interrupted(signal.SIGTERM)}\n"
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_quick_setting_left_in_the_environment_is_refused_by_a_real_run(monkeypatch, capsys):
+    """Issue 42: SPEEDLIB_QUICK=1 left in the shell made a real run measure one round per
+    comparison and file it as a normal result, exit 0, with nothing in its records to say so."""
+
+    monkeypatch.setattr(suite, "run", lambda *a, **k: pytest.fail("the run started"))
+    monkeypatch.setenv("SPEEDLIB_QUICK", "1")
+    assert cli.main(["run"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("speedlib run: $SPEEDLIB_QUICK is set (SPEEDLIB_QUICK=1): the benchmarks would measure one round "
+                   "per comparison and this run would file those as results; unset it (unset SPEEDLIB_QUICK), or "
+                   "use --quick for a smoke run that saves nothing\n")
+    with pytest.raises(suite.SuiteError, match="SPEEDLIB_QUICK is set"):  # callers of suite.run too
+        suite.check_options(suite.RunOptions())
+    suite.check_options(suite.RunOptions(quick=True))  # --quick sets it itself, and files nothing
+
+
+@pytest.mark.parametrize("quick, setting, passed", [(False, "", None), (True, "", "1"), (True, "0", "1")])
+def test_only_quick_makes_the_benchmarks_quick(tmp_path, monkeypatch, quick, setting, passed):
+    """What the benchmark processes get: SPEEDLIB_QUICK=1 from --quick alone, never a blank or
+    other value from the shell."""
+    from speedbench.measure import devices as measure  # noqa: PLC0415 - torch: only the tests that run a commit load it
+
+    seen = []
+    monkeypatch.setenv("SPEEDLIB_QUICK", setting)
+    monkeypatch.setattr(suite, "_asv", lambda args, env=None, **k: seen.append(env) or 0)
+    monkeypatch.setattr(measure, "gpu_state", lambda: [])
+    head = suite.resolve_commits(ROOT, None)[0]
+    suite._run_commit(suite.RunOptions(quick=quick), ROOT, tmp_path / "asv.conf.json", tmp_path, "m", {}, [], head,
+                      "[1/1]", [])
+    assert [env.get("SPEEDLIB_QUICK") for env in seen] == [passed]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -264,7 +330,6 @@ def test_an_interrupted_run_exits_with_the_signal_and_one_line(monkeypatch, caps
     (["--commits="], "is not a revision or a range"),
 ])
 def test_bad_run_options_are_refused_with_one_line_before_any_work(monkeypatch, capsys, args, message):
-    from speedbench.cli import parser as cli
 
     monkeypatch.setattr(suite, "run", lambda *a, **k: pytest.fail("the run started"))
     assert cli.main(["run", *args]) == 2
@@ -273,7 +338,6 @@ def test_bad_run_options_are_refused_with_one_line_before_any_work(monkeypatch, 
 
 
 def test_an_archive_that_is_a_directory_and_a_results_dir_that_is_a_file_are_refused(monkeypatch, capsys, tmp_path):
-    from speedbench.cli import parser as cli
 
     monkeypatch.setattr(suite, "run", lambda *a, **k: pytest.fail("the run started"))
     assert cli.main(["run", "--archive", str(tmp_path)]) == 2
@@ -297,7 +361,8 @@ def test_a_second_run_on_the_same_results_directory_refuses_to_start(monkeypatch
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys; from pathlib import Path; from speedbench.run import suite; "
                                "from speedbench.results.tree import ResultsTree; "
-                               f"lock = ResultsTree(Path({str(results)!r})).lock().__enter__(); print('locked', flush=True); "
+                               f"lock = ResultsTree(Path({str(results)!r})).lock().__enter__(); "
+                               "print('locked', flush=True); "
                                "sys.stdin.read()"],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -343,7 +408,8 @@ def test_untracked_files_make_the_tree_dirty_and_commit_runs_check_the_harness(t
     assert suite.run(suite.RunOptions(), root=tiny_checkout) == "ran"
     (tiny_checkout / "benchmarks" / "bench_new.py").write_text("")  # untracked: it would run all the same
     for commits in (None, "HEAD"):  # --commits runs take the benchmarks from the checkout too
-        with pytest.raises(suite.SuiteError, match=r"uncommitted changes or untracked files .*\(benchmarks/bench_new.py\)"):
+        untracked = r"uncommitted changes or untracked files .*\(benchmarks/bench_new.py\)"
+        with pytest.raises(suite.SuiteError, match=untracked):
             suite.run(suite.RunOptions(commits=commits), root=tiny_checkout)
     (tiny_checkout / "benchmarks" / "bench_new.py").unlink()
     (tiny_checkout / "speedlib" / "extra.py").write_text("")
