@@ -74,20 +74,28 @@ def _matching(results_dir: Path, patterns: list[str]) -> list[str]:
     return sorted(found)
 
 
+def refuse_links(results_dir: Path, machine: str, sha: str) -> None:
+    """SnapshotError where a run of `sha` would write through a link: asv truncates its files
+    and writes them in place, and a slot writes its GPU test verdict."""
+    results_dir = Path(results_dir)
+    mdir = ResultsTree(results_dir).machine(machine)
+    # a linked machine directory may lead elsewhere in the tree (the loader reads it as an alias), not out of it
+    linked_out = [] if _stays_in(results_dir, f"{machine}/{MACHINE_FILE}") else [mdir.path]
+    patterns = ResultsTree(results_dir).asv_writes(machine, sha)
+    for path in [*linked_out, *(results_dir / rel for rel in _matching(results_dir, patterns)), *mdir.run_writes(sha)]:
+        if path.is_symlink():
+            raise SnapshotError(f"{printable(str(path))} is a link (to {printable(os.readlink(path))}), and the run "
+                                "would write through it: put what it links to there instead, or remove the link; "
+                                "nothing was run or changed")
+
+
 def take(results_dir: Path, machine: str, sha: str) -> Snapshot:
     """Copy the files an `asv run` of `sha` may rewrite, then write the journal that marks
     the snapshot whole. No room for the copy: SnapshotError, and nothing has changed."""
     results_dir = Path(results_dir)
     patterns = ResultsTree(results_dir).asv_writes(machine, sha)
     snapshot = Snapshot(results_dir, sha, patterns, {})
-    mdir = ResultsTree(results_dir).machine(machine)
-    # a linked machine directory may lead elsewhere in the tree (the loader reads it as an alias), not out of it
-    linked_out = [] if _stays_in(results_dir, f"{machine}/{MACHINE_FILE}") else [mdir.path]
-    for path in [*linked_out, *(results_dir / rel for rel in _matching(results_dir, patterns)), *mdir.run_writes(sha)]:
-        if path.is_symlink():  # asv truncates its files and writes them in place: through the link
-            raise SnapshotError(f"{printable(str(path))} is a link (to {printable(os.readlink(path))}), and the run "
-                                "would write through it: put what it links to there instead, or remove the link; "
-                                "nothing was run or changed")
+    refuse_links(results_dir, machine, sha)
     if snapshot.directory.is_symlink() or snapshot.directory.exists():
         _remove_unjournaled(snapshot.directory)
     try:

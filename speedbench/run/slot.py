@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from speedbench.results import safekeep
 from speedbench.results.atomic import written_whole
 from speedbench.results.tree import ResultsTree
 from speedbench.run.asv_process import _SUPERVISE, _stop_supervisor
@@ -126,6 +127,10 @@ def run(options: SlotOptions, root: Path | None = None, argv: list[str] | tuple 
         verdict = gpu_tests(root, sha, machine, identity, limit)
     path = ResultsTree(results_dir).machine(machine).verdict(sha)
     with suite._locked(results_dir):
+        try:
+            safekeep.refuse_links(results_dir, machine, sha)  # a planted gpu-tests link must not take the verdict out
+        except safekeep.SnapshotError as e:
+            raise suite.SuiteError(str(e)) from None
         write_verdict(path, verdict)
         _pack_verdict(results_dir, path, options.archive)
     _say(f"step 1 took {verdict['duration_s']:.0f} s: GPU tests {_words(verdict)}; verdict in {path}, packed into "

@@ -297,3 +297,25 @@ def test_an_offline_slot_archives_its_verdict_and_the_chunks_before_its_deadline
     assert verdict["failures"] == ["tests/test_planted.py::test_fails"] and verdict["commit"] == sha
     rows = load_results(tmp_path / "unpacked" / "results").measured
     assert set(rows["gpu_tests"]) == {FAILED}  # a verdict on file counts, CPU machine or not
+
+
+def test_a_slot_refuses_a_gpu_tests_link_out_of_the_tree_before_it_writes_the_verdict(tmp_path, monkeypatch):
+    """The verdict is the slot's first write: a planted gpu-tests link must not take it out of the tree."""
+    from speedbench.measure import devices  # noqa: PLC0415 - torch: only this test needs the identity stubbed
+
+    sha = "a" * 40
+    results, outside = tmp_path / "results", tmp_path / "outside"
+    (results / "m").mkdir(parents=True)
+    outside.mkdir()
+    (results / "m" / "gpu-tests").symlink_to(outside)
+    (tmp_path / suite.CONFIG).write_text("{}")
+    monkeypatch.setattr(slot, "_check", lambda options, root: suite.RunOptions(allow_dirty=True))
+    monkeypatch.setattr(suite, "resolve_commits", lambda root, commits: [sha])
+    monkeypatch.setattr(suite, "_check_machine", lambda *a: None)
+    monkeypatch.setattr(suite, "_results_dir", lambda *a: results)
+    monkeypatch.setattr(devices, "identity", lambda: {"machine": "m"})
+    monkeypatch.setattr(slot, "gpu_tests", lambda *a: slot.verdict_from_tally(
+        {"passed": 1, "finished": True, "exit_status": 0}, False, 0, **ABOUT))
+    with pytest.raises(suite.SuiteError, match=r"gpu-tests is a link .* nothing was run or changed"):
+        slot.run(slot.SlotOptions(tmp_path / "a.tar.gz", allow_dirty=True), root=tmp_path)
+    assert list(outside.iterdir()) == [] and not (tmp_path / "a.tar.gz").exists()
