@@ -27,14 +27,13 @@ import pytest
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed (pip install -e '.[dashboard]')")
 import browser_bits  # noqa: E402
+from dashboard_bits import app_on, frames  # noqa: E402
 from streamlit.testing.v1 import AppTest
-from streamlit.testing.v1.element_tree import Dataframe, Table
 
 from speedbench import report  # noqa: E402
 from speedbench.results import synthetic  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-APP = ROOT / "dashboard" / "app.py"
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = ["views/overview.py", "views/history.py", "views/machines.py", "views/cite.py",
          *[f"views/{name}.py" for name in report.TECHNIQUES]]
 
@@ -44,24 +43,6 @@ def synthetic_tree(tmp_path_factory) -> Path:
     tree = tmp_path_factory.mktemp("results")
     synthetic.write_results(tree, commits=3, machines=3)
     return tree
-
-
-def app_on(results: Path, page: str, monkeypatch, **query) -> AppTest:
-    """Run `page` of the app on `results` (fixed at start-up, like `speedlib dashboard`)."""
-    monkeypatch.setenv("SPEEDLIB_RESULTS", str(results))
-    for module in ("_view", "_technique"):  # re-read the start-up setting
-        sys.modules.pop(module, None)
-    at = AppTest.from_file(str(APP), default_timeout=60)
-    at.switch_page(page)  # before the first run, so no other page's widgets hold state (pages use no url_path)
-    for key, value in query.items():
-        at.query_params[key] = value
-    return at.run()
-
-
-def frames(at: AppTest) -> list[pd.DataFrame]:
-    """Every table on the page in page order, grid or static: dashboard/_view.show draws a table
-    too wide for 1440 px as a static one, and a test must not depend on which it was."""
-    return [e.value for e in at.main if isinstance(e, (Dataframe, Table))]
 
 
 def texts(at: AppTest) -> str:

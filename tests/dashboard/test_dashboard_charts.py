@@ -18,12 +18,12 @@ pd = pytest.importorskip("pandas")
 pytest.importorskip("streamlit")
 pytest.importorskip("plotly")
 
-from test_dashboard import app_on, frames  # noqa: E402  (the app run the page tests use)
+from dashboard_bits import app_on, frames  # noqa: E402  (the app run the page tests use)
 
 from speedbench import report  # noqa: E402
 from speedbench.results.load import load_results  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "dashboard"))
 import _view  # noqa: E402
 

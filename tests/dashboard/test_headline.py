@@ -13,7 +13,7 @@ from speedbench.report import headline  # noqa: E402
 from speedbench.results.load import load_results  # noqa: E402
 from speedbench.stats.paired import paired_ratio, ratio_estimate  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "results"
 H100 = "h100-sxm-80gb (NVIDIA H100 80GB HBM3)"
 H200 = "h200-141gb (NVIDIA H200)"  # commit 838236b, the headline chunks but the checkpoint step time
 INTEL = "cpu-2core-intel-xeon"  # the headline commit's CPU machine
