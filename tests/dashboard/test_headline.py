@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -362,3 +363,24 @@ def test_glance_gives_one_number_per_technique_and_machine_gpus_first(measured):
     lead = tidy[(tidy["technique"] == "contiguous") & (tidy["machine"] == "h200-141gb") & (tidy["part"] == "whole step")
                 & tidy["lead"]].iloc[0]
     assert h200["ratio"] == lead["ratio"]
+
+
+def test_every_paired_figure_of_the_overview_is_in_the_paired_table_and_its_export(measured):
+    """Issue 44: the H100 flat-buffer cell led with "5.65x [5.39, 6.61] vs foreach", a figure no
+    other table held (`--table paired` had the forloop baseline only). Every paired ratio the grid
+    shows, against PyTorch's default and fused Adam included, is a row of the paired table and of
+    its CSV, with the same numbers: one comparison, one number."""
+    tidy = headline.grid(measured).data
+    shown = tidy[(tidy["status"] == "measured") & tidy["paired"] & (tidy["measure"] == "speed")]
+    table = report.paired_table(report.latest(measured))
+    csv = pd.read_csv(io.StringIO(report.to_csv(table)))
+    assert len(shown) >= 20
+    for r in shown.itertuples():
+        for data in (table.data, csv):
+            rows = data[(data["machine"] == r.machine) & (data["technique"] == r.technique)
+                        & (data["baseline"] == r.baseline) & (data["result_id"] == r.result_id)]
+            assert len(rows) == 1, (r.technique, r.machine, r.baseline, len(rows))
+            assert rows["ratio"].iloc[0] == pytest.approx(r.ratio) and rows["low"].iloc[0] == pytest.approx(r.low)
+    h100 = table.frame[(table.frame["machine"] == "h100-sxm-80gb") & (table.frame["variant"] == "speedlib")
+                       & (table.frame["baseline"] == "foreach") & (table.frame["comparison"] == "AdamStep resnet50")]
+    assert list(h100["speedup"]) == ["5.65x [5.39, 6.61]"]
