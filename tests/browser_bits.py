@@ -16,7 +16,7 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 def browser():
     chromium = shutil.which("chromium")
     try:
-        from playwright.sync_api import sync_playwright  # noqa: PLC0415
+        from playwright.sync_api import sync_playwright  # noqa: PLC0415 - optional: a missing playwright is a skip
     except ImportError:
         sync_playwright = None
     if chromium is None or sync_playwright is None:

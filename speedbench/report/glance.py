@@ -194,10 +194,11 @@ _FONT = "font-family=\"-apple-system, 'Segoe UI', Helvetica, Arial, sans-serif\"
 IMAGE_COMMAND = "speedlib publish --chart docs/glance.svg"
 _STYLES = {"b": ' font-weight="bold"', "i": ' font-style="italic"', "": ""}
 # LEGEND without the hover (an image has none); the baselines in words are in the results page's grid.
-IMAGE_LEGEND = (f"Each cell: x faster than the baseline (PyTorch's default on that machine where measured), the whole "
-                f"training step where measured, else the figure named in italics; peak memory is variant / baseline. "
-                f"[low, high]: 99 % interval. {report.CONTENDED} contended, {report.EARLIER} earlier benchmark version, "
-                f"{report.GPU_TESTS_FAILED} GPU tests failed. Each baseline in words: docs/results.md, At a glance.")
+IMAGE_LEGEND = ("Each cell: x faster than the baseline (PyTorch's default on that machine where measured), the whole "
+                "training step where measured, else the figure named in italics; peak memory is variant / baseline. "
+                f"[low, high]: 99 % interval. {report.CONTENDED} contended, {report.EARLIER} earlier benchmark "
+                f"version, {report.GPU_TESTS_FAILED} GPU tests failed. Each baseline in words: docs/results.md, At a "
+                "glance.")
 
 
 def _svg_text(x: float, y: float, pieces: list[tuple[str, str]], size: int = 13, anchor: str = "middle",

@@ -116,10 +116,11 @@ def _technique(df: pd.DataFrame, grid: report.Table, name: str) -> str:
 
 def _history(df: pd.DataFrame) -> str:
     """Each headline class's timed benchmarks measured at two or more commits on one machine."""
-    import plotly.graph_objects as go  # noqa: PLC0415
+    import plotly.graph_objects as go  # noqa: PLC0415 - plotly only where a history page is drawn
 
     suites = {(h.technique, s) for h in headline.HEADLINES for s in (h.suite, h.whole.suite if h.whole else None) if s}
-    ours = pd.Series([(t, s) in suites for t, s in zip(df["technique"], df["suite"])], index=df.index, dtype=bool)
+    ours = pd.Series([(t, s) in suites for t, s in zip(df["technique"], df["suite"], strict=True)], index=df.index,
+                     dtype=bool)
     timed = df[(df["kind"] == "time") & ours]
     commits = timed.groupby(["benchmark", "machine"])["commit"].nunique()
     body = ""
@@ -174,7 +175,7 @@ def write_chart(df: pd.DataFrame, path: Path) -> None:
 
 def publish(df: pd.DataFrame, out: Path, cff_text: str | None = None) -> list[Path]:
     """Write the site of `df` (the loaded results, every commit) into `out`; the files written."""
-    from plotly.offline import get_plotlyjs  # noqa: PLC0415
+    from plotly.offline import get_plotlyjs  # noqa: PLC0415 - plotly only where a site is written
 
     out.mkdir(parents=True, exist_ok=True)
     grid = headline.grid(df)

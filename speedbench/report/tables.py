@@ -590,7 +590,8 @@ def against(own: pd.DataFrame, h, other: str) -> pd.DataFrame:
     out = []
     for (_, r), mine_earlier in zip(mine.iterrows(), earlier_version(mine), strict=True):
         config = shared_config(r["params"])
-        samples, result_id, earlier = found.get((r["machine"], r["commit"], r["benchmark"], config), (None, None, False))
+        samples, result_id, earlier = found.get((r["machine"], r["commit"], r["benchmark"], config),
+                                                (None, None, False))
         if not isinstance(samples, list) or not isinstance(r["samples"], list) or len(samples) != len(r["samples"]):
             continue  # `other` did not run in these rounds
         # the rounds `paired` keeps: both variants' seconds come from the same rounds, so the

@@ -3,9 +3,10 @@
 A change between two results counts only where the ratio is beyond SIGNIFICANCE_FACTOR and
 the two results differ (`differ`: the two-sided Mann-Whitney U test at P_THRESHOLD where both
 kept their samples, else disjoint 99 % intervals, else the ratio alone), as asv compare 0.6
-decides, and where both have a 99 % interval, the two intervals apart (`_verdict`). Sustained level changes across a history are found by binary segmentation
-(`_steps`). Implemented here rather than imported from scipy, so that viewing results needs
-neither asv nor scipy; tests/harness/stats/test_statistics_scipy.py checks the test against scipy's.
+decides, and where both have a 99 % interval, the two intervals apart (`_verdict`).
+Sustained level changes across a history are found by binary segmentation (`_steps`).
+Implemented here rather than imported from scipy, so that viewing results needs neither asv
+nor scipy; tests/harness/stats/test_statistics_scipy.py checks the test against scipy's.
 The history and change tables that use these rules are in speedbench.report.commits.
 """
 

@@ -18,9 +18,9 @@ import pytest
 pd = pytest.importorskip("pandas")
 pytest.importorskip("plotly")
 
-from speedbench import report  # noqa: E402
-from speedbench.cli.parser import main  # noqa: E402
-from speedbench.report import site  # noqa: E402
+from speedbench import report  # noqa: E402 - after the skips: the report needs pandas
+from speedbench.cli.parser import main  # noqa: E402 - after the skips, with the report it runs
+from speedbench.report import site  # noqa: E402 - after the skips: the site needs pandas and plotly
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [*site.PAGES, *(f"{name}.html" for name in report.TECHNIQUES)]
