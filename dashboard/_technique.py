@@ -14,6 +14,7 @@ from _view import (
     config_label,
     glance_chart,
     log_axis,
+    md_text,
     pick,
     pick_many,
     ratio_chart,
@@ -50,7 +51,7 @@ def technique_page(name: str) -> None:
         _not_measured(data, name)
         return
     # The page opens with its chart: this technique's headline on every machine, as the overview draws it.
-    glance_chart(headline.grid(df), name, technique=name)
+    glance_chart(headline.grid(df), name, technique=name, df=df)
     c1, c2, c3, c4 = st.columns(4)
     with c1:
         # A GPU first: the question is which GPU, and the CPU's small workloads are a smoke
@@ -97,7 +98,8 @@ def technique_page(name: str) -> None:
     with time_tab:
         timed = rows[rows["kind"] == "time"]
         if timed.empty:
-            st.info(f"No timing results for this technique from {machine} at commit {commit}: its run did not "
+            st.info(f"No timing results for this technique from {md_text(machine)} at commit "
+                    f"{md_text(commit)}: its run did not "
                     f"include them. `{_command(name)}` measures its main comparison.")
         else:
             _paired(rows, where)
@@ -122,7 +124,8 @@ def technique_page(name: str) -> None:
             if first["gpu"] == NoGpuModel.CPU_ONLY:
                 st.info("No memory results here: peak GPU memory is measured on GPU machines only.")
             else:
-                st.info(f"No memory results for this technique from {machine} at commit {commit}: its run did "
+                st.info(f"No memory results for this technique from {md_text(machine)} at commit "
+                        f"{md_text(commit)}: its run did "
                         "not include them (`speedlib run --plan` lists what each chunk measures).")
         else:
             table(report.memory_table(memory, baseline), hide=STATED)
@@ -163,7 +166,8 @@ def _paired(rows: pd.DataFrame, where: str) -> None:
     if s.empty:
         return
     st.markdown("**Paired speedups** (the variants took turns in one process; Hodges-Lehmann estimate "
-                "of the per-round ratios, brackets its 99 % Wilcoxon interval; each class's own baseline)")
+                "of the per-round ratios, brackets its 99 % Wilcoxon interval; each class's own baseline, and the "
+                "headline variant against every baseline the overview shows it against)")
     table(paired, hide=STATED)
     s = s.assign(case=config_label(s) + " / " + s["variant"].astype(str) + " vs " + s["baseline"].astype(str),
                  where=where)
@@ -191,18 +195,25 @@ def _bars(rows, unit: str, where: str = "", hover: tuple[tuple[str, str], ...] =
     for i, (variant, g) in enumerate(rows.groupby("variant", sort=True)):
         said = {}
         if hover:  # plotly's own hover would round the value its own way, and knows no GB/s
-            said = {"customdata": [[html.escape(str(t)) for t in texts] for texts in zip(*(g[c] for _, c in hover))],
+            said = {"customdata": [[html.escape(str(t)) for t in texts]
+                                   for texts in zip(*(g[c] for _, c in hover), strict=True)],
                     "hovertemplate": "<br>".join([f"{html.escape(str(variant))}: %{{x}}",
                                                   *(f"{label}: %{{customdata[{k}]}}" for k, (label, _) in
                                                     enumerate(hover))]) + "<extra></extra>"}
+        if "%" in unit:  # each bar's figure on it: on a linear axis beside a 734 % bar, a 6.6 % one is a line
+            said = {**said, "textposition": "outside", "text": [html.escape(str(t)) for t in g["achieved_text"]]
+                    if "achieved_text" in g else [f"{v:.1f} %" for v in g["value"] * scale]}  # as the table says it
         fig.add_trace(go.Bar(x=[html.escape(str(v)) for v in g["_config"]], y=g["value"] * scale,
                              name=html.escape(str(variant)), marker_color=palette[i % len(palette)], **said))
-    # Log y: configurations differ by orders of magnitude (DenseNet-121 at batch 256 against a
-    # transformer at 64; a device-resident table at 669 % of the copy floor beside CuPy at 39 %),
-    # and on a linear axis the small ones vanish.
+    # Log y for bytes: configurations differ by orders of magnitude (DenseNet-121 at batch 256
+    # against a transformer at 64), and on a linear axis the small ones vanish. Linear for a %
+    # (of a floor): a bar's length is then its share, where on a log axis 11 % against 38.8 %
+    # was drawn about 1:10.
     title = ", ".join(dict.fromkeys(words.metric(m) for m in rows["metric"])) + (f", {where}" if where else "")
+    axis = {"title": html.escape(unit), "rangemode": "tozero"} if "%" in unit else \
+        log_axis(list(rows["value"] * scale), f"{unit} (log scale)")
     fig.update_layout(title=html.escape(title), barmode="group", height=420, margin={"t": 50}, showlegend=True,
-                      yaxis=log_axis(list(rows["value"] * scale), f"{unit} (log scale)"))
+                      yaxis=axis)
     return fig
 
 
@@ -224,7 +235,7 @@ def _one_device(name: str, rows: pd.DataFrame, machine: str) -> None:
     same 0.94x without it."""
     h = report.TECHNIQUES[name].comparison
     if h is not None and machine in headline.single_device(rows, h):
-        st.info(headline.single_device_note(h, machine))
+        st.info(md_text(headline.single_device_note(h, machine)))  # the machine's name: text
 
 
 def _not_measured(data: dict, name: str, machine: str | None = None) -> None:
@@ -236,7 +247,7 @@ def _not_measured(data: dict, name: str, machine: str | None = None) -> None:
         seen = pd.concat([data["measured"], data["not_measured"]])
         missing = report.never_run(suite_listing(), seen[seen["technique"] == name], name, machine)
         if not missing.empty:
-            st.markdown(f"**Never run on {report.md_escape(machine)}**: no chunk that measures these has run there yet")
+            st.markdown(f"**Never run on {md_text(machine)}**: no chunk that measures these has run there yet")
             missing = missing.assign(benchmark=missing["benchmark"].str.replace(r"^bench_\w+\.", "", regex=True))
             show(missing)
     if rows.empty:

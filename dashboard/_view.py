@@ -3,8 +3,9 @@ problems banner, and the plotly charts. All numbers come from `speedbench.report
 
 Safety: the results directory comes from `SPEEDLIB_RESULTS` (set by `speedlib dashboard`
 when the server starts) or the repository's `results/`, never from the URL; text from result
-files is shown through st.dataframe / st.table / st.text / st.code (escaped) and plotly labels are
-HTML-escaped, so nothing from a file is rendered as HTML.
+files is shown through st.dataframe, st.text, st.code, st.table and Markdown with every such text
+escaped (`table_text`, `md_text`: st.table draws its cells as Markdown too), and plotly labels are
+HTML-escaped, so nothing from a file is rendered as Markdown or HTML.
 """
 
 from __future__ import annotations
@@ -12,16 +13,20 @@ from __future__ import annotations
 import html
 import math
 import os
+import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import plotly.colors
 import plotly.graph_objects as go
 import streamlit as st
 
 from speedbench import report, words
+from speedbench.report import age, glance, headline
 from speedbench.results import cache
 from speedbench.results import problems as problem_text
+from speedbench.results.common import printable
 from speedbench.results.environment import NoGpuModel
 from speedbench.run import plan
 
@@ -179,8 +184,9 @@ def pick(label: str, options: list, key: str, default=None, words=None):
     # choice is made, and leave the link as it was.
     broken = wanted is not None and wanted not in names and key not in st.session_state
     if broken:
-        # the value comes from the URL: escaped (report.md_escape), so it is shown, never rendered
-        st.error(f"This link names {label.split(' (')[0].lower()} '{report.md_escape(wanted)}', which these results do not have: "
+        # the value comes from the URL: escaped (md_text), so it is shown, never rendered
+        st.error(f"This link names {label.split(' (')[0].lower()} '{md_text(wanted)}', which these results do "
+                 "not have: "
                  "nothing is shown rather than another one's numbers. Choose one below.")
     value = st.selectbox(label, options, index=None if broken else index, key=key, format_func=shown)
     if value is None and broken:
@@ -240,7 +246,8 @@ def config_label(rows: pd.DataFrame) -> pd.Series:
         parts = ", ".join(p.removeprefix("workload=") for p in report.shared_config(params).split(", ") if p)
         return parts or str(suite) if one_class else f"{suite}: {parts}".rstrip(": ")
 
-    return pd.Series([label(s, p) for s, p in zip(rows["suite"], rows["params"])], index=rows.index, dtype=object)
+    return pd.Series([label(s, p) for s, p in zip(rows["suite"], rows["params"], strict=True)], index=rows.index,
+                     dtype=object)
 
 
 def spread_chart(rows: pd.DataFrame, title: str) -> go.Figure:
@@ -251,16 +258,20 @@ def spread_chart(rows: pd.DataFrame, title: str) -> go.Figure:
     rows = rows.assign(_config=config_label(rows))
     for variant, g in rows.groupby("variant", sort=True):
         xs, ys = [], []
-        for config, samples, value in zip(g["_config"], g["samples"], g["value"]):
+        for config, samples, value in zip(g["_config"], g["samples"], g["value"], strict=True):
             samples = samples or [value]
             xs += [config] * len(samples)
             ys += [v * scale for v in samples]
         fig.add_trace(go.Box(x=esc(xs), y=ys, name=html.escape(str(variant)), boxpoints="all", jitter=0.3))
     # Ticks written out (plotly's own log ticks read "1000, 5, 2, 100, 5, 2, 10").
-    shown = [v * scale for s, v in zip(rows["samples"], rows["value"]) for v in (s or [v])]
+    shown = [v * scale for s, v in zip(rows["samples"], rows["value"], strict=True) for v in (s or [v])]
     fig.update_layout(title=html.escape(title), boxmode="group", height=420, margin={"t": 50},
                       yaxis=log_axis(shown, unit))
     return fig
+
+
+# plotly's own first colours, given to the ratio bars' traces in order (a hollow bar needs its trace's colour)
+_PALETTE = plotly.colors.qualitative.Plotly
 
 
 def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x faster than the baseline",
@@ -277,12 +288,13 @@ def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x 
     and a repeat is refused."""
     fig = go.Figure()
     groups = list(s.groupby(color, sort=True))
-    for name, g in groups:
+    for i, (name, g) in enumerate(groups):
         if g[y].duplicated().any():
             raise ValueError(f"chart labels repeat within {name!r}: {sorted(set(g[y][g[y].duplicated()]))}")
         # Each bar grows from the 1x line (right: faster, left: slower), not from the edge of a
         # log axis, where a 0.7x bar would look as long as a win.
-        # Faded: the interval includes 1x, so the bar is not told apart from the baseline.
+        # Hollow, dotted and outlined in its trace's colour: the interval includes 1x, so the bar
+        # is not told apart from the baseline (a faded bar read as another machine's lighter colour).
         # Hatched: no interval at all (one value per variant, not paired), so nothing says how
         # sure it is; drawn solid, a single DDP launch looked as certain as 30 paired rounds.
         # Cross-hatched: contended, measured while other work kept the machine busy; shown, never
@@ -292,21 +304,26 @@ def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x 
         lone = [False] * len(g) if exact else (g["ratio_low"].isna() | g["ratio_high"].isna()).tolist()
         busy = report.contended(g).tolist()
         n = g["n"] if "n" in g else pd.Series([math.nan] * len(g), index=g.index)
+        ink = _PALETTE[i % len(_PALETTE)]  # set, not left to plotly: a hollow bar is outlined in it
         said = [("contended, not a clean figure; " if b else "")
                 + ("interval includes 1x" if u else "single value, no interval" if x else "")
-                for u, x, b in zip(unsure, lone, busy)]
+                for u, x, b in zip(unsure, lone, busy, strict=True)]
         fig.add_trace(go.Bar(
             # no bar for a ratio over 0 (`report.UNDEFINED`): it has no length
             y=esc(g[y]), x=g["ratio"].where(np.isfinite(g["ratio"])) - 1.0, base=1.0, orientation="h",
             name=html.escape(str(name)),
-            marker={"opacity": [0.35 if u else 1.0 for u in unsure],
-                    "pattern": {"shape": ["x" if b else "/" if x else "" for x, b in zip(lone, busy)]}},
+            marker={"color": ["white" if u else ink for u in unsure],
+                    "line": {"color": ink, "width": [2 if u else 0 for u in unsure]},
+                    "pattern": {"shape": ["x" if b else "/" if x else "." if u else ""
+                                          for x, b, u in zip(lone, busy, unsure, strict=True)],
+                                "fgcolor": [ink if u else "#444" for u in unsure], "solidity": 0.3}},
             # the mark itself beside a contended bar: a faded, hatched bar alone can be hard to see
             text=[" ".join(m for m, on in ((report.CONTENDED, b), (report.GPU_TESTS_FAILED, f)) if on)
-                  for b, f in zip(busy, report.gpu_tests_failed(g))], textposition="outside", cliponaxis=False,
+                  for b, f in zip(busy, report.gpu_tests_failed(g), strict=True)],
+            textposition="outside", cliponaxis=False,
             customdata=list(zip(g["ratio"], [report.fmt_ratio(r, lo, hi).partition(" ")[2] for r, lo, hi in
-                                             zip(g["ratio"], g["ratio_low"], g["ratio_high"])],
-                                ["" if pd.isna(k) else f"N={k:g}" for k in n], said)),
+                                             zip(g["ratio"], g["ratio_low"], g["ratio_high"], strict=True)],
+                                ["" if pd.isna(k) else f"N={k:g}" for k in n], said, strict=True)),
             hovertemplate="%{y}: %{customdata[0]:.3g}x %{customdata[1]} %{customdata[2]} %{customdata[3]}"
                           "<extra>%{fullData.name}</extra>",
             error_x={"type": "data", "symmetric": False, "array": (g["ratio_high"] - g["ratio"]).fillna(0),
@@ -314,7 +331,8 @@ def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x 
     fig.add_vline(x=1.0, line_dash="dash")
     legend = []
     if ((s["ratio_low"] <= 1.0) & (s["ratio_high"] >= 1.0)).any():
-        legend.append("faded bar: its 99 % interval includes 1x (not told apart from the baseline)")
+        legend.append("hollow dotted bar, outlined in its colour: its 99 % interval includes 1x (not told apart "
+                      "from the baseline)")
     if not exact and (s["ratio_low"].isna() | s["ratio_high"].isna()).any():
         legend.append("hatched bar: a single value per variant, no interval (how sure it is is unknown)")
     if report.contended(s).any():
@@ -493,7 +511,8 @@ def show(frame: pd.DataFrame) -> None:
     if _fitting(widths_px):
         st.dataframe(frame, hide_index=True, column_config=widths(frame, widths_px))
     else:
-        st.table(frame, hide_index=True)  # a Styler's hidden index showed anyway: the loader's row numbers, with gaps
+        # a Styler's hidden index showed anyway: the loader's row numbers, with gaps
+        st.table(table_text(frame), hide_index=True)
 
 
 def table(t: report.Table, hide: tuple[str, ...] = ()) -> None:
@@ -529,20 +548,71 @@ def comparison_index(t: report.Table) -> str:
     return "\n".join(lines)
 
 
+# Every ASCII punctuation character, which CommonMark lets a backslash escape.
+_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
+
+
+def md_text(text: str) -> str:
+    """`text` for Streamlit's Markdown (captions, alerts, headings): report.md_escape (links,
+    images, HTML, code), and what it leaves that Streamlit still draws: $ (LaTeX), ~ (strike
+    through), a www. address (a link)."""
+    return report.md_escape(text).replace("$", "\\$").replace("~", "\\~").replace("www.", "www\\.")
+
+
+def table_text(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` for st.table, which draws every cell and header as Markdown (a machine named
+    ![t](x.png) became an image in the machines table): every punctuation character of a text
+    escaped, so the cell reads exactly as written; numbers stay numbers."""
+    def escaped(v):
+        return _PUNCTUATION.sub(r"\\\1", printable(v)) if isinstance(v, str) else v
+
+    return frame.map(escaped).rename(columns=lambda c: escaped(str(c)))
+
+
 def caption(text: str) -> None:
     """A note as a caption, which is Markdown: notes name machines and benchmarks from result
     files, so links, HTML and code are escaped (report.md_escape), and so is a first character
     that would start a heading or a list (">" is already "&gt;", never a quote)."""
-    text = report.md_escape(text)
+    text = md_text(text)
     st.caption("\\" + text if text.startswith(("#", "-", "+", "*")) else text)
 
 
-def glance_chart(grid: report.Table, key: str, technique: str | None = None) -> None:
-    """The at-a-glance chart of `grid` (speedbench.report.headline.grid; `technique`: its row
-    only), the marks it uses said above it, a click on a cell opening its technique's
-    page, and a row of links to the same pages (a touch screen has no hover or precise click)."""
-    from speedbench.report import glance, headline  # noqa: PLC0415
+@st.cache_data(max_entries=256)
+def _behind(commit: str, technique: str) -> age.Behind | None:  # git, twice per commit and technique
+    return age.behind(commit, technique, ROOT)
 
+
+def ages(grid: report.Table, picks: pd.DataFrame) -> dict[tuple[str, str], age.Behind]:
+    """How far behind the checkout's HEAD each cell's commit is (speedbench.report.age), by
+    (technique, machine); none where the checkout or its git history is missing."""
+    commits = dict(zip(grid.sources["result_id"], grid.sources["commit"], strict=True)) \
+        if {"result_id", "commit"} <= set(grid.sources.columns) else {}
+    out = {}
+    for r in picks[picks["status"] == "measured"].itertuples():
+        found = _behind(commits[r.result_id], r.technique) if r.result_id in commits else None
+        if found is not None:
+            out[r.technique, r.machine] = found
+    return out
+
+
+def _age_note(behind: dict) -> str:
+    """One line under the chart: how old its figures are, and where the code measured changed since."""
+    if not behind:
+        return ""
+    counts = [b.commits for b in behind.values()]
+    changed = sum(b.changed > 0 for b in behind.values())
+    span = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)} to {max(counts)}"
+    return (f"Age: these figures were measured {span} commits behind this checkout's HEAD; in {changed} of "
+            f"{len(behind)} cells speedlib's code for the technique has changed since (hover a cell for its own).")
+
+
+def glance_chart(grid: report.Table, key: str, technique: str | None = None,
+                 df: pd.DataFrame | None = None) -> None:
+    """The at-a-glance chart of `grid` (speedbench.report.headline.grid; `technique`: its row
+    only), the marks it uses said above it, how old its figures are below it, a click on a
+    cell opening its technique's page, and a row of links to the same pages (a touch screen
+    has no hover or precise click). `df`: the results it was drawn from, whose other results
+    a cell without a number counts (speedbench.report.glance.elsewhere)."""
     picks = headline.pick(grid.data)
     if technique is not None:
         picks = picks[picks["technique"] == technique]
@@ -555,8 +625,13 @@ def glance_chart(grid: report.Table, key: str, technique: str | None = None) -> 
                 f".st-key-glance-{key} > div {{ min-width: {glance.MIN_WIDTH}px; }} }}</style>", unsafe_allow_html=True)
     # the marks' meaning above the chart: below it, it fell past the first screen (the dagger is on every H100 cell)
     caption(glance.LEGEND + (f" {glance.CLICK}" if technique is None else ""))
-    event = st.plotly_chart(glance.figure(picks), key=f"glance-{key}", on_select="rerun", selection_mode="points",
+    behind = ages(grid, picks)
+    others = glance.elsewhere(df) if df is not None else {}
+    event = st.plotly_chart(glance.figure(picks, others=others, ages={k: str(b) for k, b in behind.items()}),
+                            key=f"glance-{key}", on_select="rerun", selection_mode="points",
                             config={"displayModeBar": False})
+    if _age_note(behind):
+        caption(_age_note(behind))
     points = event.selection.points if event and event.selection else []
     clicked = [p.get("customdata") for p in points if p.get("customdata")]
     if technique is None and clicked and clicked[0][0] in report.TECHNIQUES:

@@ -1,5 +1,6 @@
-"""What the browser tests share (test_dashboard, test_publish): Debian's chromium and playwright,
-or a skip that says how to get them; a failure instead where SPEEDLIB_REQUIRE_BROWSER is set (CI)."""
+"""What the browser tests share (tests/dashboard/test_dashboard.py, test_publish.py): Debian's chromium
+and playwright, or a skip that says how to get them; a failure instead where SPEEDLIB_REQUIRE_BROWSER
+is set (CI)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Machine comparison: the environment of every machine, and one GPU against another."""
 
 import streamlit as st
-from _view import caption, config_label, page_data, pick, ratio_chart, show, table
+from _view import caption, config_label, md_text, page_data, pick, ratio_chart, show, table
 
 from speedbench import report
 from speedbench.results.environment import NoGpuModel
@@ -71,7 +71,7 @@ else:
 if cpu_and_gpu:
     st.stop()
 t = report.machine_comparison(df, a, b)
-st.subheader(f"{b} against {a}, value by value")
+st.subheader(md_text(f"{b} against {a}, value by value"))  # names from the results: text, never Markdown
 if t.frame.empty:
     st.info("These two machines share no benchmark.")
     st.stop()

@@ -2,7 +2,16 @@
 under it, then every paired comparison and the sources' claims; about three screens in all."""
 
 import streamlit as st
-from _view import caption, comparison_index, glance_chart, note_missing_gpu, on_screen, page_data, pick_many
+from _view import (
+    caption,
+    comparison_index,
+    glance_chart,
+    note_missing_gpu,
+    on_screen,
+    page_data,
+    pick_many,
+    table_text,
+)
 
 from speedbench import report
 from speedbench.report import comparisons, headline
@@ -14,7 +23,7 @@ with st.sidebar:  # the chart first: the filter would push it below the fold
 mine = df[df["machine"].isin(machines)]
 # all commits: where a machine's latest result was contended, the grid cites its newest clean one
 glance = headline.grid(mine)
-glance_chart(glance, "overview")
+glance_chart(glance, "overview", df=mine)
 note_missing_gpu(df)
 with st.expander(f"Notes on the chart ({len(glance.notes) + 1}): baselines, scope, marks, wide intervals"):
     caption("Headline speedups are paired: the variants took turns in one process, and each number is the "
@@ -41,6 +50,7 @@ claims = report.claims_table(mine)
 with st.expander(f"{len(claims.frame)} published figures set beside what the suite measured"):
     # A static table: every cell whole and wrapped (in a grid the comparability and the machine
     # sat past the right edge, so a CPU figure stood beside a GPU claim with no warning in view).
-    st.table(on_screen(claims.frame, hide=("measured as",)), hide_index=True)  # how it was measured: in the exports
+    # how it was measured: in the exports; table_text: st.table draws its cells as Markdown
+    st.table(table_text(on_screen(claims.frame, hide=("measured as",))), hide_index=True)
     for n in claims.notes:
         caption(n)

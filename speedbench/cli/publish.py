@@ -1,4 +1,5 @@
-"""`speedlib publish --output DIR`: the results as a static site (speedbench.report.site)."""
+"""`speedlib publish --output DIR`: the results as a static site (speedbench.report.site); `--chart PATH`:
+the at-a-glance chart as an SVG image (the README's and docs/results.md's)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from speedbench.results.common import printable
 
 
 def _cmd_publish(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    if not (args.output or args.chart):
+        print("speedlib publish: say what to write: --output DIR (the site), --chart PATH (the chart's image), "
+              "or both", file=sys.stderr)
+        return 2
     from speedbench.report import site  # noqa: PLC0415 - pandas and plotly; `speedlib --help` loads none
     from speedbench.results.load import load_results  # noqa: PLC0415 - pandas; `speedlib --help` loads none
 
@@ -22,15 +27,21 @@ def _cmd_publish(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if df.empty:
         print(f"speedlib publish: no measured results under {printable(str(results))}", file=sys.stderr)
         return 1
-    cff = Path(args.citation)
-    written = site.publish(df, Path(args.output), cff.read_text(encoding="utf-8") if cff.is_file() else None)
-    print(f"speedlib publish: {len(written)} files in {printable(str(args.output))}; open index.html")
+    if args.chart:
+        site.write_chart(df, Path(args.chart))
+        print(f"speedlib publish: the at-a-glance chart in {printable(str(args.chart))}")
+    if args.output:
+        cff = Path(args.citation)
+        written = site.publish(df, Path(args.output), cff.read_text(encoding="utf-8") if cff.is_file() else None)
+        print(f"speedlib publish: {len(written)} files in {printable(str(args.output))}; open index.html")
     return 0
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("publish", help="write the results as a static site (no server, no network)")
     p.add_argument("--results", default="results", help="results directory (default: results)")
-    p.add_argument("--output", "-o", required=True, metavar="DIR", help="the site's directory (created)")
+    p.add_argument("--output", "-o", metavar="DIR", help="the site's directory (created)")
+    p.add_argument("--chart", metavar="PATH", help="the at-a-glance chart as an SVG image (docs/glance.svg, which the "
+                                                   "README and docs/results.md show)")
     p.add_argument("--citation", default="CITATION.cff", help="the citation file whose BibTeX the cite page shows")
     p.set_defaults(func=_cmd_publish)

@@ -8,6 +8,7 @@ from speedbench._api import lazy
 __all__, __getattr__ = lazy(__name__, {
     'tables': (
         'Table', 'speedups', 'speedup_table', 'memory_table', 'floor_table', 'floor_figures', 'paired', 'paired_table',
+        'against', 'other_baselines', 'headline_rows',
         'paired_noise', 'noise', 'noise_table', 'latest', 'newest_runs', 'param_columns', 'case_label', 'citable',
         'contended', 'earlier_version', 'machine_state', 'gpu_tests_failed', 'fmt_ratio', 'fmt_value', 'shared_config',
         'why_wide', 'with_earlier_note', 'CONTENDED', 'CONTENDED_NOTE', 'EARLIER', 'EARLIER_NOTE', 'FLOOR_ABOVE_NOTE',

@@ -108,8 +108,9 @@ def _flag(direction: str, step: str, environment_change: str = "", left_out: boo
 
 _RULE_NOTE = (f"the ratio is beyond {SIGNIFICANCE_FACTOR:.2f}x and the two results differ: with samples kept on both "
               f"sides, two-sided Mann-Whitney U p < {P_THRESHOLD} (exact up to {EXACT_MAX} samples a side, else normal "
-              "approximation with tie correction), else disjoint 99 % confidence intervals, else (no statistics) by "
-              "the ratio alone; asv compare's rule")
+              "approximation with tie correction) and disjoint 99 % confidence intervals, else disjoint intervals "
+              "alone, else (no statistics) by the ratio alone; asv compare's rule, with the intervals' condition "
+              "added (a jump of the median inside overlapping intervals is run-to-run drift)")
 
 
 def history_table(df: pd.DataFrame, benchmark: str) -> Table:

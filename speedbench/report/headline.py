@@ -27,7 +27,6 @@ from speedbench import report
 from speedbench.results.environment import NoGpuModel
 from speedbench.run import plan
 from speedbench.stats import contention
-from speedbench.stats.paired import paired_ratio
 from speedbench.techniques import TECHNIQUES, Headline
 
 __all__ = ["Headline", "HEADLINES", "WIDE_NOTE", "grid", "glance", "pick", "single_device", "single_device_note"]
@@ -35,14 +34,6 @@ __all__ = ["Headline", "HEADLINES", "WIDE_NOTE", "grid", "glance", "pick", "sing
 
 # Each technique's main comparison, from its record, in the records' order.
 HEADLINES = tuple(t.comparison for t in TECHNIQUES.values() if t.comparison is not None)
-
-
-def _fixed(rows: pd.DataFrame, h: Headline) -> pd.DataFrame:
-    """The rows of `h`'s variant at its fixed parameters (rows already of its class)."""
-    keep = (rows["technique"] == h.technique) & (rows["variant"] == h.variant)
-    for column, value in h.where:
-        keep &= (rows[column] == value) if column in rows else False
-    return rows[keep]
 
 
 def _others(row: pd.Series, h: Headline) -> str:
@@ -64,15 +55,14 @@ def _comparisons(last: pd.DataFrame, h: Headline) -> tuple[pd.DataFrame, pd.Data
     """`h`'s ratios on every machine at once (speed, and memory where it has a memory class):
     one computation per technique, not per cell, so the grid costs the same at 2 machines or 20."""
     mine = last[last["technique"] == h.technique]
-    if h.paired:
-        own = mine[mine["suite"] == h.suite]
-        rows = report.paired(own)
-        hits = _fixed(rows, h) if not rows.empty else rows
-        hits = hits[hits["baseline"] == h.baseline] if not hits.empty else hits
-        more = [_against(own, h, b) for b in _extra(h)]
+    if h.paired:  # report.paired holds the ratios against PyTorch's defaults and `beside` too
+        rows = report.paired(mine[mine["suite"] == h.suite])
+        hits = report.headline_rows(rows, h) if not rows.empty else rows
+        hits, *more = [hits[hits["baseline"] == b] if not hits.empty else hits
+                       for b in (h.baseline, *report.other_baselines(h))]
     else:
         own = mine[(mine["suite"] == h.suite) & (mine["metric"] == h.metric)]
-        hits, *more = [_unpaired(own, h, b) for b in (h.baseline, *_extra(h))]
+        hits, *more = [_unpaired(own, h, b) for b in (h.baseline, *report.other_baselines(h))]
     more = [m for m in more if not m.empty]
     if more:
         hits = pd.concat([hits, *more], ignore_index=True) if not hits.empty else pd.concat(more, ignore_index=True)
@@ -80,60 +70,14 @@ def _comparisons(last: pd.DataFrame, h: Headline) -> tuple[pd.DataFrame, pd.Data
     if h.memory_suite:
         memory = report.speedups(mine[(mine["suite"] == h.memory_suite) & (mine["metric"] == "peak_memory")],
                                  baseline=h.baseline)
-        memory = _fixed(memory, h) if not memory.empty else memory
+        memory = report.headline_rows(memory, h) if not memory.empty else memory
     return hits, memory
-
-
-def _extra(h: Headline) -> list[str]:
-    """The baselines `h`'s cells may show besides the source's: PyTorch's defaults, `beside`."""
-    return [b for b in dict.fromkeys([*(v for _, v in h.default), *h.beside]) if b != h.baseline]
 
 
 def _unpaired(own: pd.DataFrame, h: Headline, baseline: str) -> pd.DataFrame:
     """`h`'s variant against `baseline`, from separately timed values of its metric."""
     rows = report.speedups(own, baseline=baseline)
-    return _fixed(rows, h) if not rows.empty else rows
-
-
-def _against(own: pd.DataFrame, h: Headline, other: str) -> pd.DataFrame:
-    """`h`'s variant against `other`, another variant of its paired class, as report.paired
-    gives it against the class's baseline. The class stores per-round speedups against that
-    baseline only; the two variants' seconds of the same rounds give this ratio just as paired
-    (round i of each, speedbench.stats.paired.paired_ratio). A row is the variant's own seconds row
-    with the ratio's columns, its samples the per-round ratios and `other`'s seconds row as
-    its baseline's result ID."""
-    if own.empty or "samples" not in own:  # frames built by hand may hold no samples
-        return own.iloc[0:0]
-    seconds = own[own["benchmark"].str.endswith(".track_seconds")]
-    theirs = seconds[seconds["variant"] == other]
-    found = {(m, c, b, report.shared_config(p)): (x, i, e) for m, c, b, p, x, i, e in zip(
-        theirs["machine"], theirs["commit"], theirs["benchmark"], theirs["params"], theirs["samples"],
-        theirs["result_id"] if "result_id" in theirs else [None] * len(theirs), report.earlier_version(theirs),
-        strict=True)}
-    mine = _fixed(seconds, h) if not seconds.empty else seconds
-    out = []
-    for (_, r), mine_earlier in zip(mine.iterrows(), report.earlier_version(mine), strict=True):
-        config = report.shared_config(r["params"])
-        samples, result_id, earlier = found.get((r["machine"], r["commit"], r["benchmark"], config),
-                                                (None, None, False))
-        if not isinstance(samples, list) or not isinstance(r["samples"], list) or len(samples) != len(r["samples"]):
-            continue  # `other` did not run in these rounds
-        # the rounds report.paired keeps: both variants' seconds come from the same rounds, so
-        # the variant's verdict on them drops the same disturbed rounds from both
-        state, disturbed = r.get("contention", ""), r.get("disturbed")
-        disturbed = disturbed if isinstance(disturbed, list) else []
-        theirs_kept, mine_kept = (contention.keep(x, state, disturbed) for x in (samples, r["samples"]))
-        try:
-            e = paired_ratio(theirs_kept, mine_kept)
-        except ValueError:  # a time no measurement can have: no ratio rather than a wrong one
-            continue
-        ratios = [b / v for b, v in zip(theirs_kept, mine_kept, strict=True)]
-        out.append({**r.to_dict(), "kind": "paired speedup", "samples": ratios, "baseline": other,
-                    "ratio": e.ratio, "ratio_low": e.low, "ratio_high": e.high, "n": e.n,
-                    "width": e.high / e.low, "wide_because": report.why_wide(ratios, e.high / e.low),
-                    "config": config, "result_id_base": result_id, "earlier_version": bool(mine_earlier or earlier),
-                    "dropped": len(samples) - len(theirs_kept)})
-    return pd.DataFrame(out) if out else own.iloc[0:0]
+    return report.headline_rows(rows, h) if not rows.empty else rows
 
 
 EARLIER = report.EARLIER  # the dagger the tables use too
@@ -407,8 +351,9 @@ def glance(df: pd.DataFrame) -> pd.DataFrame:
 def pick(rows: pd.DataFrame) -> pd.DataFrame:
     """One number per technique and machine of the grid's tidy rows (`grid(df).data`), what a
     training run gains: the whole step's lead ratio where measured, else the headline's (its
-    scope said in `part`), else its peak-memory ratio, else the cell's reason; the same numbers
-    as every export. Machines with a GPU first."""
+    scope said in `part`), else its peak-memory ratio, else the cell's reason, "needs a GPU" last
+    (on a CPU the embedding step is not measured yet; only the row gather needs a GPU); the same
+    numbers as every export. Machines with a GPU first."""
     if rows.empty:
         return rows
     measured = rows[rows["status"] == "measured"]
@@ -420,7 +365,8 @@ def pick(rows: pd.DataFrame) -> pd.DataFrame:
         pool = whole if not whole.empty else mine
         if pool.empty:
             pool = measured[(measured["technique"] == technique) & (measured["machine"] == machine)]
-        picks.append(pool.iloc[0] if not pool.empty else its.iloc[0])
+        reasons = its.sort_values("status", key=lambda s: s == "needs a GPU", kind="stable")
+        picks.append(pool.iloc[0] if not pool.empty else reasons.iloc[0])
     out = pd.DataFrame(picks).reset_index(drop=True)
     gpu_first = out["gpu"].map(lambda g: _kind(g) != "gpu")
     return out.assign(_cpu=gpu_first).sort_values(["_cpu", "machine"], kind="stable").drop(columns="_cpu") \

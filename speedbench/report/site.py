@@ -23,7 +23,7 @@ from plotly.offline import get_plotlyjs
 from speedbench import report
 from speedbench.report import comparisons, exports, glance, headline
 
-__all__ = ["publish", "PAGES", "PLOTLY_JS"]
+__all__ = ["publish", "write_chart", "PAGES", "PLOTLY_JS"]
 
 PLOTLY_JS = "plotly.min.js"  # written once; every page loads it from beside itself
 PAGES = ("index.html", "history.html", "cite.html")  # and <technique>.html for each technique
@@ -165,6 +165,12 @@ def _write(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_chart(df: pd.DataFrame, path: Path) -> None:
+    """The at-a-glance chart of `df` (the loaded results, every commit) as an SVG image at `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write(path, glance.svg(headline.glance(df), glance.elsewhere(df)))
 
 
 def publish(df: pd.DataFrame, out: Path, cff_text: str | None = None) -> list[Path]:

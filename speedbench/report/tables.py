@@ -32,7 +32,7 @@ from speedbench.results import gpu_tests as gpu_verdicts
 from speedbench.results import machines
 from speedbench.results.load import COLUMNS, higher_is_better
 from speedbench.stats import contention
-from speedbench.stats.paired import ratio_estimate
+from speedbench.stats.paired import paired_ratio, ratio_estimate
 from speedbench.techniques import TECHNIQUES
 
 __all__ = ["Table", "speedups", "speedup_table", "memory_table", "floor_table", "floor_figures", "FLOOR_FIGURES",
@@ -526,7 +526,95 @@ def paired(df: pd.DataFrame) -> pd.DataFrame:
     # existed had speedlib's own pinned / pageable backend as baseline): a speedlib path is
     # never a baseline. (A benchmark of no known technique has no baselines to tell.)
     s = s[(s["baseline"] != "") | ~s["technique"].isin(list(TECHNIQUES))]
-    return s.sort_values(["technique", "machine", "commit_date", "benchmark", "config", "variant"], kind="stable")
+    # The headline's variant against the other baselines the overview shows it against (issue 44:
+    # the H100 cell's 5.65x vs foreach was in no other table): one comparison, one number everywhere.
+    others = _against_others(df, s)
+    s = pd.concat([s, *others], ignore_index=True) if others else s
+    # each variant's ratio against its class's baseline first, then against the others (their rows
+    # are the variant's seconds rows: by class, not by benchmark, or they would lead)
+    order = s.assign(_class=s["benchmark"].str.rsplit(".", n=1).str[0], _other=s["benchmark"].str.endswith(
+        ".track_seconds")).sort_values(["technique", "machine", "commit_date", "_class", "config", "variant",
+                                        "_other"], kind="stable")
+    return s.loc[order.index]
+
+
+def other_baselines(h) -> list[str]:
+    """The baselines headline comparison `h` (speedbench.techniques.Headline) is shown against
+    besides its source's: PyTorch's defaults, then `h.beside`."""
+    return [b for b in dict.fromkeys([*(v for _, v in h.default), *h.beside]) if b != h.baseline]
+
+
+def headline_rows(rows: pd.DataFrame, h) -> pd.DataFrame:
+    """The rows of headline `h`'s variant at its fixed parameters (rows already of its class)."""
+    keep = (rows["technique"] == h.technique) & (rows["variant"] == h.variant)
+    for column, value in h.where:
+        keep &= (rows[column] == value) if column in rows else False
+    return rows[keep]
+
+
+def _against_others(df: pd.DataFrame, pairs: pd.DataFrame) -> list[pd.DataFrame]:
+    """Each paired headline's (and its whole step's) variant against `other_baselines`, from
+    the same rounds (`against`); none where `pairs` already holds that comparison (an old
+    run whose class baseline was one of them)."""
+    if not {"suite", "samples"} <= set(df.columns):  # frames built by hand may hold neither
+        return []
+    held = set(zip(pairs["machine"], pairs["commit"], pairs["benchmark"].str.rsplit(".", n=1).str[0],
+                   pairs["config"], pairs["variant"], pairs["baseline"], strict=True))
+    out = []
+    for t in TECHNIQUES.values():
+        for h in (t.comparison, t.comparison.whole if t.comparison else None):
+            if h is None or not h.paired:
+                continue
+            own = df[(df["technique"] == h.technique) & (df["suite"] == h.suite)]
+            for other in other_baselines(h):
+                rows = against(own, h, other)
+                if rows.empty:
+                    continue
+                keys = zip(rows["machine"], rows["commit"], rows["benchmark"].str.rsplit(".", n=1).str[0],
+                           rows["config"], rows["variant"], rows["baseline"], strict=True)
+                out.append(rows[[k not in held for k in keys]])
+    return out
+
+
+def against(own: pd.DataFrame, h, other: str) -> pd.DataFrame:
+    """Headline `h`'s variant against `other`, another variant of its paired class, as
+    `paired` gives it against the class's baseline. The class stores per-round speedups
+    against that baseline only; the two variants' seconds of the same rounds give this ratio
+    just as paired (round i of each, speedbench.stats.paired.paired_ratio). A row is the
+    variant's own seconds row with the ratio's columns, its samples the per-round ratios and
+    `other`'s seconds row as its baseline's result ID."""
+    if own.empty or "samples" not in own:  # frames built by hand may hold no samples
+        return own.iloc[0:0]
+    seconds = own[own["benchmark"].str.endswith(".track_seconds")]
+    theirs = seconds[seconds["variant"] == other]
+    found = {(m, c, b, shared_config(p)): (x, i, e) for m, c, b, p, x, i, e in zip(
+        theirs["machine"], theirs["commit"], theirs["benchmark"], theirs["params"], theirs["samples"],
+        theirs["result_id"] if "result_id" in theirs else [None] * len(theirs), earlier_version(theirs),
+        strict=True)}
+    mine = headline_rows(seconds, h) if not seconds.empty else seconds
+    out = []
+    for (_, r), mine_earlier in zip(mine.iterrows(), earlier_version(mine), strict=True):
+        config = shared_config(r["params"])
+        samples, result_id, earlier = found.get((r["machine"], r["commit"], r["benchmark"], config),
+                                                (None, None, False))
+        if not isinstance(samples, list) or not isinstance(r["samples"], list) or len(samples) != len(r["samples"]):
+            continue  # `other` did not run in these rounds
+        # the rounds `paired` keeps: both variants' seconds come from the same rounds, so the
+        # variant's verdict on them drops the same disturbed rounds from both
+        state, disturbed = r.get("contention", ""), r.get("disturbed")
+        disturbed = disturbed if isinstance(disturbed, list) else []
+        theirs_kept, mine_kept = (contention.keep(x, state, disturbed) for x in (samples, r["samples"]))
+        try:
+            e = paired_ratio(theirs_kept, mine_kept)
+        except ValueError:  # a time no measurement can have: no ratio rather than a wrong one
+            continue
+        ratios = [b / v for b, v in zip(theirs_kept, mine_kept, strict=True)]
+        out.append({**r.to_dict(), "kind": "paired speedup", "samples": ratios, "baseline": other,
+                    "ratio": e.ratio, "ratio_low": e.low, "ratio_high": e.high, "n": e.n,
+                    "width": e.high / e.low, "wide_because": why_wide(ratios, e.high / e.low),
+                    "config": config, "result_id_base": result_id, "earlier_version": bool(mine_earlier or earlier),
+                    "dropped": len(samples) - len(theirs_kept)})
+    return pd.DataFrame(out) if out else own.iloc[0:0]
 
 
 def paired_table(df: pd.DataFrame) -> Table:
@@ -565,10 +653,10 @@ _ENVIRONMENT_KEY = "_environment"
 NOT_COMPARED = "not compared"
 
 
-def _beside_rerun(a: pd.DataFrame, b: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+def _beside_rerun(a: pd.DataFrame, b: pd.DataFrame, columns: list[str], also: tuple[str, ...] = ()) -> pd.DataFrame:
     """`a`'s rows with `b`'s `columns` (suffixed _second) where machine, commit, benchmark,
-    parameters and environment agree."""
-    keys = [*_RERUN, _ENVIRONMENT_KEY]
+    parameters, environment and the columns `also` name agree."""
+    keys = [*_RERUN, *also, _ENVIRONMENT_KEY]
     a, b = (d.assign(**{_ENVIRONMENT_KEY: machines.environment_keys(d)}) for d in (a, b))
     return a.merge(b[[*keys, *columns]], on=keys, suffixes=("", "_second")).drop(columns=_ENVIRONMENT_KEY)
 
@@ -586,7 +674,8 @@ def _rerun_elsewhere(first: pd.DataFrame, second: pd.DataFrame) -> tuple[int, li
 def paired_noise(first: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame:
     """Every paired speedup measured in both runs (same machine, commit, benchmark, parameters
     and environment): run_to_run = larger / smaller estimate - 1, noisiest first."""
-    m = _beside_rerun(paired(first), paired(second), ["ratio", "ratio_low", "ratio_high"])
+    # the baseline too: one variant's seconds give a ratio against each of the headline's baselines
+    m = _beside_rerun(paired(first), paired(second), ["ratio", "ratio_low", "ratio_high"], also=("baseline",))
     m["run_to_run"] = np.fmax(m["ratio"], m["ratio_second"]) / np.fmin(m["ratio"], m["ratio_second"]) - 1
     m["within_target"] = m["run_to_run"] <= PAIRED_NOISE_TARGET
     return m.sort_values("run_to_run", ascending=False, kind="stable").reset_index(drop=True)

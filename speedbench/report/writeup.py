@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from speedbench import report
-from speedbench.report import headline
+from speedbench.report import glance, headline
 
 COMMAND = "speedlib report --writeup --against results-rerun > docs/results.md"
 
@@ -57,8 +57,10 @@ def writeup(measured: pd.DataFrame, rerun: pd.DataFrame | None = None) -> str:
                      f"{commits}")
     parts.append("## Machines\n\nThe tables below show each benchmark at the newest commit that measured it.\n\n"
                  + "\n".join(lines) + "\n")
-    parts.append("## At a glance\n\nEach technique's main comparison, one column per machine; a cell without a "
-                 "number says why and which chunk of the suite would measure it.\n")
+    parts.append("## At a glance\n\n![At a glance: what each technique gains on each machine](glance.svg)\n\n"
+                 f"The chart above is drawn from the same results by `{glance.IMAGE_COMMAND}`; the table gives every "
+                 "figure of each cell, each baseline named. Each technique's main comparison, one column per machine; "
+                 "a cell without a number says why and which chunk of the suite would measure it.\n")
     parts.append(_section(headline.grid(measured)))
     parts.append("## Claims of the sources versus measured\n")
     parts.append(_section(report.claims_table(measured)))

@@ -389,7 +389,7 @@ def test_an_empty_table_exports_valid_markdown_and_latex(df, table):
 def app(monkeypatch):
     """`app(results, page, **query)`: the page run as the dashboard tests run it (AppTest)."""
     pytest.importorskip("streamlit", reason="the dashboard extra is not installed (pip install -e '.[dashboard]')")
-    from test_dashboard import app_on  # noqa: PLC0415 - needs streamlit
+    from dashboard_bits import app_on  # noqa: PLC0415 - needs streamlit
 
     return lambda results, page, **query: app_on(results, page, monkeypatch, **query)
 

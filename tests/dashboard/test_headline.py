@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import importlib
+import io
+import sys
 from pathlib import Path
 
 import pytest
 
 pd = pytest.importorskip("pandas")
 
-from speedbench import report  # noqa: E402
-from speedbench.report import headline  # noqa: E402
-from speedbench.results.load import load_results  # noqa: E402
-from speedbench.stats.paired import paired_ratio, ratio_estimate  # noqa: E402
+from speedbench import report  # noqa: E402 - after the skip: the report needs pandas
+from speedbench.report import headline  # noqa: E402 - after the skip: the report needs pandas
+from speedbench.results.load import load_results  # noqa: E402 - after the skip: the loader needs pandas
+from speedbench.stats.paired import paired_ratio, ratio_estimate  # noqa: E402 - after the skip, with the report's
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "results"
 H100 = "h100-sxm-80gb (NVIDIA H100 80GB HBM3)"
 H200 = "h200-141gb (NVIDIA H200)"  # commit 838236b, the headline chunks but the checkpoint step time
 INTEL = "cpu-2core-intel-xeon"  # the headline commit's CPU machine
@@ -52,14 +55,13 @@ def test_a_paired_cell_is_the_paired_tables_estimate(measured):
     """The H100 run predates bench_amp's `default`: strict fp32 leads, named; on the CPU it is
     PyTorch's default too (TF32 does not exist there). The H200 run of d93fd5c1 measured
     `default`: it leads, its ratio the paired estimate of the same rounds' seconds."""
-    from speedbench.stats.paired import paired_ratio
-
     last = report.latest(measured)
     p = report.paired(last[(last["technique"] == "amp") & (last["suite"] == "TrainingStep")])
     named = {"h100-sxm-80gb": "strict fp32 (the Tuning Guide's baseline)",
              INTEL: "strict fp32 (PyTorch's default on CPUs, the Tuning Guide's baseline)"}
     for machine, label in (("h100-sxm-80gb", H100), ("h200-141gb", H200), (INTEL, CPU)):
-        r = p[(p["machine"] == machine) & (p["workload"] == "resnet50") & (p["variant"] == "bf16_channels_last")].iloc[0]
+        r = p[(p["machine"] == machine) & (p["workload"] == "resnet50")
+              & (p["variant"] == "bf16_channels_last")].iloc[0]
         fp32 = f"{r['ratio']:.3g}x [{r['ratio_low']:.3g}, {r['ratio_high']:.3g}]"
         if machine in named:
             expected = f"{fp32} N={r['n']} vs {named[machine]}"
@@ -70,7 +72,8 @@ def test_a_paired_cell_is_the_paired_tables_estimate(measured):
             e = paired_ratio(seconds["default"], seconds["bf16_channels_last"])
             expected = (f"{e.ratio:.3g}x [{e.low:.3g}, {e.high:.3g}] N={e.n} vs TF32 convolutions + fp32 matmuls "
                         f"(PyTorch's default on CUDA); {fp32} vs strict fp32 (the Tuning Guide's baseline)")
-        assert cell(headline.grid(measured).frame, "amp", label) == expected + _mark(last, machine, "amp", "TrainingStep")
+        assert cell(headline.grid(measured).frame, "amp", label) == \
+            expected + _mark(last, machine, "amp", "TrainingStep")
 
 
 def _mark(last, machine: str, technique: str, suite: str | None = None) -> str:
@@ -160,7 +163,7 @@ def _adam_run(machine: str, gpu: str, seconds: dict[str, list[float]], technique
                      "kind": "time", "unit": "seconds", "samples": s, "value": sorted(s)[len(s) // 2],
                      "result_id": f"{machine}-seconds-{v}"})
         if v != baseline:
-            ratios = [b / x for b, x in zip(seconds[baseline], s)]
+            ratios = [b / x for b, x in zip(seconds[baseline], s, strict=True)]
             rows.append({**common, "benchmark": f"bench_{technique}.{suite}.track_speedup", "metric": "speedup",
                          "kind": "paired speedup", "unit": "x", "samples": ratios, "value": sorted(ratios)[len(s) // 2],
                          "result_id": f"{machine}-speedup-{v}"})
@@ -174,7 +177,7 @@ JITTER = [1.0, 1.02, 0.99, 1.01, 0.98, 1.0, 1.03, 0.97, 1.01, 1.0]
 
 
 def _seconds(**per_variant: float) -> dict[str, list[float]]:
-    return {v: [t * d * (j if v != "speedlib" else 1.0) for d, j in zip(DRIFT, JITTER)]
+    return {v: [t * d * (j if v != "speedlib" else 1.0) for d, j in zip(DRIFT, JITTER, strict=True)]
             for v, t in per_variant.items()}
 
 
@@ -211,8 +214,9 @@ def test_a_flat_buffer_cell_without_the_default_measured_leads_with_the_sources_
     g = headline.grid(pd.concat([_adam_run("old-gpu", "Some GPU 80GB", old), _adam_run("who", "unknown", unknown)]))
     assert cell(g.frame, "contiguous", "old-gpu (Some GPU 80GB)") == \
         f"{_vs(old, 'forloop')} N=10 vs per-tensor loop (contiguous_params' baseline)"
-    assert cell(g.frame, "contiguous", "who (unknown)") == \
-        f"{_vs(unknown, 'forloop')} N=10 vs per-tensor loop (contiguous_params' baseline); {_vs(unknown, 'fused')} vs fused"
+    assert cell(g.frame, "contiguous", "who (unknown)") == (
+        f"{_vs(unknown, 'forloop')} N=10 vs per-tensor loop (contiguous_params' baseline); "
+        f"{_vs(unknown, 'fused')} vs fused")
 
 
 def test_the_mixed_precision_cell_leads_with_pytorchs_default_precision_on_a_gpu():
@@ -278,12 +282,10 @@ EVERY_HEADLINE = [x for h in headline.HEADLINES for x in (h, h.whole) if x is no
 
 @pytest.mark.parametrize("h", EVERY_HEADLINE, ids=lambda h: f"{h.technique}.{h.suite}")
 def test_every_baseline_a_cell_names_is_a_plain_variant_its_class_measures(h):
-    import importlib
-    import sys
-
     sys.path.insert(0, str(RESULTS.parent))
     cls = getattr(importlib.import_module(f"benchmarks.bench_{h.technique}"), h.suite)
-    variants = dict(zip(cls.param_names, cls.params if isinstance(cls.params[0], (list, tuple)) else [cls.params]))
+    params = cls.params if isinstance(cls.params[0], (list, tuple)) else [cls.params]
+    variants = dict(zip(cls.param_names, params, strict=True))
     baselines = {h.baseline, *(v for _, v in h.default), *h.beside}
     assert baselines | {h.variant} <= set(variants["variant"])
     assert baselines <= set(report.TECHNIQUES[h.technique].plain)  # plain PyTorch, never a speedlib path
@@ -314,7 +316,8 @@ def test_the_whole_step_has_its_own_marks_and_wide_interval_notes(measured):
     assert cell(t.frame, "contiguous", AMD, "whole").endswith(headline.EARLIER)
     assert any(n.startswith("Flat-buffer (contiguous) parameters on cpu-2core-amd-epyc (Iteration, workload=resnet50")
                for n in t.notes)
-    assert any("times Adam step alone (optimizer.step(), not clip or zero_grad), and its cells add whole training iteration (Iteration)" in n
+    assert any("times Adam step alone (optimizer.step(), not clip or zero_grad), and its cells add whole training "
+               "iteration (Iteration)" in n
                for n in t.notes)
 
 
@@ -322,8 +325,6 @@ def test_the_csv_export_is_tidy_numbers_with_the_same_figures_as_the_grid(measur
     """`speedlib report --table headline --format csv`: one row per technique, machine and
     comparison, ratio/low/high/N numeric, scope and baseline words in columns of their own;
     every figure the grid's text shows is one row of it, formatted as the grid formats it."""
-    import io
-
     table = headline.grid(measured)
     data = pd.read_csv(io.StringIO(report.to_csv(table)))
     for column in ("ratio", "low", "high", "n"):
@@ -362,3 +363,24 @@ def test_glance_gives_one_number_per_technique_and_machine_gpus_first(measured):
     lead = tidy[(tidy["technique"] == "contiguous") & (tidy["machine"] == "h200-141gb") & (tidy["part"] == "whole step")
                 & tidy["lead"]].iloc[0]
     assert h200["ratio"] == lead["ratio"]
+
+
+def test_every_paired_figure_of_the_overview_is_in_the_paired_table_and_its_export(measured):
+    """Issue 44: the H100 flat-buffer cell led with "5.65x [5.39, 6.61] vs foreach", a figure no
+    other table held (`--table paired` had the forloop baseline only). Every paired ratio the grid
+    shows, against PyTorch's default and fused Adam included, is a row of the paired table and of
+    its CSV, with the same numbers: one comparison, one number."""
+    tidy = headline.grid(measured).data
+    shown = tidy[(tidy["status"] == "measured") & tidy["paired"] & (tidy["measure"] == "speed")]
+    table = report.paired_table(report.latest(measured))
+    csv = pd.read_csv(io.StringIO(report.to_csv(table)))
+    assert len(shown) >= 20
+    for r in shown.itertuples():
+        for data in (table.data, csv):
+            rows = data[(data["machine"] == r.machine) & (data["technique"] == r.technique)
+                        & (data["baseline"] == r.baseline) & (data["result_id"] == r.result_id)]
+            assert len(rows) == 1, (r.technique, r.machine, r.baseline, len(rows))
+            assert rows["ratio"].iloc[0] == pytest.approx(r.ratio) and rows["low"].iloc[0] == pytest.approx(r.low)
+    h100 = table.frame[(table.frame["machine"] == "h100-sxm-80gb") & (table.frame["variant"] == "speedlib")
+                       & (table.frame["baseline"] == "foreach") & (table.frame["comparison"] == "AdamStep resnet50")]
+    assert list(h100["speedup"]) == ["5.65x [5.39, 6.61]"]

@@ -2,7 +2,7 @@
 file:// with the network cut, every page without a console error, its numbers the report's.
 
 The browser part needs Debian's `chromium` and `playwright`; with SPEEDLIB_REQUIRE_BROWSER set
-(CI) a missing browser fails the test instead of skipping it, as in tests/test_dashboard.py.
+(CI) a missing browser fails the test instead of skipping it, as in tests/dashboard/test_dashboard.py.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import pytest
 pd = pytest.importorskip("pandas")
 pytest.importorskip("plotly")
 
-from speedbench import report  # noqa: E402
-from speedbench.cli.parser import main  # noqa: E402
-from speedbench.report import site  # noqa: E402
+from speedbench import report  # noqa: E402 - after the skips: the report needs pandas
+from speedbench.cli.parser import main  # noqa: E402 - after the skips, with the report it runs
+from speedbench.report import site  # noqa: E402 - after the skips: the site needs pandas and plotly
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [*site.PAGES, *(f"{name}.html" for name in report.TECHNIQUES)]
 
 

@@ -26,15 +26,16 @@ import pandas as pd
 import pytest
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed (pip install -e '.[dashboard]')")
-import browser_bits  # noqa: E402
+import browser_bits
+from dashboard_bits import app_on, frames, read
 from streamlit.testing.v1 import AppTest
-from streamlit.testing.v1.element_tree import Dataframe, Table
 
-from speedbench import report  # noqa: E402
-from speedbench.results import synthetic  # noqa: E402
+from speedbench import report
+from speedbench.report import comparisons, glance, headline
+from speedbench.results import synthetic
+from speedbench.results.load import load_results
 
-ROOT = Path(__file__).resolve().parents[1]
-APP = ROOT / "dashboard" / "app.py"
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = ["views/overview.py", "views/history.py", "views/machines.py", "views/cite.py",
          *[f"views/{name}.py" for name in report.TECHNIQUES]]
 
@@ -44,24 +45,6 @@ def synthetic_tree(tmp_path_factory) -> Path:
     tree = tmp_path_factory.mktemp("results")
     synthetic.write_results(tree, commits=3, machines=3)
     return tree
-
-
-def app_on(results: Path, page: str, monkeypatch, **query) -> AppTest:
-    """Run `page` of the app on `results` (fixed at start-up, like `speedlib dashboard`)."""
-    monkeypatch.setenv("SPEEDLIB_RESULTS", str(results))
-    for module in ("_view", "_technique"):  # re-read the start-up setting
-        sys.modules.pop(module, None)
-    at = AppTest.from_file(str(APP), default_timeout=60)
-    at.switch_page(page)  # before the first run, so no other page's widgets hold state (pages use no url_path)
-    for key, value in query.items():
-        at.query_params[key] = value
-    return at.run()
-
-
-def frames(at: AppTest) -> list[pd.DataFrame]:
-    """Every table on the page in page order, grid or static: dashboard/_view.show draws a table
-    too wide for 1440 px as a static one, and a test must not depend on which it was."""
-    return [e.value for e in at.main if isinstance(e, (Dataframe, Table))]
 
 
 def texts(at: AppTest) -> str:
@@ -149,6 +132,36 @@ def test_nothing_from_a_result_file_reaches_markdown(page, tmp_path, monkeypatch
     assert not any(re.search(r"(?<!\\)\]\(javascript:", str(v)) or "<img" in str(v) for v in rendered)
 
 
+IMAGE = "![t](x.png)<img src=y>"
+
+
+def _rendered(at: AppTest) -> list[str]:
+    """Every text Streamlit renders as Markdown (titles, captions, alerts, expander labels, and every
+    cell and header of a static table)."""
+    shown = [str(e.value) for kind in ("markdown", "info", "warning", "caption", "title", "subheader", "error",
+                                        "header", "success") for e in getattr(at, kind)]
+    cells = [str(v) for t in at.table for v in [*t.value.columns, *t.value.to_numpy().ravel()]]
+    return shown + [str(e.label) for e in at.expander] + cells
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_a_machine_name_is_text_on_every_page_even_where_two_are_compared(page, tmp_path, monkeypatch):
+    """Issue 42: the Machine comparison page wrote its machines' names into a subheader, which is
+    Markdown: a machine named ![t](...) became an <img>. Every name from a results tree is text,
+    on every page, the comparison of that machine with another included."""
+    synthetic.write_results(tmp_path, commits=2, machines=2)
+    (tmp_path / "synthetic-h200").rename(tmp_path / IMAGE)
+    at = app_on(tmp_path, page, monkeypatch, a="synthetic-h100", b=IMAGE, machine=IMAGE)
+    assert not at.exception, at.exception
+    shown = _rendered(at)
+    if page in ("views/machines.py", "views/contiguous.py"):
+        assert any("x.png" in v or "x\\.png" in v for v in shown), "the name is on the page (as text)"
+    if page == "views/machines.py":  # its machines table is static (too wide for a grid): Markdown cells
+        assert any(read(t.value).isin([IMAGE]).any().any() for t in at.table)  # read as written
+    # Markdown would draw "![t](x.png)" as an image and "<img" as a tag: escaped, neither
+    assert not any("![t](" in v or re.search(r"(?<!\\)<img", v) for v in shown), shown
+
+
 def test_missing_gpu_run_is_explained(tmp_path, monkeypatch):
     synthetic.write_results(tmp_path, commits=2, machines=3)
     for gpu in ("synthetic-h100", "synthetic-h200"):
@@ -197,9 +210,6 @@ def test_cite_page_lists_techniques_only_and_offers_the_headline_grid(monkeypatc
     """The technique filter holds techniques (report.TECHNIQUES), not the viewer's own timing
     benchmark ("dashboard"); the tables are named for what they are, the headline grid among
     them, each offered in every format, the CSV with its provenance in a zip."""
-    from speedbench.report import headline
-    from speedbench.results.load import load_results
-
     measured = load_results(ROOT / "results").measured
     assert "dashboard" in set(measured["technique"])  # the committed results hold it
     at = app_on(ROOT / "results", "views/cite.py", monkeypatch, table="headline")
@@ -300,9 +310,6 @@ def test_the_overview_leads_with_the_at_a_glance_chart(monkeypatch):
     """The first thing on the overview is one chart, technique x machine, GPU machines first,
     each cell the number headline.pick chooses from `speedlib report --table headline`'s rows;
     the paired comparisons follow, folded, every line of speedbench.report.comparisons there."""
-    from speedbench.report import comparisons, glance, headline
-    from speedbench.results.load import load_results
-
     at = app_on(ROOT / "results", "views/overview.py", monkeypatch)
     assert not at.exception
     measured = load_results(ROOT / "results").measured
@@ -312,7 +319,7 @@ def test_the_overview_leads_with_the_at_a_glance_chart(monkeypatch):
     at_cell = {(r.technique, r.machine): r for r in picks.itertuples()}
     assert sorted(tuple(c) for c in cells["customdata"]) == sorted(at_cell)
     assert [c[1] for c in cells["customdata"][:2]] == ["h100-sxm-80gb", "h200-141gb"]  # GPUs first
-    for text, c in zip(cells["text"], cells["customdata"]):
+    for text, c in zip(cells["text"], cells["customdata"], strict=True):
         figure = glance.figure_text(at_cell[tuple(c)])
         assert (figure.split()[0] in text) if figure else ("not measured" in text or "needs a GPU" in text)
     assert "5.65x" in cells["text"][0] and "[5.39, 6.61]" in cells["text"][0]  # the H100 flat-buffer step
@@ -357,13 +364,13 @@ def test_a_copied_link_shows_the_same_numbers_after_new_results_land(page, query
     later = app_on(tree, page, monkeypatch, **link)
     assert not later.exception
     assert len(_view_of(later)) == len(_view_of(first))
-    for a, b in zip(_view_of(first), _view_of(later)):
+    for a, b in zip(_view_of(first), _view_of(later), strict=True):
         pd.testing.assert_frame_equal(a, b)
     assert "1 newer result" in texts(later) or "newer result(s)" in " ".join(b.label for b in later.button)
     unpinned = app_on(tree, page, monkeypatch, **query)
     assert dict(unpinned.query_params)["until"] > link["until"]
     if page != "views/history.py":  # the history shows every commit either way, the newest one added
-        assert any(not a.equals(b) for a, b in zip(_view_of(first), _view_of(unpinned)))
+        assert any(not a.equals(b) for a, b in zip(_view_of(first), _view_of(unpinned), strict=True))
 
 
 def test_the_open_tab_comes_from_the_link(synthetic_tree, monkeypatch):
@@ -407,7 +414,8 @@ def _scrolling_sideways(page) -> list:
     its frame (Streamlit's grid scrolls inside .dvn-scroller), a static table past the right edge."""
     # A grid draws its scroller after the script has finished: measured before, nothing scrolls.
     page.wait_for_function("() => [...document.querySelectorAll('[data-testid=\"stDataFrame\"]')]"
-                           ".every(d => { if (!d.getClientRects().length) return true;  // in a closed tab or expander\n"
+                           ".every(d => { if (!d.getClientRects().length) return true;"
+                           "  // in a closed tab or expander\n"
                            "  const s = d.querySelector('.dvn-scroller'); return s && s.scrollWidth > 0; })",
                            timeout=60_000)
     return page.evaluate("""() => {
@@ -416,7 +424,8 @@ def _scrolling_sideways(page) -> list:
         for (const s of document.querySelectorAll('.dvn-scroller'))
             if (s.scrollWidth > s.clientWidth + 1) out.push(`grid ${s.scrollWidth} > ${s.clientWidth} px`);
         for (const t of document.querySelectorAll('table'))
-            if (t.getBoundingClientRect().right > window.innerWidth + 1) out.push(`table to ${t.getBoundingClientRect().right} px`);
+            if (t.getBoundingClientRect().right > window.innerWidth + 1)
+                out.push(`table to ${t.getBoundingClientRect().right} px`);
         return out; }""")
 
 
@@ -426,8 +435,6 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
     is kept; the overview's first screen holds its whole chart with the marks explained above
     it, and lists every paired comparison; the tuning page draws one bar per knob, never one
     stacked bar."""
-    from speedbench.report import glance, headline
-
     chromium, sync_playwright = _browser()
     shots = _screenshot_dir()
     with _serving(ROOT / "results", tmp_path) as url, sync_playwright() as p:
@@ -458,7 +465,8 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
             page.locator("[data-testid='stMarkdownContainer'] table").first.wait_for(timeout=60_000)
             index_on_screen = page.evaluate(
                 "() => [...document.querySelectorAll('[data-testid=\"stMarkdownContainer\"] table')].map(t =>"
-                " [...t.querySelectorAll('tr')].map(r => [...r.querySelectorAll('th, td')].map(c => c.innerText.trim())))")
+                " [...t.querySelectorAll('tr')].map(r => [...r.querySelectorAll('th, td')]"
+                ".map(c => c.innerText.trim())))")
             overview_height = page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
             for name, title in TITLES.items():  # by navigation: the sidebar's links
                 if name == "overview":
@@ -471,11 +479,11 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
             charts = page.locator(".js-plotly-plot").first
             charts.wait_for(timeout=60_000)
             traces = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')]"
-                                   ".map(el => el.data.map(t => ({type: t.type, x: [...((t.orientation === 'h' ? t.y : t.x) || [])]})))")
+                                   ".map(el => el.data.map(t => ({type: t.type,"
+                                   " x: [...((t.orientation === 'h' ? t.y : t.x) || [])]})))")
         finally:
             browser.close()
     # The chart as drawn is the one `speedlib report --table headline`'s rows give, cell for cell.
-    from speedbench.results.load import load_results
 
     measured = load_results(ROOT / "results").measured
     picks = headline.glance(measured)
@@ -488,7 +496,6 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
     assert legend is not None and legend["y"] < chart_box["y"] and chart_box["y"] + chart_box["height"] <= 900
     assert overview_height <= 3 * 900 + 300, overview_height  # about three screens, the index open
     # Every paired comparison, one line each, as speedbench.report.comparisons computes it.
-    from speedbench.report import comparisons
 
     every = comparisons.every_comparison(measured).frame
     index = [t for t in index_on_screen if t and t[0][:2] == ["technique", "comparison"]]
@@ -507,8 +514,6 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
 
 def test_a_fresh_view_is_pinned_to_the_newest_result_not_just_before_it(monkeypatch):
     """Result times carry milliseconds and the link whole seconds: the pin rounds up."""
-    from speedbench.results.load import load_results
-
     at = app_on(ROOT / "results", "views/overview.py", monkeypatch)
     assert not any("newer" in b.label for b in at.button)
     measured = load_results(ROOT / "results").measured

@@ -1,0 +1,46 @@
+"""What the dashboard's page tests share (tests/dashboard/, tests/harness/report/test_export_hostile.py):
+a page of the app run under Streamlit's AppTest on a results tree, and the tables it shows."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pandas as pd
+from streamlit.testing.v1 import AppTest
+from streamlit.testing.v1.element_tree import Dataframe, Table
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "dashboard" / "app.py"
+
+
+def app_on(results: Path, page: str, monkeypatch, **query) -> AppTest:
+    """Run `page` of the app on `results` (fixed at start-up, like `speedlib dashboard`)."""
+    monkeypatch.setenv("SPEEDLIB_RESULTS", str(results))
+    for module in ("_view", "_technique"):  # re-read the start-up setting
+        sys.modules.pop(module, None)
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.switch_page(page)  # before the first run, so no other page's widgets hold state (pages use no url_path)
+    for key, value in query.items():
+        at.query_params[key] = value
+    return at.run()
+
+
+# A backslash before ASCII punctuation, as dashboard/_view.table_text writes it for st.table's Markdown.
+_ESCAPED = re.compile(r"\\([!-/:-@\[-`{-~])")
+
+
+def read(frame: pd.DataFrame) -> pd.DataFrame:
+    """A static table as its Markdown reads on screen: every escape undone."""
+    def unescaped(v):
+        return _ESCAPED.sub(r"\1", v) if isinstance(v, str) else v
+
+    return frame.map(unescaped).rename(columns=lambda c: unescaped(str(c)))
+
+
+def frames(at: AppTest) -> list[pd.DataFrame]:
+    """Every table on the page in page order, grid or static, as a reader sees it: dashboard/_view.show
+    draws a table too wide for 1440 px as a static one (its Markdown escaped), and a test must not
+    depend on which it was."""
+    return [read(e.value) if isinstance(e, Table) else e.value for e in at.main if isinstance(e, (Dataframe, Table))]

@@ -1,0 +1,50 @@
+"""speedbench.report.age: how far behind the checkout's HEAD a figure is, and whether the
+technique's code changed since (issue 44: every GPU figure was 138 commits old, said nowhere)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from speedbench.report import age
+
+GIT = ["-c", "user.name=t", "-c", "user.email=t@t"]
+
+
+def _commit(repo: Path, files: dict[str, str], message: str) -> str:
+    for name, text in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True, capture_output=True)
+    subprocess.run(["git", *GIT, "commit", "-qm", message], cwd=repo, check=True, capture_output=True)
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def test_commits_since_and_those_that_changed_the_techniques_code(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    measured = _commit(repo, {"speedlib/__init__.py": "", "speedlib/foo.py": "from speedlib import _foo_x\n",
+                              "speedlib/_foo_x.py": "from ._foo_y import y\n", "speedlib/_foo_y.py": "y = 1\n",
+                              "speedlib/bar.py": "x = 1\n"}, "measured here")
+    _commit(repo, {"speedlib/_foo_y.py": "y = 2\n"}, "foo's code, two imports down")
+    _commit(repo, {"speedlib/bar.py": "x = 2\n"}, "another technique")
+    _commit(repo, {"README": "words\n"}, "no code")
+    assert age.technique_files("foo", repo) == ("speedlib/foo.py", "speedlib/_foo_x.py", "speedlib/_foo_y.py")
+    foo, bar = age.behind(measured, "foo", repo), age.behind(measured[:8], "bar", repo)
+    assert (foo.commits, foo.changed) == (3, 1) and (bar.commits, bar.changed) == (3, 1)
+    assert str(foo) == (f"measured at {measured[:8]}, 3 commits behind HEAD; speedlib/foo.py and 2 module(s) it "
+                        "imports changed in 1 of them")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    assert str(age.behind(head, "foo", repo)).endswith("0 commits behind HEAD; speedlib/foo.py and 2 module(s) it "
+                                                        "imports unchanged since")
+
+
+def test_nothing_where_git_the_checkout_or_the_commit_is_missing(tmp_path):
+    assert age.behind("0" * 40, "contiguous") is None  # not in this checkout's history
+    assert age.behind("--all", "contiguous") is None and age.behind("HEAD~1", "contiguous") is None  # hashes only
+    assert age.behind("deadbeef", "no_such_technique") is None
+    (tmp_path / "speedlib").mkdir()
+    (tmp_path / "speedlib" / "foo.py").write_text("")
+    assert age.behind("deadbeef", "foo", tmp_path) is None  # no git repository there
