@@ -4,19 +4,17 @@ autograd.Function only tracks tensors passed as its own arguments, so speedlib/c
 flattens a segment's arguments and results (torch's pytree, which also flattens dataclass
 instances here) and rebuilds them afterwards; and it tells a nondeterministic segment by the
 flat log of what each run saved for backward (`_SavedLog`, raising
-`NondeterministicSegmentError`); and `_GeneratorLog` notes the generators of its own a segment
-draws from, so the rerun can replay them. These need no autograd node, so they live apart from it;
+`NondeterministicSegmentError`); the generators a segment draws from itself are logged in
+_checkpoint_generators.py. These need no autograd node, so they live apart from it;
 `speedlib.checkpoint` is the module to import, and re-exports the error.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 # torch's own checkpoint and torch.compile flatten arguments with it; there is no public twin.
 from torch.utils import _pytree as pytree
@@ -126,36 +124,3 @@ class _SavedLog:
             if a != b:
                 raise _nondeterministic(f"saved tensor {i} had shape, dtype and device {a} in forward and {b} "
                                         "in the rerun")
-
-
-class _GeneratorLog(TorchFunctionMode):
-    """Every torch.Generator the first run draws from, with its state before the first draw.
-
-    The default generators are restored for the rerun by preserve_rng_state; a generator of
-    the segment's own (dropout drawn with generator=g) would otherwise give the rerun
-    another mask, silently: its state is put back for the rerun, and afterwards it is left
-    where the first run left it, as without checkpointing.
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.states: dict[int, tuple[torch.Generator, torch.Tensor]] = {}
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        for g in (kwargs.get("generator"), *args):
-            if isinstance(g, torch.Generator) and id(g) not in self.states:
-                self.states[id(g)] = (g, g.get_state())
-        return func(*args, **kwargs)
-
-    @contextlib.contextmanager
-    def replayed(self):
-        """The generators at their first-run states while the rerun runs; where they were afterwards."""
-        now = [(g, g.get_state()) for g, _ in self.states.values()]
-        for g, state in self.states.values():
-            g.set_state(state)
-        try:
-            yield
-        finally:
-            for g, state in now:
-                g.set_state(state)

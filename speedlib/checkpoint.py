@@ -62,11 +62,11 @@ from speedlib._checkpoint_batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d
 # the BatchNorm that counts a step once (_checkpoint_batchnorm.py), and the reading of the
 # caller's arguments as torch's (_checkpoint_args.py). This module keeps the
 # autograd node and stays the technique's one import.
+from speedlib._checkpoint_generators import GeneratorLog
 from speedlib._checkpoint_hooks import HookLog
 from speedlib._checkpoint_tree import (
     NondeterministicSegmentError,
     _flatten,
-    _GeneratorLog,
     _meta,
     _nondeterministic,
     _SavedLog,
@@ -116,7 +116,7 @@ class _Segment:
         self.forward_context, self.recompute_context = contexts  # context_fn's pair
         self.tensors = tensors  # the owning module's tensors as forward saw them
         self.check_determinism = check_determinism
-        self.generators = _GeneratorLog()  # the segment's own generators, filled by the first run
+        self.generators = GeneratorLog(function, tensors.module)  # its own generators, found in the first run
         self.hooks = HookLog(tensors.module)  # its modules' forward hooks that only observe
         self.out_spec: Any = None
         self.out_leaves: list[Any] = []  # the first run's flat result, tensors replaced by _TENSOR
@@ -194,7 +194,7 @@ def _first_run(ctx, segment: _Segment, leaves: tuple[Any, ...], record: bool, wi
     keeping it, from the same RNG state."""
     with segment.forward_context, contextlib.ExitStack() as stack:
         if will_rerun and ctx.preserve_rng:  # a rerun will come: log the generators it must replay
-            stack.enter_context(segment.generators)
+            stack.enter_context(segment.generators.watched())
         if will_rerun:
             stack.enter_context(segment.hooks.watching())
         return _first_run_logged(ctx, segment, leaves, record)
@@ -582,6 +582,7 @@ def checkpoint(function: Callable[..., Any], *args: Any, use_reentrant: bool | N
     leaves, in_spec = _flatten((args, kwargs))
     segment = _Segment(function, in_spec, {id(p): f"parameter {n!r}" for n, p in named}, contexts,
                        ModuleTensors(module), determinism_check == "default")
+    segment.generators.given = any(isinstance(leaf, torch.Generator) for leaf in leaves)
     # Recording the first run's saved tensors needs grad mode (without it there is no
     # backward to check) and saved-tensor hooks that are not disabled.
     record = torch.is_grad_enabled() and torch._C._autograd._saved_tensors_hooks_is_enabled()
