@@ -189,19 +189,12 @@ def test_the_committed_gpu_run_reads_not_recorded():
 
 def test_the_dashboard_shows_each_commits_verdict_and_marks_the_failed_one(tree, monkeypatch):
     pytest.importorskip("streamlit")
-    from streamlit.testing.v1 import AppTest  # noqa: PLC0415 - streamlit is optional: after importorskip
-    from streamlit.testing.v1.element_tree import Dataframe, Table  # noqa: PLC0415 - likewise
+    from dashboard_bits import app_on, frames  # noqa: PLC0415 - it imports streamlit, optional: after importorskip
 
     root, latest = tree
-    monkeypatch.setenv("SPEEDLIB_RESULTS", str(root))
-    for module in ("_view", "_technique"):
-        sys.modules.pop(module, None)
-    at = AppTest.from_file(str(ROOT / "dashboard" / "app.py"), default_timeout=60)
-    at.switch_page("views/machines.py")
-    at.run()
+    at = app_on(root, "views/machines.py", monkeypatch)
     assert not at.exception, at.exception
-    tables = [e.value for e in at.main if isinstance(e, (Dataframe, Table))]
-    machines, per_commit = tables[0], tables[1]
+    machines, per_commit = frames(at)[:2]  # as a reader sees them: static tables' Markdown escapes undone
     latest_verdict = dict(zip(machines["machine"], machines["GPU tests at the latest commit"], strict=True))
     assert latest_verdict["synthetic-h200"].startswith("failed: 2 of 145")
     assert latest_verdict["synthetic-h100"].startswith("not recorded")
