@@ -12,6 +12,7 @@ runs unwatched, as cudnn.benchmark keeps what it learned per shape.
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -53,17 +54,22 @@ class GeneratorLog(TorchFunctionMode):
         self.module, self.function = module, function
         self.given = False  # a generator among the call's arguments: watched whatever was learned
 
+    @functools.cached_property
+    def _closure(self) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
+        """A function segment's key in _QUIET and what its closure holds (`_same_objects`), read
+        once for both the lookup and the learning; None where it cannot be told apart again."""
+        code, cells = getattr(self.function, "__code__", None), _same_objects(self.function)
+        return None if code is None or cells is None else (_key(code, cells), cells)
+
     def quiet_before(self) -> bool:
         """Whether an earlier first run of this segment drew from no generator of its own."""
         if self.given:
             return False
         if self.module is not None:
             return self.module.training in _QUIET_MODULES.get(self.module, ())
-        code = getattr(self.function, "__code__", None)
-        cells = _same_objects(self.function)
-        if code is None or cells is None:
+        if self._closure is None:
             return False
-        key = _key(code, cells)
+        key, cells = self._closure
         seen = _QUIET.get(key)
         if seen is not None and not all(_alive_and_same(a, b) for a, b in zip(seen, cells, strict=True)):
             del _QUIET[key]  # an object it named is gone, and the id may now name another
@@ -77,9 +83,9 @@ class GeneratorLog(TorchFunctionMode):
         if self.module is not None:
             _QUIET_MODULES.setdefault(self.module, set()).add(self.module.training)
             return
-        code, cells = getattr(self.function, "__code__", None), _same_objects(self.function)
-        if code is not None and cells is not None:
-            _QUIET[_key(code, cells)] = cells
+        if self._closure is not None:
+            key, cells = self._closure
+            _QUIET[key] = cells
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

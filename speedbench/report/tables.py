@@ -558,8 +558,11 @@ def _against_others(df: pd.DataFrame, pairs: pd.DataFrame) -> list[pd.DataFrame]
     run whose class baseline was one of them)."""
     if not {"suite", "samples"} <= set(df.columns):  # frames built by hand may hold neither
         return []
-    held = set(zip(pairs["machine"], pairs["commit"], pairs["benchmark"].str.rsplit(".", n=1).str[0],
-                   pairs["config"], pairs["variant"], pairs["baseline"], strict=True))
+    def comparisons(rows: pd.DataFrame):  # one per machine, commit, class, configuration, variant and baseline
+        return zip(rows["machine"], rows["commit"], rows["benchmark"].str.rsplit(".", n=1).str[0], rows["config"],
+                   rows["variant"], rows["baseline"], strict=True)
+
+    held = set(comparisons(pairs))
     out = []
     for t in TECHNIQUES.values():
         for h in (t.comparison, t.comparison.whole if t.comparison else None):
@@ -570,9 +573,7 @@ def _against_others(df: pd.DataFrame, pairs: pd.DataFrame) -> list[pd.DataFrame]
                 rows = against(own, h, other)
                 if rows.empty:
                     continue
-                keys = zip(rows["machine"], rows["commit"], rows["benchmark"].str.rsplit(".", n=1).str[0],
-                           rows["config"], rows["variant"], rows["baseline"], strict=True)
-                out.append(rows[[k not in held for k in keys]])
+                out.append(rows[[k not in held for k in comparisons(rows)]])
     return out
 
 

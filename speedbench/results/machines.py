@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pandas as pd
@@ -31,7 +31,7 @@ from speedbench.results.common import printable
 from speedbench.results.tree import ResultsTree
 
 __all__ = ["ENVIRONMENT", "environment_keys", "describe", "describe_change",
-           "MachineMismatch", "directory_records", "check_directory"]
+           "MachineMismatch", "directory_records", "check_directory", "hardware", "clash"]
 
 # The fields of an environment record that make two results comparable, with the words a
 # change of each is described in. Rows that differ in any are different series.
@@ -113,7 +113,7 @@ def directory_records(machine_dir: Path) -> list[dict]:
     return sorted(records, key=lambda r: str(r.get("recorded_at") or ""))
 
 
-def _hardware(record: Mapping) -> dict:
+def hardware(record: Mapping) -> dict:
     """The fields naming the hardware a run used: on a GPU machine its GPU model and count,
     on a CPU-only one its CPU model; {} for a record that names none (unknown)."""
     if not {"gpu_model", "gpu_count", "cpu_model"} & record.keys():
@@ -132,6 +132,11 @@ def _differs(old: dict, new: dict) -> bool:
     return any(old[f] != new[f] for f in old.keys() & new.keys())
 
 
+def clash(seen: Iterable[dict], new: dict) -> dict | None:
+    """The first of `seen` (`hardware` of records) that names other hardware than `new`, or None."""
+    return next((h for h in seen if _differs(h, new)), None)
+
+
 def check_directory(results_dir: Path, machine: str, env: Mapping, new_build: bool = False) -> str | None:
     """Refuse (MachineMismatch) to file a run of environment `env` under `machine` when that
     directory's records name other hardware (any record), or another torch/CUDA build (its
@@ -143,15 +148,15 @@ def check_directory(results_dir: Path, machine: str, env: Mapping, new_build: bo
         raise MachineMismatch(f"{where} is a file, not a machine directory: move it away, or run with --machine "
                               "NEWNAME")
     records = directory_records(results_dir / machine)
-    mine = _hardware(env)
-    other = next((r for r in reversed(records) if _differs(_hardware(r), mine)), None)
+    mine = hardware(env)
+    other = next((r for r in reversed(records) if _differs(hardware(r), mine)), None)
     if other is not None:
         named = env.get("machine") or machine
         # Two CPU models can share a short name ('Intel Xeon CPU @ 2.20GHz', 'Intel Xeon Processor').
         fix = (f"{printable(named)} (the name this hardware gives)" if named != machine else
                f"NEWNAME (e.g. {printable(machine)}-2: this hardware's short name is the directory's)")
         raise MachineMismatch(
-            f"{where} holds runs on {printable(describe(_hardware(other)))} (recorded "
+            f"{where} holds runs on {printable(describe(hardware(other)))} (recorded "
             f"{printable(other.get('recorded_at') or 'at an unknown time')}) and this run is on "
             f"{printable(describe(mine))}: a machine name stands for one kind of hardware, and its history would "
             f"mix the two. Run with --machine {fix} instead.")

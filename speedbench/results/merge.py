@@ -156,9 +156,9 @@ class _Merge:
                     f"machine {printable(name)}: {printable(self.source_of(('info', name)))} has {f} "
                     f"{printable(str(have.info[f]))} and {label} {printable(str(src.info[f]))}")
                 return
-        mine = [machines._hardware(r) for r in records(have)]
-        for theirs in map(machines._hardware, records(src)):
-            other = next((h for h in mine if machines._differs(h, theirs)), None)
+        mine = [machines.hardware(r) for r in records(have)]
+        for theirs in map(machines.hardware, records(src)):
+            other = machines.clash(mine, theirs)
             if other is not None:
                 self.hardware.append(
                     f"machine {printable(name)}: {printable(self.source_of(('env', name)))} recorded "

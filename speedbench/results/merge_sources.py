@@ -148,8 +148,8 @@ def _add_file(tree: _Tree, rel: str, f: BinaryIO, where: str, strict: bool, raw_
     if place is None:
         return
     name, inner = place
-    if strict and name and machine_name_refused(name):
-        raise _bad(f"{where}: the machine name {machine_name_refused(name)}")
+    if strict and name and (why := machine_name_refused(name)):
+        raise _bad(f"{where}: the machine name {why}")
     if inner.endswith(".jsonl"):
         tree.machines.setdefault(name, _Machine()).lines[inner] = _lines(f, where, strict)
         return
@@ -314,8 +314,8 @@ def _one_kind_of_hardware(tree: _Tree) -> None:
 
     for name, m in tree.machines.items():
         seen: list[dict] = []
-        for hardware in map(machines._hardware, records(m)):
-            other = next((h for h in seen if machines._differs(h, hardware)), None)
+        for hardware in map(machines.hardware, records(m)):
+            other = machines.clash(seen, hardware)
             if other is not None:
                 raise _bad(f"{tree.label}: machine {printable(name)} recorded {printable(machines.describe(other))} "
                            f"and {printable(machines.describe(hardware))}: a machine name stands for one kind of "

@@ -78,10 +78,11 @@ def refuse_links(results_dir: Path, machine: str, sha: str) -> None:
     """SnapshotError where a run of `sha` would write through a link: asv truncates its files
     and writes them in place, and a slot writes its GPU test verdict."""
     results_dir = Path(results_dir)
-    mdir = ResultsTree(results_dir).machine(machine)
+    tree = ResultsTree(results_dir)
+    mdir = tree.machine(machine)
     # a linked machine directory may lead elsewhere in the tree (the loader reads it as an alias), not out of it
     linked_out = [] if _stays_in(results_dir, f"{machine}/{MACHINE_FILE}") else [mdir.path]
-    patterns = ResultsTree(results_dir).asv_writes(machine, sha)
+    patterns = tree.asv_writes(machine, sha)
     for path in [*linked_out, *(results_dir / rel for rel in _matching(results_dir, patterns)), *mdir.run_writes(sha)]:
         if path.is_symlink():
             raise SnapshotError(f"{printable(str(path))} is a link (to {printable(os.readlink(path))}), and the run "

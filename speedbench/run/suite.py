@@ -120,8 +120,8 @@ def check_options(options: RunOptions) -> None:
         raise SuiteError(f"${QUICK_ENV} is set ({QUICK_ENV}={printable(quick)}): the benchmarks would measure "
                          "one round per comparison and this run would file those as results; unset it "
                          f"(unset {QUICK_ENV}), or use --quick for a smoke run that saves nothing")
-    if options.machine is not None and machine_name_refused(options.machine):  # the rule `speedlib merge` applies
-        raise SuiteError(f"--machine {machine_name_refused(options.machine)}")
+    if options.machine is not None and (why := machine_name_refused(options.machine)):  # merge's rule too
+        raise SuiteError(f"--machine {why}")
     for regex in options.bench:
         try:
             re.compile(regex)
