@@ -3,6 +3,7 @@ charts that show every sample, and what was not measured."""
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import re
 
@@ -11,6 +12,7 @@ import plotly.colors
 import plotly.graph_objects as go
 import streamlit as st
 from _view import (
+    caption,
     config_label,
     glance_chart,
     log_axis,
@@ -102,7 +104,7 @@ def technique_page(name: str) -> None:
                     f"{md_text(commit)}: its run did not "
                     f"include them. `{_command(name)}` measures its main comparison.")
         else:
-            _paired(rows, where)
+            _paired(rows, where, baseline)
             metrics = sorted(timed["metric"].unique())
             # The paired classes' per-variant times are "seconds"; older benchmarks' the headline.
             metric = pick("Timed metric", metrics, key="metric",
@@ -159,19 +161,45 @@ def technique_page(name: str) -> None:
         _not_measured(data, name, machine)
 
 
-def _paired(rows: pd.DataFrame, where: str) -> None:
-    """The comparisons measured with the variants taking turns: the numbers to cite."""
+def _paired(rows: pd.DataFrame, where: str, baseline: str) -> None:
+    """The comparisons measured with the variants taking turns: the numbers to cite. Those
+    against the baseline picked above, else (a variant picked to compare with) all of them."""
     paired = report.paired_table(rows)
     s = paired.sources  # speedups only: the baseline has times but no speedup of its own
     if s.empty:
         return
+    picked = _against(paired, baseline)
+    which = (f"against {report.md_code(baseline)}, the baseline picked above" if picked is not None else
+             "each class's own baseline, and the headline variant against every baseline the overview shows it "
+             "against")
     st.markdown("**Paired speedups** (the variants took turns in one process; Hodges-Lehmann estimate "
-                "of the per-round ratios, brackets its 99 % Wilcoxon interval; each class's own baseline, and the "
-                "headline variant against every baseline the overview shows it against)")
+                f"of the per-round ratios, brackets its 99 % Wilcoxon interval; {which})")
+    if picked is None:
+        caption(f"None was paired against {baseline}: every paired speedup is shown, each against its own baseline.")
+    else:
+        paired, s = picked, picked.sources
     table(paired, hide=STATED)
     s = s.assign(case=config_label(s) + " / " + s["variant"].astype(str) + " vs " + s["baseline"].astype(str),
                  where=where)
     st.plotly_chart(ratio_chart(s, "case", "where", "paired speedup: x faster than the baseline"))
+
+
+# The paired table's note that counts its wide intervals ("3 of 12 intervals wider than 1.10x").
+_WIDE_COUNT = re.compile(r"^\d+ of \d+ (?=intervals wider than )")
+
+
+def _against(paired: report.Table, baseline: str) -> report.Table | None:
+    """`paired`'s rows against `baseline`, the same rows `speedlib report --table paired` holds,
+    with its notes (the count of wide intervals recounted over these rows); None where no row is."""
+    keep = (paired.sources["baseline"] == baseline).to_numpy()
+    if not keep.any():
+        return None
+    s = paired.sources[keep]
+    wide = int((s["width"] > report.PAIRED_WIDTH_TARGET).sum())
+    return dataclasses.replace(
+        paired, frame=paired.frame[keep].reset_index(drop=True), sources=s,
+        data=None if paired.data is None else paired.data[keep],
+        notes=[_WIDE_COUNT.sub(f"{wide} of {len(s)} ", n) for n in paired.notes])
 
 
 # A floor chart's hover: (label, column of report.floor_figures), the floor table's text.
