@@ -11,24 +11,9 @@ import pandas as pd
 import plotly.colors
 import plotly.graph_objects as go
 import streamlit as st
-from _view import (
-    caption,
-    config_label,
-    glance_chart,
-    log_axis,
-    md_text,
-    pick,
-    pick_many,
-    ratio_chart,
-    results,
-    say_names,
-    show,
-    show_problems,
-    spread_chart,
-    suite_listing,
-    table,
-    tabs,
-)
+from _charts import config_label, glance_chart, log_axis, ratio_chart, spread_chart
+from _tables import caption, md_text, show, table
+from _view import pick, pick_many, results, say_names, show_problems, suite_listing, tabs
 
 from speedbench import report, words
 from speedbench.report import headline

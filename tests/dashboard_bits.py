@@ -27,7 +27,7 @@ def app_on(results: Path, page: str, monkeypatch, **query) -> AppTest:
     return at.run()
 
 
-# A backslash before ASCII punctuation, as dashboard/_view.table_text writes it for st.table's Markdown.
+# A backslash before ASCII punctuation, as dashboard/_tables.table_text writes it for st.table's Markdown.
 _ESCAPED = re.compile(r"\\([!-/:-@\[-`{-~])")
 
 
@@ -40,7 +40,7 @@ def read(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def frames(at: AppTest) -> list[pd.DataFrame]:
-    """Every table on the page in page order, grid or static, as a reader sees it: dashboard/_view.show
+    """Every table on the page in page order, grid or static, as a reader sees it: dashboard/_tables.show
     draws a table too wide for 1440 px as a static one (its Markdown escaped), and a test must not
     depend on which it was."""
     return [read(e.value) if isinstance(e, Table) else e.value for e in at.main if isinstance(e, (Dataframe, Table))]

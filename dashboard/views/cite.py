@@ -4,7 +4,8 @@ with its provenance footer, and BibTeX."""
 from dataclasses import replace
 
 import streamlit as st
-from _view import ROOT, on_screen, page_data, pick, pick_many, show
+from _tables import on_screen, show
+from _view import ROOT, page_data, pick, pick_many
 
 from speedbench import report
 from speedbench.report import headline

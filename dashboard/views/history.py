@@ -5,7 +5,9 @@ import html
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
-from _view import caption, log_axis, page_data, pick, pick_many, table
+from _charts import log_axis
+from _tables import caption, table
+from _view import page_data, pick, pick_many
 
 from speedbench import report, words
 from speedbench.results.environment import NoGpuModel

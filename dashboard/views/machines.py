@@ -1,7 +1,9 @@
 """Machine comparison: the environment of every machine, and one GPU against another."""
 
 import streamlit as st
-from _view import caption, config_label, md_text, page_data, pick, ratio_chart, show, table
+from _charts import config_label, ratio_chart
+from _tables import caption, md_text, show, table
+from _view import page_data, pick
 
 from speedbench import report
 from speedbench.results.environment import NoGpuModel

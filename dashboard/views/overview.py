@@ -2,16 +2,9 @@
 under it, then every paired comparison and the sources' claims; about three screens in all."""
 
 import streamlit as st
-from _view import (
-    caption,
-    comparison_index,
-    glance_chart,
-    note_missing_gpu,
-    on_screen,
-    page_data,
-    pick_many,
-    table_text,
-)
+from _charts import glance_chart
+from _tables import caption, comparison_index, on_screen, table_text
+from _view import note_missing_gpu, page_data, pick_many
 
 from speedbench import report
 from speedbench.report import comparisons, headline

@@ -28,8 +28,9 @@ from speedbench.results.load import load_results  # noqa: E402 - after the skips
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "dashboard"))
+import _charts  # noqa: E402 - from dashboard/, put on the path just above
+import _tables  # noqa: E402 - from dashboard/, put on the path just above
 import _technique  # noqa: E402 - from dashboard/, put on the path just above
-import _view  # noqa: E402 - from dashboard/, put on the path just above
 
 
 def figures(results: Path, page: str, monkeypatch, glance: bool = False, **query) -> list[dict]:
@@ -69,7 +70,7 @@ def test_a_repeated_bar_label_is_refused():
     s = pd.DataFrame({"case": ["on", "on"], "suite": ["TrainingStep"] * 2, "ratio": [0.5, 1.2],
                       "ratio_low": [0.4, 1.1], "ratio_high": [0.6, 1.3]})
     with pytest.raises(ValueError, match="repeat"):
-        _view.ratio_chart(s, "case", "suite", "t")
+        _charts.ratio_chart(s, "case", "suite", "t")
 
 
 def test_boxes_keep_classes_and_parameters_apart():
@@ -77,9 +78,9 @@ def test_boxes_keep_classes_and_parameters_apart():
                          "params": ["workload=mlp, variant=speedlib"] * 2 + ["workload=resnet50, variant=speedlib"],
                          "workload": ["mlp", "mlp", "resnet50"], "unit": "seconds", "value": [1.0, 2.0, 3.0],
                          "samples": [[1.0, 1.1], [2.0], [3.0]]})
-    fig = _view.spread_chart(rows, "t")
+    fig = _charts.spread_chart(rows, "t")
     assert sorted(set(fig.data[0].x)) == ["AdamStep: mlp", "AdamStep: resnet50", "Iteration: mlp"]
-    one = _view.spread_chart(rows[rows["suite"] == "AdamStep"], "t")  # one class: its name says nothing
+    one = _charts.spread_chart(rows[rows["suite"] == "AdamStep"], "t")  # one class: its name says nothing
     assert sorted(set(one.data[0].x)) == ["mlp", "resnet50"]
 
 
@@ -134,7 +135,7 @@ def test_machines_chart_compares_times_only(tmp_path, monkeypatch):
 def test_ratio_axes_are_logarithmic_with_ratio_ticks():
     s = pd.DataFrame({"case": ["a", "b"], "suite": ["S", "S"], "ratio": [0.03, 3.2],
                       "ratio_low": [0.025, 3.0], "ratio_high": [0.04, 3.4]})
-    axis = _view.ratio_chart(s, "case", "suite", "t").layout.xaxis
+    axis = _charts.ratio_chart(s, "case", "suite", "t").layout.xaxis
     assert axis.type == "log" and 1 in axis.tickvals
     # the range holds every bar and error bar, and every tick lies inside it (plotly hides the others)
     low, high = (10 ** r for r in axis.range)
@@ -149,7 +150,7 @@ def test_ratio_bars_lie_flat_with_a_slot_for_every_label():
     cases = [f"densenet121, batch={b} / v{i} vs none" for b in (4, 16) for i in range(12)]
     s = pd.DataFrame({"case": cases * 2, "machine": ["a"] * 24 + ["b"] * 24, "ratio": [0.8] * 48,
                       "ratio_low": [0.7] * 48, "ratio_high": [0.9] * 48})
-    fig = _view.ratio_chart(s, "case", "machine", "t")
+    fig = _charts.ratio_chart(s, "case", "machine", "t")
     assert all(t.orientation == "h" for t in fig.data)
     assert list(fig.layout.yaxis.categoryarray) == sorted(cases)[::-1]  # plotly draws the last on top
     assert fig.layout.height >= 20 * 24 * 2
@@ -161,13 +162,13 @@ def test_a_bar_whose_interval_includes_1x_is_hollow_in_its_own_colour_and_said_s
     s = pd.DataFrame({"case": ["sure win", "unsure", "sure loss", "no interval"], "suite": ["S"] * 4,
                       "ratio": [2.0, 1.05, 0.5, 1.3], "ratio_low": [1.8, 0.9, 0.4, float("nan")],
                       "ratio_high": [2.2, 1.2, 0.6, float("nan")]})
-    fig = _view.ratio_chart(s, "case", "suite", "t")
+    fig = _charts.ratio_chart(s, "case", "suite", "t")
     (bar,) = fig.data
-    own = _view._PALETTE[0]
+    own = _charts._PALETTE[0]
     assert list(bar.marker.color) == [own, "white", own, own] and bar.marker.line.color == own
     assert list(bar.marker.line.width) == [0, 2, 0, 0] and bar.marker.pattern.fgcolor[1] == own
-    two = _view.ratio_chart(pd.concat([s, s.assign(suite="T")]), "case", "suite", "t")
-    assert two.data[1].marker.line.color == _view._PALETTE[1] != own  # each trace its own colour
+    two = _charts.ratio_chart(pd.concat([s, s.assign(suite="T")]), "case", "suite", "t")
+    assert two.data[1].marker.line.color == _charts._PALETTE[1] != own  # each trace its own colour
     assert [c[3] for c in bar.customdata] == ["", "interval includes 1x", "", "single value, no interval"]
     assert [c[1] for c in bar.customdata] == ["[1.8, 2.2]", "[0.9, 1.2]", "[0.4, 0.6]", ""]  # hover: the interval
     # A single value (a DDP launch per variant) is hatched: drawn solid it looked as sure as 30 paired rounds.
@@ -175,14 +176,14 @@ def test_a_bar_whose_interval_includes_1x_is_hollow_in_its_own_colour_and_said_s
     (note,) = fig.layout.annotations
     assert "includes 1x" in note.text and "single value per variant, no interval" in note.text
     sure = s.drop(index=[1, 3])
-    assert not _view.ratio_chart(sure, "case", "suite", "t").layout.annotations  # no note without a marked bar
+    assert not _charts.ratio_chart(sure, "case", "suite", "t").layout.annotations  # no note without a marked bar
 
 
 def test_a_chart_of_one_machine_still_names_it():
     """plotly hides a lone trace's legend: a CPU-only chart beside CPU-and-GPU ones read as a GPU's."""
     s = pd.DataFrame({"case": ["a"], "machine": ["cpu-2core-intel-xeon (CPU only)"], "ratio": [0.7],
                       "ratio_low": [0.6], "ratio_high": [0.8]})
-    fig = _view.ratio_chart(s, "case", "machine", "t")
+    fig = _charts.ratio_chart(s, "case", "machine", "t")
     assert fig.layout.showlegend and fig.data[0].name == "cpu-2core-intel-xeon (CPU only)"
 
 
@@ -190,7 +191,7 @@ def test_a_chart_of_one_machine_still_names_it():
 def test_ticks_reach_both_ends_of_the_axis_at_any_magnitude(low, high):
     """0.37x-1.44x once got "0.5x, 0.7x, 1x" with three of four bars past the last tick, and a
     38,000 MiB memory axis stopped at 5000 (ticks were only generated up to 9000)."""
-    ticks = _view.ratio_ticks(low, high)
+    ticks = _charts.ratio_ticks(low, high)
     span = math.log(high / low)
     assert math.log(ticks[0] / low) <= span / 4 and math.log(high / ticks[-1]) <= span / 4
     if low < 0.9 and high > 1.2:
@@ -229,7 +230,7 @@ def test_history_opens_on_one_machine(tmp_path, monkeypatch):
 @pytest.mark.parametrize("low, high", [(0.8, 1.1), (0.97, 1.04), (0.5, 1.0), (0.02, 3.5)])
 def test_a_ratio_axis_has_at_least_three_ticks_inside_its_range(low, high):
     """A narrow range (every knob within 0.8x-1.1x) once got a lone "1x" tick."""
-    ticks = _view.ratio_ticks(low, high)
+    ticks = _charts.ratio_ticks(low, high)
     assert len(ticks) >= 3 and all(low <= t <= high for t in ticks) and ticks == sorted(ticks)
     if high / low > 20:  # a wide range keeps the plain 1-2-5 steps
         assert {round(t / 10 ** math.floor(math.log10(t)), 6) for t in ticks} <= {1, 2, 5}
@@ -238,7 +239,7 @@ def test_a_ratio_axis_has_at_least_three_ticks_inside_its_range(low, high):
 def test_a_narrow_chart_is_labelled_with_ratios_around_1x():
     s = pd.DataFrame({"case": ["a", "b"], "suite": ["S", "S"], "ratio": [0.9, 1.02],
                       "ratio_low": [0.88, 0.99], "ratio_high": [0.93, 1.05]})
-    axis = _view.ratio_chart(s, "case", "suite", "t").layout.xaxis
+    axis = _charts.ratio_chart(s, "case", "suite", "t").layout.xaxis
     assert len(axis.tickvals) >= 3 and 1 in axis.tickvals  # 1-2-5 steps gave only "1x" here
     low, high = (10 ** r for r in axis.range)
     assert low <= 0.88 and high >= 1.05 and all(low <= t <= high for t in axis.tickvals)  # all of them visible
@@ -247,8 +248,8 @@ def test_a_narrow_chart_is_labelled_with_ratios_around_1x():
 def test_tables_leave_out_columns_no_row_has():
     frame = pd.DataFrame({"workload": ["mlp", "mlp"], "world": [None, None], "knob": ["", " "],
                           "ratio": [1.2, 0.9]})
-    assert list(_view.shown(frame).columns) == ["workload", "ratio"]
-    assert list(_view.shown(frame[["world"]]).columns) == ["world"]  # nothing left to show: keep it as it is
+    assert list(_tables.shown(frame).columns) == ["workload", "ratio"]
+    assert list(_tables.shown(frame[["world"]]).columns) == ["world"]  # nothing left to show: keep it as it is
 
 
 def test_memory_bars_put_each_variant_beside_its_own_baseline():
@@ -299,7 +300,7 @@ def test_sample_axes_write_out_their_log_ticks():
     rows = pd.DataFrame({"suite": ["S", "S"], "variant": ["off", "on"], "params": ["variant=off", "variant=on"],
                          "workload": [None, None], "unit": "seconds", "value": [0.01, 1.2],
                          "samples": [[0.009, 0.011], [1.1, 1.3]]})
-    axis = _view.spread_chart(rows, "t").layout.yaxis
+    axis = _charts.spread_chart(rows, "t").layout.yaxis
     assert axis.type == "log" and list(axis.ticktext) == [f"{t:g}" for t in axis.tickvals]
     assert {10, 100, 1000} <= set(axis.tickvals) and min(axis.tickvals) >= 7.5  # within the samples, padded
 
@@ -324,7 +325,7 @@ def test_comparing_a_cpu_with_a_gpu_warns_that_the_workloads_differ(monkeypatch)
                                               ([20.0, 72.8], [20, 50])])
 def test_a_narrow_sample_axis_gets_a_few_even_ticks_not_dozens(values, expected):
     """DDP's H100 steps (38-42 ms) got some sixty overlapping ticks from steps meant for ratios."""
-    axis = _view.log_axis(values, "ms")
+    axis = _charts.log_axis(values, "ms")
     assert 3 <= len(axis["tickvals"]) <= 10
     assert set(expected) & set(axis["tickvals"]) and axis["ticktext"] == [f"{t:g}" for t in axis["tickvals"]]
     assert min(axis["tickvals"]) <= min(values) * 1.2 and max(axis["tickvals"]) >= max(values) / 1.2
@@ -390,25 +391,25 @@ def test_tables_on_screen_put_the_numbers_beside_what_they_compare():
     frame = pd.DataFrame({"machine": ["m"], "GPU": ["H100"], "benchmark": ["bench_transfer.FractionOfFloor.track_x"],
                           "variant": ["cupy"], "baseline": ["pinned"], "value": ["38 %"], "speedup": ["0.914x"],
                           "N": [1], "why wider than 1.10x": ["..."]})
-    shown = _view.on_screen(frame, hide=("GPU",))
+    shown = _tables.on_screen(frame, hide=("GPU",))
     # where it was measured after the numbers: at 1000 px the overview cut its speedups to "1."
     assert list(shown.columns) == ["benchmark", "variant", "baseline", "speedup", "N", "machine", "value",
                                    "why wider than 1.10x"]
     assert shown["benchmark"].tolist() == ["FractionOfFloor: x"]  # a metric without words keeps its name
-    said = _view.on_screen(frame.assign(benchmark="bench_transfer.FractionOfFloor.track_scatter_fraction_of_floor"))
+    said = _tables.on_screen(frame.assign(benchmark="bench_transfer.FractionOfFloor.track_scatter_fraction_of_floor"))
     assert said["benchmark"].tolist() == ["FractionOfFloor: write-back, % of the pinned device->host copy"]
     assert frame["benchmark"].tolist() == ["bench_transfer.FractionOfFloor.track_x"]  # the table itself unchanged
     claims = pd.DataFrame({"technique": ["t"], "source": ["s"], "claim": ["c"], "claimed": ["3x"],
                            "measured as": ["m"], "machine": ["h"], "measured": ["1x"], "comparable": ["yes"]})
-    assert list(_view.on_screen(claims).columns) == ["technique", "source", "claim", "claimed", "measured",
+    assert list(_tables.on_screen(claims).columns) == ["technique", "source", "claim", "claimed", "measured",
                                                      "machine", "measured as", "comparable"]
 
 
 def test_a_column_is_as_wide_as_its_longest_text_up_to_a_limit():
     """Streamlit sized columns from the first rows: "bf16_channels_last" further down read "bf16_channels_"."""
     frame = pd.DataFrame({"variant": ["bf16", "bf16_channels_last"], "note": ["x" * 500, ""]})
-    w = {c: conf["width"] for c, conf in _view.widths(frame).items()}
-    assert w["variant"] >= 7 * len("bf16_channels_last") and w["note"] == _view._MAX_PX
+    w = {c: conf["width"] for c, conf in _tables.widths(frame).items()}
+    assert w["variant"] >= 7 * len("bf16_channels_last") and w["note"] == _tables._MAX_PX
 
 
 def test_every_technique_chart_names_the_machine(monkeypatch):
@@ -484,20 +485,20 @@ def test_never_run_leaves_out_what_ran_or_was_skipped():
 
 def test_a_table_too_wide_for_1440px_becomes_a_static_table_that_wraps():
     """Streamlit's grid cannot wrap a cell, so a table whose columns do not fit scrolled
-    sideways at 1440 px and hid its right-hand columns: _view.show draws it as a static table."""
+    sideways at 1440 px and hid its right-hand columns: _tables.show draws it as a static table."""
     narrow = pd.DataFrame({"variant": ["speedlib"], "speedup": ["1.2x [1.1, 1.3]"]})
-    assert _view.fits(narrow)
+    assert _tables.fits(narrow)
     wide = pd.DataFrame({f"column {i}": ["a value of some thirty characters"] for i in range(6)})
-    assert not _view.fits(wide)
+    assert not _tables.fits(wide)
     long_note = pd.DataFrame({"why wider than 1.10x": ["x" * 200]})  # one column, cut at _MAX_PX: wrap it
-    assert not _view.fits(long_note)
+    assert not _tables.fits(long_note)
 
 
 def test_the_comparison_index_links_each_technique_once_and_escapes_result_text():
     frame = pd.DataFrame({"technique": ["Mixed precision", "Mixed precision"], "page": ["amp", "amp"],
                           "comparison": ["TrainingStep: [evil](http://x) vs fp32", "TrainingStep: a|b vs fp32"],
                           "m (GPU)": ["<b>2x</b>", ""]})
-    text = _view.comparison_index(report.Table("t", frame, frame, []))
+    text = _tables.comparison_index(report.Table("t", frame, frame, []))
     rows = text.splitlines()
     assert rows[0] == "| technique | comparison | m (GPU) |" and len(rows) == 4
     assert rows[2].startswith("| [Mixed precision](./amp) |") and rows[3].startswith("|  |")  # linked once

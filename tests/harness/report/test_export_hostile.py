@@ -500,11 +500,11 @@ def test_the_cite_page_escapes_a_hostile_title(app, tree, tmp_path, monkeypatch)
 def test_a_chart_of_a_ratio_that_divides_by_zero(app):
     """A baseline that retained 0 bytes: its memory ratio has no value, and no bar; the rest draw."""
     sys.path.insert(0, str(ROOT / "dashboard"))
-    import _view  # noqa: PLC0415 - found through the line above
+    import _charts  # noqa: PLC0415 - found through the line above
 
     s = pd.DataFrame({"case": ["a", "b", "c"], "machine": ["m"] * 3, "ratio": [float("inf"), 0.5, float("nan")],
                       "ratio_low": [float("nan"), 0.4, float("nan")], "ratio_high": [float("nan"), 0.6, float("nan")]})
-    fig = _view.ratio_chart(s, "case", "machine", "t", exact=True)
+    fig = _charts.ratio_chart(s, "case", "machine", "t", exact=True)
     layout = json.loads(fig.to_json())["layout"]
     assert all(abs(v) < 100 for v in layout["xaxis"]["range"])  # the axis spans the finite ratio and 1x
 

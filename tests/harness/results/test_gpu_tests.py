@@ -209,7 +209,7 @@ def test_the_dashboard_chart_marks_a_bar_whose_gpu_tests_failed():
     pytest.importorskip("streamlit")
     sys.path.insert(0, str(ROOT / "dashboard"))
     try:
-        from _view import ratio_chart  # noqa: PLC0415 - the dashboard's module, found once its folder is on the path
+        from _charts import ratio_chart  # noqa: PLC0415 - the dashboard's module, found once its folder is on the path
     finally:
         sys.path.pop(0)
     s = pd.DataFrame({"case": ["a", "b"], "label": "m", "ratio": [1.5, 2.0], "ratio_low": [1.4, 1.9],

@@ -265,7 +265,7 @@ def test_the_dashboard_chart_cross_hatches_a_contended_bar(tree):
     pytest.importorskip("plotly")
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "dashboard"))
     try:
-        from _view import ratio_chart  # noqa: PLC0415 - found through the line above, once plotly is known to be there
+        from _charts import ratio_chart  # noqa: PLC0415 - found through the line above, once plotly is known to be there
     finally:
         sys.path.pop(0)
     s = report.paired(load_results(tree).measured).assign(label="m", case=lambda d: d["commit"].str[:1])

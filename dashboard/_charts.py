@@ -1,0 +1,287 @@
+"""The plotly charts pages share: every sample as boxes, ratios as bars from the 1x line, log axes
+with their ticks written out, and the at-a-glance chart; every label from a result file HTML-escaped."""
+
+from __future__ import annotations
+
+import html
+import math
+
+import numpy as np
+import pandas as pd
+import plotly.colors
+import plotly.graph_objects as go
+import streamlit as st
+from _tables import caption
+from _view import ROOT
+
+from speedbench import report
+from speedbench.report import age, glance, headline
+
+
+def esc(values) -> list[str]:
+    return [html.escape(str(v)) for v in values]
+
+
+def config_label(rows: pd.DataFrame) -> pd.Series:
+    """A row's configuration without its variant, in the words a chart label needs: its
+    benchmark class where the rows span several (they share metric names), and every
+    parameter ("AdamStep: resnet50", "densenet_bc, batch=4"), so that no chart pools two
+    configurations. A class every row shares is left out: a page of TrainingStep rows labelled
+    each box "TrainingStep workload=..." and the labels overlapped."""
+    one_class = rows["suite"].nunique() <= 1
+
+    def label(suite, params) -> str:
+        parts = ", ".join(p.removeprefix("workload=") for p in report.shared_config(params).split(", ") if p)
+        return parts or str(suite) if one_class else f"{suite}: {parts}".rstrip(": ")
+
+    return pd.Series([label(s, p) for s, p in zip(rows["suite"], rows["params"], strict=True)], index=rows.index,
+                     dtype=object)
+
+
+def spread_chart(rows: pd.DataFrame, title: str) -> go.Figure:
+    """Every timed sample per variant (box + points), one box per configuration, so the spread is
+    visible, not just a bar. Log scale: workloads differ by orders of magnitude."""
+    fig = go.Figure()
+    scale, unit = (1e3, "ms") if (rows["unit"] == "seconds").all() else (1.0, str(rows["unit"].iloc[0]))
+    rows = rows.assign(_config=config_label(rows))
+    for variant, g in rows.groupby("variant", sort=True):
+        xs, ys = [], []
+        for config, samples, value in zip(g["_config"], g["samples"], g["value"], strict=True):
+            samples = samples or [value]
+            xs += [config] * len(samples)
+            ys += [v * scale for v in samples]
+        fig.add_trace(go.Box(x=esc(xs), y=ys, name=html.escape(str(variant)), boxpoints="all", jitter=0.3))
+    # Ticks written out (plotly's own log ticks read "1000, 5, 2, 100, 5, 2, 10").
+    shown = [v * scale for s, v in zip(rows["samples"], rows["value"], strict=True) for v in (s or [v])]
+    fig.update_layout(title=html.escape(title), boxmode="group", height=420, margin={"t": 50},
+                      yaxis=log_axis(shown, unit))
+    return fig
+
+
+# plotly's own first colours, given to the ratio bars' traces in order (a hollow bar needs its trace's colour)
+_PALETTE = plotly.colors.qualitative.Plotly
+
+
+def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x faster than the baseline",
+                exact: bool = False) -> go.Figure:
+    """Ratios with their interval as error bars, one horizontal bar per row of `s` labelled by
+    its `y` column, one colour per `color` value; the dashed line at 1x is the baseline.
+    `axis` says what a ratio is; `exact`: counts (bytes), which need no interval, so a bar
+    without one is not marked as unsure.
+
+    Horizontal: the labels name a configuration in words ("densenet121, batch=16 / reentrant vs
+    none"), and two dozen of them under a vertical chart overlapped diagonally. A label repeated
+    within a trace would draw two configurations as one stacked bar (a tuning page once showed
+    four knobs' 0.43x-1.29x as one 3.9x bar), so the caller's labels must tell every row apart,
+    and a repeat is refused."""
+    fig = go.Figure()
+    groups = list(s.groupby(color, sort=True))
+    for i, (name, g) in enumerate(groups):
+        if g[y].duplicated().any():
+            raise ValueError(f"chart labels repeat within {name!r}: {sorted(set(g[y][g[y].duplicated()]))}")
+        # Each bar grows from the 1x line (right: faster, left: slower), not from the edge of a
+        # log axis, where a 0.7x bar would look as long as a win.
+        # Hollow, dotted and outlined in its trace's colour: the interval includes 1x, so the bar
+        # is not told apart from the baseline (a faded bar read as another machine's lighter colour).
+        # Hatched: no interval at all (one value per variant, not paired), so nothing says how
+        # sure it is; drawn solid, a single DDP launch looked as certain as 30 paired rounds.
+        # Cross-hatched: contended, measured while other work kept the machine busy; shown, never
+        # as solid as a clean figure (the tables carry the same mark, ‡, and its counters). A
+        # commit whose GPU tests failed there is marked § beside its bar, as in the tables.
+        unsure = ((g["ratio_low"] <= 1.0) & (g["ratio_high"] >= 1.0)).tolist()
+        lone = [False] * len(g) if exact else (g["ratio_low"].isna() | g["ratio_high"].isna()).tolist()
+        busy = report.contended(g).tolist()
+        n = g["n"] if "n" in g else pd.Series([math.nan] * len(g), index=g.index)
+        ink = _PALETTE[i % len(_PALETTE)]  # set, not left to plotly: a hollow bar is outlined in it
+        said = [("contended, not a clean figure; " if b else "")
+                + ("interval includes 1x" if u else "single value, no interval" if x else "")
+                for u, x, b in zip(unsure, lone, busy, strict=True)]
+        fig.add_trace(go.Bar(
+            # no bar for a ratio over 0 (`report.UNDEFINED`): it has no length
+            y=esc(g[y]), x=g["ratio"].where(np.isfinite(g["ratio"])) - 1.0, base=1.0, orientation="h",
+            name=html.escape(str(name)),
+            marker={"color": ["white" if u else ink for u in unsure],
+                    "line": {"color": ink, "width": [2 if u else 0 for u in unsure]},
+                    "pattern": {"shape": ["x" if b else "/" if x else "." if u else ""
+                                          for x, b, u in zip(lone, busy, unsure, strict=True)],
+                                "fgcolor": [ink if u else "#444" for u in unsure], "solidity": 0.3}},
+            # the mark itself beside a contended bar: a faded, hatched bar alone can be hard to see
+            text=[" ".join(m for m, on in ((report.CONTENDED, b), (report.GPU_TESTS_FAILED, f)) if on)
+                  for b, f in zip(busy, report.gpu_tests_failed(g), strict=True)],
+            textposition="outside", cliponaxis=False,
+            customdata=list(zip(g["ratio"], [report.fmt_ratio(r, lo, hi).partition(" ")[2] for r, lo, hi in
+                                             zip(g["ratio"], g["ratio_low"], g["ratio_high"], strict=True)],
+                                ["" if pd.isna(k) else f"N={k:g}" for k in n], said, strict=True)),
+            hovertemplate="%{y}: %{customdata[0]:.3g}x %{customdata[1]} %{customdata[2]} %{customdata[3]}"
+                          "<extra>%{fullData.name}</extra>",
+            error_x={"type": "data", "symmetric": False, "array": (g["ratio_high"] - g["ratio"]).fillna(0),
+                     "arrayminus": (g["ratio"] - g["ratio_low"]).fillna(0)}))
+    fig.add_vline(x=1.0, line_dash="dash")
+    legend = []
+    if ((s["ratio_low"] <= 1.0) & (s["ratio_high"] >= 1.0)).any():
+        legend.append("hollow dotted bar, outlined in its colour: its 99 % interval includes 1x (not told apart "
+                      "from the baseline)")
+    if not exact and (s["ratio_low"].isna() | s["ratio_high"].isna()).any():
+        legend.append("hatched bar: a single value per variant, no interval (how sure it is is unknown)")
+    if report.contended(s).any():
+        legend.append(f"cross-hatched bar ({report.CONTENDED}): contended, other work kept the machine busy; "
+                      "not a clean figure")
+    if report.gpu_tests_failed(s).any():
+        legend.append(f"{report.GPU_TESTS_FAILED}: the GPU tests failed on that machine at that commit")
+    if legend:
+        # Below the axis title: above the bars, the legend's row sits (and the title above it).
+        fig.add_annotation(text="<br>".join(legend), xref="paper", yref="paper", x=0, y=0, yanchor="top",
+                           yshift=-48, showarrow=False, xanchor="left", align="left")
+    # Log scale, so that 0.5x and 2x lie equally far from the 1x line, with ticks at 1-2-5
+    # steps written as ratios (plotly's own log ticks read "1, 2, 5, 10, 2, 5, 100").
+    values = pd.concat([s["ratio"], s["ratio_low"], s["ratio_high"]]).dropna()
+    values = values[(values > 0) & np.isfinite(values)]  # a ratio over 0 has no value and no place on the axis
+    low, high = (min(values.min(), 1.0), max(values.max(), 1.0)) if len(values) else (0.5, 2.0)
+    # The axis spans the data and a little more, and the ticks are chosen inside that span:
+    # plotly hides ticks outside its range, so ticks picked over a wider one left a lone "1x".
+    low, high = low / 1.1, high * 1.1
+    ticks = ratio_ticks(low, high)
+    labels = sorted({html.escape(str(v)) for v in s[y]})
+    # A bar slot per label and trace, so that a chart of 24 configurations is as legible as one of 2.
+    # showlegend: plotly hides the legend of a single trace, and the trace names the machine:
+    # a CPU-only chart beside a CPU-and-GPU one read as GPU results.
+    fig.update_layout(title={"text": html.escape(title), "y": 0.99, "yref": "container", "yanchor": "top"},
+                      showlegend=True, barmode="group", height=170 + 24 * len(labels) * max(len(groups), 1),
+                      margin={"t": 90, "b": 80}, legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0},
+                      xaxis={"type": "log", "title": html.escape(f"{axis} (log scale)"), "tickvals": ticks,
+                             "ticktext": [f"{t:g}x" for t in ticks], "range": [math.log10(low), math.log10(high)]},
+                      # first label on top, as a table reads
+                      yaxis={"type": "category", "categoryorder": "array", "categoryarray": labels[::-1],
+                             "automargin": True})
+    return fig
+
+
+# Tick steps per decade, coarse to fine: a chart of 0.8x-1.1x gets 0.8, 0.9, 1, 1.1 rather than
+# a lone "1x" (its 1-2-5 steps would all fall outside).
+_TICK_STEPS = ((1, 2, 5), (1, 1.5, 2, 3, 5, 7), (1, 1.2, 1.5, 2, 3, 4, 5, 7),
+               (1, 1.1, 1.2, 1.3, 1.5, 1.7, 2, 2.5, 3, 4, 5, 6, 7, 8, 9))
+# The most of the (log) axis left without a tick at either end: 0.37x-1.44x once got only
+# "0.5x, 0.7x, 1x", with three of four bars beyond the last tick, and a 2.6 % bar sat
+# below a lowest tick of 5 %.
+_UNTICKED_END = 0.15
+
+
+def _covers(ticks: list[float], low: float, high: float) -> bool:
+    span = math.log(high / low)
+    return (len(ticks) >= 3 and math.log(ticks[0] / low) <= _UNTICKED_END * span
+            and math.log(high / ticks[-1]) <= _UNTICKED_END * span)
+
+
+def ratio_ticks(low: float, high: float) -> list[float]:
+    """Log-axis ticks between `low` and `high`: the coarsest steps that give at least three
+    and leave neither end of the axis bare; for a range narrower still (0.97x-1.04x), even
+    steps of 0.01, 0.02 or 0.05. Any magnitude: bytes reach 10^10, ratios 10^-3."""
+    decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+
+    def candidates(steps) -> list[float]:
+        return [round(m * 10.0 ** e, 6 - e) for e in decades for m in steps if low <= m * 10.0 ** e <= high]
+
+    for steps in _TICK_STEPS:
+        ticks = candidates(steps)
+        if _covers(ticks, low, high):
+            return _both_sides_of_1x(ticks, candidates(_TICK_STEPS[-1]), low, high)
+    span = high - low
+    if span > 0:  # even steps a quarter of the span or so: 38-42 ms gets 38, 39, ..., 42
+        base = 10.0 ** math.floor(math.log10(span / 4))
+        for step in (base, 2 * base, 5 * base, 10 * base):
+            ticks = [round(k * step, 10) for k in range(math.ceil(low / step), math.floor(high / step) + 1)]
+            if 3 <= len(ticks) <= 8:
+                return ticks
+    return ticks
+
+
+def _both_sides_of_1x(ticks: list[float], fine: list[float], low: float, high: float) -> list[float]:
+    """Where the axis reaches past 1x on both sides (a ratio axis padded by 10 % either way),
+    a tick on each: a 0.989x bar once stood left of 1x with its nearest tick at 1x and the
+    next at 1.5x. The tick added is the finest step nearest 1x on the bare side."""
+    if not (low < 1 / 1.08 and high > 1.08):
+        return ticks
+    below = [t for t in fine if t < 1]
+    above = [t for t in fine if t > 1]
+    if below and not any(t < 1 for t in ticks):
+        ticks = sorted([*ticks, below[-1]])
+    if above and not any(t > 1 for t in ticks):
+        ticks = sorted([*ticks, above[0]])
+    return ticks
+
+
+def log_axis(values, title: str) -> dict:
+    """A plotly log y-axis over `values` with its ticks written out (plotly's own log ticks
+    read "2 3 4 ... 9 100", where the 7 stands for 70)."""
+    shown = [v for v in values if v > 0 and math.isfinite(v)]
+    if not shown:
+        return {"type": "log", "title": html.escape(title)}
+    low, high = min(shown) / 1.2, max(shown) * 1.2  # the axis range, so that every tick shows
+    ticks = ratio_ticks(low, high)
+    return {"type": "log", "title": html.escape(title), "tickvals": ticks, "ticktext": [f"{t:g}" for t in ticks],
+            "range": [math.log10(low), math.log10(high)]}
+
+
+@st.cache_data(max_entries=256)
+def _behind(commit: str, technique: str) -> age.Behind | None:  # git, twice per commit and technique
+    return age.behind(commit, technique, ROOT)
+
+
+def ages(grid: report.Table, picks: pd.DataFrame) -> dict[tuple[str, str], age.Behind]:
+    """How far behind the checkout's HEAD each cell's commit is (speedbench.report.age), by
+    (technique, machine); none where the checkout or its git history is missing."""
+    commits = dict(zip(grid.sources["result_id"], grid.sources["commit"], strict=True)) \
+        if {"result_id", "commit"} <= set(grid.sources.columns) else {}
+    out = {}
+    for r in picks[picks["status"] == "measured"].itertuples():
+        found = _behind(commits[r.result_id], r.technique) if r.result_id in commits else None
+        if found is not None:
+            out[r.technique, r.machine] = found
+    return out
+
+
+def _age_note(behind: dict) -> str:
+    """One line under the chart: how old its figures are, and where the code measured changed since."""
+    if not behind:
+        return ""
+    counts = [b.commits for b in behind.values()]
+    changed = sum(b.changed > 0 for b in behind.values())
+    span = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)} to {max(counts)}"
+    return (f"Age: these figures were measured {span} commits behind this checkout's HEAD; in {changed} of "
+            f"{len(behind)} cells speedlib's code for the technique has changed since (hover a cell for its own).")
+
+
+def glance_chart(grid: report.Table, key: str, technique: str | None = None,
+                 df: pd.DataFrame | None = None) -> None:
+    """The at-a-glance chart of `grid` (speedbench.report.headline.grid; `technique`: its row
+    only), the marks it uses said above it, how old its figures are below it, a click on a
+    cell opening its technique's page, and a row of links to the same pages (a touch screen
+    has no hover or precise click). `df`: the results it was drawn from, whose other results
+    a cell without a number counts (speedbench.report.glance.elsewhere)."""
+    picks = headline.pick(grid.data)
+    if technique is not None:
+        picks = picks[picks["technique"] == technique]
+    if picks.empty:
+        st.info("No headline result for the selected machines yet.")
+        return
+    # A phone's column is narrower than the chart's cells can be: there it scrolls sideways (a
+    # constant style, nothing from a file; st-key-* is the class Streamlit gives a keyed element).
+    st.markdown(f"<style>@media (max-width: {glance.MIN_WIDTH}px) {{ .st-key-glance-{key} {{ overflow-x: auto; }} "
+                f".st-key-glance-{key} > div {{ min-width: {glance.MIN_WIDTH}px; }} }}</style>", unsafe_allow_html=True)
+    # the marks' meaning above the chart: below it, it fell past the first screen (the dagger is on every H100 cell)
+    caption(glance.LEGEND + (f" {glance.CLICK}" if technique is None else ""))
+    behind = ages(grid, picks)
+    others = glance.elsewhere(df) if df is not None else {}
+    event = st.plotly_chart(glance.figure(picks, others=others, ages={k: str(b) for k, b in behind.items()}),
+                            key=f"glance-{key}", on_select="rerun", selection_mode="points",
+                            config={"displayModeBar": False})
+    if _age_note(behind):
+        caption(_age_note(behind))
+    points = event.selection.points if event and event.selection else []
+    clicked = [p.get("customdata") for p in points if p.get("customdata")]
+    if technique is None and clicked and clicked[0][0] in report.TECHNIQUES:
+        st.switch_page(f"views/{clicked[0][0]}.py")
+    if technique is None:
+        cols = st.columns(3)  # two rows of three: six in one row cut every title short
+        for i, (name, t) in enumerate(report.TECHNIQUES.items()):
+            cols[i % 3].page_link(f"views/{name}.py", label=t.title)
