@@ -51,7 +51,7 @@ from speedbench.results.files import (
 )
 from speedbench.results.gpu_tests import _join_gpu_tests, _verdicts
 from speedbench.results.settle import _attach_counters, _settle_versions
-from speedbench.results.tree import BENCHMARKS, MACHINE_FILE, ResultsTree
+from speedbench.results.tree import BENCHMARKS, MACHINE_FILE, ResultsError, ResultsTree
 from speedbench.stats.significance import higher_is_better
 
 __all__ = ["LoadedResults", "Problem", "load_results", "format_table", "metric_kind", "higher_is_better", "result_id",
@@ -584,10 +584,18 @@ def _killed_run(root: Path, problems: list[Problem]) -> None:
                                                "before it are kept in this directory, and the next speedlib run "
                                                "puts them back"))
     stage = tree.left_by_stopped_merge()
-    if stage is not None:
-        problems.append(Problem(str(stage), "a speedlib merge was stopped while renaming its files, so some are "
-                                            "merged and some not yet; the next speedlib merge or speedlib run "
-                                            "finishes it"))
+    if stage is None:
+        return
+    stopped = "a speedlib merge was stopped while renaming its files, so some are merged and some not yet; "
+    try:
+        tree.check_stopped_merge()  # the merge's own check of its journal, which moves nothing
+    except ResultsError as e:
+        problems.append(Problem(str(stage), f"{stopped}its journal is one a merge refuses, so the next speedlib "
+                                            f"merge or speedlib run stops with: {e}"))
+        return
+    except OSError:  # unreadable to this user: the merge's user may read it, and finish it
+        pass
+    problems.append(Problem(str(stage), f"{stopped}the next speedlib merge or speedlib run finishes it"))
 
 
 def load_results(path: str | Path) -> LoadedResults:

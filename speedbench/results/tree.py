@@ -233,6 +233,13 @@ class ResultsTree:
         journal written, part of the tree is merged and part not yet."""
         return self.merge_staging if _is_file(self.merge_staging / JOURNAL) else None
 
+    def check_stopped_merge(self) -> None:
+        """The check `finish_staged` makes before it moves anything, and nothing more (it reads
+        only: the loader says what the next merge will do): ResultsError, the same one line,
+        where the journal a stopped merge left is one that `finish_staged` refuses."""
+        if not self.merge_staging.is_symlink() and _is_file(self.merge_staging / JOURNAL):
+            self._journaled_renames()
+
     def check_target(self, rel: str) -> None:
         """ResultsError, one line, unless a file can be renamed to `rel` without leaving the tree
         or stopping part way: `rel` a path of plain names (`inside`), each directory on the way
@@ -450,7 +457,13 @@ def check_writable(directory: Path, what: str, instead: str) -> None:
         existing = existing.parent
     if not existing.is_dir():
         raise ResultsError(f"{what} cannot be written: {printable(str(existing))} is not a directory; {instead}")
-    if not os.access(existing, os.W_OK | os.X_OK):  # a read-only mount too, for root as well
+    # Each permission said apart: a directory without x cannot be entered, whatever its w says.
+    if not os.access(existing, os.X_OK):
+        writable = os.access(existing, os.W_OK)
+        why = ("cannot be entered (no execute permission)" if writable
+               else "cannot be entered or written (no execute or write permission)")
+        raise ResultsError(f"{what} cannot be written: {printable(str(existing))} {why} by this user; {instead}")
+    if not os.access(existing, os.W_OK):  # a read-only mount too, for root as well
         raise ResultsError(f"{what} cannot be written: {printable(str(existing))} is read-only for this user; "
                            f"{instead}")
     # os.access says yes to root wherever the mode allows, and /proc or a full quota says no

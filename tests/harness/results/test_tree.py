@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import tarfile
@@ -144,6 +145,33 @@ def test_the_writable_check_refuses_a_read_only_directory(tmp_path):
             check_writable(ro / "results", "x", "instead")
     finally:
         ro.chmod(0o755)
+
+
+def _access_as_owner(path, mode, **kwargs) -> bool:
+    """os.access as the owner of `path` is answered, by its mode bits: root's answer ignores them."""
+    bits = os.stat(path).st_mode
+    return all(bits & b for m, b in ((os.R_OK, stat.S_IRUSR), (os.W_OK, stat.S_IWUSR), (os.X_OK, stat.S_IXUSR))
+               if mode & m)
+
+
+@pytest.mark.parametrize("mode, why", [
+    (0o555, "is read-only for this user"),
+    (0o666, "cannot be entered (no execute permission) by this user"),
+    (0o000, "cannot be entered or written (no execute or write permission) by this user"),
+])
+def test_the_writable_check_names_the_permission_that_is_missing(tmp_path, monkeypatch, mode, why):
+    """A directory without x was once called read-only: it cannot even be entered."""
+    if os.geteuid() == 0:  # root passes every mode check: its answers stand in for a user's
+        monkeypatch.setattr(os, "access", _access_as_owner)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(mode)
+    try:
+        with pytest.raises(ResultsError) as refused:
+            check_writable(locked, "x", "instead")
+    finally:
+        locked.chmod(0o755)
+    assert str(refused.value) == f"x cannot be written: {locked} {why}; instead"
 
 
 def test_chunk_times_round_trip_a_line_at_a_time(tmp_path):
