@@ -76,7 +76,7 @@ def check_writable(directory: Path, what: str, instead: str) -> None:
     Asked before anything is measured: asv and an archive would find out only afterwards, and
     the results with nowhere to go."""
     existing = Path(directory)
-    while not existing.exists() and existing != existing.parent:
+    while not _exists(existing) and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
         raise ResultsError(f"{what} cannot be written: {printable(str(existing))} is not a directory; {instead}")
@@ -98,3 +98,12 @@ def check_writable(directory: Path, what: str, instead: str) -> None:
                            f"({e.strerror or e}); {instead}") from None
     os.close(fd)
     os.unlink(probe)
+
+
+def _exists(path: Path) -> bool:
+    """path.exists(), False where a directory above it cannot be entered (stat says EACCES): the
+    walk goes on up to that directory, and the check names the permission it lacks."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
