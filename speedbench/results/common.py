@@ -3,8 +3,9 @@
 `Problem` (what a load reports), `printable` (a name from a file made safe to print) and the
 JSON number checks. Stdlib only (the results tree and `speedlib merge`'s parser use `printable`
 too). They sit apart, below the loader's other modules (speedbench.results.files,
-speedbench.results.environment, speedbench.results.settle and speedbench.results.load
-itself), so that each can import them without importing speedbench.results.load.
+speedbench.results.environment, speedbench.results.settle, speedbench.results.result_file and
+speedbench.results.load itself), so that each can import them without importing
+speedbench.results.load.
 """
 
 from __future__ import annotations

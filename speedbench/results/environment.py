@@ -5,7 +5,7 @@ Each record says what one run ran on (GPU, driver, versions, CPUs); the loader g
 row the record of the run that produced it (`_join_environment`). Apart from
 speedbench.results.load because these files are not asv's: their own format, their own checks
 and their own problems, read through speedbench.results.files like every other file.
-speedbench.results.load re-exports ENV_COLUMNS (they are columns of its frames).
+ENV_COLUMNS are columns of the loader's frames (speedbench.results.result_file's COLUMNS).
 """
 
 from __future__ import annotations

@@ -11,31 +11,26 @@ instead of spelling it. The tree also owns:
   staging directory with the journal of its renames (`stage`, `finish_staged`);
 - the archive that carries a run's files to another checkout, laid out as `results/...` (`pack`,
   `archive_path`).
+The lock, the writable check and `ResultsError` are speedbench.results.lock's, re-exported here.
 Stdlib only: `speedlib --help` builds `speedlib merge`'s parser, which imports this module.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import re
 import shutil
 import stat
 import tarfile
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from speedbench.results.atomic import append_line, written_whole
 from speedbench.results.common import printable
-
-try:
-    import fcntl
-except ImportError:  # not a POSIX system: runs are not locked against each other
-    fcntl = None
+from speedbench.results.lock import ResultsError, ResultsLock, TreeBusy, check_writable
 
 __all__ = ["ResultsTree", "MachineDir", "ResultsLock", "ResultsError", "TreeBusy", "check_writable", "archive_path",
            "inside", "machine_name_refused", "BENCHMARKS", "MACHINE_FILE", "ENVIRONMENT_DIR", "CHUNK_TIMES",
@@ -63,14 +58,6 @@ PLAIN_NAME = re.compile(r"[^./\x00-\x1f\x7f][^/\x00-\x1f\x7f]*\Z")
 MACHINE_NAME_MAX = 100
 MACHINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 _STAGED = re.compile(r"[0-9]+\.new")  # a staged file's name (`staging`)
-
-
-class ResultsError(RuntimeError):
-    """A results tree (or a directory asked for) cannot be used; the message says how to fix it."""
-
-
-class TreeBusy(ResultsError):
-    """Another run or merge holds the results tree's lock."""
 
 
 @dataclass(frozen=True)
@@ -233,6 +220,13 @@ class ResultsTree:
         journal written, part of the tree is merged and part not yet."""
         return self.merge_staging if _is_file(self.merge_staging / JOURNAL) else None
 
+    def check_stopped_merge(self) -> None:
+        """The check `finish_staged` makes before it moves anything, and nothing more (it reads
+        only: the loader says what the next merge will do): ResultsError, the same one line,
+        where the journal a stopped merge left is one that `finish_staged` refuses."""
+        if not self.merge_staging.is_symlink() and _is_file(self.merge_staging / JOURNAL):
+            self._journaled_renames()
+
     def check_target(self, rel: str) -> None:
         """ResultsError, one line, unless a file can be renamed to `rel` without leaving the tree
         or stopping part way: `rel` a path of plain names (`inside`), each directory on the way
@@ -394,71 +388,3 @@ def _is_file(path: Path) -> bool:
 def _rename(tmp: Path, final: Path) -> None:
     final.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, final)
-
-
-class ResultsLock:
-    """Context manager: an exclusive lock on a results directory (the directory itself: no
-    lock file to commit), held until the run or merge ends however it ends (the kernel drops it
-    with the process). Two runs writing one directory would each rewrite a commit's result file,
-    and the one finishing last would keep only its own benchmarks: the second one refuses
-    (TreeBusy). A directory created only to be locked is removed again if it was left empty."""
-
-    def __init__(self, root: Path):
-        self.results_dir = Path(root)
-        self.fd: int | None = None
-        self.created = False
-
-    def __enter__(self) -> ResultsLock:
-        if fcntl is None:
-            return self
-        self.created = not self.results_dir.exists()
-        try:
-            self.results_dir.mkdir(parents=True, exist_ok=True)
-            self.fd = os.open(self.results_dir, os.O_RDONLY)
-        except OSError as e:  # checked to be writable before; this is what changed since
-            raise ResultsError(f"cannot use {printable(str(self.results_dir))} for results ({e.strerror or e}): "
-                               "give the run another with --results-dir") from None
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            os.close(self.fd)
-            self.fd = None
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise ResultsError(f"cannot lock {printable(str(self.results_dir))} against other runs "
-                                   f"({e.strerror or e}): give the run another --results-dir") from None
-            raise TreeBusy(f"another speedlib run is writing to {printable(str(self.results_dir))}: wait for "
-                           "it to finish, or give this one its own --results-dir") from None
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-        if self.created:
-            try:
-                self.results_dir.rmdir()  # only if empty: a failed first run leaves nothing behind
-            except OSError:
-                pass
-
-
-def check_writable(directory: Path, what: str, instead: str) -> None:
-    """ResultsError, one line ("`what` cannot be written: why; `instead`"), unless this user can
-    write to `directory` or create it (its nearest existing ancestor is a writable directory).
-    Asked before anything is measured: asv and an archive would find out only afterwards, and
-    the results with nowhere to go."""
-    existing = Path(directory)
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ResultsError(f"{what} cannot be written: {printable(str(existing))} is not a directory; {instead}")
-    if not os.access(existing, os.W_OK | os.X_OK):  # a read-only mount too, for root as well
-        raise ResultsError(f"{what} cannot be written: {printable(str(existing))} is read-only for this user; "
-                           f"{instead}")
-    # os.access says yes to root wherever the mode allows, and /proc or a full quota says no
-    # only when a file is made: one is made, and removed at once.
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".speedlib-probe-", dir=existing)
-    except OSError as e:
-        raise ResultsError(f"{what} cannot be written: no file can be made in {printable(str(existing))} "
-                           f"({e.strerror or e}); {instead}") from None
-    os.close(fd)
-    os.unlink(probe)

@@ -13,6 +13,7 @@ import pytest
 
 from speedbench.results import load as results_load
 from speedbench.results import synthetic
+from speedbench.results.common import _is_number, _to_float
 from speedbench.results.load import COLUMNS, format_table, load_results, metric_kind
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -360,7 +361,7 @@ def test_control_characters_in_names_are_escaped_in_the_table_and_problems(tree)
 def test_result_ids_hash_exactly_the_json_key_they_always_hashed():
     """An ID names a result for good: the faster key writer must give json.dumps's bytes."""
     def reference(machine, commit, benchmark, params, started_at):
-        ok = results_load._is_number(started_at) and math.isfinite(results_load._to_float(started_at))
+        ok = _is_number(started_at) and math.isfinite(_to_float(started_at))
         key = json.dumps([machine, commit, benchmark, list(params), int(started_at) if ok else None])
         return hashlib.sha256(key.encode()).hexdigest()[:12]
 

@@ -23,6 +23,7 @@ import pytest
 
 from speedbench.cli import parser as cli
 from speedbench.results import merge, synthetic
+from speedbench.results.load import load_results
 from speedbench.results.tree import JOURNAL, ResultsTree
 from speedbench.run import suite
 
@@ -84,10 +85,8 @@ JOURNALS = {
 }
 
 
-@pytest.mark.parametrize("case", list(JOURNALS))
-def test_a_planted_journal_that_names_what_no_merge_writes_is_refused_and_nothing_moves(tmp_path, capsys, case):
-    """A journal copied in with a tree is read like one a stopped merge left: it may name only
-    files a merge stages and paths inside its own tree, every one checked before any rename."""
+def _planted(tmp_path: Path, case: str) -> tuple[Path, Path, Path]:
+    """A merged tree with the journal of JOURNALS[case] planted in its staging: (tree, source, staging)."""
     into = tmp_path / "into"
     source, _ = _source(tmp_path / "source")
     assert cli.main(["merge", str(source), "--into", str(into)]) == 0
@@ -101,6 +100,14 @@ def test_a_planted_journal_that_names_what_no_merge_writes_is_refused_and_nothin
     entries = JOURNALS[case](tmp_path)
     text = entries if isinstance(entries, str) else "".join(json.dumps(e) + "\n" for e in entries)
     (stage / JOURNAL).write_text(text)
+    return into, source, stage
+
+
+@pytest.mark.parametrize("case", list(JOURNALS))
+def test_a_planted_journal_that_names_what_no_merge_writes_is_refused_and_nothing_moves(tmp_path, capsys, case):
+    """A journal copied in with a tree is read like one a stopped merge left: it may name only
+    files a merge stages and paths inside its own tree, every one checked before any rename."""
+    into, source, stage = _planted(tmp_path, case)
     before, outside = _files(into), _files(tmp_path / "outside")
 
     status, err = _merge(capsys, source, "--into", into)
@@ -118,6 +125,37 @@ def test_a_planted_journal_that_names_what_no_merge_writes_is_refused_and_nothin
     assert _files(into) == before and _files(tmp_path / "outside") == outside
 
 
+# What the loader says of a planted journal, before the merge's own line
+REFUSED = ("a speedlib merge was stopped while renaming its files, so some are merged and some not yet; its journal "
+           "is one a merge refuses, so the next speedlib merge or speedlib run stops with: ")
+
+
+@pytest.mark.parametrize("case", list(JOURNALS))
+def test_the_loader_says_a_planted_journal_is_refused_with_the_merges_line(tmp_path, capsys, case):
+    """The loader once said the next merge finishes what it in fact refuses: it now says the
+    refusal, in the merge's own words (with what to do), and moves nothing itself."""
+    into, source, stage = _planted(tmp_path, case)
+    before, outside = _files(into), _files(tmp_path / "outside")
+    said = [p.reason for p in load_results(into).problems if p.path == str(stage)]
+    assert _files(into) == before and _files(tmp_path / "outside") == outside
+    status, err = _merge(capsys, source, "--into", into)
+    assert status == merge.BAD_INPUT and len(err) == 1, err
+    merges_line = err[0].removeprefix(f"speedlib merge: cannot settle what a stopped run left in {into}: ")
+    assert merges_line.endswith("then remove it") and merges_line != err[0], err
+    assert said == [REFUSED + merges_line]
+
+
+def test_the_loader_says_a_linked_journal_is_refused_with_the_merges_line(tmp_path, capsys):
+    into, source, stage = _planted(tmp_path, "absolute path")
+    (tmp_path / "outside" / "journal").write_text(json.dumps(["0.new", f"{MACHINE}/x.json"]) + "\n")
+    (stage / JOURNAL).unlink()
+    (stage / JOURNAL).symlink_to(tmp_path / "outside" / "journal")  # a journal a merge would take, through a link
+    said = [p.reason for p in load_results(into).problems if p.path == str(stage)]
+    status, err = _merge(capsys, source, "--into", into)
+    assert status == merge.BAD_INPUT and "line 1 is in a link or special file" in err[0], err
+    assert said == [REFUSED + err[0].removeprefix(f"speedlib merge: cannot settle what a stopped run left in {into}: ")]
+
+
 def test_a_journal_a_merge_wrote_is_still_finished(tmp_path, capsys):
     """The checks refuse only what a merge never writes: a journal staged by the tree goes through."""
     into = tmp_path / "into"
@@ -128,6 +166,9 @@ def test_a_journal_a_merge_wrote_is_still_finished(tmp_path, capsys):
         for rel in (f"{MACHINE}/chunk-times.jsonl", f"{MACHINE}/gpu-tests/1234abcd.json"):
             with staged(rel) as f:
                 f.write(b"{}\n")
+    assert [p.reason for p in load_results(into).problems if p.path == str(tree.merge_staging)] == [
+        "a speedlib merge was stopped while renaming its files, so some are merged and some not yet; the next "
+        "speedlib merge or speedlib run finishes it"]
     assert merge.recover(into) == ["finished a merge that was stopped while renaming its files (2 file(s))"]
     assert (into / MACHINE / "gpu-tests" / "1234abcd.json").read_bytes() == b"{}\n"
     assert not (into / merge.STAGING).exists()

@@ -3,8 +3,10 @@ writable check, the chunk times, the markers a stopped run or merge leaves, and 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import subprocess
 import sys
 import tarfile
@@ -144,6 +146,44 @@ def test_the_writable_check_refuses_a_read_only_directory(tmp_path):
             check_writable(ro / "results", "x", "instead")
     finally:
         ro.chmod(0o755)
+
+
+def _access_as_owner(path, mode, **kwargs) -> bool:
+    """os.access as the owner of `path` is answered, by its mode bits: root's answer ignores them."""
+    bits = os.stat(path).st_mode
+    return all(bits & b for m, b in ((os.R_OK, stat.S_IRUSR), (os.W_OK, stat.S_IWUSR), (os.X_OK, stat.S_IXUSR))
+               if mode & m)
+
+
+@pytest.mark.parametrize("mode, why", [
+    (0o555, "is read-only for this user"),
+    (0o666, "cannot be entered (no execute permission) by this user"),
+    (0o000, "cannot be entered or written (no execute or write permission) by this user"),
+])
+@pytest.mark.parametrize("below", ["", "results/deeper"])
+def test_the_writable_check_names_the_permission_that_is_missing(tmp_path, monkeypatch, mode, why, below):
+    """A directory without x was once called read-only: it cannot even be entered. Asked for a
+    path below it, the check once stopped with a traceback (stat refuses what lies inside)."""
+    locked = tmp_path / "locked"
+    if os.geteuid() == 0:  # root passes every mode check: a user's answers stand in for its own
+        real_stat = os.stat
+
+        def stat_as_owner(path, *args, **kwargs):
+            inside = isinstance(path, (str, os.PathLike)) and locked in Path(path).parents
+            if inside and not real_stat(locked).st_mode & 0o100:
+                raise PermissionError(errno.EACCES, "Permission denied", str(path))
+            return real_stat(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "access", _access_as_owner)
+        monkeypatch.setattr(os, "stat", stat_as_owner)
+    locked.mkdir()
+    locked.chmod(mode)
+    try:
+        with pytest.raises(ResultsError) as refused:
+            check_writable(locked / below, "x", "instead")
+    finally:
+        locked.chmod(0o755)
+    assert str(refused.value) == f"x cannot be written: {locked} {why}; instead"
 
 
 def test_chunk_times_round_trip_a_line_at_a_time(tmp_path):
