@@ -6,15 +6,20 @@ write-up. The dashboard, `speedlib report` and the tests use `report.X`. No Stre
 from speedbench._api import lazy
 
 __all__, __getattr__ = lazy(__name__, {
-    'tables': (
-        'Table', 'speedups', 'speedup_table', 'memory_table', 'floor_table', 'floor_figures', 'paired', 'paired_table',
-        'against', 'other_baselines', 'headline_rows',
-        'paired_noise', 'noise', 'noise_table', 'latest', 'newest_runs', 'param_columns', 'case_label', 'citable',
-        'contended', 'earlier_version', 'machine_state', 'gpu_tests_failed', 'fmt_ratio', 'fmt_value', 'shared_config',
-        'why_wide', 'with_earlier_note', 'CONTENDED', 'CONTENDED_NOTE', 'EARLIER', 'EARLIER_NOTE', 'FLOOR_ABOVE_NOTE',
-        'FLOOR_FIGURES', 'FLOOR_ONLY', 'GPU_TESTS_FAILED', 'GPU_TESTS_NOTE', 'MEMORY_NOTE', 'NOISE_TARGET',
-        'NOT_A_BANDWIDTH', 'NOT_RECORDED', 'PAIRED_NOISE_TARGET', 'PAIRED_WIDTH_TARGET', 'UNDEFINED',
+    'rows': ('Table', 'param_columns', 'latest', 'newest_runs', 'case_label', 'shared_config', 'fmt_ratio', 'fmt_value',
+             'UNDEFINED'),
+    'marks': (
+        'citable', 'contended', 'earlier_version', 'machine_state', 'gpu_tests_failed', 'with_earlier_note',
+        'CONTENDED', 'CONTENDED_NOTE', 'EARLIER', 'EARLIER_NOTE', 'GPU_TESTS_FAILED', 'GPU_TESTS_NOTE',
     ),
+    'ratios': ('speedups', 'speedup_table', 'memory_table', 'MEMORY_NOTE'),
+    'pairs': (
+        'paired', 'paired_table', 'against', 'other_baselines', 'headline_rows', 'why_wide', 'PAIRED_NOISE_TARGET',
+        'PAIRED_WIDTH_TARGET',
+    ),
+    'reruns': ('paired_noise', 'noise', 'noise_table', 'NOISE_TARGET'),
+    'tables': ('floor_table', 'floor_figures', 'FLOOR_ABOVE_NOTE', 'FLOOR_FIGURES', 'FLOOR_ONLY', 'NOT_A_BANDWIDTH',
+               'NOT_RECORDED'),
     'commits': ('history', 'history_table', 'resolve_commit', 'compare_commits', 'change_table'),
     'machines_compare': ('compare_machines', 'machine_comparison', 'same_work', 'speedup_comparison'),
     'claims': ('Claim', 'CLAIMS', 'claims_table', 'comparable', 'is_own_baseline', 'never_run', 'why_not_measured'),

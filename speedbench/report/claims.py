@@ -10,19 +10,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from speedbench.report.tables import (
-    CONTENDED,
-    EARLIER,
-    Table,
-    _shown,
-    citable,
-    contended,
-    earlier_version,
-    fmt_ratio,
-    paired,
-    speedups,
-    with_earlier_note,
-)
+from speedbench.report.marks import CONTENDED, EARLIER, citable, contended, earlier_version, with_earlier_note
+from speedbench.report.pairs import paired
+from speedbench.report.ratios import speedups
+from speedbench.report.rows import Table, _shown, fmt_ratio
 from speedbench.results.common import Status
 from speedbench.results.environment import NoGpuModel
 from speedbench.run import plan

@@ -14,15 +14,9 @@ import re
 
 import pandas as pd
 
-from speedbench.report.tables import (
-    CONTENDED,
-    NOT_COMPARED,
-    Table,
-    _commit_label,
-    contended,
-    fmt_value,
-    with_earlier_note,
-)
+from speedbench.report.marks import CONTENDED, _commit_label, contended, with_earlier_note
+from speedbench.report.reruns import NOT_COMPARED
+from speedbench.report.rows import Table, fmt_value
 from speedbench.results import machines
 from speedbench.results.load import is_commit
 from speedbench.stats import contention

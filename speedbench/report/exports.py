@@ -25,7 +25,8 @@ from pathlib import Path
 import pandas as pd
 
 import speedlib
-from speedbench.report.tables import CONTENDED, GPU_TESTS_FAILED, Table, contended, earlier_version
+from speedbench.report.marks import CONTENDED, GPU_TESTS_FAILED, contended, earlier_version
+from speedbench.report.rows import Table
 from speedbench.results import gpu_tests as gpu_verdicts
 from speedbench.results.load import is_commit, printable  # the loader's rule: one home for what a hash is
 from speedbench.stats import contention

@@ -4,20 +4,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from speedbench.report.tables import (
-    CONTENDED,
-    EARLIER,
-    Table,
-    _comparison,
-    _with_ratio,
-    contended,
-    earlier_version,
-    fmt_ratio,
-    fmt_value,
-    latest,
-    paired,
-    with_earlier_note,
-)
+from speedbench.report.marks import CONTENDED, EARLIER, contended, earlier_version, with_earlier_note
+from speedbench.report.pairs import _comparison, paired
+from speedbench.report.ratios import _with_ratio
+from speedbench.report.rows import Table, fmt_ratio, fmt_value, latest
 from speedbench.results.environment import NoGpuModel
 
 __all__ = ["compare_machines", "same_work", "machine_comparison", "speedup_comparison"]
