@@ -1,12 +1,12 @@
 """`HostEmbedding`: an embedding whose table and optimizer state live in a `HostTable`.
 
 Imported through `speedlib.transfer` (or `speedlib.HostEmbedding`); what keeps several
-ranks' tables and gradients in step is in `speedlib._embedding_ranks`.
+ranks' tables and gradients in step is in `speedlib._embedding_ranks`, the training step in
+`speedlib._embedding_step`, the optimizer state and state_dict in `speedlib._embedding_state`.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 import weakref
 from collections.abc import Callable
@@ -16,27 +16,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from speedlib._embedding_ranks import _RankSync, _world_size
+from speedlib._embedding_state import _OptimizerState
+from speedlib._embedding_step import _RowStep, _step_hooks
 from speedlib._host_table import HostTable
 from speedlib._transfer_backends import _GPU_INDEXED
-
-
-def _step_hooks(emb_ref: weakref.ref):
-    """Optimizer step pre- and post-hooks that make any step of a HostEmbedding's optimizer
-    (emb.step(), a direct `emb.optimizer.step()`, `scaler.step(emb.optimizer)`) one step of
-    the embedding: the optimizer's parameter is a copy of the touched rows, which must be
-    gathered with their state before the update and written back after it. Weak references,
-    so the module is not kept alive by its own optimizer's hooks."""
-    def before(optimizer, args, kwargs):
-        emb = emb_ref()
-        if emb is not None and not emb._stepping:  # emb.step() prepares before it steps
-            emb._prepare_step()
-
-    def after(optimizer, args, kwargs):
-        emb = emb_ref()
-        if emb is not None:
-            emb._finish_step()
-    return before, after
-
 
 _TIE_MESSAGE = (
     "HostEmbedding's table (emb.weight) was used in a computation that needs its gradient, which it "
@@ -70,7 +53,7 @@ def _needs_grad(args, kwargs) -> bool:
         return any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves)
 
 
-class HostEmbedding(_RankSync, nn.Module):
+class HostEmbedding(_RankSync, _RowStep, _OptimizerState, nn.Module):
     """An embedding whose table and optimizer state live in a `HostTable`, trained with any
     dense `torch.optim` optimizer.
 
@@ -415,206 +398,10 @@ class HostEmbedding(_RankSync, nn.Module):
             self.table._write_unique(rows[changed.to(rows.device)], values[changed])
             self._generation += 1  # rows gathered before (pending gradients, other lookups) are stale
 
-    def _accumulate(self, rows: torch.Tensor, leaf: torch.Tensor, generation: int) -> None:
-        """Add a lookup's gradient into the step's rows (union) and gradient (summed by row)."""
-        if self._combined:
-            raise RuntimeError("a backward reached HostEmbedding after touched_rows() combined this step's "
-                               "gradients over the ranks: call touched_rows() after the last backward")
-        grad, leaf.grad = leaf.grad, None  # taken over: a second backward adds only its own
-        values = leaf.detach()
-        if self.padding_idx is not None:  # the padding row never trains: it is not a touched row
-            keep = rows != self.padding_idx
-            rows, keep = rows[keep], keep.to(grad.device)
-            grad, values = grad[keep], values[keep]
-        if generation != self._generation:  # step() ran since the lookup: use the current rows
-            values = self.table.gather(rows)
-        if self._rows is not None and self._rows_weight.grad is None:
-            # emb.optimizer.zero_grad() dropped the pending gradient (a step GradScaler skipped):
-            # those rows got no gradient since, so they are no touched rows any more.
-            self._rows = None
-        if self._rows is not None:
-            old = self._rows_weight
-            n = self._rows.numel()
-            rows, where = torch.unique(torch.cat([self._rows, rows]), sorted=True, return_inverse=True)
-            where = where.to(grad.device)
-            # Positions are distinct within each index_add_, so the sums are deterministic
-            # on GPUs too: (0 + old) + new, in lookup order.
-            values = values.new_empty(rows.numel(), self.embedding_dim).index_copy_(0, where[:n], old.detach()) \
-                .index_copy_(0, where[n:], values)
-            grad = torch.zeros_like(values).index_add_(0, where[:n], old.grad).index_add_(0, where[n:], grad)
-        if self._rows is not None and self._rows_generation != self._generation:
-            self._rows_generation = -1  # the earlier rows' values are stale: step() re-gathers
-        else:
-            self._rows_generation = self._generation
-        self._rows = rows
-        weight = values.requires_grad_()
-        weight.grad = grad
-        self._swap_rows_weight(weight)
-
-    def touched_rows(self) -> torch.Tensor:
-        """This step's rows as a dense tensor whose `.grad` is their gradient (None before
-        any backward), for gradient clipping: `clip_grad_norm_([*params, emb.touched_rows()])`.
-
-        Call it after the last backward of the step; step() applies the `.grad` as it then
-        is. Distributed, this combines the ranks' gradients (a collective: every rank calls it).
-        """
-        if self.freeze:
-            return self._rows_weight
-        group = self._process_group()
-        if group is not None and not self._combined:
-            self._combine(group)
-        return self._rows_weight
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drop the gradients gathered since the last step() without applying them (a parent
-        module's zero_grad() does not reach here: it only visits parameters)."""
-        self._rows, self._combined = None, False
-        self._swap_rows_weight(self._rows_weight.detach().new_empty(0, self.embedding_dim).requires_grad_())
-
-    def step(self) -> None:
-        """Update the rows that received gradients since the last step, and their optimizer state.
-
-        The same as `emb.optimizer.step()` (which `scaler.step(emb.optimizer)` calls), except
-        that it raises when no lookup tracked gradients since the last step."""
-        if self.freeze:
-            self.zero_grad()
-            return
-        # Distributed, a rank without lookups still joins its peers' collective: no error there.
-        if self._rows is None and not self._tracked and self._group is None:
-            raise RuntimeError("step() needs a forward pass that tracked gradients first (or the optimizer was "
-                               "already stepped since: emb.optimizer.step() and scaler.step(emb.optimizer) "
-                               "are emb.step() too, so call one of them per step)")
-        self._stepping = True
-        try:
-            self._prepare_step()
-            if self._rows is not None and self._rows.numel():
-                self.optimizer.step()  # through the optimizer, so LR schedulers see the step
-            else:
-                self._finish_step()
-        finally:
-            self._stepping = False
-
-    def _prepare_step(self) -> None:
-        """Before the optimizer updates the touched rows: combine the ranks' gradients, re-gather
-        rows the table changed under (writes through .weight, max_norm), gather their state."""
-        w = self.touched_rows()
-        rows = self._rows
-        if rows is None or not rows.numel():
-            return
-        if self._rows_generation != self._generation:
-            with torch.no_grad():
-                w.copy_(self.table.gather(rows))
-            self._rows_generation = self._generation
-        state = self.optimizer.state.get(w)
-        if state:
-            for key, table in self._state_tables.items():
-                state[key] = table.gather(rows)
-
-    def _finish_step(self) -> None:
-        """After the optimizer step: write rows and state back, start the next step afresh."""
-        w, rows = self._rows_weight, self._rows
-        self._rows, self._tracked, self._combined = None, False, False
-        if rows is not None and rows.numel():
-            with torch.no_grad():
-                self.table._write_unique(rows, w)
-                for key, value in self.optimizer.state[w].items():
-                    if isinstance(value, torch.Tensor) and value.shape == w.shape:
-                        if key not in self._state_tables:
-                            self._state_tables[key] = self._new_state_table(key)
-                        self._state_tables[key]._write_unique(rows, value)
-                        # The rows are on the host now; free the device copy until next step.
-                        self.optimizer.state[w][key] = value.new_empty(0, self.embedding_dim)
-            self._generation += 1
-        self.zero_grad()
-
-    def _swap_rows_weight(self, new: torch.Tensor) -> None:
-        # A fresh leaf whenever the rows change (autograd caches a leaf's shape, so resizing
-        # one in place fails); the optimizer's param entry and state move over to it.
-        old = self._rows_weight
-        if self.optimizer is not None:
-            self.optimizer.param_groups[0]["params"][0] = new
-            if old in self.optimizer.state:
-                self.optimizer.state[new] = self.optimizer.state.pop(old)
-        self._rows_weight = new
+    # --- one step: _accumulate, touched_rows, zero_grad, step, _prepare_step, _finish_step,
+    # _swap_rows_weight (from _RowStep) ---
 
     # --- several processes: _process_group, _combine, _copy_rank0_table (from _RankSync) ---
 
-    # --- state ------------------------------------------------------------------------
-
-    def _new_state_table(self, key: str) -> HostTable:
-        """A state table whose rows start where the optimizer's state starts (see the class doc)."""
-        probe = torch.zeros(1, self.embedding_dim, dtype=self.table.dtype, device=self.table.device, requires_grad=True)
-        probe.grad = torch.zeros_like(probe)
-        # The same hyper-parameters as constructor arguments (Adagrad reads its initial value
-        # there), leaving out what schedulers add to param groups (initial_lr, ...).
-        accepted = inspect.signature(type(self.optimizer)).parameters
-        group = self.optimizer.param_groups[0]
-        opt = type(self.optimizer)([probe], **{k: v for k, v in group.items() if k in accepted and k != "params"})
-        opt.step()
-        # the weight's sort order: state moves as rows do
-        table = HostTable(*self.table.shape, dtype=self.table.dtype, backend=self.table.backend,
-                          device=self.table.device, **self.table.options)
-        initial = opt.state[probe].get(key)
-        if isinstance(initial, torch.Tensor) and initial.any():
-            table.fill_(initial.detach())
-        return table
-
-    def _save_to_state_dict(self, destination, prefix, keep_vars):
-        # Only the weight, as nn.Embedding's: a model saved with a HostEmbedding loads strictly
-        # into the same model with a plain nn.Embedding. The optimizer state is kept apart.
-        destination[prefix + "weight"] = self.table.cpu()
-
-    def optimizer_state_dict(self) -> dict[str, object]:
-        """The optimizer state (per-row tables as host tensors of the table's shape, and scalars
-        such as Adam's step), to save beside the model's state_dict. Hyper-parameters belong
-        to the optimizer factory."""
-        return {key: (self._state_tables[key].cpu() if key in self._state_tables else value)
-                for key, value in (self.optimizer.state.get(self._rows_weight, {}) if self.optimizer else {}).items()}
-
-    def load_optimizer_state_dict(self, state: dict[str, object]) -> None:
-        """Restore what optimizer_state_dict() returned. Call it after load_state_dict(): loading
-        a weight starts the optimizer afresh (its state belonged to the old values)."""
-        if self.optimizer is None:
-            raise ValueError("this HostEmbedding has no optimizer (frozen): there is no optimizer state to load")
-        self._set_optimizer_state(dict(state))
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
-        mine = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
-        if "weight" not in mine:
-            missing_keys.append(prefix + "weight")
-            return
-        try:
-            self.table.copy_(mine.pop("weight"))
-        except (ValueError, TypeError) as e:
-            error_msgs.append(f"{prefix}weight: {e}")
-            return
-        self._generation += 1  # rows gathered before the load are stale
-        loaded = {}
-        for name, value in mine.items():
-            if not name.startswith("optimizer."):
-                unexpected_keys.append(prefix + name)
-            elif self.optimizer is not None:  # state_dicts saved before optimizer_state_dict() existed carry it
-                loaded[name.removeprefix("optimizer.")] = value
-        if self.optimizer is not None:
-            self._set_optimizer_state(loaded)
-
-    def _set_optimizer_state(self, loaded: dict[str, object]) -> None:
-        # The loaded state replaces this embedding's whole state, absent entries by their fresh
-        # values: keeping ours (Adam's step count, momentum rows) would make training continue
-        # differently from the source.
-        self._state_tables, state = {}, {}
-        for key, value in {**self._fresh_state, **loaded}.items():
-            if isinstance(value, torch.Tensor) and tuple(value.shape) == self.table.shape:
-                self._state_tables[key] = HostTable.from_tensor(value, backend=self.table.backend,
-                                                                device=self.table.device)
-                value = value.new_empty(0, self.embedding_dim).to(self.table.device)
-            elif isinstance(value, torch.Tensor) and tuple(value.shape) == (0, self.embedding_dim):
-                # fresh per-row state
-                self._state_tables[key] = self._new_state_table(key)
-            state[key] = value.clone() if isinstance(value, torch.Tensor) else value
-        if state:
-            self.optimizer.state[self._rows_weight] = state
-        else:
-            self.optimizer.state.pop(self._rows_weight, None)
-
+    # --- state: _new_state_table, optimizer_state_dict, load_optimizer_state_dict and the
+    # state_dict methods (from _OptimizerState) ---

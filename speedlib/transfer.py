@@ -52,7 +52,8 @@ from __future__ import annotations
 # The code lives in private modules, each readable on its own: the storage backends
 # (speedlib/_transfer_backends.py), the measured choice of 'auto' (_transfer_auto.py), the
 # 'uva' row-copy kernel (_transfer_kernel.py), the table (_host_table.py), the trainable
-# embedding (_host_embedding.py) and its multi-process part (_embedding_ranks.py). This module
+# embedding (_host_embedding.py) with its step (_embedding_step.py), optimizer state
+# (_embedding_state.py) and multi-process part (_embedding_ranks.py). This module
 # stays the technique's one import, so `speedlib.transfer.HostTable` and friends keep working.
 from speedlib._host_embedding import HostEmbedding
 from speedlib._host_table import HostTable, last_write_wins
