@@ -27,7 +27,6 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-import re
 import resource
 import time
 from collections.abc import Callable
@@ -35,6 +34,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from speedbench.measure import interference
+from speedbench.measure.host_settings import (  # noqa: F401 - re-exported: the CLI and device() read them as preflight.X
+    CPU_SYSFS,
+    benchmark_device,
+    benchmark_threads,
+    cpu_frequency_policy,
+    usable_cores,
+)
 from speedbench.stats import contention
 
 __all__ = ["Finding", "Report", "check", "wait_until_quiet", "sample_processes", "cpu_frequency_policy",
@@ -58,7 +64,6 @@ TOP = 3  # busiest other processes named
 NAMED_SHARE = 1.0  # % of the machine below which a process is not named (a tick or two)
 
 PROC = "/proc"
-CPU_SYSFS = "/sys/devices/system/cpu"
 _TICK = interference.TICK_S  # /proc counts in these
 _PF_KTHREAD = 0x00200000  # /proc/<pid>/stat flags: a kernel thread, not a process anyone started
 
@@ -109,34 +114,6 @@ class Report:
         """What goes into the environment record; `busy_at_start` says what was busy ("" when nothing)."""
         return {"level": self.level, "busy": self.busy, "busy_at_start": self.busy_line() if self.busy else "",
                 "findings": [asdict(f) for f in self.findings]}
-
-
-def cpu_frequency_policy(sysfs: str | os.PathLike = CPU_SYSFS) -> dict:
-    """The CPU frequency governors in use (sorted, None where cpufreq is not exposed, as in
-    most VMs) and whether turbo/boost is on (None where unreadable). A `powersave` governor
-    or a changed boost setting moves every host-side timing: data loading, launch overhead."""
-    root = Path(sysfs)
-    governors = set()
-    for path in root.glob("cpu[0-9]*/cpufreq/scaling_governor"):
-        try:
-            governors.add(_sysfs_word(path))
-        except OSError:
-            pass
-    boost = None
-    # intel_pstate says the opposite (no_turbo); acpi-cpufreq and amd-pstate say "boost".
-    for name, on in (("intel_pstate/no_turbo", "0"), ("cpufreq/boost", "1")):
-        try:
-            boost = _sysfs_word(root / name) == on
-            break
-        except OSError:
-            pass
-    return {"cpu_governors": sorted(governors) or None, "cpu_boost": boost}
-
-
-def _sysfs_word(path: Path) -> str:
-    """A one-word sysfs file, stripped. The kernel writes ASCII: any other byte (a damaged or
-    planted file) is kept as its escape, \\xNN, so the word is recorded and shown, never raises."""
-    return path.read_bytes().decode("ascii", "backslashreplace").strip()
 
 
 # --- the CPU sample ----------------------------------------------------------------------
@@ -298,56 +275,6 @@ def _threads_finding(threads: int | None, usable: int, sample: Sample | None, er
         return Finding("threads", "warn", what + ": threads will wait for a core",
                        "stop the other work, or set SPEEDLIB_THREADS (recorded with the results)", data=data)
     return Finding("threads", "ok", what, data=data)
-
-
-def usable_cores() -> int:
-    """The CPUs this process may run on (its affinity mask: a container's or taskset's
-    limit), else all of the machine's."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-# $SPEEDLIB_THREADS sets the intra-op threads the benchmarks use; by default one per usable CPU.
-THREADS_ENV = "SPEEDLIB_THREADS"
-
-
-def benchmark_threads() -> int:
-    """The intra-op thread count every measuring process sets (`torch.set_num_threads`,
-    benchmarks/common.py) before it builds anything: torch's own default depends on its build
-    and on OMP_NUM_THREADS, so a ratio would otherwise depend on how the shell that started the
-    run was set up. The environment record keeps the number (speedbench.measure.devices). Raises
-    ValueError for a $SPEEDLIB_THREADS that is not a positive integer."""
-    text = os.environ.get(THREADS_ENV)
-    if text is None or not text.strip():
-        return usable_cores()
-    try:
-        threads = int(text)
-    except ValueError:
-        threads = 0
-    if threads < 1:
-        raise ValueError(f"${THREADS_ENV} must be a positive integer, got {text!r}")
-    return threads
-
-
-# $SPEEDLIB_DEVICE names the device the benchmarks measure on; by default CUDA when present.
-DEVICE_ENV = "SPEEDLIB_DEVICE"
-# The benchmarks have a CPU and a GPU profile and nothing else: on "meta" every kernel is a
-# no-op (a run would file timings of nothing), and torch rejects a name it does not know
-# only inside each benchmark, which then fails without saying why.
-_DEVICE_NAME = re.compile(r"cpu|cuda(:[0-9]+)?")
-
-
-def benchmark_device() -> str | None:
-    """$SPEEDLIB_DEVICE (None where it is unset or blank), read without torch. Raises
-    ValueError for anything but cpu, cuda or cuda:N."""
-    text = os.environ.get(DEVICE_ENV)
-    if text is None or not text.strip():
-        return None
-    if not _DEVICE_NAME.fullmatch(text):
-        raise ValueError(f"${DEVICE_ENV} must be cpu, cuda or cuda:N (the device to measure on), got {text!r}")
-    return text
 
 
 def _usable_and_threads() -> tuple[int, int | None, str | None]:
