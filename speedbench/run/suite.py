@@ -18,13 +18,14 @@ worktrees that runs killed outright left behind (`prune_stale`).
 A benchmark that fails does not stop the run: the other results, the environment records
 and the archive are still written, and the failures are listed at the end (`RunResult.failed`).
 
-This module is the run itself: its options and their checks, and the loop over chunks and
-commits; every path it writes, the lock and the writable check are the results tree's
-(speedbench/results/tree.py). Beside it, and re-exported here as `suite.X`: the checkout, its
-commits and the run's scratch directories (speedbench/run/checkout.py), asv under the supervisor
-and the signals that stop it (speedbench/run/asv_process.py), and the records a run reads and
-writes beside asv's results (speedbench/run/records.py). Tests patch `suite._asv`,
-`suite._run_commit` and the like: the run calls them through this module's names.
+This module is the run itself: the loop over chunks and commits; every path it writes, the
+lock and the writable check are the results tree's (speedbench/results/tree.py). Beside it,
+and re-exported here as `suite.X`: the run's options and what it checks before it measures
+(speedbench/run/preconditions.py), the checkout, its commits and the run's scratch directories
+(speedbench/run/checkout.py), asv under the supervisor and the signals that stop it
+(speedbench/run/asv_process.py), and the records a run reads and writes beside asv's results
+(speedbench/run/records.py). Tests patch `suite._asv`, `suite._run_commit`, `suite._preflight`
+and the like: the run calls them through this module's names.
 """
 
 from __future__ import annotations
@@ -32,10 +33,8 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import math
 import os
 import platform
-import re
 import sys
 import tempfile
 import time
@@ -43,11 +42,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from speedbench.measure import interference, preflight
-from speedbench.results import machines, merge, problems, safekeep
+from speedbench.measure import interference
+from speedbench.results import merge, problems, safekeep
 from speedbench.results.common import printable
 from speedbench.results.load import format_table, load_results
-from speedbench.results.tree import ResultsError, ResultsTree, machine_name_refused
+from speedbench.results.tree import ResultsTree
 from speedbench.run import plan
 from speedbench.run.asv_process import (  # noqa: F401 - re-exported: tests patch and call them as suite.X
     Interrupted,
@@ -69,6 +68,17 @@ from speedbench.run.checkout import (  # noqa: F401 - re-exported: cli.py and te
     resolve_commits,
 )
 from speedbench.run.errors import SuiteError
+from speedbench.run.preconditions import (  # tests patch and call them as suite.X: the run calls them from here
+    QUICK_ENV,
+    RunOptions,
+    _check_machine,
+    _check_writable,
+    _locked,
+    _preflight,
+    _results_dir,
+    _steps,
+    check_options,
+)
 from speedbench.run.records import (
     _record_environment,
     _writing,
@@ -83,97 +93,11 @@ __all__ = ["RunOptions", "RunResult", "run", "failed_benchmarks", "find_root", "
 
 
 @dataclass
-class RunOptions:
-    quick: bool = False
-    commits: str | None = None  # None: HEAD; "A..B": every commit in the range; "REV": one
-    bench: Sequence[str] = field(default_factory=list)
-    machine: str | None = None
-    results_dir: Path | None = None  # default: the config's results_dir
-    allow_dirty: bool = False
-    show_stderr: bool = False
-    archive: Path | None = None  # also pack what the run wrote into this .tar.gz
-    chunks: Sequence[str] = ()  # benchmarks/chunks.py names (or "all"), run in suite order
-    budget_minutes: float | None = None  # with chunks: start no chunk that would not fit
-    require_quiet: bool = False  # refuse to measure when the pre-flight check finds the machine busy
-    wait_quiet: float | None = None  # seconds to wait for a busy machine to settle before measuring
-    new_build: bool = False  # file a torch/CUDA build the machine directory has not recorded (machines.py)
-
-
-@dataclass
 class RunResult:
     results_dir: Path
     machine: str
     failed: list[str]  # one printable line per benchmark that failed: "<commit> <name> ..."
     not_run: list[str] = field(default_factory=list)  # chunks left out to keep within the budget
-
-
-# What tells the benchmarks to measure one round per comparison (benchmarks/common.py QUICK):
-# set by `--quick` for its own benchmark processes, whose results go to scratch and are never
-# filed. Left in the shell, it would make a real run's figures one round each, filed as results.
-QUICK_ENV = "SPEEDLIB_QUICK"
-
-
-def check_options(options: RunOptions) -> None:
-    """Refuse, with one line, options that would fail or misfile results later in the run."""
-    quick = os.environ.get(QUICK_ENV)
-    if not options.quick and quick is not None and quick.strip():
-        raise SuiteError(f"${QUICK_ENV} is set ({QUICK_ENV}={printable(quick)}): the benchmarks would measure "
-                         "one round per comparison and this run would file those as results; unset it "
-                         f"(unset {QUICK_ENV}), or use --quick for a smoke run that saves nothing")
-    if options.machine is not None and (why := machine_name_refused(options.machine)):  # merge's rule too
-        raise SuiteError(f"--machine {why}")
-    for regex in options.bench:
-        try:
-            re.compile(regex)
-        except re.error as e:
-            raise SuiteError(f"--bench '{printable(regex)}' is not a regular expression: {e}") from None
-    if options.commits is not None:
-        # git would read a leading dash as one of its own options (rev-list --all, --output=...).
-        if not options.commits or any(part.startswith("-") for part in options.commits.split("..")):
-            raise SuiteError(f"--commits '{printable(options.commits)}' is not a revision or a range A..B")
-    if options.archive is not None and options.archive.is_dir():
-        raise SuiteError(f"--archive {printable(str(options.archive))} is a directory: name the .tar.gz file to write")
-    if options.results_dir is not None:
-        try:  # a symlink loop (RuntimeError before Python 3.13), a name over 255 bytes or a path over 4096 (OSError)
-            options.results_dir.resolve().exists()
-        except (OSError, RuntimeError) as e:
-            why = e.strerror if isinstance(e, OSError) and e.strerror else "it is a loop of symbolic links"
-            raise SuiteError(f"--results-dir {printable(str(options.results_dir))} cannot be used: {why}") from None
-    if options.results_dir is not None and options.results_dir.exists() and not options.results_dir.is_dir():
-        raise SuiteError(f"--results-dir {printable(str(options.results_dir))} exists and is not a directory")
-    if options.wait_quiet is not None and not (math.isfinite(options.wait_quiet) and options.wait_quiet > 0):
-        raise SuiteError(f"--wait-quiet must be a positive, finite number of seconds, got {options.wait_quiet:g}")
-    # nan would start every chunk (nothing is > nan), a negative budget none
-    budget = options.budget_minutes
-    if budget is not None and not (math.isfinite(budget) and budget > 0):
-        raise SuiteError(f"--budget-minutes must be a positive, finite number of minutes, got {budget:g}")
-    if options.archive is not None:  # else found out only when the first chunk or the whole run is packed
-        _check_writable(options.archive.parent, f"--archive {printable(str(options.archive))}",
-                        "name a file in a directory you can write to")
-
-
-def _check_writable(directory: Path, what: str, instead: str) -> None:
-    """The results tree's writable check (speedbench.results.tree), its refusal a SuiteError."""
-    try:
-        ResultsTree(directory).check_writable(what, instead)
-    except ResultsError as e:
-        raise SuiteError(str(e)) from None
-
-
-def _results_dir(options: RunOptions, root: Path, conf: dict) -> Path:
-    return (options.results_dir or root / conf.get("results_dir", "results")).resolve()
-
-
-@contextlib.contextmanager
-def _locked(results_dir: Path):
-    """The results tree's lock held for the block; a refusal (another run or merge holds it)
-    is a SuiteError, exit 2, like every precondition of the run."""
-    with contextlib.ExitStack() as held:
-        try:
-            held.enter_context(ResultsTree(results_dir).lock())
-        except ResultsError as e:
-            raise SuiteError(str(e)) from None
-        yield
 
 
 def _register_machine(conf: Path, root: Path, name: str, env: dict) -> None:
@@ -300,68 +224,6 @@ def _run(options: RunOptions, root: Path, argv: Sequence[str], shas: list[str], 
         print(f"\nspeedlib run: packed {packed}: unpack it in a checkout's root and commit results/", flush=True)
     _print_failed(failed)
     return RunResult(results_dir, machine, failed, not_run)
-
-
-def _check_machine(options: RunOptions, root: Path, identity: dict) -> None:
-    """Refuse (SuiteError) to file this run under a machine directory whose environment records
-    name other hardware, or another torch/CUDA build without --new-build (speedbench.results.machines).
-    A quick run files nothing."""
-    if options.quick:
-        return
-    machine = options.machine or identity["machine"]
-    results_dir = _results_dir(options, root, json.loads((root / CONFIG).read_text()))
-    try:
-        note = machines.check_directory(results_dir, machine, identity, options.new_build)
-    except machines.MachineMismatch as e:
-        raise SuiteError(str(e)) from None
-    if note:
-        print(f"speedlib run: {note}", flush=True)
-
-
-def _preflight(options: RunOptions):
-    """The pre-flight check (speedbench/measure/preflight.py): its findings that are not ok, then one
-    summary line. --wait-quiet checks again until a busy machine settles; --require-quiet
-    refuses to measure on one (SuiteError: exit 2). Otherwise a busy machine is measured on,
-    with a warning; the environment record keeps the findings either way."""
-    report = preflight.check()
-    waited = options.wait_quiet is not None and report.busy
-    if waited:
-        print(f"speedlib run: busy: {printable(report.busy_line())}", flush=True)
-        print(f"speedlib run: waiting up to {options.wait_quiet:g} s for the machine to settle", flush=True)
-        report = preflight.wait_until_quiet(options.wait_quiet, report,
-                                            say=lambda line: print(f"speedlib run: {printable(line)}", flush=True))
-    for finding in report.findings:
-        if finding.level != "ok":
-            print(f"speedlib run: {finding.level}: {printable(finding.line())}", flush=True)
-    print(f"speedlib run: {report.summary()} (speedlib env --check lists every check)", flush=True)
-    if report.busy:
-        still = f"still busy after --wait-quiet {options.wait_quiet:g} s" if waited else "the machine is busy"
-        if options.require_quiet:
-            raise SuiteError(f"{still} ({printable(report.busy_line())}), and --require-quiet refuses to measure "
-                             "on a busy machine: stop the other work"
-                             + ("" if waited else ", or give it time with --wait-quiet SECONDS"))
-        print(f"speedlib run: {still}; measuring anyway, and ratios may come out inflated (--require-quiet "
-              "refuses instead)", flush=True)
-        print(f"speedlib run: every figure of this run is marked {contention.MARK} contended: the machine was busy "
-              "as it started", flush=True)
-    elif waited:
-        print("speedlib run: the machine is quiet now", flush=True)
-    return report
-
-
-def _steps(options: RunOptions, root: Path) -> list:
-    """(chunk or None, --bench regexes) per asv invocation over the commits."""
-    if not options.chunks:
-        if options.budget_minutes is not None:
-            raise SuiteError("--budget-minutes chooses among chunks: name them with --chunk (or --chunk all)")
-        return [(None, list(options.bench))]
-    if options.bench:
-        raise SuiteError("--bench and --chunk both select benchmarks: use one of them")
-    try:
-        chunks = plan.select_chunks(plan.load_chunks(root), list(options.chunks))
-    except plan.PlanError as e:
-        raise SuiteError(str(e)) from e
-    return [(c, [c.regex]) for c in chunks]
 
 
 def _listing(root: Path, results_dir: Path) -> Path | None:
