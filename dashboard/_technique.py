@@ -3,7 +3,6 @@ charts that show every sample, and what was not measured."""
 
 from __future__ import annotations
 
-import dataclasses
 import html
 import re
 
@@ -149,42 +148,22 @@ def technique_page(name: str) -> None:
 def _paired(rows: pd.DataFrame, where: str, baseline: str) -> None:
     """The comparisons measured with the variants taking turns: the numbers to cite. Those
     against the baseline picked above, else (a variant picked to compare with) all of them."""
-    paired = report.paired_table(rows)
+    paired = report.paired_table(rows, baseline)
     s = paired.sources  # speedups only: the baseline has times but no speedup of its own
     if s.empty:
         return
-    picked = _against(paired, baseline)
-    which = (f"against {report.md_code(baseline)}, the baseline picked above" if picked is not None else
+    picked = bool((s["baseline"] == baseline).all())
+    which = (f"against {report.md_code(baseline)}, the baseline picked above" if picked else
              "each class's own baseline, and the headline variant against every baseline the overview shows it "
              "against")
     st.markdown("**Paired speedups** (the variants took turns in one process; Hodges-Lehmann estimate "
                 f"of the per-round ratios, brackets its 99 % Wilcoxon interval; {which})")
-    if picked is None:
+    if not picked:
         caption(f"None was paired against {baseline}: every paired speedup is shown, each against its own baseline.")
-    else:
-        paired, s = picked, picked.sources
     table(paired, hide=STATED)
     s = s.assign(case=config_label(s) + " / " + s["variant"].astype(str) + " vs " + s["baseline"].astype(str),
                  where=where)
     st.plotly_chart(ratio_chart(s, "case", "where", "paired speedup: x faster than the baseline"))
-
-
-# The paired table's note that counts its wide intervals ("3 of 12 intervals wider than 1.10x").
-_WIDE_COUNT = re.compile(r"^\d+ of \d+ (?=intervals wider than )")
-
-
-def _against(paired: report.Table, baseline: str) -> report.Table | None:
-    """`paired`'s rows against `baseline`, the same rows `speedlib report --table paired` holds,
-    with its notes (the count of wide intervals recounted over these rows); None where no row is."""
-    keep = (paired.sources["baseline"] == baseline).to_numpy()
-    if not keep.any():
-        return None
-    s = paired.sources[keep]
-    wide = int((s["width"] > report.PAIRED_WIDTH_TARGET).sum())
-    return dataclasses.replace(
-        paired, frame=paired.frame[keep].reset_index(drop=True), sources=s,
-        data=None if paired.data is None else paired.data[keep],
-        notes=[_WIDE_COUNT.sub(f"{wide} of {len(s)} ", n) for n in paired.notes])
 
 
 # A floor chart's hover: (label, column of report.floor_figures), the floor table's text.

@@ -197,9 +197,12 @@ def against(own: pd.DataFrame, h, other: str) -> pd.DataFrame:
     return pd.DataFrame(out) if out else own.iloc[0:0]
 
 
-def paired_table(df: pd.DataFrame) -> Table:
-    """Paired speedups: the headline of every comparison measured with variants taking turns."""
+def paired_table(df: pd.DataFrame, baseline: str | None = None) -> Table:
+    """Paired speedups: the headline of every comparison measured with variants taking turns;
+    with `baseline`, only those against it where there are any (else every one)."""
     s = paired(df)
+    if baseline is not None and (s["baseline"] == baseline).any():
+        s = s[s["baseline"] == baseline]  # the notes below count and mark these rows only
     frame = pd.DataFrame({
         "machine": s["machine"], "GPU": s["gpu"], "commit": _commit_label(s),
         # "TrainingStep workload=resnet50" is a class of amp, tuning and checkpoint alike
