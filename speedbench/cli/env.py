@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from speedbench.measure import preflight
+from speedbench.measure import host_settings, preflight
 from speedbench.results.common import printable
 from speedbench.run.errors import missing_torch
 
@@ -36,7 +36,8 @@ def settings_refused(command: str, *, device: bool = False) -> bool:
     """A $SPEEDLIB_THREADS that is not a positive integer (and with `device`, a $SPEEDLIB_DEVICE
     the benchmarks cannot measure on) said in one line (True), before the environment record
     or a run would raise on it or file timings of nothing."""
-    readers = (preflight.benchmark_threads, preflight.benchmark_device) if device else (preflight.benchmark_threads,)
+    readers = ((host_settings.benchmark_threads, host_settings.benchmark_device) if device
+               else (host_settings.benchmark_threads,))
     for read in readers:
         try:
             read()

@@ -12,12 +12,12 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from speedbench.measure import preflight  # $SPEEDLIB_DEVICE's rule, which the CLI checks without torch
+from speedbench.measure import host_settings  # $SPEEDLIB_DEVICE's rule, which the CLI checks without torch
 
 
 def device(prefer: str | None = None) -> torch.device:
     """The device to measure on: `prefer` if given (or $SPEEDLIB_DEVICE), else CUDA when present."""
-    name = prefer or preflight.benchmark_device()
+    name = prefer or host_settings.benchmark_device()
     if name:
         dev = torch.device(name)
         if dev.type == "cuda" and not torch.cuda.is_available():

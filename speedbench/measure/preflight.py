@@ -34,13 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from speedbench.measure import interference
-from speedbench.measure.host_settings import (  # noqa: F401 - re-exported: the CLI and device() read them as preflight.X
-    CPU_SYSFS,
-    benchmark_device,
-    benchmark_threads,
-    cpu_frequency_policy,
-    usable_cores,
-)
+from speedbench.measure.host_settings import CPU_SYSFS, benchmark_threads, cpu_frequency_policy, usable_cores
 from speedbench.stats import contention
 
 __all__ = ["Finding", "Report", "check", "wait_until_quiet", "sample_processes", "cpu_frequency_policy",
