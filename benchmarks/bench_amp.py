@@ -112,6 +112,8 @@ class TrainingStep(common.Paired):
     """Every variant of one workload taking turns; fp32, plain PyTorch, is the baseline and
     default, PyTorch's own default, the headline's lead on GPUs."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (WORKLOADS, VARIANTS)
     param_names = ["workload", "variant"]
     baseline = "fp32"
@@ -145,6 +147,7 @@ class TrainingStep(common.Paired):
 
 
 class PeakMemory(common.Measured):
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
     params = (WORKLOADS, VARIANTS)
     param_names = ["workload", "variant"]
     timeout = 1800

@@ -221,6 +221,8 @@ def _trainers(workload: str, batch: int, data_parallel: bool = False):
 class TrainingStep(common.Paired):
     """The five variants of one (workload, batch) taking turns; none, plain PyTorch, is the baseline."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (WORKLOADS, BATCHES, VARIANTS)
     param_names = ["workload", "batch", "variant"]
     baseline = "none"
@@ -239,6 +241,8 @@ class TrainingStep(common.Paired):
 class ActivationMemory(common.Measured):
     """What each variant keeps for backward (exact, any device); the plain variants on the
     model built with torch alone."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = (WORKLOADS, BATCHES, VARIANTS)
     param_names = ["workload", "batch", "variant"]
@@ -264,6 +268,8 @@ class ActivationMemory(common.Measured):
 class PeakMemory(common.Measured):
     """Peak GPU memory of a training step, whole and above what was allocated before it; the
     plain variants on the model built with torch alone."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = (WORKLOADS, BATCHES, VARIANTS)
     param_names = ["workload", "batch", "variant"]
@@ -317,6 +323,8 @@ class DataParallelStep(common.Paired):
     reentrant checkpoint was slow. The plain variants' checkpointing lives in torch's
     classes, so DataParallel's replicas keep it."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (PARALLEL_BATCHES, VARIANTS)
     param_names = ["batch", "variant"]
     baseline = "none"
@@ -346,6 +354,8 @@ class DistributedStep(common.Timed):
     group per configuration), so variants cannot take turns step by step in one process,
     and pairing whole launches would cost a launch of several seconds per sample.
     """
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = (PARALLEL_BATCHES, VARIANTS)
     param_names = ["batch", "variant"]

@@ -154,6 +154,8 @@ class AdamStep(_Grid, common.Paired):
     """optimizer.step() alone: what the flat buffer is meant to speed up. Adam moves the
     parameters; the times stay comparable because they do not depend on the values."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     # 50 steps back to back between two synchronisations on GPUs, as in training where the
     # host runs ahead of the GPU (one MLP step is microseconds there); 3 on CPUs, where a
     # step takes milliseconds and every round costs all five variants.
@@ -218,6 +220,8 @@ _BYTES = "adam bytes per step"
 class OptimizerStep(_Grid, common.Paired):
     """Clip + Adam step + zero_grad: what the optimizer side of an iteration costs."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     number = common.pick(cpu=1, gpu=20)  # an MLP step is well under a millisecond on GPUs
 
     def setup_cache(self):
@@ -231,6 +235,8 @@ class OptimizerStep(_Grid, common.Paired):
 class Iteration(_Grid, common.Paired):
     """The whole training iteration around the optimizer step."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     number = common.pick(cpu=1, gpu=3)  # the MLP's iteration is about a millisecond on GPUs
 
     def setup_cache(self):
@@ -243,6 +249,8 @@ class Iteration(_Grid, common.Paired):
 
 class IterationMemory(common.Measured):
     """Peak GPU memory of one training iteration: the flat buffers must not cost extra."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = (WORKLOADS, VARIANTS)
     param_names = ["workload", "variant"]

@@ -156,6 +156,8 @@ class Step(common.Timed):
     """The world size x mode grid, one launch each: single and dataparallel with torch alone
     (the baselines), ddp through speedlib.parallel."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (WORLDS, MODES)
     param_names = ["world", "variant"]
     timeout = 1800  # setup_cache: every launch of the grid
@@ -196,6 +198,8 @@ _NO_SYNC = {"off": False, "on": True}
 class NoSync(common.Timed):
     """DDP on 2 ranks, 4 micro-batches per step, with speedlib's no_sync ("on") and without
     ("off": plain PyTorch, the baseline)."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = [list(_NO_SYNC)]
     param_names = ["variant"]

@@ -251,6 +251,8 @@ def _all_tables() -> tuple:
 class Transfer(common.Paired):
     """Gather, or scatter, of the batch in one index order: the backends taking turns."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (OPS, ORDERS, VARIANTS)
     param_names = ["op", "indices", "variant"]
     baseline = BASELINE
@@ -300,6 +302,8 @@ def _median_bandwidth(fn: Callable[[], object], dev, samples: int = 20) -> float
 
 class FractionOfFloor(common.Timed):
     """Random-row gather (scatter) over bulk pinned host->device (device->host) bandwidth."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = (VARIANTS,)
     param_names = ["variant"]
@@ -376,6 +380,8 @@ class FractionOfFloor(common.Timed):
 class CopyBandwidth(common.Timed):
     """The floor: one bulk 256 MiB copy between host and GPU, best of five."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (["h2d", "d2h"], ["pinned", "pageable"])
     param_names = ["direction", "variant"]
 
@@ -424,6 +430,8 @@ def _footprint(variant: str, read: Callable[[], int]) -> int:
 class Footprint(common.Measured):
     """Host memory a table holds (resident bytes, pinned pages included)."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (VARIANTS,)
     param_names = ["variant"]
     timeout = 1800
@@ -444,6 +452,8 @@ class Footprint(common.Measured):
 
 class DeviceFootprint(common.Measured):
     """GPU memory a table holds, from the driver (CuPy's and torch's allocations alike)."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = (VARIANTS,)
     param_names = ["variant"]
@@ -511,6 +521,8 @@ class _EmbeddingTrainer:
 class EmbeddingStep(common.Paired):
     """Forward, backward and Adam step of a 131072-index batch on a host-resident table,
     plain PyTorch's (SparseAdam) and every backend taking turns."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = (["sparse_adam_host", *BACKENDS, "sparse_adam"],)
     param_names = ["variant"]

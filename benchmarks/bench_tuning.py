@@ -151,6 +151,8 @@ class TrainingStep(common.Paired):
     """A knob's off and on trainers taking turns step by step; "off", plain PyTorch, is the
     baseline."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (PAIRED_KNOBS, ON_OFF)
     param_names = ["knob", "variant"]
     baseline = "off"
@@ -185,6 +187,8 @@ class CudnnBenchmark:
     time_* benchmark (a process per variant and round) does that. GPUs only.
     """
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = ON_OFF
     param_names = ["variant"]
     timer = staticmethod(_synchronised_clock)
@@ -211,6 +215,8 @@ class PeakMemory(common.Measured):
     """A warm step's peak device memory per knob and variant (GPUs; exact, so no pairing),
     "off" stepped with torch alone. cudnn_benchmark's is CudnnBenchmark.track_peak_memory,
     for the reason given there."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = (PAIRED_KNOBS, ON_OFF)
     param_names = ["knob", "variant"]
@@ -257,6 +263,8 @@ class Inference(common.Paired):
     """One model and batch; evaluation with autograd on ("off", plain PyTorch), no_grad,
     inference_mode."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (INFERENCE,)
     param_names = ["variant"]
     baseline = "off"
@@ -272,6 +280,7 @@ class Inference(common.Paired):
 
 
 class InferenceMemory(common.Measured):
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
     params = (INFERENCE,)
     param_names = ["variant"]
     timeout = 600
@@ -306,6 +315,8 @@ LOADING = ["off", "workers", "pin_memory", "workers_pin_memory"]
 class DataLoading(common.Paired):
     """The loader variants taking turns, an epoch each; the persistent workers start in
     the warm-up round. "off" is plain `DataLoader(data, batch_size)`, torch's defaults."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = (LOADING,)
     param_names = ["variant"]
@@ -352,6 +363,8 @@ class FusedPointwise(common.Paired):
     """Forward + backward of GELU: eager ("off", plain PyTorch), TorchScript, torch.compile,
     taking turns."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (["off", "torchscript", "compile"],)
     param_names = ["variant"]
     baseline = "off"
@@ -378,6 +391,8 @@ class FusedPointwise(common.Paired):
 
 class CompileTime(common.Timed):
     """The first calls of a freshly scripted or compiled GELU: what a first run pays."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = (["torchscript", "compile"],)
     param_names = ["variant"]
@@ -459,6 +474,8 @@ def _mlp_epoch(variant: str):
 class Sync(common.Paired):
     """An epoch with the .item() meter ("off") and with the on-device one, taking turns."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (ON_OFF,)
     param_names = ["variant"]
     baseline = "off"
@@ -472,6 +489,7 @@ class Sync(common.Paired):
 
 
 class SyncCount(common.Measured):
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
     params = (ON_OFF,)
     param_names = ["variant"]
     timeout = 600
@@ -506,6 +524,8 @@ def _creations(dev) -> dict:
 class CreateOnDevice(common.Paired):
     """torch.rand(2^26) on the host, then copied ("off"), vs drawn on the device. GPUs only:
     on a CPU the host is the device, nothing to copy."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = (ON_OFF,)
     param_names = ["variant"]
@@ -568,6 +588,8 @@ class Preallocate(common.Paired):
     model, the transformer built with torch alone: each starts from an emptied allocator
     cache, so neither inherits the other's blocks."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (ON_OFF,)
     param_names = ["variant"]
     baseline = "off"
@@ -583,6 +605,8 @@ class Preallocate(common.Paired):
 
 class PreallocateSegments(common.Measured):
     """cudaMalloc segments of an epoch, without ("off", plain PyTorch) and with pre-allocation."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = (ON_OFF,)
     param_names = ["variant"]
@@ -613,6 +637,7 @@ RETAINED_STEPS = common.pick(cpu=8, gpu=4)  # a ResNet-50 step at batch 64 keeps
 
 
 class RetainedGraph(common.Measured):
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
     params = (ON_OFF,)
     param_names = ["variant"]
     timeout = 600
@@ -656,6 +681,8 @@ class BatchSize(common.Timed):
     """The throughput curve of PyTorch's defaults (a step written with torch alone),
     smallest batch first, in one process: the first batch that does not fit ends it, and
     the larger ones are skipped without being tried."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = (BATCHES,)
     param_names = ["batch"]

@@ -58,8 +58,6 @@ paired estimate leaves disturbed rounds out where enough others remain.
 from __future__ import annotations
 
 import abc
-import hashlib
-import inspect
 import itertools
 import math
 import os
@@ -173,20 +171,14 @@ class Measured(abc.ABC):
     where setup_cache is written, so a shared one would share results between classes).
     Its `track_*` methods read `self.result(cache, *params)`. A parameter set that raises
     NotImplementedError is a skip, any other error that set's failure; neither stops the rest.
+    Each concrete class sets its own `version`, bumped only when what it measures changes
+    (benchmarks/versions.json, checked by `speedlib versions`).
     """
 
     rounds = 1  # asv's repeat-in-a-second-process: the work is done once, in setup_cache
     timeout = 60  # a track_* process only reads the cache
     params: list = []
     param_names: list = []
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        # asv versions a benchmark by the source of its method, setup and setup_cache, which
-        # here are shared or one line: version it by its class's source and this module's,
-        # so that changing how it measures sets its older results aside.
-        source = inspect.getsource(cls) + Path(__file__).read_text(encoding="utf-8")
-        cls.version = hashlib.sha256(source.encode()).hexdigest()
 
     @abc.abstractmethod  # abstract: asv does not take these bases for benchmarks
     def measure_one(self, *params):
