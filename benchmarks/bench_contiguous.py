@@ -62,8 +62,8 @@ class _Trainer:
     def __init__(self, workload: str, variant: str):
         import torch  # noqa: PLC0415 - in the measuring process only (benchmarks.common)
 
-        from speedbench import measure  # noqa: PLC0415
-        from speedbench.measure import workloads  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
+        from speedbench.measure import workloads  # noqa: PLC0415 - torch: the measuring process only
 
         dev = measure.device()
         wl = workloads.get(workload, dev)
@@ -88,7 +88,7 @@ class _Trainer:
             self.clip_params = flat.contiguous()
         elif variant == "original":
             try:
-                from contiguous_params import ContiguousParams  # noqa: PLC0415
+                from contiguous_params import ContiguousParams  # noqa: PLC0415 - optional (the original package): its absence is a skip
             except ImportError as e:
                 raise NotImplementedError("contiguous_params is not installed") from e
             flat = ContiguousParams(self.model.parameters())
@@ -105,14 +105,14 @@ class _Trainer:
         zero_grad(set_to_none=False) for every variant here, so every timed call steps on
         real gradient tensors; the default zero_grad is timed in `iteration`.
         """
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - torch: the measuring process only
 
         torch.nn.utils.clip_grad_norm_(self.clip_params, MAX_NORM, foreach=self.clip_foreach)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=False)
 
     def iteration(self) -> None:
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - torch: the measuring process only
 
         self.optimizer.zero_grad(set_to_none=self.set_to_none)
         loss = self.loss_fn(self.model(self.x), self.y)
@@ -261,7 +261,7 @@ class IterationMemory(common.Measured):
 
     def measure_one(self, workload: str, variant: str) -> int:
         common.gpu_only("peak device memory")
-        from speedbench import measure  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
         trainer = _Trainer(workload, variant)  # its first iteration allocated the optimizer state
         return measure.peak_memory(trainer.iteration, trainer.device)
