@@ -210,7 +210,8 @@ def _recover_file(path: Path, machine_dir: Path, history: History, accepted: dic
             new = versions.pop()
             row[at_version] = new
             recovered = book[benchmark_class]["versions"][new].setdefault("asv", {})
-            recovered[version] = ", ".join(sorted({c[:8] for c in found}))
+            code = set(recovered.get(version, "").split(", ")) - {""}
+            recovered[version] = ", ".join(sorted(code | {c[:8] for c in found}))
             rewritten += 1
             continue
         out.kept[why] = out.kept.get(why, 0) + 1
