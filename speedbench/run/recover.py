@@ -116,7 +116,7 @@ def _git(repo: Path, *args: str) -> str:
 
 
 def _discover(repo: Path, sha: str) -> dict[str, str]:
-    """asv's view of the benchmarks at `sha`: exported (no worktree), discovered in a child process."""
+    """asv's view of the benchmarks at `sha`: exported (no worktree), then discovered."""
     with tempfile.TemporaryDirectory(prefix="speedlib-discover-") as tmp:
         archive = subprocess.run(["git", "archive", "--format=tar", sha, "--", "benchmarks", "speedbench", "speedlib"],
                                  cwd=repo, capture_output=True)
@@ -124,9 +124,15 @@ def _discover(repo: Path, sha: str) -> dict[str, str]:
             return {}
         with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
             tar.extractall(tmp, filter="data")
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPEEDLIB_DEVICE")}
-        found = subprocess.run([sys.executable, "-c", _DISCOVER, tmp], capture_output=True, text=True, env=env,
-                               cwd=tmp, timeout=300)
+        return _discover_tree(Path(tmp))
+
+
+def _discover_tree(root: Path) -> dict[str, str]:
+    """{benchmark: version} as asv discovers the benchmarks of the tree at `root`, in a child
+    process whose path is that tree ({} where they do not import)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPEEDLIB_DEVICE")}
+    found = subprocess.run([sys.executable, "-c", _DISCOVER, str(root)], capture_output=True, text=True, env=env,
+                           cwd=root, timeout=300)
     if found.returncode != 0:
         return {}
     try:
