@@ -278,7 +278,7 @@ def test_an_offline_slot_archives_its_verdict_and_the_chunks_before_its_deadline
 
     archive = tmp_path / "out" / "slot.tar.gz"
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONPATH": str(host)}
-    out = subprocess.run([sys.executable, "-m", "speedlib", "slot", "--archive", str(archive), "--minutes", "1.5"],
+    out = subprocess.run([sys.executable, "-m", "speedlib", "slot", "--archive", str(archive), "--minutes", "2"],
                          cwd=host, env=env, capture_output=True, text=True, timeout=300)
     said = out.stdout + out.stderr
     assert out.returncode == slot.GPU_TESTS_FAILED, said
@@ -297,6 +297,15 @@ def test_an_offline_slot_archives_its_verdict_and_the_chunks_before_its_deadline
     assert verdict["failures"] == ["tests/test_planted.py::test_fails"] and verdict["commit"] == sha
     rows = load_results(tmp_path / "unpacked" / "results").measured
     assert set(rows["gpu_tests"]) == {FAILED}  # a verdict on file counts, CPU machine or not
+    # no GPU here: a rehearsal, which says so and which merge files only when asked (issue 50)
+    assert verdict["rehearsal"] is True and "no GPU here: this is a rehearsal" in said
+    into = tmp_path / "checkout-results"
+    refused = subprocess.run([sys.executable, "-m", "speedlib", "merge", str(archive), "--into", str(into)],
+                             cwd=host, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "rehearsed without a GPU" in refused.stderr and not into.exists()
+    kept = subprocess.run([sys.executable, "-m", "speedlib", "merge", str(archive), "--into", str(into),
+                           "--rehearsal"], cwd=host, env=env, capture_output=True, text=True, timeout=120)
+    assert kept.returncode == 0, kept.stderr
 
 
 def test_a_slot_refuses_a_gpu_tests_link_out_of_the_tree_before_it_writes_the_verdict(tmp_path, monkeypatch):
