@@ -40,12 +40,16 @@ class LedgerError(Exception):
 
 @dataclass
 class Finding:
-    """What the check found for one benchmark class; `ok` where nothing needs doing."""
+    """What the check found for one benchmark class; `ok` where nothing needs doing.
+    `misfiles`: its results would be filed under a version that does not describe them (its
+    code changed since the version was recorded, or class and ledger disagree); a class the
+    ledger does not know yet gets asv's hash of its source, which misfiles nothing."""
 
     benchmark: str
     ok: bool
     says: str
     changed: list[str] = field(default_factory=list)
+    misfiles: bool = False
 
 
 def load(root: Path) -> dict:
@@ -103,7 +107,7 @@ def check(root: Path) -> list[Finding]:
             continue
         if entry.get("version") != version:
             findings.append(Finding(benchmark, False, f"says version {version!r}, {LEDGER} {entry.get('version')!r}: "
-                                                      "set one of them by `speedlib versions --bump`"))
+                                                      "set one of them by `speedlib versions --bump`", misfiles=True))
             continue
         now = fingerprint(tree, benchmark)
         accepted = entry.get("versions", {}).get(version, {}).get("fingerprints", {})
@@ -113,7 +117,7 @@ def check(root: Path) -> list[Finding]:
         changed = changes(entry.get("pieces", {}), now.pieces)
         findings.append(Finding(benchmark, False, f"measures with other code than version {version} was recorded "
                                                   f"with: bump it (speedlib versions --bump {benchmark} --why ...) "
-                                                  "or say why it measures the same (--same)", changed))
+                                                  "or say why it measures the same (--same)", changed, misfiles=True))
     return findings
 
 

@@ -167,6 +167,7 @@ def _check(options: SlotOptions, root: Path):
                                    allow_dirty=options.allow_dirty, show_stderr=options.show_stderr,
                                    archive=options.archive)
     suite.check_options(run_options)
+    suite.check_versions(root)  # before the GPU tests: a refusal after them wastes their minutes
     return run_options
 
 

@@ -78,6 +78,7 @@ from speedbench.run.preconditions import (  # tests patch and call them as suite
     _results_dir,
     _steps,
     check_options,
+    check_versions,
 )
 from speedbench.run.records import (
     _record_environment,
@@ -143,6 +144,8 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
                 "filed under a commit that did not produce them. Commit first, use --quick for a "
                 "smoke run, or pass --allow-dirty."
             )
+    if not options.quick:  # a smoke run files nothing
+        check_versions(root)
     steps = _steps(options, root)  # a bad chunk name is refused before any work
     results_dir = _results_dir(options, root, json.loads((root / CONFIG).read_text()))
     if not options.quick:

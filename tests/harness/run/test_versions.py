@@ -296,3 +296,19 @@ def test_results_of_a_hashed_version_come_back_where_their_code_is_accepted(toy)
     assert judged.returncode == 0, judged.stderr
     assert recover.recover(toy, [results], say=lambda line: None).rewritten == {str(kept): 1}
     assert version_of(kept) == "1" and version_of(stranger) == "0" * 64
+
+
+def test_a_run_refuses_to_file_results_under_a_version_that_does_not_describe_them(toy):
+    """`speedlib run` and `speedlib slot` check the ledger before measuring (a slot before its
+    GPU tests): a benchmark whose code changed without a bump would file its results as the
+    old measurement. One the ledger does not know yet gets asv's hash, which misfiles nothing."""
+    from speedbench.run import preconditions  # noqa: PLC0415 - the run's checks, only here
+    from speedbench.run.errors import SuiteError  # noqa: PLC0415 - as above
+
+    preconditions.check_versions(toy)  # not in the ledger yet: asv's hash, no refusal
+    assert _versions(toy, "--bump", "--why", "first").returncode == 0
+    preconditions.check_versions(toy)
+    _edit(toy, "speedbench/measure/workloads.py", "return [width] * 2", "return [width] * 3")
+    with pytest.raises(SuiteError, match=r"1 benchmark\(s\) would file results under a version that does not "
+                                         r"describe them: bench_toy.Toy .*changed speedbench.measure.workloads._build"):
+        preconditions.check_versions(toy)
