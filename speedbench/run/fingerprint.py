@@ -318,7 +318,12 @@ def _resolve_expr(tree: SourceTree, mod: _Module, expr: ast.expr, local: dict) -
 
 
 def _references(node: ast.AST) -> Iterator[ast.expr]:
-    """Every Name and outermost dotted Attribute chain read in `node`."""
+    """Every Name and outermost dotted Attribute chain read in `node`; `getattr(x, "name", ...)`
+    with a constant name reads as `x.name` (a module's optional attribute, asked for so)."""
+    for n in ast.walk(node):
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "getattr" and len(n.args) >= 2
+                and isinstance(n.args[1], ast.Constant) and isinstance(n.args[1].value, str)):
+            yield ast.Attribute(value=n.args[0], attr=n.args[1].value, ctx=ast.Load())
     inner = set()
     for n in ast.walk(node):
         if isinstance(n, ast.Attribute) and id(n) not in inner:

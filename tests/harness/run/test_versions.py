@@ -65,6 +65,7 @@ def small():
     return _build(4)
 
 WORKLOADS = {"small": small}
+EXTRA = (1,)
 '''
 
 BENCH = '''
@@ -86,7 +87,7 @@ class Toy(common.Measured):
         from speedbench.measure import workloads
         import speedlib
         pairs = list(zip(workloads.get("small"), [size] * 2))
-        return sum(a * b for a, b in pairs) + speedlib.VALUE
+        return sum(a * b for a, b in pairs) + speedlib.VALUE + len(getattr(workloads, "EXTRA", ()))
 
     def track_value(self, cache, size):
         return cache[(size,)]
@@ -162,6 +163,8 @@ def test_what_cannot_change_a_measurement_leaves_the_fingerprint(toy, rel, old, 
      "changed benchmarks.bench_toy.Toy"),
     ("benchmarks/common.py", "{c: self.measure_one(*c)", "{c: self.measure_one(*c) + 0",
      "changed benchmarks.common.Measured"),
+    # asked for by getattr with a constant name: followed as an attribute
+    ("speedbench/measure/workloads.py", "EXTRA = (1,)", "EXTRA = (1, 2)", "changed speedbench.measure.workloads.EXTRA"),
 ])
 def test_a_change_to_what_is_measured_changes_it_and_is_named(toy, rel, old, new, named):
     before = _digest(toy)
