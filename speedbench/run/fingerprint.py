@@ -94,7 +94,10 @@ class SourceTree:
             if name.split(".")[0] in FOLLOWED:
                 base = name.replace(".", "/")
                 for path, package in ((f"{base}.py", False), (f"{base}/__init__.py", True)):
-                    text = self._read(path)
+                    try:
+                        text = self._read(path)
+                    except (OSError, UnicodeDecodeError) as e:
+                        raise FingerprintError(f"{self.description}: {path} cannot be read as UTF-8 text: {e}") from e
                     if text is not None:
                         self._modules[name] = _parsed(name, path, text, package, self.description)
                         break
