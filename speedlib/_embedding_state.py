@@ -159,7 +159,8 @@ def _loading_tables(emb_ref: weakref.ref):
             return None
         entry = dict(state_dict["state"].get(0, {}))
         pending[:] = [entry]
-        rows = {k: (v.new_empty(0, emb.embedding_dim) if isinstance(v, torch.Tensor) and tuple(v.shape) == emb.table.shape
+        whole = emb.table.shape
+        rows = {k: (v.new_empty(0, emb.embedding_dim) if isinstance(v, torch.Tensor) and tuple(v.shape) == whole
                     else v) for k, v in entry.items()}
         return {**state_dict, "state": {**state_dict["state"], **({0: rows} if entry else {})}}
 
