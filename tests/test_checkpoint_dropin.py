@@ -293,6 +293,16 @@ def test_dropout_from_the_segments_own_generator_sees_the_same_mask():
 
 # --- torch.compile, lazy modules, functional_call ---------------------------------------------
 
+class _Outer(nn.Module):
+    def __init__(self, checkpointed: bool):
+        super().__init__()
+        torch.manual_seed(3)
+        self.block, self.head, self.checkpointed = _block(3)[:2], nn.Linear(6, 1), checkpointed
+
+    def forward(self, x):
+        return self.head(checkpoint(self.block, x) if self.checkpointed else self.block(x))
+
+
 def _compiled_grads(ckpt, where: str) -> list[torch.Tensor]:
     """Three steps of a block checkpointed by `ckpt`, compiled with inductor inside the
     checkpoint (`checkpoint(torch.compile(block), x)`) or around it (a compiled model)."""
