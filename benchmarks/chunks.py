@@ -54,6 +54,10 @@ CHUNKS = (
     ("checkpoint", "checkpointing: saved activations, DataParallel and DDP", (
         r"bench_checkpoint\.",
     )),
+    ("transfer-roofline", "host tables: the host-gather roofline (each path's % of the copy floor, one axis at a "
+     "time) and issue 52's hypotheses", (
+        r"bench_transfer\.Roofline\.", r"bench_transfer\.RooflineHypotheses\.",
+    )),
     ("transfer-parallel", "host tables in detail; DDP and DataParallel scaling", (
         r"bench_transfer\.", r"bench_parallel\.",
     )),
