@@ -299,7 +299,7 @@ TECHNIQUES = _named({
                            names=(("sparse_adam_host", "PyTorch SparseAdam, table on the host"),
                                   ("sparse_adam", "PyTorch SparseAdam, table on the GPU")),
                            scope="whole embedding training step")),
-        chunks=("headline-transfer", "transfer-roofline", "transfer-parallel"),
+        chunks=("headline-transfer", "transfer-roofline", "transfer-hypotheses", "transfer-parallel"),
     ),
     "checkpoint": Technique(
         "Activation checkpointing", "none", "step", suite="TrainingStep",

@@ -65,8 +65,9 @@ def _options(backend: str, sort_indices, huge_pages=False, whole_lines=False, by
                          "so 'auto' has none of them); choose backend='uva' to try them")
     if backend != "uva":
         name = next(iter(given))
-        what = "orders the 'uva' kernel's reads" if name == "sort_indices" else "is an option of the 'uva' backend"
-        raise ValueError(f"{name} {what}; backend {backend!r} has no such kernel")
+        if name == "sort_indices":
+            raise ValueError(f"sort_indices orders the 'uva' kernel's reads; backend {backend!r} has no such kernel")
+        raise ValueError(f"{name} is an option of the 'uva' backend; backend {backend!r} does not take it")
     return given
 
 

@@ -170,10 +170,11 @@ def _huge_zeros(nbytes: int) -> torch.Tensor:
     kernel gives where /sys/kernel/mm/transparent_hugepage/enabled is "always" or "madvise";
     a shared mapping (the 4 KiB table's) gets them only where shmem_enabled allows, which it
     seldom does. Private pages are copied on write after a fork (pinned ones, on recent Linux,
-    at the fork itself), so the range is left out of forked children (MADV_DONTFORK): a DataLoader worker
-    must not read this table (it has no such memory), as with the 'uva' backend it gathers in
-    the main process anyway. One write per page faults each in as a huge page; RuntimeError
-    where the kernel gave any page as 4 KiB ones (the table would not be what it says)."""
+    at the fork itself), so the range is left out of forked children (MADV_DONTFORK): a
+    DataLoader worker must not read this table (it has no such memory); with the 'uva' backend
+    the main process gathers anyway. One write per page faults each in as a huge page;
+    RuntimeError where the kernel gave any page as 4 KiB ones (the table would not be what it
+    says)."""
     size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
     mapping = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     whole = torch.frombuffer(mapping, dtype=torch.uint8)  # keeps the mapping alive

@@ -34,8 +34,9 @@ METRICS = {"roofline_gather": "gather", "roofline_scatter": "scatter",
            "roofline_gather_bandwidth": "gather_gbps", "roofline_scatter_bandwidth": "scatter_gbps",
            "roofline_h2d_floor": "h2d_floor", "roofline_d2h_floor": "d2h_floor",
            "roofline_gather_bus_bytes": "gather_bus", "roofline_scatter_bus_bytes": "scatter_bus"}
-# The command that measures the roofline (its chunk), as pages that lack it say.
-MEASURE = plan.how_to_measure("bench_transfer.Roofline.")
+# The command that measures the roofline (its classes' chunks), as pages that lack it say.
+MEASURE = "speedlib run " + " ".join(dict.fromkeys(
+    plan.how_to_measure(f"bench_transfer.{suite}.").removeprefix("speedlib run ") for suite in SUITES))
 _DEFAULT = re.compile(r"default \(row (\d+) B, batch (\d+), table ([\d.]+) GB, order (\w+)\)$")
 _ONE = re.compile(r"(row|batch|table|order) ([\w.]+)(?: (?:B|GB))?$")
 
@@ -189,4 +190,4 @@ def not_measured(df: pd.DataFrame, machine: str | None = None) -> str | None:
         return None
     where = " on this machine" if machine is not None else ""
     return (f"The host-gather roofline: not measured yet{where}. `{MEASURE}` measures it on a GPU machine (the "
-            "chunk builds tables up to 40 GB; on a CPU every point is a skip).")
+            "chunks build tables up to 40 GB; on a CPU every point is a skip).")

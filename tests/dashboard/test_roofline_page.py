@@ -87,8 +87,8 @@ def test_before_a_gpu_ran_the_chunk_the_tab_says_so_with_the_command(monkeypatch
     assert not at.exception, at.exception
     said = [i for i in _infos(at) if "host-gather roofline" in i]
     assert said == ["The host-gather roofline: not measured yet on this machine. `speedlib run --chunk "
-                    "transfer-roofline` measures it on a GPU machine (the chunk builds tables up to 40 GB; on a CPU "
-                    "every point is a skip)."]
+                    "transfer-roofline --chunk transfer-hypotheses` measures it on a GPU machine (the chunks build "
+                    "tables up to 40 GB; on a CPU every point is a skip)."]
     assert said[0] == roofline.not_measured(load_results(ROOT / "results").measured, "h200-141gb")
 
 

@@ -110,8 +110,8 @@ def test_before_a_gpu_ran_the_chunk_the_page_says_so_with_the_command(measured):
     assert roofline.not_measured(measured, "synthetic-h200") is None
     said = roofline.not_measured(measured, "synthetic-h100")
     assert said.startswith("The host-gather roofline: not measured yet on this machine.")
-    assert "`speedlib run --chunk transfer-roofline` measures it on a GPU machine" in said
-    assert roofline.MEASURE == "speedlib run --chunk transfer-roofline"
+    assert "`speedlib run --chunk transfer-roofline --chunk transfer-hypotheses` measures it on a GPU machine" in said
+    assert roofline.MEASURE == "speedlib run --chunk transfer-roofline --chunk transfer-hypotheses"
     committed = load_results(ROOT / "results")
     assert roofline.not_measured(committed.measured) is not None  # no GPU has run it yet
 
