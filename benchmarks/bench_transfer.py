@@ -68,10 +68,12 @@ cannot run is a skip (NaN).
 from __future__ import annotations
 
 import functools
+import inspect
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from math import gcd
 
 from benchmarks import common
 
@@ -544,3 +546,324 @@ class EmbeddingStep(common.Paired):
                 continue  # not on this machine: common reports it as a skip
             trainers[variant] = _EmbeddingTrainer(variant)
         return dev, {v: t.step for v, t in trainers.items()}
+
+
+# --- the host-gather roofline (issue 52) ------------------------------------------------------
+
+# The suite's point (workloads.embedding at full size: 10M x 128 float32, 131072 random rows) and
+# one axis moved at a time around it; a name says its coordinates, so results explain themselves
+# (speedbench.report.roofline reads them). Points sharing a table's shape stand together: a
+# variant's table is built once for them (`_roofline_table`).
+DEFAULT_POINT = "default (row 512 B, batch 131072, table 5.12 GB, order random)"
+ROOFLINE_POINTS = [DEFAULT_POINT, "batch 1024", "batch 1048576", "order sorted", "order zipf",
+                   "row 64 B", "row 256 B", "row 4096 B", "table 1 GB", "table 40 GB"]
+ROOFLINE_VARIANTS = ["torch_pinned", "uva", "auto"]
+# Issue 52's hypotheses, each a 'uva' table with one option (speedlib.HostTable), measured beside
+# the plain 'uva' at the points where their predictions differ most.
+HYPOTHESES = {"uva": {}, "uva_sorted": {"sort_indices": True}, "uva_2m": {"huge_pages": True},
+              "uva_lines": {"whole_lines": True}, "uva_4k_in_flight": {"bytes_in_flight": 4096},
+              "uva_64k_in_flight": {"bytes_in_flight": 65536}}
+HYPOTHESIS_POINTS = [DEFAULT_POINT, "row 64 B", "table 40 GB"]
+ZIPF_EXPONENT = 1.05  # the zipf order: row popularity ~ 1 / rank^1.05, hot rows scattered over the table
+SECTOR, LINE, INDEX_BYTES = 32, 128, 8  # bytes: a GPU memory access's unit, its cache line, an int64 index
+
+
+def roofline_point(name: str) -> tuple[int, int, int, str]:
+    """(row bytes, batch rows, table bytes, index order) of a point's name."""
+    row, batch, table, order = 512, 131072, 5_120_000_000, "random"
+    axis, _, value = name.partition(" ")
+    if axis == "row":
+        row = int(value.removesuffix(" B"))
+    elif axis == "batch":
+        batch = int(value)
+    elif axis == "table":
+        table = int(float(value.removesuffix(" GB")) * 1e9)
+    elif axis == "order":
+        order = value
+    elif name != DEFAULT_POINT:
+        raise ValueError(f"no roofline point {name!r}")
+    return row, batch, table, order
+
+
+def touched_bytes(row_bytes: int, unit: int) -> float:
+    """Bytes of whole `unit`-byte blocks a row touches, averaged over the rows of a table that
+    starts on a block: row r starts at r * row_bytes, so its offset in a block cycles through
+    the multiples of gcd(row_bytes, unit)."""
+    step = gcd(row_bytes, unit)
+    offsets = range(0, unit, step)
+    return sum(-(-(o + row_bytes) // unit) * unit for o in offsets) / len(offsets)
+
+
+def bus_bytes(path: str, op: str, row_bytes: int, share: float = 0.0) -> float:
+    """Bytes one row costs on the bus in the direction it travels: a model, not a measurement.
+    A row the CPU packs crosses as itself inside one bulk copy (paths 'pinned', 'pageable'); a row the GPU
+    reads or writes in place moves the 32-byte sectors it touches ('uva'), whole 128-byte lines
+    where the kernel reads lines ('lines'), and for a gather its int64 index crosses the same
+    way first. 'split': `share` of the rows packed, the rest the kernel's."""
+    if path == "split":
+        return share * bus_bytes("pinned", op, row_bytes) + (1 - share) * bus_bytes("uva", op, row_bytes)
+    if path in ("pinned", "pageable"):
+        return float(row_bytes)
+    unit = LINE if path == "lines" and op == "gather" else SECTOR
+    return touched_bytes(row_bytes, unit) + (INDEX_BYTES if op == "gather" else 0)
+
+
+def _bus_path(variant: str, table, op: str) -> tuple[str, float]:
+    """(bus_bytes's path, share) for a variant's table after it has moved rows in direction `op`."""
+    if variant == "torch_pinned":
+        return "pinned", 0.0
+    if variant == "auto":
+        chosen = getattr(table._impl, "chosen", {}).get(op)  # what 'auto' runs (speedlib/_transfer_auto.py)
+        return getattr(chosen, "name", "pinned"), getattr(chosen, "share", None) or 0.0
+    return ("lines" if HYPOTHESES.get(variant, {}).get("whole_lines") else "uva"), 0.0
+
+
+def roofline_indices(order: str, rows: int, batch: int, seed: int = 0):
+    """`batch` int64 row indices on the host: random rows with repeats; the same sorted; or zipf,
+    rows drawn by popularity rank (p ~ 1 / rank^ZIPF_EXPONENT, many repeats), ranks mapped to
+    rows by a fixed random permutation so the hot rows lie all over the table."""
+    import torch  # noqa: PLC0415 - torch: the measuring process only
+
+    gen = torch.Generator().manual_seed(seed)
+    if order in ("random", "sorted"):
+        idx = torch.randint(0, rows, (batch,), generator=gen)
+        return idx.sort().values if order == "sorted" else idx
+    if order != "zipf":
+        raise ValueError(f"order must be random, sorted or zipf, got {order!r}")
+    weights = torch.arange(1, rows + 1, dtype=torch.float64).pow_(-ZIPF_EXPONENT)
+    cdf = weights.cumsum_(0).div_(weights[-1].item())  # cumsum in place: the last entry is the total
+    ranks = torch.searchsorted(cdf, torch.rand(batch, generator=gen, dtype=torch.float64)).clamp_(max=rows - 1)
+    return torch.randperm(rows, generator=gen)[ranks]
+
+
+def _host_bytes_needed(variant: str, table_bytes: int) -> int:
+    """Host memory a variant's table takes: torch's pinned allocator rounds up to a power of two
+    (torch_pinned); 2 MiB pages round up to whole pages."""
+    if variant == "torch_pinned":
+        return 1 << (table_bytes - 1).bit_length()
+    return -(-table_bytes // (2 << 20)) * (2 << 20)
+
+
+def _room_for(variant: str, table_bytes: int, meminfo: str = "/proc/meminfo") -> None:
+    """NotImplementedError (a skip) where the host cannot hold the table: nine tenths of what
+    /proc/meminfo says is available (the rest for the batch, the process and the system)."""
+    need = _host_bytes_needed(variant, table_bytes)
+    try:
+        with open(meminfo, encoding="ascii") as f:
+            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return  # not Linux, or a kernel without the line: try, and let the allocation say
+    if need > 0.9 * available:
+        raise NotImplementedError(f"a {table_bytes / 1e9:g} GB table of {variant} needs {need / 1e9:.1f} GB of host "
+                                  f"memory; {available / 1e9:.1f} GB is available here")
+
+
+def _roofline_storage(variant: str, rows: int, dim: int, dev, batch: int):
+    """A zeroed rows x dim float32 table of `variant`: PyTorch's pinned path (the frozen
+    baseline above), HostTable's default, or a 'uva' table with a hypothesis's option."""
+    if variant == "torch_pinned":
+        return _TorchPinned(rows, dim, dev, batch)
+    HostTable = common.technique("transfer").HostTable
+    if variant == "auto":
+        return HostTable(rows, dim, device=dev)
+    options = HYPOTHESES[variant]
+    missing = [o for o in options if o not in inspect.signature(HostTable).parameters]
+    if missing:
+        raise NotImplementedError(f"this commit's HostTable has no {', '.join(missing)} option")
+    if options.get("huge_pages"):
+        _transparent_huge_pages()
+    return HostTable(rows, dim, backend="uva", device=dev, **options)
+
+
+def _transparent_huge_pages() -> None:
+    """NotImplementedError (a skip) where the kernel gives no transparent huge pages: the
+    2 MiB-page table cannot be built on this host (speedlib would refuse it, saying why)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled", encoding="ascii") as f:
+            setting = f.read()
+    except OSError:
+        return
+    if "[never]" in setting:
+        raise NotImplementedError(f"transparent huge pages are off on this host ({setting.strip()}): "
+                                  "no table in 2 MiB pages")
+
+
+# The table the roofline measures now, kept while the next points share its shape:
+# at most one entry, (variant, rows, dim, table). Dropped before the next is built.
+_roofline_tables: list = []
+
+
+def _roofline_table(variant: str, rows: int, dim: int, dev):
+    """The variant's rows x dim table, kept for the points after this one that share its shape;
+    torch_pinned's buffer sized for the largest batch among them."""
+    if _roofline_tables and _roofline_tables[0][:3] == (variant, rows, dim):
+        return _roofline_tables[0][3]
+    _drop_roofline_table()
+    _room_for(variant, rows * dim * 4)
+    batch = max(b for r, b, t, _ in map(roofline_point, ROOFLINE_POINTS + HYPOTHESIS_POINTS)
+                if (t // r, r // 4) == (rows, dim))
+    table = _roofline_storage(variant, rows, dim, dev, batch)
+    _roofline_tables.append((variant, rows, dim, table))
+    return table
+
+
+def _drop_roofline_table() -> None:
+    """Free the kept table and the pinned memory torch's allocator would cache from it."""
+    _roofline_tables.clear()
+    if "torch" in sys.modules:
+        import gc  # noqa: PLC0415 - with torch: before anything is freed
+
+        torch = sys.modules["torch"]
+        gc.collect()
+        if torch.cuda.is_initialized() and hasattr(torch._C, "_host_emptyCache"):
+            torch.cuda.synchronize()
+            torch._C._host_emptyCache()  # torch_pinned's 8 GiB block would stay cached beside the next table
+
+
+def _median_seconds(fn: Callable[[], object], dev, samples: int = 20) -> float:
+    """The median of `samples` timed calls of `fn` after three untimed ones, each between two
+    synchronisations, in seconds."""
+    from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
+
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(samples):
+        measure.synchronize(dev)
+        start = time.perf_counter()
+        fn()
+        measure.synchronize(dev)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _roofline_one(variant: str, name: str) -> dict:
+    """One variant at one point: gather and write-back of the point's batch, each as % of the
+    bulk pinned copy in its direction timed just before in this process, with both GB/s and the
+    bytes a row costs on the bus."""
+    common.gpu_only("the host-gather roofline (bandwidth as a fraction of the host<->device floor)")
+    from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
+
+    dev = _device()
+    row_bytes, batch, table_bytes, order = roofline_point(name)
+    dim, rows = row_bytes // 4, table_bytes // row_bytes
+    table = _roofline_table(variant, rows, dim, dev)
+    idx = roofline_indices(order, rows, batch)
+    idx = idx.pin_memory() if dev.type == "cuda" else idx  # as a DataLoader with pin_memory=True delivers them
+    values = table.gather(idx)  # warms gather ('auto' measures its paths here) and gives the rows to write back
+    table.scatter_(idx, values)
+    moved = batch * row_bytes
+    out = {"distinct": idx.unique().numel() / batch}
+    steps = {"gather": lambda: table.gather(idx), "scatter": lambda: table.scatter_(idx, values)}
+    for op, direction in (("gather", "h2d"), ("scatter", "d2h")):
+        floor = measure.host_copy_bandwidth(dev, direction, pinned=True)
+        achieved = moved / _median_seconds(steps[op], dev)
+        out[op] = 100.0 * achieved / floor
+        out[f"{op}_bandwidth"] = achieved / 1e9
+        out[f"{direction}_floor"] = floor / 1e9
+        path, share = _bus_path(variant, table, op)
+        out[f"{op}_bus_bytes"] = bus_bytes(path, op, row_bytes, share)
+    if variant == "auto":
+        out["chose"] = _what_auto_chose(table)
+    return out
+
+
+class _RooflineTracks:
+    """What both roofline classes report per (variant, point), from `measure_one`'s dict."""
+
+    def _value(self, cache, variant: str, point: str, key: str):
+        measured = self.result(cache, variant, point)
+        if key == "gather" and measured is not common.SKIP:
+            # asv shows a setup_cache's output only when it fails; a track's with --show-stderr.
+            print(f"{type(self).__name__} {variant} at {point}: {measured['distinct']:.1%} of the batch's rows "
+                  "distinct" + (f"; {measured['chose']}" if "chose" in measured else ""), file=sys.stderr)
+        return measured if measured is common.SKIP else measured[key]
+
+    def track_roofline_gather(self, cache, variant: str, point: str) -> float:
+        return self._value(cache, variant, point, "gather")
+
+    track_roofline_gather.unit = "% of pinned host->device bandwidth"
+
+    def track_roofline_scatter(self, cache, variant: str, point: str) -> float:
+        return self._value(cache, variant, point, "scatter")
+
+    track_roofline_scatter.unit = "% of pinned device->host bandwidth"
+
+    def track_roofline_gather_bandwidth(self, cache, variant: str, point: str) -> float:
+        return self._value(cache, variant, point, "gather_bandwidth")
+
+    track_roofline_gather_bandwidth.unit = "GB/s"
+
+    def track_roofline_scatter_bandwidth(self, cache, variant: str, point: str) -> float:
+        return self._value(cache, variant, point, "scatter_bandwidth")
+
+    track_roofline_scatter_bandwidth.unit = "GB/s"
+
+    def track_roofline_h2d_floor(self, cache, variant: str, point: str) -> float:
+        return self._value(cache, variant, point, "h2d_floor")
+
+    track_roofline_h2d_floor.unit = "GB/s"
+
+    def track_roofline_d2h_floor(self, cache, variant: str, point: str) -> float:
+        return self._value(cache, variant, point, "d2h_floor")
+
+    track_roofline_d2h_floor.unit = "GB/s"
+
+    def track_roofline_gather_bus_bytes(self, cache, variant: str, point: str) -> float:
+        return self._value(cache, variant, point, "gather_bus_bytes")
+
+    track_roofline_gather_bus_bytes.unit = "bytes on the bus per row"
+
+    def track_roofline_scatter_bus_bytes(self, cache, variant: str, point: str) -> float:
+        return self._value(cache, variant, point, "scatter_bus_bytes")
+
+    track_roofline_scatter_bus_bytes.unit = "bytes on the bus per row"
+
+
+class Roofline(_RooflineTracks, common.Timed):
+    """The host-gather roofline: PyTorch's pinned path, speedlib's 'uva' kernel and its default
+    'auto', each as % of the pinned copy floor at the suite's point and one axis away from it
+    (row width 64 B to 4 KiB, batch 1k to 1M rows, table 1 GB to 40 GB, random, sorted or zipf
+    indices); GPUs only."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
+    params = (ROOFLINE_VARIANTS, ROOFLINE_POINTS)
+    param_names = ["variant", "point"]
+    timeout = 1800  # setup_cache: every variant's tables, up to 40 GB each
+
+    def setup_cache(self):
+        return self.measure_all()
+
+    def measure_all(self) -> dict:
+        try:
+            return super().measure_all()
+        finally:
+            _drop_roofline_table()
+
+    def measure_one(self, variant: str, point: str) -> dict:
+        return _roofline_one(variant, point)
+
+
+class RooflineHypotheses(_RooflineTracks, common.Timed):
+    """Issue 52's hypotheses at the roofline's points where they differ most: the 'uva' kernel
+    with sorted indices, a table in 2 MiB pages, whole-line reads, 4 KiB and 64 KiB in flight
+    per program, beside the plain 'uva' measured in the same process; GPUs only."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
+    params = (list(HYPOTHESES), HYPOTHESIS_POINTS)
+    param_names = ["variant", "point"]
+    timeout = 1800  # setup_cache: six 40 GB tables among the rest
+
+    def setup_cache(self):
+        return self.measure_all()
+
+    def measure_all(self) -> dict:
+        try:
+            return super().measure_all()
+        finally:
+            _drop_roofline_table()
+
+    def measure_one(self, variant: str, point: str) -> dict:
+        return _roofline_one(variant, point)

@@ -54,6 +54,14 @@ CHUNKS = (
     ("checkpoint", "checkpointing: saved activations, DataParallel and DDP", (
         r"bench_checkpoint\.",
     )),
+    # The roofline's two classes in two chunks: each builds tables up to 40 GB for minutes, and
+    # a chunk killed at a limit saves nothing.
+    ("transfer-roofline", "host tables: the host-gather roofline, each path's % of the copy floor one axis at a time", (
+        r"bench_transfer\.Roofline\.",
+    )),
+    ("transfer-hypotheses", "host tables: the uva kernel's hypotheses (issue 52) beside plain uva", (
+        r"bench_transfer\.RooflineHypotheses\.",
+    )),
     ("transfer-parallel", "host tables in detail; DDP and DataParallel scaling", (
         r"bench_transfer\.", r"bench_parallel\.",
     )),

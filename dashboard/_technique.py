@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pandas as pd
 import plotly.colors
@@ -24,7 +26,19 @@ from speedbench.run import plan
 STATED = ("machine", "GPU", "technique")
 
 
-def technique_page(name: str) -> None:
+@dataclass(frozen=True)
+class OwnTab:
+    """A tab a technique's page adds after the others, for classes it draws its own way:
+    `title`; `owns(rows)`, the rows it takes (left out of the other tabs); `show(rows, machine,
+    commit, where, hide)` with the page's rows on its machine at every commit, that machine, the
+    commit picked, the machine in a chart's words, and the columns the page states above the tabs."""
+
+    title: str
+    owns: Callable[[pd.DataFrame], pd.Series]
+    show: Callable[[pd.DataFrame, str, str, str, tuple[str, ...]], None]
+
+
+def technique_page(name: str, own: OwnTab | None = None) -> None:
     technique = report.TECHNIQUES[name]
     st.title(technique.title)
     data = results()
@@ -50,7 +64,11 @@ def technique_page(name: str) -> None:
     commits = list(rows.sort_values("commit_date", ascending=False)["commit"].str[:8].unique())
     with c2:
         commit = pick("Commit (newest first)", commits, key="commit")
+    on_machine = rows
     rows = report.newest_runs(rows[rows["commit"].str[:8] == commit])  # a commit run twice: its latest run
+    first = rows.iloc[0]  # the run's environment, whichever tab its results are in
+    if own is not None:  # the own tab's rows stay out of the others' tables and charts
+        rows = rows[~own.owns(rows)]
     with c3:
         workloads = pick_many("Workloads", sorted(rows["workload"].dropna().unique()), key="workload")
     rows = rows[rows["workload"].isin(workloads) | rows["workload"].isna()]
@@ -63,7 +81,6 @@ def technique_page(name: str) -> None:
     # Any variant may be picked to compare with, but only plain PyTorch is a baseline: say so.
     against = "" if baseline in technique.plain else (
         ", which is not plain PyTorch: a ratio against it moves with that variant's own code")
-    first = rows.iloc[0]
     # A result file may carry no date (asv leaves it out for a commit it could not date).
     date = "date unknown" if pd.isna(first["commit_date"]) else f"{first['commit_date']:%Y-%m-%d}"
     st.text(f"{machine}: {first['gpu']} | CPU {first['cpu_model']} | commit {first['commit']} ({date}) | "
@@ -73,12 +90,16 @@ def technique_page(name: str) -> None:
     where = f"{machine} ({first['gpu']})"
     _one_device(name, rows, machine)
 
-    names = ["Time", "Memory", "Bandwidth and floor", "Not measured"]
+    names = ["Time", "Memory", "Bandwidth and floor", "Not measured", *([own.title] if own else [])]
     has = [not rows[rows["kind"] == "time"].empty, not rows[rows["kind"] == "memory"].empty,
            not rows[rows["kind"].isin(["fraction of floor", "bandwidth"])].empty]
     # A page opens on its first tab with results (an H100 run of transfer's headline chunk
     # measured bandwidth only, and its Time tab was empty).
-    time_tab, memory_tab, floor_tab, missing_tab = tabs(names, default=names[has.index(True)] if any(has) else names[0])
+    if own is not None:  # a commit whose run measured only the own tab's classes opens on it
+        mine = on_machine[own.owns(on_machine)]
+        has += [False, not mine[mine["commit"].str[:8] == commit].empty]
+    time_tab, memory_tab, floor_tab, missing_tab, *own_tab = tabs(
+        names, default=names[has.index(True)] if any(has) else names[0])
     glossary = words.glossary(name, rows["variant"].dropna(), rows["knob"].dropna() if "knob" in rows else (),
                               rows["suite"].dropna())
     with time_tab:
@@ -143,6 +164,9 @@ def technique_page(name: str) -> None:
             table(report.speedup_table(bandwidth, "bandwidth", baseline), hide=STATED)
     with missing_tab:
         _not_measured(data, name, machine)
+    if own is not None:
+        with own_tab[0]:
+            own.show(on_machine[own.owns(on_machine)], machine, commit, where, STATED)
 
 
 def _paired(rows: pd.DataFrame, where: str, baseline: str) -> None:

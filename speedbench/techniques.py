@@ -239,6 +239,16 @@ TECHNIQUES = _named({
             "uva": "speedlib's zero-copy backend: registered host memory read from the GPU, by torch's index_select "
                    "before commit 1408e44, by a whole-row Triton kernel from it",
             "device": "the whole table in GPU memory (speedlib's backend; the upper bound)",
+            "uva_sorted": "speedlib's uva backend with sort_indices=True: indices sorted, rows read in index order, "
+                          "the caller's order restored in the same pass (the roofline's hypotheses)",
+            "uva_2m": "speedlib's uva backend with huge_pages=True: the table in 2 MiB pages (transparent huge pages, "
+                      "2 MiB-aligned, then registered), against 4 KiB pages (the roofline's hypotheses)",
+            "uva_lines": "speedlib's uva backend with whole_lines=True: gathers read whole aligned 128-byte lines, the "
+                         "neighbours' bytes dropped (the roofline's hypotheses)",
+            "uva_4k_in_flight": "speedlib's uva backend with bytes_in_flight=4096: each kernel program reads 4 KiB "
+                                "before writing (16 KiB by default; the roofline's hypotheses)",
+            "uva_64k_in_flight": "speedlib's uva backend with bytes_in_flight=65536: each kernel program reads 64 KiB "
+                                 "before writing, with 8 warps (16 KiB and 4 by default; the roofline's hypotheses)",
             "auto": "speedlib's default (HostTable without backend=): picks among its own paths by measurement at "
                     "first use, cached per device and table shape; pageable on CPUs",
             "sparse_adam": "plain PyTorch: nn.Embedding(sparse=True) + torch.optim.SparseAdam, table on the device "
@@ -289,7 +299,7 @@ TECHNIQUES = _named({
                            names=(("sparse_adam_host", "PyTorch SparseAdam, table on the host"),
                                   ("sparse_adam", "PyTorch SparseAdam, table on the GPU")),
                            scope="whole embedding training step")),
-        chunks=("headline-transfer", "transfer-parallel"),
+        chunks=("headline-transfer", "transfer-roofline", "transfer-hypotheses", "transfer-parallel"),
     ),
     "checkpoint": Technique(
         "Activation checkpointing", "none", "step", suite="TrainingStep",

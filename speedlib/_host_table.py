@@ -12,6 +12,7 @@ import weakref
 
 import torch
 
+from speedlib import _transfer_kernel
 from speedlib._transfer_auto import _Auto
 from speedlib._transfer_backends import _IMPLS, _MAPPABLE, BACKENDS, _sync
 
@@ -42,18 +43,32 @@ def last_write_wins(indices: torch.Tensor, values: torch.Tensor) -> tuple[torch.
     return rows, values.index_select(0, last[run])
 
 
-def _options(backend: str, sort_indices) -> dict:
-    """The backend's own keyword arguments, refused where they would do nothing."""
-    if not isinstance(sort_indices, bool):
-        raise TypeError(f"sort_indices must be True or False, got {sort_indices!r}")
-    if not sort_indices:
+def _options(backend: str, sort_indices, huge_pages=False, whole_lines=False, bytes_in_flight=None) -> dict:
+    """The backend's own keyword arguments, refused where they would do nothing. huge_pages,
+    whole_lines and bytes_in_flight are issue 52's hypotheses (`_Uva`): off by default, each
+    measured by bench_transfer.RooflineHypotheses before it may become anyone's default."""
+    for name, value in (("sort_indices", sort_indices), ("huge_pages", huge_pages), ("whole_lines", whole_lines)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    if bytes_in_flight is not None:
+        _transfer_kernel.Shape(in_flight=bytes_in_flight)  # raises for a value the kernel cannot use
+    given = {"sort_indices": sort_indices, "huge_pages": huge_pages, "whole_lines": whole_lines,
+             "bytes_in_flight": bytes_in_flight}
+    given = {k: v for k, v in given.items() if v not in (False, None)}
+    if not given:
         return {}
-    if backend == "auto":
+    if backend == "auto" and "sort_indices" in given:
         raise ValueError("sort_indices is measured by the 'auto' backend itself (sorted reads are one of its paths); "
                          "to force sorted reads choose backend='uva'")
+    if backend == "auto":
+        raise ValueError(f"{', '.join(given)}: the 'uva' backend's experimental options (not measured on a GPU yet, "
+                         "so 'auto' has none of them); choose backend='uva' to try them")
     if backend != "uva":
-        raise ValueError(f"sort_indices orders the 'uva' kernel's reads; backend {backend!r} has no such kernel")
-    return {"sort_indices": True}
+        name = next(iter(given))
+        if name == "sort_indices":
+            raise ValueError(f"sort_indices orders the 'uva' kernel's reads; backend {backend!r} has no such kernel")
+        raise ValueError(f"{name} is an option of the 'uva' backend; backend {backend!r} does not take it")
+    return given
 
 
 def _default_device() -> torch.device:
@@ -68,14 +83,18 @@ class HostTable:
     backend 'auto' (the default) measures its paths at first use and keeps the fastest
     (`chosen` says which; speedlib/_transfer_auto.py). sort_indices ('uva'): read rows in index order, the
     caller's order restored in the same pass. Both change speed only, never a result.
+    huge_pages, whole_lines, bytes_in_flight ('uva', experimental, not measured on a GPU yet):
+    the table in 2 MiB pages; gathers that read whole aligned 128-byte lines; the bytes each
+    kernel program reads before writing (speedlib/_transfer_kernel.py `Shape`). Speed only too.
     """
 
     def __init__(self, rows: int, dim: int, *, dtype: torch.dtype = torch.float32, backend: str = "auto",
-                 device: torch.device | str | None = None, sort_indices: bool = False,
-                 _host: torch.Tensor | None = None):
+                 device: torch.device | str | None = None, sort_indices: bool = False, huge_pages: bool = False,
+                 whole_lines: bool = False, bytes_in_flight: int | None = None, _host: torch.Tensor | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-        self.options = _options(backend, sort_indices)  # before any memory is taken
+        # before any memory is taken
+        self.options = _options(backend, sort_indices, huge_pages, whole_lines, bytes_in_flight)
         for name, n in (("rows", rows), ("dim", dim)):
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise ValueError(f"{name} must be a positive int, got {n!r}")

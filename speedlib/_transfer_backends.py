@@ -11,8 +11,10 @@ user-facing classes does not have to page through CUDA registration and CuPy int
 from __future__ import annotations
 
 import atexit
+import contextlib
 import mmap
 import os
+import re
 import weakref
 
 import torch
@@ -129,7 +131,8 @@ def _unregister_host(ptr: int, device: torch.device, pid: int) -> None:
     _cuda_call(torch.cuda.cudart().cudaHostUnregister(ptr), "cudaHostUnregister")
 
 
-def _locked_zeros(rows: int, dim: int, dtype: torch.dtype, device: torch.device, owner: object) -> torch.Tensor:
+def _locked_zeros(rows: int, dim: int, dtype: torch.dtype, device: torch.device, owner: object,
+                  huge_pages: bool = False) -> torch.Tensor:
     """A zeroed rows x dim host tensor, page-locked with cudaHostRegister until `owner` is freed
     (or the interpreter exits, while CUDA is still up: weakref.finalize runs at exit).
 
@@ -137,16 +140,75 @@ def _locked_zeros(rows: int, dim: int, dtype: torch.dtype, device: torch.device,
     memory of our own locks exactly rows * dim * itemsize bytes. The memory is an anonymous
     shared mapping: page-aligned, so no neighbour's page is locked with it, and not
     copy-on-write, so a fork (DataLoader workers) cannot move a page away from the one the
-    GPU holds locked.
+    GPU holds locked. huge_pages: the table in 2 MiB pages instead (`_huge_zeros`), locked
+    in whole pages.
     """
     nbytes = rows * dim * dtype.itemsize
-    # Zeros already (a fresh mapping), and registering faults every page in: no memset needed.
-    host = torch.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_SHARED), dtype=dtype).view(rows, dim)
+    if huge_pages:
+        memory = _huge_zeros(nbytes)
+        host, locked = memory[:nbytes].view(dtype).view(rows, dim), memory.numel()
+    else:
+        # Zeros already (a fresh mapping), and registering faults every page in: no memset needed.
+        host = torch.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_SHARED), dtype=dtype).view(rows, dim)
+        locked = nbytes
     cudart = torch.cuda.cudart()
     with torch.cuda.device(device):  # CUDA records the current device as the memory's, which torch.as_tensor reads
-        _cuda_call(cudart.cudaHostRegister(host.data_ptr(), nbytes, _HOST_REGISTER_FLAGS), "cudaHostRegister")
+        _cuda_call(cudart.cudaHostRegister(host.data_ptr(), locked, _HOST_REGISTER_FLAGS), "cudaHostRegister")
     weakref.finalize(owner, _unregister_host, host.data_ptr(), device, os.getpid())
     return host
+
+
+HUGE_PAGE = 2 << 20  # bytes: an x86-64 (and arm64 4K-granule) huge page
+
+
+def _huge_zeros(nbytes: int) -> torch.Tensor:
+    """`nbytes` rounded up to whole 2 MiB pages of zeroed host memory, 2 MiB-aligned, every page
+    a huge one (issue 52's hypothesis: the GPU reading a table at random pays for address
+    translation, and 2 MiB pages need 512 times fewer translations than 4 KiB ones).
+
+    Transparent huge pages of a private anonymous mapping (madvise(MADV_HUGEPAGE)), which the
+    kernel gives where /sys/kernel/mm/transparent_hugepage/enabled is "always" or "madvise";
+    a shared mapping (the 4 KiB table's) gets them only where shmem_enabled allows, which it
+    seldom does. Private pages are copied on write after a fork (pinned ones, on recent Linux,
+    at the fork itself), so the range is left out of forked children (MADV_DONTFORK): a
+    DataLoader worker must not read this table (it has no such memory); with the 'uva' backend
+    the main process gathers anyway. One write per page faults each in as a huge page;
+    RuntimeError where the kernel gave any page as 4 KiB ones (the table would not be what it
+    says)."""
+    size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
+    mapping = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    whole = torch.frombuffer(mapping, dtype=torch.uint8)  # keeps the mapping alive
+    lead = -whole.data_ptr() % HUGE_PAGE  # from the mapping's start to the first 2 MiB boundary
+    mapping.madvise(mmap.MADV_HUGEPAGE, lead, size)
+    mapping.madvise(mmap.MADV_DONTFORK, lead, size)
+    memory = whole[lead:lead + size]
+    memory.view(-1, HUGE_PAGE)[:, 0] = 0  # a write fault per page: the kernel backs each with one huge page
+    with open("/proc/self/smaps", encoding="utf-8") as f:
+        huge = huge_page_bytes(f.read(), memory.data_ptr(), size)
+    if huge < size:
+        setting = "unknown"
+        with contextlib.suppress(OSError), open("/sys/kernel/mm/transparent_hugepage/enabled", encoding="ascii") as f:
+            setting = f.read().strip()
+        raise RuntimeError(f"the kernel gave {huge / size:.0%} of a {size / 2**30:.3g} GiB table in 2 MiB pages "
+                           f"(transparent huge pages: {setting}; they need 'always' or 'madvise', and memory that "
+                           "is not too fragmented)")
+    return memory
+
+
+def huge_page_bytes(smaps: str, start: int, nbytes: int) -> int:
+    """Bytes of [start, start + nbytes) in huge pages, from the text of /proc/<pid>/smaps: the
+    AnonHugePages of the mappings that lie in that range (madvise gave the range mappings of its
+    own). A mapping reaching out of the range counts nothing: its huge pages may be elsewhere."""
+    huge, end = 0, start + nbytes
+    for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", smaps):
+        span = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", block)
+        if span is None:
+            continue
+        lo, hi = int(span[1], 16), int(span[2], 16)
+        if start <= lo and hi <= end:
+            found = re.search(r"^AnonHugePages:\s+(\d+) kB", block, re.MULTILINE)
+            huge += int(found.group(1)) * 1024 if found else 0
+    return huge
 
 
 def _mapped(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -161,20 +223,26 @@ def _mapped(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 class _Uva:
     """Zero-copy: the GPU reads and writes the registered table in place, whole rows at a time
     (speedlib/_transfer_kernel.py); sort_indices reads the rows in index order. `locked`: a
-    table already registered (by 'auto'), else one is allocated and registered here."""
+    table already registered (by 'auto'), else one is allocated and registered here.
+    huge_pages, whole_lines, bytes_in_flight: issue 52's hypotheses, off by default (the
+    table in 2 MiB pages; the kernel's `Shape`), measured by bench_transfer.RooflineHypotheses."""
 
     def __init__(self, rows: int, dim: int, dtype: torch.dtype, device: torch.device, *, sort_indices: bool = False,
+                 huge_pages: bool = False, whole_lines: bool = False, bytes_in_flight: int | None = None,
                  locked: torch.Tensor | None = None):
         self.device, self.sort = device, sort_indices
-        self.host = _locked_zeros(rows, dim, dtype, device, owner=self) if locked is None else locked
+        self.shape = _transfer_kernel.Shape(lines=whole_lines, in_flight=bytes_in_flight)
+        self.host = _locked_zeros(rows, dim, dtype, device, owner=self, huge_pages=huge_pages) \
+            if locked is None else locked
         self.view = _mapped(self.host, device)
 
     def gather(self, idx: torch.Tensor) -> torch.Tensor:
-        return _transfer_kernel.gather(self.view, idx.to(self.device, non_blocking=True), sort=self.sort)
+        return _transfer_kernel.gather(self.view, idx.to(self.device, non_blocking=True), sort=self.sort,
+                                       shape=self.shape)
 
     def write(self, idx: torch.Tensor, values: torch.Tensor) -> None:
         _transfer_kernel.scatter(self.view, idx.to(self.device, non_blocking=True),
-                                 values.to(self.device, non_blocking=True), sort=self.sort)
+                                 values.to(self.device, non_blocking=True), sort=self.sort, shape=self.shape)
 
 
 def _import_cupy():

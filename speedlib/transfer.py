@@ -27,7 +27,8 @@ moves rows between it and `device`:
             over the bus, consecutive threads on consecutive words; `sort_indices=True` reads
             rows in index order and restores the caller's order in the same pass. Where the
             kernel cannot be built, torch's index_select / index_copy_ do it (with a warning).
-            Unlocked when the table is freed.
+            Unlocked when the table is freed. `huge_pages`, `whole_lines`, `bytes_in_flight`:
+            experimental (issue 52's hypotheses, not measured on a GPU yet; 'auto' has none).
   device    the whole table in GPU memory: the upper bound, when it fits.
 
 `gather(indices)` returns a tensor on `device` shaped `indices.shape + (dim,)`, ordered on

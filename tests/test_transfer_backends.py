@@ -20,7 +20,7 @@ import weakref
 import numpy as np
 import pytest
 import torch
-from transfer_bits import GPU_BACKENDS, _cupy_ok, _reference, needs_cuda
+from transfer_bits import GPU_BACKENDS, _cupy_ok, _reference, needs_cuda, thp_setting
 
 from speedlib import _transfer_backends as transfer
 from speedlib._transfer_backends import _MappedHost
@@ -103,6 +103,95 @@ def test_uva_memory_is_locked_exactly_and_unlocked_when_its_owner_is_freed(monke
     del owner
     gc.collect()
     assert [c[0] for c in calls] == ["register", "unregister", "register"]
+
+
+_SMAPS = """\
+7f0000000000-7f0000200000 rw-p 00000000 00:00 0
+Size:               2048 kB
+AnonHugePages:      2048 kB
+VmFlags: rd wr mr mw me ac
+7f0000200000-7f0000600000 rw-p 00000000 00:00 0
+Size:               4096 kB
+AnonHugePages:      4096 kB
+VmFlags: rd wr mr mw me dc ac hg
+7f0000600000-7f0000a00000 rw-p 00000000 00:00 0
+Size:               4096 kB
+AnonHugePages:      2048 kB
+VmFlags: rd wr mr mw me dc ac hg
+7f0000a00000-7f0000c00000 rw-p 00000000 00:00 0
+Size:               2048 kB
+AnonHugePages:      2048 kB
+VmFlags: rd wr mr mw me ac
+"""
+
+
+def test_huge_page_bytes_count_only_mappings_inside_the_range():
+    start = 0x7F0000200000
+    assert transfer.huge_page_bytes(_SMAPS, start, 8 << 20) == 6 << 20  # 4 MiB + 2 of the next 4 MiB
+    assert transfer.huge_page_bytes(_SMAPS, start, 4 << 20) == 4 << 20
+    # a range that cuts a mapping counts none of it: its huge pages may lie outside the range
+    assert transfer.huge_page_bytes(_SMAPS, start, 6 << 20) == 4 << 20
+    assert transfer.huge_page_bytes(_SMAPS, start - (2 << 20), 12 << 20) == 10 << 20
+    assert transfer.huge_page_bytes("", start, 4 << 20) == 0
+
+
+def test_a_huge_page_table_is_aligned_whole_pages_locked_and_left_out_of_forks(monkeypatch):
+    """The 'uva' table in 2 MiB pages, CUDA's runtime stood in: the rows start on a 2 MiB boundary,
+    whole pages are registered (the rows' bytes rounded up to 2 MiB), every one of them a huge
+    page (smaps says so), the range marked hugepage and don't-copy-on-fork; unregistered when
+    the owner is freed. Where the kernel gives no transparent huge pages the table is refused
+    with the setting named, never built in 4 KiB pages under the name of 2 MiB ones."""
+    calls, current = [], [None]
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: _FakeCudart(calls, current))
+    monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
+    owner, dev = _Owner(), torch.device("cuda", 0)
+    rows, dim = 5000, 100  # 2,000,000 bytes of float32: less than one huge page
+    if thp_setting() not in ("always", "madvise"):
+        with pytest.raises(RuntimeError, match=r"2 MiB pages \(transparent huge pages: .*'always' or 'madvise'"):
+            transfer._locked_zeros(rows, dim, torch.float32, dev, owner, huge_pages=True)
+        assert calls == []
+        return
+    host = transfer._locked_zeros(rows, dim, torch.float32, dev, owner, huge_pages=True)
+    assert host.shape == (rows, dim) and not host.any() and host.data_ptr() % transfer.HUGE_PAGE == 0
+    assert calls == [("register", host.data_ptr(), transfer.HUGE_PAGE, 1 | 2, None)]
+    with open("/proc/self/smaps", encoding="utf-8") as f:
+        smaps = f.read()
+    assert transfer.huge_page_bytes(smaps, host.data_ptr(), transfer.HUGE_PAGE) == transfer.HUGE_PAGE
+    block = smaps[smaps.index(f"{host.data_ptr():x}-"):]
+    flags = next(line for line in block.splitlines() if line.startswith("VmFlags")).split()
+    assert "hg" in flags and "dc" in flags  # MADV_HUGEPAGE, MADV_DONTFORK
+    host[-1] = 1.0  # the rows are ordinary memory, writable to the last byte
+    del owner
+    gc.collect()
+    assert calls[1:] == [("unregister", host.data_ptr())]
+
+
+@pytest.mark.parametrize("backend", ["pinned", "cupy", "device", "pageable"])
+@pytest.mark.parametrize("option", [{"huge_pages": True}, {"whole_lines": True}, {"bytes_in_flight": 4096}])
+def test_the_uva_hypotheses_are_refused_by_every_other_backend(backend, option):
+    name = next(iter(option))
+    with pytest.raises(ValueError, match=f"{name} is an option of the 'uva' backend; backend '{backend}'"):
+        HostTable(4, 2, backend=backend, device="cpu", **option)
+
+
+def test_auto_has_none_of_the_uva_hypotheses_until_a_gpu_has_measured_them():
+    with pytest.raises(ValueError, match=r"huge_pages, bytes_in_flight: the 'uva' backend's experimental options "
+                                         r"\(not measured on a GPU yet"):
+        HostTable(4, 2, device="cpu", huge_pages=True, bytes_in_flight=8192)
+
+
+def test_the_uva_hypotheses_are_checked_before_any_memory_is_taken():
+    with pytest.raises(TypeError, match="huge_pages must be True or False"):
+        HostTable(4, 2, backend="uva", huge_pages="yes")
+    with pytest.raises(TypeError, match="whole_lines must be True or False"):
+        HostTable(4, 2, backend="uva", whole_lines=None)
+    with pytest.raises(ValueError, match="bytes in flight must be a power of two of at least 1024, got 3000"):
+        HostTable(4, 2, backend="uva", bytes_in_flight=3000)
+    from speedlib import _host_table  # noqa: PLC0415 - the options on their own
+
+    assert _host_table._options("uva", False, True, True, 65536) == {"huge_pages": True, "whole_lines": True,
+                                                                     "bytes_in_flight": 65536}
+    assert _host_table._options("uva", False) == {} and _host_table._options("pinned", False) == {}
 
 
 @needs_cuda

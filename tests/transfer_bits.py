@@ -31,6 +31,20 @@ def _cupy_ok() -> bool:
     return True
 
 
+def thp_setting() -> str:
+    """The kernel's transparent huge page mode (the bracketed word of
+    /sys/kernel/mm/transparent_hugepage/enabled: always, madvise or never), or "" unreadable."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled", encoding="ascii") as f:
+            return f.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return ""
+
+
+needs_huge_pages = pytest.mark.skipif(thp_setting() not in ("always", "madvise"),
+                                      reason="transparent huge pages are off on this host: no 2 MiB table to test")
+
+
 def _backend_params(backends):
     """Each backend as a pytest param, skipped with its reason where this machine cannot run it."""
     out = []

@@ -83,7 +83,8 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
             table = headline.grid(df)
         else:
             table = {"paired": report.paired_table, "speedup": report.speedup_table, "memory": report.memory_table,
-                     "floor": report.floor_table, "claims": report.claims_table}[args.table](rows)
+                     "floor": report.floor_table, "claims": report.claims_table,
+                     "roofline": report.roofline_table}[args.table](rows)
     return _export(report, table, args)
 
 
@@ -153,8 +154,8 @@ def add_parser(sub) -> None:
     report.add_argument("--results", default="results", help="results directory (default: results)")
     report.add_argument("--machine", help="only this machine")
     report.add_argument("--table", default="results",
-                        choices=["results", "headline", "paired", "speedup", "memory", "floor", "claims", "history",
-                                 "noise"],
+                        choices=["results", "headline", "paired", "speedup", "memory", "floor", "roofline", "claims",
+                                 "history", "noise"],
                         help="results: every measured value; headline: the overview's 'At a glance' grid; the "
                              "others as in the dashboard (default: results)")
     report.add_argument("--format", default="md", choices=["md", "csv", "tex"],

@@ -20,6 +20,7 @@ __all__, __getattr__ = lazy(__name__, {
     'reruns': ('paired_noise', 'noise', 'noise_table', 'NOISE_TARGET'),
     'tables': ('floor_table', 'floor_figures', 'FLOOR_ABOVE_NOTE', 'FLOOR_FIGURES', 'FLOOR_ONLY', 'NOT_A_BANDWIDTH',
                'NOT_RECORDED'),
+    'roofline': ('roofline_table',),
     'commits': ('history', 'history_table', 'resolve_commit', 'compare_commits', 'change_table'),
     'machines_compare': ('compare_machines', 'machine_comparison', 'same_work', 'speedup_comparison'),
     'claims': ('Claim', 'CLAIMS', 'claims_table', 'comparable', 'is_own_baseline', 'never_run', 'why_not_measured'),

@@ -9,6 +9,7 @@ import math
 import pandas as pd
 
 from speedbench.report.marks import _identity, _numbers, with_earlier_note
+from speedbench.report.roofline import is_roofline
 from speedbench.report.rows import Table
 
 __all__ = ["floor_table", "floor_figures", "FLOOR_FIGURES", "FLOOR_ONLY", "FLOOR_ABOVE_NOTE", "NOT_RECORDED",
@@ -110,8 +111,9 @@ def floor_figures(df: pd.DataFrame) -> pd.DataFrame:
 
 def _floor_figures(df: pd.DataFrame) -> tuple[pd.DataFrame, list]:
     """floor_figures(df), and the index in `df` of each GB/s row it took."""
-    s = df[df["kind"] == "fraction of floor"].sort_values(["technique", "machine", "commit_date", "benchmark"],
-                                                          kind="stable")
+    # the roofline's % are a grid of points, tabled on their own (speedbench.report.roofline)
+    s = df[(df["kind"] == "fraction of floor") & ~is_roofline(df)].sort_values(
+        ["technique", "machine", "commit_date", "benchmark"], kind="stable")
     figures = _gbps_rows(df)
     found: dict[tuple, list] = {}
     for index, row in zip(figures.index, figures.to_dict("records"), strict=True):

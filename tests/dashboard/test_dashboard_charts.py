@@ -466,8 +466,14 @@ def test_a_technique_page_lists_what_never_ran_on_the_machine_and_how_to_run_it(
     never = [d for d in frames(at) if "measured by" in d.columns]
     assert len(never) == 1
     by_chunk = never[0].groupby("measured by")["benchmark"].apply(set).to_dict()
-    assert set(by_chunk) == {"speedlib run --chunk transfer-parallel", "speedlib run --chunk headline-transfer"}
+    assert set(by_chunk) == {"speedlib run --chunk transfer-parallel", "speedlib run --chunk headline-transfer",
+                             "speedlib run --chunk transfer-roofline", "speedlib run --chunk transfer-hypotheses"}
     assert "Transfer.track_seconds" in by_chunk["speedlib run --chunk transfer-parallel"]
+    # the roofline (issue 52), added after every committed run
+    for cls, chunk in (("Roofline", "transfer-roofline"), ("RooflineHypotheses", "transfer-hypotheses")):
+        assert by_chunk[f"speedlib run --chunk {chunk}"] == {
+            f"{cls}.track_roofline_{t}" for t in ("gather", "scatter", "gather_bandwidth", "scatter_bandwidth",
+                                                  "h2d_floor", "d2h_floor", "gather_bus_bytes", "scatter_bus_bytes")}
     # FractionOfFloor's GB/s tracks came after the H100's headline-transfer run: its chunk measures them
     assert by_chunk["speedlib run --chunk headline-transfer"] == {
         f"FractionOfFloor.track_{t}" for t in ("h2d_floor", "d2h_floor", "gather_bandwidth", "scatter_bandwidth")}
