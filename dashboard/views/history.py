@@ -5,11 +5,11 @@ import html
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
-from _charts import log_axis
 from _tables import caption, table
 from _view import page_data, pick, pick_many
 
 from speedbench import report, words
+from speedbench.report.charts import log_axis
 from speedbench.results.environment import NoGpuModel
 from speedbench.results.machines import describe, environment_keys
 from speedbench.stats import contention

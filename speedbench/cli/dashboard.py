@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from speedbench import CHECKOUT
+from speedbench.cli import report
 from speedbench.results.common import printable
-from speedbench.results.tree import ResultsTree
 from speedbench.run import supervise
 
 
@@ -174,9 +174,15 @@ def _cannot_listen(address: str, port: int) -> str | None:
 
 
 def add_parser(sub) -> None:
-    dash = sub.add_parser("dashboard", help="open the Streamlit dashboard on the results")
-    dash.add_argument("--results", default=str(ResultsTree.in_checkout(CHECKOUT).root),
-                      help="results directory (default: this checkout's results/)")
+    dash = sub.add_parser("dashboard", help="open the Streamlit dashboard on the results",
+                          description="Serve the Streamlit dashboard on a results directory (fixed at start-up, "
+                                      "never taken from the URL) until Ctrl+C.",
+                          epilog="exit status: 0 stopped by Ctrl+C or SIGTERM; 2 refused (a bad --port or "
+                                 "--address, no results directory, Streamlit missing, the port taken, Streamlit not "
+                                 "serving within the start-up time), with one line on stderr saying why; else "
+                                 "Streamlit's own status when it exits by itself")
+    dash.add_argument("--results", default=report.RESULTS,
+                      help="results directory (default: this checkout's results/, as `speedlib report`)")
     dash.add_argument("--address", default="127.0.0.1",
                       help="address to listen on (default: 127.0.0.1, this machine only)")
     dash.add_argument("--port", default="8501", help="port (default: 8501)")

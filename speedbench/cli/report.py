@@ -7,9 +7,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from speedbench import report
+from speedbench import CHECKOUT, report
 from speedbench.results import safekeep
 from speedbench.results.common import printable
+from speedbench.results.tree import ResultsTree
+
+RESULTS = str(ResultsTree.in_checkout(CHECKOUT).root)  # the default of every command that reads results
 
 
 def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -149,8 +152,15 @@ def _regression_gate(report, df, args: argparse.Namespace) -> int:
 
 
 def add_parser(sub) -> None:
-    report = sub.add_parser("report", help="print a results table (with its provenance footer)")
-    report.add_argument("--results", default="results", help="results directory (default: results)")
+    report = sub.add_parser("report", help="print a results table (with its provenance footer)",
+                            description="Print a results table with its provenance footer, export it, write the "
+                                        "results page, or gate CI on regressions.",
+                            epilog="exit status: 0 the table was printed or written (the gate: no regression); 1 no "
+                                   "measured results (or none for --machine), the gate: a regression; 2 refused "
+                                   "(no results directory, a bad --benchmark or --against, an export that cannot be "
+                                   "written), with one line on stderr saying why")
+    report.add_argument("--results", default=RESULTS,
+                        help="results directory (default: this checkout's results/, as `speedlib dashboard`)")
     report.add_argument("--machine", help="only this machine")
     report.add_argument("--table", default="results",
                         choices=["results", "headline", "paired", "speedup", "memory", "floor", "claims", "history",
