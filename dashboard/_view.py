@@ -62,7 +62,7 @@ def results() -> dict:
     signature = cache.fingerprint(RESULTS)
     data = _load(str(RESULTS), signature)
     newest = data["measured"]["run_date"].max() if not data["measured"].empty else pd.NaT
-    asked = st.query_params.get(UNTIL)
+    asked = st.query_params.get(UNTIL) or None  # an empty until= pins nothing
     pin = _link_time(pd.to_datetime(asked, utc=True, errors="coerce")) if asked is not None else None
     if asked is not None and pin is None:
         st.error(f"This link's {UNTIL}= '{md_text(asked)}' is not a time (it reads like 2026-11-28T04:43:59Z): "

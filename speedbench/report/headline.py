@@ -235,7 +235,7 @@ def _figure(a: dict) -> str:
     ratio = report.fmt_ratio(a["ratio"], a["low"], a["high"]) + (f" {report.CONTENDED}" if a["contended"] else "")
     words = f" ({a['baseline_words']})" if a["baseline_words"] else ""
     if a["measure"] == "peak memory":
-        text = f"{ratio} vs {a['baseline_name']}{words}"
+        text = f"peak memory {ratio} vs {a['baseline_name']}{words}"
     elif a["paired"]:
         text = f"{ratio} N={a['N']} vs {a['baseline_name']}{words}"
     else:

@@ -23,14 +23,13 @@ import numpy as np  # noqa: E402 - after the skips: the dashboard extra may be m
 from dashboard_bits import app_on, frames, read  # noqa: E402 - after the skips: it needs streamlit
 
 from speedbench import report  # noqa: E402 - after the skips: the report needs pandas
+from speedbench.report import charts as _charts  # noqa: E402 - after the skips: it needs plotly
 from speedbench.results import synthetic  # noqa: E402 - after the skips: it needs pandas
 from speedbench.results.load import load_results  # noqa: E402 - after the skips: it needs pandas
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "dashboard"))
-import _charts  # noqa: E402 - from dashboard/, put on the path just above
 import _tables  # noqa: E402 - from dashboard/, put on the path just above
-import _technique  # noqa: E402 - from dashboard/, put on the path just above
 
 
 def figures(results: Path, page: str, monkeypatch, glance: bool = False, **query) -> list[dict]:
@@ -260,7 +259,7 @@ def test_memory_bars_put_each_variant_beside_its_own_baseline():
                           "variant": v, "value": 3 * 2**30 if v == "none" else 2**30}
                          for m in ("peak_memory", "peak_activation_memory") for w in ("a", "b", "c")
                          for b in (4, 16) for v in ("none", "speedlib")])
-    fig = json.loads(_technique._bars(rows, "bytes").to_json())
+    fig = json.loads(_charts.bars(rows, "bytes").to_json())
     traces, layout = fig["data"], fig["layout"]
     assert [t["name"] for t in traces] == ["none", "speedlib"]
     assert len({t["marker"]["color"] for t in traces}) == 2

@@ -263,11 +263,7 @@ def test_results_without_counters_load_as_before_and_say_so(tmp_path):
 
 def test_the_dashboard_chart_cross_hatches_a_contended_bar(tree):
     pytest.importorskip("plotly")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "dashboard"))
-    try:
-        from _charts import ratio_chart  # noqa: PLC0415 - found through the line above, once plotly is known to be there
-    finally:
-        sys.path.pop(0)
+    from speedbench.report.charts import ratio_chart  # noqa: PLC0415 - plotly, optional
     s = report.paired(load_results(tree).measured).assign(label="m", case=lambda d: d["commit"].str[:1])
     fig = ratio_chart(s, "case", "label", "t")
     shapes = list(fig.data[0].marker.pattern.shape)
