@@ -20,6 +20,7 @@ from speedbench.report.ratios import _with_ratio
 from speedbench.report.rows import Table, fmt_ratio, fmt_value, latest
 from speedbench.results.environment import NoGpuModel
 from speedbench.results.gpu_tests import GpuTests
+from speedbench.techniques import TECHNIQUES
 
 
 def _described(df: pd.DataFrame) -> pd.DataFrame:
@@ -38,10 +39,14 @@ def machines_table(df: pd.DataFrame) -> pd.DataFrame:
     newest environment; the others are named in one column, each with its commits and results,
     rather than repeating the machine in a row of its own."""
     env = ["machine", "gpu", "driver", "cuda", "torch", "cpu_model"]
-    environments = _described(df).sort_values("commit_date").groupby(env, sort=True).agg(
+    rows = _described(df)
+    # which environment the row describes: the one of the newest technique results, not of the
+    # viewer's own timing runs (cpu-2core-amd-epyc's newest commit timed only the dashboard)
+    rows = rows.assign(_measured=rows["commit_date"].where(rows["technique"].isin(TECHNIQUES)))
+    environments = rows.sort_values("commit_date").groupby(env, sort=True, dropna=False).agg(
         commits=("commit", "nunique"), results=("commit", "size"), latest=("commit", lambda c: c.iloc[-1][:8]),
-        newest=("commit_date", "max"), gpu_tests=("gpu_tests_note", lambda v: v.iloc[-1])).reset_index()
-    environments = environments.sort_values(["machine", "newest"], kind="stable")
+        newest=("_measured", "max"), gpu_tests=("gpu_tests_note", lambda v: v.iloc[-1])).reset_index()
+    environments = environments.sort_values(["machine", "newest", "results"], kind="stable", na_position="first")
     newest = environments.drop_duplicates("machine", keep="last")
     others = {m: "; ".join(f"torch {e.torch}, CUDA {e.cuda}, {e.cpu_model}: {e.commits} commit(s), {e.results} "
                            "results" for e in g.iloc[:-1].itertuples())

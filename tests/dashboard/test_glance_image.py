@@ -40,7 +40,7 @@ def _texts(svg: str) -> list[tuple[float, float, str]]:
 def test_the_committed_image_is_what_the_command_draws_from_the_committed_results(tmp_path):
     assert _draw(ROOT / "results", tmp_path / "glance.svg") == 0
     assert IMAGE.read_bytes() == (tmp_path / "glance.svg").read_bytes(), \
-        f"docs/glance.svg is stale: regenerate it with `{glance.IMAGE_COMMAND}`"
+        f"docs/glance.svg is stale: regenerate it with `python3 tools/regenerate_docs.py` ({glance.IMAGE_COMMAND})"
 
 
 def test_every_cell_shows_the_reports_figure_in_its_row_and_column():
