@@ -257,8 +257,8 @@ _GATHER = Headline(
                    "host-resident table, HostTable's default (auto) vs nn.Embedding(sparse=True) + "
                    "SparseAdam in host memory", "EmbeddingStep", "auto", "sparse_adam_host",
                    beside=("sparse_adam",),
-                   names=(("sparse_adam_host", "PyTorch SparseAdam, table on the host"),
-                          ("sparse_adam", "PyTorch SparseAdam, table on the GPU")),
+                   names=(("sparse_adam_host", "SparseAdam on the host"),
+                          ("sparse_adam", "SparseAdam on the GPU")),
                    scope="whole embedding training step"))
 
 _CHECKPOINT = Headline(
@@ -275,7 +275,8 @@ _AMP = Headline(
             "(TF32 off everywhere), the Tuning Guide's baseline, which the claims table keeps. On CPUs TF32 "
             "does not exist: PyTorch's default is strict fp32, which leads there",
     default=(("gpu", "default"), ("cpu", "fp32")),
-    names=(("default", "TF32 convolutions + fp32 matmuls"), ("fp32", "strict fp32")),
+    # a cell says "vs TF32 convolutions": what PyTorch's default precision changes (matmuls stay float32)
+    names=(("default", "TF32 convolutions"), ("fp32", "strict fp32")),
     source="the Tuning Guide's baseline")
 
 _DDP = Headline(

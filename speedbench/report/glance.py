@@ -39,11 +39,11 @@ COLOUR_WORDS = ("Colour: better (blue) or worse (red) than the row's baseline fo
                 "peak memory less memory; grey: no answer on that machine, the cell says why.")
 _MARKS = (f"{report.CONTENDED} contended, {report.EARLIER} earlier benchmark version, {report.GPU_TESTS_FAILED} GPU "
           "tests failed.")
-LEGEND = ("One row, one comparison: every cell of a row has the same scope, baseline and measure. Each cell: x faster "
-          "than the baseline (peak memory: variant / baseline, lower is better), [low, high] its 99 % interval, in "
-          "italics the baseline on that machine (hover for it in words); paired (the variants taking turns) wherever "
-          f"measured so, else marked not paired. {COLOUR_WORDS} {_MARKS}")
-CLICK = "A click on a cell opens its technique's page at that machine, baseline and commit."
+LEGEND = ("One row, one comparison: the same scope, baseline and measure in every cell of a row. A cell: x faster "
+          "than the baseline (peak memory: variant / baseline, lower is better), its 99 % interval, the baseline on "
+          "that machine in italics (hover: in words); paired (variants taking turns) where measured so, else marked "
+          f"not paired. {COLOUR_WORDS} {_MARKS}")
+CLICK = "A click on a cell opens its figure on its technique's page (machine, baseline, commit)."
 IMAGE_COMMAND = "speedlib publish --chart docs/glance.svg"
 # LEGEND without the hover (an image has none); the baselines in words are in the results page's grid.
 IMAGE_LEGEND = ("One row, one comparison: every cell of a row has the same scope, baseline and measure. Each cell: x "
@@ -69,13 +69,13 @@ def figure_text(r) -> str:
 
 
 def _said(r) -> str:
-    """The italic line: the baseline on this machine, the case, and "not paired" where so."""
-    parts = [f"vs {r.baseline_name}"]
-    if isinstance(r.case, str) and r.case:
-        parts.append(r.case)
-    if r.measure == "speed" and r.paired is not True:
-        parts.append("not paired")
-    return ", ".join(parts)
+    """The italic line: the baseline on this machine and the case where a class has several."""
+    return f"vs {r.baseline_name}" + (f", {r.case}" if isinstance(r.case, str) and r.case else "")
+
+
+def _line(text: str, width: int = 26) -> str:
+    """`text` on one line of a cell: a cell holds three, the whole text is in the hover and the grid."""
+    return text if len(text) <= width else text[:width - 1].rstrip() + "…"
 
 
 def lines(r) -> list[list[tuple[str, str]]]:
@@ -85,16 +85,19 @@ def lines(r) -> list[list[tuple[str, str]]]:
     all, the whole reason in the hover and the grid)."""
     if r.status != MEASURED:
         head, _, rest = str(r.status).partition(": ")
-        more = textwrap.wrap(rest, 24)
-        if len(more) > 2:  # a cell holds four lines: the rest is in the hover and the grid
-            more = [more[0], more[1][:22] + "…"]
+        more = textwrap.wrap(rest, 26)
+        if len(more) > 2:  # a cell holds three lines: the rest is in the hover and the grid
+            more = [more[0], _line(more[1] + " " + more[2])]
         return [[(head, "")], *([[(w, "i")] for w in more])]
     ratio, marks = report.fmt_ratio(r.ratio, None, None), _marks(r)
+    said = [[(_line(_said(r)), "i")]]
     if pd.isna(r.low):  # no interval (an exact count, or one value each): the marks beside the ratio
         first = [[(ratio, "b"), *([(f" {marks}", "")] if marks else [])]]
+        if r.measure == "speed" and r.paired is not True:  # separately timed: said under it, in place of brackets
+            said.append([("not paired", "i")])
     else:
         first = [[(ratio, "b")], [(f"[{r.low:.3g}, {r.high:.3g}] {marks}".rstrip(), "")]]
-    return first + [[(w, "i")] for w in textwrap.wrap(_said(r), 24)][:2]
+    return first + said
 
 
 def _cell(r) -> str:
@@ -208,7 +211,7 @@ def figure(rows: pd.DataFrame, height: int | None = None, ages: dict | None = No
         hovertext=[_hover(r, ages.get((q, m), "")) for q, m, r in cells], hoverinfo="text",
         customdata=[[r.technique, m, q, links.get((q, m), "")] for q, m, r in cells], showlegend=False))
     fig.update_layout(
-        height=height or 90 + 66 * len(questions), margin=dict(l=10, r=10, t=50, b=4),
+        height=height or 70 + 48 * len(questions), margin=dict(l=10, r=10, t=40, b=4),
         xaxis=dict(side="top", fixedrange=True, type="category"),
         yaxis=dict(autorange="reversed", fixedrange=True, type="category", tickfont=dict(size=12)),
         plot_bgcolor="white", dragmode=False, clickmode="event+select", hoverlabel=dict(align="left"))
@@ -216,7 +219,7 @@ def figure(rows: pd.DataFrame, height: int | None = None, ages: dict | None = No
 
 
 # The image's geometry (px): the question column, a machine's column, a text line, the margin.
-_NAMES_W, _CELL_W, _LINE, _PAD = 230, 170, 16, 12
+_NAMES_W, _CELL_W, _LINE, _PAD = 230, 180, 16, 12
 _FONT = "font-family=\"-apple-system, 'Segoe UI', Helvetica, Arial, sans-serif\""
 _STYLES = {"b": ' font-weight="bold"', "i": ' font-style="italic"', "": ""}
 
