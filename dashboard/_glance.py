@@ -78,13 +78,12 @@ def glance_chart(grid: report.Table, key: str, technique: str | None = None) -> 
         return
     st.markdown(_NARROW.format(w=glance.MIN_WIDTH, key=key, n=rows["machine"].nunique()), unsafe_allow_html=True)
     # the marks' meaning above the chart: below it, it fell past the first screen (the dagger is on every H100 cell)
-    caption(glance.LEGEND + f" {glance.CLICK}")
+    caption(glance.LEGEND)
     behind = ages(rows)
     event = st.plotly_chart(glance.figure(rows, ages={k: str(b) for k, b in behind.items()}),
                             key=f"glance-{key}", on_select="rerun", selection_mode="points",
                             config={"displayModeBar": False})
-    if _age_note(behind):
-        caption(_age_note(behind))
+    caption(f"{glance.CLICK} {_age_note(behind)}".strip())
     points = event.selection.points if event and event.selection else []
     clicked = [p.get("customdata") for p in points if p.get("customdata")]
     # A selection outlives the rerun it causes: a click is followed once, or a technique page

@@ -39,10 +39,10 @@ COLOUR_WORDS = ("Colour: better (blue) or worse (red) than the row's baseline fo
                 "peak memory less memory; grey: no answer on that machine, the cell says why.")
 _MARKS = (f"{report.CONTENDED} contended, {report.EARLIER} earlier benchmark version, {report.GPU_TESTS_FAILED} GPU "
           "tests failed.")
-LEGEND = ("One row, one comparison: the same scope, baseline and measure in every cell of a row. A cell: x faster "
-          "than the baseline (peak memory: variant / baseline, lower is better), its 99 % interval, the baseline on "
-          "that machine in italics (hover: in words); paired (variants taking turns) where measured so, else marked "
-          f"not paired. {COLOUR_WORDS} {_MARKS}")
+# Above the chart, short enough that the chart still ends on a 1440 x 900 first screen.
+LEGEND = ("One row, one comparison (same scope, baseline and measure). A cell: x faster than the row's baseline "
+          "(peak memory: variant / baseline), 99 % interval, baseline in italics; paired unless marked. Blue better, "
+          f"red worse, grey no answer (the cell says why). {_MARKS}")
 CLICK = "A click on a cell opens its figure on its technique's page (machine, baseline, commit)."
 IMAGE_COMMAND = "speedlib publish --chart docs/glance.svg"
 # LEGEND without the hover (an image has none); the baselines in words are in the results page's grid.
@@ -211,7 +211,7 @@ def figure(rows: pd.DataFrame, height: int | None = None, ages: dict | None = No
         hovertext=[_hover(r, ages.get((q, m), "")) for q, m, r in cells], hoverinfo="text",
         customdata=[[r.technique, m, q, links.get((q, m), "")] for q, m, r in cells], showlegend=False))
     fig.update_layout(
-        height=height or 70 + 48 * len(questions), margin=dict(l=10, r=10, t=40, b=4),
+        height=height or 70 + 47 * len(questions), margin=dict(l=10, r=10, t=40, b=4),
         xaxis=dict(side="top", fixedrange=True, type="category"),
         yaxis=dict(autorange="reversed", fixedrange=True, type="category", tickfont=dict(size=12)),
         plot_bgcolor="white", dragmode=False, clickmode="event+select", hoverlabel=dict(align="left"))

@@ -141,7 +141,8 @@ def _glance(rows: pd.DataFrame, div_id: str) -> str:
              for r in rows.itertuples()}
     narrow = (f'<p class="narrow">The chart is wider than this screen: it scrolls sideways (swipe it), '
               f"{rows['machine'].nunique()} machines across.</p>")
-    return narrow + _figure(glance.figure(rows, ages=_ages(rows), links=links), div_id, clickable=True, wide=True)
+    return (narrow + _figure(glance.figure(rows, ages=_ages(rows), links=links), div_id, clickable=True, wide=True)
+            + f'<p class="caption">{_e(glance.CLICK)}</p>')
 
 
 def _overview(df: pd.DataFrame, grid: report.Table) -> str:
@@ -149,7 +150,7 @@ def _overview(df: pd.DataFrame, grid: report.Table) -> str:
     claims = report.claims_table(df)
     index = every.frame.assign(technique=[report.TECHNIQUES[p].title if p in report.TECHNIQUES else p
                                           for p in every.frame["page"]]).drop(columns="page")
-    return (f'<p class="caption">{_e(glance.LEGEND)} {_e(glance.CLICK)}</p>' + _glance(grid.data, "glance")
+    return (f'<p class="caption">{_e(glance.LEGEND)}</p>' + _glance(grid.data, "glance")
             + '<p class="prov">Every figure of every cell, each baseline named: <a href="cite.html">cite page</a>, '
               "<code>speedlib report --table headline</code>.</p>" + _provenance(grid)
             + "<h2>Every paired comparison (latest commit per machine)</h2>"
@@ -167,7 +168,7 @@ _CELL_COLUMNS = {"machine": "machine", "label": "question", "figure": "figure", 
 
 def _technique(df: pd.DataFrame, grid: report.Table, name: str) -> str:
     rows = grid.data[grid.data["technique"] == name]
-    body = (f'<p class="caption">{_e(glance.LEGEND)} {_e(glance.CLICK)}</p>' + _glance(rows, f"glance-{name}")) \
+    body = (f'<p class="caption">{_e(glance.LEGEND)}</p>' + _glance(rows, f"glance-{name}")) \
         if not rows.empty else ""
     cells = rows.assign(figure=[glance.figure_text(r) or (f"{report.fmt_ratio(r.ratio, None, None)}, not a result "
                                                           "for this row" if pd.notna(r.ratio) else "")

@@ -212,6 +212,31 @@ def test_a_technique_page_opens_on_the_newest_gpu_machine_with_current_results_a
     assert at.query_params["baseline"] == "forloop"  # and on a CPU
 
 
+def test_a_cells_link_opens_the_page_on_its_figure(monkeypatch):
+    """Issue 51: a click on a cell opened /amp?until=... with no machine, on the H100. The link
+    a cell opens (the dashboard's click, _glance.cell_link) shows that cell's figure in the
+    page's first table of its tab: one measured cell of every row, on a GPU machine."""
+    sys.path.insert(0, str(ROOT / "dashboard"))
+    import _glance  # noqa: PLC0415 - the dashboard's module, on the path above
+
+    grid = headline.grid(load_results(ROOT / "results").measured)
+    shown = grid.data[(grid.data["status"] == headline.MEASURED) & (grid.data["gpu"] != "CPU only")]
+    checked = 0
+    for _, rows in shown.groupby("question", sort=False):
+        r = next(rows.itertuples())
+        link = _glance.cell_link(r)
+        assert {"machine", "commit", "baseline", "suite", "tab"} <= set(link)
+        at = app_on(ROOT / "results", f"views/{r.technique}.py", monkeypatch, **link)
+        assert not at.exception and not at.error, (r.question, at.exception)
+        assert dict(at.query_params)["machine"] == r.machine and dict(at.query_params)["baseline"] == r.baseline
+        figure = report.fmt_ratio(r.ratio, r.low, r.high) if r.measure == "speed" else f"{r.ratio:.3g}x"
+        tables = [t.astype(str) for t in frames(at)]
+        assert any(t.apply(lambda c, f=figure: c.str.contains(f, regex=False)).any().any() for t in tables), \
+            (r.question, figure)
+        checked += 1
+    assert checked >= 6
+
+
 def test_a_machine_the_results_lack_in_a_multiselect_link_is_said_and_nothing_shown(monkeypatch):
     """Issue 51: cite?machine=h999-fake silently showed all four machines."""
     at = app_on(ROOT / "results", "views/cite.py", monkeypatch, machine="h999-fake")
@@ -437,6 +462,7 @@ def _screenshot_dir() -> Path:
     return target
 
 
+CLICKED = "h200-141gb"  # the committed GPU run that measured mixed precision against PyTorch's default
 TITLES = {"overview": "speedlib: which PyTorch speed tricks pay off", "history": "History across commits",
           "machines": "Machine comparison", "cite": "Cite and export",
           **{name: t.title for name, t in report.TECHNIQUES.items()}}
@@ -513,6 +539,20 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
                 page.get_by_role("link", name=title, exact=True).click()
                 _settled(page, title)
                 assert page.locator("[data-testid='stException']").count() == 0, name
+            # A click lands on the figure clicked (issue 51: /amp?until=... opened on the H100): the
+            # H200's mixed-precision cell against PyTorch's default opens amp at that machine,
+            # commit, baseline and class, whose paired table shows the cell's figure.
+            page.goto(url)
+            _settled(page, TITLES["overview"])
+            page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)
+            target = next(i for i, (_, c) in enumerate(cells_on_screen) if c[2] == "amp-default" and c[1] == CLICKED)
+            point = page.locator(".js-plotly-plot .scatterlayer .point").nth(target).bounding_box()
+            x, y = point["x"] + point["width"] / 2, point["y"] + point["height"] / 2
+            page.mouse.move(x, y)  # plotly selects what it hovers
+            page.mouse.click(x, y)
+            page.wait_for_url(lambda u: "/amp?" in u and f"machine={CLICKED}" in u, timeout=60_000)
+            _settled(page, TITLES["amp"])
+            landed = urllib.parse.parse_qs(urllib.parse.urlsplit(page.url).query)
             page.goto(f"{url}/tuning")
             _settled(page, TITLES["tuning"])
             charts = page.locator(".js-plotly-plot").first
@@ -526,11 +566,16 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
 
     measured = load_results(ROOT / "results").measured
     picks = headline.glance(measured)
-    at_cell = {(r.technique, r.machine): r for r in picks.itertuples()}
+    at_cell = {(r.question, r.machine): r for r in picks.itertuples()}
     assert len(cells_on_screen) == len(picks)
     for text, c in cells_on_screen:
-        figure = glance.figure_text(at_cell[tuple(c)])
-        assert (figure.split()[0] in text) if figure else ("not measured" in text or "needs a GPU" in text)
+        r = at_cell[(c[2], c[1])]
+        figure = glance.figure_text(r)
+        assert (figure.split()[0] in text) if figure else (r.status.partition(": ")[0] in text)
+    clicked = at_cell[("amp-default", CLICKED)]
+    assert {k: v[0] for k, v in landed.items() if k in ("machine", "commit", "baseline", "suite", "tab")} == {
+        "machine": CLICKED, "commit": clicked.commit[:8], "baseline": clicked.baseline, "suite": clicked.suite,
+        "tab": "Time"}  # what that page shows there: test_a_cells_link_opens_the_page_on_its_figure
     assert {n: w for n, w in too_wide.items() if w} == {}, "a table scrolls sideways at 1440 px"
     assert legend is not None and legend["y"] < chart_box["y"] and chart_box["y"] + chart_box["height"] <= 900
     assert overview_height <= 3 * 900 + 300, overview_height  # about three screens, the index open
