@@ -75,67 +75,78 @@ def technique_page(name: str) -> None:
     glossary = words.glossary(name, rows["variant"].dropna(), rows["knob"].dropna() if "knob" in rows else (),
                               rows["suite"].dropna())
     with time_tab:
-        timed = rows[rows["kind"] == "time"]
-        if timed.empty:
-            st.info(f"No timing results for this technique from {md_text(machine)} at commit "
-                    f"{md_text(commit)}: its run did not "
-                    f"include them. `{_command(name)}` measures its main comparison.")
-        else:
-            _paired(rows, where, baseline)
-            metrics = sorted(timed["metric"].unique())
-            # The paired classes' per-variant times are "seconds"; older benchmarks' the headline.
-            metric = pick("Timed metric", metrics, key="metric",
-                          default="seconds" if "seconds" in metrics else technique.headline, words=words.metric)
-            timed = timed[timed["metric"] == metric]
-            speedup = report.speedup_table(timed, "time", baseline)
-            # names from result files: escaped, and in code spans that no backtick of theirs can close
-            st.markdown(f"**Separately timed**: {report.md_escape(words.metric(metric))} ({report.md_code(metric)}), "
-                        f"medians against {report.md_code(baseline)}{against} (worst-case bounds)")
-            table(speedup, hide=STATED)
-            st.plotly_chart(spread_chart(timed, f"{words.metric(metric)}: every sample, {where}"))
-            s = speedup.sources
-            s = s.assign(case=config_label(s) + " / " + s["variant"].astype(str), where=where)
-            st.plotly_chart(ratio_chart(s, "case", "where", f"{words.metric(metric)}: speedup over {baseline}"))
-        say_names(glossary)
-    with memory_tab:
-        memory = rows[rows["kind"] == "memory"]
-        if memory.empty:
-            if first["gpu"] == NoGpuModel.CPU_ONLY:
-                st.info("No memory results here: peak GPU memory is measured on GPU machines only.")
+        if _open(time_tab):
+            timed = rows[rows["kind"] == "time"]
+            if timed.empty:
+                st.info(f"No timing results for this technique from {md_text(machine)} at commit "
+                        f"{md_text(commit)}: its run did not "
+                        f"include them. `{_command(name)}` measures its main comparison.")
             else:
-                st.info(f"No memory results for this technique from {md_text(machine)} at commit "
-                        f"{md_text(commit)}: its run did "
-                        "not include them (`speedlib run --plan` lists what each chunk measures).")
-        else:
-            table(report.memory_table(memory, baseline), hide=STATED)
-            for _, same in memory.groupby("metric", sort=True):  # one chart per metric: peak, activations
-                st.plotly_chart(charts.bars(same, "bytes", where))
+                _paired(rows, where, baseline)
+                metrics = sorted(timed["metric"].unique())
+                # The paired classes' per-variant times are "seconds"; older benchmarks' the headline.
+                metric = pick("Timed metric", metrics, key="metric",
+                              default="seconds" if "seconds" in metrics else technique.headline, words=words.metric)
+                timed = timed[timed["metric"] == metric]
+                speedup = report.speedup_table(timed, "time", baseline)
+                # names from result files: escaped, and in code spans that no backtick of theirs can close
+                said = f"{report.md_escape(words.metric(metric))} ({report.md_code(metric)})"
+                st.markdown(f"**Separately timed**: {said}, medians against {report.md_code(baseline)}{against} "
+                            "(worst-case bounds)")
+                table(speedup, hide=STATED)
+                st.plotly_chart(spread_chart(timed, f"{words.metric(metric)}: every sample, {where}"))
+                s = speedup.sources
+                s = s.assign(case=config_label(s) + " / " + s["variant"].astype(str), where=where)
+                st.plotly_chart(ratio_chart(s, "case", "where", f"{words.metric(metric)}: speedup over {baseline}"))
             say_names(glossary)
+    with memory_tab:
+        if _open(memory_tab):
+            memory = rows[rows["kind"] == "memory"]
+            if memory.empty:
+                if first["gpu"] == NoGpuModel.CPU_ONLY:
+                    st.info("No memory results here: peak GPU memory is measured on GPU machines only.")
+                else:
+                    st.info(f"No memory results for this technique from {md_text(machine)} at commit "
+                            f"{md_text(commit)}: its run did "
+                            "not include them (`speedlib run --plan` lists what each chunk measures).")
+            else:
+                table(report.memory_table(memory, baseline), hide=STATED)
+                for _, same in memory.groupby("metric", sort=True):  # one chart per metric: peak, activations
+                    st.plotly_chart(charts.bars(same, "bytes", where))
+                say_names(glossary)
     with floor_tab:
-        floors = rows[rows["kind"] == "fraction of floor"]
-        # The GB/s a % was computed from (FractionOfFloor's gather_bandwidth, h2d_floor, ...)
-        # stand beside it in the floor table only: as variant / baseline speedups they would
-        # repeat it confusingly (report.FLOOR_ONLY says why), so the table below leaves them out.
-        bandwidth = rows[(rows["kind"] == "bandwidth") & ~rows["metric"].isin(report.FLOOR_ONLY)]
-        if floors.empty and bandwidth.empty:
-            st.info("No bandwidth or floor results here.")
-        if not floors.empty:
-            # every kind: the table finds each %'s GB/s among the bandwidth rows of its run
-            floor = report.floor_table(rows)
-            table(floor, hide=STATED)
-            # One chart per reference: gather is a % of the host->device copy, write-back of
-            # device->host; one axis named after the first mislabelled the other. Each bar's
-            # hover gives the table's own words for it: the %, and the GB/s columns the table shows.
-            shown = report.floor_figures(rows)
-            # as the table orders them: gather first
-            for unit, same in shown.sort_values("benchmark", kind="stable").groupby("unit", sort=False):
-                st.plotly_chart(charts.bars(same, str(unit), where,
-                                      hover=tuple(h for h in charts.FLOOR_HOVER if h[0] in floor.frame.columns)))
-            say_names(glossary)
-        if not bandwidth.empty:
-            table(report.speedup_table(bandwidth, "bandwidth", baseline), hide=STATED)
+        if _open(floor_tab):
+            floors = rows[rows["kind"] == "fraction of floor"]
+            # The GB/s a % was computed from (FractionOfFloor's gather_bandwidth, h2d_floor, ...)
+            # stand beside it in the floor table only: as variant / baseline speedups they would
+            # repeat it confusingly (report.FLOOR_ONLY says why), so the table below leaves them out.
+            bandwidth = rows[(rows["kind"] == "bandwidth") & ~rows["metric"].isin(report.FLOOR_ONLY)]
+            if floors.empty and bandwidth.empty:
+                st.info("No bandwidth or floor results here.")
+            if not floors.empty:
+                # every kind: the table finds each %'s GB/s among the bandwidth rows of its run
+                floor = report.floor_table(rows)
+                table(floor, hide=STATED)
+                # One chart per reference: gather is a % of the host->device copy, write-back of
+                # device->host; one axis named after the first mislabelled the other. Each bar's
+                # hover gives the table's own words for it: the %, and the GB/s columns the table shows.
+                shown = report.floor_figures(rows)
+                # as the table orders them: gather first
+                for unit, same in shown.sort_values("benchmark", kind="stable").groupby("unit", sort=False):
+                    hover = tuple(h for h in charts.FLOOR_HOVER if h[0] in floor.frame.columns)
+                    st.plotly_chart(charts.bars(same, str(unit), where, hover=hover))
+                say_names(glossary)
+            if not bandwidth.empty:
+                table(report.speedup_table(bandwidth, "bandwidth", baseline), hide=STATED)
     with missing_tab:
-        _not_measured(data, name, machine)
+        if _open(missing_tab):
+            _not_measured(data, name, machine)
+
+
+def _open(tab) -> bool:
+    """Whether to draw `tab`'s content: the open tab alone (`tabs` reruns on a switch), so a page
+    draws one tab's tables and charts, not four; every tab where Streamlit tracks no state."""
+    return getattr(tab, "open", None) is not False
 
 
 def _paired(rows: pd.DataFrame, where: str, baseline: str) -> None:

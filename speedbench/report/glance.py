@@ -22,7 +22,7 @@ import textwrap
 import pandas as pd
 
 from speedbench import report
-from speedbench.report.headline import MEASURED, machine_kind
+from speedbench.report.headline import MEASURED, order_machines
 
 __all__ = ["figure", "svg", "lines", "figure_text", "colour", "ink", "GAIN_CAP", "LEGEND", "CLICK", "IMAGE_COMMAND",
            "MIN_WIDTH", "COLOUR_WORDS"]
@@ -40,9 +40,9 @@ COLOUR_WORDS = ("Colour: better (blue) or worse (red) than the row's baseline fo
 _MARKS = (f"{report.CONTENDED} contended, {report.EARLIER} earlier benchmark version, {report.GPU_TESTS_FAILED} GPU "
           "tests failed.")
 # Above the chart, short enough that the chart still ends on a 1440 x 900 first screen.
-LEGEND = ("One row, one comparison (same scope, baseline and measure). A cell: x faster than the row's baseline "
-          "(peak memory: variant / baseline), 99 % interval, baseline in italics; paired unless marked. Blue better, "
-          f"red worse, grey no answer (the cell says why). {_MARKS}")
+LEGEND = ("One row, one comparison (same scope, baseline, measure). A cell: x faster than the row's baseline "
+          "(peak memory: variant / baseline), 99 % interval, baseline in italics; paired unless marked. Blue better "
+          f"(faster, or less memory), red worse, grey no answer (the cell says why). {_MARKS}")
 CLICK = "A click on a cell opens its figure on its technique's page (machine, baseline, commit)."
 IMAGE_COMMAND = "speedlib publish --chart docs/glance.svg"
 # LEGEND without the hover (an image has none); the baselines in words are in the results page's grid.
@@ -171,12 +171,6 @@ def _layout(rows: pd.DataFrame) -> tuple[list[str], list[str], dict]:
     return questions, machines, {(r.question, r.machine): r for r in rows.itertuples()}
 
 
-def order_machines(rows: pd.DataFrame) -> list[str]:
-    """The machines of `rows`, those with a GPU first, each group by name."""
-    gpus = dict(zip(rows["machine"], rows["gpu"].astype(str), strict=False))
-    return sorted(gpus, key=lambda m: (machine_kind(gpus[m]) != "gpu", m))
-
-
 def figure(rows: pd.DataFrame, height: int | None = None, ages: dict | None = None, links: dict | None = None):
     """The chart of `headline.glance(df)`'s rows. Each cell's customdata: [technique, machine,
     question, link], link from `links` ((question, machine) -> URL, "" where none); `ages`:
@@ -206,14 +200,15 @@ def figure(rows: pd.DataFrame, height: int | None = None, ages: dict | None = No
     fig.add_trace(go.Scatter(
         x=[x[machines.index(m)] for _, m, _ in cells], y=[y[questions.index(q)] for q, _, _ in cells],
         mode="markers+text", text=[_cell(r) for _, _, r in cells],
-        textfont=dict(size=12, color=[ink(colour(_gain(r))) for _, _, r in cells]),
+        textfont=dict(size=11, color=[ink(colour(_gain(r))) for _, _, r in cells]),
         marker=dict(symbol="square", size=56, color="rgba(0,0,0,0)"),
         hovertext=[_hover(r, ages.get((q, m), "")) for q, m, r in cells], hoverinfo="text",
         customdata=[[r.technique, m, q, links.get((q, m), "")] for q, m, r in cells], showlegend=False))
     fig.update_layout(
-        height=height or 70 + 47 * len(questions), margin=dict(l=10, r=10, t=40, b=4),
-        xaxis=dict(side="top", fixedrange=True, type="category"),
-        yaxis=dict(autorange="reversed", fixedrange=True, type="category", tickfont=dict(size=12)),
+        height=height or 60 + 46 * len(questions), margin=dict(l=10, r=10, t=4, b=4),
+        # ranges fixed to the cells: autorange pads for the invisible markers and squeezed every row
+        xaxis=dict(side="top", fixedrange=True, type="category", range=[-0.5, len(machines) - 0.5]),
+        yaxis=dict(fixedrange=True, type="category", tickfont=dict(size=12), range=[len(questions) - 0.5, -0.5]),
         plot_bgcolor="white", dragmode=False, clickmode="event+select", hoverlabel=dict(align="left"))
     return fig
 

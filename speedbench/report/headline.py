@@ -37,7 +37,7 @@ from speedbench.stats import contention
 from speedbench.techniques import TECHNIQUES, Headline, Question
 
 __all__ = ["Headline", "Question", "HEADLINES", "QUESTIONS", "TIDY", "WIDE_NOTE", "MEASURED", "grid", "glance",
-           "single_device", "single_device_note", "machine_kind"]
+           "single_device", "single_device_note", "machine_kind", "order_machines"]
 
 
 # Each technique's main comparison, and the chart's rows, from the records in their order.
@@ -63,6 +63,13 @@ def machine_kind(gpu) -> str | None:
     if gpu == NoGpuModel.CPU_ONLY:
         return "cpu"
     return None if gpu in (NoGpuModel.UNKNOWN, "", "nan", "None") else "gpu"
+
+
+def order_machines(rows: pd.DataFrame) -> list[str]:
+    """The machines of `rows` (machine and gpu columns) as every copy of the grid lists them:
+    those with a GPU first (the question is which GPU), each group by name."""
+    gpus = dict(zip(rows["machine"], rows["gpu"].astype(str), strict=False))
+    return sorted(gpus, key=lambda m: (machine_kind(gpus[m]) != "gpu", m))
 
 
 def _others(row, h: Headline) -> str:
@@ -332,7 +339,7 @@ def grid(df: pd.DataFrame) -> report.Table:
                        dtype=bool) if not df.empty else pd.Series([], dtype=bool)
     last = report.citable(df[wanted]) if not df.empty else df
     gpus = dict(zip(df["machine"], df["gpu"].astype(str), strict=True))  # one kind of hardware per machine name
-    machines = sorted(gpus)
+    machines = order_machines(df)  # as the chart: GPU machines first
     columns = {m: f"{m} ({gpus[m]})" for m in machines}
     found = _Found(last)
     answers = [_answer(found, q, m, gpus[m]) for q in QUESTIONS for m in machines]

@@ -53,7 +53,9 @@ def answer(data: pd.DataFrame, key: str, machine: str):
 
 def test_one_row_per_question_one_column_per_machine(grid, measured):
     assert list(grid.frame["question"]) == [q.label for q in headline.QUESTIONS]
-    machines = sorted(measured["machine"].unique())
+    machines = headline.order_machines(measured)  # GPU machines first, as on the chart
+    assert [headline.machine_kind(measured.loc[measured["machine"] == m, "gpu"].iloc[0]) for m in machines[:2]] == \
+        ["gpu", "gpu"]
     assert list(grid.frame.columns) == ["technique", "question", *(column(grid.frame, m) for m in machines),
                                         "comparison"]
     # a technique asking two things has two rows: the four
@@ -157,7 +159,8 @@ def test_peak_memory_has_its_own_row_coloured_less_is_better(grid, measured):
     fig = glance.figure(grid.data).to_dict()
     bar = next(t for t in fig["data"] if t["type"] == "heatmap" and t.get("colorbar"))
     assert bar["colorbar"]["ticktext"] == ["≥4x worse", "2x worse", "same", "2x better", "≥4x better"]
-    assert "less memory" in glance.LEGEND and "better (blue) or worse (red)" in glance.LEGEND
+    assert "Blue better (faster, or less memory), red worse" in glance.LEGEND
+    assert "better (blue) or worse (red) than the row's baseline" in glance.IMAGE_LEGEND
 
 
 def test_ddp_on_one_gpu_is_not_coloured_as_a_result(grid, measured):
