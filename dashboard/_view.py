@@ -65,9 +65,9 @@ def results() -> dict:
     asked = st.query_params.get(UNTIL) or None  # an empty until= pins nothing
     pin = _link_time(pd.to_datetime(asked, utc=True, errors="coerce")) if asked is not None else None
     if asked is not None and pin is None:
-        st.error(f"This link's {UNTIL}= '{md_text(asked)}' is not a time (it reads like 2026-11-28T04:43:59Z): "
-                 "nothing is shown rather than numbers the link did not pin. Open the page without it for the "
-                 "newest results.")
+        example = _link_time(newest, ceil=True) or "2026-01-31T12:00:00Z"  # the newest result's, as a link writes it
+        st.error(f"This link's {UNTIL}= '{md_text(asked)}' is not a time (a link writes one as {example}): nothing "
+                 "is shown rather than numbers the link did not pin. Open the page without it for the newest results.")
         st.stop()
     if pin is None:  # absent: pin to what there is now
         pin = _link_time(newest, ceil=True)  # the link holds whole seconds: round up, or the newest drops out
