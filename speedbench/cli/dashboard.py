@@ -20,6 +20,12 @@ from speedbench.cli import report
 from speedbench.results.common import printable
 from speedbench.run import supervise
 
+DASHBOARD_EXIT_STATUS = """exit status:
+  0  stopped by Ctrl+C or SIGTERM (Streamlit stopped with it)
+  2  refused, one line on stderr says why: a bad --port or --address, no results directory,
+     Streamlit not installed, the port taken, Streamlit not serving within the start-up time
+  other  Streamlit's own status, where it exited by itself"""
+
 
 def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
     bad = _bad_port(args.port) or _bad_address(args.address)
@@ -177,10 +183,7 @@ def add_parser(sub) -> None:
     dash = sub.add_parser("dashboard", help="open the Streamlit dashboard on the results",
                           description="Serve the Streamlit dashboard on a results directory (fixed at start-up, "
                                       "never taken from the URL) until Ctrl+C.",
-                          epilog="exit status: 0 stopped by Ctrl+C or SIGTERM; 2 refused (a bad --port or "
-                                 "--address, no results directory, Streamlit missing, the port taken, Streamlit not "
-                                 "serving within the start-up time), with one line on stderr saying why; else "
-                                 "Streamlit's own status when it exits by itself")
+                          epilog=DASHBOARD_EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     dash.add_argument("--results", default=report.RESULTS,
                       help="results directory (default: this checkout's results/, as `speedlib report`)")
     dash.add_argument("--address", default="127.0.0.1",

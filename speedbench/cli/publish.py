@@ -12,6 +12,12 @@ from speedbench import CHECKOUT
 from speedbench.cli import report
 from speedbench.results.common import printable
 
+PUBLISH_EXIT_STATUS = """exit status:
+  0  written: the site under --output, the image at --chart
+  1  no measured results under --results: nothing written
+  2  refused, one line on stderr says why: neither --output nor --chart given, no results
+     directory"""
+
 
 def _cmd_publish(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if not (args.output or args.chart):
@@ -43,9 +49,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("publish", help="write the results as a static site (no server, no network)",
                        description="Write the results as a static site (the dashboard's pages as HTML files that "
                                    "open from file://) and/or the at-a-glance chart as an SVG image.",
-                       epilog="exit status: 0 written; 1 no measured results under --results; 2 refused (neither "
-                              "--output nor --chart given, no results directory), with one line on stderr saying "
-                              "why")
+                       epilog=PUBLISH_EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", default=report.RESULTS,
                    help="results directory (default: this checkout's results/, as `speedlib report`)")
     p.add_argument("--output", "-o", metavar="DIR",

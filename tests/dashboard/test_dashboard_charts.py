@@ -478,7 +478,10 @@ def test_a_technique_page_lists_what_never_ran_on_the_machine_and_how_to_run_it(
     # FractionOfFloor's GB/s tracks came after the H100's headline-transfer run: its chunk measures them
     assert by_chunk["speedlib run --chunk headline-transfer"] == {
         f"FractionOfFloor.track_{t}" for t in ("h2d_floor", "d2h_floor", "gather_bandwidth", "scatter_bandwidth")}
-    # and the Time tab names the chunk that times the variants (not headline-transfer, which ran)
+    # and the Time tab names the chunk that times the variants (not headline-transfer, which ran);
+    # a page draws its open tab alone
+    assert not any("speedlib run --chunk transfer-parallel" in i.value for i in at.info)
+    at = app_on(ROOT / "results", "views/transfer.py", monkeypatch, machine="h100-sxm-80gb", tab="Time")
     assert any("speedlib run --chunk transfer-parallel" in i.value for i in at.info)
 
 
