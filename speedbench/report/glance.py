@@ -207,7 +207,7 @@ def figure(rows: pd.DataFrame, height: int | None = None, ages: dict | None = No
     fig.update_layout(
         height=height or 60 + 46 * len(questions), margin=dict(l=10, r=10, t=4, b=4),
         # ranges fixed to the cells: autorange pads for the invisible markers and squeezed every row
-        xaxis=dict(side="top", fixedrange=True, type="category", range=[-0.5, len(machines) - 0.5]),
+        xaxis=dict(side="top", fixedrange=True, type="category", range=[-0.5, len(machines) - 0.5], automargin=True),
         yaxis=dict(fixedrange=True, type="category", tickfont=dict(size=12), range=[len(questions) - 0.5, -0.5]),
         plot_bgcolor="white", dragmode=False, clickmode="event+select", hoverlabel=dict(align="left"))
     return fig
