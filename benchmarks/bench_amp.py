@@ -45,7 +45,8 @@ BUILDS = common.pick(cpu=3, gpu=1)
 # ResNet-50 and 5 s for the transformer (0.03x-0.16x fp32), more than all other variants'
 # rounds together, and nobody trains in fp16 on a CPU (GradScaler exists for GPUs). The
 # fp16 variants are measured on GPUs only; CPUs spend the time on rounds of the others.
-FP16_ON_CPU = "fp16 autocast is measured on GPUs only: CPUs have no fast fp16 kernels (0.03x-0.16x fp32 on the 2-core VM)"
+FP16_ON_CPU = ("fp16 autocast is measured on GPUs only: CPUs have no fast fp16 kernels "
+               "(0.03x-0.16x fp32 on the 2-core VM)")
 # TF32 is a Tensor Core format: on a CPU both flags change nothing, so `default` would run
 # fp32's maths again and cost CPU minutes for a ratio of 1.
 DEFAULT_ON_CPU = ("default (cuDNN TF32 convolutions, float32 matmuls) is measured on GPUs only: on CPUs TF32 does "
@@ -66,8 +67,8 @@ class _Trainer:
     def __init__(self, workload: str, variant: str):
         import torch  # noqa: PLC0415 - in the measuring process only (benchmarks.common)
 
-        from speedbench import measure  # noqa: PLC0415
-        from speedbench.measure import workloads  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
+        from speedbench.measure import workloads  # noqa: PLC0415 - torch: the measuring process only
 
         if variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; choose one of {VARIANTS}")
@@ -80,7 +81,8 @@ class _Trainer:
         self.x, self.y = wl.batch(dev)
         if layout == "channels_last":
             if self.x.dim() != 4:
-                raise NotImplementedError(f"channels_last needs 4-D activations; {workload} has {self.x.dim()}-D inputs")
+                raise NotImplementedError(f"channels_last needs 4-D activations; {workload} has "
+                                          f"{self.x.dim()}-D inputs")
             self.model = self.model.to(memory_format=torch.channels_last)
             self.x = self.x.contiguous(memory_format=torch.channels_last)
         self.loss_fn, self.device = wl.loss, dev
@@ -95,7 +97,7 @@ class _Trainer:
 
     def _torch_step(self) -> None:
         """fp32 and default, as a user writes them with torch alone."""
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - torch: the measuring process only
 
         # Set every step: the other variants take turns in this process, and the flags are global.
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -111,6 +113,8 @@ class _Trainer:
 class TrainingStep(common.Paired):
     """Every variant of one workload taking turns; fp32, plain PyTorch, is the baseline and
     default, PyTorch's own default, the headline's lead on GPUs."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = (WORKLOADS, VARIANTS)
     param_names = ["workload", "variant"]
@@ -131,7 +135,7 @@ class TrainingStep(common.Paired):
         return out
 
     def steps(self, workload: str):
-        from speedbench import measure  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
         dev, trainers = measure.device(), {}
         skipped = vars(self).setdefault("skipped", {})  # (measure_all starts it afresh)
@@ -145,6 +149,7 @@ class TrainingStep(common.Paired):
 
 
 class PeakMemory(common.Measured):
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
     params = (WORKLOADS, VARIANTS)
     param_names = ["workload", "variant"]
     timeout = 1800
@@ -154,7 +159,7 @@ class PeakMemory(common.Measured):
 
     def measure_one(self, workload: str, variant: str) -> int:
         common.gpu_only("peak device memory")
-        from speedbench import measure  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
         _runs_here(variant, measure.device())
         trainer = _Trainer(workload, variant)

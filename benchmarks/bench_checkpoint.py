@@ -47,6 +47,7 @@ imports torch at import time (benchmarks.common says why).
 from __future__ import annotations
 
 import functools
+import math
 
 from benchmarks import common
 
@@ -96,12 +97,10 @@ def _torch_checkpoint_classes() -> dict:
     user writes it; `_torch_checkpointing` swaps them into a model built with torch alone
     (the same attributes, so the weights stay, and nn.DataParallel's replicas keep them).
     Made on first use: the module imports no torch at its top."""
-    import math  # noqa: PLC0415
-
-    import torch  # noqa: PLC0415
-    from torch import nn  # noqa: PLC0415
-    from torch.utils.checkpoint import checkpoint, checkpoint_sequential  # noqa: PLC0415
-    from torchvision.models.densenet import _DenseLayer  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch: the measuring process only
+    from torch import nn  # noqa: PLC0415 - torch: the measuring process only
+    from torch.utils.checkpoint import checkpoint, checkpoint_sequential  # noqa: PLC0415 - torch: the measuring process only
+    from torchvision.models.densenet import _DenseLayer  # noqa: PLC0415 - torch: the measuring process only
 
     class DenseLayer(_DenseLayer):
         """torchvision's layer with memory_efficient on: its bottleneck (concatenation + BN
@@ -131,7 +130,8 @@ def _torch_checkpoint_classes() -> dict:
             return checkpoint_sequential(self, max(1, math.ceil(math.sqrt(len(self)))), input, use_reentrant=False)
 
     # what each replaces: the segments (a DenseNet layer, a transformer block), and a stack
-    return {"segments": {_DenseLayer: DenseLayer, nn.TransformerEncoderLayer: Block}, "stack": {nn.Sequential: Segmented}}
+    return {"segments": {_DenseLayer: DenseLayer, nn.TransformerEncoderLayer: Block},
+            "stack": {nn.Sequential: Segmented}}
 
 
 def _torch_checkpointing(model, variant: str):
@@ -173,7 +173,7 @@ class _Trainer:
     def __init__(self, workload: str, batch: int, variant: str, data_parallel: bool = False, warmup: int = 2):
         import torch  # noqa: PLC0415 - in the measuring process only (benchmarks.common)
 
-        from speedbench import measure  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
         dev = measure.device()
         wl = _workloads().get(workload, dev).with_batch(batch)
@@ -221,6 +221,8 @@ def _trainers(workload: str, batch: int, data_parallel: bool = False):
 class TrainingStep(common.Paired):
     """The five variants of one (workload, batch) taking turns; none, plain PyTorch, is the baseline."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (WORKLOADS, BATCHES, VARIANTS)
     param_names = ["workload", "batch", "variant"]
     baseline = "none"
@@ -240,6 +242,8 @@ class ActivationMemory(common.Measured):
     """What each variant keeps for backward (exact, any device); the plain variants on the
     model built with torch alone."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (WORKLOADS, BATCHES, VARIANTS)
     param_names = ["workload", "batch", "variant"]
     timeout = 900
@@ -248,7 +252,7 @@ class ActivationMemory(common.Measured):
         return self.measure_all()
 
     def measure_one(self, workload: str, batch: int, variant: str) -> int:
-        from speedbench import measure  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
         # No warm-up: what autograd saves depends on shapes and the variant, not on
         # optimizer state or which algorithms cuDNN picked.
@@ -265,6 +269,8 @@ class PeakMemory(common.Measured):
     """Peak GPU memory of a training step, whole and above what was allocated before it; the
     plain variants on the model built with torch alone."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (WORKLOADS, BATCHES, VARIANTS)
     param_names = ["workload", "batch", "variant"]
     timeout = 1800
@@ -274,7 +280,7 @@ class PeakMemory(common.Measured):
 
     def measure_one(self, workload: str, batch: int, variant: str) -> dict:
         common.gpu_only("peak device memory")  # before torch: on CPUs all 30 sets skip in no time
-        from speedbench import measure  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
         t = _Trainer(workload, batch, variant)
         return {"whole": measure.peak_memory(t.step, t.device),
@@ -304,7 +310,7 @@ PARALLEL_BATCHES = [64, 256]  # global batch, split across the GPUs
 def _need_gpus() -> int:
     """How many GPUs there are, or a skip below two; off GPUs without importing torch."""
     common.gpu_only("data parallelism")
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch: the measuring process only
 
     count = torch.cuda.device_count()
     if count < 2:
@@ -316,6 +322,8 @@ class DataParallelStep(common.Paired):
     """nn.DataParallel over every GPU, the variants taking turns: the setting where
     reentrant checkpoint was slow. The plain variants' checkpointing lives in torch's
     classes, so DataParallel's replicas keep it."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = (PARALLEL_BATCHES, VARIANTS)
     param_names = ["batch", "variant"]
@@ -346,6 +354,8 @@ class DistributedStep(common.Timed):
     group per configuration), so variants cannot take turns step by step in one process,
     and pairing whole launches would cost a launch of several seconds per sample.
     """
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = (PARALLEL_BATCHES, VARIANTS)
     param_names = ["batch", "variant"]

@@ -62,8 +62,8 @@ class _Trainer:
     def __init__(self, workload: str, variant: str):
         import torch  # noqa: PLC0415 - in the measuring process only (benchmarks.common)
 
-        from speedbench import measure  # noqa: PLC0415
-        from speedbench.measure import workloads  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
+        from speedbench.measure import workloads  # noqa: PLC0415 - torch: the measuring process only
 
         dev = measure.device()
         wl = workloads.get(workload, dev)
@@ -88,7 +88,7 @@ class _Trainer:
             self.clip_params = flat.contiguous()
         elif variant == "original":
             try:
-                from contiguous_params import ContiguousParams  # noqa: PLC0415
+                from contiguous_params import ContiguousParams  # noqa: PLC0415 - optional (the original package): its absence is a skip
             except ImportError as e:
                 raise NotImplementedError("contiguous_params is not installed") from e
             flat = ContiguousParams(self.model.parameters())
@@ -105,14 +105,14 @@ class _Trainer:
         zero_grad(set_to_none=False) for every variant here, so every timed call steps on
         real gradient tensors; the default zero_grad is timed in `iteration`.
         """
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - torch: the measuring process only
 
         torch.nn.utils.clip_grad_norm_(self.clip_params, MAX_NORM, foreach=self.clip_foreach)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=False)
 
     def iteration(self) -> None:
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - torch: the measuring process only
 
         self.optimizer.zero_grad(set_to_none=self.set_to_none)
         loss = self.loss_fn(self.model(self.x), self.y)
@@ -153,6 +153,8 @@ class _Grid:
 class AdamStep(_Grid, common.Paired):
     """optimizer.step() alone: what the flat buffer is meant to speed up. Adam moves the
     parameters; the times stay comparable because they do not depend on the values."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     # 50 steps back to back between two synchronisations on GPUs, as in training where the
     # host runs ahead of the GPU (one MLP step is microseconds there); 3 on CPUs, where a
@@ -218,6 +220,8 @@ _BYTES = "adam bytes per step"
 class OptimizerStep(_Grid, common.Paired):
     """Clip + Adam step + zero_grad: what the optimizer side of an iteration costs."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     number = common.pick(cpu=1, gpu=20)  # an MLP step is well under a millisecond on GPUs
 
     def setup_cache(self):
@@ -230,6 +234,8 @@ class OptimizerStep(_Grid, common.Paired):
 
 class Iteration(_Grid, common.Paired):
     """The whole training iteration around the optimizer step."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     number = common.pick(cpu=1, gpu=3)  # the MLP's iteration is about a millisecond on GPUs
 
@@ -244,6 +250,8 @@ class Iteration(_Grid, common.Paired):
 class IterationMemory(common.Measured):
     """Peak GPU memory of one training iteration: the flat buffers must not cost extra."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (WORKLOADS, VARIANTS)
     param_names = ["workload", "variant"]
     timeout = 1200
@@ -253,7 +261,7 @@ class IterationMemory(common.Measured):
 
     def measure_one(self, workload: str, variant: str) -> int:
         common.gpu_only("peak device memory")
-        from speedbench import measure  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
         trainer = _Trainer(workload, variant)  # its first iteration allocated the optimizer state
         return measure.peak_memory(trainer.iteration, trainer.device)

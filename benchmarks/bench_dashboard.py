@@ -34,6 +34,7 @@ def _scratch() -> Path:
 
 
 class FirstView:
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
     timeout = 900
     number = 1
     repeat = 5
@@ -44,7 +45,7 @@ class FirstView:
 
     def setup_cache(self) -> dict:
         try:
-            from speedbench.results import synthetic  # noqa: PLC0415
+            from speedbench.results import synthetic  # noqa: PLC0415 - pandas: the measuring process only
         except ImportError:  # a commit before the synthetic results existed
             return {}
         shutil.rmtree(_scratch(), ignore_errors=True)
@@ -61,13 +62,13 @@ class FirstView:
             raise NotImplementedError("this commit has no speedbench.results.synthetic")
         try:
             import plotly  # noqa: F401, PLC0415 - imported once per server, not per view
-            import streamlit as st  # noqa: PLC0415
+            import streamlit as st  # noqa: PLC0415 - streamlit: the measuring process only
         except ImportError as e:
             raise NotImplementedError(f"the dashboard extra is not installed: {e}") from e
         if not _app().is_file():
             raise NotImplementedError("this commit has no dashboard")
         try:
-            from speedbench.results import cache as results_cache  # noqa: PLC0415
+            from speedbench.results import cache as results_cache  # noqa: PLC0415 - pandas: the measuring process only
         except ImportError:
             results_cache = None
         if cache == "warm" and results_cache is None:
@@ -85,7 +86,7 @@ class FirstView:
             sys.modules.pop(module, None)
 
     def time_first_view(self, roots: dict, files: int, cache: str) -> None:
-        from streamlit.testing.v1 import AppTest  # noqa: PLC0415
+        from streamlit.testing.v1 import AppTest  # noqa: PLC0415 - streamlit: the measuring process only
 
         at = AppTest.from_file(str(_app()), default_timeout=300)
         at.switch_page("views/overview.py")
@@ -95,7 +96,7 @@ class FirstView:
             raise RuntimeError(f"the overview did not render: {[e.value for e in at.exception]}")
 
     def time_load_results(self, roots: dict, files: int, cache: str) -> None:
-        from speedbench.results import cache as results_cache  # noqa: PLC0415
+        from speedbench.results import cache as results_cache  # noqa: PLC0415 - pandas: the measuring process only
 
         loaded = results_cache.load(roots[files])
         if loaded.problems or len(loaded.measured) == 0:

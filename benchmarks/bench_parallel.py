@@ -83,7 +83,7 @@ def _check(mode: str, world: int) -> None:
 
 def _torch_model(config, dev):
     """The workload's model as torch.nn and torchvision build it (the MLP, ResNet-50)."""
-    from speedbench.measure import workloads  # noqa: PLC0415
+    from speedbench.measure import workloads  # noqa: PLC0415 - torch: the measuring process only
 
     if config.checkpoint != "none":
         raise ValueError("the plain recipe trains without checkpointing (bench_checkpoint has its own models)")
@@ -92,7 +92,7 @@ def _torch_model(config, dev):
 
 def _torch_wrap(model, mode: str, device_ids=None, **ddp_options):
     """torch's own wrappers: none for one process, nn.DataParallel, DistributedDataParallel."""
-    from torch import nn  # noqa: PLC0415
+    from torch import nn  # noqa: PLC0415 - torch: the measuring process only
 
     if mode == "single":
         return model
@@ -105,13 +105,13 @@ def _torch_step(model, optimizer, loss_fn, x, y, micro_batches: int = 1, no_sync
     """One optimizer step over `micro_batches` chunks of (x, y), each chunk's loss weighted by
     its share of the batch; under DDP every backward all-reduces (DDP's default). Returns the
     batch's loss, detached."""
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch: the measuring process only
 
     if no_sync and micro_batches > 1:
         raise ValueError("the plain recipe all-reduces after every micro-batch; no_sync is speedlib's variant")
     optimizer.zero_grad(set_to_none=True)
     total = x.new_zeros((), dtype=torch.float32)
-    for xc, yc in zip(x.tensor_split(micro_batches), y.tensor_split(micro_batches)):
+    for xc, yc in zip(x.tensor_split(micro_batches), y.tensor_split(micro_batches), strict=True):
         loss = loss_fn(model(xc), yc) * (xc.shape[0] / x.shape[0])
         loss.backward()
         total += loss.detach().float()
@@ -142,7 +142,7 @@ def _run(config, recipe=None):
     """One launch of `config`: with `recipe` (the plain one), else speedlib's."""
     import torch  # noqa: PLC0415 - in the measuring process only (benchmarks.common)
 
-    from speedbench import measure  # noqa: PLC0415
+    from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
     common.check_profile(measure.device())
     if config.device == "cuda" and torch.cuda.device_count() < config.world_size:
@@ -155,6 +155,8 @@ def _run(config, recipe=None):
 class Step(common.Timed):
     """The world size x mode grid, one launch each: single and dataparallel with torch alone
     (the baselines), ddp through speedlib.parallel."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = (WORLDS, MODES)
     param_names = ["world", "variant"]
@@ -196,6 +198,8 @@ _NO_SYNC = {"off": False, "on": True}
 class NoSync(common.Timed):
     """DDP on 2 ranks, 4 micro-batches per step, with speedlib's no_sync ("on") and without
     ("off": plain PyTorch, the baseline)."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = [list(_NO_SYNC)]
     param_names = ["variant"]

@@ -100,7 +100,7 @@ def _spec():
 
 
 def _device():
-    from speedbench import measure  # noqa: PLC0415
+    from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
     dev = measure.device()
     common.check_profile(dev)
@@ -124,7 +124,7 @@ def _runs_here(variant: str, dev) -> None:
         raise NotImplementedError(f"the {variant!r} backend moves rows to a GPU; this machine has none")
     if variant == "cupy":
         try:
-            import cupy  # noqa: F401, PLC0415
+            import cupy  # noqa: F401, PLC0415 - optional (the cupy extra): its absence is a skip
         except ImportError as e:
             raise NotImplementedError("CuPy is not installed") from e
 
@@ -133,7 +133,7 @@ class _TorchPageable:
     """PyTorch's default, as a user writes it: rows indexed in pageable host memory and copied."""
 
     def __init__(self, rows: int, dim: int, dev, batch: int):
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - torch: the measuring process only
 
         self.table, self.device = torch.zeros(rows, dim), dev
 
@@ -150,7 +150,7 @@ class _TorchPinned:
     write-back: the values copied into the buffer, then index_copy_ into the table."""
 
     def __init__(self, rows: int, dim: int, dev, batch: int):
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - torch: the measuring process only
 
         self.torch, self.device = torch, dev
         self.table = torch.zeros(rows, dim, pin_memory=True)
@@ -194,7 +194,7 @@ class _Table:
     """A full-size table of one backend, with the batch's rows gathered onto the device."""
 
     def __init__(self, variant: str, spec, dev, indices: dict):
-        from speedbench import measure  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
         self.device, self.indices = dev, indices
         self.table = _storage(variant, spec.rows, spec.dim, dev, spec.batch)
@@ -219,7 +219,8 @@ def _what_auto_chose(table) -> str:
     """One line per direction: the path 'auto' keeps and what each of its paths measured."""
     measured = table._impl.measured
     return "\n".join(f"bench_transfer auto {op}: {path} ("
-                     + (", ".join(f"{p} {t * 1e3:.3g} ms" for p, t in measured.get(op, {}).items()) or "not measured here")
+                     + (", ".join(f"{p} {t * 1e3:.3g} ms" for p, t in measured.get(op, {}).items())
+                        or "not measured here")
                      + ")" for op, path in table.chosen.items())
 
 
@@ -250,6 +251,8 @@ def _all_tables() -> tuple:
 
 class Transfer(common.Paired):
     """Gather, or scatter, of the batch in one index order: the backends taking turns."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = (OPS, ORDERS, VARIANTS)
     param_names = ["op", "indices", "variant"]
@@ -284,7 +287,7 @@ class Transfer(common.Paired):
 def _median_bandwidth(fn: Callable[[], object], dev, samples: int = 20) -> float:
     """The batch's bytes over the median of `samples` timed calls after three untimed ones,
     bytes/s."""
-    from speedbench import measure  # noqa: PLC0415
+    from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
     for _ in range(3):
         fn()
@@ -301,6 +304,8 @@ def _median_bandwidth(fn: Callable[[], object], dev, samples: int = 20) -> float
 class FractionOfFloor(common.Timed):
     """Random-row gather (scatter) over bulk pinned host->device (device->host) bandwidth."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (VARIANTS,)
     param_names = ["variant"]
     timeout = 1800  # setup_cache: a 5 GB table per backend
@@ -310,7 +315,7 @@ class FractionOfFloor(common.Timed):
 
     def measure_one(self, variant: str) -> dict:
         common.gpu_only("bandwidth as a fraction of the host<->device floor")
-        from speedbench import measure  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
         dev, spec = _device(), _spec()
         _runs_here(variant, dev)
@@ -376,6 +381,8 @@ class FractionOfFloor(common.Timed):
 class CopyBandwidth(common.Timed):
     """The floor: one bulk 256 MiB copy between host and GPU, best of five."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (["h2d", "d2h"], ["pinned", "pageable"])
     param_names = ["direction", "variant"]
 
@@ -384,7 +391,7 @@ class CopyBandwidth(common.Timed):
 
     def measure_one(self, direction: str, variant: str) -> float:
         common.gpu_only("host<->device copies")
-        from speedbench import measure  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
         return measure.host_copy_bandwidth(_device(), direction, pinned=variant == "pinned") / 1e9
 
@@ -396,13 +403,14 @@ class CopyBandwidth(common.Timed):
 
 def _footprint(variant: str, read: Callable[[], int]) -> int:
     """What `read()` grows by while a batch-sized table is built and used once."""
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch: the measuring process only
 
-    from speedbench import measure  # noqa: PLC0415
+    from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
     dev, spec = _device(), _spec()
     _runs_here(variant, dev)
-    _storage(variant, 1, spec.dim, dev, 1).gather(torch.zeros(1, dtype=torch.int64))  # contexts and libraries, not the table
+    # contexts and libraries, not the table
+    _storage(variant, 1, spec.dim, dev, 1).gather(torch.zeros(1, dtype=torch.int64))
     before = read()
     table = _storage(variant, spec.rows, spec.dim, dev, spec.batch)
     idx = spec.indices()
@@ -424,6 +432,8 @@ def _footprint(variant: str, read: Callable[[], int]) -> int:
 class Footprint(common.Measured):
     """Host memory a table holds (resident bytes, pinned pages included)."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (VARIANTS,)
     param_names = ["variant"]
     timeout = 1800
@@ -432,7 +442,7 @@ class Footprint(common.Measured):
         return self.measure_all()
 
     def measure_one(self, variant: str) -> int:
-        from speedbench import measure  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
         return _footprint(variant, measure.host_memory)
 
@@ -445,6 +455,8 @@ class Footprint(common.Measured):
 class DeviceFootprint(common.Measured):
     """GPU memory a table holds, from the driver (CuPy's and torch's allocations alike)."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (VARIANTS,)
     param_names = ["variant"]
     timeout = 1800
@@ -454,7 +466,7 @@ class DeviceFootprint(common.Measured):
 
     def measure_one(self, variant: str) -> int:
         common.gpu_only("device memory")
-        from speedbench import measure  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
         return _footprint(variant, lambda: measure.device_memory_in_use(measure.device()))
 
@@ -466,9 +478,9 @@ class DeviceFootprint(common.Measured):
 
 class _EmbeddingTrainer:
     def __init__(self, variant: str):
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - torch: the measuring process only
 
-        from speedbench import measure  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
         spec, dev = _spec(), measure.device()
         torch.manual_seed(0)
@@ -511,6 +523,8 @@ class _EmbeddingTrainer:
 class EmbeddingStep(common.Paired):
     """Forward, backward and Adam step of a 131072-index batch on a host-resident table,
     plain PyTorch's (SparseAdam) and every backend taking turns."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = (["sparse_adam_host", *BACKENDS, "sparse_adam"],)
     param_names = ["variant"]

@@ -77,8 +77,8 @@ def _device():
 def _add_conv_bias(model):
     """The "off" model: every bias-free convolution gets a (zero) bias, as nn.Conv2d's
     default would have given it; torchvision's ResNet-50 leaves them out already."""
-    import torch  # noqa: PLC0415
-    from torch import nn  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch: the measuring process only
+    from torch import nn  # noqa: PLC0415 - torch: the measuring process only
 
     for m in model.modules():
         if isinstance(m, nn.Conv2d) and m.bias is None:
@@ -91,9 +91,9 @@ class _Trainer:
     "off" (and BatchSize's "defaults") steps with torch alone, "on" through speedlib.tuning."""
 
     def __init__(self, knob: str, variant: str, workload: str = "resnet50", batch: int | None = None):
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - torch: the measuring process only
 
-        from speedbench.measure import workloads  # noqa: PLC0415
+        from speedbench.measure import workloads  # noqa: PLC0415 - torch: the measuring process only
 
         on = variant == "on"
         tuning = self.tuning = common.technique("tuning") if on else None
@@ -139,7 +139,7 @@ class _Trainer:
 
     def warmed(self) -> _Trainer:
         """After WARM steps: autotuning, optimizer state, allocator pools."""
-        from speedbench import measure  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
         for _ in range(WARM):
             self.step()
@@ -150,6 +150,8 @@ class _Trainer:
 class TrainingStep(common.Paired):
     """A knob's off and on trainers taking turns step by step; "off", plain PyTorch, is the
     baseline."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = (PAIRED_KNOBS, ON_OFF)
     param_names = ["knob", "variant"]
@@ -185,6 +187,8 @@ class CudnnBenchmark:
     time_* benchmark (a process per variant and round) does that. GPUs only.
     """
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = ON_OFF
     param_names = ["variant"]
     timer = staticmethod(_synchronised_clock)
@@ -200,7 +204,7 @@ class CudnnBenchmark:
         self.trainer.step()
 
     def track_peak_memory(self, variant: str) -> int:
-        from speedbench import measure  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
         return measure.peak_memory(self.trainer.step, self.trainer.device)
 
@@ -212,6 +216,8 @@ class PeakMemory(common.Measured):
     "off" stepped with torch alone. cudnn_benchmark's is CudnnBenchmark.track_peak_memory,
     for the reason given there."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (PAIRED_KNOBS, ON_OFF)
     param_names = ["knob", "variant"]
     timeout = 1800
@@ -221,7 +227,7 @@ class PeakMemory(common.Measured):
 
     def measure_one(self, knob: str, variant: str) -> int:
         common.gpu_only("peak device memory")
-        from speedbench import measure  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
         trainer = _Trainer(knob, variant).warmed()
         return measure.peak_memory(trainer.step, trainer.device)
@@ -236,7 +242,7 @@ INFERENCE = ["off", "no_grad", "inference_mode"]
 
 
 def _eval_model():
-    from speedbench.measure import workloads  # noqa: PLC0415
+    from speedbench.measure import workloads  # noqa: PLC0415 - torch: the measuring process only
 
     dev = _device()
     wl = workloads.get("resnet50", dev)
@@ -257,6 +263,8 @@ class Inference(common.Paired):
     """One model and batch; evaluation with autograd on ("off", plain PyTorch), no_grad,
     inference_mode."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (INFERENCE,)
     param_names = ["variant"]
     baseline = "off"
@@ -272,6 +280,7 @@ class Inference(common.Paired):
 
 
 class InferenceMemory(common.Measured):
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
     params = (INFERENCE,)
     param_names = ["variant"]
     timeout = 600
@@ -281,7 +290,7 @@ class InferenceMemory(common.Measured):
 
     def measure_one(self, variant: str) -> int:
         common.gpu_only("peak device memory")
-        from speedbench import measure  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
         common.technique("tuning")
         model, x = _eval_model()
@@ -307,6 +316,8 @@ class DataLoading(common.Paired):
     """The loader variants taking turns, an epoch each; the persistent workers start in
     the warm-up round. "off" is plain `DataLoader(data, batch_size)`, torch's defaults."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (LOADING,)
     param_names = ["variant"]
     baseline = "off"
@@ -316,7 +327,7 @@ class DataLoading(common.Paired):
         return self.measure_all()
 
     def steps(self):
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - torch: the measuring process only
 
         tuning = common.technique("tuning")
         dev = _device()
@@ -343,7 +354,7 @@ def _gelu(x):
     """The Tuning Guide's GELU from five pointwise operations, eager: the "off" variant, as
     its user writes it (speedlib.tuning.gelu is the same maths, which the other variants
     script or compile)."""
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch: the measuring process only
 
     return x * 0.5 * (1.0 + torch.erf(x / 1.41421))
 
@@ -351,6 +362,8 @@ def _gelu(x):
 class FusedPointwise(common.Paired):
     """Forward + backward of GELU: eager ("off", plain PyTorch), TorchScript, torch.compile,
     taking turns."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = (["off", "torchscript", "compile"],)
     param_names = ["variant"]
@@ -361,7 +374,7 @@ class FusedPointwise(common.Paired):
         return self.measure_all()
 
     def steps(self):
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - torch: the measuring process only
 
         tuning = common.technique("tuning")
         x = torch.randn(_GELU_SIZE, device=_device(), requires_grad=True)
@@ -379,6 +392,8 @@ class FusedPointwise(common.Paired):
 class CompileTime(common.Timed):
     """The first calls of a freshly scripted or compiled GELU: what a first run pays."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (["torchscript", "compile"],)
     param_names = ["variant"]
     timeout = 1200
@@ -387,11 +402,11 @@ class CompileTime(common.Timed):
         return self.measure_all()
 
     def measure_one(self, variant: str) -> float:
-        import torch  # noqa: PLC0415
-        import torch._dynamo  # noqa: PLC0415
-        import torch._inductor.config  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - torch: the measuring process only
+        import torch._dynamo  # noqa: PLC0415 - torch: the measuring process only
+        import torch._inductor.config  # noqa: PLC0415 - torch: the measuring process only
 
-        from speedbench import measure  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
         tuning = common.technique("tuning")
         x = torch.randn(_GELU_SIZE, device=_device(), requires_grad=True)
@@ -419,9 +434,9 @@ def _mlp_epoch(variant: str):
     """20 training steps of the 100-layer MLP with a loss/accuracy meter, then its value:
     "off" calls .item() every step (plain PyTorch, written here), "on" keeps
     speedlib.tuning.RunningLoss("device") sums on the device."""
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch: the measuring process only
 
-    from speedbench.measure import workloads  # noqa: PLC0415
+    from speedbench.measure import workloads  # noqa: PLC0415 - torch: the measuring process only
 
     tuning = common.technique("tuning")
     dev = _device()
@@ -459,6 +474,8 @@ def _mlp_epoch(variant: str):
 class Sync(common.Paired):
     """An epoch with the .item() meter ("off") and with the on-device one, taking turns."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (ON_OFF,)
     param_names = ["variant"]
     baseline = "off"
@@ -472,6 +489,7 @@ class Sync(common.Paired):
 
 
 class SyncCount(common.Measured):
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
     params = (ON_OFF,)
     param_names = ["variant"]
     timeout = 600
@@ -481,7 +499,7 @@ class SyncCount(common.Measured):
 
     def measure_one(self, variant: str) -> int:
         common.gpu_only("synchronisations")
-        from speedbench import measure  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
         epoch = _mlp_epoch(variant)
         epoch()  # warm: cuBLAS handles, allocator pools
@@ -496,7 +514,7 @@ class SyncCount(common.Measured):
 def _creations(dev) -> dict:
     """torch.rand(2^26) drawn on the host then copied ("off", plain PyTorch), or drawn on
     `dev` (speedlib.tuning.new_tensor)."""
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch: the measuring process only
 
     tuning = common.technique("tuning")
     return {"off": lambda: torch.rand(1 << 26).to(dev),
@@ -506,6 +524,8 @@ def _creations(dev) -> dict:
 class CreateOnDevice(common.Paired):
     """torch.rand(2^26) on the host, then copied ("off"), vs drawn on the device. GPUs only:
     on a CPU the host is the device, nothing to copy."""
+
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
 
     params = (ON_OFF,)
     param_names = ["variant"]
@@ -523,7 +543,7 @@ class CreateOnDevice(common.Paired):
 
 def _lengths(max_len: int) -> list[int]:
     """A fixed, shuffled mix of short and long sequences, ending before the longest."""
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch: the measuring process only
 
     gen = torch.Generator().manual_seed(0)
     return [max(4, int(max_len * f)) for f in torch.rand(12, generator=gen).tolist()] + [max_len]
@@ -531,9 +551,9 @@ def _lengths(max_len: int) -> list[int]:
 
 class _VariableLengthTraining:
     def __init__(self):
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - torch: the measuring process only
 
-        from speedbench.measure import workloads  # noqa: PLC0415
+        from speedbench.measure import workloads  # noqa: PLC0415 - torch: the measuring process only
 
         self.tuning = common.technique("tuning")
         dev = self.device = _device()
@@ -545,7 +565,7 @@ class _VariableLengthTraining:
 
     def prepare(self, variant: str) -> None:
         """Empty the allocator cache, then pre-allocate when "on"."""
-        from speedbench import measure  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
         measure.release_cached_memory(self.device)
         if variant == "on":
@@ -568,6 +588,8 @@ class Preallocate(common.Paired):
     model, the transformer built with torch alone: each starts from an emptied allocator
     cache, so neither inherits the other's blocks."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (ON_OFF,)
     param_names = ["variant"]
     baseline = "off"
@@ -584,6 +606,8 @@ class Preallocate(common.Paired):
 class PreallocateSegments(common.Measured):
     """cudaMalloc segments of an epoch, without ("off", plain PyTorch) and with pre-allocation."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (ON_OFF,)
     param_names = ["variant"]
     timeout = 600
@@ -594,7 +618,7 @@ class PreallocateSegments(common.Measured):
     def measure_one(self, variant: str) -> int:
         """cudaMalloc calls after the pre-allocation pass (or from the start when "off")."""
         common.gpu_only("allocator segments")  # first: a CPU run skips without loading torch
-        from speedbench import measure  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
         training = _VariableLengthTraining()
         training.epoch(variant)  # warm: cuBLAS workspaces and handles are not the knob's
@@ -613,6 +637,7 @@ RETAINED_STEPS = common.pick(cpu=8, gpu=4)  # a ResNet-50 step at batch 64 keeps
 
 
 class RetainedGraph(common.Measured):
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
     params = (ON_OFF,)
     param_names = ["variant"]
     timeout = 600
@@ -623,10 +648,10 @@ class RetainedGraph(common.Measured):
     def measure_one(self, variant: str) -> int:
         """Saved activations still alive after RETAINED_STEPS evaluation steps (autograd left on, as in a
         validation loop that forgot no_grad) that add each loss to a running total."""
-        import torch  # noqa: PLC0415
-        from torch import nn  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - torch: the measuring process only
+        from torch import nn  # noqa: PLC0415 - torch: the measuring process only
 
-        from speedbench import measure  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
         tuning = common.technique("tuning")
         model, x = _eval_model()
@@ -657,6 +682,8 @@ class BatchSize(common.Timed):
     smallest batch first, in one process: the first batch that does not fit ends it, and
     the larger ones are skipped without being tried."""
 
+    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+
     params = (BATCHES,)
     param_names = ["batch"]
     timeout = 1800
@@ -669,7 +696,7 @@ class BatchSize(common.Timed):
         return super().measure_all()
 
     def measure_one(self, batch: int) -> float:
-        from speedbench.measure import batch_curve  # noqa: PLC0415  (the harness's timer; the step is the commit's)
+        from speedbench.measure import batch_curve  # noqa: PLC0415 - the harness's timer; the step is the commit's
 
         common.technique("tuning")  # a commit from before the technique skips
         if self.end is not None:

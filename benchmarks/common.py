@@ -58,8 +58,7 @@ paired estimate leaves disturbed rounds out where enough others remain.
 from __future__ import annotations
 
 import abc
-import hashlib
-import inspect
+import importlib
 import itertools
 import math
 import os
@@ -111,9 +110,9 @@ def set_threads() -> int:
     CPU unless $SPEEDLIB_THREADS says otherwise) and return it. torch's own default follows
     its build and OMP_NUM_THREADS, so without this a ratio would depend on the shell the run
     was started from. Called by `check_profile`, before anything is timed."""
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 - torch: the measuring process only
 
-    from speedbench import measure  # noqa: PLC0415
+    from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
     threads = measure.benchmark_threads()
     if torch.get_num_threads() != threads:
@@ -130,8 +129,6 @@ def gpu_only(what: str) -> None:
 def technique(name: str):
     """speedlib.<name> as the commit under test has it; a commit from before the technique
     existed skips instead of failing."""
-    import importlib  # noqa: PLC0415
-
     try:
         return importlib.import_module(f"speedlib.{name}")
     except ImportError as e:
@@ -144,9 +141,10 @@ def ddp_launch():
     the launcher moved to the harness) skips instead of failing."""
     technique("parallel")
     try:
-        from speedbench.measure import ddp_launch  # noqa: PLC0415
+        from speedbench.measure import ddp_launch  # noqa: PLC0415 - torch: the measuring process only
     except ImportError as e:
-        raise NotImplementedError(f"this commit's speedlib.parallel has no wrap() for the harness's launcher: {e}") from e
+        raise NotImplementedError(f"this commit's speedlib.parallel has no wrap() for the harness's launcher: "
+                                  f"{e}") from e
     return ddp_launch
 
 
@@ -173,6 +171,8 @@ class Measured(abc.ABC):
     where setup_cache is written, so a shared one would share results between classes).
     Its `track_*` methods read `self.result(cache, *params)`. A parameter set that raises
     NotImplementedError is a skip, any other error that set's failure; neither stops the rest.
+    Each concrete class sets its own `version`, bumped only when what it measures changes
+    (benchmarks/versions.json, checked by `speedlib versions`).
     """
 
     rounds = 1  # asv's repeat-in-a-second-process: the work is done once, in setup_cache
@@ -180,21 +180,15 @@ class Measured(abc.ABC):
     params: list = []
     param_names: list = []
 
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        # asv versions a benchmark by the source of its method, setup and setup_cache, which
-        # here are shared or one line: version it by its class's source and this module's,
-        # so that changing how it measures sets its older results aside.
-        source = inspect.getsource(cls) + Path(__file__).read_text(encoding="utf-8")
-        cls.version = hashlib.sha256(source.encode()).hexdigest()
-
     @abc.abstractmethod  # abstract: asv does not take these bases for benchmarks
     def measure_one(self, *params):
         """The measurement of one parameter set."""
 
     def measure_all(self) -> dict:
         combos = itertools.product(*self.params) if self.params else [()]
-        return {combo: _attempt(f"{type(self).__name__}{combo}", lambda: self.measure_one(*combo)) for combo in combos}
+        return {combo: _attempt(f"{type(self).__name__}{combo}",
+                                lambda: self.measure_one(*combo))  # noqa: B023 - called at once, this iteration
+                for combo in combos}
 
     @staticmethod
     def result(cache: dict, *params):
@@ -235,7 +229,7 @@ def _release() -> None:
     """Free the last configuration's models and cached device memory before the next."""
     _cache.clear()
     if "torch" in sys.modules:
-        from speedbench import measure  # noqa: PLC0415
+        from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
         measure.release_cached_memory(measure.device())
 
@@ -298,7 +292,7 @@ def _gpu_probe(dev):
     if getattr(dev, "type", None) != "cuda":
         return None
     if dev not in _probes:
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 - torch: the measuring process only
 
         props = torch.cuda.get_device_properties(dev)
         bus_id = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
@@ -315,7 +309,8 @@ class Timed(_Interference, Measured):
         out = {}
         for combo in itertools.product(*self.params) if self.params else [()]:
             start = interference.snapshot(_probe_here())
-            out[combo] = _attempt(f"{type(self).__name__}{combo}", lambda: self.measure_one(*combo))
+            out[combo] = _attempt(f"{type(self).__name__}{combo}",
+                                  lambda: self.measure_one(*combo))  # noqa: B023 - called at once, this iteration
             if out[combo][0] == "ok":  # a skip or a failure measured nothing to describe
                 out[(ROUNDS, *combo)] = ("ok", [interference.window(start, interference.snapshot(_probe_here()))])
         return out
@@ -325,7 +320,7 @@ def _probe_here():
     """The GPU probe of the device the benchmarks measure on, where torch has CUDA up already."""
     if not ON_GPU:
         return None
-    from speedbench import measure  # noqa: PLC0415
+    from speedbench import measure  # noqa: PLC0415 - torch: the measuring process only
 
     return _gpu_probe(measure.device())
 
@@ -368,7 +363,8 @@ class Paired(_Interference, Measured):
         out = {}
         *configs, variants = self.params
         for config in (itertools.product(*configs) if configs else [()]):
-            status, times = _attempt(f"{type(self).__name__}{config}", lambda: self._take_turns(config))
+            status, times = _attempt(f"{type(self).__name__}{config}",
+                                     lambda: self._take_turns(config))  # noqa: B023 - called at once, this iteration
             if status == "ok":
                 out[(ROUNDS, *config)] = ("ok", times.pop(ROUNDS))
                 sized = times.pop(SIZED, None)
@@ -434,7 +430,7 @@ class Paired(_Interference, Measured):
         times = self.result(cache, *params)
         if times is SKIP or params[-1] == self.baseline:  # the baseline's own ratio is 1 by definition
             return SKIP
-        return {"samples": [b / v for b, v in zip(times[self.baseline], times[params[-1]])], "number": 1}
+        return {"samples": [b / v for b, v in zip(times[self.baseline], times[params[-1]], strict=True)], "number": 1}
 
     track_speedup.unit = "x"
 

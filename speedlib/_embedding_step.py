@@ -111,6 +111,7 @@ class _RowStep:
     def _prepare_step(self) -> None:
         """Before the optimizer updates the touched rows: combine the ranks' gradients, re-gather
         rows the table changed under (writes through .weight, max_norm), gather their state."""
+        self._check_state()
         w = self.touched_rows()
         rows = self._rows
         if rows is None or not rows.numel():
@@ -127,7 +128,7 @@ class _RowStep:
     def _finish_step(self) -> None:
         """After the optimizer step: write rows and state back, start the next step afresh."""
         w, rows = self._rows_weight, self._rows
-        self._rows, self._tracked, self._combined = None, False, False
+        self._rows, self._tracked, self._combined, self._state_loaded = None, False, False, False
         if rows is not None and rows.numel():
             with torch.no_grad():
                 self.table._write_unique(rows, w)

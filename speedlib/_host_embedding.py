@@ -134,10 +134,14 @@ class HostEmbedding(_RankSync, _RowStep, _OptimizerState, nn.Module):
 
     `state_dict()` holds the table (`weight`) alone, as nn.Embedding's: it loads strictly
     into the same model built with a plain nn.Embedding, and back. The optimizer state is
-    kept apart: `optimizer_state_dict()` / `load_optimizer_state_dict()` (host tensors;
-    hyper-parameters belong to the optimizer factory). Loading a weight starts the optimizer
-    afresh; a state_dict of an older speedlib with `optimizer.<name>` entries restores them
-    (an embedding without an optimizer ignores them). Device placement is fixed at
+    saved beside it, like any optimizer's: `emb.optimizer.state_dict()` (it carries the
+    per-row state tables as host tensors) or `emb.optimizer_state_dict()`, loaded with
+    `emb.optimizer.load_state_dict()` or `emb.load_optimizer_state_dict()`, before or after
+    `load_state_dict()`; training on is then bitwise the uninterrupted run. A weight loaded
+    without its optimizer state (when the optimizer keeps any) makes the next step raise,
+    naming the missing state, until it is loaded or `emb.reset_optimizer_state()` starts the
+    optimizer afresh on purpose. A state_dict of an older speedlib with `optimizer.<name>`
+    entries restores them    (an embedding without an optimizer ignores them). Device placement is fixed at
     construction: `.to()` on the module does not move the table. `model.double()`, `.half()`
     and `.to(dtype)` make the lookups return the module's dtype; the table and its optimizer
     state keep theirs.
@@ -214,6 +218,9 @@ class HostEmbedding(_RankSync, _RowStep, _OptimizerState, nn.Module):
                 self._state_tables[key] = self._new_state_table(key)
         # What load_state_dict restores for entries a state_dict lacks.
         self._fresh_state = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in fresh.items()}
+        self._state_keys, self._awaiting_state, self._state_loaded = [], False, False
+        if self.optimizer is not None:
+            self._watch_optimizer_state()
         self._group_given = process_group is not None
         if process_group is None and _world_size() > 1:
             process_group = torch.distributed.group.WORLD

@@ -27,6 +27,7 @@ from speedbench.measure import devices as measure
 from speedlib.checkpoint import (
     BatchNorm2d,
     ForgottenParameterError,
+    NondeterministicSegmentError,
     checkpoint,
     convert_batchnorm,
     in_backward,
@@ -209,40 +210,40 @@ def test_an_unused_output_gets_no_gradient_and_breaks_nothing():
     assert torch.equal(lin.weight.grad, x.sum(0).expand(4, 4))
 
 
-def test_a_forgotten_parameter_is_an_error_not_a_missing_gradient():
-    lin = nn.Linear(4, 4)
-    x = torch.randn(3, 4, requires_grad=True)
-    out = checkpoint(lambda t: lin(t), x, params=())
-    with pytest.raises(ForgottenParameterError, match="requires grad but was passed neither"):
-        out.sum().backward()
-    # A module names what was left out.
-    out = checkpoint(lin, x, params=[lin.weight])
-    with pytest.raises(ForgottenParameterError, match="parameter 'bias'"):
-        out.sum().backward()
-    # Reached through an activation computed outside the segment: the fix is an argument.
-    h = lin(x)
-    out = checkpoint(lambda t: t * h, x, params=())
-    with pytest.raises(ForgottenParameterError, match="pass that tensor as an argument"):
-        out.sum().backward()
+def test_what_the_segment_uses_gets_its_gradient_without_params():
+    """A closure over a module, over a parameter and over an activation computed outside: the
+    graph is recorded, so each gets the gradient torch's non-reentrant checkpoint gives, bitwise
+    (the explicit-parameter checkpoint needed params= and raised ForgottenParameterError)."""
+    def run(ckpt):
+        torch.manual_seed(0)
+        lin, w = nn.Linear(4, 4), torch.randn(4, requires_grad=True)
+        x = torch.randn(3, 4, requires_grad=True)
+        h = lin(x)
+        ckpt(lambda t: lin(t) * w * h, x).sum().backward()
+        return [x.grad, w.grad, *(p.grad for p in lin.parameters())]
+
+    ours, theirs = run(checkpoint), run(lambda f, *a: torch_checkpoint(f, *a, use_reentrant=False))
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+    assert issubclass(ForgottenParameterError, RuntimeError)  # still importable for old except clauses
 
 
 def test_bad_calls_are_clear_errors():
-    with pytest.raises(TypeError, match="pass params="):
-        checkpoint(lambda t: t * 2, torch.ones(2, requires_grad=True))
     with pytest.raises(TypeError, match="params must be tensors"):
         checkpoint(lambda t: t, torch.ones(2), params=[3])
     with pytest.raises(TypeError, match="must be callable, got Tensor"):
-        checkpoint(torch.ones(2), nn.Linear(2, 2), params=())  # arguments swapped
+        checkpoint(torch.ones(2), nn.Linear(2, 2))  # arguments swapped
     with pytest.raises(TypeError, match="must be callable, got str"):
-        checkpoint("relu", torch.ones(2), params=())
-    with pytest.raises(TypeError, match="returned None.*must return its output"):
-        checkpoint(lambda t: None, torch.ones(2, requires_grad=True), params=())
+        checkpoint("relu", torch.ones(2))
     with pytest.raises(TypeError, match="not a single tensor"):
         checkpoint(lambda t: t, torch.ones(2), params=nn.Linear(2, 2).weight)
     with pytest.raises(TypeError, match="iterable of tensors, got int"):
         checkpoint(lambda t: t, torch.ones(2), params=3)
-    with pytest.raises(ValueError, match="use_reentrant=True is refused: the reentrant variant runs a nested"):
-        checkpoint(nn.Linear(2, 2), torch.ones(2), use_reentrant=True)
+    with pytest.raises(TypeError, match="use_reentrant takes True, False or None"):
+        checkpoint(nn.Linear(2, 2), torch.ones(2), use_reentrant="yes")
+    with pytest.raises(ValueError, match="determinism_check must be one of"):
+        checkpoint(nn.Linear(2, 2), torch.ones(2), determinism_check="strict")
+    with pytest.raises(TypeError, match="context_fn must return a tuple of two"):
+        checkpoint(nn.Linear(2, 2), torch.ones(2), context_fn=lambda: None)
     with pytest.raises(ValueError, match="unknown segment checkpoint variant"):
         run_segment("magic", lambda t: t, torch.ones(1), params=())
 
@@ -439,25 +440,22 @@ def test_named_parameters_are_accepted_as_params():
     assert all(torch.equal(e, p.grad) for e, p in zip(expected, lin.parameters(), strict=True))
 
 
-def test_a_rerun_with_another_structure_is_an_error():
-    calls = []
-
-    def fickle(x):
-        calls.append(1)
-        return x * 2 if len(calls) == 1 else (x * 2, x)
-
-    out = checkpoint(fickle, torch.ones(2, requires_grad=True), params=())
-    with pytest.raises(RuntimeError, match="different structure"):
-        out.sum().backward()
-
-
 def test_a_parameter_changed_in_place_before_backward_is_caught():
+    """torch's rerun would silently compute with the stepped weight; here it is an error. Where
+    nothing saved depends on the weight (the input needs no gradient), plain autograd is right
+    after the step, and so is the checkpoint."""
     lin = nn.Linear(4, 4)
-    out = checkpoint(lin, torch.randn(2, 4))
+    out = checkpoint(lin, torch.randn(2, 4, requires_grad=True))
     with torch.no_grad():
         lin.weight.add_(1.0)  # an optimizer step between forward and backward
-    with pytest.raises(RuntimeError, match="modified in place"):
+    with pytest.raises(RuntimeError, match="modified in place between forward and backward"):
         out.sum().backward()
+    x = torch.randn(2, 4)
+    out = checkpoint(lin, x)
+    with torch.no_grad():
+        lin.weight.add_(1.0)
+    out.sum().backward()
+    assert torch.equal(lin.weight.grad, x.sum(0).expand(4, 4))
 
 
 def test_gradients_survive_saved_tensor_offloading():
@@ -627,8 +625,8 @@ def test_the_benchmarks_plain_variants_train_as_the_checkpointable_model_did(wor
 
 # --- behaving like torch's non-reentrant checkpoint (issue 31) ---------------------------
 
-def _torch_cp(function, *args, **_params):
-    return torch_checkpoint(function, *args, use_reentrant=False)
+def _torch_cp(function, *args, early_stop=True, **_params):
+    return torch_checkpoint(function, *args, use_reentrant=False, early_stop=early_stop)
 
 
 @pytest.mark.parametrize("create_graph", [False, True])
@@ -693,25 +691,34 @@ def _counter_segment(make):
     return segment
 
 
-@pytest.mark.parametrize("case, torch_raises", [
-    ("saved_shape", True),       # an intermediate that is saved changes shape
-    ("saved_count", False),      # another op that saves more tensors (torch stops reading early)
-    ("output_shape", False),     # the result changes shape (torch checks saved tensors only)
+@pytest.mark.parametrize("case, early_stop, torch_raises", [
+    ("saved_shape", True, True),     # an intermediate that is saved changes shape
+    ("saved_count", False, True),    # it saves more tensors: seen when the rerun runs to its end
 ])
-def test_a_nondeterministic_segment_is_an_error_not_the_reruns_gradient(case, torch_raises):
+def test_a_nondeterministic_segment_is_an_error_not_the_reruns_gradient(case, early_stop, torch_raises):
     make = {
         "saved_shape": lambda x, n: (x[:n] ** 2).sum(),
         "saved_count": lambda x, n: x.sin().sum() if n == 1 else (x.exp() * x).sum(),
-        "output_shape": lambda x, n: x[:n] * 2,
     }[case]
     x = torch.randn(4, 3, requires_grad=True)
-    if torch_raises:  # the case is one torch catches too: same verdict, not a stricter one
-        with pytest.raises(RuntimeError, match="different metadata"):
-            _torch_cp(_counter_segment(make), x).sum().backward()
-    out = checkpoint(_counter_segment(make), x, params=())
-    with pytest.raises(RuntimeError, match="not deterministic"):
+    if torch_raises:  # the case is one torch catches too: same verdict
+        with pytest.raises(RuntimeError, match="different metadata|more tensors"):
+            _torch_cp(_counter_segment(make), x, early_stop=early_stop).sum().backward()
+    out = checkpoint(_counter_segment(make), x, early_stop=early_stop)
+    with pytest.raises(NondeterministicSegmentError, match="not deterministic"):
         out.sum().backward()
     assert x.grad is None
+
+
+def test_a_segment_whose_rerun_would_differ_only_after_what_backward_needs_is_right():
+    """The rerun stops once every saved tensor is back (early_stop, torch's default): a result
+    that changes shape afterwards is never recomputed, and the gradient is the first run's."""
+    x = torch.randn(4, 3, requires_grad=True)
+    out = checkpoint(_counter_segment(lambda t, n: t.sin()[:n] * 2), x)
+    out.sum().backward()
+    expected = torch.zeros(4, 3)
+    expected[:1] = 2 * x[:1].detach().cos()
+    assert torch.equal(x.grad, expected)
 
 
 def test_a_hook_on_one_output_calling_backward_on_another_terminates():
@@ -771,22 +778,22 @@ def test_gradient_of_one_output_with_respect_to_another():
 
 @pytest.mark.parametrize("create_graph", [False, True])
 def test_the_reruns_tensors_are_freed_without_the_garbage_collector(create_graph):
-    """Checking the rerun against the first run watches what it saves; a saved output
-    kept as is would hold its own node in a cycle (exp saves its result), and the rerun's
-    memory would wait for the garbage collector, here with one output left unused."""
+    """A rerun keeps the tensors it recomputes only until backward takes them; a saved output
+    kept as is would hold its own node in a cycle (exp saves its result), and the rerun's memory
+    would wait for the garbage collector, here with one output left unused."""
     made = []
 
     def segment(t):
-        h = t.exp()  # exp saves its result; only the unused output needs it
+        h = t.exp()  # exp saves its result
         made.append(weakref.ref(h))
-        return t * 2, h.sin()
+        return h.sin() * 2, h.cos()
 
     x = torch.randn(3, requires_grad=True)
     gc.disable()
     try:
-        used, _unused = checkpoint(segment, x, params=())
+        used, _unused = checkpoint(segment, x)
         grad, = torch.autograd.grad(used.sum(), x, create_graph=create_graph)
-        torch.testing.assert_close(grad, torch.full_like(x, 2.0))
+        torch.testing.assert_close(grad, 2 * x.exp().cos() * x.exp())
         del grad, used, _unused
         assert len(made) == 2 and [r() for r in made] == [None, None]
     finally:

@@ -1,4 +1,4 @@
-"""The generators a checkpointed segment draws from itself (speedlib/_checkpoint_generators.py):
+"""The generators a checkpointed segment draws from itself (speedlib/_checkpoint_replay.py):
 replayed in the rerun, and a segment that drew from none is not watched again."""
 
 import gc
@@ -7,7 +7,7 @@ import weakref
 import torch
 from torch import nn
 
-from speedlib import _checkpoint_generators as generators
+from speedlib import _checkpoint_replay as generators
 from speedlib.checkpoint import checkpoint
 
 
@@ -27,9 +27,11 @@ class Noisy(nn.Module):
 
 
 def _watched_runs(monkeypatch) -> list[bool]:
+    """One entry per first run that was watched (each ends in learn(); a rerun enters a mode of
+    the same kind, unwatched, so that compiled code picks the same graph, and is not counted)."""
     runs = []
-    enter = generators.GeneratorLog.__enter__
-    monkeypatch.setattr(generators.GeneratorLog, "__enter__", lambda self: runs.append(True) or enter(self))
+    learn = generators.GeneratorLog.learn
+    monkeypatch.setattr(generators.GeneratorLog, "learn", lambda self: runs.append(True) or learn(self))
     return runs
 
 
@@ -97,9 +99,9 @@ def test_a_forgotten_object_is_not_taken_for_a_new_one_at_its_address():
     generators.GeneratorLog(_over(layer), None).learn()
     assert generators.GeneratorLog(_over(layer), None).quiet_before()
     assert not generators.GeneratorLog(_over(nn.Linear(4, 4)), None).quiet_before()
-    cells = generators._same_objects(_over(layer))
-    stored = generators._QUIET[generators._key(_over(layer).__code__, cells)]
-    del layer, cells
+    key, _ = generators.GeneratorLog(_over(layer), None)._closure
+    stored = generators._QUIET[key]
+    del layer, key
     gc.collect()
     newcomer = nn.Linear(4, 4)  # were it at the old address, the dead reference tells them apart
     assert not generators._alive_and_same(stored[0], ("ref", weakref.ref(newcomer), newcomer.training))

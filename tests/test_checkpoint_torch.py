@@ -1,46 +1,22 @@
-"""PyTorch's own checkpoint tests, adapted to speedlib's explicit-parameter checkpoint.
+"""PyTorch's own checkpoint tests, mirrored for speedlib's checkpoint with torch's calls unchanged.
 
-Each test names the PyTorch test it adapts (TestCheckpoint in test/test_utils.py, the
-non-reentrant cases of TestAutograd and TestNestedCheckpoint in test/test_autograd.py). The
-code is ours: every case runs the same function without checkpointing, under
-`torch.utils.checkpoint(use_reentrant=False)` and under `speedlib.checkpoint`, and asks for
-the same outputs, the same gradients, the same hook counts and the same kinds of errors.
-A case that needs a GPU skips itself on CPU and has a CPU twin where the logic allows.
-
-Torch cases judged NOT applicable to an explicit-parameter checkpoint, and why:
-
-- test_utils.py test_checkpoint_sequential_deprecated_multiple_args, _no_args: argument
-  checks of `checkpoint_sequential`, not of a checkpoint (speedlib has no sequential API;
-  CheckpointedSequential delegates to torch's).
-- test_utils.py test_get_device_states_recursive, test_infer_device_state_recursive_meta,
-  test_infer_device_state_recursive_multi_gpu: unit tests of torch's private helpers
-  `get_device_states` / `_infer_device_type`; speedlib has no such public surface.
-- test_autograd.py test_checkpoint_valid_reset_on_error (test_utils test_checkpoint_valid's
-  first half too): the reentrant variant's refusal of autograd.grad; speedlib is not
-  reentrant and test_checkpoint_valid's working half is adapted below.
-- test_autograd.py test_checkpointing_without_reentrant_with_context_fn, the whole
-  TestSelectiveActivationCheckpoint class: `context_fn` and selective-checkpoint policies,
-  options speedlib does not have.
-- test_autograd.py test_checkpoint_warns_if_use_reentrant_not_passed_explcitly,
-  test_checkpoint_sequential_warns_if_use_reentrant_not_passed_explcitly: speedlib has no
-  use_reentrant (passing it is a TypeError, tested in test_checkpoint.py).
-- test_autograd.py test_access_saved_tensor_twice_without_recomputation_works: reads
-  `grad_fn._saved_result` of a node inside the segment, which only torch's saved-tensor-hook
-  design exposes; speedlib's graph has one node per segment with no inner nodes.
-- test_autograd.py test_nested_checkpoint_set_early_stop,
-  test_nested_checkpoint_set_early_stop_no_recompution_needed: the `early_stop` option;
-  speedlib always reruns the whole segment.
-- test_autograd.py test_checkpoint_graph_execution_group, its GraphExecGroup half (the
-  half without the group is adapted below); the debug=True halves of
-  test_checkpoint_detects_non_determinism (no debug option).
-- test_autograd.py test_checkpointing (reentrant only, no assertion): merged into the
-  adaptation of test_checkpointing_without_reentrant, which checks the same network.
+Each test names the PyTorch test it follows (TestCheckpoint in test/test_utils.py; the
+checkpoint tests of TestAutograd, TestNestedCheckpoint and TestSelectiveActivationCheckpoint in
+test/test_autograd.py). The code is ours: a case runs the same call under speedlib's checkpoint as
+a switching user would (the import changed, the call not) and, where the torch test compares
+with no checkpointing or with torch's checkpoint, so does this one. Not mirrored: torch's unit
+tests of its private helpers (get_device_states, _infer_device_type), and the two tests that
+expect a warning when use_reentrant is left out (speedlib's default is False and silent, as
+docs/techniques/checkpoint.md says). A case that needs a GPU skips itself on CPU and has a CPU
+twin where the logic allows.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
+import functools
 import gc
 import subprocess
 import sys
@@ -52,10 +28,12 @@ import pytest
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint_sequential, create_selective_checkpoint_contexts
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
-from torch.utils.checkpoint import checkpoint_sequential
 
 from speedlib.checkpoint import checkpoint
+from speedlib.checkpoint import checkpoint_sequential as speedlib_checkpoint_sequential
 
 needs_cuda = pytest.mark.gpu(reason="needs a CUDA GPU; the CPU twin covers the logic")
 
@@ -208,22 +186,26 @@ def _mixed(t1, t2, scale, t3):
     return scale, t4, None, True, t5, "bar", t1
 
 
-def test_non_tensor_inputs_and_outputs():
-    """Adapts test_utils.py TestCheckpoint.test_checkpoint_non_tensor_inputs_outputs."""
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_non_tensor_inputs_and_outputs(reentrant):
+    """Mirrors test_utils.py TestCheckpoint.test_checkpoint_non_tensor_inputs_outputs (reentrant),
+    and the same call non-reentrant against torch's."""
     torch.manual_seed(0)
     t1, t2, t3 = torch.rand(10, requires_grad=True), torch.rand(10, requires_grad=True), torch.rand(10)
     scale = 4
-    res = checkpoint(_mixed, t1, t2, scale, t3, params=())
+    res = checkpoint(_mixed, t1, t2, scale, t3, use_reentrant=reentrant)
     expected = _mixed(t1, t2, scale, t3)
     assert (res[0], res[2], res[3], res[5]) == (scale, None, True, "bar")
     for i in (1, 4, 6):
         _close(res[i], expected[i])
-    # One backward per output, as the torch test does; the last frees the segment's node.
     res[1].sum().backward(retain_graph=True)
     res[4].sum().backward(retain_graph=True)
     res[6].sum().backward()
-    with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
-        res[6].sum().backward()
+    if reentrant:  # the last backward freed the segment's node, as torch's reentrant one does
+        with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
+            res[6].sum().backward()
+    else:  # res[6] is t1 itself, as under torch's non-reentrant checkpoint
+        assert res[6] is t1 and torch_checkpoint(_mixed, t1, t2, scale, t3, use_reentrant=False)[6] is t1
     got = _grads([t1, t2])
     t1.grad = t2.grad = None
     torch.autograd.backward([expected[1].sum(), expected[4].sum(), expected[6].sum()])
@@ -238,25 +220,21 @@ def test_no_tensors_at_all():
     assert _torch_ckpt(_mixed, *args) == expected
 
 
-def test_partial_grad_outputs():
-    """Adapts test_utils.py TestCheckpoint.test_checkpoint_partial_grad."""
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_partial_grad_outputs(reentrant):
+    """Mirrors test_utils.py TestCheckpoint.test_checkpoint_partial_grad: an output that needs no
+    gradient is an error in backward, where torch raises (its message for each variant)."""
     x = torch.randn(1, 4, requires_grad=True)
     other = torch.randn(1, 4)
-    out = checkpoint(lambda a, b: (a, b), x, other, params=())
+    out = checkpoint(lambda a, b: (a, b), x, other, use_reentrant=reentrant)
     out[0].sum().backward()
     _close(x.grad, torch.ones_like(x))
-
-    # The only output does not depend on the input that requires grad. Torch's
-    # non-reentrant checkpoint returns an output without grad (backward then raises);
-    # whatever speedlib does, it must not invent a gradient.
     x, y = torch.randn(1, 4), torch.randn(1, 4, requires_grad=True)
-    with pytest.raises(RuntimeError, match="does not require grad"):
-        _torch_ckpt(lambda a, b: a, x, y).sum().backward()
-    try:
-        checkpoint(lambda a, b: a, x, y, params=()).sum().backward()
-    except RuntimeError as error:
-        assert "does not require grad" in str(error)
-    assert y.grad is None or not y.grad.any()
+    error = "none of output has requires_grad=True" if reentrant else "does not require grad"
+    for ckpt in (torch_checkpoint, checkpoint):
+        with pytest.raises(RuntimeError, match=error):
+            ckpt(lambda a, b: a, x, y, use_reentrant=reentrant).sum().backward()
+    assert y.grad is None
 
 
 def _chain(x, track):
@@ -882,3 +860,267 @@ def test_a_hook_that_backwards_through_another_output_finishes():
     except subprocess.TimeoutExpired:
         pytest.fail("backward from a hook on one output through another output of the same segment hangs")
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+# --- what the explicit-parameter checkpoint could not take: torch's calls, now mirrored -----------
+
+def test_checkpoint_sequential_refuses_what_torchs_refuses():
+    """Mirrors TestCheckpoint.test_checkpoint_sequential_deprecated_multiple_args and _no_args."""
+    class Two(nn.Module):
+        def forward(self, a, b):
+            return a, b
+
+    a, b = torch.randn(1, 4, requires_grad=True), torch.randn(1, 4, requires_grad=True)
+    for fn in (checkpoint_sequential, speedlib_checkpoint_sequential):
+        with pytest.raises(TypeError):
+            fn(nn.Sequential(Two()), 1, a, b)
+        with pytest.raises(TypeError):
+            fn(nn.Sequential(nn.Identity()), 1)
+
+
+def _verbose_mode():
+    class Verbose(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+    return Verbose()
+
+
+def test_a_dispatch_mode_from_context_fn_sees_what_it_sees_under_torch():
+    """Mirrors TestAutograd.test_checkpointing_without_reentrant_with_context_fn: the first run's
+    mode sees only the user's op; the rerun's sees it and the one detach a saved result gets."""
+    seen = {}
+    for name, ckpt in (("torch", torch_checkpoint), ("speedlib", checkpoint)):
+        x = torch.tensor(1.0, requires_grad=True)
+        first, rerun = _verbose_mode(), _verbose_mode()
+        ckpt(lambda t: t.exp(), x, use_reentrant=False, context_fn=lambda m=first: (m, contextlib.nullcontext()))
+        out = ckpt(lambda t: t.exp(), x, use_reentrant=False,
+                   context_fn=lambda m=rerun: (contextlib.nullcontext(), m))
+        out.backward()
+        seen[name] = (first.ops, rerun.ops)
+    assert seen["speedlib"] == seen["torch"] == (["exp.default"], ["exp.default", "detach.default"])
+
+
+def _clone_counted(counter):
+    def fn(t):
+        y = t.sin().cos()
+        counter.append(1)
+        return y.clone()  # clone saves nothing: an early-stopped rerun never gets here
+    return fn
+
+
+def test_early_stop_argument_and_torchs_switch():
+    """Mirrors TestNestedCheckpoint.test_nested_checkpoint_set_early_stop: the argument, torch's
+    set_checkpoint_early_stop (which wins, and needs to be active in forward only)."""
+    cases = [({}, None, 1), ({"early_stop": False}, None, 2), ({"early_stop": True}, None, 1),
+             ({}, False, 2), ({"early_stop": True}, False, 2), ({"early_stop": False}, True, 1)]
+    for kwargs, switch, calls in cases:
+        counter = []
+        a = torch.tensor(1.0, requires_grad=True)
+        ctx = contextlib.nullcontext() if switch is None else torch.utils.checkpoint.set_checkpoint_early_stop(switch)
+        with ctx:
+            out = checkpoint(_clone_counted(counter), a, use_reentrant=False, **kwargs)
+        out.backward()
+        assert len(counter) == calls, (kwargs, switch)
+
+
+def test_early_stop_skips_the_kernels_after_the_last_saved_tensor():
+    """Mirrors TestNestedCheckpoint.test_nested_checkpoint_set_early_stop_no_recompution_needed:
+    the rerun calls the Python function but stops before the sin kernel; with nothing saved it
+    does not rerun at all."""
+    class Sins(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Sins.count += func is torch.ops.aten.sin.default
+            return func(*args, **(kwargs or {}))
+
+    for early_stop, sins in ((True, 1), (False, 2)):
+        calls, Sins.count = [], 0
+        a = torch.tensor(1.0, requires_grad=True)
+        with Sins():
+            out = checkpoint(lambda t, c=calls: c.append(1) or t.sin(), a, use_reentrant=False, early_stop=early_stop)
+            out.backward()
+        assert (len(calls), Sins.count) == (2, sins)
+    calls = []
+    checkpoint(lambda t: calls.append(1) or t.clone(), torch.tensor(1.0, requires_grad=True)).backward()
+    assert len(calls) == 1
+
+
+def _fickle(first, later):
+    calls = []
+
+    def fn(x):
+        calls.append(1)
+        return first(x) if len(calls) == 1 else later(x)
+    return fn
+
+
+def test_debug_and_torchs_switch_explain_a_nondeterministic_rerun():
+    """Mirrors TestAutograd.test_checkpoint_detects_non_determinism: fewer tensors, more tensors
+    without early stop, other metadata, and debug=True or set_checkpoint_debug_enabled (which wins)."""
+    two, three = (lambda x: x.sin().exp()), (lambda x: x.sin().exp().sin())
+    other = lambda x: x.sin() * torch.tensor([1.0, 2.0])  # noqa: E731 - one of the three runs compared
+    a = torch.randn(1, requires_grad=True)
+    with pytest.raises(RuntimeError, match="A different number of tensors was saved"):
+        checkpoint(_fickle(three, two), a, use_reentrant=False).backward()
+    with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+        out = checkpoint(_fickle(two, three), a, use_reentrant=False)
+    with pytest.raises(RuntimeError, match="trying to save more tensors during recomputation"):
+        out.backward()
+    checkpoint(_fickle(two, three), a, use_reentrant=False).backward()  # early stop: never sees the extra one
+    with pytest.raises(RuntimeError, match="tensors have different metadata"):
+        checkpoint(_fickle(two, other), a, use_reentrant=False).sum().backward()
+    with pytest.raises(RuntimeError, match="passed `debug=True` to checkpoint"):
+        checkpoint(_fickle(two, other), a, use_reentrant=False, debug=True).sum().backward()
+    with torch.utils.checkpoint.set_checkpoint_debug_enabled(True), \
+            pytest.raises(RuntimeError, match="passed `debug=True` to checkpoint"):
+        checkpoint(_fickle(two, other), a, use_reentrant=False).sum().backward()
+    with torch.utils.checkpoint.set_checkpoint_debug_enabled(False), \
+            pytest.raises(RuntimeError, match=r"Recomputed values for the following tensors have different(?!.*debug)"):
+        checkpoint(_fickle(two, other), a, use_reentrant=False, debug=True).sum().backward()
+
+
+def test_a_saved_tensor_read_outside_backward_reruns_each_time():
+    """Mirrors TestAutograd.test_access_saved_tensor_twice_without_recomputation_works."""
+    count = []
+
+    def foo(t):
+        count.append(1)
+        return torch.exp(t * t)
+
+    d = checkpoint(foo, torch.randn(5, requires_grad=True), use_reentrant=False)
+    for _ in range(2):  # each read outside backward reruns the segment
+        assert torch.equal(d.grad_fn._saved_result, d)
+    d.sum().backward()
+    assert len(count) == 4
+    with pytest.raises(RuntimeError, match="after they have already been freed"):
+        _ = d.grad_fn._saved_result
+
+
+def test_a_custom_function_reading_its_saved_tensors_twice_is_told_so():
+    """Mirrors TestAutograd.test_checkpointing_without_reentrant_custom_function_works."""
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x, x * 2)
+            return x * 3
+
+        @staticmethod
+        def backward(ctx, grad):
+            x, _ = ctx.saved_tensors
+            with pytest.raises(RuntimeError, match="already unpacked once"):
+                _ = ctx.saved_tensors
+            return grad * 3
+
+    x = torch.tensor(2.0, requires_grad=True)
+    checkpoint(lambda t: Twice.apply(t * t), x, use_reentrant=False).backward()
+    assert x.grad == 12.0
+
+
+def test_a_graph_exec_group_reruns_a_segment_once():
+    """Mirrors TestAutograd.test_checkpoint_graph_execution_group."""
+    for grouped, runs in ((True, 2), (False, 3)):
+        counter = []
+
+        def fn(t, counter=counter):
+            counter.append(1)
+            y = t.sin().cos()
+            return y, y.sin().cos()
+
+        x = torch.randn(3, 3, requires_grad=True)
+        y, z = checkpoint(fn, x, use_reentrant=False)
+        with torch.utils.checkpoint.GraphExecGroup() if grouped else contextlib.nullcontext():
+            grad_y, = torch.autograd.grad(z, (y,), (torch.ones(3, 3),))
+            torch.autograd.grad(y, (x,), (grad_y,))
+        assert len(counter) == runs
+    out = checkpoint(lambda t: t.sin().cos(), torch.randn(3, requires_grad=True), use_reentrant=False)
+    with torch.utils.checkpoint.GraphExecGroup():
+        out.sum().backward(retain_graph=True)
+        with pytest.raises(RuntimeError, match="Performing two backward calls that overlap"):
+            out.sum().backward()
+
+
+def test_selective_checkpointing_contexts_work_as_under_torch():
+    """Mirrors TestSelectiveActivationCheckpoint (test_function_with_more_than_one_output,
+    test_version_counter, test_can_only_trigger_recompute_once): what the policy saves is not
+    recomputed, a saved result changed in place is an error, a second backward is refused."""
+    def save(*ops):
+        return functools.partial(create_selective_checkpoint_contexts,
+                                 lambda ctx, op, *a, **k: CheckpointPolicy.MUST_SAVE if op in ops
+                                 else CheckpointPolicy.PREFER_RECOMPUTE)
+
+    x = torch.randn(3, requires_grad=True)
+    results = []
+    for ckpt in (torch_checkpoint, checkpoint):
+        out = ckpt(lambda t: torch.mul(*torch.var_mean(t)), x, use_reentrant=False,
+                   context_fn=save(torch.ops.aten.var_mean.correction))
+        results.append(torch.autograd.grad(out.sum(), (x,)))
+        with pytest.raises(RuntimeError, match="has been mutated"):
+            ckpt(lambda t: t.sin().mul_(2).cos().exp(), x, use_reentrant=False,
+                 context_fn=save(torch.ops.aten.sin.default)).sum().backward()
+        out = ckpt(lambda t: t.sin().cos().exp(), x, use_reentrant=False, context_fn=save(torch.ops.aten.sin.default))
+        out.sum().backward(retain_graph=True)
+        with pytest.raises(RuntimeError, match="Trying to backward an extra time"):
+            out.sum().backward(retain_graph=True)
+    assert torch.equal(results[0][0], results[1][0])
+
+
+class _Handle:
+    pass
+
+
+def test_nested_checkpoints_recompute_the_inner_inputs_through_the_outer():
+    """Mirrors TestNestedCheckpoint.test_nested_checkpoint_two_children (grad of grad through
+    checkpoints inside checkpoints) and its check that the graph dies without the collector."""
+    def f(t):
+        return t.sin().exp().sin()
+
+    def g(t):
+        return t.cos().sin().exp()
+
+    def nested(t):
+        return checkpoint(g, checkpoint(f, t, use_reentrant=False), use_reentrant=False)
+
+    a = torch.randn(3, 3, requires_grad=True, dtype=torch.float64)
+    grads = []
+    for fn in (lambda t: g(f(t)), lambda t: checkpoint(nested, t, use_reentrant=False)):
+        first, = torch.autograd.grad(fn(a).sum(), a, create_graph=True)
+        second, = torch.autograd.grad(first.sum(), a)
+        grads.append(second)
+    torch.testing.assert_close(grads[0], grads[1])
+    gc.disable()
+    try:
+        out = checkpoint(nested, a, use_reentrant=False)
+        handle = _Handle()
+        out.grad_fn.metadata["handle"] = handle  # the node's metadata dies with the node
+        ref = weakref.ref(handle)
+        del out, handle
+        assert ref() is None
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_reentrant_or_not_a_segment_computing_under_no_grad(reentrant):
+    """Mirrors TestAutograd.test_checkpointing_without_reentrant_detached_tensor."""
+    lin = nn.Linear(2, 2, bias=False)
+
+    def no_grad_segment(t):
+        with torch.no_grad():
+            return lin(t)
+
+    a = torch.randn(2, 2, requires_grad=True)
+    for _ in range(3):
+        out = checkpoint(no_grad_segment, a, use_reentrant=reentrant)
+        out = out + a
+        if reentrant:
+            with pytest.raises(RuntimeError, match="none of output has requires_grad=True"):
+                out.sum().backward()
+        else:
+            out.sum().backward()
+    assert reentrant or torch.equal(a.grad, torch.full((2, 2), 3.0))

@@ -53,6 +53,85 @@ def test_embedding_state_dict_round_trip_continues_identically():
         nn.Sequential(HostEmbedding(ROWS, DIM, make, backend="pageable", device="cpu")).load_state_dict({})
 
 
+_RESUMABLE = {
+    "adam": functools.partial(torch.optim.Adam, lr=0.05),
+    "adagrad": functools.partial(torch.optim.Adagrad, lr=0.05, initial_accumulator_value=0.1),
+    "sgd_momentum": functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, weight_decay=0.01),
+}
+
+
+def _resume_run(make, saver: str, table_weight: bool):
+    """Two steps, save what `saver` says, rebuild and load in a fresh embedding, two more steps;
+    against the same four steps uninterrupted. Returns both tables and optimizer states."""
+    w, batches = _reference(ROWS, DIM), _batches(steps=4)
+    build = (lambda: HostEmbedding(ROWS, DIM, make, weight=HostTable.from_tensor(w.clone(), backend="pageable"))) \
+        if table_weight else (lambda: HostEmbedding(ROWS, DIM, make, weight=w.clone(), backend="pageable",
+                                                    device="cpu"))
+    straight, first = build(), build()
+    for emb, part in ((straight, batches), (first, batches[:2])):
+        for idx, target in part:
+            _loss(emb(idx), target).backward()
+            emb.step()
+    model_state = {k: v.clone() for k, v in nn.Sequential(first).state_dict().items()}
+    optimizer_state = (first.optimizer_state_dict() if saver == "optimizer_state_dict"
+                       else first.optimizer.state_dict())
+    optimizer_state = torch.utils._pytree.tree_map(lambda v: v.clone() if torch.is_tensor(v) else v, optimizer_state)
+    del first
+    resumed = build()
+    if saver == "optimizer_state_dict":
+        nn.Sequential(resumed).load_state_dict(model_state)
+        resumed.load_optimizer_state_dict(optimizer_state)
+    else:  # the loop every training script has, in the other order: optimizers first
+        resumed.optimizer.load_state_dict(optimizer_state)
+        nn.Sequential(resumed).load_state_dict(model_state)
+    for idx, target in batches[2:]:
+        _loss(resumed(idx), target).backward()
+        resumed.step()
+    return straight, resumed
+
+
+@pytest.mark.parametrize("table_weight", [False, True], ids=["tensor_weight", "host_table_weight"])
+@pytest.mark.parametrize("saver", ["optimizer_state_dict", "optimizer.state_dict"])
+@pytest.mark.parametrize("name", list(_RESUMABLE))
+def test_a_resumed_embedding_trains_on_bitwise_like_the_uninterrupted_run(name, saver, table_weight):
+    straight, resumed = _resume_run(_RESUMABLE[name], saver, table_weight)
+    assert torch.equal(straight.table.cpu(), resumed.table.cpu())
+    want, got = straight.optimizer_state_dict(), resumed.optimizer_state_dict()
+    assert want.keys() == got.keys() and want.keys()
+    for key in want:
+        assert torch.equal(torch.as_tensor(want[key]), torch.as_tensor(got[key])), key
+
+
+@pytest.mark.parametrize("name", list(_RESUMABLE))
+def test_a_weight_loaded_without_its_optimizer_state_stops_the_next_step_naming_what_is_missing(name):
+    """state_dict() holds the weight alone (it loads into a plain nn.Embedding); training on
+    without the optimizer state differed silently from the uninterrupted run (issue 53)."""
+    make = _RESUMABLE[name]
+    trained, _ = _train_host(_reference(ROWS, DIM), make, _batches(steps=2))
+    emb = HostEmbedding(ROWS, DIM, make, backend="pageable", device="cpu")
+    emb.load_state_dict(trained.state_dict())
+    idx, target = _batches(steps=1)[0]
+    _loss(emb(idx), target).backward()
+    missing = {"adam": "exp_avg, exp_avg_sq, step", "adagrad": "step, sum", "sgd_momentum": "momentum_buffer"}[name]
+    for stepping in (emb.step, emb.optimizer.step):
+        with pytest.raises(RuntimeError, match=f"not its optimizer state \\({missing}\\).*reset_optimizer_state"):
+            stepping()
+    emb.reset_optimizer_state()  # a fine-tune from pretrained weights, on purpose
+    emb.step()
+    assert not torch.equal(emb.table.cpu(), trained.table.cpu())
+
+
+def test_an_optimizer_without_state_resumes_from_the_weight_alone():
+    make = functools.partial(torch.optim.SGD, lr=0.05)
+    w, batches = _reference(ROWS, DIM), _batches(steps=4)
+    straight, _ = _train_host(w, make, batches)
+    first, _ = _train_host(w, make, batches[:2])
+    resumed = HostEmbedding(ROWS, DIM, make, backend="pageable", device="cpu")
+    resumed.load_state_dict(first.state_dict())
+    _train_host(w, make, batches[2:], emb=resumed)
+    assert torch.equal(straight.table.cpu(), resumed.table.cpu())
+
+
 @pytest.mark.parametrize("backend", ALL)
 def test_embedding_trains_on_int32_indices_as_on_int64(backend):
     """int32 lookups train like int64 ones (step() writes rows found from those indices)."""
@@ -74,9 +153,9 @@ def _assert_same_state(a: dict, b: dict) -> None:
     functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9),
     functools.partial(torch.optim.Adagrad, lr=0.1, initial_accumulator_value=0.3),  # has state before any step
 ], ids=["adam", "sgd-momentum", "adagrad"])
-def test_loading_a_state_saved_before_any_step_starts_the_optimizer_afresh(make):
-    """A state without optimizer entries (saved before the first step, or only the weight)
-    must not leave the target's own optimizer state (Adam's step count, momentum) in place."""
+def test_a_weight_loaded_into_a_trained_embedding_needs_a_decision_on_its_optimizer_state(make):
+    """A weight alone must not train on with the target's own optimizer state (Adam's step
+    count, momentum): the next step raises, and reset_optimizer_state() starts afresh."""
     w, batches = _reference(ROWS, DIM), _batches(steps=6)
     source = HostEmbedding(ROWS, DIM, make, backend="pageable", device="cpu", weight=w)
     tables = []
@@ -84,6 +163,10 @@ def test_loading_a_state_saved_before_any_step_starts_the_optimizer_afresh(make)
         target, _ = _train_host(_reference(ROWS, DIM, seed=3), make, batches[:3])
         target.load_state_dict(saved)
         _assert_same_state(target.state_dict(), source.state_dict())
+        with pytest.raises(RuntimeError, match="not its optimizer state"):
+            _train_host(None, None, batches[3:4], emb=target)
+        target.zero_grad()
+        target.reset_optimizer_state()
         tables.append(_train_host(None, None, batches[3:], emb=target)[0].table.cpu())
     _train_host(None, None, batches[3:], emb=source)
     assert all(torch.equal(t, source.table.cpu()) for t in tables)

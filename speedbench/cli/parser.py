@@ -1,6 +1,6 @@
 """The `speedlib` command: `run` the asv suite, print the `env` record, `report` results,
-open the `dashboard`, `publish` them as a static site; `merge`, `slurm` and `slot` (a short
-GPU slot) add their own."""
+open the `dashboard`, `publish` them as a static site, check benchmark `versions`; `merge`,
+`slurm` and `slot` (a short GPU slot) add their own."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from speedbench.cli import dashboard, env, publish, report, run
+from speedbench.cli import dashboard, env, publish, report, run, versions
 from speedbench.results import merge
 from speedbench.run import slot, slurm
 from speedlib import __version__
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"speedlib {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     # one module per command; each imports only the standard library until it runs
-    for command in (run, env, report, dashboard, publish, merge, slurm, slot):
+    for command in (run, env, report, dashboard, publish, versions, merge, slurm, slot):
         command.add_parser(sub)
     return parser
 

@@ -129,16 +129,17 @@ def _print_plan(options) -> int:
         print(f"speedlib run: {note}", file=sys.stderr)
     per_combination, basis = plan.seconds_per_combination(plan.load_chunks(root), names, results_dir,
                                                           options.machine)
-    print(f"chunks on {options.machine}, per commit: a chunk's measured time on this machine where there is one, "
-          f"else per class {plan.SECONDS_PER_CLASS:.0f} s + {per_combination:.1f} s per parameter combination "
-          f"({basis}) + {plan.SECONDS_PER_REPORT} s per reporting process (method x combination), "
-          f"times {plan.HEADROOM} headroom")
+    worst = max(per_combination, plan.SECONDS_PER_COMBINATION)
+    print(f"chunks on {options.machine}, per commit, at the worst known: a chunk's longest measured run on this "
+          f"machine where there is one, else per class {plan.SECONDS_PER_CLASS:.0f} s + {worst:.1f} s per parameter "
+          f"combination (the larger of {per_combination:.1f} s, {basis}, and {plan.SECONDS_PER_COMBINATION:.1f} s) + "
+          f"{plan.SECONDS_PER_REPORT} s per reporting process (method x combination), times {plan.HEADROOM} headroom")
     total = bare = 0.0
     for chunk in chunks:
         seconds, source = plan.chunk_cost(chunk, names, results_dir, options.machine, per_combination)
         total += seconds
-        # measured times (repriced ones too) carry no headroom; only the estimates do
-        bare += seconds if source.startswith("measured chunk time") else seconds / plan.HEADROOM
+        # measured times carry no headroom; only the estimates do
+        bare += seconds if source.startswith("the longest measured run") else seconds / plan.HEADROOM
         print(f"  {chunk.name:18s} {seconds / 60:6.1f} min  {source}: {chunk.about}")
     print(f"  {'all':18s} {total / 60:6.1f} min ({bare / 60:.1f} min without the headroom)")
     return 0

@@ -14,6 +14,9 @@ per machine and commit (the slot writes it whole, speedbench/run/slot.py):
     failures     the ids of the tests that failed or erred
     command      the pytest command line
     torch, gpu   torch's version and the GPU's model name (null where unknown)
+    rehearsal    true where the slot ran on a machine without a GPU: a rehearsal of the command,
+                 whose results `speedlib merge` files only when asked (--rehearsal); verdicts
+                 from before it was written count as one where `gpu` is null
     exit_status  pytest's exit status (128 + N: stopped by signal N)
     finished     whether pytest ended its session itself (false: stopped at the slot's time limit,
                  or killed, e.g. by a test that crashed the process; that test is then in failures)
@@ -97,7 +100,19 @@ def check_verdict(obj, machine: str, stem: str) -> dict:
     for key in ("torch", "gpu"):
         if not (obj.get(key) is None or isinstance(obj[key], str)):
             raise ValueError(f"'{key}' is neither text nor null")
+    if "rehearsal" in obj and not isinstance(obj["rehearsal"], bool):
+        raise ValueError("'rehearsal' is not true or false")
     return obj
+
+
+def rehearsal(verdict: dict) -> bool:
+    """Whether a slot rehearsed without a GPU wrote `verdict` (see the module's docstring); a
+    flag that is not true or false counts as one: only a GPU host's explicit false clears it."""
+    if not isinstance(verdict, dict):
+        return False
+    if "rehearsal" in verdict:
+        return verdict["rehearsal"] is not False
+    return verdict.get("gpu") is None
 
 
 def status(verdict: dict) -> str:

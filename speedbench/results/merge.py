@@ -72,6 +72,7 @@ from speedbench.results.merge_sources import (
     _read_source,
     _Tree,
     copy_whole,
+    rehearsals,
     printable,
 )
 from speedbench.results.tree import (
@@ -140,15 +141,24 @@ def _write(into: Path, files: list[tuple[str, Callable[[], bytes] | _Raw]]) -> N
     recover(into)  # the renames
 
 
-def merge(sources: Sequence[Path], into: Path, prefer: str | None = None) -> list[str]:
+def merge(sources: Sequence[Path], into: Path, prefer: str | None = None, rehearsal: bool = False) -> list[str]:
     """Merge `sources` (archives, results trees) into the results tree `into`; the lines to
-    print. MergeError (nothing written) on bad input, conflicts or a full disk."""
+    print. MergeError (nothing written) on bad input, conflicts or a full disk, and for a slot
+    rehearsed without a GPU unless `rehearsal` (its results would join a machine's history as
+    if measured for it: the rehearsal of the H200 slot's command added a result file to a
+    committed CPU machine and replaced the listing)."""
     into = Path(into)
     if prefer not in (None, "newer"):
         raise _bad(f"--prefer must be 'newer', got {printable(prefer)}")
     if into.exists() and not into.is_dir():
         raise _bad(f"--into {printable(str(into))} is not a directory")
     trees = [_read_source(Path(s)) for s in sources]
+    for tree in trees:
+        rehearsed = rehearsals(tree)
+        if rehearsed and not rehearsal:
+            raise _bad(f"{tree.label} is a slot rehearsed without a GPU ({', '.join(map(printable, rehearsed))} says "
+                       "so): its results rehearse the command, they are not measurements to file; merge it with "
+                       "--rehearsal to keep it anyway (into a scratch tree: --into DIR)")
     said = []
     try:
         with ResultsTree(into).lock():
@@ -220,8 +230,8 @@ EXIT_STATUS = """exit status:
   2  refused, nothing written: a missing or unreadable input, an archive with unsafe or
      repeated members (absolute paths, '..', links, devices) or a failing checksum, a torn
      file, a file whose name its content contradicts, a machine name --machine refuses,
-     a target with a file where a directory goes, a full disk, or another run or merge
-     holding the results directory"""
+     a target with a file where a directory goes, a full disk, another run or merge
+     holding the results directory, or a slot rehearsed without a GPU (without --rehearsal)"""
 
 
 DESCRIPTION = """Merge results from several hosts into one results tree. Result files of one machine, commit and
@@ -244,6 +254,8 @@ def add_parser(sub) -> None:
     p.add_argument("sources", nargs="+", metavar="ARCHIVE_OR_DIR",
                    help="a .tar.gz made by speedlib run --archive, or a results directory")
     p.add_argument("--into", default="results", metavar="DIR", help="the results tree to merge into (default: results)")
+    p.add_argument("--rehearsal", action="store_true",
+                   help="merge a slot rehearsed without a GPU too (refused by default: its verdict says so)")
     p.add_argument("--prefer", choices=["newer"],
                    help="resolve a benchmark measured twice with different data: keep the entry that started later, "
                         "and write the other whole into merge-displaced.jsonl (default: refuse)")
@@ -252,7 +264,7 @@ def add_parser(sub) -> None:
 
 def _cmd_merge(args, argv) -> int:
     try:
-        lines = merge([Path(s) for s in args.sources], Path(args.into), args.prefer)
+        lines = merge([Path(s) for s in args.sources], Path(args.into), args.prefer, args.rehearsal)
     except MergeError as e:
         for line in e.lines:
             print(f"speedlib merge: {line}", file=sys.stderr)

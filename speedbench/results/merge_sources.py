@@ -300,11 +300,22 @@ def _read_source(path: Path) -> _Tree:
         tree = _read_archive(path, label)
     # A merge job pointed at a machine's directory (or an empty one) read nothing and said
     # "nothing changed", exit 0: on a cluster that reads as success with every result left out.
-    if not any(m.results for m in tree.machines.values()):
-        raise _bad(f"{label} holds no asv result file (<machine>/<commit>-<env>.json): name a results tree "
-                   "(the directory that holds the machine directories) or an archive of `speedlib run --archive`")
+    # A slot whose chunks all failed or ran out of time still carries its GPU tests' verdict.
+    if not any(m.results or m.side for m in tree.machines.values()):
+        raise _bad(f"{label} holds no asv result file (<machine>/<commit>-<env>.json) and no GPU test verdict: name "
+                   "a results tree (the directory that holds the machine directories) or an archive of "
+                   "`speedlib run --archive` or `speedlib slot`")
     _one_kind_of_hardware(tree)
     return tree
+
+
+def rehearsals(tree: _Tree) -> list[str]:
+    """The GPU test verdicts of `tree` that a slot rehearsed without a GPU wrote
+    (speedbench.results.gpu_tests.rehearsal), as `<machine>/gpu-tests/<commit8>.json`."""
+    from speedbench.results.gpu_tests import rehearsal  # noqa: PLC0415 - it loads pandas; `speedlib --help` imports this module
+
+    return [f"{name}/{inner}" for name, m in sorted(tree.machines.items()) for inner, verdict in sorted(m.side.items())
+            if inner.startswith(f"{GPU_TESTS_DIR}/") and rehearsal(verdict)]
 
 
 def _one_kind_of_hardware(tree: _Tree) -> None:

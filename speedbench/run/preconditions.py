@@ -45,6 +45,24 @@ class RunOptions:
 QUICK_ENV = "SPEEDLIB_QUICK"
 
 
+def check_versions(root: Path) -> None:
+    """Refuse to measure where a benchmark's results would be filed under a version that does
+    not describe them: its code changed since the version was recorded (benchmarks/versions.json),
+    and older results of that version would be compared with them as the same measurement."""
+    from speedbench.run import ledger  # noqa: PLC0415 - reads every benchmark's source: only when a run starts
+
+    try:
+        wrong = [f for f in ledger.check(Path(root)) if f.misfiles]
+    except (ledger.LedgerError, ledger.FingerprintError) as e:
+        raise SuiteError(f"the benchmarks' versions cannot be checked: {printable(str(e))}") from None
+    if wrong:
+        first = wrong[0]
+        more = ", ..." if len(first.changed) > 3 else ""
+        changed = f" ({', '.join(first.changed[:3])}{more})" if first.changed else ""
+        raise SuiteError(f"{len(wrong)} benchmark(s) would file results under a version that does not describe them: "
+                         f"{printable(first.benchmark)} {first.says}{changed}; see speedlib versions")
+
+
 def check_options(options: RunOptions) -> None:
     """Refuse, with one line, options that would fail or misfile results later in the run."""
     quick = os.environ.get(QUICK_ENV)

@@ -120,6 +120,9 @@ def run(options: SlotOptions, root: Path | None = None, argv: list[str] | tuple 
     machine = run_options.machine
     _say(f"{machine}, commit {sha[:8]}, {options.minutes:g} min: the GPU tests, then the headline chunks, then "
          f"the others; everything goes into {options.archive}")
+    if identity.get("gpu_model") is None:
+        _say("no GPU here: this is a rehearsal of the command; its verdict says so, and speedlib merge files its "
+             "results only with --rehearsal")
 
     limit = min(TESTS_LIMIT_S, options.minutes * 60 / 3)
     _say(f"step 1 of 3: the GPU tests ({shlex.join(PYTEST)}), at most {limit:.0f} s")
@@ -164,6 +167,7 @@ def _check(options: SlotOptions, root: Path):
                                    allow_dirty=options.allow_dirty, show_stderr=options.show_stderr,
                                    archive=options.archive)
     suite.check_options(run_options)
+    suite.check_versions(root)  # before the GPU tests: a refusal after them wastes their minutes
     return run_options
 
 
@@ -192,7 +196,7 @@ def gpu_tests(root: Path, sha: str, machine: str, identity: dict, limit: float) 
         tally = _read_tally(tally_file)
     return verdict_from_tally(tally, stopped, proc.returncode, commit=sha, machine=machine, started_at=started_ms,
                               duration_s=round(duration, 1), command=shlex.join(PYTEST), torch=identity.get("torch"),
-                              gpu=identity.get("gpu_model"))
+                              gpu=identity.get("gpu_model"), rehearsal=identity.get("gpu_model") is None)
 
 
 def _read_tally(path: Path) -> dict | None:

@@ -78,6 +78,7 @@ from speedbench.run.preconditions import (  # tests patch and call them as suite
     _results_dir,
     _steps,
     check_options,
+    check_versions,
 )
 from speedbench.run.records import (
     _record_environment,
@@ -143,6 +144,8 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
                 "filed under a commit that did not produce them. Commit first, use --quick for a "
                 "smoke run, or pass --allow-dirty."
             )
+    if not options.quick:  # a smoke run files nothing
+        check_versions(root)
     steps = _steps(options, root)  # a bad chunk name is refused before any work
     results_dir = _results_dir(options, root, json.loads((root / CONFIG).read_text()))
     if not options.quick:
@@ -192,11 +195,12 @@ def _run(options: RunOptions, root: Path, argv: Sequence[str], shas: list[str], 
                     # Chunks are in order of importance; one that does not fit is left for a
                     # later command, and a cheaper one after it may still fit.
                     left = options.budget_minutes * 60 - (time.monotonic() - started)
-                    cost = _chunk_seconds(chunk, root, results_dir, machine) * len(shas)
+                    each, why = _chunk_seconds(chunk, root, results_dir, machine)
+                    cost = each * len(shas)
                     if cost > left:
                         not_run.append(chunk.name)
-                        print(f"\nspeedlib run: chunk {chunk.name} (about {cost / 60:.1f} min) does not fit the "
-                              f"{max(left, 0) / 60:.1f} min left of --budget-minutes: not run", flush=True)
+                        print(f"\nspeedlib run: chunk {chunk.name} (about {cost / 60:.1f} min: {why}) does not fit "
+                              f"the {max(left, 0) / 60:.1f} min left of --budget-minutes: not run", flush=True)
                         continue
                 print(f"\n=== chunk {chunk.name}: {chunk.about}", flush=True)
             for i, sha in enumerate(shas, 1):
@@ -247,14 +251,12 @@ def _say_what_prices_leave_out(root: Path, results_dir: Path, machine: str) -> N
         print(f"speedlib run: not priced: {printable(line)}", flush=True)
 
 
-def _chunk_seconds(chunk, root: Path, results_dir: Path, machine: str) -> float:
-    """What `chunk` should take here for one commit (see plan.chunk_cost)."""
+def _chunk_seconds(chunk, root: Path, results_dir: Path, machine: str) -> tuple[float, str]:
+    """What `chunk` may take here for one commit, and why (see plan.chunk_cost)."""
     listing = _listing(root, results_dir)
-    if listing is None:
-        return 0.0  # nothing known about the suite yet: run it and learn
-    names = plan.combinations(listing)
+    names = plan.combinations(listing) if listing is not None else {}  # none: only a class start is known
     per_combination, _ = plan.seconds_per_combination(plan.load_chunks(root), names, results_dir, machine)
-    return plan.chunk_cost(chunk, names, results_dir, machine, per_combination)[0]
+    return plan.chunk_cost(chunk, names, results_dir, machine, per_combination)
 
 
 def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: Path, machine: str, env: dict,

@@ -196,7 +196,7 @@ def test_bad_chunk_times_are_ignored_and_reported_once_by_the_plan(tmp_path, mon
     _one_line(out.err, f"speedlib run: {path}: 10 of 11 line(s)")
     assert "as if they were absent" in out.err
     rows = {line.split()[0]: line for line in out.out.splitlines() if line.startswith("  ")}
-    assert "measured chunk time" in rows[good] and "estimate" in rows[bad]
+    assert "the longest measured run here" in rows[good] and "estimate" in rows[bad]
     assert "nan min" not in out.out and "inf min" not in out.out
 
 

@@ -215,6 +215,46 @@ def test_a_gpu_tests_file_is_added_whole_and_an_identical_one_changes_nothing(tm
     assert "nothing changed" in capsys.readouterr().out
 
 
+def test_a_slot_archive_holding_only_its_verdict_merges(tmp_path, capsys):
+    """Issue 50: a slot whose chunks all failed or ran out of time still archived its GPU tests;
+    merge refused it ("holds no asv result file") and the verdict was lost."""
+    alone = tmp_path / "alone"
+    verdict = _verdict(alone, 1_790_000_000_000, ["tests/test_x.py::test_gpu"])
+    archive = _pack(alone, tmp_path / "slot.tar.gz")
+    into = _old(tmp_path / "results")
+    assert _run(archive, "--into", into) == 0, capsys.readouterr().err
+    assert f"added {MACHINE}/{VERDICT} from {archive}" in capsys.readouterr().out
+    assert json.loads((into / MACHINE / VERDICT).read_text()) == verdict
+    assert not [p for p in load_results(into).problems if "gpu-tests" in p.path]
+    (tmp_path / "empty").mkdir()
+    assert _run(tmp_path / "empty", "--into", into) == merge.BAD_INPUT
+    assert "holds no asv result file (<machine>/<commit>-<env>.json) and no GPU test verdict" in capsys.readouterr().err
+
+
+def test_a_slot_rehearsed_without_a_gpu_merges_only_when_asked(tmp_path, capsys):
+    """Issue 50: the rehearsal of a GPU slot on a CPU host added a result file to a committed CPU
+    machine and replaced its listing. Its verdict says it was a rehearsal (`rehearsal`, or, from
+    before that was written, no GPU named): refused, nothing written, unless --rehearsal."""
+    tree = _old(tmp_path / "old")
+    verdict = _verdict(tree, 1_790_000_000_000, [])
+    into = _old(tmp_path / "results")
+    before = _snapshot(into)
+    for flag in ({"rehearsal": True}, {"gpu": None}):
+        (tree / MACHINE / VERDICT).write_text(json.dumps({**verdict, **flag}))
+        archive = _pack(tree, tmp_path / "rehearsal.tar.gz")
+        assert _run(archive, "--into", into) == merge.BAD_INPUT
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert f"is a slot rehearsed without a GPU ({MACHINE}/{VERDICT} says so)" in line and "--rehearsal" in line
+        assert _snapshot(into) == before
+    (tree / MACHINE / VERDICT).write_text(json.dumps({**verdict, "rehearsal": False}))  # a GPU host's own word
+    assert _run(_pack(tree, tmp_path / "real.tar.gz"), "--into", tmp_path / "other") == 0
+    (tree / MACHINE / VERDICT).write_text(json.dumps({**verdict, "rehearsal": True}))
+    assert _run(_pack(tree, tmp_path / "kept.tar.gz"), "--into", into, "--rehearsal") == 0
+    assert json.loads((into / MACHINE / VERDICT).read_text())["rehearsal"] is True
+    (tree / MACHINE / VERDICT).write_text(json.dumps({**verdict, "rehearsal": "yes"}))
+    assert _run(tree, "--into", tmp_path / "third") == merge.BAD_INPUT  # not a verdict the loader takes
+
+
 def test_a_gpu_tests_file_with_other_contents_is_a_conflict_then_the_later_wins(tmp_path, capsys):
     first, second = _old(tmp_path / "first"), _old(tmp_path / "second")
     older = _verdict(first, 1_790_000_000_000, [])

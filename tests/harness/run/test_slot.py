@@ -19,7 +19,7 @@ import pytest
 
 from speedbench.results.gpu_tests import FAILED, INCOMPLETE, PASSED, check_verdict, status
 from speedbench.results.load import load_results
-from speedbench.run import slot, suite
+from speedbench.run import errors, slot, suite
 from speedbench.run.slot_pytest import TALLY
 
 pytest_plugins = ["pytester"]
@@ -278,7 +278,7 @@ def test_an_offline_slot_archives_its_verdict_and_the_chunks_before_its_deadline
 
     archive = tmp_path / "out" / "slot.tar.gz"
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONPATH": str(host)}
-    out = subprocess.run([sys.executable, "-m", "speedlib", "slot", "--archive", str(archive), "--minutes", "1.5"],
+    out = subprocess.run([sys.executable, "-m", "speedlib", "slot", "--archive", str(archive), "--minutes", "2"],
                          cwd=host, env=env, capture_output=True, text=True, timeout=300)
     said = out.stdout + out.stderr
     assert out.returncode == slot.GPU_TESTS_FAILED, said
@@ -297,6 +297,15 @@ def test_an_offline_slot_archives_its_verdict_and_the_chunks_before_its_deadline
     assert verdict["failures"] == ["tests/test_planted.py::test_fails"] and verdict["commit"] == sha
     rows = load_results(tmp_path / "unpacked" / "results").measured
     assert set(rows["gpu_tests"]) == {FAILED}  # a verdict on file counts, CPU machine or not
+    # no GPU here: a rehearsal, which says so and which merge files only when asked (issue 50)
+    assert verdict["rehearsal"] is True and "no GPU here: this is a rehearsal" in said
+    into = tmp_path / "checkout-results"
+    refused = subprocess.run([sys.executable, "-m", "speedlib", "merge", str(archive), "--into", str(into)],
+                             cwd=host, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "rehearsed without a GPU" in refused.stderr and not into.exists()
+    kept = subprocess.run([sys.executable, "-m", "speedlib", "merge", str(archive), "--into", str(into),
+                           "--rehearsal"], cwd=host, env=env, capture_output=True, text=True, timeout=120)
+    assert kept.returncode == 0, kept.stderr
 
 
 def test_a_slot_refuses_a_gpu_tests_link_out_of_the_tree_before_it_writes_the_verdict(tmp_path, monkeypatch):
@@ -319,3 +328,77 @@ def test_a_slot_refuses_a_gpu_tests_link_out_of_the_tree_before_it_writes_the_ve
     with pytest.raises(suite.SuiteError, match=r"gpu-tests is a link .* nothing was run or changed"):
         slot.run(slot.SlotOptions(tmp_path / "a.tar.gz", allow_dirty=True), root=tmp_path)
     assert list(outside.iterdir()) == [] and not (tmp_path / "a.tar.gz").exists()
+
+
+def _documented_block(marker: str) -> str:
+    """The bash block under `<!-- offline: {marker} -->` in docs/gpu-slots.md."""
+    text = (ROOT / "docs" / "gpu-slots.md").read_text(encoding="utf-8")
+    found = re.search(rf"<!-- offline: {re.escape(marker)} -->\s*```bash\n(.*?)```", text, flags=re.S)
+    assert found, f"docs/gpu-slots.md has no block marked 'offline: {marker}'"
+    return found.group(1)
+
+
+def _unmet_requirements(site: Path, python: str, host_has: set[str]) -> list[str]:
+    """Requirements of the distributions installed in `site` that neither `site` nor the
+    host (`host_has`) meets, markers read for `python` ("3.12")."""
+    from importlib.metadata import Distribution  # noqa: PLC0415 - only this test reads wheels' metadata
+
+    from packaging.requirements import Requirement  # noqa: PLC0415 - as above
+    from packaging.utils import canonicalize_name  # noqa: PLC0415 - as above
+
+    dists = [Distribution.at(p) for p in site.glob("*.dist-info")]
+    have = {canonicalize_name(d.metadata["Name"]) for d in dists} | {canonicalize_name(n) for n in host_has}
+    unmet = []
+    for d in dists:
+        for line in d.requires or []:
+            req = Requirement(line)
+            env = {"python_version": python, "python_full_version": f"{python}.0", "extra": ""}
+            if (req.marker is None or req.marker.evaluate(env)) and canonicalize_name(req.name) not in have:
+                unmet.append(f"{d.metadata['Name']} needs {req.name}")
+    return unmet
+
+
+@pytest.mark.slow
+def test_the_documented_offline_sequence_works_as_written(tmp_path):
+    """Issue 50: docs/gpu-slots.md's offline install failed on every host (`--target` without
+    `--no-deps` looked for torch among the wheels; pytest's pygments was not in the list). Its two
+    blocks run here as written: the wheels downloaded for this Python, the tree copied without
+    .git, the wheels installed into a directory of their own, git restored from the bundle and
+    the slot started (cut to a minute, `/tmp/site` a scratch directory). The wheels are the whole
+    closure: every requirement is met by them or the host's torch, and the suite's and the tests'
+    packages import from them alone."""
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    src = tmp_path / "src"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(src)], check=True)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "SLOT_PYTHON": python}
+    env.pop("PYTHONPATH", None)
+    fetched = subprocess.run(["bash", "-euo", "pipefail", "-c", _documented_block("where the network is")], cwd=src,
+                             env=env, capture_output=True, text=True, timeout=600)
+    assert fetched.returncode == 0, fetched.stderr[-2000:]
+    assert (src / ".whl" / "speedlib.bundle").is_file() and len(list((src / ".whl").glob("*.whl"))) >= 20
+
+    host = tmp_path / "host"
+    shutil.copytree(src, host, ignore=shutil.ignore_patterns(".git"))  # what a lent machine gets, .whl carried
+    site, out = tmp_path / "site", tmp_path / "out"
+    out.mkdir()
+    block = _documented_block("on the host")
+    assert "--minutes 8.6" in block and "/tmp/site" in block and "timeout -s INT 545" in block
+    block = block.replace("/tmp/site", str(site)).replace("--minutes 8.6", "--minutes 1").replace("545", "200")
+    ran = subprocess.run(["bash", "-uo", "pipefail", "-c", block], cwd=host, env={**env, "OUT": str(out)},
+                         capture_output=True, text=True, timeout=600)
+    said = ran.stdout + ran.stderr
+    # no GPU here: a rehearsal whose tests skip or run out of their 20 s, and no chunk fits what is left
+    assert ran.returncode in (slot.GPU_TESTS_FAILED, errors.CHUNKS_LEFT), said[-3000:]
+    assert "step 1 of 3: the GPU tests" in said and "this is a rehearsal" in said
+    with tarfile.open(out / "slot.tar.gz") as tar:
+        verdicts = [n for n in tar.getnames() if "/gpu-tests/" in n]
+        assert len(verdicts) == 1
+        assert json.load(tar.extractfile(verdicts[0]))["rehearsal"] is True
+
+    assert _unmet_requirements(site, python, host_has={"torch"}) == []
+    alone = subprocess.run([sys.executable, "-S", "-c", "import asv, asv_runner, pytest, pygments, pynvml, yaml"],
+                           env={"PYTHONPATH": str(site), "PATH": os.environ["PATH"]}, capture_output=True, text=True)
+    assert alone.returncode == 0, alone.stderr

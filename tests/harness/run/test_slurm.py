@@ -236,7 +236,7 @@ def test_time_limit_comes_from_recorded_chunk_times(suite_repo, tmp_path, monkey
     assert status == 0, err
     array = (tmp_path / "s" / "array.sh").read_text()
     assert "#SBATCH --time=33\n" in array  # 1200 s x 1.5 + 180 s
-    assert "#   task 1: second: 20.0 min (measured chunk time)" in array
+    assert "#   task 1: second: 20.0 min (the longest measured run here)" in array
     assert "task 0: first:" in array and "estimate x" in array
 
 
