@@ -11,11 +11,11 @@ import pandas as pd
 import plotly.colors
 import plotly.graph_objects as go
 import streamlit as st
-from _charts import esc
 from _tables import caption, md_text, table
 from plotly.subplots import make_subplots
 
 from speedbench.report import roofline
+from speedbench.report.charts import esc
 
 # Gather above write-back in every chart: each has its own floor (host->device, device->host).
 DIRECTIONS = (("gather", "gather: % of the h2d pinned copy", "gather_gbps", "h2d_floor", "gather_bus", "useful_gather"),

@@ -3,21 +3,18 @@ charts that show every sample, and what was not measured."""
 
 from __future__ import annotations
 
-import html
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
-import plotly.colors
-import plotly.graph_objects as go
 import streamlit as st
-from _charts import config_label, glance_chart, log_axis, ratio_chart, spread_chart
+from _glance import glance_chart
 from _tables import caption, md_text, show, table
-from _view import pick, pick_many, results, say_names, show_problems, suite_listing, tabs
+from _view import cached, pick, pick_many, results, say_names, show_problems, suite_listing, tabs
 
 from speedbench import report, words
-from speedbench.report import headline
+from speedbench.report import charts, headline
+from speedbench.report.charts import config_label, ratio_chart, spread_chart
 from speedbench.results.environment import NoGpuModel
 from speedbench.run import plan
 
@@ -50,16 +47,12 @@ def technique_page(name: str, own: OwnTab | None = None) -> None:
                 f"`speedlib run --bench bench_{name}` on a machine, then commit results/.")
         _not_measured(data, name)
         return
-    # The page opens with its chart: this technique's headline on every machine, as the overview draws it.
-    glance_chart(headline.grid(df), name, technique=name, df=df)
-    c1, c2, c3, c4 = st.columns(4)
+    # The page opens with its chart: this technique's rows on every machine, as the overview draws them.
+    glance_chart(cached(data, "headline", lambda: headline.grid(df), *sorted(df["machine"].unique())), name,
+                 technique=name)
+    c1, c2, c3, c4, c5 = st.columns(5)
     with c1:
-        # A GPU first: the question is which GPU, and the CPU's small workloads are a smoke
-        # check (a page that opened on the 2-core CPU machine showed CPU numbers to a GPU reader).
-        gpus = rows.drop_duplicates("machine").set_index("machine")["gpu"]
-        on_gpu = sorted(m for m in gpus.index if gpus[m] != NoGpuModel.CPU_ONLY)
-        machine = pick("Machine", sorted(rows["machine"].unique()), key="machine",
-                       default=on_gpu[0] if on_gpu else None)
+        machine = pick("Machine", sorted(rows["machine"].unique()), key="machine", default=report.opening_machine(rows))
     rows = rows[rows["machine"] == machine]
     commits = list(rows.sort_values("commit_date", ascending=False)["commit"].str[:8].unique())
     with c2:
@@ -72,12 +65,13 @@ def technique_page(name: str, own: OwnTab | None = None) -> None:
     with c3:
         workloads = pick_many("Workloads", sorted(rows["workload"].dropna().unique()), key="workload")
     rows = rows[rows["workload"].isin(workloads) | rows["workload"].isna()]
-    with c4:
+    with c4:  # the benchmark class: what a cell of the chart times (its scope)
+        classes = pick_many("Classes", sorted(rows["suite"].dropna().unique()), key="suite")
+    rows = rows[rows["suite"].isin(classes) | rows["suite"].isna()]
+    with c5:
         variants = sorted(rows["variant"].dropna().unique())
-        # The technique's baseline, else its fallback that ran here (a single process where
-        # DataParallel cannot run), never just the first name in the list.
-        default = next((b for b in technique.baselines if b in variants), technique.baseline)
-        baseline = pick("Baseline", variants, key="baseline", default=default)
+        baseline = pick("Baseline", variants, key="baseline",
+                        default=report.opening_baseline(technique, variants, rows["gpu"].iloc[0] if len(rows) else ""))
     # Any variant may be picked to compare with, but only plain PyTorch is a baseline: say so.
     against = "" if baseline in technique.plain else (
         ", which is not plain PyTorch: a ratio against it moves with that variant's own code")
@@ -103,70 +97,82 @@ def technique_page(name: str, own: OwnTab | None = None) -> None:
     glossary = words.glossary(name, rows["variant"].dropna(), rows["knob"].dropna() if "knob" in rows else (),
                               rows["suite"].dropna())
     with time_tab:
-        timed = rows[rows["kind"] == "time"]
-        if timed.empty:
-            st.info(f"No timing results for this technique from {md_text(machine)} at commit "
-                    f"{md_text(commit)}: its run did not "
-                    f"include them. `{_command(name)}` measures its main comparison.")
-        else:
-            _paired(rows, where, baseline)
-            metrics = sorted(timed["metric"].unique())
-            # The paired classes' per-variant times are "seconds"; older benchmarks' the headline.
-            metric = pick("Timed metric", metrics, key="metric",
-                          default="seconds" if "seconds" in metrics else technique.headline, words=words.metric)
-            timed = timed[timed["metric"] == metric]
-            speedup = report.speedup_table(timed, "time", baseline)
-            # names from result files: escaped, and in code spans that no backtick of theirs can close
-            st.markdown(f"**Separately timed**: {report.md_escape(words.metric(metric))} ({report.md_code(metric)}), "
-                        f"medians against {report.md_code(baseline)}{against} (worst-case bounds)")
-            table(speedup, hide=STATED)
-            st.plotly_chart(spread_chart(timed, f"{words.metric(metric)}: every sample, {where}"))
-            s = speedup.sources
-            s = s.assign(case=config_label(s) + " / " + s["variant"].astype(str), where=where)
-            st.plotly_chart(ratio_chart(s, "case", "where", f"{words.metric(metric)}: speedup over {baseline}"))
-        say_names(glossary)
-    with memory_tab:
-        memory = rows[rows["kind"] == "memory"]
-        if memory.empty:
-            if first["gpu"] == NoGpuModel.CPU_ONLY:
-                st.info("No memory results here: peak GPU memory is measured on GPU machines only.")
+        if _open(time_tab):
+            timed = rows[rows["kind"] == "time"]
+            if timed.empty:
+                st.info(f"No timing results for this technique from {md_text(machine)} at commit "
+                        f"{md_text(commit)}: its run did not "
+                        f"include them. `{_command(name)}` measures its main comparison.")
             else:
-                st.info(f"No memory results for this technique from {md_text(machine)} at commit "
-                        f"{md_text(commit)}: its run did "
-                        "not include them (`speedlib run --plan` lists what each chunk measures).")
-        else:
-            table(report.memory_table(memory, baseline), hide=STATED)
-            for _, same in memory.groupby("metric", sort=True):  # one chart per metric: peak, activations
-                st.plotly_chart(_bars(same, "bytes", where))
+                _paired(rows, where, baseline)
+                metrics = sorted(timed["metric"].unique())
+                # The paired classes' per-variant times are "seconds"; older benchmarks' the headline.
+                metric = pick("Timed metric", metrics, key="metric",
+                              default="seconds" if "seconds" in metrics else technique.headline, words=words.metric)
+                timed = timed[timed["metric"] == metric]
+                speedup = report.speedup_table(timed, "time", baseline)
+                # names from result files: escaped, and in code spans that no backtick of theirs can close
+                said = f"{report.md_escape(words.metric(metric))} ({report.md_code(metric)})"
+                st.markdown(f"**Separately timed**: {said}, medians against {report.md_code(baseline)}{against} "
+                            "(worst-case bounds)")
+                table(speedup, hide=STATED)
+                st.plotly_chart(spread_chart(timed, f"{words.metric(metric)}: every sample, {where}"))
+                s = speedup.sources
+                s = s.assign(case=config_label(s) + " / " + s["variant"].astype(str), where=where)
+                st.plotly_chart(ratio_chart(s, "case", "where", f"{words.metric(metric)}: speedup over {baseline}"))
             say_names(glossary)
+    with memory_tab:
+        if _open(memory_tab):
+            memory = rows[rows["kind"] == "memory"]
+            if memory.empty:
+                if first["gpu"] == NoGpuModel.CPU_ONLY:
+                    st.info("No memory results here: peak GPU memory is measured on GPU machines only.")
+                else:
+                    st.info(f"No memory results for this technique from {md_text(machine)} at commit "
+                            f"{md_text(commit)}: its run did "
+                            "not include them (`speedlib run --plan` lists what each chunk measures).")
+            else:
+                table(report.memory_table(memory, baseline), hide=STATED)
+                for _, same in memory.groupby("metric", sort=True):  # one chart per metric: peak, activations
+                    st.plotly_chart(charts.bars(same, "bytes", where))
+                say_names(glossary)
     with floor_tab:
-        floors = rows[rows["kind"] == "fraction of floor"]
-        # The GB/s a % was computed from (FractionOfFloor's gather_bandwidth, h2d_floor, ...)
-        # stand beside it in the floor table only: as variant / baseline speedups they would
-        # repeat it confusingly (report.FLOOR_ONLY says why), so the table below leaves them out.
-        bandwidth = rows[(rows["kind"] == "bandwidth") & ~rows["metric"].isin(report.FLOOR_ONLY)]
-        if floors.empty and bandwidth.empty:
-            st.info("No bandwidth or floor results here.")
-        if not floors.empty:
-            # every kind: the table finds each %'s GB/s among the bandwidth rows of its run
-            floor = report.floor_table(rows)
-            table(floor, hide=STATED)
-            # One chart per reference: gather is a % of the host->device copy, write-back of
-            # device->host; one axis named after the first mislabelled the other. Each bar's
-            # hover gives the table's own words for it: the %, and the GB/s columns the table shows.
-            shown = report.floor_figures(rows)
-            # as the table orders them: gather first
-            for unit, same in shown.sort_values("benchmark", kind="stable").groupby("unit", sort=False):
-                st.plotly_chart(_bars(same, str(unit), where,
-                                      hover=tuple(h for h in FLOOR_HOVER if h[0] in floor.frame.columns)))
-            say_names(glossary)
-        if not bandwidth.empty:
-            table(report.speedup_table(bandwidth, "bandwidth", baseline), hide=STATED)
+        if _open(floor_tab):
+            floors = rows[rows["kind"] == "fraction of floor"]
+            # The GB/s a % was computed from (FractionOfFloor's gather_bandwidth, h2d_floor, ...)
+            # stand beside it in the floor table only: as variant / baseline speedups they would
+            # repeat it confusingly (report.FLOOR_ONLY says why), so the table below leaves them out.
+            bandwidth = rows[(rows["kind"] == "bandwidth") & ~rows["metric"].isin(report.FLOOR_ONLY)]
+            if floors.empty and bandwidth.empty:
+                st.info("No bandwidth or floor results here.")
+            if not floors.empty:
+                # every kind: the table finds each %'s GB/s among the bandwidth rows of its run
+                floor = report.floor_table(rows)
+                table(floor, hide=STATED)
+                # One chart per reference: gather is a % of the host->device copy, write-back of
+                # device->host; one axis named after the first mislabelled the other. Each bar's
+                # hover gives the table's own words for it: the %, and the GB/s columns the table shows.
+                shown = report.floor_figures(rows)
+                # as the table orders them: gather first
+                for unit, same in shown.sort_values("benchmark", kind="stable").groupby("unit", sort=False):
+                    hover = tuple(h for h in charts.FLOOR_HOVER if h[0] in floor.frame.columns)
+                    st.plotly_chart(charts.bars(same, str(unit), where, hover=hover))
+                say_names(glossary)
+            if not bandwidth.empty:
+                table(report.speedup_table(bandwidth, "bandwidth", baseline), hide=STATED)
     with missing_tab:
-        _not_measured(data, name, machine)
+        if _open(missing_tab):
+            _not_measured(data, name, machine)
     if own is not None:
         with own_tab[0]:
-            own.show(on_machine[own.owns(on_machine)], machine, commit, where, STATED)
+            if _open(own_tab[0]):
+                own.show(on_machine[own.owns(on_machine)], machine, commit, where, STATED)
+
+
+def _open(tab) -> bool:
+    """Whether to draw `tab`'s content: the open tab alone (`tabs` reruns on a switch), so a page
+    draws one tab's tables and charts, not four; every tab where Streamlit tracks no state."""
+    return getattr(tab, "open", None) is not False
 
 
 def _paired(rows: pd.DataFrame, where: str, baseline: str) -> None:
@@ -188,53 +194,6 @@ def _paired(rows: pd.DataFrame, where: str, baseline: str) -> None:
     s = s.assign(case=config_label(s) + " / " + s["variant"].astype(str) + " vs " + s["baseline"].astype(str),
                  where=where)
     st.plotly_chart(ratio_chart(s, "case", "where", "paired speedup: x faster than the baseline"))
-
-
-# A floor chart's hover: (label, column of report.floor_figures), the floor table's text.
-FLOOR_HOVER = (("achieved", "achieved_text"), ("GB/s", "gbps_text"), ("floor GB/s", "floor_gbps_text"))
-
-
-def _bars(rows, unit: str, where: str = "", hover: tuple[tuple[str, str], ...] = ()) -> go.Figure:
-    """One bar per variant, grouped by configuration (metric, workload, batch) so that each
-    variant stands beside its own baseline; never two configurations in one bar. Titled
-    with what is measured (gather and write-back charts looked alike without one). `hover`:
-    (label, column) pairs whose text each bar's hover shows, as the table beside it does."""
-    fig = go.Figure()
-    scale, unit = (2**-30, "GiB") if unit == "bytes" and rows["value"].max() >= 2**30 else \
-        (2**-20, "MiB") if unit == "bytes" else (1.0, unit)  # as the tables write them
-    several = rows["metric"].nunique() > 1
-    rows = rows.assign(_config=((rows["metric"].map(words.metric) + ": ") if several else "") + config_label(rows))
-    # batch=64 before batch=256: numbers in a label compare as numbers
-    rows = rows.iloc[sorted(range(len(rows)), key=lambda i: _natural(rows["_config"].iloc[i]))]
-    # plotly's default palette has ten colours; checkpointing has five variants, transfer six.
-    palette = plotly.colors.qualitative.Dark24
-    for i, (variant, g) in enumerate(rows.groupby("variant", sort=True)):
-        said = {}
-        if hover:  # plotly's own hover would round the value its own way, and knows no GB/s
-            said = {"customdata": [[html.escape(str(t)) for t in texts]
-                                   for texts in zip(*(g[c] for _, c in hover), strict=True)],
-                    "hovertemplate": "<br>".join([f"{html.escape(str(variant))}: %{{x}}",
-                                                  *(f"{label}: %{{customdata[{k}]}}" for k, (label, _) in
-                                                    enumerate(hover))]) + "<extra></extra>"}
-        if "%" in unit:  # each bar's figure on it: on a linear axis beside a 734 % bar, a 6.6 % one is a line
-            said = {**said, "textposition": "outside", "text": [html.escape(str(t)) for t in g["achieved_text"]]
-                    if "achieved_text" in g else [f"{v:.1f} %" for v in g["value"] * scale]}  # as the table says it
-        fig.add_trace(go.Bar(x=[html.escape(str(v)) for v in g["_config"]], y=g["value"] * scale,
-                             name=html.escape(str(variant)), marker_color=palette[i % len(palette)], **said))
-    # Log y for bytes: configurations differ by orders of magnitude (DenseNet-121 at batch 256
-    # against a transformer at 64), and on a linear axis the small ones vanish. Linear for a %
-    # (of a floor): a bar's length is then its share, where on a log axis 11 % against 38.8 %
-    # was drawn about 1:10.
-    title = ", ".join(dict.fromkeys(words.metric(m) for m in rows["metric"])) + (f", {where}" if where else "")
-    axis = {"title": html.escape(unit), "rangemode": "tozero"} if "%" in unit else \
-        log_axis(list(rows["value"] * scale), f"{unit} (log scale)")
-    fig.update_layout(title=html.escape(title), barmode="group", height=420, margin={"t": 50}, showlegend=True,
-                      yaxis=axis)
-    return fig
-
-
-def _natural(text: str) -> list:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(text))]
 
 
 def _command(name: str) -> str:

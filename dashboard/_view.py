@@ -1,5 +1,5 @@
 """What every page shares: the results (fixed at start-up, cached), URL-bound filters and the
-problems banner; the charts are in _charts, the tables and escaped text in _tables. All numbers
+problems banner; the charts are in speedbench.report.charts, the tables and escaped text in _tables. All numbers
 come from `speedbench.report`.
 
 Safety: the results directory comes from `SPEEDLIB_RESULTS` (set by `speedlib dashboard`
@@ -53,20 +53,54 @@ def _pin(frame: pd.DataFrame, until: pd.Timestamp) -> pd.DataFrame:
 
 
 def results() -> dict:
+    """The results pinned to the link's `until` (else to the newest result there is), with
+    "signature" (the tree's fingerprint) and "until" to key what is computed from them
+    (`cached`). A link whose `until` is not a time, or lies before every result, is a citation
+    gone wrong: the page says so and stops, rather than show other numbers as its own."""
     # The tree's fingerprint changes whenever an entry under it changes, so new results show
     # without a restart; a short string keeps Streamlit's own hashing of it cheap.
-    data = _load(str(RESULTS), cache.fingerprint(RESULTS))
+    signature = cache.fingerprint(RESULTS)
+    data = _load(str(RESULTS), signature)
     newest = data["measured"]["run_date"].max() if not data["measured"].empty else pd.NaT
-    pin = _link_time(pd.to_datetime(st.query_params.get(UNTIL), utc=True, errors="coerce"))
-    if pin is None:  # absent, unreadable or out of range: pin to what there is now
+    asked = st.query_params.get(UNTIL) or None  # an empty until= pins nothing
+    pin = _link_time(pd.to_datetime(asked, utc=True, errors="coerce")) if asked is not None else None
+    if asked is not None and pin is None:
+        example = _link_time(newest, ceil=True) or "2026-01-31T12:00:00Z"  # the newest result's, as a link writes it
+        st.error(f"This link's {UNTIL}= '{md_text(asked)}' is not a time (a link writes one as {example}): nothing "
+                 "is shown rather than numbers the link did not pin. Open the page without it for the newest results.")
+        st.stop()
+    if pin is None:  # absent: pin to what there is now
         pin = _link_time(newest, ceil=True)  # the link holds whole seconds: round up, or the newest drops out
     if pin is None:
-        return {**data, "newer": 0}
+        return {**data, "newer": 0, "signature": signature, "until": None}
     st.query_params[UNTIL] = pin
     until = pd.Timestamp(pin)  # whole seconds, as the link says
     measured = _pin(data["measured"], until)
-    return {**data, "measured": measured, "not_measured": _pin(data["not_measured"], until),
-            "newer": len(data["measured"]) - len(measured), "until": until}
+    out = {**data, "measured": measured, "not_measured": _pin(data["not_measured"], until),
+           "newer": len(data["measured"]) - len(measured), "until": until, "signature": signature}
+    if measured.empty and out["newer"]:
+        first = data["measured"]["run_date"].min()
+        st.error(f"This link is pinned to {until:%Y-%m-%d %H:%M:%S} UTC ({UNTIL}=), before the first result these "
+                 f"results hold ({first:%Y-%m-%d %H:%M:%S} UTC): it shows nothing, since no number was measured by "
+                 f"then. Open the page without {UNTIL}= for the newest results.")
+        _show_newer(out)
+        st.stop()
+    return out
+
+
+# Two entries per table and view at most: what a page computes from the results is the same for
+# every reader of the same tree, pin and filters, so it is computed once (a page redrawn for a
+# second reader or a widget's rerun only draws). The key is the tree's fingerprint: any change
+# under results/ computes afresh.
+@st.cache_resource(max_entries=256, show_spinner=False)
+def _kept(signature: str, until: str, name: str, key: tuple, _compute):
+    return _compute()
+
+
+def cached(data: dict, name: str, compute, *key):
+    """`compute()`, once per results tree, link pin, `name` and `key` (the filters it depends
+    on, as text). The result is shared between readers: callers never change it in place."""
+    return _kept(data["signature"], str(data.get("until")), name, tuple(str(k) for k in key), compute)
 
 
 def _link_time(t, ceil: bool = False) -> str | None:
@@ -102,26 +136,34 @@ def suite_listing() -> list[str]:
 
 
 def show_problems(data: dict) -> None:
-    """Files that were skipped, one line each, behind a warning (never a traceback); results
-    of benchmarks changed or removed since are normal history: one line counts them, and
-    the list is behind it."""
+    """Files that were skipped, one line each, behind a warning (never a traceback). Results
+    of benchmarks changed or removed since are normal history, a maintainer's detail: the
+    Machines page lists them (`older_results`)."""
     problems = data["problems"]
     if problems:
         st.warning(f"{len(problems)} problem(s) while reading the results: the affected files or results "
                    "were skipped.")
         with st.expander("What was skipped, and why"):
             st.text("\n".join(problems))
-    if data.get("set_aside"):
-        with st.expander(data["set_aside_summary"]):
-            st.text("\n".join(data["set_aside"]))
     _show_pin(data)
 
 
+def older_results(data: dict) -> None:
+    """One folded line counting the result files that hold older results, the list behind it."""
+    if data.get("set_aside"):
+        with st.expander(data["set_aside_summary"]):
+            st.text("\n".join(data["set_aside"]))
+
+
 def _show_pin(data: dict) -> None:
-    if "until" not in data:
+    if data.get("until") is None:
         return
     st.caption(f"Results measured up to {data['until']:%Y-%m-%d %H:%M:%S} UTC: this link keeps showing "
                "these numbers when new results land.")
+    _show_newer(data)
+
+
+def _show_newer(data: dict) -> None:
     if data["newer"]:
         if st.button(f"Show {data['newer']} newer result(s)", key="_newer"):
             del st.query_params[UNTIL]
@@ -131,11 +173,7 @@ def _show_pin(data: dict) -> None:
 def require_results(data: dict) -> pd.DataFrame | None:
     """The measured rows, or None after saying clearly why there are none."""
     df = data["measured"]
-    if df.empty and data.get("newer"):  # a link pinned before the first result: the button above shows them
-        st.info(f"No result was measured up to {data['until']:%Y-%m-%d %H:%M:%S} UTC, the time this link is pinned "
-                f"to; the results directory holds {data['newer']} newer one(s): the button above shows them.")
-        return None
-    if df.empty:
+    if df.empty:  # (a link pinned before the first result stopped in `results`)
         st.info("No measured results in the results directory below. Produce some with `speedlib run` "
                 "(see the README), or start the dashboard on another one with `speedlib dashboard --results DIR`.")
         st.code(str(RESULTS), language=None)
@@ -143,14 +181,18 @@ def require_results(data: dict) -> pd.DataFrame | None:
     return df
 
 
-def page_data() -> pd.DataFrame:
-    """The measured rows, with problems shown; stops the page when there are none."""
+def page() -> dict:
+    """`results()`, with problems shown; stops the page when nothing is measured."""
     data = results()
     show_problems(data)
-    df = require_results(data)
-    if df is None:
+    if require_results(data) is None:
         st.stop()
-    return df
+    return data
+
+
+def page_data() -> pd.DataFrame:
+    """The measured rows, with problems shown; stops the page when there are none."""
+    return page()["measured"]
 
 
 def note_missing_gpu(df: pd.DataFrame) -> None:
@@ -195,7 +237,21 @@ def pick_many(label: str, options: list, key: str, default: list | None = None) 
     choice in the URL, `default` (else all)."""
     options = list(options)
     names = [str(o) for o in options]
-    wanted = [options[names.index(w)] for w in st.query_params.get_all(key) if w in names]
+    asked = st.query_params.get_all(key)
+    wanted = [options[names.index(w)] for w in asked if w in names]
+    # As `pick`: a link naming what these results lack (?machine=h999-fake) is a citation gone
+    # wrong; all machines in its place would be cited as its view. Say so, and show nothing
+    # until a choice is made.
+    unknown = [w for w in asked if w not in names]
+    if unknown and key not in st.session_state:
+        named = ", ".join(f"'{md_text(w)}'" for w in unknown)
+        st.error(f"This link names {label.lower()} {named}, which these "
+                 "results do not have: nothing is shown rather than other numbers. Choose below.")
+        chosen = st.multiselect(label, options, default=wanted, key=key, placeholder="choose")
+        if not chosen:
+            st.stop()
+        st.query_params[key] = [str(o) for o in chosen]
+        return chosen
     if not wanted and default:
         wanted = [o for o in options if o in default]
     chosen = st.multiselect(label, options, default=[] if len(wanted) == len(options) else wanted, key=key,

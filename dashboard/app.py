@@ -11,7 +11,7 @@ from pathlib import Path
 
 import streamlit as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # pages import _view, _charts and _tables from here
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # pages import _view, _glance and _tables from here
 
 from speedbench.techniques import TECHNIQUES
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Technique", "TECHNIQUES", "Claim", "SourceRow", "Headline"]
+__all__ = ["Technique", "TECHNIQUES", "Claim", "SourceRow", "Headline", "Question"]
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,36 @@ class Headline:
     # Where the headline times a part of a step: the same variants timed over the whole step,
     # shown beside it, since the part's ratio is not what a training run gains.
     whole: Headline | None = None
+    # The same comparison timed without pairing (one variant after another, one value each),
+    # read only on a machine where this paired class was not measured, and marked so.
+    fallback: Headline | None = None
+    # Why a fallback's ratios are not the comparison, said beside it where both were measured.
+    fallback_differs: str = ""
+    # What the ratio measures on fewer than `devices` devices ("wrapper overhead only").
+    too_few: str = ""
+
+
+@dataclass(frozen=True)
+class Question:
+    """One row of the at-a-glance chart and of the headline grid: one comparison (what is timed,
+    against which baseline, speed or peak memory), the same in every machine's cell. A technique
+    with two questions has two rows: a cell never holds another comparison's number."""
+
+    key: str  # stable, in links and anchors: "contiguous-step"
+    label: str  # the row's name in a few words, the baseline included
+    comparison: Headline  # the class, variant and parameters it reads (its fallback where unpaired)
+    # A variant, or "" for PyTorch's default on each kind of machine (`comparison.default`, else
+    # `comparison.baseline`): the question "what does it gain over doing nothing?" on every machine.
+    baseline: str = ""
+    measure: str = "speed"  # or "peak memory": variant / baseline from `comparison.memory_suite`, lower is better
+
+    @property
+    def technique(self) -> str:
+        return self.comparison.technique
+
+    def baseline_on(self, kind: str | None) -> str:
+        """The variant this row compares with on a machine of `kind` ("gpu", "cpu", None: unknown)."""
+        return self.baseline or dict(self.comparison.default).get(kind) or self.comparison.baseline
 
 
 @dataclass(frozen=True)
@@ -138,7 +168,8 @@ class Technique:
     # with that variant where it is measured; the claims table keeps each source's own baseline.
     default: str = ""
     claims: tuple[Claim, ...] = ()  # the sources' published figures, set beside what was measured
-    comparison: Headline | None = None  # the one comparison the overview's first table shows
+    comparison: Headline | None = None  # its main comparison (and the whole step beside it)
+    questions: tuple[Question, ...] = ()  # the rows of the overview's chart, each one comparison
     # The chunks of benchmarks/chunks.py that measure its classes, the headline comparison's first.
     chunks: tuple[str, ...] = ()
 
@@ -155,7 +186,7 @@ class Technique:
 def _named(records: dict[str, Technique]) -> dict[str, Technique]:
     """`records`, refused where a claim or headline comparison names another technique than its record's."""
     for name, t in records.items():
-        parts = [*t.claims, *([t.comparison, t.comparison.whole] if t.comparison else [])]
+        parts = [*t.claims, *([t.comparison, t.comparison.whole] if t.comparison else []), *t.questions]
         strays = sorted({p.technique for p in parts if p is not None and p.technique != name})
         if strays:
             raise ValueError(f"{name}: its claims or headline comparison name {strays}")
@@ -171,6 +202,117 @@ _THIS = SourceRow("This (1 GPU, batch 256)", (("memory GB", 5.37), ("time s", 0.
 # benchmark, never speedlib's pinned backend.
 _CUPY_PINNED = SourceRow("CuPy pinned", (("host memory GB", 9.93),))
 _TORCH_PINNED = SourceRow("PyTorch pinned", (("host memory GB", 6.59),))
+
+_ADAM = Headline(
+    "contiguous", "Adam step on ResNet-50's parameters, flat buffer (speedlib) vs PyTorch's default "
+    "Adam, vs fused Adam and vs the per-tensor loop", "AdamStep", "speedlib", "forloop",
+    (("workload", "resnet50"),),
+    against="leads with PyTorch's default Adam on the machine: foreach where every parameter is on CUDA, "
+            "the per-tensor loop (forloop) on CPUs (torch.optim.Adam without foreach or fused); then fused "
+            "Adam (fused=True, never the default); then the per-tensor loop, contiguous_params' baseline, "
+            "which the claims table keeps",
+    default=(("gpu", "foreach"), ("cpu", "forloop")), beside=("fused",),
+    names=(("forloop", "per-tensor loop"),), source="contiguous_params' baseline",
+    scope="Adam step alone (optimizer.step(), not clip or zero_grad)",
+    whole=Headline("contiguous", "the whole training iteration (forward, backward, clip, Adam step, "
+                   "zero_grad) on ResNet-50", "Iteration", "speedlib", "forloop",
+                   (("workload", "resnet50"),), default=(("gpu", "foreach"), ("cpu", "forloop")),
+                   beside=("fused",), names=(("forloop", "per-tensor loop"),),
+                   source="contiguous_params' baseline", scope="whole training iteration"))
+
+# The unpaired figure the transfer row once led with: FractionOfFloor times each variant alone
+# (its bandwidth is a % of the pinned copy), which is its purpose, not a comparison between them.
+_GATHER_ALONE = Headline(
+    "transfer", "the same gather timed one variant after another (FractionOfFloor: 20 calls each, one value "
+    "per variant), each as % of the pinned host->device copy", "FractionOfFloor", "auto", "torch_pinned",
+    paired=False, metric="gather_fraction_of_floor", gpu_only=True,
+    default=(("gpu", "torch_pageable"), ("cpu", "torch_pageable")),
+    names=(("torch_pageable", "PyTorch pageable"), ("torch_pinned", "PyTorch pinned")),
+    source="SpeedTorch's baseline", scope="row gather only (no training)")
+
+_GATHER = Headline(
+    "transfer", "gather of 131072 random rows from a 10M-row host table onto the GPU, HostTable's default (auto: "
+    "speedlib picks its path by measurement) vs PyTorch's default pageable copy and vs PyTorch's pinned path, "
+    "the variants taking turns (Transfer, op=gather, indices=random)", "Transfer", "auto", "torch_pinned",
+    (("op", "gather"), ("indices", "random")), gpu_only=True,
+    against="leads with torch_pageable, PyTorch's default (table[idx].to(device): a host tensor is pageable "
+            "unless pinned, and .to(device) copies it synchronously); then torch_pinned, PyTorch's pinned "
+            "path (index_select into a pinned buffer, then .to(device, non_blocking=True)), SpeedTorch's "
+            "baseline ('PyTorch pinned'), which the claims table keeps; both written with torch alone in the "
+            "benchmark. Results measured before they existed had speedlib's own pinned backend as "
+            "baseline: they show no ratio",
+    default=(("gpu", "torch_pageable"), ("cpu", "torch_pageable")),
+    names=(("torch_pageable", "PyTorch pageable"), ("torch_pinned", "PyTorch pinned")),
+    source="SpeedTorch's baseline", scope="row gather only (no training)",
+    fallback=_GATHER_ALONE,
+    # Why the two differ (issue 51): on the H200 at d93fd5c1 they agree within 1.5 % on the paths
+    # where the GPU reads host memory itself (cupy, uva) and differ on those the host CPU packs.
+    fallback_differs="FractionOfFloor times each variant alone, 20 calls of the same rows in a row with the "
+                     "device synchronised after each: the rows and page-table entries the last call touched are "
+                     "still in the host's caches for the paths the CPU packs (torch_pinned, torch_pageable), and "
+                     "no path can overlap one call's packing with the last call's copy. Its figures are each "
+                     "variant's share of the bus, not a comparison between variants; the paired Transfer class "
+                     "(the variants taking turns, every round against the same baseline) is",
+    whole=Headline("transfer", "an embedding's training step (forward, backward, optimizer step) on a "
+                   "host-resident table, HostTable's default (auto) vs nn.Embedding(sparse=True) + "
+                   "SparseAdam in host memory", "EmbeddingStep", "auto", "sparse_adam_host",
+                   beside=("sparse_adam",),
+                   names=(("sparse_adam_host", "SparseAdam on the host"),
+                          ("sparse_adam", "SparseAdam on the GPU")),
+                   scope="whole embedding training step"))
+
+_CHECKPOINT = Headline(
+    "checkpoint", "DenseNet-BC-100 training step, checkpointed (speedlib) vs none",
+    "TrainingStep", "speedlib", "none", (("workload", "densenet_bc"),), memory_suite="PeakMemory",
+    against="against none (no checkpointing), PyTorch's default", default=(("gpu", "none"), ("cpu", "none")))
+
+_AMP = Headline(
+    "amp", "ResNet-50 training step, bf16 + channels_last vs PyTorch's default precision and vs strict fp32",
+    "TrainingStep", "bf16_channels_last", "fp32", (("workload", "resnet50"),),
+    against="leads on GPUs with default, PyTorch's default precision (cuDNN convolutions in TF32, matmuls "
+            "in float32: torch.backends.cudnn.allow_tf32 = True, torch.backends.cuda.matmul.allow_tf32 = "
+            "False; on GPUs older than Ampere TF32 does nothing and it computes as fp32); then strict fp32 "
+            "(TF32 off everywhere), the Tuning Guide's baseline, which the claims table keeps. On CPUs TF32 "
+            "does not exist: PyTorch's default is strict fp32, which leads there",
+    default=(("gpu", "default"), ("cpu", "fp32")),
+    # a cell says "vs TF32 convolutions": what PyTorch's default precision changes (matmuls stay float32)
+    names=(("default", "TF32 convolutions"), ("fp32", "strict fp32")),
+    source="the Tuning Guide's baseline")
+
+_DDP = Headline(
+    "parallel", "training step, DistributedDataParallel vs DataParallel",
+    "Step", "ddp", "dataparallel", paired=False, metric="step", gpu_only=True, devices=2,
+    scope="whole training step, all GPUs",
+    against="against DataParallel, the sources' baseline: PyTorch has no default for several GPUs "
+            "(its documentation recommends DDP over DataParallel)",
+    names=(("dataparallel", "DataParallel"),), too_few="wrapper overhead only")
+
+_CHANNELS_LAST = Headline(
+    "tuning", "ResNet-50 training step, channels_last on vs off",
+    "TrainingStep", "on", "off", (("knob", "channels_last"),),
+    against="against off (NCHW), PyTorch's default memory format", default=(("gpu", "off"), ("cpu", "off")),
+    names=(("off", "NCHW"),))
+
+# The overview's rows, per technique: each one comparison, the same in every machine's cell.
+QUESTIONS_CONTIGUOUS = (
+    Question("contiguous-step", "Flat-buffer Adam: optimizer step vs PyTorch's default Adam", _ADAM),
+    Question("contiguous-iteration", "Flat-buffer Adam: whole iteration vs PyTorch's default Adam", _ADAM.whole),
+)
+QUESTIONS_TRANSFER = (
+    Question("transfer-gather", "Host-table gather vs PyTorch's default (pageable copy)", _GATHER),
+    Question("transfer-gather-pinned", "Host-table gather vs PyTorch's pinned path", _GATHER, baseline="torch_pinned"),
+    Question("transfer-step", "Host-table embedding: training step vs SparseAdam on the host", _GATHER.whole),
+)
+QUESTIONS_CHECKPOINT = (
+    Question("checkpoint-time", "Checkpointing: step time vs none", _CHECKPOINT),
+    Question("checkpoint-memory", "Checkpointing: peak memory vs none", _CHECKPOINT, measure="peak memory"),
+)
+QUESTIONS_AMP = (
+    Question("amp-default", "Mixed precision vs PyTorch's default precision", _AMP),
+    Question("amp-fp32", "Mixed precision vs strict fp32", _AMP, baseline="fp32"),
+)
+QUESTIONS_PARALLEL = (Question("parallel", "DDP vs DataParallel: step time, all GPUs", _DDP),)
+QUESTIONS_TUNING = (Question("tuning", "channels_last vs NCHW: training step", _CHANNELS_LAST),)
 
 # The baselines are what each technique's source write-up compared against, written with
 # torch alone (SpeedTorch's "PyTorch pinned" is torch_pinned, not speedlib's pinned backend).
@@ -195,22 +337,8 @@ TECHNIQUES = _named({
             Claim("contiguous", "contiguous_params README", "optimizer step 7x-100x faster", 7.0, 100.0,
                   "speedup", "adam_step", "speedlib", "forloop", suite="AdamStep"),
         ),
-        comparison=Headline(
-            "contiguous", "Adam step on ResNet-50's parameters, flat buffer (speedlib) vs PyTorch's default "
-            "Adam, vs fused Adam and vs the per-tensor loop", "AdamStep", "speedlib", "forloop",
-            (("workload", "resnet50"),),
-            against="leads with PyTorch's default Adam on the machine: foreach where every parameter is on CUDA, "
-                    "the per-tensor loop (forloop) on CPUs (torch.optim.Adam without foreach or fused); then fused "
-                    "Adam (fused=True, never the default); then the per-tensor loop, contiguous_params' baseline, "
-                    "which the claims table keeps",
-            default=(("gpu", "foreach"), ("cpu", "forloop")), beside=("fused",),
-            names=(("forloop", "per-tensor loop"),), source="contiguous_params' baseline",
-            scope="Adam step alone (optimizer.step(), not clip or zero_grad)",
-            whole=Headline("contiguous", "the whole training iteration (forward, backward, clip, Adam step, "
-                           "zero_grad) on ResNet-50", "Iteration", "speedlib", "forloop",
-                           (("workload", "resnet50"),), default=(("gpu", "foreach"), ("cpu", "forloop")),
-                           beside=("fused",), names=(("forloop", "per-tensor loop"),),
-                           source="contiguous_params' baseline", scope="whole training iteration")),
+        comparison=_ADAM,
+        questions=QUESTIONS_CONTIGUOUS,
         chunks=("headline-contiguous", "contiguous-amp"),
     ),
     # torch_pinned is the GPU baseline; CPUs run only pageable tables: torch_pageable there. EmbeddingStep
@@ -278,27 +406,8 @@ TECHNIQUES = _named({
                   9.93 / 6.59, None, "memory ratio", "host_footprint", "cupy", "torch_pinned", hardware=None,
                   measured_by="Footprint", rows=(_CUPY_PINNED, _TORCH_PINNED), figure="host memory GB"),
         ),
-        comparison=Headline(
-            "transfer", "gather of 131072 random rows from a 10M-row host table, HostTable's default (auto: "
-            "speedlib picks its path by measurement) vs PyTorch's default pageable copy and vs PyTorch's pinned "
-            "path (each as % of the pinned copy bandwidth)", "FractionOfFloor",
-            "auto", "torch_pinned", paired=False, metric="gather_fraction_of_floor", gpu_only=True,
-            against="leads with torch_pageable, PyTorch's default (table[idx].to(device): a host tensor is pageable "
-                    "unless pinned, and .to(device) copies it synchronously); then torch_pinned, PyTorch's pinned "
-                    "path (index_select into a pinned buffer, then .to(device, non_blocking=True)), SpeedTorch's "
-                    "baseline ('PyTorch pinned'), which the claims table keeps; both written with torch alone in the "
-                    "benchmark. Results measured before they existed had speedlib's own pinned backend as "
-                    "baseline: they show no ratio",
-            default=(("gpu", "torch_pageable"), ("cpu", "torch_pageable")),
-            names=(("torch_pageable", "PyTorch pageable"), ("torch_pinned", "PyTorch pinned")),
-            source="SpeedTorch's baseline", scope="row gather only (no training)",
-            whole=Headline("transfer", "an embedding's training step (forward, backward, optimizer step) on a "
-                           "host-resident table, HostTable's default (auto) vs nn.Embedding(sparse=True) + "
-                           "SparseAdam in host memory", "EmbeddingStep", "auto", "sparse_adam_host",
-                           beside=("sparse_adam",),
-                           names=(("sparse_adam_host", "PyTorch SparseAdam, table on the host"),
-                                  ("sparse_adam", "PyTorch SparseAdam, table on the GPU")),
-                           scope="whole embedding training step")),
+        comparison=_GATHER,
+        questions=QUESTIONS_TRANSFER,
         chunks=("headline-transfer", "transfer-roofline", "transfer-hypotheses", "transfer-parallel"),
     ),
     "checkpoint": Technique(
@@ -324,10 +433,8 @@ TECHNIQUES = _named({
                   "about +19 % step time (0.42 -> 0.50 s)", 0.42 / 0.50, None, "speedup", "step", "speedlib", "none",
                   "densenet_bc", suite="TrainingStep", hardware="a TITAN X", rows=(_THIS, _NAIVE), figure="time s"),
         ),
-        comparison=Headline(
-            "checkpoint", "DenseNet-BC-100 training step, checkpointed (speedlib) vs none",
-            "TrainingStep", "speedlib", "none", (("workload", "densenet_bc"),), memory_suite="PeakMemory",
-            against="against none (no checkpointing), PyTorch's default"),
+        comparison=_CHECKPOINT,
+        questions=QUESTIONS_CHECKPOINT,
         chunks=("headline-checkpoint", "headline-checkpoint-memory", "checkpoint"),
     ),
     "amp": Technique(
@@ -354,17 +461,8 @@ TECHNIQUES = _named({
                   None, 3.0, "speedup", "step", "bf16_channels_last", "fp32", suite="TrainingStep",
                   hardware="Volta or newer GPUs"),
         ),
-        comparison=Headline(
-            "amp", "ResNet-50 training step, bf16 + channels_last vs PyTorch's default precision and vs strict fp32",
-            "TrainingStep", "bf16_channels_last", "fp32", (("workload", "resnet50"),),
-            against="leads on GPUs with default, PyTorch's default precision (cuDNN convolutions in TF32, matmuls "
-                    "in float32: torch.backends.cudnn.allow_tf32 = True, torch.backends.cuda.matmul.allow_tf32 = "
-                    "False; on GPUs older than Ampere TF32 does nothing and it computes as fp32); then strict fp32 "
-                    "(TF32 off everywhere), the Tuning Guide's baseline, which the claims table keeps. On CPUs TF32 "
-                    "does not exist: PyTorch's default is strict fp32, which leads there",
-            default=(("gpu", "default"), ("cpu", "fp32")),
-            names=(("default", "TF32 convolutions + fp32 matmuls"), ("fp32", "strict fp32")),
-            source="the Tuning Guide's baseline"),
+        comparison=_AMP,
+        questions=QUESTIONS_AMP,
         chunks=("headline-amp", "contiguous-amp"),
     ),
     # DDP and DataParallel are separate launches, not pairable: the headline is their step times
@@ -385,12 +483,8 @@ TECHNIQUES = _named({
                   "DistributedDataParallel much faster than DataParallel", None, None, "speedup", "step", "ddp",
                   "dataparallel", hardware="several GPUs", measured_by="Step", devices=2),
         ),
-        comparison=Headline(
-            "parallel", "training step, DistributedDataParallel vs DataParallel",
-            "Step", "ddp", "dataparallel", paired=False, metric="step", gpu_only=True, devices=2,
-            scope="whole training step, all GPUs",
-            against="against DataParallel, the sources' baseline: PyTorch has no default for several GPUs "
-                    "(its documentation recommends DDP over DataParallel)"),
+        comparison=_DDP,
+        questions=QUESTIONS_PARALLEL,
         chunks=("headline-parallel", "transfer-parallel"),
     ),
     "tuning": Technique(
@@ -410,10 +504,8 @@ TECHNIQUES = _named({
                 "optimizer.zero_grad()'s default since torch 2.0; off is also autograd on, DataLoader(num_workers=0, "
                 "pin_memory=False) and eager execution. For sync, create_on_device, preallocate, retained_graph and "
                 "accumulation there is no setting: off is the common way to write the code",
-        comparison=Headline(
-            "tuning", "ResNet-50 training step, channels_last on vs off",
-            "TrainingStep", "on", "off", (("knob", "channels_last"),),
-            against="against off (NCHW), PyTorch's default memory format"),
+        comparison=_CHANNELS_LAST,
+        questions=QUESTIONS_TUNING,
         chunks=("headline-tuning", "rest"),
     ),
 })

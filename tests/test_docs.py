@@ -181,4 +181,5 @@ def test_the_results_page_is_generated_from_the_committed_results():
 
     expected = writeup.writeup(load_results(ROOT / "results").measured,
                                load_results(ROOT / "results-rerun").measured)
-    assert (ROOT / "docs" / "results.md").read_text() == expected, f"regenerate it: {writeup.COMMAND}"
+    assert (ROOT / "docs" / "results.md").read_text() == expected, \
+        f"regenerate it: {writeup.REGENERATE} (or {writeup.COMMAND})"

@@ -1,61 +1,47 @@
-"""Machine comparison: the environment of every machine, and one GPU against another."""
+"""Machine comparison: every machine and its environment, and one GPU against another; about three
+screens at 1440 px with the long tables folded under a line that counts them."""
 
 import streamlit as st
-from _charts import config_label, ratio_chart
 from _tables import caption, md_text, show, table
-from _view import page_data, pick
+from _view import cached, older_results, page, pick
 
 from speedbench import report
-from speedbench.results.environment import NoGpuModel
-from speedbench.results.gpu_tests import GpuTests
+from speedbench.report.charts import config_label, ratio_chart
 
 st.title("Machine comparison")
-df = page_data()
+data = page()
+df = data["measured"]
 st.subheader("Machines")
-# One row per machine and environment: a machine name stands for one kind of hardware, but a
-# torch/CUDA build can change under it (cpu-2core-amd-epyc ran torch 2.15 and then 2.14), and
-# the newest commit alone once described a machine by a dashboard-timing run's CPU and torch.
-env = ["machine", "gpu", "driver", "cuda", "torch", "cpu_model"]
-rows = df.assign(driver=df["driver"].replace("", None).fillna(
-                     df["gpu"].map(lambda g: "n/a (no GPU)" if g == NoGpuModel.CPU_ONLY else "unknown")),
-                 cuda=df["cuda"].replace("", None).fillna("n/a"), torch=df["torch"].fillna("unknown"),
-                 cpu_model=df["cpu_model"].fillna("unknown"))
-# The GPU tests' verdict at the latest commit (speedlib slot): a GPU run without one says "not recorded".
-rows = rows.assign(gpu_tests_note=rows["gpu_tests_note"].fillna(GpuTests.NOT_RECORDED))
-machines_table = rows.sort_values("commit_date").groupby(env, sort=True).agg(
-    commits=("commit", "nunique"), results=("commit", "size"), latest=("commit", lambda c: c.iloc[-1][:8]),
-    gpu_tests=("gpu_tests_note", lambda v: v.iloc[-1]),
-).reset_index().rename(columns={"gpu": "GPU", "cuda": "CUDA (torch build)", "cpu_model": "CPU",
-                                "latest": "latest commit", "gpu_tests": "GPU tests at the latest commit"})
+machines_table = report.machines_table(df)
 show(machines_table)
+if (machines_table["other environments"] != "").any():
+    caption("Other environments: results of the same machine under another torch/CUDA build or CPU; times from "
+            "different ones differ by the hardware or software, not only by the commit, so history, the regression "
+            "gate and the noise table do not compare across them.")
 # Every GPU machine's commits with their verdicts: where they failed, its figures carry the section mark.
-verdicts = rows[rows["gpu_tests"].ne(GpuTests.NOT_APPLICABLE)].drop_duplicates(["machine", "commit"])
+verdicts = report.gpu_tests_table(df)
 if not verdicts.empty:
-    st.subheader("GPU tests per commit")
-    mark = report.gpu_tests_failed(verdicts).map({True: f" {report.GPU_TESTS_FAILED}", False: ""})
-    per_commit = verdicts.assign(commit=verdicts["commit"].str[:8] + mark).sort_values(["machine", "commit_date"])
-    show(per_commit[["machine", "gpu", "commit", "gpu_tests_note"]].rename(columns={"gpu": "GPU",
-                                                                                   "gpu_tests_note": "GPU tests"})
-         .reset_index(drop=True))  # the loader's row numbers mean nothing here
-    caption("The GPU-only tests (`pytest -m gpu`) run at the start of every `speedlib slot`, which keeps their verdict "
-            "beside the machine's results; CI has no GPU, so this is where GPU correctness is seen. "
-            f"{report.GPU_TESTS_FAILED} marks a commit whose GPU tests failed on that machine: every figure from it "
-            "carries the mark on every page.")
-several = machines_table["machine"].value_counts()
-for m in several[several > 1].index:
-    caption(f"{m} has results from {several[m]} environments (rows above): times from different ones differ "
-            "by the hardware or software, not only by the commit, so history, the regression gate and the "
-            "noise table do not compare across them.")
+    with st.expander(f"GPU tests per commit ({len(verdicts)} commits of GPU machines)"):
+        show(verdicts)
+        # constant text: Markdown code spans, not escaped backticks
+        st.caption("The GPU-only tests (`pytest -m gpu`) run at the start of every `speedlib slot`, which keeps their "
+                   "verdict beside the machine's results; CI has no GPU, so this is where GPU correctness is seen. "
+                   f"{report.GPU_TESTS_FAILED} marks a commit whose GPU tests failed on that machine: every figure "
+                   "from it carries the mark on every page.")
 machines = sorted(df["machine"].unique())
 if len(machines) < 2:
     st.info("Only one machine has results (listed above): a comparison needs a second machine "
             "(the H100 and H200 runs come from `speedlib run` on those GPUs).")
+    older_results(data)
     st.stop()
+
+
+first_a, first_b = report.opening_pair(df)
 c1, c2 = st.columns(2)
 with c1:
-    a = pick("Machine A", machines, key="a")
+    a = pick("Machine A", machines, key="a", default=first_a)
 with c2:
-    b = pick("Machine B", [m for m in machines if m != a], key="b")
+    b = pick("Machine B", [m for m in machines if m != a], key="b", default=first_b)
 cpu_and_gpu = not report.same_work(df, a, b)
 if cpu_and_gpu:
     # benchmarks/common.py picks sizes per profile: a CPU runs small workloads so the suite
@@ -65,27 +51,29 @@ if cpu_and_gpu:
             "and memory measure different work and are not compared here. Their speedups, each against its own "
             "baseline, are.")
 st.subheader("Speedups on each machine")
-speedups = report.speedup_comparison(df, a, b)
+speedups = cached(data, "speedup_comparison", lambda: report.speedup_comparison(df, a, b), a, b)
 if speedups.frame.empty:
     st.info("These two machines share no paired comparison.")
 else:
-    table(speedups)
-if cpu_and_gpu:
-    st.stop()
-t = report.machine_comparison(df, a, b)
-st.subheader(md_text(f"{b} against {a}, value by value"))  # names from the results: text, never Markdown
-if t.frame.empty:
-    st.info("These two machines share no benchmark.")
-    st.stop()
-table(t)
-ratios = report.compare_machines(df, a, b)
-# Times only: a speedup, a % of floor and a bandwidth compared across machines are answers to
-# different questions, and one axis would mix them.
-timed = ratios[ratios["kind"] == "time"]
-if not timed.empty:
-    # Benchmarks without variants (the dashboard's own timings) are labelled by their
-    # configuration alone: two CPU machines both ran them, and "nan" labels collided.
-    variant = timed["variant"].map(lambda v: f" / {v}" if isinstance(v, str) and v else "")
-    st.plotly_chart(ratio_chart(timed.assign(case=config_label(timed) + variant
-                                             + " (" + timed["metric"].astype(str) + ")", pair=f"{b} vs {a}"),
-                                "case", "pair", f"times: {b} against {a} (above 1: {b} is faster)"))
+    with st.expander(f"{len(speedups.frame)} paired speedups measured on both, each against its own baseline"):
+        table(speedups)
+if not cpu_and_gpu:
+    t = cached(data, "machine_comparison", lambda: report.machine_comparison(df, a, b), a, b)
+    st.subheader(md_text(f"{b} against {a}, value by value"))  # names from the results: text, never Markdown
+    if t.frame.empty:
+        st.info("These two machines share no benchmark.")
+    else:
+        ratios = cached(data, "compare_machines", lambda: report.compare_machines(df, a, b), a, b)
+        # Times only: a speedup, a % of floor and a bandwidth compared across machines are answers to
+        # different questions, and one axis would mix them.
+        timed = ratios[ratios["kind"] == "time"]
+        if not timed.empty:
+            # Benchmarks without variants (the dashboard's own timings) are labelled by their
+            # configuration alone: two CPU machines both ran them, and "nan" labels collided.
+            variant = timed["variant"].map(lambda v: f" / {v}" if isinstance(v, str) and v else "")
+            st.plotly_chart(ratio_chart(timed.assign(case=config_label(timed) + variant
+                                                     + " (" + timed["metric"].astype(str) + ")", pair=f"{b} vs {a}"),
+                                        "case", "pair", f"times: {b} against {a} (above 1: {b} is faster)"))
+        with st.expander(f"{len(t.frame)} values measured on both (times, memory, bandwidth)"):
+            table(t)
+older_results(data)  # a maintainer's detail, at the foot of the page

@@ -1,34 +1,33 @@
-"""Overview: the at-a-glance chart (technique x machine) on the first screen, its notes folded
-under it, then every paired comparison and the sources' claims; about three screens in all."""
+"""Overview: the at-a-glance chart (one comparison per row, machines across) on the first screen,
+its notes folded under it, then every paired comparison and the sources' claims; about three
+screens in all. What is computed from the results is computed once per tree and view (`cached`)."""
 
 import streamlit as st
-from _charts import glance_chart
+from _glance import glance_chart
 from _tables import caption, comparison_index, on_screen, table_text
-from _view import note_missing_gpu, page_data, pick_many
+from _view import cached, note_missing_gpu, page, pick_many
 
 from speedbench import report
 from speedbench.report import comparisons, headline
 
 st.title("speedlib: which PyTorch speed tricks pay off")
-df = page_data()
+data = page()
+df = data["measured"]
 with st.sidebar:  # the chart first: the filter would push it below the fold
     machines = pick_many("Machines", sorted(df["machine"].unique()), key="machine")
 mine = df[df["machine"].isin(machines)]
 # all commits: where a machine's latest result was contended, the grid cites its newest clean one
-glance = headline.grid(mine)
-glance_chart(glance, "overview", df=mine)
+glance = cached(data, "headline", lambda: headline.grid(mine), *machines)
+glance_chart(glance, "overview")
 note_missing_gpu(df)
-with st.expander(f"Notes on the chart ({len(glance.notes) + 1}): baselines, scope, marks, wide intervals"):
-    caption("Headline speedups are paired: the variants took turns in one process, and each number is the "
-            "Hodges-Lehmann estimate of the per-round ratios against a baseline, brackets its 99 % Wilcoxon "
-            "interval. Every baseline is plain PyTorch, written with torch alone in the benchmark, never a speedlib "
-            "code path. `speedlib report --table headline` prints every figure of every cell, each baseline named.")
+# the same notes as every export of the grid (`speedlib report --table headline`, the static site), counted alike
+with st.expander(f"Notes on the chart ({len(glance.notes)}): baselines, scope, marks, wide intervals"):
     for n in glance.notes:
         caption(n)
 st.caption(f"{df['machine'].nunique()} machines, {df['commit'].nunique()} commits, {len(df)} measured values. "
            "Every page's filters live in the URL.")
 st.subheader("Every paired comparison (latest commit per machine)")
-every = comparisons.every_comparison(mine)
+every = cached(data, "every", lambda: comparisons.every_comparison(mine), *machines)
 if every.frame.empty:
     st.info("None of the selected machines has a paired comparison yet.")
 else:
@@ -39,7 +38,7 @@ else:
         for n in every.notes:
             caption(n)
 st.subheader("Claims of the sources versus measured")
-claims = report.claims_table(mine)
+claims = cached(data, "claims", lambda: report.claims_table(mine), *machines)
 with st.expander(f"{len(claims.frame)} published figures set beside what the suite measured"):
     # A static table: every cell whole and wrapped (in a grid the comparability and the machine
     # sat past the right edge, so a CPU figure stood beside a GPU claim with no warning in view).

@@ -16,9 +16,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from speedbench import CHECKOUT
+from speedbench.cli import report
 from speedbench.results.common import printable
-from speedbench.results.tree import ResultsTree
 from speedbench.run import supervise
+
+DASHBOARD_EXIT_STATUS = """exit status:
+  0  stopped by Ctrl+C or SIGTERM (Streamlit stopped with it)
+  2  refused, one line on stderr says why: a bad --port or --address, no results directory,
+     Streamlit not installed, the port taken, Streamlit not serving within the start-up time
+  other  Streamlit's own status, where it exited by itself"""
 
 
 def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -174,9 +180,12 @@ def _cannot_listen(address: str, port: int) -> str | None:
 
 
 def add_parser(sub) -> None:
-    dash = sub.add_parser("dashboard", help="open the Streamlit dashboard on the results")
-    dash.add_argument("--results", default=str(ResultsTree.in_checkout(CHECKOUT).root),
-                      help="results directory (default: this checkout's results/)")
+    dash = sub.add_parser("dashboard", help="open the Streamlit dashboard on the results",
+                          description="Serve the Streamlit dashboard on a results directory (fixed at start-up, "
+                                      "never taken from the URL) until Ctrl+C.",
+                          epilog=DASHBOARD_EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    dash.add_argument("--results", default=report.RESULTS,
+                      help="results directory (default: this checkout's results/, as `speedlib report`)")
     dash.add_argument("--address", default="127.0.0.1",
                       help="address to listen on (default: 127.0.0.1, this machine only)")
     dash.add_argument("--port", default="8501", help="port (default: 8501)")

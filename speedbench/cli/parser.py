@@ -1,6 +1,6 @@
 """The `speedlib` command: `run` the asv suite, print the `env` record, `report` results,
-open the `dashboard`, check benchmark `versions`; `merge`, `slurm` and `slot` (a short GPU
-slot) add their own."""
+open the `dashboard`, `publish` them as a static site, check benchmark `versions`; `merge`,
+`slurm` and `slot` (a short GPU slot) add their own."""
 
 from __future__ import annotations
 

@@ -8,7 +8,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from speedbench import CHECKOUT
+from speedbench.cli import report
 from speedbench.results.common import printable
+
+PUBLISH_EXIT_STATUS = """exit status:
+  0  written: the site under --output, the image at --chart
+  1  no measured results under --results: nothing written
+  2  refused, one line on stderr says why: neither --output nor --chart given, no results
+     directory"""
 
 
 def _cmd_publish(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -38,10 +46,17 @@ def _cmd_publish(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("publish", help="write the results as a static site (no server, no network)")
-    p.add_argument("--results", default="results", help="results directory (default: results)")
-    p.add_argument("--output", "-o", metavar="DIR", help="the site's directory (created)")
+    p = sub.add_parser("publish", help="write the results as a static site (no server, no network)",
+                       description="Write the results as a static site (the dashboard's pages as HTML files that "
+                                   "open from file://) and/or the at-a-glance chart as an SVG image.",
+                       epilog=PUBLISH_EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", default=report.RESULTS,
+                   help="results directory (default: this checkout's results/, as `speedlib report`)")
+    p.add_argument("--output", "-o", metavar="DIR",
+                   help="the site's directory, created, its files replaced (no default: publish writes only what "
+                        "--output and --chart name, and refuses a call that names neither)")
     p.add_argument("--chart", metavar="PATH", help="the at-a-glance chart as an SVG image (docs/glance.svg, which the "
                                                    "README and docs/results.md show)")
-    p.add_argument("--citation", default="CITATION.cff", help="the citation file whose BibTeX the cite page shows")
+    p.add_argument("--citation", default=str(CHECKOUT / "CITATION.cff"),
+                   help="the citation file whose BibTeX the cite page shows (default: this checkout's)")
     p.set_defaults(func=_cmd_publish)

@@ -7,9 +7,19 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from speedbench import report
+from speedbench import CHECKOUT, report
 from speedbench.results import safekeep
 from speedbench.results.common import printable
+from speedbench.results.tree import ResultsTree
+
+RESULTS = str(ResultsTree.in_checkout(CHECKOUT).root)  # the default of every command that reads results
+
+REPORT_EXIT_STATUS = """exit status:
+  0  the table, the page or the export was printed or written; --fail-on-regression: no regression
+  1  no measured results (or none for --machine); --fail-on-regression: a regression
+  2  refused, one line on stderr says why: no results directory, a bad --benchmark or
+     --against, an export that cannot be written, a gate across environments or contended
+  130  stopped by Ctrl+C"""
 
 
 def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -150,8 +160,12 @@ def _regression_gate(report, df, args: argparse.Namespace) -> int:
 
 
 def add_parser(sub) -> None:
-    report = sub.add_parser("report", help="print a results table (with its provenance footer)")
-    report.add_argument("--results", default="results", help="results directory (default: results)")
+    report = sub.add_parser("report", help="print a results table (with its provenance footer)",
+                            description="Print a results table with its provenance footer, export it, write the "
+                                        "results page, or gate CI on regressions.",
+                            epilog=REPORT_EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    report.add_argument("--results", default=RESULTS,
+                        help="results directory (default: this checkout's results/, as `speedlib dashboard`)")
     report.add_argument("--machine", help="only this machine")
     report.add_argument("--table", default="results",
                         choices=["results", "headline", "paired", "speedup", "memory", "floor", "roofline", "claims",

@@ -22,7 +22,9 @@ __all__, __getattr__ = lazy(__name__, {
                'NOT_RECORDED'),
     'roofline': ('roofline_table',),
     'commits': ('history', 'history_table', 'resolve_commit', 'compare_commits', 'change_table'),
-    'machines_compare': ('compare_machines', 'machine_comparison', 'same_work', 'speedup_comparison'),
+    'machines_compare': ('compare_machines', 'machine_comparison', 'same_work', 'speedup_comparison', 'machines_table',
+                         'gpu_tests_table'),
+    'opening': ('opening_machine', 'opening_pair', 'opening_baseline'),
     'claims': ('Claim', 'CLAIMS', 'claims_table', 'comparable', 'is_own_baseline', 'never_run', 'why_not_measured'),
     'exports': (
         'to_markdown', 'to_csv', 'to_latex', 'csv_bundle', 'csv_provenance', 'provenance', 'provenance_path',

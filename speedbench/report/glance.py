@@ -1,12 +1,16 @@
-"""The at-a-glance chart: technique x machine, one number per cell (headline.glance), coloured
-by value. The dashboard's Overview, the static site (speedlib publish) and the docs' image all
-draw this one figure, so every copy shows the numbers of `speedlib report --table headline`.
+"""The at-a-glance chart: one row per question, one column per machine, one figure per cell
+(headline.glance). The dashboard's Overview, the static site (speedlib publish) and the docs'
+image all draw this one figure, so every copy shows the numbers of `speedlib report --table
+headline`.
 
-Each cell: the ratio in bold, its interval below, the marks (‡ contended, † earlier benchmark
-version, § GPU tests failed), and which figure it is (whole step, a part of the step, peak
-memory) in italics; hovering gives the scope and the baseline in words. Colour: log of what
-the technique gains (peak memory inverted, so less memory reads as a gain), diverging at 1x;
-a cell without a number is grey and says why. Plotly is imported inside: no Streamlit, no torch.
+Each row is one comparison (the same scope, baseline and measure in every cell). A cell: the
+ratio in bold, its interval below, the marks (‡ contended, † earlier benchmark version, § GPU
+tests failed), and in italics the baseline on that machine, the case where the class measured
+several, and "not paired" for a separately timed figure; hovering gives the scope and the
+baseline in words. Colour: how much better (blue) or worse (red) than the baseline for the
+question the row asks (faster; for peak memory, less memory), diverging at "the same", on a
+log scale; a cell without an answer is grey and says why, a figure that does not answer the
+row's question (DDP on one GPU) included. Plotly is imported inside: no Streamlit, no torch.
 """
 
 from __future__ import annotations
@@ -18,31 +22,35 @@ import textwrap
 import pandas as pd
 
 from speedbench import report
+from speedbench.report.headline import MEASURED, order_machines
 
-__all__ = ["figure", "svg", "lines", "label", "figure_text", "elsewhere", "colour", "GAIN_CAP", "LEGEND", "CLICK",
-           "IMAGE_COMMAND"]
+__all__ = ["figure", "svg", "lines", "figure_text", "colour", "ink", "GAIN_CAP", "LEGEND", "CLICK", "IMAGE_COMMAND",
+           "MIN_WIDTH", "COLOUR_WORDS"]
 
 # Colour saturates at 4x either way: the flat-buffer step's 47.8x must not wash every 1.3x out.
 GAIN_CAP = 4.0
-# red where the technique loses, white at 1x, blue where it gains (readable by red-green colour-blind readers)
+# red where the technique does worse, white at the same, blue where better (readable by red-green colour-blind readers)
 _SCALE = [[0.0, "#b2182b"], [0.25, "#ef8a62"], [0.5, "#f7f7f7"], [0.75, "#67a9cf"], [1.0, "#2166ac"]]
 _NO_NUMBER = "#d9d9d9"
+# The colour bar's ticks, as gains: what each step means for the row's own question.
+_TICKS = [(1 / 4, "≥4x worse"), (1 / 2, "2x worse"), (1, "same"), (2, "2x better"), (4, "≥4x better")]
 
-
-LEGEND = (f"Each cell: x faster than the baseline (PyTorch's default on that machine where measured; hover for the "
-          f"scope and the baseline in words), the whole training step where measured, else the figure named in "
-          f"italics; peak memory is variant / baseline. [low, high]: 99 % interval. {report.CONTENDED} contended, "
-          f"{report.EARLIER} earlier benchmark version, {report.GPU_TESTS_FAILED} GPU tests failed.")
-CLICK = "A click on a cell opens its technique's page."
-
-
-def label(r) -> str:
-    """Which figure a cell shows, in a few words: "whole step", "Adam step alone", "peak memory"."""
-    if r.measure == "peak memory":
-        return "peak memory"
-    if r.part == "whole step" or str(r.scope).startswith("whole"):
-        return "whole step" + ("" if r.paired else ", not paired")
-    return str(r.scope).split(" (")[0] + ("" if r.paired else ", not paired")
+COLOUR_WORDS = ("Colour: better (blue) or worse (red) than the row's baseline for the row's question: faster, or for "
+                "peak memory less memory; grey: no answer on that machine, the cell says why.")
+_MARKS = (f"{report.CONTENDED} contended, {report.EARLIER} earlier benchmark version, {report.GPU_TESTS_FAILED} GPU "
+          "tests failed.")
+# Above the chart, short enough that the chart still ends on a 1440 x 900 first screen.
+LEGEND = ("One row, one comparison (same scope, baseline, measure). A cell: x faster than the row's baseline "
+          "(peak memory: variant / baseline), 99 % interval, baseline in italics; paired unless marked. Blue better "
+          f"(faster, or less memory), red worse, grey no answer (the cell says why). {_MARKS}")
+CLICK = "A click on a cell opens its figure on its technique's page (machine, baseline, commit)."
+IMAGE_COMMAND = "speedlib publish --chart docs/glance.svg"
+# LEGEND without the hover (an image has none); the baselines in words are in the results page's grid.
+IMAGE_LEGEND = ("One row, one comparison: every cell of a row has the same scope, baseline and measure. Each cell: x "
+                "faster than the baseline (peak memory: variant / baseline, lower is better), [low, high] its 99 % "
+                "interval, in italics the baseline on that machine; paired (the variants taking turns) wherever "
+                f"measured so, else marked not paired. {COLOUR_WORDS} {_MARKS} Each baseline in words: "
+                "docs/results.md, At a glance.")
 
 
 def _marks(r) -> str:
@@ -52,66 +60,82 @@ def _marks(r) -> str:
 
 
 def figure_text(r) -> str:
-    """A cell's number as the grid writes it, with its marks: "5.65x [5.39, 6.61] †"."""
-    if r.status != "measured":
+    """A cell's number as the chart writes it, with its marks: "5.65x [5.39, 6.61] †"; "" for a
+    cell that does not answer its row (no figure, or one that is not the row's comparison)."""
+    if r.status != MEASURED:
         return ""
     low, high = (None, None) if pd.isna(r.low) else (r.low, r.high)
     return f"{report.fmt_ratio(r.ratio, low, high)} {_marks(r)}".strip()
 
 
-def lines(r, elsewhere: int = 0) -> list[list[tuple[str, str]]]:
+def _said(r) -> str:
+    """The italic line: the baseline on this machine and the case where a class has several."""
+    return f"vs {r.baseline_name}" + (f", {r.case}" if isinstance(r.case, str) and r.case else "")
+
+
+def _line(text: str, width: int = 26) -> str:
+    """`text` on one line of a cell: a cell holds three, the whole text is in the hover and the grid."""
+    return text if len(text) <= width else text[:width - 1].rstrip() + "…"
+
+
+def lines(r) -> list[list[tuple[str, str]]]:
     """A cell's text, line by line, each line (text, style) pieces, style "b" (bold), "i"
     (italic) or "": the dashboard's chart and the docs' image write the same lines. A cell
-    without a number says why, which figure, and how many other results of the technique
-    the machine has (`elsewhere`: the DDP-vs-single and CPU embedding results are on its page)."""
-    if r.status != "measured":  # three lines at most: a row of the chart holds four
-        why = "needs a GPU" if r.status == "needs a GPU" else "not measured yet"
-        return [[(why, "")], [(label(r), "i")], *([[(f"{elsewhere} results on its page", "")]] if elsewhere else [])]
+    without an answer says why: its first words plainly, the rest in italics (three lines in
+    all, the whole reason in the hover and the grid)."""
+    if r.status != MEASURED:
+        head, _, rest = str(r.status).partition(": ")
+        more = textwrap.wrap(rest, 26)
+        if len(more) > 2:  # a cell holds three lines: the rest is in the hover and the grid
+            more = [more[0], _line(more[1] + " " + more[2])]
+        return [[(head, "")], *([[(w, "i")] for w in more])]
     ratio, marks = report.fmt_ratio(r.ratio, None, None), _marks(r)
+    said = [[(_line(_said(r)), "i")]]
     if pd.isna(r.low):  # no interval (an exact count, or one value each): the marks beside the ratio
         first = [[(ratio, "b"), *([(f" {marks}", "")] if marks else [])]]
+        if r.measure == "speed" and r.paired is not True:  # separately timed: said under it, in place of brackets
+            said.append([("not paired", "i")])
     else:
         first = [[(ratio, "b")], [(f"[{r.low:.3g}, {r.high:.3g}] {marks}".rstrip(), "")]]
-    return first + [[(w, "i")] for w in textwrap.wrap(label(r), 24)]
+    return first + said
 
 
-def _cell(r, elsewhere: int = 0) -> str:
+def _cell(r) -> str:
     tags = {"b": ("<b>", "</b>"), "i": ("<i>", "</i>"), "": ("", "")}
     return "<br>".join("".join(f"{tags[style][0]}{html.escape(text)}{tags[style][1]}" for text, style in line)
-                       for line in lines(r, elsewhere))
+                       for line in lines(r))
 
 
-def elsewhere(df: pd.DataFrame) -> dict[tuple[str, str], int]:
-    """How many results each technique has on each machine at its latest commit: a cell
-    without a headline number says how many other results its page shows."""
-    if df.empty:
-        return {}
-    return {k: int(n) for k, n in report.latest(df).groupby(["technique", "machine"]).size().items()}
-
-
-def _hover(r, elsewhere: int = 0, age: str = "") -> str:
+def _hover(r, age: str = "") -> str:
     e = html.escape
-    head = f"<b>{e(r.title)}</b> on {e(r.machine)} ({e(str(r.gpu))})"
-    if r.status != "measured":
-        more = f"<br>{elsewhere} results of this technique on this machine: its page" if elsewhere else ""
-        return f"{head}<br>{e(str(r.scope))}: {e(r.status)}{more}"
+    head = f"<b>{e(r.label)}</b><br>{e(r.machine)} ({e(str(r.gpu))})"
+    if r.status != MEASURED:
+        shown = ""
+        if pd.notna(r.ratio):  # measured, but not this row's comparison: said as such
+            shown = (f"<br>measured: {e(report.fmt_ratio(r.ratio, None, None))} vs {e(str(r.baseline_name))}"
+                     f"{' ' + e(str(r.case)) if isinstance(r.case, str) and r.case else ''}, not a result for this row")
+        return f"{head}<br>{_wrap_hover(str(r.status))}{shown}"
     what = "memory, variant / baseline (exact count)" if r.measure == "peak memory" else "x faster than the baseline"
-    n = "" if pd.isna(r.n) else f" N={r.n:g}" + ("" if r.paired else " each, not paired")
+    n = "" if pd.isna(r.N) else f" N={r.N}" + ("" if r.paired else " each, not paired")
     case = f"<br>case: {e(str(r.case))}" if isinstance(r.case, str) and r.case else ""
     words = f" ({e(str(r.baseline_words))})" if isinstance(r.baseline_words, str) and r.baseline_words else ""
-    return (f"{head}<br>scope: {e(str(r.scope))}<br>{e(figure_text(r))}{n} ({what})<br>"
-            f"vs {e(str(r.baseline_name))}{words}{case}" + (f"<br>{e(age)}" if age else ""))
+    return (f"{head}<br>scope: {e(str(r.scope))} ({e(str(r.suite))})<br>{e(figure_text(r))}{n} ({what})<br>"
+            f"vs {e(str(r.baseline_name))}{words}{case}" + (f"<br>{_wrap_hover(age)}" if age else ""))
+
+
+def _wrap_hover(text: str) -> str:
+    return "<br>".join(textwrap.wrap(html.escape(text), 70)) or html.escape(text)
 
 
 def _gain(r) -> float:
-    """The colour's value: log2 of what the technique gains, capped; NaN where no number."""
-    if r.status != "measured" or pd.isna(r.ratio) or r.ratio <= 0 or not math.isfinite(r.ratio):
+    """The colour's value: log of how much better than the baseline, capped at GAIN_CAP either
+    way; NaN where the cell does not answer its row."""
+    if r.status != MEASURED or pd.isna(r.gain) or r.gain <= 0 or not math.isfinite(r.gain):
         return math.nan
-    gain = 1 / r.ratio if r.measure == "peak memory" else r.ratio
-    return max(-1.0, min(1.0, math.log(gain) / math.log(GAIN_CAP)))
+    return max(-1.0, min(1.0, math.log(r.gain) / math.log(GAIN_CAP)))
 
 
-def _wrap(text: str, width: int = 22) -> str:
+def _wrap(text: str, width: int = 30) -> str:
     return "<br>".join(textwrap.wrap(html.escape(text), width, break_long_words=False)) or html.escape(text)
 
 
@@ -139,66 +163,60 @@ def ink(fill: str) -> str:
     return "#fff" if 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.45 else "#111"
 
 
-def _layout(picks: pd.DataFrame) -> tuple[list[str], list[str], dict]:
-    """Techniques down (in the records' order), machines across (as given: GPU machines first),
-    and each cell's row by (technique, machine)."""
-    techniques = list(dict.fromkeys(picks["technique"]))
-    machines = list(dict.fromkeys(picks["machine"]))
-    return techniques, machines, {(r.technique, r.machine): r for r in picks.itertuples()}
+def _layout(rows: pd.DataFrame) -> tuple[list[str], list[str], dict]:
+    """Questions down (in the records' order), machines across (GPU machines first, as
+    `order_machines` gives them), and each cell's row by (question, machine)."""
+    questions = list(dict.fromkeys(rows["question"]))
+    machines = order_machines(rows)
+    return questions, machines, {(r.question, r.machine): r for r in rows.itertuples()}
 
 
-def figure(picks: pd.DataFrame, height: int | None = None, others: dict | None = None, ages: dict | None = None):
-    """The chart of `headline.glance(df)`'s rows; customdata[0] is each cell's technique.
-    `others`: `elsewhere(df)`, said in cells without a number; `ages`: (technique, machine) ->
-    how far behind the checkout's HEAD the cell's commit is (speedbench.report.age), in its hover."""
+def figure(rows: pd.DataFrame, height: int | None = None, ages: dict | None = None, links: dict | None = None):
+    """The chart of `headline.glance(df)`'s rows. Each cell's customdata: [technique, machine,
+    question, link], link from `links` ((question, machine) -> URL, "" where none); `ages`:
+    (question, machine) -> how far behind the checkout's HEAD the cell's commit is
+    (speedbench.report.age), in its hover."""
     import plotly.graph_objects as go  # noqa: PLC0415 - a viewer's import, kept out of `import speedbench`
 
-    others, ages = others or {}, ages or {}
-    techniques, machines, at = _layout(picks)
-    titles = dict(zip(picks["technique"], picks["title"], strict=True))
-    gpus = dict(zip(picks["machine"], picks["gpu"].astype(str), strict=True))
-    y = [_wrap(titles[t]) for t in techniques]
+    ages, links = ages or {}, links or {}
+    questions, machines, at = _layout(rows)
+    labels = dict(zip(rows["question"], rows["label"], strict=False))
+    gpus = dict(zip(rows["machine"], rows["gpu"].astype(str), strict=False))
+    y = [_wrap(labels[q]) for q in questions]
     x = [f"{html.escape(m)}<br>{html.escape(gpus[m])}" for m in machines]
-    z = [[_gain(at[t, m]) if (t, m) in at else math.nan for m in machines] for t in techniques]
+    z = [[_gain(at[q, m]) if (q, m) in at else math.nan for m in machines] for q in questions]
     grey = [[0.0 if math.isnan(v) else math.nan for v in row] for row in z]
     fig = go.Figure()
-    # grey under every cell that has no number (the coloured heatmap leaves NaN cells empty)
+    # grey under every cell that has no answer (the coloured heatmap leaves NaN cells empty)
     fig.add_trace(go.Heatmap(z=grey, x=x, y=y, colorscale=[[0, _NO_NUMBER], [1, _NO_NUMBER]], showscale=False,
                              hoverinfo="skip", xgap=3, ygap=3))
-    ticks = [1 / 4, 1 / 2, 1, 2, 4]
     fig.add_trace(go.Heatmap(
         z=z, x=x, y=y, zmin=-1, zmax=1, colorscale=_SCALE, xgap=3, ygap=3, hoverinfo="skip",
-        colorbar=dict(title=dict(text="gain", side="right"), thickness=12, len=0.8,
-                      tickvals=[math.log(t) / math.log(GAIN_CAP) for t in ticks],
-                      ticktext=[f"{t:g}x" for t in ticks[:-1]] + [f"≥{ticks[-1]:g}x"])))
+        colorbar=dict(title=dict(text="vs baseline", side="right"), thickness=12, len=0.8,
+                      tickvals=[math.log(g) / math.log(GAIN_CAP) for g, _ in _TICKS],
+                      ticktext=[t for _, t in _TICKS])))
     # one point per cell on top: its text, its hover, and what a click opens (heatmaps cannot be selected)
-    cells = [(t, m, at[t, m]) for t in techniques for m in machines if (t, m) in at]
+    cells = [(q, m, at[q, m]) for q in questions for m in machines if (q, m) in at]
     fig.add_trace(go.Scatter(
-        x=[x[machines.index(m)] for _, m, _ in cells], y=[y[techniques.index(t)] for t, _, _ in cells],
-        mode="markers+text", text=[_cell(r, others.get((t, m), 0)) for t, m, r in cells],
-        textfont=dict(size=13, color=[ink(colour(_gain(r))) for _, _, r in cells]),
+        x=[x[machines.index(m)] for _, m, _ in cells], y=[y[questions.index(q)] for q, _, _ in cells],
+        mode="markers+text", text=[_cell(r) for _, _, r in cells],
+        textfont=dict(size=11, color=[ink(colour(_gain(r))) for _, _, r in cells]),
         marker=dict(symbol="square", size=56, color="rgba(0,0,0,0)"),
-        hovertext=[_hover(r, others.get((t, m), 0), ages.get((t, m), "")) for t, m, r in cells], hoverinfo="text",
-        customdata=[[t, m] for t, m, _ in cells], showlegend=False))
+        hovertext=[_hover(r, ages.get((q, m), "")) for q, m, r in cells], hoverinfo="text",
+        customdata=[[r.technique, m, q, links.get((q, m), "")] for q, m, r in cells], showlegend=False))
     fig.update_layout(
-        height=height or 90 + 68 * len(techniques), margin=dict(l=10, r=10, t=50, b=4),
-        xaxis=dict(side="top", fixedrange=True, type="category"),
-        yaxis=dict(autorange="reversed", fixedrange=True, type="category"),
+        height=height or 60 + 46 * len(questions), margin=dict(l=10, r=10, t=4, b=4),
+        # ranges fixed to the cells: autorange pads for the invisible markers and squeezed every row
+        xaxis=dict(side="top", fixedrange=True, type="category", range=[-0.5, len(machines) - 0.5], automargin=True),
+        yaxis=dict(fixedrange=True, type="category", tickfont=dict(size=12), range=[len(questions) - 0.5, -0.5]),
         plot_bgcolor="white", dragmode=False, clickmode="event+select", hoverlabel=dict(align="left"))
     return fig
 
 
-# The image's geometry (px): the technique column, a machine's column, a text line, the margin.
-_NAMES_W, _CELL_W, _LINE, _PAD = 210, 170, 16, 12
+# The image's geometry (px): the question column, a machine's column, a text line, the margin.
+_NAMES_W, _CELL_W, _LINE, _PAD = 230, 180, 16, 12
 _FONT = "font-family=\"-apple-system, 'Segoe UI', Helvetica, Arial, sans-serif\""
-IMAGE_COMMAND = "speedlib publish --chart docs/glance.svg"
 _STYLES = {"b": ' font-weight="bold"', "i": ' font-style="italic"', "": ""}
-# LEGEND without the hover (an image has none); the baselines in words are in the results page's grid.
-IMAGE_LEGEND = ("Each cell: x faster than the baseline (PyTorch's default on that machine where measured), the whole "
-                "training step where measured, else the figure named in italics; peak memory is variant / baseline. "
-                f"[low, high]: 99 % interval. {report.CONTENDED} contended, {report.EARLIER} earlier benchmark "
-                f"version, {report.GPU_TESTS_FAILED} GPU tests failed. Each baseline in words: docs/results.md, At a "
-                "glance.")
 
 
 def _svg_text(x: float, y: float, pieces: list[tuple[str, str]], size: int = 13, anchor: str = "middle",
@@ -207,15 +225,14 @@ def _svg_text(x: float, y: float, pieces: list[tuple[str, str]], size: int = 13,
     return f'<text x="{x:g}" y="{y:g}" font-size="{size}" text-anchor="{anchor}" fill="{fill}">{spans}</text>'
 
 
-def svg(picks: pd.DataFrame, others: dict | None = None) -> str:
+def svg(rows: pd.DataFrame) -> str:
     """The chart of `figure` as a standalone SVG image (the docs' results page and the README
     show it: `IMAGE_COMMAND` writes it from results/): the same cells, numbers, marks and
     colours, without hover or clicks. Written by hand, not by plotly's image export (kaleido
     needs a browser), so the same results give the same bytes anywhere."""
-    others = others or {}
-    techniques, machines, at = _layout(picks)
-    titles = dict(zip(picks["technique"], picks["title"], strict=True))
-    gpus = dict(zip(picks["machine"], picks["gpu"].astype(str), strict=True))
+    questions, machines, at = _layout(rows)
+    labels = dict(zip(rows["question"], rows["label"], strict=False))
+    gpus = dict(zip(rows["machine"], rows["gpu"].astype(str), strict=False))
     width = 2 * _PAD + _NAMES_W + _CELL_W * len(machines)
     out, y = [], _PAD + 16
     out.append(_svg_text(_PAD, y, [("speedlib at a glance: what each technique gains, per machine", "b")], size=15,
@@ -227,18 +244,18 @@ def svg(picks: pd.DataFrame, others: dict | None = None) -> str:
     head = max(len(textwrap.wrap(m, 22)) + len(textwrap.wrap(gpus[m], 24)) for m in machines) if machines else 0
     for i, m in enumerate(machines):
         cx = _PAD + _NAMES_W + _CELL_W * (i + 0.5)
-        rows = [[(w, "b")] for w in textwrap.wrap(m, 22)] + [[(w, "")] for w in textwrap.wrap(gpus[m], 24)]
-        out += [_svg_text(cx, y + _LINE * (k + 1), row, size=12) for k, row in enumerate(rows)]
+        cells = [[(w, "b")] for w in textwrap.wrap(m, 22)] + [[(w, "")] for w in textwrap.wrap(gpus[m], 24)]
+        out += [_svg_text(cx, y + _LINE * (k + 1), row, size=12) for k, row in enumerate(cells)]
     y += _LINE * head + 8
-    for t in techniques:
-        cells = {m: lines(at[t, m], others.get((t, m), 0)) for m in machines if (t, m) in at}
-        height = max(4, *(len(c) for c in cells.values())) * _LINE + 12
-        names = textwrap.wrap(titles[t], 26)
+    for q in questions:
+        cells = {m: lines(at[q, m]) for m in machines if (q, m) in at}
+        names = textwrap.wrap(labels[q], 28)
+        height = max(3, len(names), *(len(c) for c in cells.values())) * _LINE + 12
         top = y + (height - _LINE * len(names)) / 2 - 3
         out += [_svg_text(_PAD, top + _LINE * (k + 1), [(w, "b")], anchor="start") for k, w in enumerate(names)]
         for i, m in enumerate(machines):
             x0 = _PAD + _NAMES_W + _CELL_W * i
-            fill = colour(_gain(at[t, m])) if (t, m) in at else _NO_NUMBER
+            fill = colour(_gain(at[q, m])) if (q, m) in at else _NO_NUMBER
             out.append(f'<rect x="{x0 + 1.5:g}" y="{y + 1.5:g}" width="{_CELL_W - 3}" height="{height - 3}" '
                        f'fill="{fill}"/>')
             text = cells.get(m, [])
@@ -248,12 +265,12 @@ def svg(picks: pd.DataFrame, others: dict | None = None) -> str:
         y += height
     y += 14
     x = _PAD
-    out.append(_svg_text(x, y + 12, [("Colour: gain (peak memory inverted)", "")], size=12, anchor="start"))
-    x += 230
-    for gain, name in [(-1, "≤0.25x"), (-0.5, "0.5x"), (0, "1x"), (0.5, "2x"), (1, "≥4x"), (math.nan, "no number")]:
+    out.append(_svg_text(x, y + 12, [("Colour: against the row's baseline", "")], size=12, anchor="start"))
+    x += 220
+    for gain, name in [*((math.log(g) / math.log(GAIN_CAP), t) for g, t in _TICKS), (math.nan, "no answer")]:
         out.append(f'<rect x="{x:g}" y="{y:g}" width="16" height="16" fill="{colour(gain)}" stroke="#999"/>')
         out.append(_svg_text(x + 21, y + 12, [(name, "")], size=12, anchor="start"))
-        x += 92
+        x += 100
     y += 16 + _LINE + 4
     out.append(_svg_text(_PAD, y, [(f"Drawn from the committed results/ by `{IMAGE_COMMAND}`.", "")], size=12,
                          anchor="start", fill="#555"))

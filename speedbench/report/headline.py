@@ -1,25 +1,32 @@
-"""The headline grid: one comparison per technique, one column per machine.
+"""The headline grid: one row per question, one column per machine, one figure per cell.
 
-The overview opens with it so that its first screen answers "which trick, how much, on
-which GPU, and how sure": each cell is the technique's main comparison on that machine's
-latest commit, as a paired speedup (Hodges-Lehmann estimate, 99 % Wilcoxon interval, N
-rounds) where the variants took turns in one process, else as the ratio of separately
-timed values, with the exact peak-memory ratio beside it where the technique is about
-memory. A cell that has no number says why and what would measure it.
+A question (speedbench.techniques.Question) is one comparison: what is timed (its scope),
+against which baseline, speed or peak memory. Every cell of its row answers that one question
+on its machine's latest commit, so cells side by side compare: a technique asking two things
+(the flat buffer's optimizer step and its whole iteration; checkpointing's step time and its
+peak memory; mixed precision against PyTorch's default precision and against strict fp32) has
+two rows. A cell shows the paired figure (the variants taking turns in one process: Hodges-
+Lehmann estimate, 99 % Wilcoxon interval, N rounds) wherever that comparison was measured so;
+a separately timed one only where it was not (`Headline.fallback`), marked not paired. A cell
+whose machine lacks the comparison says why, and never shows another comparison's number: a
+run that did not time the baseline, an earlier benchmark version that had no such variant, a
+chunk not run yet, a machine without a GPU. A comparison about several GPUs measured on one
+(DistributedDataParallel against DataParallel at world=1) is no answer either: its cell says
+what the figure is (the wrapper's overhead) and is not coloured as a result.
 
 Baselines are plain PyTorch, written with torch alone in the benchmarks, never a speedlib code
-path (speedbench.techniques). A cell leads with the comparison against what PyTorch does by
-default on that machine, where the suite measures it and it is not the source's own baseline
-(torch.optim.Adam is foreach where every parameter is on CUDA, the per-tensor loop on CPUs; a
-host tensor is pageable; on GPUs cuDNN convolutions run in TF32 and matmuls in float32), then
-the other baselines a practitioner would weigh (fused Adam), then the source's baseline, which
-the claims table keeps (speedbench.report.CLAIMS). Each technique's record (speedbench.techniques)
-says which variant is PyTorch's default, and where the suite does not measure it.
+path. A row "vs PyTorch's default" compares on each machine with what PyTorch does there when
+nothing is changed (torch.optim.Adam is foreach where every parameter is on CUDA, the
+per-tensor loop on CPUs; on GPUs cuDNN convolutions run in TF32): the question is the same,
+the variant follows the machine, and the cell names it. The other baselines of a comparison
+(fused Adam, the sources' own) are in `speedlib report --table paired`, computed from the same
+rounds (speedbench.report.pairs.against), and the claims table keeps the sources' baselines.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 import pandas as pd
 
@@ -27,65 +34,29 @@ from speedbench import report
 from speedbench.results.environment import NoGpuModel
 from speedbench.run import plan
 from speedbench.stats import contention
-from speedbench.techniques import TECHNIQUES, Headline
+from speedbench.techniques import TECHNIQUES, Headline, Question
 
-__all__ = ["Headline", "HEADLINES", "WIDE_NOTE", "grid", "glance", "pick", "single_device", "single_device_note"]
+__all__ = ["Headline", "Question", "HEADLINES", "QUESTIONS", "TIDY", "WIDE_NOTE", "MEASURED", "grid", "glance",
+           "single_device", "single_device_note", "machine_kind", "order_machines"]
 
 
-# Each technique's main comparison, from its record, in the records' order.
+# Each technique's main comparison, and the chart's rows, from the records in their order.
 HEADLINES = tuple(t.comparison for t in TECHNIQUES.values() if t.comparison is not None)
-
-
-def _others(row: pd.Series, h: Headline) -> str:
-    """The parameters that tell this row apart from the comparison's other rows (batch=...)."""
-    fixed = {k for k, _ in h.where} | {"workload"}
-    parts = [p for p in str(row.get("params") or "").split(", ")
-             if p and not p.startswith("variant=") and p.split("=", 1)[0] not in fixed]
-    return ", ".join(parts)
-
-
-def _values(r) -> str:
-    """Both values of an unpaired comparison, in the metric's unit."""
-    if r.unit == "seconds":
-        return f"{r.value * 1e3:.3g} vs {r.baseline_value * 1e3:.3g} ms"
-    return f"{r.value:.3g} vs {r.baseline_value:.3g} {r.unit}"
-
-
-def _comparisons(last: pd.DataFrame, h: Headline) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """`h`'s ratios on every machine at once (speed, and memory where it has a memory class):
-    one computation per technique, not per cell, so the grid costs the same at 2 machines or 20."""
-    mine = last[last["technique"] == h.technique]
-    if h.paired:  # report.paired holds the ratios against PyTorch's defaults and `beside` too
-        rows = report.paired(mine[mine["suite"] == h.suite])
-        hits = report.headline_rows(rows, h) if not rows.empty else rows
-        hits, *more = [hits[hits["baseline"] == b] if not hits.empty else hits
-                       for b in (h.baseline, *report.other_baselines(h))]
-    else:
-        own = mine[(mine["suite"] == h.suite) & (mine["metric"] == h.metric)]
-        hits, *more = [_unpaired(own, h, b) for b in (h.baseline, *report.other_baselines(h))]
-    more = [m for m in more if not m.empty]
-    if more:
-        hits = pd.concat([hits, *more], ignore_index=True) if not hits.empty else pd.concat(more, ignore_index=True)
-    memory = mine.iloc[0:0]
-    if h.memory_suite:
-        memory = report.speedups(mine[(mine["suite"] == h.memory_suite) & (mine["metric"] == "peak_memory")],
-                                 baseline=h.baseline)
-        memory = report.headline_rows(memory, h) if not memory.empty else memory
-    return hits, memory
-
-
-def _unpaired(own: pd.DataFrame, h: Headline, baseline: str) -> pd.DataFrame:
-    """`h`'s variant against `baseline`, from separately timed values of its metric."""
-    rows = report.speedups(own, baseline=baseline)
-    return report.headline_rows(rows, h) if not rows.empty else rows
-
-
+QUESTIONS = tuple(q for t in TECHNIQUES.values() for q in t.questions)
 EARLIER = report.EARLIER  # the dagger the tables use too
 # Words in every note on why a cell's interval is wide, one note per cell: the overview folds them away.
 WIDE_NOTE = "its 99 % interval"
+MEASURED = "measured"  # a cell's status where it answers its question; anything else says why not
+
+# The grid as tidy data (its CSV export, the overview's chart, the static site): one row per
+# question and machine, numbers as numbers, the marks as booleans, N an integer.
+TIDY = ["question", "label", "technique", "title", "machine", "gpu", "commit", "suite", "scope", "measure", "case",
+        "variant", "baseline", "baseline_name", "baseline_words", "ratio", "low", "high", "gain", "N", "paired",
+        "value", "baseline_value", "unit", "contended", "earlier_version", "gpu_tests_failed", "status",
+        "result_id"]
 
 
-def _kind(gpu) -> str | None:
+def machine_kind(gpu) -> str | None:
     """"gpu" or "cpu": the kind of machine a column measured on, whose PyTorch defaults
     differ (Adam's foreach needs every parameter on CUDA); None where its run did not say."""
     gpu = str(gpu)
@@ -94,112 +65,207 @@ def _kind(gpu) -> str | None:
     return None if gpu in (NoGpuModel.UNKNOWN, "", "nan", "None") else "gpu"
 
 
-def _order(h: Headline, kind: str | None, present) -> list[str]:
-    """The baselines a cell shows, the lead first: PyTorch's default on this kind of machine
-    where it was measured, then `h.beside`, then the source's baseline (which leads where the
-    default is unknown or was not measured)."""
-    default = dict(h.default).get(kind)
-    order = [default, *h.beside, h.baseline] if default in present else [h.baseline, *h.beside]
-    return [b for b in dict.fromkeys(order) if b in present]
+def order_machines(rows: pd.DataFrame) -> list[str]:
+    """The machines of `rows` (machine and gpu columns) as every copy of the grid lists them:
+    those with a GPU first (the question is which GPU), each group by name."""
+    gpus = dict(zip(rows["machine"], rows["gpu"].astype(str), strict=False))
+    return sorted(gpus, key=lambda m: (machine_kind(gpus[m]) != "gpu", m))
+
+
+def _others(row, h: Headline) -> str:
+    """The parameters that tell this row apart from the comparison's other rows (batch=...)."""
+    fixed = {k for k, _ in h.where} | {"workload"}
+    parts = [p for p in str(getattr(row, "params", "") or "").split(", ")
+             if p and not p.startswith("variant=") and p.split("=", 1)[0] not in fixed]
+    return ", ".join(parts)
+
+
+def _natural(text: str) -> list:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
 def _tag(h: Headline, baseline: str, kind: str | None) -> str:
-    """What a baseline is, said after its name: PyTorch's default here, the source's baseline."""
+    """What a baseline is, in words: PyTorch's default here, the source's baseline."""
     said = []
     if dict(h.default).get(kind) == baseline:
-        anywhere = len({v for _, v in h.default}) == 1
+        anywhere = len({v for _, v in h.default}) <= 1
         said.append("PyTorch's default" + ("" if anywhere else f" on {'CUDA' if kind == 'gpu' else 'CPUs'}"))
     if baseline == h.baseline and h.source:
         said.append(h.source)
     return ", ".join(said)
 
 
-def _busy(r) -> str:
-    """" ‡" after a figure measured on a contended machine."""
-    return f" {report.CONTENDED}" if getattr(r, "contention", "") == contention.CONTENDED else ""
+def _command(h: Headline) -> str:
+    """The `speedlib run` that measures `h`: its class's chunk."""
+    return plan.how_to_measure(f"bench_{h.technique}.{h.suite}.")
 
 
-def _versus(r, h: Headline, kind: str | None, lead: bool) -> str:
-    """One ratio of a cell that shows several baselines, naming its baseline; N with the lead
-    only (every ratio of a paired class comes from the same rounds)."""
-    ratio = report.fmt_ratio(r.ratio, r.ratio_low, r.ratio_high) + _busy(r)
-    name, tag = dict(h.names).get(r.baseline, r.baseline), _tag(h, r.baseline, kind)
-    if h.paired:
-        return f"{ratio}{f' N={r.n}' if lead else ''} vs {name}" + (f" ({tag})" if tag else "")
-    said = [tag, _values(r), f"N={r.n} each, not paired" if lead else ""]
-    return f"{ratio} vs {name} ({'; '.join(x for x in said if x)})"
+class _Found:
+    """Every ratio a comparison's classes give, computed once per class for every machine
+    (the grid costs the same at 2 machines or 20): `rows(h, measure, baseline)`."""
 
+    def __init__(self, last: pd.DataFrame):
+        self.last = last
+        self._paired: dict[tuple, pd.DataFrame] = {}
+        self._ratios: dict[tuple, pd.DataFrame] = {}
 
-def _ordered(hits: pd.DataFrame, h: Headline, gpu: str) -> list[tuple[str, list]]:
-    """One cell's rows as the grid shows them: groups told apart by other parameters
-    (batch=...), each group's baselines the lead first (`_order`)."""
-    if not (h.default or h.beside):
-        return [(_others(row, h), [r]) for (_, row), r in zip(hits.iterrows(), hits.itertuples(), strict=True)]
-    order = _order(h, _kind(gpu), set(hits["baseline"]) if not hits.empty else set())
-    hits = _shown(hits, order)
-    groups: dict[str, list] = {}
-    for other, r in zip((_others(row, h) for _, row in hits.iterrows()), hits.itertuples(), strict=True):
-        groups.setdefault(other, []).append(r)
-    return [(other, sorted(rs, key=lambda r: order.index(r.baseline))) for other, rs in groups.items()]
+    def mine(self, h: Headline, suite: str) -> pd.DataFrame:
+        """`h`'s class's rows at its fixed parameters: the ratios are estimated for these alone
+        (Transfer measures 4 configurations of 8 variants; the row gathers random rows)."""
+        keep = (self.last["technique"] == h.technique) & (self.last["suite"] == suite)
+        for column, value in h.where:
+            if column in self.last:
+                keep &= self.last[column] == value
+        return self.last[keep]
 
-
-def _shown(hits: pd.DataFrame, order: list[str]) -> pd.DataFrame:
-    """The rows of the baselines a cell shows (`_order`): the others are neither shown nor its sources."""
-    return hits[hits["baseline"].isin(order)] if not hits.empty else hits
-
-
-def _cell(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, gpu: str) -> tuple[str, pd.DataFrame]:
-    """The text of one machine's cell (from that machine's rows) and the rows it was computed from."""
-    if h.default or h.beside:  # several baselines: each ratio names its own, the lead first
-        kind = _kind(gpu)
-        hits = _shown(hits, _order(h, kind, set(hits["baseline"]) if not hits.empty else set()))
-        labelled = []
-        for other, rs in _ordered(hits, h, gpu):
-            text = "; ".join(_versus(r, h, kind, lead=i == 0) for i, r in enumerate(rs))
-            labelled.append(f"{other}: {text}" if other else text)
-    else:
+    def rows(self, h: Headline, measure: str, baseline: str) -> pd.DataFrame:
+        """`h`'s variant against `baseline` on every machine: ratio (baseline / variant), its
+        interval and n; peak memory from `h.memory_suite`, the ratio still baseline / variant."""
+        if measure == "peak memory":
+            key = (h.technique, h.memory_suite, "peak_memory", baseline)
+            if key not in self._ratios:
+                own = self.mine(h, h.memory_suite)
+                self._ratios[key] = self._headline(report.speedups(own[own["metric"] == "peak_memory"],
+                                                                   baseline=baseline), h)
+            return self._ratios[key]
         if h.paired:
-            texts = [f"{report.fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)}{_busy(r)} N={r.n}"
-                     for r in hits.itertuples()]
-        else:
-            # Not taking turns (DDP and DataParallel are separate launches; the transfer variants
-            # run one after another): say how many values each side has (asv tracks give one), so
-            # that a ratio without brackets does not read as a sure one.
-            texts = [f"{report.fmt_ratio(r.ratio, r.ratio_low, r.ratio_high)}{_busy(r)} ({_values(r)}; N={r.n} "
-                     "each, not paired)" for r in hits.itertuples()]
-        labelled = [f"{other}: {t}" if other else t
-                    for other, t in zip((_others(r, h) for _, r in hits.iterrows()), texts, strict=True)]
-    if not labelled:  # said first, so that a memory-only cell does not pass for the whole comparison
-        labelled = [f"speed not measured yet ({_command(h)})"]
-    used = [hits]
-    if h.memory_suite:
-        # the ratio is baseline / variant, inverted here: a baseline that used no memory divides by 0
-        labelled += [f"{_others(r, h)}: peak memory {_memory_ratio(r.ratio)}".lstrip(": ")
-                     for _, r in memory.iterrows() if pd.notna(r.ratio)]
-        used.append(memory)
-    if any(len(u) for u in used):
-        # the dagger covers the cell (one benchmark version); the double dagger stands after
-        # each contended figure, the lead most of all (`_busy`)
-        sources = pd.concat(used)
-        return "; ".join(labelled) + (f" {EARLIER}" if report.earlier_version(sources).any() else "") \
-            + (f" {report.GPU_TESTS_FAILED}" if report.gpu_tests_failed(sources).any() else ""), sources
-    if h.gpu_only and gpu == NoGpuModel.CPU_ONLY:
-        return "needs a GPU", hits.iloc[0:0]
-    return f"not measured yet: {_command(h)}", hits.iloc[0:0]
+            key = (h.technique, h.suite)
+            if key not in self._paired:  # holds the ratios against PyTorch's defaults and `beside` too
+                self._paired[key] = self._headline(report.paired(self.mine(h, h.suite)), h)
+            rows = self._paired[key]
+            return rows[rows["baseline"] == baseline] if not rows.empty else rows
+        key = (h.technique, h.suite, h.metric, baseline)
+        if key not in self._ratios:
+            own = self.mine(h, h.suite)
+            self._ratios[key] = self._headline(report.speedups(own[own["metric"] == h.metric], baseline=baseline), h)
+        return self._ratios[key]
+
+    @staticmethod
+    def _headline(rows: pd.DataFrame, h: Headline) -> pd.DataFrame:
+        return report.headline_rows(rows, h) if not rows.empty else rows
 
 
-def _on(rows: pd.DataFrame, machine: str) -> pd.DataFrame:
-    return rows[rows["machine"] == machine] if len(rows) else rows
+def _why_not(found: _Found, q: Question, machine: str, baseline: str) -> str:
+    """Why `machine` has no answer to `q`: the run of its classes that did not time the
+    variant or the baseline (an earlier benchmark version, said), else the chunk to run."""
+    h = q.comparison
+    names = dict(h.names)
+    for source in (h, h.fallback):
+        if source is None:
+            continue
+        suite = h.memory_suite if q.measure == "peak memory" else source.suite
+        own = found.mine(source, suite)
+        own = own[own["machine"] == machine]
+        if own.empty:
+            continue
+        lacking = [names.get(v, v) for v in dict.fromkeys((source.variant, baseline)) if v not in set(own["variant"])]
+        commit = own.sort_values("commit_date", kind="stable")["commit"].iloc[-1][:8]
+        # the reason first: the chart shows a reason's first words, the grid and the hover all of it
+        run = f"earlier benchmark version at {commit}, which" if report.earlier_version(own).any() else \
+            f"its run at {commit}"
+        if lacking:
+            return f"not measured: {run} did not time {' or '.join(lacking)}"
+        return f"not measured: {run} gave no ratio of these two"
+    return f"not measured yet: {_command(h if q.measure == 'speed' else _memory_class(h))}"
 
 
-def _scoped(h: Headline, text: str) -> str:
-    """A cell's text led by what its timed region holds: "Adam step alone (...): 5.65x ..."."""
-    return f"{h.scope[0].upper()}{h.scope[1:]}: {text}"
+def _memory_class(h: Headline) -> Headline:
+    """`h` as its peak-memory class (for the command that measures it)."""
+    return Headline(h.technique, h.what, h.memory_suite or h.suite, h.variant, h.baseline)
 
 
-def _memory_ratio(ratio: float) -> str:
-    """Variant / baseline peak memory from `ratio` (baseline / variant)."""
-    return report.fmt_ratio(1 / ratio if ratio else math.inf, None, None)
+def _largest(rows: pd.DataFrame, h: Headline):
+    """The one case a cell shows where a class measured several (checkpointing's batch sizes):
+    the largest, the one the technique is for (every case is on the technique's page)."""
+    if len(rows) == 1:
+        return rows.iloc[0]
+    cases = [(_natural(_others(r, h)), i) for i, r in enumerate(rows[["params"]].itertuples())]
+    return rows.iloc[max(cases)[1]]
+
+
+def _world(r) -> int | None:
+    world = pd.to_numeric(pd.Series([getattr(r, "world", None)]), errors="coerce").iloc[0]
+    return None if pd.isna(world) else int(world)
+
+
+def _answer(found: _Found, q: Question, machine: str, gpu: str) -> dict:
+    """The tidy row of `q` on `machine`: its figure, or the reason it has none."""
+    h, kind = q.comparison, machine_kind(gpu)
+    baseline = q.baseline_on(kind)
+    names = dict(h.names)
+    base = {"question": q.key, "label": q.label, "technique": q.technique, "title": TECHNIQUES[q.technique].title,
+            "machine": machine, "gpu": gpu, "measure": q.measure, "variant": h.variant, "baseline": baseline,
+            "baseline_name": names.get(baseline, baseline), "baseline_words": _tag(h, baseline, kind),
+            "scope": _scope(q), "suite": h.memory_suite if q.measure == "peak memory" else h.suite,
+            "paired": False, "contended": False, "earlier_version": False, "gpu_tests_failed": False}
+    if (h.gpu_only or q.measure == "peak memory") and kind == "cpu":  # peak memory is the GPU's
+        return {**base, "status": f"needs {h.devices} or more GPUs" if h.devices > 1 else "needs a GPU"}
+    source, rows = h, found.rows(h, q.measure, baseline)
+    rows = rows[rows["machine"] == machine] if not rows.empty else rows
+    if rows.empty and h.fallback is not None and q.measure == "speed":
+        source, rows = h.fallback, found.rows(h.fallback, q.measure, baseline)
+        rows = rows[rows["machine"] == machine] if not rows.empty else rows
+    if rows.empty:
+        return {**base, "status": _why_not(found, q, machine, baseline)}
+    r = _largest(rows, source)
+    memory = q.measure == "peak memory"
+    one = pd.DataFrame([r])
+    ratio = (1 / r["ratio"] if r["ratio"] else math.inf) if memory else r["ratio"]
+    world = _world(r)
+    paired = bool(source.paired and not memory)
+    status = MEASURED
+    if h.devices > 1 and world is not None and world < h.devices:
+        status = f"{'one GPU' if world == 1 else f'{world} GPUs'}: {h.too_few or 'not the comparison'} " \
+                 f"(needs >= {h.devices} GPUs)"
+    return {**base, "commit": r["commit"], "suite": r["suite"], "scope": _scope(q) if memory else source.scope,
+            "case": _others(r, source), "ratio": ratio,
+            "low": math.nan if memory else r["ratio_low"], "high": math.nan if memory else r["ratio_high"],
+            "gain": r["ratio"], "N": r["n"], "paired": paired,
+            # the two values a separately timed ratio divides (a paired one is of its rounds: none)
+            "value": math.nan if paired else r.get("value", math.nan),
+            "baseline_value": math.nan if paired else r.get("baseline_value", math.nan),
+            "unit": "" if paired else r.get("unit", ""), "contended": r.get("contention", "") == contention.CONTENDED,
+            "earlier_version": bool(report.earlier_version(one).any()),
+            "gpu_tests_failed": bool(report.gpu_tests_failed(one).any()), "status": status,
+            "result_id": r.get("result_id", ""), "_row": r}
+
+
+def _scope(q: Question) -> str:
+    if q.measure == "peak memory":
+        return f"peak GPU memory of the {q.comparison.scope}"
+    return q.comparison.scope
+
+
+def _figure(a: dict) -> str:
+    """A cell's figure as the grid's text writes it: "7.77x [6.93, 8.68] N=30 vs foreach
+    (PyTorch's default on CUDA)", with its case, its two values where not paired, and marks."""
+    ratio = report.fmt_ratio(a["ratio"], a["low"], a["high"]) + (f" {report.CONTENDED}" if a["contended"] else "")
+    words = f" ({a['baseline_words']})" if a["baseline_words"] else ""
+    if a["measure"] == "peak memory":
+        text = f"peak memory {ratio} vs {a['baseline_name']}{words}"
+    elif a["paired"]:
+        text = f"{ratio} N={a['N']} vs {a['baseline_name']}{words}"
+    else:
+        # Not taking turns (DDP and DataParallel are separate launches; FractionOfFloor times one
+        # variant after another): both values and how many each has, so that a ratio without
+        # brackets does not read as a sure one.
+        text = f"{ratio} vs {a['baseline_name']}{words} ({_values(a)}; N={a['N']} each, not paired: {a['suite']})"
+    text = (f"{a['case']}: " if a["case"] else "") + text
+    return text + (f" {EARLIER}" if a["earlier_version"] else "") \
+        + (f" {report.GPU_TESTS_FAILED}" if a["gpu_tests_failed"] else "")
+
+
+def _values(a: dict) -> str:
+    """Both values of an unpaired comparison, in the metric's unit."""
+    if a["unit"] == "seconds":
+        return f"{a['value'] * 1e3:.3g} vs {a['baseline_value'] * 1e3:.3g} ms"
+    return f"{a['value']:.3g} vs {a['baseline_value']:.3g} {a['unit']}"
+
+
+def _text(a: dict) -> str:
+    if a["status"] == MEASURED:
+        return _figure(a)
+    return f"{a['status']}: {_figure(a)}" if "ratio" in a else a["status"]
 
 
 def _instead_of_contended(df: pd.DataFrame, sources: pd.DataFrame) -> list[str]:
@@ -218,25 +284,14 @@ def _instead_of_contended(df: pd.DataFrame, sources: pd.DataFrame) -> list[str]:
     return sorted(notes)
 
 
-def _not_own(r) -> str:
-    """", vs foreach" for a ratio against another baseline than its technique's own."""
-    own = TECHNIQUES[r.technique].baseline if r.technique in TECHNIQUES else None
-    return "" if r.baseline == own else f", vs {r.baseline}"
-
-
-def _command(h: Headline) -> str:
-    """The `speedlib run` that measures `h`: its class's chunk."""
-    return plan.how_to_measure(f"bench_{h.technique}.{h.suite}.")
-
-
 def single_device(rows: pd.DataFrame, h: Headline) -> list[str]:
     """The machines whose results of `h` (a comparison about several devices) reach fewer
     devices than it needs: there the variants train the same single replica."""
-    return _too_few_devices(_comparisons(report.latest(rows), h)[0], h) if h.devices > 1 else []
-
-
-def _too_few_devices(hits: pd.DataFrame, h: Headline) -> list[str]:
-    if h.devices <= 1 or hits.empty or "world" not in hits:
+    if h.devices <= 1:
+        return []
+    found = _Found(report.latest(rows))
+    hits = found.rows(h, "speed", h.baseline)
+    if hits.empty or "world" not in hits:
         return []
     worlds = pd.to_numeric(hits["world"], errors="coerce")
     return [m for m, w in worlds.groupby(hits["machine"]).max().items() if w < h.devices]
@@ -244,130 +299,124 @@ def _too_few_devices(hits: pd.DataFrame, h: Headline) -> list[str]:
 
 def single_device_note(h: Headline, machine: str) -> str:
     return (f"{TECHNIQUES[h.technique].title} on {machine}: one device only, so the two run the same single "
-            "replica and the ratio is their per-step overhead, not the scaling the comparison is about "
-            f"({_command(h)} on a machine with {h.devices} or more GPUs)")
+            f"replica and the ratio is their per-step overhead ({h.too_few or 'not the comparison'}), not the "
+            f"scaling the comparison is about ({_command(h)} on a machine with {h.devices} or more GPUs)")
+
+
+def _fallback_notes(found: _Found, answers: list[dict]) -> list[str]:
+    """Where a row's paired figure is shown and the same machine also timed the comparison
+    without pairing, both figures and why the paired one is the answer (issue 51: 1.71x
+    paired beside 1.18x from one variant after another, on one machine and commit)."""
+    notes = []
+    for a in answers:
+        q = next(q for q in QUESTIONS if q.key == a["question"])
+        h = q.comparison
+        if a["status"] != MEASURED or not a["paired"] or h.fallback is None or not h.fallback_differs:
+            continue
+        other = found.rows(h.fallback, "speed", a["baseline"])
+        other = other[(other["machine"] == a["machine"]) & (other["commit"] == a["commit"])] if not other.empty \
+            else other
+        if other.empty:
+            continue
+        r = _largest(other, h.fallback)
+        shown = report.fmt_ratio(a["ratio"], a["low"], a["high"])
+        notes.append(f"{q.label} on {a['machine']} at {a['commit'][:8]}: {shown} N={a['N']}, the variants taking "
+                     f"turns ({h.suite}), is shown; timed one variant after another "
+                     f"({h.fallback.suite}) the same comparison reads {report.fmt_ratio(r['ratio'], None, None)} "
+                     f"({r['value']:.3g} vs {r['baseline_value']:.3g} {r['unit']}). {h.fallback_differs} the "
+                     "comparison")
+    return notes
 
 
 def grid(df: pd.DataFrame) -> report.Table:
-    """Techniques down, machines (latest commit each) across; see the module docstring. A
+    """Questions down, machines (latest commit each) across; see the module docstring. A
     result measured on a contended machine gives way to the newest uncontended one of the same
     machine (report.citable), and the notes say where; with none, it is shown marked."""
-    last = report.citable(df)
-    machines = sorted(last["machine"].unique()) if not last.empty else []
-    columns = {m: f"{m} ({last.loc[last['machine'] == m, 'gpu'].iloc[0]})" for m in machines}
-    rows, used, few, tidy = [], [], [], []
-    gpus = dict(zip(last["machine"], last["gpu"].astype(str), strict=True))
-    for h in HEADLINES:
-        row = {"technique": TECHNIQUES[h.technique].title}
-        hits, memory = _comparisons(last, h)
-        whole = _comparisons(last, h.whole) if h.whole else None
-        few += [(h, m) for m in _too_few_devices(hits, h)]
-        for m in machines:
-            text, source = _cell(_on(hits, m), _on(memory, m), h, gpus[m])
-            parts = [_scoped(h, text)]
-            used.append(source)
-            tidy += _tidy(_on(hits, m), _on(memory, m), h, m, gpus[m], "headline", text)
-            if whole is not None:
-                text, source = _cell(_on(whole[0], m), _on(whole[1], m), h.whole, gpus[m])
-                parts.append(_scoped(h.whole, text))
-                used.append(source)
-                tidy += _tidy(_on(whole[0], m), _on(whole[1], m), h.whole, m, gpus[m], "whole step", text)
-            row[columns[m]] = ". ".join(parts)
-        what = h.what + (f"; beside it, {h.whole.what}" if h.whole else "")
-        rows.append({**row, "comparison": what})  # the numbers first, where the eye lands
-    sources = pd.concat(used) if used else df.iloc[0:0]
-    notes = ["x faster than the baseline (peak memory: variant / baseline), latest commit per machine; a cell "
-             "with several baselines names each, PyTorch's default on that machine first",
-             "[low, high]: the 99 % Wilcoxon interval of a paired speedup (variants taking turns in one "
-             "process, N rounds); separate launches: the worst-case bounds of two separately timed values"]
-    notes += [f"{TECHNIQUES[h.technique].title}: {h.against}" for h in HEADLINES if h.against]
-    parts = [h for h in HEADLINES if h.whole]
-    notes.append("scope: each cell opens with what its timed region holds; "
-                 + "; ".join(f"{TECHNIQUES[h.technique].title} times {h.scope}, and its cells add "
-                             f"{h.whole.scope} ({h.whole.suite}), what a training run gains" for h in parts))
+    # each question's classes only: the ratios below are taken over a few hundred rows, not every result
+    suites = {(q.technique, s) for q in QUESTIONS for h in (q.comparison, q.comparison.fallback) if h is not None
+              for s in (h.suite, h.memory_suite) if s}
+    wanted = pd.Series([(t, s) in suites for t, s in zip(df["technique"], df["suite"], strict=True)], index=df.index,
+                       dtype=bool) if not df.empty else pd.Series([], dtype=bool)
+    last = report.citable(df[wanted]) if not df.empty else df
+    gpus = dict(zip(df["machine"], df["gpu"].astype(str), strict=True))  # one kind of hardware per machine name
+    machines = order_machines(df)  # as the chart: GPU machines first
+    columns = {m: f"{m} ({gpus[m]})" for m in machines}
+    found = _Found(last)
+    answers = [_answer(found, q, m, gpus[m]) for q in QUESTIONS for m in machines]
+    rows = []
+    for q in QUESTIONS:
+        row = {"technique": TECHNIQUES[q.technique].title, "question": q.label}
+        row.update({columns[a["machine"]]: _text(a) for a in answers if a["question"] == q.key})
+        rows.append({**row, "comparison": _comparison_words(q)})  # the numbers first, where the eye lands
+    used = [a["_row"] for a in answers if "_row" in a]
+    # a result two rows cite (mixed precision on a CPU: strict fp32 is PyTorch's default there) counts once
+    sources = pd.DataFrame(used) if used else df.iloc[0:0]
+    sources = sources.drop_duplicates([c for c in ("result_id", "baseline") if c in sources]).reset_index(drop=True) \
+        if "result_id" in sources else sources.reset_index(drop=True)
+    notes = ["one row, one comparison: the same scope, baseline and measure in every machine's cell; x faster "
+             "than the baseline (peak memory: variant / baseline, lower is better); latest commit per machine",
+             "[low, high]: the 99 % Wilcoxon interval of a paired speedup (variants taking turns in one process, N "
+             "rounds); a separately timed figure is shown only where no paired one exists, marked not paired, "
+             "with both values",
+             "where a class measures several cases (checkpointing's batch sizes), a cell shows the largest; every "
+             "case is on the technique's page and in speedlib report --table paired, with every other baseline"]
+    notes += [f"{q.label}: {_baseline_words(q)}" for q in QUESTIONS]
     notes = report.with_earlier_note(notes, sources)  # the dagger's note, the double dagger's and its counters
     notes += _instead_of_contended(df, sources)
+    notes += _fallback_notes(found, answers)
     if not sources.empty:  # whether each column's numbers were measured on a quiet machine, said once
         states: dict[str, list[str]] = {}
         for machine, its in sources.groupby("machine", sort=True):
             states.setdefault(report.run_state(its), []).append(machine)
         notes.append("machine state when measured: " + "; ".join(f"{', '.join(ms)}: {state}"
                                                                    for state, ms in states.items()))
-    notes += [single_device_note(h, m) for h, m in few]
-    wide = sources[sources["wide_because"].map(lambda w: isinstance(w, str) and bool(w))] \
-        if "wide_because" in sources else sources.iloc[0:0]
-    whole_suites = {(h.technique, h.whole.suite) for h in HEADLINES if h.whole}
-    notes += [f"{TECHNIQUES[r.technique].title} on {r.machine} ("
-              # the whole-step class shares its parameters with the headline's: name it
-              + (f"{r.suite}, " if (r.technique, r.suite) in whole_suites else "")
-              + f"{r.params}{_not_own(r)}): {WIDE_NOTE} "
-              f"[{r.ratio_low:.3g}, {r.ratio_high:.3g}] spans {r.width:.2f}x (high / low), more than "
-              f"{report.PAIRED_WIDTH_TARGET:.2f}x: {r.wide_because}" for r in wide.itertuples()]
-    return report.Table("Headline: each technique's main comparison per machine", pd.DataFrame(rows), sources, notes,
-                        data=pd.DataFrame(tidy, columns=TIDY))
+    notes += [single_device_note(q.comparison, a["machine"]) for q in QUESTIONS for a in answers
+              if a["question"] == q.key and q.comparison.devices > 1 and "ratio" in a and a["status"] != MEASURED]
+    notes += _wide_notes(answers)
+    data = pd.DataFrame([{k: a.get(k) for k in TIDY} for a in answers], columns=TIDY)
+    data["N"] = pd.array(pd.to_numeric(data["N"], errors="coerce"), dtype="Int64")
+    for c in ("ratio", "low", "high", "gain", "value", "baseline_value"):
+        data[c] = pd.to_numeric(data[c], errors="coerce").astype(float)
+    for c in ("paired", "contended", "earlier_version", "gpu_tests_failed"):
+        data[c] = data[c].astype(bool)
+    return report.Table("Headline: one comparison per row, one column per machine", pd.DataFrame(rows), sources,
+                        notes, data=data)
 
 
-# The grid as tidy data (its CSV export, the overview's chart, the static site): one row per
-# technique, machine and comparison (baseline, case, speed or memory), numbers as numbers.
-TIDY = ["technique", "title", "machine", "gpu", "part", "scope", "measure", "case", "baseline", "baseline_name",
-        "baseline_words", "lead", "ratio", "low", "high", "n", "paired", "contended", "earlier_version",
-        "gpu_tests_failed", "status", "result_id"]
+def _comparison_words(q: Question) -> str:
+    h = q.comparison
+    memory = "peak memory of " if q.measure == "peak memory" else ""
+    return f"{memory}{h.what}"
 
 
-def _tidy(hits: pd.DataFrame, memory: pd.DataFrame, h: Headline, machine: str, gpu: str, part: str,
-          text: str) -> list[dict]:
-    """One machine's cell of `h` as tidy rows: every ratio the cell's text shows, in its order
-    (`_ordered`), then its peak-memory ratios; a cell without a number gives one row saying why."""
-    kind, names = _kind(gpu), dict(h.names)
-    base = {"technique": h.technique, "title": TECHNIQUES[h.technique].title, "machine": machine, "gpu": gpu,
-            "part": part, "scope": h.scope}
+def _baseline_words(q: Question) -> str:
+    """Which baseline the row compares with, in words, on each kind of machine."""
+    h = q.comparison
+    if q.baseline:
+        return f"against {dict(h.names).get(q.baseline, q.baseline)}" + (
+            f" ({_tag(h, q.baseline, 'gpu')})" if _tag(h, q.baseline, "gpu") else "")
+    if h.default:
+        kinds = dict(h.default)
+        if len(set(kinds.values())) == 1:
+            b = next(iter(kinds.values()))
+            return f"against {dict(h.names).get(b, b)}, PyTorch's default on every machine"
+        return "against PyTorch's default on each machine: " + "; ".join(
+            f"{dict(h.names).get(v, v)} on {'GPUs' if k == 'gpu' else 'CPUs'}" for k, v in kinds.items())
+    return h.against or f"against {dict(h.names).get(h.baseline, h.baseline)}"
+
+
+def _wide_notes(answers: list[dict]) -> list[str]:
     out = []
-
-    def row(r, measure: str, case: str, lead: bool, ratio, low, high) -> dict:
-        return {**base, "measure": measure, "case": case, "baseline": r.baseline,
-                "baseline_name": names.get(r.baseline, r.baseline), "baseline_words": _tag(h, r.baseline, kind),
-                "lead": lead, "ratio": ratio, "low": low, "high": high, "n": r.n, "paired": h.paired,
-                "contended": getattr(r, "contention", "") == contention.CONTENDED,
-                "earlier_version": bool(report.earlier_version(pd.DataFrame([r._asdict()])).any()),
-                "gpu_tests_failed": bool(report.gpu_tests_failed(pd.DataFrame([r._asdict()])).any()),
-                "status": "measured", "result_id": getattr(r, "result_id", "")}
-
-    for other, rs in _ordered(hits, h, gpu):
-        out += [row(r, "speed", other, i == 0, r.ratio, r.ratio_low, r.ratio_high) for i, r in enumerate(rs)]
-    if h.memory_suite:  # variant / baseline, as the cell's text says it (an exact count: no interval)
-        out += [row(r, "peak memory", _others(pd.Series(r._asdict()), h), not out and i == 0,
-                    1 / r.ratio if r.ratio else math.inf, math.nan, math.nan)
-                for i, r in enumerate(memory[memory["ratio"].notna()].itertuples())] if not memory.empty else []
-    if not out:  # why this cell has no number: the same words as the grid's
-        out.append({**base, "measure": "speed", "lead": True, "status": text, "paired": h.paired})
+    for a in answers:
+        r = a.get("_row")
+        if r is None or not isinstance(r.get("wide_because"), str) or not r["wide_because"]:
+            continue
+        out.append(f"{a['label']} on {a['machine']} ({r['params']}, vs {a['baseline']}): {WIDE_NOTE} "
+                   f"[{r['ratio_low']:.3g}, {r['ratio_high']:.3g}] spans {r['width']:.2f}x (high / low), more than "
+                   f"{report.PAIRED_WIDTH_TARGET:.2f}x: {r['wide_because']}")
     return out
 
 
 def glance(df: pd.DataFrame) -> pd.DataFrame:
-    """`pick` of the grid of `df`."""
-    return pick(grid(df).data)
-
-
-def pick(rows: pd.DataFrame) -> pd.DataFrame:
-    """One number per technique and machine of the grid's tidy rows (`grid(df).data`), what a
-    training run gains: the whole step's lead ratio where measured, else the headline's (its
-    scope said in `part`), else its peak-memory ratio, else the cell's reason, "needs a GPU" last
-    (on a CPU the embedding step is not measured yet; only the row gather needs a GPU); the same
-    numbers as every export. Machines with a GPU first."""
-    if rows.empty:
-        return rows
-    measured = rows[rows["status"] == "measured"]
-    speed = measured[measured["measure"] == "speed"]
-    picks = []
-    for (technique, machine), its in rows.groupby(["technique", "machine"], sort=False):
-        mine = speed[(speed["technique"] == technique) & (speed["machine"] == machine)]
-        whole = mine[mine["part"] == "whole step"]
-        pool = whole if not whole.empty else mine
-        if pool.empty:
-            pool = measured[(measured["technique"] == technique) & (measured["machine"] == machine)]
-        reasons = its.sort_values("status", key=lambda s: s == "needs a GPU", kind="stable")
-        picks.append(pool.iloc[0] if not pool.empty else reasons.iloc[0])
-    out = pd.DataFrame(picks).reset_index(drop=True)
-    gpu_first = out["gpu"].map(lambda g: _kind(g) != "gpu")
-    return out.assign(_cpu=gpu_first).sort_values(["_cpu", "machine"], kind="stable").drop(columns="_cpu") \
-        .reset_index(drop=True)
+    """The grid's tidy rows: one per question and machine, what the at-a-glance chart draws."""
+    return grid(df).data

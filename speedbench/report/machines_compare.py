@@ -1,16 +1,69 @@
-"""GPU-vs-GPU tables: one machine's results beside another's (the Machine comparison page)."""
+"""The Machine comparison page's tables (dashboard and static site): every machine and its
+environment, the GPU tests per commit, the pair it opens on, and one machine's results beside
+another's."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from speedbench.report.marks import CONTENDED, EARLIER, contended, earlier_version, with_earlier_note
+from speedbench.report.marks import (
+    CONTENDED,
+    EARLIER,
+    GPU_TESTS_FAILED,
+    contended,
+    earlier_version,
+    gpu_tests_failed,
+    with_earlier_note,
+)
 from speedbench.report.pairs import _comparison, paired
 from speedbench.report.ratios import _with_ratio
 from speedbench.report.rows import Table, fmt_ratio, fmt_value, latest
 from speedbench.results.environment import NoGpuModel
+from speedbench.results.gpu_tests import GpuTests
+from speedbench.techniques import TECHNIQUES
 
-__all__ = ["compare_machines", "same_work", "machine_comparison", "speedup_comparison"]
+
+def _described(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with its environment columns in words where a run did not record them."""
+    rows = df.assign(driver=df["driver"].replace("", None).fillna(
+                         df["gpu"].map(lambda g: "n/a (no GPU)" if g == NoGpuModel.CPU_ONLY else "unknown")),
+                     cuda=df["cuda"].replace("", None).fillna("n/a"), torch=df["torch"].fillna("unknown"),
+                     cpu_model=df["cpu_model"].fillna("unknown"))
+    # The GPU tests' verdict at the latest commit (speedlib slot): a GPU run without one says "not recorded".
+    return rows.assign(gpu_tests_note=rows["gpu_tests_note"].fillna(GpuTests.NOT_RECORDED))
+
+
+def machines_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per machine: a machine name stands for one kind of hardware, but a torch/CUDA build
+    can change under it (cpu-2core-amd-epyc ran torch 2.15 and then 2.14). The row describes its
+    newest environment; the others are named in one column, each with its commits and results,
+    rather than repeating the machine in a row of its own."""
+    env = ["machine", "gpu", "driver", "cuda", "torch", "cpu_model"]
+    rows = _described(df)
+    # which environment the row describes: the one of the newest technique results, not of the
+    # viewer's own timing runs (cpu-2core-amd-epyc's newest commit timed only the dashboard)
+    rows = rows.assign(_measured=rows["commit_date"].where(rows["technique"].isin(TECHNIQUES)))
+    environments = rows.sort_values("commit_date").groupby(env, sort=True, dropna=False).agg(
+        commits=("commit", "nunique"), results=("commit", "size"), latest=("commit", lambda c: c.iloc[-1][:8]),
+        newest=("_measured", "max"), gpu_tests=("gpu_tests_note", lambda v: v.iloc[-1])).reset_index()
+    environments = environments.sort_values(["machine", "newest", "results"], kind="stable", na_position="first")
+    newest = environments.drop_duplicates("machine", keep="last")
+    others = {m: "; ".join(f"torch {e.torch}, CUDA {e.cuda}, {e.cpu_model}: {e.commits} commit(s), {e.results} "
+                           "results" for e in g.iloc[:-1].itertuples())
+              for m, g in environments.groupby("machine", sort=True)}
+    return newest.assign(other=newest["machine"].map(others).fillna("")).drop(columns="newest").rename(
+        columns={"gpu": "GPU", "cuda": "CUDA (torch build)", "cpu_model": "CPU", "latest": "latest commit",
+                 "gpu_tests": "GPU tests at the latest commit", "other": "other environments"}).reset_index(drop=True)
+
+
+def gpu_tests_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Every GPU machine's commits with their GPU tests' verdict, § where they failed."""
+    rows = _described(df)
+    verdicts = rows[rows["gpu_tests"].ne(GpuTests.NOT_APPLICABLE)].drop_duplicates(["machine", "commit"])
+    mark = gpu_tests_failed(verdicts).map({True: f" {GPU_TESTS_FAILED}", False: ""})
+    per_commit = verdicts.assign(commit=verdicts["commit"].str[:8] + mark).sort_values(["machine", "commit_date"])
+    return per_commit[["machine", "gpu", "commit", "gpu_tests_note"]].rename(
+        columns={"gpu": "GPU", "gpu_tests_note": "GPU tests"}).reset_index(drop=True)
 
 
 # --- GPU vs GPU: one machine's results beside another's -----------------------------

@@ -128,8 +128,12 @@ def machine_state(s: pd.DataFrame) -> pd.Series:
     if "contention" not in s:
         return pd.Series("not recorded", index=s.index, dtype=object)
     notes = s["contention_note"] if "contention_note" in s else pd.Series("", index=s.index)
-    return pd.Series([_STATE_WORDS.get(state) or (f"{CONTENDED} {note}" if state == contention.CONTENDED else note)
-                      for state, note in zip(s["contention"].fillna(""), notes.fillna(""), strict=True)],
+    # an exact count (bytes) keeps no counters: interference cannot change it
+    exact = s["kind"].eq("memory") if "kind" in s else pd.Series(False, index=s.index)
+    return pd.Series(["exact count" if is_exact else _STATE_WORDS.get(state)
+                      or (f"{CONTENDED} {note}" if state == contention.CONTENDED else note)
+                      for state, note, is_exact in zip(s["contention"].fillna(""), notes.fillna(""), exact,
+                                                       strict=True)],
                      index=s.index, dtype=object)
 
 

@@ -14,6 +14,8 @@ from speedbench import report
 from speedbench.report import glance, headline
 
 COMMAND = "speedlib report --writeup --against results-rerun > docs/results.md"
+# Every generated document (this page and docs/glance.svg) at once, after the results change.
+REGENERATE = "python3 tools/regenerate_docs.py"
 
 _INTRO = """\
 The committed results under `results/`, one directory per machine, in tables computed from
@@ -59,8 +61,10 @@ def writeup(measured: pd.DataFrame, rerun: pd.DataFrame | None = None) -> str:
                  + "\n".join(lines) + "\n")
     parts.append("## At a glance\n\n![At a glance: what each technique gains on each machine](glance.svg)\n\n"
                  f"The chart above is drawn from the same results by `{glance.IMAGE_COMMAND}`; the table gives every "
-                 "figure of each cell, each baseline named. Each technique's main comparison, one column per machine; "
-                 "a cell without a number says why and which chunk of the suite would measure it.\n")
+                 "cell's figure with its baseline named. One row, one comparison: the same scope, baseline and "
+                 "measure in every machine's cell, paired wherever measured so; a cell without that comparison says "
+                 "why and which chunk of the suite would measure it. Every other baseline of each comparison is in "
+                 "the technique's paired table below.\n")
     parts.append(_section(headline.grid(measured)))
     parts.append("## Claims of the sources versus measured\n")
     parts.append(_section(report.claims_table(measured)))

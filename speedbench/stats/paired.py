@@ -21,6 +21,7 @@ Memory and saved-activation comparisons are exact counts: they need no pairing.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -79,6 +80,7 @@ class PairedRatio:
     median: float  # plain median of the per-round ratios, for comparison
 
 
+@functools.cache  # a pure function of (n, alpha), about 2 ms each: every table asks it for the same few n
 def signed_rank_cutoff(n: int, alpha: float = 0.01) -> int:
     """The largest c with P(W+ <= c - 1) <= alpha / 2 for the signed-rank statistic of n
     pairs (exact distribution); 0 when even W+ = 0 is likelier than alpha / 2."""

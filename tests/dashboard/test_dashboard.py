@@ -192,9 +192,60 @@ def test_a_filter_value_that_does_not_exist_is_said_escaped_and_nothing_else_sho
     at = app_on(synthetic_tree, "views/contiguous.py", monkeypatch, machine="<script>alert(1)</script>")
     assert not at.exception and not any(t.value.startswith("synthetic-h100: ") for t in at.text)
     assert any("&lt;script&gt;alert(1)&lt;/script&gt;" in e.value for e in at.error)
-    # without a choice in the link, the default: the first GPU machine (a CPU runs small workloads)
+    # without a choice in the link, the default: a GPU machine (a CPU runs small workloads)
     at = app_on(synthetic_tree, "views/contiguous.py", monkeypatch)
-    assert at.query_params["machine"] == "synthetic-h100"
+    assert at.query_params["machine"] in ("synthetic-h100", "synthetic-h200")
+
+
+def test_a_technique_page_opens_on_the_newest_gpu_machine_with_current_results_and_pytorchs_default(monkeypatch):
+    """Issue 51: with no machine in the link a page opened on the oldest GPU machine (the H100's
+    earlier benchmark version), and its baseline selector on the source's baseline."""
+    measured = load_results(ROOT / "results").measured
+    rows = measured[measured["technique"] == "contiguous"]
+    gpus = rows[rows["gpu"] != "CPU only"]
+    current = gpus[~report.earlier_version(gpus)]
+    newest = (current if not current.empty else gpus).sort_values("run_date")["machine"].iloc[-1]
+    at = app_on(ROOT / "results", "views/contiguous.py", monkeypatch)
+    assert not at.exception and at.query_params["machine"] == newest
+    assert at.query_params["baseline"] == "foreach"  # torch.optim.Adam's own choice on CUDA
+    at = app_on(ROOT / "results", "views/contiguous.py", monkeypatch, machine="cpu-2core-intel-xeon")
+    assert at.query_params["baseline"] == "forloop"  # and on a CPU
+
+
+def test_a_cells_link_opens_the_page_on_its_figure(monkeypatch):
+    """Issue 51: a click on a cell opened /amp?until=... with no machine, on the H100. The link
+    a cell opens (the dashboard's click, _glance.cell_link) shows that cell's figure in the
+    page's first table of its tab: one measured cell of every row, on a GPU machine."""
+    sys.path.insert(0, str(ROOT / "dashboard"))
+    import _glance  # noqa: PLC0415 - the dashboard's module, on the path above
+
+    grid = headline.grid(load_results(ROOT / "results").measured)
+    shown = grid.data[(grid.data["status"] == headline.MEASURED) & (grid.data["gpu"] != "CPU only")]
+    checked = 0
+    for _, rows in shown.groupby("question", sort=False):
+        r = next(rows.itertuples())
+        link = _glance.cell_link(r)
+        assert {"machine", "commit", "baseline", "suite", "tab"} <= set(link)
+        at = app_on(ROOT / "results", f"views/{r.technique}.py", monkeypatch, **link)
+        assert not at.exception and not at.error, (r.question, at.exception)
+        assert dict(at.query_params)["machine"] == r.machine and dict(at.query_params)["baseline"] == r.baseline
+        figure = report.fmt_ratio(r.ratio, r.low, r.high) if r.measure == "speed" else f"{r.ratio:.3g}x"
+        tables = [t.astype(str) for t in frames(at)]
+        assert any(t.apply(lambda c, f=figure: c.str.contains(f, regex=False)).any().any() for t in tables), \
+            (r.question, figure)
+        checked += 1
+    assert checked >= 6
+
+
+def test_a_machine_the_results_lack_in_a_multiselect_link_is_said_and_nothing_shown(monkeypatch):
+    """Issue 51: cite?machine=h999-fake silently showed all four machines."""
+    at = app_on(ROOT / "results", "views/cite.py", monkeypatch, machine="h999-fake")
+    assert not at.exception
+    assert any("'h999-fake', which these results do not have" in e.value for e in at.error)
+    assert not frames(at) and not at.get("download_button")
+    assert at.query_params["machine"] in ("h999-fake", ["h999-fake"])  # the link is left as it was
+    at = app_on(ROOT / "results", "views/overview.py", monkeypatch, machine="h999-fake")
+    assert any("'h999-fake'" in e.value for e in at.error) and not at.get("plotly_chart")
 
 
 def test_cite_page_offers_three_exports_and_bibtex(synthetic_tree, monkeypatch):
@@ -224,9 +275,13 @@ def test_cite_page_lists_techniques_only_and_offers_the_headline_grid(monkeypatc
     buttons = [b.proto.label for b in at.get("download_button")]
     assert buttons == ["Download Markdown", "Download CSV + provenance (zip)", "Download CSV (data only)",
                        "Download LaTeX"]
-    # One technique: the grid keeps its row alone.
+    # One technique: the grid keeps its rows alone, and its CSV the same rows
     at = app_on(ROOT / "results", "views/cite.py", monkeypatch, table="headline", technique="amp")
-    assert list(frames(at)[0]["technique"]) == [report.TECHNIQUES["amp"].title]
+    amp = [q.label for q in headline.QUESTIONS if q.technique == "amp"]
+    assert list(frames(at)[0]["question"]) == amp and len(amp) == 2
+    footer = " ".join(m.value for m in at.markdown)
+    assert "Note: " + report.md_escape(amp[0]) in footer  # its notes stay, the other rows' go
+    assert not any("Note: " + report.md_escape(q.label) in footer for q in headline.QUESTIONS if q.technique != "amp")
 
 
 def free_port() -> int:
@@ -316,13 +371,18 @@ def test_the_overview_leads_with_the_at_a_glance_chart(monkeypatch):
     (first, *_) = [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
     (cells,) = [t for t in first["data"] if t["type"] == "scatter"]
     picks = headline.glance(measured)
-    at_cell = {(r.technique, r.machine): r for r in picks.itertuples()}
-    assert sorted(tuple(c) for c in cells["customdata"]) == sorted(at_cell)
-    assert [c[1] for c in cells["customdata"][:2]] == ["h100-sxm-80gb", "h200-141gb"]  # GPUs first
+    at_cell = {(r.question, r.machine): r for r in picks.itertuples()}
+    assert sorted((c[2], c[1]) for c in cells["customdata"]) == sorted(at_cell)
+    gpus = glance.order_machines(picks)[:2]
+    assert [c[1] for c in cells["customdata"][:2]] == gpus and all("CPU" not in at_cell[("amp-fp32", m)].gpu
+                                                                   for m in gpus)  # GPUs first
     for text, c in zip(cells["text"], cells["customdata"], strict=True):
-        figure = glance.figure_text(at_cell[tuple(c)])
-        assert (figure.split()[0] in text) if figure else ("not measured" in text or "needs a GPU" in text)
-    assert "5.65x" in cells["text"][0] and "[5.39, 6.61]" in cells["text"][0]  # the H100 flat-buffer step
+        r = at_cell[(c[2], c[1])]
+        figure = glance.figure_text(r)
+        assert (figure.split()[0] in text) if figure else (r.status.partition(": ")[0] in text)
+    first_cell = at_cell[(cells["customdata"][0][2], cells["customdata"][0][1])]
+    assert glance.figure_text(first_cell).split(" †")[0] in cells["text"][0].replace("<b>", "").replace(
+        "</b><br>", " ")
     every = comparisons.every_comparison(measured)
     (index,) = [e for e in at.expander if "comparisons of" in e.label]
     shown = " ".join(m.value for m in index.markdown)
@@ -383,8 +443,12 @@ def test_results_of_changed_benchmarks_are_listed_quietly_not_as_problems(monkey
     """The committed results hold older benchmark versions: history, not damage."""
     at = app_on(ROOT / "results", "views/overview.py", monkeypatch)
     assert not any("problem" in w.value for w in at.warning)
+    # a maintainer's detail, off the top of every page (issue 51): on the Machines page's foot
+    assert not any("hold older results" in e.label for e in at.expander)
+    at = app_on(ROOT / "results", "views/machines.py", monkeypatch)
     # One line counts them; the list behind it says what happened to each.
     summary = [e for e in at.expander if "hold older results" in e.label]
+    assert summary and summary[0] is at.expander[-1]
     assert len(summary) == 1 and "set aside: older benchmark version" in summary[0].label
     listed = summary[0].text[0].value.splitlines()
     assert len(listed) > 1 and all(line.startswith(("set aside: ", "skipped: ", "kept, flagged †: "))
@@ -398,6 +462,7 @@ def _screenshot_dir() -> Path:
     return target
 
 
+CLICKED = "h200-141gb"  # the committed GPU run that measured mixed precision against PyTorch's default
 TITLES = {"overview": "speedlib: which PyTorch speed tricks pay off", "history": "History across commits",
           "machines": "Machine comparison", "cite": "Cite and export",
           **{name: t.title for name, t in report.TECHNIQUES.items()}}
@@ -474,6 +539,20 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
                 page.get_by_role("link", name=title, exact=True).click()
                 _settled(page, title)
                 assert page.locator("[data-testid='stException']").count() == 0, name
+            # A click lands on the figure clicked (issue 51: /amp?until=... opened on the H100): the
+            # H200's mixed-precision cell against PyTorch's default opens amp at that machine,
+            # commit, baseline and class, whose paired table shows the cell's figure.
+            page.goto(url)
+            _settled(page, TITLES["overview"])
+            page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)
+            target = next(i for i, (_, c) in enumerate(cells_on_screen) if c[2] == "amp-default" and c[1] == CLICKED)
+            point = page.locator(".js-plotly-plot .scatterlayer .point").nth(target).bounding_box()
+            x, y = point["x"] + point["width"] / 2, point["y"] + point["height"] / 2
+            page.mouse.move(x, y)  # plotly selects what it hovers
+            page.mouse.click(x, y)
+            page.wait_for_url(lambda u: "/amp?" in u and f"machine={CLICKED}" in u, timeout=60_000)
+            _settled(page, TITLES["amp"])
+            landed = urllib.parse.parse_qs(urllib.parse.urlsplit(page.url).query)
             page.goto(f"{url}/tuning")
             _settled(page, TITLES["tuning"])
             charts = page.locator(".js-plotly-plot").first
@@ -487,11 +566,16 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
 
     measured = load_results(ROOT / "results").measured
     picks = headline.glance(measured)
-    at_cell = {(r.technique, r.machine): r for r in picks.itertuples()}
+    at_cell = {(r.question, r.machine): r for r in picks.itertuples()}
     assert len(cells_on_screen) == len(picks)
     for text, c in cells_on_screen:
-        figure = glance.figure_text(at_cell[tuple(c)])
-        assert (figure.split()[0] in text) if figure else ("not measured" in text or "needs a GPU" in text)
+        r = at_cell[(c[2], c[1])]
+        figure = glance.figure_text(r)
+        assert (figure.split()[0] in text) if figure else (r.status.partition(": ")[0] in text)
+    clicked = at_cell[("amp-default", CLICKED)]
+    assert {k: v[0] for k, v in landed.items() if k in ("machine", "commit", "baseline", "suite", "tab")} == {
+        "machine": CLICKED, "commit": clicked.commit[:8], "baseline": clicked.baseline, "suite": clicked.suite,
+        "tab": "Time"}  # what that page shows there: test_a_cells_link_opens_the_page_on_its_figure
     assert {n: w for n, w in too_wide.items() if w} == {}, "a table scrolls sideways at 1440 px"
     assert legend is not None and legend["y"] < chart_box["y"] and chart_box["y"] + chart_box["height"] <= 900
     assert overview_height <= 3 * 900 + 300, overview_height  # about three screens, the index open

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -23,14 +24,13 @@ import numpy as np  # noqa: E402 - after the skips: the dashboard extra may be m
 from dashboard_bits import app_on, frames, read  # noqa: E402 - after the skips: it needs streamlit
 
 from speedbench import report  # noqa: E402 - after the skips: the report needs pandas
+from speedbench.report import charts as _charts  # noqa: E402 - after the skips: it needs plotly
 from speedbench.results import synthetic  # noqa: E402 - after the skips: it needs pandas
 from speedbench.results.load import load_results  # noqa: E402 - after the skips: it needs pandas
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "dashboard"))
-import _charts  # noqa: E402 - from dashboard/, put on the path just above
 import _tables  # noqa: E402 - from dashboard/, put on the path just above
-import _technique  # noqa: E402 - from dashboard/, put on the path just above
 
 
 def figures(results: Path, page: str, monkeypatch, glance: bool = False, **query) -> list[dict]:
@@ -260,7 +260,7 @@ def test_memory_bars_put_each_variant_beside_its_own_baseline():
                           "variant": v, "value": 3 * 2**30 if v == "none" else 2**30}
                          for m in ("peak_memory", "peak_activation_memory") for w in ("a", "b", "c")
                          for b in (4, 16) for v in ("none", "speedlib")])
-    fig = json.loads(_technique._bars(rows, "bytes").to_json())
+    fig = json.loads(_charts.bars(rows, "bytes").to_json())
     traces, layout = fig["data"], fig["layout"]
     assert [t["name"] for t in traces] == ["none", "speedlib"]
     assert len({t["marker"]["color"] for t in traces}) == 2
@@ -282,17 +282,23 @@ def test_the_machines_table_says_why_a_cpu_machine_has_no_driver(monkeypatch):
 
 def test_a_machine_is_described_by_every_environment_it_ran_in(monkeypatch):
     """cpu-2core-amd-epyc's newest commit was a dashboard-timing run with another torch build,
-    and the page once described the whole machine by it: each environment gets its own row."""
+    and the page once described the whole machine by it; then it gave each environment a row,
+    which repeated the machine (issue 51). One row per machine, described by the environment
+    of its newest technique results, every other environment named in a column with its counts."""
     measured = load_results(ROOT / "results").measured
     cpu = measured[measured["machine"] == "cpu-2core-amd-epyc"]
     at = app_on(ROOT / "results", "views/machines.py", monkeypatch)
-    rows = frames(at)[0]
-    rows = rows[rows["machine"] == "cpu-2core-amd-epyc"]
-    assert set(rows["CPU"]) == set(cpu["cpu_model"]) and set(rows["torch"]) == set(cpu["torch"])
-    assert rows["results"].sum() == len(cpu)
-    assert len(rows) >= 2  # torch 2.15.0+cu132, then 2.14.1+cu130 at 3929b54b
-    assert any(c.value.startswith(f"cpu-2core-amd-epyc has results from {len(rows)} environments")
-               and "do not compare across them" in c.value for c in at.caption)
+    table = frames(at)[0]
+    assert table["machine"].is_unique
+    (row,) = table[table["machine"] == "cpu-2core-amd-epyc"].to_dict("records")
+    techniques = cpu[cpu["technique"].isin(report.TECHNIQUES)]
+    assert row["torch"] == techniques.sort_values("commit_date")["torch"].iloc[-1]
+    others = row["other environments"]
+    assert {t for t in cpu["torch"] if t != row["torch"]} and all(
+        f"torch {t}," in others for t in set(cpu["torch"]) - {row["torch"]})
+    counted = sum(int(n) for n in re.findall(r"(\d+) results", others))
+    assert row["results"] + counted == len(cpu)
+    assert any("do not compare across them" in c.value for c in at.caption)
 
 
 def test_sample_axes_write_out_their_log_ticks():
@@ -423,25 +429,26 @@ def test_every_technique_chart_names_the_machine(monkeypatch):
         assert "h100-sxm-80gb" in title or any("h100-sxm-80gb" in n for n in names), title
 
 
-def test_the_overview_draws_checkpointings_memory_beside_its_time(monkeypatch):
-    """Checkpointing is about memory: the overview drew only its CPU slowdowns, and the H100's
-    0.37x-0.39x peak memory stood only in the grid's text. Its chart's GPU cells show the peak
-    memory (variant / baseline, exact) where no step time was measured, and say so; the CPU
-    cells the step time."""
+def test_the_overview_draws_checkpointings_memory_in_a_row_of_its_own(monkeypatch):
+    """Checkpointing is about memory: its GPU cells were peak-memory ratios beside the CPUs' step
+    times, in one row and one colour scale. Peak memory has its row (variant / baseline, exact,
+    at the largest batch), the step time its own, and a CPU's memory cell says why it has none."""
     (chart,) = figures(ROOT / "results", "views/overview.py", monkeypatch, glance=True)
     (cells,) = [t for t in chart["data"] if t["type"] == "scatter"]
-    said = {tuple(c): text for c, text in zip(cells["customdata"], cells["text"], strict=True)}
+    said = {(c[2], c[1]): text for c, text in zip(cells["customdata"], cells["text"], strict=True)}
     last = report.latest(load_results(ROOT / "results").measured)
     for machine in ("h100-sxm-80gb", "h200-141gb"):
         rows = last[(last["machine"] == machine) & (last["suite"] == "PeakMemory")
                     & (last["technique"] == "checkpoint")]
         expected = report.memory_table(rows).sources
-        row = expected[(expected["metric"] == "peak_memory") & (expected["workload"] == "densenet_bc")
-                       & (expected["batch"].astype(str) == "64") & (expected["variant"] == "speedlib")].iloc[0]
-        text = said["checkpoint", machine]
-        # variant / baseline
-        assert f"<b>{row['ratio']:.3g}x</b>" in text and "peak memory" in text and row["ratio"] < 1
-    assert "whole step" in said["checkpoint", "cpu-2core-intel-xeon"]
+        expected = expected[(expected["metric"] == "peak_memory") & (expected["workload"] == "densenet_bc")
+                            & (expected["variant"] == "speedlib")]
+        row = expected[expected["batch"].astype(int) == expected["batch"].astype(int).max()].iloc[0]
+        text = said["checkpoint-memory", machine]
+        assert f"<b>{row['ratio']:.3g}x</b>" in text and f"batch={row['batch']}" in text and row["ratio"] < 1
+        assert "x</b>" not in said["checkpoint-time", machine]  # no step time measured there: said, no number
+    assert "needs a GPU" in said["checkpoint-memory", "cpu-2core-intel-xeon"]
+    assert "x</b>" in said["checkpoint-time", "cpu-2core-intel-xeon"]
 
 
 def test_the_overview_claims_table_shows_every_cell_whole(monkeypatch):
@@ -477,7 +484,10 @@ def test_a_technique_page_lists_what_never_ran_on_the_machine_and_how_to_run_it(
     # FractionOfFloor's GB/s tracks came after the H100's headline-transfer run: its chunk measures them
     assert by_chunk["speedlib run --chunk headline-transfer"] == {
         f"FractionOfFloor.track_{t}" for t in ("h2d_floor", "d2h_floor", "gather_bandwidth", "scatter_bandwidth")}
-    # and the Time tab names the chunk that times the variants (not headline-transfer, which ran)
+    # and the Time tab names the chunk that times the variants (not headline-transfer, which ran);
+    # a page draws its open tab alone
+    assert not any("speedlib run --chunk transfer-parallel" in i.value for i in at.info)
+    at = app_on(ROOT / "results", "views/transfer.py", monkeypatch, machine="h100-sxm-80gb", tab="Time")
     assert any("speedlib run --chunk transfer-parallel" in i.value for i in at.info)
 
 

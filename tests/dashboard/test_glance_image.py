@@ -40,51 +40,56 @@ def _texts(svg: str) -> list[tuple[float, float, str]]:
 def test_the_committed_image_is_what_the_command_draws_from_the_committed_results(tmp_path):
     assert _draw(ROOT / "results", tmp_path / "glance.svg") == 0
     assert IMAGE.read_bytes() == (tmp_path / "glance.svg").read_bytes(), \
-        f"docs/glance.svg is stale: regenerate it with `{glance.IMAGE_COMMAND}`"
+        f"docs/glance.svg is stale: regenerate it with `python3 tools/regenerate_docs.py` ({glance.IMAGE_COMMAND})"
 
 
 def test_every_cell_shows_the_reports_figure_in_its_row_and_column():
     """The image's numbers are the headline grid's (speedlib report --table headline): each
-    cell's ratio and interval at its technique's row and its machine's column."""
+    cell's ratio and interval at its question's row and its machine's column."""
     measured = load_results(ROOT / "results").measured
     picks = headline.glance(measured)
     texts = _texts(IMAGE.read_text())
     columns = {m: x for x, _, m in texts if m in set(picks["machine"])}
-    first = {textwrap.wrap(t, 26)[0]: t for t in picks["title"]}  # a title wraps: its first line
-    rows = {first[t]: y for _, y, t in texts if t in first}
-    assert set(columns) == set(picks["machine"]) and set(rows) == set(picks["title"])
-    assert list(columns) == list(dict.fromkeys(picks["machine"]))  # GPU machines first, as on the dashboard
-    # each row's band: from halfway to the row above to halfway to the row below
+    said = [t for _, _, t in texts]
+    rows = {}
+    for label in set(picks["label"]):  # a label wraps: where its lines stand one under the other
+        lines = textwrap.wrap(label, 28)
+        (rows[label],) = [texts[i][1] for i in range(len(texts)) if said[i:i + len(lines)] == lines]
+    assert set(columns) == set(picks["machine"]) and set(rows) == set(picks["label"])
+    assert list(columns) == glance.order_machines(picks)  # GPU machines first, as on the dashboard
+    # each row's band: from its label's first line to the next row's
     ys = sorted(rows.values())
-    edges = [-1e9, *((a + b) / 2 for a, b in zip(ys, ys[1:], strict=False)), 1e9]  # neighbours
-    band = {t: (edges[ys.index(y)], edges[ys.index(y) + 1]) for t, y in rows.items()}
+    edges = [*ys[1:], 1e9]
+    band = {t: (y - 40, edges[ys.index(y)] - 1) for t, y in rows.items()}
     checked = 0
-    for r in picks[picks["status"] == "measured"].itertuples():
+    for r in picks[picks["status"] == headline.MEASURED].itertuples():
         ratio, _, rest = glance.figure_text(r).partition(" ")
-        low, high = band[r.title]
+        low, high = band[r.label]
         near = [s for x, y, s in texts if x == columns[r.machine] and low < y < high]
-        assert ratio in near or any(s.startswith(ratio + " ") for s in near), (r.technique, r.machine, near)
+        assert ratio in near or any(s.startswith(ratio + " ") for s in near), (r.question, r.machine, near)
         if rest.startswith("["):
-            assert any(s.startswith(rest.split("]")[0] + "]") for s in near), (r.technique, r.machine, near)
+            assert any(s.startswith(rest.split("]")[0] + "]") for s in near), (r.question, r.machine, near)
         checked += 1
     assert checked >= 15
 
 
-def test_a_cell_without_a_number_says_why_and_how_many_other_results_its_page_has():
-    """Issue 44: the CPU cells of DDP (vs DataParallel, which needs GPUs) and of the transfer
-    technique said only "needs a GPU" while their pages show DDP-vs-single and embedding results.
-    The embedding step does not need a GPU: it is not measured yet; DDP vs DataParallel does."""
+def test_a_cell_without_an_answer_says_why_and_is_grey():
+    """Issue 51: a cell whose machine lacks its row's comparison is empty with its reason; the
+    CPU's DDP cell says what DDP against DataParallel needs, not "needs a GPU" beside "11
+    results on its page" (another comparison's results)."""
     measured = load_results(ROOT / "results").measured
-    picks = headline.glance(measured).set_index(["technique", "machine"])
+    picks = headline.glance(measured).set_index(["question", "machine"])
     cpu = "cpu-2core-intel-xeon"
-    assert picks.loc[("transfer", cpu), "status"].startswith("not measured yet")
-    assert picks.loc[("parallel", cpu), "status"] == "needs a GPU"
-    others = glance.elsewhere(measured)
-    assert others["parallel", cpu] > 0 and others["transfer", cpu] > 0
-    said = [" ".join(text for line in glance.lines(picks.loc[(t, cpu)], others[t, cpu])
-                     for text, _ in line) for t in ("transfer", "parallel")]
-    assert said[0].startswith("not measured yet whole step") and "needs a GPU" not in said[0]
-    assert said[1].startswith("needs a GPU") and f"{others['parallel', cpu]} results on its page" in said[1]
+    assert picks.loc[("transfer-step", cpu), "status"].startswith("not measured")
+    assert picks.loc[("parallel", cpu), "status"] == "needs 2 or more GPUs"
+    said = [" ".join(text for line in glance.lines(picks.loc[(q, cpu)]) for text, _ in line)
+            for q in ("transfer-step", "parallel")]
+    assert said[0].startswith("not measured") and "results on its page" not in said[0]
+    assert said[1] == "needs 2 or more GPUs"
+    svg = IMAGE.read_text()
+    for q in ("transfer-step", "parallel"):
+        assert glance.colour(glance._gain(picks.loc[(q, cpu)])) == glance._NO_NUMBER
+    assert f'fill="{glance._NO_NUMBER}"' in svg
 
 
 def test_the_images_colours_are_the_charts(tmp_path):

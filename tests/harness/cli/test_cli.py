@@ -105,6 +105,29 @@ def test_help_and_version(capsys):
     assert "--quick" in out and "exit status:" in out and "  3  some benchmarks failed" in out
 
 
+def test_every_command_that_reads_results_says_its_exit_statuses_and_defaults(capsys):
+    """Issue 51: `speedlib --help` did not name `publish`; `report`, `dashboard` and `publish`
+    said no exit status; `publish --output` had no word on its default; `report --results` read
+    the current directory's results/ while `dashboard` read the checkout's."""
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert "`publish` them as a static site" in capsys.readouterr().out
+    defaults = {}
+    for command in ("report", "dashboard", "publish"):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        out = capsys.readouterr().out
+        assert "exit status:\n  0  " in out and "\n  2  refused" in out, command
+        assert "this checkout's results/" in out, command
+        parser = cli.build_parser()
+        defaults[command] = parser.parse_args([command, *(["--output", "x"] if command == "publish" else [])]).results
+    assert len(set(defaults.values())) == 1 and Path(defaults["report"]).is_absolute(), defaults
+    with pytest.raises(SystemExit):
+        cli.main(["publish", "--help"])
+    said = " ".join(capsys.readouterr().out.split())
+    assert "(no default: publish writes only what --output and --chart name" in said  # --output's default
+
+
 def test_env_prints_the_record(capsys):
     assert cli.main(["env"]) == 0
     record = json.loads(capsys.readouterr().out)

@@ -7,6 +7,7 @@ Golden files live in tests/golden/; after a deliberate format change, regenerate
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import math
@@ -326,7 +327,7 @@ def test_report_csv_output_writes_the_provenance_beside_it(tmp_path, capsys):
 def test_report_table_headline_exports_the_grid_in_every_format(tmp_path, capsys, fmt):
     tree = ROOT / "results"  # the committed results: the synthetic tree has no headline class
     grid = headline.grid(load_results(tree).measured)
-    assert len(grid.frame) == len(headline.HEADLINES)
+    assert len(grid.frame) == len(headline.QUESTIONS)  # one row per question
     assert cli.main(["report", "--results", str(tree), "--table", "headline", "--format", fmt]) == 0
     said = capsys.readouterr()
     assert said.out == {"md": report.to_markdown, "csv": report.to_csv, "tex": report.to_latex}[fmt](grid)
@@ -334,10 +335,16 @@ def test_report_table_headline_exports_the_grid_in_every_format(tmp_path, capsys
                      "--output", str(tmp_path / f"grid.{fmt}")]) == 0
     assert (tmp_path / f"grid.{fmt}").read_text() == said.out
     if fmt == "csv":
-        # tidy data (issue 44): one row per technique, machine and comparison, the ratio a number
+        # tidy data (issue 44): one row per question and machine, the ratio a number; the marks
+        # booleans and the count an integer named N, as in the other tables (issue 51)
         back = pd.read_csv(tmp_path / "grid.csv")
-        assert len(back) == len(grid.data) and set(back["technique"]) == {h.technique for h in headline.HEADLINES}
+        assert len(back) == len(grid.data) == len(headline.QUESTIONS) * back["machine"].nunique()
+        assert set(back["question"]) == {q.key for q in headline.QUESTIONS}
         assert pd.api.types.is_float_dtype(back["ratio"])
+        for flag in ("paired", "contended", "earlier_version", "gpu_tests_failed"):
+            assert pd.api.types.is_bool_dtype(back[flag]), flag
+        written = [row[back.columns.get_loc("N")] for row in csv.reader(io.StringIO(said.out))][1:]
+        assert "n" not in back and any(written) and all(n.isdigit() for n in written if n), written
         assert (tmp_path / "grid.provenance.txt").read_text() == report.csv_provenance(grid)
         assert report.csv_provenance(grid) in said.err and "Reproduce: git checkout " in said.err
 

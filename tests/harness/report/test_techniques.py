@@ -47,6 +47,18 @@ def test_a_record_holds_words_claims_and_headline_of_its_own_technique(name):
         if x is not None:  # every variant a headline cell names has words and is a class's own
             assert {x.variant, x.baseline, *x.beside, *(v for _, v in x.default)} <= set(t.variants), name
             assert x.suite in classes(name) and (x.memory_suite is None or x.memory_suite in classes(name))
+    for x in (h, h.whole):  # a fallback compares the same variants, unpaired
+        if x is not None and x.fallback is not None:
+            f = x.fallback
+            assert (f.variant, f.baseline, f.default) == (x.variant, x.baseline, x.default) and not f.paired, name
+            assert f.suite in classes(name) and f.metric, name
+    # every row of the chart is one of its comparisons against one plain-PyTorch baseline per kind of machine
+    assert t.questions and {q.technique for q in t.questions} == {name}
+    for q in t.questions:
+        assert q.comparison in (h, h.whole) and q.measure in ("speed", "peak memory"), q.key
+        assert q.measure == "speed" or q.comparison.memory_suite, q.key
+        for kind in ("gpu", "cpu"):
+            assert q.baseline_on(kind) in t.plain, (q.key, kind)
     for c in t.claims:
         assert c.technique == name and {c.variant, c.baseline} <= set(t.variants), c.claim
         assert (c.measured_by or c.suite) in classes(name), c.claim
@@ -58,6 +70,8 @@ def test_the_old_registries_are_views_of_the_records_in_their_order():
                                                            for n, t in TECHNIQUES.items())
     assert report.CLAIMS == tuple(c for t in TECHNIQUES.values() for c in t.claims)
     assert headline.HEADLINES == tuple(t.comparison for t in TECHNIQUES.values())
+    assert headline.QUESTIONS == tuple(q for t in TECHNIQUES.values() for q in t.questions)
+    assert len({q.key for q in headline.QUESTIONS}) == len(headline.QUESTIONS)  # a key names one row
     assert report.TECHNIQUES is TECHNIQUES
 
 
@@ -77,7 +91,10 @@ def test_a_record_names_exactly_the_chunks_that_measure_its_classes_headline_fir
     owner = {cls: next(c.name for c in chunks if re.match(c.regex, f"bench_{name}.{cls}.track_"))
              for cls in classes(name)}
     assert set(owner.values()) == set(t.chunks), f"{name}: its classes are in {sorted(set(owner.values()))}"
-    assert owner[t.comparison.suite] == t.chunks[0]
+    # the headline chunk measures the main comparison: its paired class, or (transfer: the paired
+    # Transfer class runs in transfer-parallel) the unpaired class that stands in where it has not run
+    h = t.comparison
+    assert t.chunks[0] in {owner[h.suite], *([owner[h.fallback.suite]] if h.fallback else [])}
 
 
 def test_no_chunk_or_page_names_a_technique_without_a_record():

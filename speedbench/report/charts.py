@@ -1,21 +1,20 @@
-"""The plotly charts pages share: every sample as boxes, ratios as bars from the 1x line, log axes
-with their ticks written out, and the at-a-glance chart; every label from a result file HTML-escaped."""
+"""The plotly charts the dashboard's pages and the static site share: every sample as boxes, ratios as
+bars from the 1x line, values as bars grouped by configuration, log axes with their ticks written out
+(the at-a-glance chart: speedbench.report.glance); every label from a result file HTML-escaped. No
+Streamlit: `speedlib publish` draws the same figures into its pages."""
 
 from __future__ import annotations
 
 import html
 import math
+import re
 
 import numpy as np
 import pandas as pd
 import plotly.colors
 import plotly.graph_objects as go
-import streamlit as st
-from _tables import caption
-from _view import ROOT
 
-from speedbench import report
-from speedbench.report import age, glance, headline
+from speedbench import report, words
 
 
 def esc(values) -> list[str]:
@@ -222,66 +221,48 @@ def log_axis(values, title: str) -> dict:
             "range": [math.log10(low), math.log10(high)]}
 
 
-@st.cache_data(max_entries=256)
-def _behind(commit: str, technique: str) -> age.Behind | None:  # git, twice per commit and technique
-    return age.behind(commit, technique, ROOT)
+# A floor chart's hover: (label, column of report.floor_figures), the floor table's text.
+FLOOR_HOVER = (("achieved", "achieved_text"), ("GB/s", "gbps_text"), ("floor GB/s", "floor_gbps_text"))
 
 
-def ages(grid: report.Table, picks: pd.DataFrame) -> dict[tuple[str, str], age.Behind]:
-    """How far behind the checkout's HEAD each cell's commit is (speedbench.report.age), by
-    (technique, machine); none where the checkout or its git history is missing."""
-    commits = dict(zip(grid.sources["result_id"], grid.sources["commit"], strict=True)) \
-        if {"result_id", "commit"} <= set(grid.sources.columns) else {}
-    out = {}
-    for r in picks[picks["status"] == "measured"].itertuples():
-        found = _behind(commits[r.result_id], r.technique) if r.result_id in commits else None
-        if found is not None:
-            out[r.technique, r.machine] = found
-    return out
+def bars(rows, unit: str, where: str = "", hover: tuple[tuple[str, str], ...] = ()) -> go.Figure:
+    """One bar per variant, grouped by configuration (metric, workload, batch) so that each
+    variant stands beside its own baseline; never two configurations in one bar. Titled
+    with what is measured (gather and write-back charts looked alike without one). `hover`:
+    (label, column) pairs whose text each bar's hover shows, as the table beside it does."""
+    fig = go.Figure()
+    scale, unit = (2**-30, "GiB") if unit == "bytes" and rows["value"].max() >= 2**30 else \
+        (2**-20, "MiB") if unit == "bytes" else (1.0, unit)  # as the tables write them
+    several = rows["metric"].nunique() > 1
+    rows = rows.assign(_config=((rows["metric"].map(words.metric) + ": ") if several else "") + config_label(rows))
+    # batch=64 before batch=256: numbers in a label compare as numbers
+    rows = rows.iloc[sorted(range(len(rows)), key=lambda i: _natural(rows["_config"].iloc[i]))]
+    # plotly's default palette has ten colours; checkpointing has five variants, transfer six.
+    palette = plotly.colors.qualitative.Dark24
+    for i, (variant, g) in enumerate(rows.groupby("variant", sort=True)):
+        said = {}
+        if hover:  # plotly's own hover would round the value its own way, and knows no GB/s
+            said = {"customdata": [[html.escape(str(t)) for t in texts]
+                                   for texts in zip(*(g[c] for _, c in hover), strict=True)],
+                    "hovertemplate": "<br>".join([f"{html.escape(str(variant))}: %{{x}}",
+                                                  *(f"{label}: %{{customdata[{k}]}}" for k, (label, _) in
+                                                    enumerate(hover))]) + "<extra></extra>"}
+        if "%" in unit:  # each bar's figure on it: on a linear axis beside a 734 % bar, a 6.6 % one is a line
+            said = {**said, "textposition": "outside", "text": [html.escape(str(t)) for t in g["achieved_text"]]
+                    if "achieved_text" in g else [f"{v:.1f} %" for v in g["value"] * scale]}  # as the table says it
+        fig.add_trace(go.Bar(x=[html.escape(str(v)) for v in g["_config"]], y=g["value"] * scale,
+                             name=html.escape(str(variant)), marker_color=palette[i % len(palette)], **said))
+    # Log y for bytes: configurations differ by orders of magnitude (DenseNet-121 at batch 256
+    # against a transformer at 64), and on a linear axis the small ones vanish. Linear for a %
+    # (of a floor): a bar's length is then its share, where on a log axis 11 % against 38.8 %
+    # was drawn about 1:10.
+    title = ", ".join(dict.fromkeys(words.metric(m) for m in rows["metric"])) + (f", {where}" if where else "")
+    axis = {"title": html.escape(unit), "rangemode": "tozero"} if "%" in unit else \
+        log_axis(list(rows["value"] * scale), f"{unit} (log scale)")
+    fig.update_layout(title=html.escape(title), barmode="group", height=420, margin={"t": 50}, showlegend=True,
+                      yaxis=axis)
+    return fig
 
 
-def _age_note(behind: dict) -> str:
-    """One line under the chart: how old its figures are, and where the code measured changed since."""
-    if not behind:
-        return ""
-    counts = [b.commits for b in behind.values()]
-    changed = sum(b.changed > 0 for b in behind.values())
-    span = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)} to {max(counts)}"
-    return (f"Age: these figures were measured {span} commits behind this checkout's HEAD; in {changed} of "
-            f"{len(behind)} cells speedlib's code for the technique has changed since (hover a cell for its own).")
-
-
-def glance_chart(grid: report.Table, key: str, technique: str | None = None,
-                 df: pd.DataFrame | None = None) -> None:
-    """The at-a-glance chart of `grid` (speedbench.report.headline.grid; `technique`: its row
-    only), the marks it uses said above it, how old its figures are below it, a click on a
-    cell opening its technique's page, and a row of links to the same pages (a touch screen
-    has no hover or precise click). `df`: the results it was drawn from, whose other results
-    a cell without a number counts (speedbench.report.glance.elsewhere)."""
-    picks = headline.pick(grid.data)
-    if technique is not None:
-        picks = picks[picks["technique"] == technique]
-    if picks.empty:
-        st.info("No headline result for the selected machines yet.")
-        return
-    # A phone's column is narrower than the chart's cells can be: there it scrolls sideways (a
-    # constant style, nothing from a file; st-key-* is the class Streamlit gives a keyed element).
-    st.markdown(f"<style>@media (max-width: {glance.MIN_WIDTH}px) {{ .st-key-glance-{key} {{ overflow-x: auto; }} "
-                f".st-key-glance-{key} > div {{ min-width: {glance.MIN_WIDTH}px; }} }}</style>", unsafe_allow_html=True)
-    # the marks' meaning above the chart: below it, it fell past the first screen (the dagger is on every H100 cell)
-    caption(glance.LEGEND + (f" {glance.CLICK}" if technique is None else ""))
-    behind = ages(grid, picks)
-    others = glance.elsewhere(df) if df is not None else {}
-    event = st.plotly_chart(glance.figure(picks, others=others, ages={k: str(b) for k, b in behind.items()}),
-                            key=f"glance-{key}", on_select="rerun", selection_mode="points",
-                            config={"displayModeBar": False})
-    if _age_note(behind):
-        caption(_age_note(behind))
-    points = event.selection.points if event and event.selection else []
-    clicked = [p.get("customdata") for p in points if p.get("customdata")]
-    if technique is None and clicked and clicked[0][0] in report.TECHNIQUES:
-        st.switch_page(f"views/{clicked[0][0]}.py")
-    if technique is None:
-        cols = st.columns(3)  # two rows of three: six in one row cut every title short
-        for i, (name, t) in enumerate(report.TECHNIQUES.items()):
-            cols[i % 3].page_link(f"views/{name}.py", label=t.title)
+def _natural(text: str) -> list:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(text))]

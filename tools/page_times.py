@@ -1,0 +1,188 @@
+"""How long each dashboard page takes to draw in a real browser, cold and warm, and a screenshot of each.
+
+Starts `speedlib dashboard` on a free localhost port with an empty cache directory (so the
+first view parses every result file: cold), opens every page in headless Chromium (Debian's
+`chromium`, driven by Playwright) and times each from the request to the page drawn: its
+title shown, Streamlit's "running" indicator gone and every chart on it drawn. Then it opens
+each page again in a fresh tab of the same server (a new session: warm, as a second reader
+finds it), and times `speedlib report --table headline` the same way, cold and warm. Prints one
+line per page and the machine's load average before and after: measure on an idle machine,
+since other processes on its cores slow every figure (issue 51's targets: each page <= 3 s
+warm, the Overview <= 5 s cold, the headline table <= 3 s).
+
+    python3 tools/page_times.py [--results results] [--width 1440] [--shots DIR]
+
+--shots DIR also keeps a full-page screenshot of each page (warm) at --width.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from speedbench.techniques import TECHNIQUES  # noqa: E402 - after the checkout's path
+
+# (URL path, title) of every page, the Overview first: its cold view is the one with a target.
+PAGES = [("", "speedlib: which PyTorch speed tricks pay off"), ("history", "History across commits"),
+         ("machines", "Machine comparison"), ("cite", "Cite and export"),
+         *((name, t.title) for name, t in TECHNIQUES.items())]
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+heights: dict[str, int] = {}  # each screenshot's page height, px
+_HEADER = 64  # px: Streamlit's top bar, drawn over the top of the main column
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(results: Path, cache: Path):
+    """`speedlib dashboard` on `results`, its parsed-results cache in `cache`."""
+    port = _free_port()
+    env = {**os.environ, "SPEEDLIB_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "speedbench.cli", "dashboard", "--results", str(results),
+                             "--port", str(port), "--no-browser"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the dashboard did not start (status {proc.poll()})")
+            time.sleep(0.3)
+        yield url
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)
+
+
+def drawn(page, title: str) -> None:
+    """The title is shown, the page's script has ended, and every chart on the page is drawn."""
+    page.get_by_role("heading", name=title).first.wait_for(timeout=180_000)
+    # Streamlit marks its root with the script's state: "notRunning" once the page's script has ended
+    page.wait_for_function("() => document.querySelector('[data-testid=\"stApp\"]')"
+                           "?.getAttribute('data-test-script-state') === 'notRunning'", timeout=180_000)
+    page.wait_for_function("() => [...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')]"
+                           ".every(c => c.querySelector('.main-svg'))", timeout=180_000)
+
+
+def screenshot(page, path: Path) -> int:
+    """The whole page as a reader scrolls it, stitched from screens: Streamlit scrolls its main
+    column, not the document, and a viewport stretched to the column's height leaves its grids
+    and charts undrawn. Returns the column's height in px."""
+    from PIL import Image  # noqa: PLC0415 - only for screenshots
+
+    main = "document.querySelector('[data-testid=\"stMain\"]')"
+    tall = page.evaluate(f"() => {main}.scrollHeight")
+    screen = page.viewport_size["height"]
+    page.wait_for_timeout(1500)  # plotly fills a chart's SVG after creating it
+    parts, top = [], 0
+    while True:
+        page.evaluate(f"y => {main}.scrollTo(0, y)", top)
+        page.wait_for_timeout(400)  # a grid draws what scrolled into view
+        at = page.evaluate(f"() => {main}.scrollTop")
+        parts.append((at, Image.open(io.BytesIO(page.screenshot()))))
+        if at + screen >= tall or at < top:
+            break
+        top = at + screen - _HEADER
+    whole = Image.new("RGB", (parts[0][1].width, max(at + screen, screen)), "white")
+    for i, (at, image) in enumerate(parts):  # below the first, each screen without the bar that covers its top
+        whole.paste(image if i == 0 else image.crop((0, _HEADER, image.width, image.height)),
+                    (0, at if i == 0 else at + _HEADER))
+    whole.save(path)
+    return tall
+
+
+def timed_visit(browser, url: str, title: str, width: int, shot: Path | None = None) -> float:
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    try:
+        start = time.perf_counter()
+        page.goto(url)
+        drawn(page, title)
+        seconds = time.perf_counter() - start
+        if shot is not None:
+            heights[shot.stem] = screenshot(page, shot)
+        return seconds
+    finally:
+        page.close()
+
+
+def headline_seconds(results: Path, cache: Path) -> float:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "speedbench.cli", "report", "--results", str(results), "--table", "headline"],
+                   env={**os.environ, "SPEEDLIB_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)},
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - start
+
+
+def _stop(signum, frame):
+    raise SystemExit(128 + signum)  # a kill ends the dashboard it started too (serving's finally)
+
+
+def main() -> int:
+    signal.signal(signal.SIGTERM, _stop)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", default=str(ROOT / "results"))
+    parser.add_argument("--width", type=int, default=1440)
+    parser.add_argument("--shots", metavar="DIR", help="keep a full-page screenshot of each page here")
+    parser.add_argument("--only", metavar="PAGES", help="these pages alone, comma-separated (overview, cite, amp...)")
+    parser.add_argument("--query", default="", help="added to every page's URL, e.g. 'machine=h999-fake'")
+    args = parser.parse_args()
+    pages = [(path, title) for path, title in PAGES
+             if not args.only or (path or "overview") in args.only.split(",")]
+    from playwright.sync_api import sync_playwright  # noqa: PLC0415 - only this tool needs it
+
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        raise SystemExit("page_times: needs Debian's chromium (apt-get install chromium)")
+    shots = Path(args.shots) if args.shots else None
+    if shots:
+        shots.mkdir(parents=True, exist_ok=True)
+    results = Path(args.results).resolve()
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
+    with tempfile.TemporaryDirectory() as cache:
+        report_cold = headline_seconds(results, Path(cache) / "report")
+        report_warm = headline_seconds(results, Path(cache) / "report")
+        with serving(results, Path(cache) / "dashboard") as url, sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=ARGS)
+            try:
+                query = f"?{args.query}" if args.query else ""
+                cold = {path: timed_visit(browser, f"{url}/{path}{query}", title, args.width) for path, title in pages}
+                warm = {path: timed_visit(browser, f"{url}/{path}{query}", title, args.width,
+                                          shots / f"{path or 'overview'}-{args.width}.png" if shots else None)
+                        for path, title in pages}
+            finally:
+                browser.close()
+    print(f"{'page':<12} {'first view (s)':>15} {'again (s)':>10}")
+    for path, _ in pages:
+        print(f"{path or 'overview':<12} {cold[path]:>15.2f} {warm[path]:>10.2f}")
+    print(f"speedlib report --table headline: {report_cold:.2f} s cold, {report_warm:.2f} s warm")
+    for name, tall in heights.items():
+        print(f"{name}: {tall} px tall")
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
