@@ -33,8 +33,9 @@ CHUNKS = (
     ("headline-contiguous", "flat buffers: the Adam step against per-tensor Adam, with % of the bandwidth floor", (
         r"bench_contiguous\.AdamStep\.",
     )),
-    ("headline-transfer", "host tables: gather and write-back against the pinned-copy floor", (
-        r"bench_transfer\.FractionOfFloor\.",
+    ("headline-transfer", "host tables: gather and write-back, the paths taking turns and against the pinned-copy "
+                          "floor", (
+        r"bench_transfer\.Transfer\.", r"bench_transfer\.FractionOfFloor\.",
     )),
     ("headline-tuning", "the Tuning Guide's training-step knobs, off against on", (
         r"bench_tuning\.TrainingStep\.",

@@ -475,20 +475,21 @@ def test_a_technique_page_lists_what_never_ran_on_the_machine_and_how_to_run_it(
     by_chunk = never[0].groupby("measured by")["benchmark"].apply(set).to_dict()
     assert set(by_chunk) == {"speedlib run --chunk transfer-parallel", "speedlib run --chunk headline-transfer",
                              "speedlib run --chunk transfer-roofline", "speedlib run --chunk transfer-hypotheses"}
-    assert "Transfer.track_seconds" in by_chunk["speedlib run --chunk transfer-parallel"]
+    assert "EmbeddingStep.track_seconds" in by_chunk["speedlib run --chunk transfer-parallel"]
+    assert "Transfer.track_seconds" in by_chunk["speedlib run --chunk headline-transfer"]  # the paired gather
     # the roofline (issue 52), added after every committed run
     for cls, chunk in (("Roofline", "transfer-roofline"), ("RooflineHypotheses", "transfer-hypotheses")):
         assert by_chunk[f"speedlib run --chunk {chunk}"] == {
             f"{cls}.track_roofline_{t}" for t in ("gather", "scatter", "gather_bandwidth", "scatter_bandwidth",
                                                   "h2d_floor", "d2h_floor", "gather_bus_bytes", "scatter_bus_bytes")}
-    # FractionOfFloor's GB/s tracks came after the H100's headline-transfer run: its chunk measures them
-    assert by_chunk["speedlib run --chunk headline-transfer"] == {
-        f"FractionOfFloor.track_{t}" for t in ("h2d_floor", "d2h_floor", "gather_bandwidth", "scatter_bandwidth")}
-    # and the Time tab names the chunk that times the variants (not headline-transfer, which ran);
-    # a page draws its open tab alone
-    assert not any("speedlib run --chunk transfer-parallel" in i.value for i in at.info)
+    # FractionOfFloor's GB/s tracks came after the H100's headline-transfer run: its chunk measures them,
+    # and the paired Transfer class, which that chunk holds since the glance reads it (issue 51)
+    assert {f"FractionOfFloor.track_{t}" for t in ("h2d_floor", "d2h_floor", "gather_bandwidth", "scatter_bandwidth")} \
+        <= by_chunk["speedlib run --chunk headline-transfer"]
+    # and the Time tab names the chunk that times the variants taking turns; a page draws its open tab alone
+    assert not any("speedlib run --chunk headline-transfer" in i.value for i in at.info)
     at = app_on(ROOT / "results", "views/transfer.py", monkeypatch, machine="h100-sxm-80gb", tab="Time")
-    assert any("speedlib run --chunk transfer-parallel" in i.value for i in at.info)
+    assert any("speedlib run --chunk headline-transfer" in i.value for i in at.info)
 
 
 def test_never_run_leaves_out_what_ran_or_was_skipped():
