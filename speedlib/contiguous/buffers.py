@@ -258,7 +258,7 @@ class ContiguousParams(Problems):
         """Trainable elements (alignment padding not counted)."""
         return sum(p.numel() for g in self._groups for p in g["params"])
 
-    # --- what went wrong: problem, _unfrozen, _name, _describe_move, _mark_replaced (from Problems) ---
+    # --- what went wrong: problem, _unfrozen, _name, _describe_move, _mark_replaced (from Problems, problems.py) ---
 
     def __iter__(self):
         raise TypeError(

@@ -406,9 +406,9 @@ class HostEmbedding(RankSync, RowStep, OptimizerState, nn.Module):
             self._generation += 1  # rows gathered before (pending gradients, other lookups) are stale
 
     # --- one step: _accumulate, touched_rows, zero_grad, step, _prepare_step, _finish_step,
-    # _swap_rows_weight (from RowStep) ---
+    # _swap_rows_weight (from RowStep, embedding_step.py) ---
 
-    # --- several processes: _process_group, _combine, _copy_rank0_table (from RankSync) ---
+    # --- several processes: _process_group, _combine, _copy_rank0_table (from RankSync, embedding_ranks.py) ---
 
     # --- state: _new_state_table, optimizer_state_dict, load_optimizer_state_dict and the
-    # state_dict methods (from OptimizerState) ---
+    # state_dict methods (from OptimizerState, embedding_state.py) ---
