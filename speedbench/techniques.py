@@ -342,7 +342,7 @@ TECHNIQUES = _named({
         chunks=("headline-contiguous", "contiguous-amp"),
     ),
     # torch_pinned is the GPU baseline; CPUs run only pageable tables: torch_pageable there. EmbeddingStep
-    # compares with sparse_adam_host, and Packing (measured up to 838236b) with index_select.
+    # compares with sparse_adam_host, and Packing (in old results only) with index_select.
     "transfer": Technique(
         "Host<->GPU transfer and CPU-hosted embeddings", "torch_pinned", "gather",
         ("torch_pageable", "sparse_adam_host", "index_select"), suite="Transfer",
@@ -358,14 +358,12 @@ TECHNIQUES = _named({
                         "In results from before the plain-PyTorch variants existed it was the CPU baseline, a "
                         "speedlib code path: those show no ratio against it",
             "pinned": "speedlib's pinned backend: rows packed on the CPU into pinned memory, then non_blocking "
-                      "copies. index_select + one copy before commit 1408e44 (the H100 run at bdb0cb6d: 42.4 % of "
-                      "the pinned copy); from 1408e44 2 MiB chunks packed on worker threads, each copy overlapping "
-                      "the next packing (the H200 run at 838236b: 11.3 %); index_select + one copy again once that "
-                      "staging was removed. Until then it was the GPU baseline, a speedlib code path: an old ratio "
-                      "against it is against speedlib's backend, not plain PyTorch, and is not shown",
+                      "copies (how it packed them at older commits: docs/techniques/transfer.md). In results from "
+                      "before the plain-PyTorch variants existed it was the GPU baseline, a speedlib code path: an "
+                      "old ratio against it is against speedlib's backend, not plain PyTorch, and is not shown",
             "cupy": "CuPy kernels read pinned host memory from the GPU (SpeedTorch's approach; speedlib's backend)",
-            "uva": "speedlib's zero-copy backend: registered host memory read from the GPU, by torch's index_select "
-                   "before commit 1408e44, by a whole-row Triton kernel from it",
+            "uva": "speedlib's zero-copy backend: registered host memory read from the GPU by a whole-row Triton "
+                   "kernel (what read it at older commits: docs/techniques/transfer.md)",
             "device": "the whole table in GPU memory (speedlib's backend; the upper bound)",
             "uva_sorted": "speedlib's uva backend with sort_indices=True: indices sorted, rows read in index order, "
                           "the caller's order restored in the same pass (the roofline's hypotheses)",
@@ -385,10 +383,10 @@ TECHNIQUES = _named({
                                 "the CPU, rows looked up on the CPU and copied to the device, the gradient copied "
                                 "back (EmbeddingStep's baseline)",
             "index_select": "Packing's baseline, plain PyTorch: torch.index_select (write-back: index_copy_), one "
-                            "call on all intra-op threads, host to host (Packing: measured at 838236b and earlier)",
+                            "call on all intra-op threads, host to host (Packing is in old results only: "
+                            "docs/techniques/transfer.md)",
             "staged": "Packing: speedlib's pinned backend's staging workers packing 2 MiB chunks (NumPy take / put "
-                      "on byte rows), with no copy behind them (measured at 838236b and earlier; removed with that "
-                      "staging)",
+                      "on byte rows), with no copy behind them (in old results only: docs/techniques/transfer.md)",
         },
         default="PyTorch's default: torch_pageable (a host tensor is pageable unless pinned, and .to(device) "
                 "copies it synchronously)",

@@ -85,7 +85,7 @@ def tiny_checkout(tmp_path) -> Path:
 def interpreted(monkeypatch):
     """The host tables' uva row-copy kernel run by Triton's interpreter, on CPU tensors
     (tests/test_transfer_kernel.py, tests/test_transfer_auto.py)."""
-    from speedlib import _transfer_kernel  # noqa: PLC0415 - loads torch, which the viewer tests need none of
+    from speedlib.transfer import kernel  # noqa: PLC0415 - loads torch, which the viewer tests need none of
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when the kernel is decorated, in build()
-    return _transfer_kernel.build()
+    return kernel.build()

@@ -31,8 +31,8 @@ from benchmarks import bench_amp, bench_checkpoint, bench_parallel, bench_transf
 from speedbench import techniques
 from speedbench.measure import ddp_launch, workloads
 from speedbench.measure.ddp_launch import LIBRARY, Recipe, RunConfig
-from speedlib import _contiguous_hooks
 from speedlib.amp import Precision
+from speedlib.contiguous import hooks as contiguous_hooks
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -58,15 +58,15 @@ def _declared() -> dict[str, tuple[str, ...]]:
 
 
 def speedlib_calls(fn, allowed: tuple[str, ...] = ()) -> list[str]:
-    """The speedlib functions that `fn()` enters, as "file:qualified name", in order (every
-    thread started meanwhile included), but for those whose name starts with one of
-    `allowed` (DATASET, CONTIGUOUS_HOOK below, each with its reason)."""
+    """The speedlib functions that `fn()` enters, as "file:qualified name" (the file's path under
+    speedlib/), in order (every thread started meanwhile included), but for those whose name
+    starts with one of `allowed` (DATASET, CONTIGUOUS_HOOK below, each with its reason)."""
     root = str(Path(speedlib.__file__).parent) + os.sep
     seen: list[str] = []
 
     def profile(frame, event, arg):
         if event == "call" and frame.f_code.co_filename.startswith(root):
-            name = f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_qualname}"
+            name = f"{Path(frame.f_code.co_filename).relative_to(root).as_posix()}:{frame.f_code.co_qualname}"
             if not name.startswith(allowed):
                 seen.append(name)
 
@@ -80,7 +80,7 @@ def speedlib_calls(fn, allowed: tuple[str, ...] = ()) -> list[str]:
     return seen
 
 
-# Process-wide hooks speedlib may install (speedlib/_contiguous_hooks.py, on the first
+# Process-wide hooks speedlib may install (speedlib/contiguous/hooks.py, on the first
 # ContiguousParams): torch's registries of global optimizer and parameter-registration hooks.
 _REGISTRIES = (_global_optimizer_pre_hooks, _global_parameter_registration_hooks)
 
@@ -98,7 +98,7 @@ def one_class_per_process(monkeypatch):
     earlier = _speedlib_hooks()
     for registry, key, _ in earlier:
         del registry[key]
-    monkeypatch.setattr(_contiguous_hooks, "_hooks_installed", False)
+    monkeypatch.setattr(contiguous_hooks, "_hooks_installed", False)
     yield
     for registry, key, _ in _speedlib_hooks():
         del registry[key]
@@ -150,12 +150,12 @@ def test_a_baseline_chain_that_names_a_speedlib_variant_is_refused():
 DATASET = ("tuning.py:SyntheticImages.", "tuning.py:_decode_jpeg")
 
 # bench_contiguous's speedlib variant builds a ContiguousParams, which installs speedlib's
-# process-wide optimizer step pre-hook (speedlib/_contiguous_hooks.py); from then on it runs
+# process-wide optimizer step pre-hook (speedlib/contiguous/hooks.py); from then on it runs
 # before every optimizer step in the process, its plain variants' included, taking turns with
 # it (torch has no per-optimizer opt-out): a tuple of group sizes and a weak-dictionary lookup
 # per step that finds no flat buffer. A known speedlib cost the baselines pay there, said in
 # the benchmark's docstring; nothing else of speedlib may run in them.
-CONTIGUOUS_HOOK = ("_contiguous_hooks.py:_check_before_step", "_contiguous_hooks.py:_owners_of")
+CONTIGUOUS_HOOK = ("contiguous/hooks.py:_check_before_step", "contiguous/hooks.py:_owners_of")
 
 # (technique, class, configuration): the cheapest configuration of every paired class that
 # runs on a CPU. GPU-only code paths are traced below through the functions that build them.

@@ -37,7 +37,8 @@ def test_every_speedlib_module_imports_without_the_harness():
     done = subprocess.run([sys.executable, "-c", _SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     imported = set(done.stdout.split())
-    on_disk = {"speedlib." + p.stem for p in (REPO / "speedlib").glob("*.py") if p.stem != "__init__"}
+    on_disk = {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+               for p in (REPO / "speedlib").rglob("*.py")}
     assert on_disk <= imported, f"modules the walk did not import: {sorted(on_disk - imported)}"
 
 

@@ -1,4 +1,4 @@
-"""The generators a checkpointed segment draws from itself (speedlib/_checkpoint_replay.py):
+"""The generators a checkpointed segment draws from itself (speedlib/checkpoint/replay.py):
 replayed in the rerun, and a segment that drew from none is not watched again."""
 
 import gc
@@ -7,8 +7,8 @@ import weakref
 import torch
 from torch import nn
 
-from speedlib import _checkpoint_replay as generators
 from speedlib.checkpoint import checkpoint
+from speedlib.checkpoint import replay as generators
 
 
 class Noisy(nn.Module):

@@ -1,4 +1,4 @@
-"""Forward hooks under speedlib's checkpoint (speedlib/_checkpoint_replay.py): a hook that only
+"""Forward hooks under speedlib's checkpoint (speedlib/checkpoint/replay.py): a hook that only
 observes runs once per step; one the computation needs (it sets the weight, returns or changes
 the output) runs in the rerun too, so gradients equal those without checkpointing."""
 

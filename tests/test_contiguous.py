@@ -4,8 +4,8 @@ Here: training against per-tensor optimizers and the original contiguous_params 
 conversions and gradient replacements that invalidate a flat buffer (caught, with what to do),
 groups, frozen parameters, dtypes, checkpoints, two gloo ranks, the benchmark
 (benchmarks/bench_contiguous.py) and the GPU. Beside them: test_contiguous_hooks.py (gradients
-set to None re-attached, Lightning's loops; speedlib/_contiguous_hooks.py) and
-test_contiguous_checks.py (the arguments refused before anything moves; speedlib/_contiguous_checks.py).
+set to None re-attached, Lightning's loops; speedlib/contiguous/hooks.py) and
+test_contiguous_checks.py (the arguments refused before anything moves; speedlib/contiguous/checks.py).
 """
 
 from __future__ import annotations

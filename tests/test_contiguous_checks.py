@@ -1,4 +1,4 @@
-"""What ContiguousParams refuses before anything is copied (speedlib/_contiguous_checks.py): a
+"""What ContiguousParams refuses before anything is copied (speedlib/contiguous/checks.py): a
 consumed generator, something that is not an iterable of parameters, a lazy or repeated
 parameter, bad align_bytes, named and plain parameters mixed, parameters that share memory;
 each with a message that says what to pass instead, and what it accepts."""

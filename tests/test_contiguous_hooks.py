@@ -1,4 +1,4 @@
-"""ContiguousParams' hooks (speedlib/_contiguous_hooks.py): gradients that model.zero_grad() or an
+"""ContiguousParams' hooks (speedlib/contiguous/hooks.py): gradients that model.zero_grad() or an
 optimizer's zero_grad(set_to_none=True) unlink are re-attached to the flat gradient, zeroed,
 before backward accumulates into them or the step runs, so PyTorch Lightning's loops (zeroing
 before training and inside each step's closure, gradient clipping) train like a per-tensor

@@ -96,22 +96,26 @@ def test_vector_to_parameters_names_the_in_place_fix_and_the_fix_keeps_the_buffe
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters(), strict=True))
 
 
-def _speedlib_imports(path: Path) -> set[str]:
-    """Every speedlib module `path` imports, at any depth of the file (inside functions and
-    TYPE_CHECKING blocks too: a circle there is still a circle to a reader)."""
+def _package_imports(path: Path) -> set[str]:
+    """Every module of speedlib.contiguous that `path` imports, at any depth of the file (inside
+    functions and TYPE_CHECKING blocks too: a circle there is still a circle to a reader);
+    "__init__" for the package itself."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("speedlib."):
-            found.add(node.module.split(".")[1])
-        elif isinstance(node, ast.Import):
-            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("speedlib."))
+        names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
+                 [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+        for name in names:
+            if name == "speedlib.contiguous" or name.startswith("speedlib.contiguous."):
+                found.add(name.removeprefix("speedlib.contiguous").lstrip(".") or "__init__")
     return found
 
 
 def test_the_contiguous_modules_import_one_way():
-    graph = {p.stem: _speedlib_imports(p) for p in SPEEDLIB.glob("*contiguous*.py")}
-    graph["_flat_parameter"] = _speedlib_imports(SPEEDLIB / "_flat_parameter.py")
-    assert graph["contiguous"] >= {"_contiguous_checks", "_contiguous_hooks", "_flat_parameter"}
-    for private in ("_contiguous_checks", "_contiguous_hooks", "_flat_parameter"):
-        assert "contiguous" not in graph[private], f"{private} imports speedlib.contiguous back"
-    assert graph["_flat_parameter"] == set()
+    """The package's __init__ lists what users import; buffers.py builds on the checks, the hooks
+    and the flat parameter; none of those imports buffers.py or the package back, and
+    flat_parameter.py, which they all share, imports none of them."""
+    graph = {p.stem: _package_imports(p) for p in (SPEEDLIB / "contiguous").glob("*.py")}
+    assert graph["buffers"] >= {"checks", "hooks", "flat_parameter", "problems"}
+    for part in ("checks", "hooks", "problems", "flat_parameter"):
+        assert not graph[part] & {"buffers", "__init__"}, f"{part} imports the buffers or the package back"
+    assert graph["flat_parameter"] == set()

@@ -122,16 +122,17 @@ def techniques() -> list[str]:
 
 
 def test_every_benchmarked_technique_has_all_its_parts():
-    """A technique is a library module, its equivalence test, its dashboard page, its docs page
-    and its record in speedbench/techniques.py's TECHNIQUES (docs/adding-a-technique.md). Files are
-    read as text: nothing is imported."""
+    """A technique is a library module or package, its equivalence test, its dashboard page, its
+    docs page and its record in speedbench/techniques.py's TECHNIQUES (docs/adding-a-technique.md).
+    Files are read as text: nothing is imported."""
     names = techniques()
     assert names, "no benchmarks/bench_<name>.py found"
     registry = (ROOT / "speedbench" / "techniques.py").read_text(encoding="utf-8")
     missing = []
     for name in names:
-        for part in (f"speedlib/{name}.py", f"tests/test_{name}.py", f"dashboard/views/{name}.py",
-                     f"docs/techniques/{name}.md"):
+        if not (ROOT / f"speedlib/{name}.py").is_file() and not (ROOT / f"speedlib/{name}/__init__.py").is_file():
+            missing.append(f"speedlib/{name}.py or speedlib/{name}/__init__.py")
+        for part in (f"tests/test_{name}.py", f"dashboard/views/{name}.py", f"docs/techniques/{name}.md"):
             if not (ROOT / part).is_file():
                 missing.append(part)
         if f'"{name}": Technique(' not in registry:

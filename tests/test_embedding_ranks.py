@@ -1,4 +1,4 @@
-"""HostEmbedding across processes (speedlib/_embedding_ranks.py): two gloo ranks, each with half
+"""HostEmbedding across processes (speedlib/transfer/embedding_ranks.py): two gloo ranks, each with half
 of every batch, end with the table and optimizer state of one process trained on the whole batch."""
 
 from __future__ import annotations

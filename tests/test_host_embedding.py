@@ -1,4 +1,4 @@
-"""HostEmbedding (speedlib/_host_embedding.py) on its own terms: checkpoints and optimizer state,
+"""HostEmbedding (speedlib/transfer/embedding.py) on its own terms: checkpoints and optimizer state,
 one trainer per table, stepping through emb.optimizer, lookups that never reach a backward, the
 padding row, from_pretrained, memory-mapped tables, .weight, and the misuses refused with what
 to do. Its equivalence with nn.Embedding and torch.optim is in tests/test_transfer.py; its

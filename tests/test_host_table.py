@@ -1,4 +1,4 @@
-"""HostTable (speedlib/_host_table.py), every backend against plain indexing: gather and scatter,
+"""HostTable (speedlib/transfer/table.py), every backend against plain indexing: gather and scatter,
 the duplicate rule (last_write_wins), the input refused and how, forked DataLoader workers, and
 tables mapped from .npy files.
 

@@ -16,6 +16,31 @@ def test_public_names_are_pinned():
         assert getattr(speedlib, name) is not None
 
 
+# What each technique package's __init__ lists: what users import from it.
+PACKAGES = {
+    "checkpoint": ["checkpoint", "checkpoint_sequential", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
+                   "convert_batchnorm", "in_backward", "ForgottenParameterError", "NondeterministicSegmentError",
+                   "SEGMENT_VARIANTS", "run_segment", "CheckpointedSequential"],
+    "contiguous": ["ContiguousParams", "FlatParameter", "InvalidBufferError", "ALIGN_BYTES", "MAX_ALIGN_BYTES"],
+    "transfer": ["BACKENDS", "HostTable", "HostEmbedding", "last_write_wins"],
+}
+
+
+def test_each_technique_package_lists_what_users_import():
+    """`import speedlib.checkpoint`, `from speedlib.transfer import HostEmbedding` and the rest of
+    what the docs show keep working, and each package says what it offers in __all__."""
+    import importlib  # noqa: PLC0415 - loads torch, which the other tests here need none of
+
+    for name, public in PACKAGES.items():
+        package = importlib.import_module(f"speedlib.{name}")
+        assert sorted(package.__all__) == sorted(public), name
+        assert all(getattr(package, n) is not None for n in public), name
+    checkpoint = importlib.import_module("speedlib.checkpoint")
+    assert callable(checkpoint.checkpoint) and checkpoint.checkpoint.__name__ == "checkpoint"
+    assert speedlib.HostTable is importlib.import_module("speedlib.transfer").HostTable
+    assert speedlib.ContiguousParams is importlib.import_module("speedlib.contiguous").ContiguousParams
+
+
 def test_import_does_not_load_torch():
     code = "import sys, speedlib; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

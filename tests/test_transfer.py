@@ -31,8 +31,8 @@ from benchmarks import bench_transfer as bench
 from speedbench import words
 from speedbench.measure import devices as measure
 from speedbench.measure import workloads
-from speedlib._transfer_auto import Path
 from speedlib.transfer import HostEmbedding, HostTable
+from speedlib.transfer.auto import Path
 
 # --- CPU-hosted embedding training against nn.Embedding and torch.optim -------------------
 

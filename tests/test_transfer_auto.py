@@ -1,4 +1,4 @@
-"""'auto', HostTable's default (speedlib/_transfer_auto.py): its paths timed taking turns, the
+"""'auto', HostTable's default (speedlib/transfer/auto.py): its paths timed taking turns, the
 fastest kept per device and shape, and the split path (CPU head, GPU kernel tail) bitwise.
 
 On the CPU the choice is driven by stand-in paths on a clock of their own, so which path is
@@ -15,10 +15,9 @@ import pytest
 import torch
 from transfer_bits import bits, indices, needs_cuda, needs_triton, same_bits
 
-from speedlib import _transfer_auto
-from speedlib._transfer_auto import Path, Split, choose, split_share, turns
-from speedlib._transfer_backends import _Pinned
-from speedlib.transfer import HostTable
+from speedlib.transfer import HostTable, auto
+from speedlib.transfer.auto import Path, Split, choose, split_share, turns
+from speedlib.transfer.backends import Pinned
 
 PINNED, UVA, SORTED = Path("pinned"), Path("uva"), Path("uva", sort=True)
 
@@ -104,7 +103,7 @@ def test_paths_name_themselves_for_users():
 
 @pytest.fixture
 def fresh_choices(monkeypatch):
-    monkeypatch.setattr(_transfer_auto, "CHOICES", {})
+    monkeypatch.setattr(auto, "CHOICES", {})
 
 
 def _stand_in(table: HostTable, single: dict, overhead: float = 1.0) -> Clock:
@@ -133,7 +132,7 @@ def test_auto_on_a_cpu_is_pageable_and_measures_nothing(fresh_choices):
     assert same_bits(table.gather(idx), weight[idx])
     table.scatter_(idx, weight[idx])
     assert table.chosen == {"gather": "pageable", "scatter": "pageable"}
-    assert same_bits(table.cpu(), weight) and _transfer_auto.CHOICES == {} and table._impl.measured == {}
+    assert same_bits(table.cpu(), weight) and auto.CHOICES == {} and table._impl.measured == {}
 
 
 def test_the_first_use_measures_and_later_tables_of_that_shape_reuse_the_choice(fresh_choices):
@@ -204,7 +203,7 @@ class LazyLane(EagerLane):
         done.synchronize()  # the caller's later reads wait for it
 
 
-class _HostPinned(_Pinned):
+class _HostPinned(Pinned):
     _pin = False  # no GPU here: stage in plain host memory
 
 
@@ -271,7 +270,7 @@ def test_every_auto_path_gathers_and_writes_back_bitwise(path, pattern, fresh_ch
     table = HostTable.from_tensor(weight)
     key = table._impl._key
     idx = indices(pattern, 333, 700)
-    _transfer_auto.CHOICES.update({key("gather", 333): path, key("scatter", 333): path})  # forced
+    auto.CHOICES.update({key("gather", 333): path, key("scatter", 333): path})  # forced
     for where in ("cpu", table.device):
         assert same_bits(table.gather(idx.to(where)).cpu(), weight[idx])
     assert table.chosen == {"gather": str(path)} and table._impl.measured == {}
@@ -287,7 +286,7 @@ def test_a_split_gather_on_a_busy_stream_is_ordered_on_that_stream(fresh_choices
     weight = bits(4000, 128, torch.float32)
     table = HostTable.from_tensor(weight)
     idx = indices("random, with repeats", 3000, 4000)
-    _transfer_auto.CHOICES[table._impl._key("gather", 3000)] = Path("split", share=0.5)
+    auto.CHOICES[table._impl._key("gather", 3000)] = Path("split", share=0.5)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         torch.cuda._sleep(10_000_000)  # the caller's stream is busy: its reads of `out` come late
@@ -319,7 +318,7 @@ def test_a_table_the_os_will_not_lock_is_moved_by_the_pinned_path_alone(monkeypa
     def refuse(*args, **kwargs):
         raise RuntimeError("cudaHostRegister failed with cudaError 2")
 
-    monkeypatch.setattr(_transfer_auto, "_locked_zeros", refuse)
+    monkeypatch.setattr(auto, "locked_zeros", refuse)
     with pytest.warns(RuntimeWarning, match="could not be page-locked .*cudaError 2.*'pinned' path alone"):
         table = HostTable(100, 8)
     with warnings.catch_warnings():

@@ -1,4 +1,4 @@
-"""The storage backends behind HostTable (speedlib/_transfer_backends.py) on their own: the uva
+"""The storage backends behind HostTable (speedlib/transfer/backends.py) on their own: the uva
 backend's page-locking (CUDA's runtime stood in on a CPU), the cupy backend's dtypes and its
 release at exit (CuPy stood in), and an interpreter that exits cleanly with every backend's
 tables alive. The uva row-copy kernel and 'auto' have files of their own
@@ -22,9 +22,8 @@ import pytest
 import torch
 from transfer_bits import GPU_BACKENDS, _cupy_ok, _reference, needs_cuda, thp_setting
 
-from speedlib import _transfer_backends as transfer
-from speedlib._transfer_backends import _MappedHost
-from speedlib.transfer import HostTable
+from speedlib.transfer import HostTable, backends
+from speedlib.transfer.backends import _MappedHost
 
 
 @pytest.mark.skipif(not _cupy_ok(), reason="CuPy is not installed")
@@ -82,7 +81,7 @@ def test_uva_memory_is_locked_exactly_and_unlocked_when_its_owner_is_freed(monke
     monkeypatch.setattr(torch.cuda, "device", Device)
     owner, dev = _Owner(), torch.device("cuda", 1)
     rows, dim = 1000, 3  # 6000 bytes of bfloat16: neither a power of two nor whole pages
-    host = transfer._locked_zeros(rows, dim, torch.bfloat16, dev, owner)
+    host = backends.locked_zeros(rows, dim, torch.bfloat16, dev, owner)
     assert host.shape == (rows, dim) and host.dtype == torch.bfloat16 and not host.any()
     assert calls == [("register", host.data_ptr(), rows * dim * 2, 1 | 2, dev)]  # Portable | Mapped
     assert host.data_ptr() % mmap.PAGESIZE == 0 and host.untyped_storage().nbytes() == rows * dim * 2
@@ -99,7 +98,7 @@ def test_uva_memory_is_locked_exactly_and_unlocked_when_its_owner_is_freed(monke
     monkeypatch.setattr(torch.cuda, "cudart", lambda: _FakeCudart(calls, current, result=2))
     owner = _Owner()
     with pytest.raises(RuntimeError, match="cudaHostRegister failed with cudaError 2"):
-        transfer._locked_zeros(rows, dim, torch.float32, dev, owner)
+        backends.locked_zeros(rows, dim, torch.float32, dev, owner)
     del owner
     gc.collect()
     assert [c[0] for c in calls] == ["register", "unregister", "register"]
@@ -127,12 +126,12 @@ VmFlags: rd wr mr mw me ac
 
 def test_huge_page_bytes_count_only_mappings_inside_the_range():
     start = 0x7F0000200000
-    assert transfer.huge_page_bytes(_SMAPS, start, 8 << 20) == 6 << 20  # 4 MiB + 2 of the next 4 MiB
-    assert transfer.huge_page_bytes(_SMAPS, start, 4 << 20) == 4 << 20
+    assert backends.huge_page_bytes(_SMAPS, start, 8 << 20) == 6 << 20  # 4 MiB + 2 of the next 4 MiB
+    assert backends.huge_page_bytes(_SMAPS, start, 4 << 20) == 4 << 20
     # a range that cuts a mapping counts none of it: its huge pages may lie outside the range
-    assert transfer.huge_page_bytes(_SMAPS, start, 6 << 20) == 4 << 20
-    assert transfer.huge_page_bytes(_SMAPS, start - (2 << 20), 12 << 20) == 10 << 20
-    assert transfer.huge_page_bytes("", start, 4 << 20) == 0
+    assert backends.huge_page_bytes(_SMAPS, start, 6 << 20) == 4 << 20
+    assert backends.huge_page_bytes(_SMAPS, start - (2 << 20), 12 << 20) == 10 << 20
+    assert backends.huge_page_bytes("", start, 4 << 20) == 0
 
 
 def test_a_huge_page_table_is_aligned_whole_pages_locked_and_left_out_of_forks(monkeypatch):
@@ -148,15 +147,15 @@ def test_a_huge_page_table_is_aligned_whole_pages_locked_and_left_out_of_forks(m
     rows, dim = 5000, 100  # 2,000,000 bytes of float32: less than one huge page
     if thp_setting() not in ("always", "madvise"):
         with pytest.raises(RuntimeError, match=r"2 MiB pages \(transparent huge pages: .*'always' or 'madvise'"):
-            transfer._locked_zeros(rows, dim, torch.float32, dev, owner, huge_pages=True)
+            backends.locked_zeros(rows, dim, torch.float32, dev, owner, huge_pages=True)
         assert calls == []
         return
-    host = transfer._locked_zeros(rows, dim, torch.float32, dev, owner, huge_pages=True)
-    assert host.shape == (rows, dim) and not host.any() and host.data_ptr() % transfer.HUGE_PAGE == 0
-    assert calls == [("register", host.data_ptr(), transfer.HUGE_PAGE, 1 | 2, None)]
+    host = backends.locked_zeros(rows, dim, torch.float32, dev, owner, huge_pages=True)
+    assert host.shape == (rows, dim) and not host.any() and host.data_ptr() % backends.HUGE_PAGE == 0
+    assert calls == [("register", host.data_ptr(), backends.HUGE_PAGE, 1 | 2, None)]
     with open("/proc/self/smaps", encoding="utf-8") as f:
         smaps = f.read()
-    assert transfer.huge_page_bytes(smaps, host.data_ptr(), transfer.HUGE_PAGE) == transfer.HUGE_PAGE
+    assert backends.huge_page_bytes(smaps, host.data_ptr(), backends.HUGE_PAGE) == backends.HUGE_PAGE
     block = smaps[smaps.index(f"{host.data_ptr():x}-"):]
     flags = next(line for line in block.splitlines() if line.startswith("VmFlags")).split()
     assert "hg" in flags and "dc" in flags  # MADV_HUGEPAGE, MADV_DONTFORK
@@ -187,11 +186,11 @@ def test_the_uva_hypotheses_are_checked_before_any_memory_is_taken():
         HostTable(4, 2, backend="uva", whole_lines=None)
     with pytest.raises(ValueError, match="bytes in flight must be a power of two of at least 1024, got 3000"):
         HostTable(4, 2, backend="uva", bytes_in_flight=3000)
-    from speedlib import _host_table  # noqa: PLC0415 - the options on their own
+    from speedlib.transfer import table  # noqa: PLC0415 - the options on their own
 
-    assert _host_table._options("uva", False, True, True, 65536) == {"huge_pages": True, "whole_lines": True,
-                                                                     "bytes_in_flight": 65536}
-    assert _host_table._options("uva", False) == {} and _host_table._options("pinned", False) == {}
+    assert table._options("uva", False, True, True, 65536) == {"huge_pages": True, "whole_lines": True,
+                                                                "bytes_in_flight": 65536}
+    assert table._options("uva", False) == {} and table._options("pinned", False) == {}
 
 
 @needs_cuda
@@ -278,12 +277,12 @@ def test_exit_releases_cupy_tables_then_the_blocks_cupys_pools_cache(monkeypatch
     cupyx.empty_pinned = lambda shape, dtype: np.empty(shape, dtype)
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     monkeypatch.setitem(sys.modules, "cupyx", cupyx)
-    monkeypatch.setattr(transfer, "_cupy", None)
-    monkeypatch.setattr(transfer, "_CUPY_TABLES", weakref.WeakSet())
-    transfer._release_cupy_tables()  # CuPy imported, no table used it
+    monkeypatch.setattr(backends, "_cupy", None)
+    monkeypatch.setattr(backends, "_CUPY_TABLES", weakref.WeakSet())
+    backends._release_cupy_tables()  # CuPy imported, no table used it
     assert events == []
-    table = transfer._Cupy(4, 3, torch.float32, torch.device("cuda", 0))
-    assert list(transfer._CUPY_TABLES) == [table] and table.array[1] is table.pinned and not table.host.any()
-    transfer._release_cupy_tables()
+    table = backends.Cupy(4, 3, torch.float32, torch.device("cuda", 0))
+    assert list(backends._CUPY_TABLES) == [table] and table.array[1] is table.pinned and not table.host.any()
+    backends._release_cupy_tables()
     assert table.array is None and table.pinned is None and table.host is None
     assert events == [("pinned pool", True), ("device pool", True)]  # after the table let go

@@ -1,5 +1,5 @@
 """The host tables' backends on their own: the 'uva' backend's row-copy kernel
-(speedlib/_transfer_kernel.py), run on the CPU by Triton's interpreter, and on a GPU every
+(speedlib/transfer/kernel.py), run on the CPU by Triton's interpreter, and on a GPU every
 backend against 'pageable', for every index dtype and duplicate pattern. Every result is
 compared bitwise with plain indexing, on tables of random bits (tests/transfer_bits.py).
 'auto's measured choice has tests of its own (tests/test_transfer_auto.py)."""
@@ -16,8 +16,9 @@ import pytest
 import torch
 from transfer_bits import PATTERNS, _cupy_ok, bits, indices, needs_cuda, needs_huge_pages, needs_triton, same_bits
 
-from speedlib import _host_table, _transfer_kernel
 from speedlib.transfer import HostEmbedding, HostTable
+from speedlib.transfer import kernel as row_kernel
+from speedlib.transfer import table as host_table
 
 # --- the uva row-copy kernel, in Triton's interpreter ------------------------------------------
 
@@ -29,9 +30,9 @@ def test_the_kernel_gathers_whole_rows_bitwise(interpreted, dtype, dim, sort):
     table = bits(90, dim, dtype)
     for pattern in ("random, with repeats", "one row over and over", "descending, distinct"):
         idx = indices(pattern, 37, 90)
-        out = _transfer_kernel.gather(table, idx, sort=sort, kernel=interpreted)
+        out = row_kernel.gather(table, idx, sort=sort, kernel=interpreted)
         assert same_bits(out, table[idx]), pattern
-        assert _transfer_kernel.KERNEL == "triton"
+        assert row_kernel.KERNEL == "triton"
 
 
 @needs_triton
@@ -43,12 +44,12 @@ def test_the_kernel_writes_whole_rows_back_bitwise(interpreted, dtype, dim, sort
     idx = torch.randperm(90, generator=torch.Generator().manual_seed(8))[:41]
     values = bits(41, dim, dtype, seed=6)
     expected.index_copy_(0, idx, values)
-    _transfer_kernel.scatter(table, idx, values, sort=sort, kernel=interpreted)
+    row_kernel.scatter(table, idx, values, sort=sort, kernel=interpreted)
     assert same_bits(table, expected)
 
 
 def test_rows_are_moved_as_the_widest_words_that_divide_them_and_their_addresses():
-    k = _transfer_kernel
+    k = row_kernel
     assert k._width(torch.zeros(2, 128)) == 4 and k._words(torch.zeros(2, 128), 4).shape == (2, 128)
     assert k._width(torch.zeros(2, 8, dtype=torch.bfloat16)) == 4  # 16-byte rows
     assert k._words(torch.zeros(2, 8, dtype=torch.bfloat16), 4).shape == (2, 4)
@@ -64,7 +65,7 @@ def test_the_kernel_copies_rows_of_a_view_that_starts_off_a_word(interpreted):
     base = bits(41, 4, torch.float16)
     table = base.view(-1)[1:1 + 40 * 4].view(40, 4)  # one float16, two bytes, off int32 alignment
     idx = indices("random, with repeats", 17, 40)
-    assert same_bits(_transfer_kernel.gather(table, idx, kernel=interpreted), table[idx])
+    assert same_bits(row_kernel.gather(table, idx, kernel=interpreted), table[idx])
 
 
 @needs_triton
@@ -75,35 +76,35 @@ def test_once_the_kernel_has_run_a_later_error_is_raised_not_hidden(interpreted,
         def __getitem__(self, grid):
             raise RuntimeError("an illegal memory access")
 
-    monkeypatch.setattr(_transfer_kernel, "_kernel", lambda: interpreted if not calls.append(1) and len(calls) == 1
+    monkeypatch.setattr(row_kernel, "_kernel", lambda: interpreted if not calls.append(1) and len(calls) == 1
                         else Failing())
-    monkeypatch.setattr(_transfer_kernel, "_unusable", [])
-    monkeypatch.setattr(_transfer_kernel, "_ran", [])
+    monkeypatch.setattr(row_kernel, "_unusable", [])
+    monkeypatch.setattr(row_kernel, "_ran", [])
     table = bits(20, 4, torch.float32)
     idx = indices("random, with repeats", 11, 20)
-    assert same_bits(_transfer_kernel.gather(table, idx), table[idx]) and _transfer_kernel.KERNEL == "triton"
+    assert same_bits(row_kernel.gather(table, idx), table[idx]) and row_kernel.KERNEL == "triton"
     with pytest.raises(RuntimeError, match="an illegal memory access"):
-        _transfer_kernel.gather(table, idx)
-    assert _transfer_kernel._unusable == []
+        row_kernel.gather(table, idx)
+    assert row_kernel._unusable == []
 
 
 def test_without_a_kernel_the_copy_says_why_once_and_falls_back_exactly(monkeypatch):
     def no_triton():
         raise ImportError("No module named 'triton'")
 
-    monkeypatch.setattr(_transfer_kernel, "_kernel", no_triton)
-    monkeypatch.setattr(_transfer_kernel, "_unusable", [])
-    monkeypatch.setattr(_transfer_kernel, "_ran", [])
+    monkeypatch.setattr(row_kernel, "_kernel", no_triton)
+    monkeypatch.setattr(row_kernel, "_unusable", [])
+    monkeypatch.setattr(row_kernel, "_ran", [])
     table = bits(20, 4, torch.float32)
     idx = indices("random, with repeats", 11, 20)
     with pytest.warns(RuntimeWarning, match="Triton row-copy kernel cannot run here .*No module named 'triton'"):
-        out = _transfer_kernel.gather(table, idx, sort=True)
-    assert same_bits(out, table[idx]) and _transfer_kernel.KERNEL == "torch"
+        out = row_kernel.gather(table, idx, sort=True)
+    assert same_bits(out, table[idx]) and row_kernel.KERNEL == "torch"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # said once: the second copy is quiet
         expected = table.clone()
         expected[idx.unique()] = 1.0
-        _transfer_kernel.scatter(table, idx.unique(), torch.ones(idx.unique().numel(), 4))
+        row_kernel.scatter(table, idx.unique(), torch.ones(idx.unique().numel(), 4))
     assert same_bits(table, expected)
 
 
@@ -113,10 +114,10 @@ def test_without_a_kernel_the_copy_says_why_once_and_falls_back_exactly(monkeypa
 def interpreted_lines(monkeypatch):
     """The whole-line gather kernel (Shape(lines=True)) run by Triton's interpreter."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    return _transfer_kernel.build(lines=True)
+    return row_kernel.build(lines=True)
 
 
-LINES = _transfer_kernel.Shape(lines=True)
+LINES = row_kernel.Shape(lines=True)
 
 
 @needs_triton
@@ -130,7 +131,7 @@ def test_the_whole_line_gather_is_bitwise_plain_indexing(interpreted_lines, dtyp
     table = bits(90, dim, dtype)
     for pattern in ("random, with repeats", "first and last rows", "descending, distinct"):
         idx = indices(pattern, 37, 90)
-        out = _transfer_kernel.gather(table, idx, sort=sort, shape=LINES, kernel=interpreted_lines)
+        out = row_kernel.gather(table, idx, sort=sort, shape=LINES, kernel=interpreted_lines)
         assert same_bits(out, table[idx]), pattern
 
 
@@ -141,12 +142,12 @@ def test_the_whole_line_gather_keeps_only_the_rows_own_bytes(interpreted_lines):
     base = bits(64, 5, torch.float32, seed=3)
     table = base.view(-1)[7:7 + 40 * 5].view(40, 5)  # 28 bytes into the buffer, 20-byte rows
     idx = indices("first and last rows", 9, 40)
-    out = _transfer_kernel.gather(table, idx, shape=LINES, kernel=interpreted_lines)
+    out = row_kernel.gather(table, idx, shape=LINES, kernel=interpreted_lines)
     assert same_bits(out, table[idx])
 
 
 def test_the_whole_line_window_covers_a_row_at_its_worst_offset():
-    k = _transfer_kernel
+    k = row_kernel
     buffer = torch.zeros(2048 + 32, dtype=torch.int32)
     line_start = buffer[(-buffer.data_ptr() % 128) // 4:][:2048].view(-1, 16)  # a table starting on a line
     assert line_start.data_ptr() % 128 == 0
@@ -164,21 +165,21 @@ def test_every_in_flight_size_gathers_and_writes_back_bitwise(interpreted, inter
     table = bits(90, dim, dtype)
     idx = indices("random, with repeats", 37, 90)
     for lines, kernel in ((False, interpreted), (True, interpreted_lines)):
-        shape = _transfer_kernel.Shape(lines=lines, in_flight=in_flight)
+        shape = row_kernel.Shape(lines=lines, in_flight=in_flight)
         for sort in (False, True):
-            assert same_bits(_transfer_kernel.gather(table, idx, sort=sort, shape=shape, kernel=kernel), table[idx])
+            assert same_bits(row_kernel.gather(table, idx, sort=sort, shape=shape, kernel=kernel), table[idx])
     expected = table.clone()
     rows = torch.randperm(90, generator=torch.Generator().manual_seed(8))[:41]
     values = bits(41, dim, dtype, seed=6)
     expected.index_copy_(0, rows, values)
     # write-back never reads whole lines (they would write the neighbours' bytes): the row kernel
-    _transfer_kernel.scatter(table, rows, values, shape=_transfer_kernel.Shape(lines=True, in_flight=in_flight),
+    row_kernel.scatter(table, rows, values, shape=row_kernel.Shape(lines=True, in_flight=in_flight),
                              kernel=interpreted)
     assert same_bits(table, expected)
 
 
 def test_a_kernel_shape_takes_what_the_kernel_can_use():
-    k = _transfer_kernel
+    k = row_kernel
     assert k.Shape() == k.DEFAULT and k._warps(None) is None
     assert [k._warps(n) for n in (1024, 16384, 65536, 1 << 20)] == [4, 4, 8, 16]
     for bad in (1000, 512, 3 * 1024, True, 4096.0):
@@ -200,19 +201,19 @@ def test_a_hypothesis_never_falls_back_to_torch(monkeypatch):
     def no_triton(lines=False):
         raise ImportError("No module named 'triton'")
 
-    monkeypatch.setattr(_transfer_kernel, "_kernel", no_triton)
-    monkeypatch.setattr(_transfer_kernel, "_unusable", [])
-    monkeypatch.setattr(_transfer_kernel, "_ran", [])
+    monkeypatch.setattr(row_kernel, "_kernel", no_triton)
+    monkeypatch.setattr(row_kernel, "_unusable", [])
+    monkeypatch.setattr(row_kernel, "_ran", [])
     table = bits(20, 4, torch.float32)
     idx = indices("random, with repeats", 11, 20)
-    for shape in (_transfer_kernel.Shape(lines=True), _transfer_kernel.Shape(in_flight=4096)):
+    for shape in (row_kernel.Shape(lines=True), row_kernel.Shape(in_flight=4096)):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             with pytest.raises(ImportError, match="triton"):
-                _transfer_kernel.gather(table, idx, shape=shape)
-    assert _transfer_kernel._unusable == []
+                row_kernel.gather(table, idx, shape=shape)
+    assert row_kernel._unusable == []
     with pytest.warns(RuntimeWarning, match="cannot run here"):
-        assert same_bits(_transfer_kernel.gather(table, idx), table[idx])
+        assert same_bits(row_kernel.gather(table, idx), table[idx])
 
 
 def _ptx(kernel, signature: dict, constexprs: dict, aligned: tuple[str, ...], warps: int = 4) -> str:
@@ -248,14 +249,14 @@ def test_rows_of_16_word_multiples_are_read_as_16_byte_vectors_on_sm90(monkeypat
     whole-line kernel reads 64-byte rows as 16-byte vectors too, where the table's word count is
     known to be a multiple of 16 as well (it is where a row's is). The index loads are b64."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    rows = _transfer_kernel.build()
+    rows = row_kernel.build()
     sig = {"src": "*i32", "src_rows": "*i64", "dst": "*i32", "dst_rows": "*i64", "n": "i32", "words": "i32"}
     const = {"HAS_SRC_ROWS": True, "HAS_DST_ROWS": False, "BLOCK_ROWS": 32, "BLOCK_WORDS": 128}
     wide = _loads(_ptx(rows, sig, const, aligned=("src", "src_rows", "dst", "dst_rows", "words")))
     assert wide.get("ld.global.v4.b32", 0) == 8 and "ld.global.b32" not in wide  # 128 B a thread: 8 vectors
     narrow = _loads(_ptx(rows, sig, const, aligned=("src", "src_rows", "dst", "dst_rows")))
     assert narrow.get("ld.global.b32", 0) == 32 and "ld.global.v4.b32" not in narrow
-    lines = _transfer_kernel.build(lines=True)
+    lines = row_kernel.build(lines=True)
     sig = {**sig, "src_words": "i64", "span": "i32"}
     const = {"HAS_DST_ROWS": False, "BLOCK_ROWS": 128, "BLOCK_WORDS": 32, "LINE_WORDS": 32}
     got = _loads(_ptx(lines, sig, const, aligned=("src", "src_rows", "dst", "dst_rows", "words", "src_words", "span")))
@@ -265,9 +266,9 @@ def test_rows_of_16_word_multiples_are_read_as_16_byte_vectors_on_sm90(monkeypat
 # --- the backends' options --------------------------------------------------------------------
 
 def test_backend_options_are_checked_and_kept_for_the_backend():
-    assert _host_table._options("uva", True) == {"sort_indices": True}
-    assert _host_table._options("cupy", False) == {}
-    assert _host_table._options("auto", False) == {}
+    assert host_table._options("uva", True) == {"sort_indices": True}
+    assert host_table._options("cupy", False) == {}
+    assert host_table._options("auto", False) == {}
 
 
 @needs_cuda
@@ -369,7 +370,7 @@ def test_the_uva_backend_runs_the_triton_kernel_on_a_gpu():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a fallback would warn
         table.gather(torch.arange(10))
-    assert _transfer_kernel.KERNEL == "triton"
+    assert row_kernel.KERNEL == "triton"
 
 
 def test_speedlib_imports_and_tables_work_without_numpy():

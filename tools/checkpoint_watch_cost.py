@@ -6,7 +6,7 @@ shipped; without the generator watch; without it and the hook watch. Prints the 
 per-round ratio shipped / variant. Usage: python3 tools/checkpoint_watch_cost.py BATCH ROUNDS [DEPTH]
 (DEPTH 6n + 4, default 100; docs/techniques/checkpoint.md gives the figures; measure on an idle machine).
 
-The watches are built by speedlib/_checkpoint_replay.py's Replay, which looks the two classes up
+The watches are built by speedlib/checkpoint/replay.py's Replay, which looks the two classes up
 in that module when a checkpoint starts; the variants swap them there. tests/test_tools.py runs
 this at a small size, so a change of that layout fails a test instead of this tool.
 """
@@ -19,7 +19,7 @@ import time
 import torch
 
 from speedbench.measure import workloads
-from speedlib import _checkpoint_replay as replay
+from speedlib.checkpoint import replay
 
 
 class Unwatched:

@@ -41,6 +41,33 @@ def test_commits_since_and_those_that_changed_the_techniques_code(tmp_path):
                                                         "imports unchanged since")
 
 
+def test_a_technique_moved_into_a_package_counts_the_changes_under_its_old_paths(tmp_path):
+    """speedlib/foo.py and its private modules became speedlib/foo/: a figure measured before the
+    move counts the commits that changed the old files (one of them a module born after the
+    figure) as well as the move and what followed."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    measured = _commit(repo, {"speedlib/__init__.py": "", "speedlib/foo.py": "from speedlib._foo_x import x\n",
+                              "speedlib/_foo_x.py": "x = 1\n", "speedlib/bar.py": "y = 1\n"}, "measured here")
+    _commit(repo, {"speedlib/_foo_x.py": "x = 2\n"}, "foo's code under its old path")
+    _commit(repo, {"speedlib/bar.py": "y = 2\n"}, "another technique")
+    _commit(repo, {"speedlib/foo.py": "from speedlib._foo_x import x\nfrom speedlib._foo_y import y\n",
+                   "speedlib/_foo_y.py": "y = 1\n"}, "foo gets a second private module")
+    _commit(repo, {"speedlib/_foo_y.py": "y = 2\n"}, "foo's code in a module that lived between the figure and now")
+    for old in ("foo.py", "_foo_x.py", "_foo_y.py"):
+        (repo / "speedlib" / old).unlink()
+    _commit(repo, {"speedlib/foo/__init__.py": "from speedlib.foo.parts import x, y\n",
+                   "speedlib/foo/parts.py": "x = 2\ny = 2\n"}, "foo becomes a package")
+    _commit(repo, {"speedlib/foo/parts.py": "x = 3\ny = 2\n"}, "foo's code under its new path")
+    assert age.technique_files("foo", repo) == ("speedlib/foo/__init__.py", "speedlib/foo/parts.py")
+    assert age.technique_files("foo", repo, measured) == ("speedlib/foo.py", "speedlib/_foo_x.py")
+    foo = age.behind(measured, "foo", repo)
+    assert (foo.commits, foo.changed) == (6, 5)
+    assert str(foo) == (f"measured at {measured[:8]}, 6 commits behind HEAD; speedlib/foo/ (2 modules) changed in "
+                        "5 of them")
+
+
 def test_nothing_where_git_the_checkout_or_the_commit_is_missing(tmp_path):
     assert age.behind("0" * 40, "contiguous") is None  # not in this checkout's history
     assert age.behind("--all", "contiguous") is None and age.behind("HEAD~1", "contiguous") is None  # hashes only

@@ -8,6 +8,7 @@ it), and nothing else names a technique the records do not hold.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from pathlib import Path
 
@@ -112,3 +113,42 @@ def test_the_record_module_imports_nothing_of_the_harness():
                 for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
                 for a in (n.names if isinstance(n, ast.Import) else [n])]
     assert imported == ["__future__", "dataclasses"]
+
+
+def _strings(value) -> list[str]:
+    """Every string in a record: its fields', its claims' and headline's, its dicts' keys and values."""
+    if isinstance(value, str):
+        return [value]
+    if dataclasses.is_dataclass(value):
+        return [s for f in dataclasses.fields(value) for s in _strings(getattr(value, f.name))]
+    if isinstance(value, dict):
+        return [s for item in value.items() for s in _strings(item)]
+    if isinstance(value, (tuple, list)):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+# A commit hash (hex with a digit and a letter, 7 to 40 of them): a story of what ran or was
+# measured where names the commits it happened at.
+_HISTORY = re.compile(r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")
+
+
+@pytest.mark.parametrize("name", list(TECHNIQUES))
+def test_a_record_holds_data_not_history(name):
+    """What a variant ran at older commits, and what a run there showed, is on the technique's
+    page, which the words may point to; the record says what each variant is now."""
+    said = _strings(TECHNIQUES[name])
+    assert [s for s in said if _HISTORY.search(s)] == []
+    pages = {p for s in said for p in re.findall(r"docs/[\w/.-]+\.md", s)}
+    assert all((ROOT / p).is_file() for p in pages), pages
+
+
+def test_the_transfer_page_keeps_what_old_variant_names_ran():
+    """The history the record's words left: `pinned`, `uva` and Packing's variants at old commits."""
+    page = (ROOT / "docs" / "techniques" / "transfer.md").read_text(encoding="utf-8")
+    history = " ".join(page[page.index("## What the variant names meant at older commits"):].split())
+    for fact in ("before commit 1408e44 (the H100 run at bdb0cb6d: 42.4 %", "(the H200 run at 838236b: 11.3 %)",
+                 "`uva`: torch's `index_select` on the mapped table before commit 1408e44", "838236b and earlier"):
+        assert fact in history
+    for variant in ("pinned", "uva", "index_select", "staged"):
+        assert "docs/techniques/transfer.md" in words.VARIANTS["transfer"][variant], variant

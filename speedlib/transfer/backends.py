@@ -19,19 +19,19 @@ import weakref
 
 import torch
 
-from speedlib import _transfer_kernel
+from speedlib.transfer import kernel
 
-# "auto", the default, picks among pinned and uva paths by measurement (speedlib/_transfer_auto.py).
+# "auto", the default, picks among pinned and uva paths by measurement (speedlib/transfer/auto.py).
 BACKENDS = ("auto", "pageable", "pinned", "cupy", "uva", "device")
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
     # is_initialized() is False in a forked DataLoader worker, which must not touch CUDA.
     if device.type == "cuda" and torch.cuda.is_initialized():
         torch.cuda.synchronize(device)
 
 
-class _Pageable:
+class Pageable:
     def __init__(self, rows: int, dim: int, dtype: torch.dtype, device: torch.device, host: torch.Tensor | None = None):
         self.device = device
         self.host = torch.zeros(rows, dim, dtype=dtype) if host is None else host
@@ -43,7 +43,7 @@ class _Pageable:
         self.host.index_copy_(0, idx.cpu(), values.cpu())
 
 
-class _Pinned(_Pageable):
+class Pinned(Pageable):
     """CPU indexing into a pinned staging buffer, then one asynchronous copy.
 
     Two staging buffers take turns, so indexing the next batch on the CPU can overlap the
@@ -127,11 +127,11 @@ def _cuda_call(result, what: str) -> None:
 def _unregister_host(ptr: int, device: torch.device, pid: int) -> None:
     if os.getpid() != pid:  # a forked child's copy: the registration belongs to the parent
         return
-    _sync(device)  # GPU kernels queued on the mapped rows finish before the pages are unlocked
+    sync_device(device)  # GPU kernels queued on the mapped rows finish before the pages are unlocked
     _cuda_call(torch.cuda.cudart().cudaHostUnregister(ptr), "cudaHostUnregister")
 
 
-def _locked_zeros(rows: int, dim: int, dtype: torch.dtype, device: torch.device, owner: object,
+def locked_zeros(rows: int, dim: int, dtype: torch.dtype, device: torch.device, owner: object,
                   huge_pages: bool = False) -> torch.Tensor:
     """A zeroed rows x dim host tensor, page-locked with cudaHostRegister until `owner` is freed
     (or the interpreter exits, while CUDA is still up: weakref.finalize runs at exit).
@@ -220,9 +220,9 @@ def _mapped(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return view
 
 
-class _Uva:
+class Uva:
     """Zero-copy: the GPU reads and writes the registered table in place, whole rows at a time
-    (speedlib/_transfer_kernel.py); sort_indices reads the rows in index order. `locked`: a
+    (speedlib/transfer/kernel.py); sort_indices reads the rows in index order. `locked`: a
     table already registered (by 'auto'), else one is allocated and registered here.
     huge_pages, whole_lines, bytes_in_flight: issue 52's hypotheses, off by default (the
     table in 2 MiB pages; the kernel's `Shape`), measured by bench_transfer.RooflineHypotheses."""
@@ -231,17 +231,17 @@ class _Uva:
                  huge_pages: bool = False, whole_lines: bool = False, bytes_in_flight: int | None = None,
                  locked: torch.Tensor | None = None):
         self.device, self.sort = device, sort_indices
-        self.shape = _transfer_kernel.Shape(lines=whole_lines, in_flight=bytes_in_flight)
-        self.host = _locked_zeros(rows, dim, dtype, device, owner=self, huge_pages=huge_pages) \
+        self.shape = kernel.Shape(lines=whole_lines, in_flight=bytes_in_flight)
+        self.host = locked_zeros(rows, dim, dtype, device, owner=self, huge_pages=huge_pages) \
             if locked is None else locked
         self.view = _mapped(self.host, device)
 
     def gather(self, idx: torch.Tensor) -> torch.Tensor:
-        return _transfer_kernel.gather(self.view, idx.to(self.device, non_blocking=True), sort=self.sort,
+        return kernel.gather(self.view, idx.to(self.device, non_blocking=True), sort=self.sort,
                                        shape=self.shape)
 
     def write(self, idx: torch.Tensor, values: torch.Tensor) -> None:
-        _transfer_kernel.scatter(self.view, idx.to(self.device, non_blocking=True),
+        kernel.scatter(self.view, idx.to(self.device, non_blocking=True),
                                  values.to(self.device, non_blocking=True), sort=self.sort, shape=self.shape)
 
 
@@ -272,7 +272,7 @@ def _release_cupy_tables() -> None:
         _cupy.get_default_memory_pool().free_all_blocks()  # temporaries of CuPy's indexing kernels
 
 
-class _Cupy:
+class Cupy:
     def __init__(self, rows: int, dim: int, dtype: torch.dtype, device: torch.device):
         global _cupy
         cupy, cupyx = _import_cupy()
@@ -323,7 +323,7 @@ class _Cupy:
             self.array[self._of(idx)] = self._of(values)
 
 
-class _Device:
+class Device:
     host = None
 
     def __init__(self, rows: int, dim: int, dtype: torch.dtype, device: torch.device):
@@ -337,9 +337,9 @@ class _Device:
         self.table.index_copy_(0, idx.to(self.device, non_blocking=True), values.to(self.device, non_blocking=True))
 
 
-_GPU_INDEXED = ("cupy", "uva", "device")
-_IMPLS = {"pageable": _Pageable, "pinned": _Pinned, "cupy": _Cupy, "uva": _Uva, "device": _Device}
+GPU_INDEXED = ("cupy", "uva", "device")
+BACKEND_CLASSES = {"pageable": Pageable, "pinned": Pinned, "cupy": Cupy, "uva": Uva, "device": Device}
 # The backends whose table is an ordinary CPU tensor indexed by the CPU, so it can be any
 # host memory, a file mapping included; the others need pinned or GPU memory of their own.
-# ('auto' maps a file too, and then has only the pinned path: speedlib/_transfer_auto.py.)
-_MAPPABLE = ("auto", "pageable", "pinned")
+# ('auto' maps a file too, and then has only the pinned path: speedlib/transfer/auto.py.)
+MAPPABLE = ("auto", "pageable", "pinned")

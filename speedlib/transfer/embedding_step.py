@@ -8,7 +8,7 @@ import weakref
 import torch
 
 
-def _step_hooks(emb_ref: weakref.ref):
+def step_hooks(emb_ref: weakref.ref):
     """Optimizer step pre- and post-hooks that make any step of a HostEmbedding's optimizer
     (emb.step(), a direct `emb.optimizer.step()`, `scaler.step(emb.optimizer)`) one step of
     the embedding: the optimizer's parameter is a copy of the touched rows, which must be
@@ -26,7 +26,7 @@ def _step_hooks(emb_ref: weakref.ref):
     return before, after
 
 
-class _RowStep:
+class RowStep:
     """HostEmbedding's gradients and step; a mixin, it reads the embedding's table, rows and optimizer."""
 
     def _accumulate(self, rows: torch.Tensor, leaf: torch.Tensor, generation: int) -> None:

@@ -9,7 +9,7 @@ on an H200 host (838236b) the GPU's own reads reached 18 GB/s (33 %), index_sele
 
 The paths, all over the same page-locked table:
   pinned  index_select on the CPU into a pinned buffer, then one copy (PyTorch's pinned path)
-  uva     the GPU reads (writes) the rows itself, speedlib/_transfer_kernel.py; `sorted`
+  uva     the GPU reads (writes) the rows itself, speedlib/transfer/kernel.py; `sorted`
           reads them in index order, the caller's order restored in the same pass
   split   both at once: the kernel moves the batch's tail while the CPU packs its head and a
           copy engine carries it, the head's share set from the two paths' measured times so
@@ -41,8 +41,8 @@ from dataclasses import dataclass
 
 import torch
 
-from speedlib import _transfer_kernel
-from speedlib._transfer_backends import _locked_zeros, _Pageable, _Pinned, _Uva
+from speedlib.transfer.backends import Pageable, Pinned, Uva, locked_zeros
+from speedlib.transfer.kernel import copy_rows
 
 ROUNDS = 3
 
@@ -136,11 +136,11 @@ class CudaLane:
 class Split:
     """Rows moved by the CPU (the head) and the GPU's kernel (the tail) at once.
 
-    pinned: the _Pinned path over the table (its staging buffers); view: the table as the GPU
+    pinned: the Pinned path over the table (its staging buffers); view: the table as the GPU
     sees it; lane: CudaLane on GPUs (tests pass one that copies on the CPU); kernel: passed to
-    _transfer_kernel (tests pass Triton's interpreter)."""
+    copy_rows (tests pass Triton's interpreter)."""
 
-    def __init__(self, pinned: _Pinned, view: torch.Tensor, lane, kernel=None):
+    def __init__(self, pinned: Pinned, view: torch.Tensor, lane, kernel=None):
         self.pinned, self.view, self.lane, self.kernel = pinned, view, lane, kernel
 
     def gather(self, idx: torch.Tensor, k: int, sort: bool) -> torch.Tensor:
@@ -152,9 +152,9 @@ class Split:
         tail = idx[k:].to(self.view.device, non_blocking=True)
         if sort:
             rows, where = torch.sort(tail)
-            _transfer_kernel.copy_rows(self.view, out[k:], src_rows=rows, dst_rows=where, kernel=self.kernel)
+            copy_rows(self.view, out[k:], src_rows=rows, dst_rows=where, kernel=self.kernel)
         else:
-            _transfer_kernel.copy_rows(self.view, out[k:], src_rows=tail, kernel=self.kernel)
+            copy_rows(self.view, out[k:], src_rows=tail, kernel=self.kernel)
         if k:
             i, stage = self.pinned.stage(k)
             torch.index_select(host, 0, head, out=stage)
@@ -170,9 +170,9 @@ class Split:
         rest = values[k:].to(self.view.device, non_blocking=True)
         if sort:
             rows, where = torch.sort(tail)
-            _transfer_kernel.copy_rows(rest, self.view, src_rows=where, dst_rows=rows, kernel=self.kernel)
+            copy_rows(rest, self.view, src_rows=where, dst_rows=rows, kernel=self.kernel)
         else:
-            _transfer_kernel.copy_rows(rest, self.view, dst_rows=tail, kernel=self.kernel)
+            copy_rows(rest, self.view, dst_rows=tail, kernel=self.kernel)
         if k:
             i, stage = self.pinned.stage(k)
             done = self.lane.copy(values[:k], stage, after=ready)
@@ -189,7 +189,7 @@ def _bucket(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()  # n rounded up to a power of two
 
 
-class _Auto:
+class Auto:
     """HostTable's 'auto' backend (see the module docstring)."""
 
     def __init__(self, rows: int, dim: int, dtype: torch.dtype, device: torch.device, host: torch.Tensor | None = None):
@@ -202,12 +202,12 @@ class _Auto:
         self.measured: dict[str, dict[Path, float]] = {}  # op -> seconds per path, where this table measured
         self.paths: list[Path]
         if device.type != "cuda":
-            self._pageable = _Pageable(rows, dim, dtype, device, host)
+            self._pageable = Pageable(rows, dim, dtype, device, host)
             self.host, self.paths = self._pageable.host, [Path("pageable")]
             return
         if host is None:
             try:
-                host = _locked_zeros(rows, dim, dtype, device, owner=self)
+                host = locked_zeros(rows, dim, dtype, device, owner=self)
             except RuntimeError as e:  # the OS would not lock that much: index on the CPU instead
                 warnings.warn(f"speedlib.transfer 'auto': the table could not be page-locked ({e}); it is moved "
                               "by the 'pinned' path alone (CPU indexing, one copy)", RuntimeWarning, stacklevel=3)
@@ -218,10 +218,10 @@ class _Auto:
         else:
             locked = False  # a file mapping is indexed on the CPU, never locked whole
         self.host = host
-        self._pinned = _Pinned(rows, dim, dtype, device, host)
+        self._pinned = Pinned(rows, dim, dtype, device, host)
         self.paths = [Path("pinned")]
         if locked:
-            self._kernel = {s: _Uva(rows, dim, dtype, device, sort_indices=s, locked=host) for s in (False, True)}
+            self._kernel = {s: Uva(rows, dim, dtype, device, sort_indices=s, locked=host) for s in (False, True)}
             self._split = Split(self._pinned, self._kernel[False].view, CudaLane(device))
             self.paths += [Path("uva"), Path("uva", sort=True)]
 

@@ -8,10 +8,10 @@ import weakref
 
 import torch
 
-from speedlib._host_table import HostTable
+from speedlib.transfer.table import HostTable
 
 
-class _OptimizerState:
+class OptimizerState:
     """HostEmbedding's optimizer state tables and state_dict; a mixin, it reads the embedding's table and optimizer."""
 
     def _new_state_table(self, key: str) -> HostTable:

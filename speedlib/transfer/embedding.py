@@ -1,8 +1,8 @@
 """`HostEmbedding`: an embedding whose table and optimizer state live in a `HostTable`.
 
 Imported through `speedlib.transfer` (or `speedlib.HostEmbedding`); what keeps several
-ranks' tables and gradients in step is in `speedlib._embedding_ranks`, the training step in
-`speedlib._embedding_step`, the optimizer state and state_dict in `speedlib._embedding_state`.
+ranks' tables and gradients in step is in speedlib/transfer/embedding_ranks.py, the training step
+in embedding_step.py, the optimizer state and state_dict in embedding_state.py.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from speedlib._embedding_ranks import _RankSync, _world_size
-from speedlib._embedding_state import _OptimizerState
-from speedlib._embedding_step import _RowStep, _step_hooks
-from speedlib._host_table import HostTable
-from speedlib._transfer_backends import _GPU_INDEXED
+from speedlib.transfer.backends import GPU_INDEXED
+from speedlib.transfer.embedding_ranks import RankSync, world_size
+from speedlib.transfer.embedding_state import OptimizerState
+from speedlib.transfer.embedding_step import RowStep, step_hooks
+from speedlib.transfer.table import HostTable
 
 _TIE_MESSAGE = (
     "HostEmbedding's table (emb.weight) was used in a computation that needs its gradient, which it "
@@ -53,7 +53,7 @@ def _needs_grad(args, kwargs) -> bool:
         return any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves)
 
 
-class HostEmbedding(_RankSync, _RowStep, _OptimizerState, nn.Module):
+class HostEmbedding(RankSync, RowStep, OptimizerState, nn.Module):
     """An embedding whose table and optimizer state live in a `HostTable`, trained with any
     dense `torch.optim` optimizer.
 
@@ -199,7 +199,7 @@ class HostEmbedding(_RankSync, _RowStep, _OptimizerState, nn.Module):
         self._stepping = False  # emb.step() is running the optimizer
         self._output_dtype: torch.dtype | None = None  # the lookups' dtype after model.double() etc. (see _apply)
         if self.optimizer is not None:
-            before, after = _step_hooks(weakref.ref(self))
+            before, after = step_hooks(weakref.ref(self))
             self.optimizer.register_step_pre_hook(before)
             self.optimizer.register_step_post_hook(after)
         self._freeze = False
@@ -222,7 +222,7 @@ class HostEmbedding(_RankSync, _RowStep, _OptimizerState, nn.Module):
         if self.optimizer is not None:
             self._watch_optimizer_state()
         self._group_given = process_group is not None
-        if process_group is None and _world_size() > 1:
+        if process_group is None and world_size() > 1:
             process_group = torch.distributed.group.WORLD
         self._group = None
         if process_group is not None and torch.distributed.get_world_size(process_group) > 1:
@@ -376,7 +376,7 @@ class HostEmbedding(_RankSync, _RowStep, _OptimizerState, nn.Module):
         track = not self.freeze and torch.is_grad_enabled()
         if not track and self.max_norm is None:
             return self.table.gather(idx)
-        if self.table.backend in _GPU_INDEXED:  # these index on the GPU: find the distinct rows there too
+        if self.table.backend in GPU_INDEXED:  # these index on the GPU: find the distinct rows there too
             idx = idx.to(self.table.device, non_blocking=True)
         rows, inverse = torch.unique(idx.reshape(-1), sorted=True, return_inverse=True)
         values = self.table.gather(rows)
@@ -406,9 +406,9 @@ class HostEmbedding(_RankSync, _RowStep, _OptimizerState, nn.Module):
             self._generation += 1  # rows gathered before (pending gradients, other lookups) are stale
 
     # --- one step: _accumulate, touched_rows, zero_grad, step, _prepare_step, _finish_step,
-    # _swap_rows_weight (from _RowStep) ---
+    # _swap_rows_weight (from RowStep, embedding_step.py) ---
 
-    # --- several processes: _process_group, _combine, _copy_rank0_table (from _RankSync) ---
+    # --- several processes: _process_group, _combine, _copy_rank0_table (from RankSync, embedding_ranks.py) ---
 
     # --- state: _new_state_table, optimizer_state_dict, load_optimizer_state_dict and the
-    # state_dict methods (from _OptimizerState) ---
+    # state_dict methods (from OptimizerState, embedding_state.py) ---

@@ -6,8 +6,8 @@ and only hooks see that happen: PyTorch's global ones see a parameter swapped on
 with the gradients set to None re-attached, before the step and after its closure), and a
 tensor hook per parameter sees a backward about to accumulate into a None gradient. They and
 the weak tables that map parameters and optimizers to their wrapper live here, apart from the
-buffers in speedlib/contiguous.py, which imports this module; both take FlatParameter from
-speedlib/_flat_parameter.py. `speedlib.contiguous` is the module to import.
+buffers in speedlib/contiguous/buffers.py, which imports this module; both take FlatParameter from
+speedlib/contiguous/flat_parameter.py. `speedlib.contiguous` is the module to import.
 """
 
 from __future__ import annotations
@@ -19,23 +19,23 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.weak import WeakIdKeyDictionary
 
-from speedlib._flat_parameter import FlatOwner, FlatParameter, InvalidBufferError
+from speedlib.contiguous.flat_parameter import FlatOwner, FlatParameter, InvalidBufferError
 
 # -- process-wide hooks ----------------------------------------------------------------
 # Installed on the first ContiguousParams. They cost nothing for modules and optimizers
 # that never touch a flat buffer beyond a dictionary lookup.
 
-_OWNER_OF: WeakIdKeyDictionary = WeakIdKeyDictionary()  # wrapped param -> weakref(owner)
+OWNER_OF: WeakIdKeyDictionary = WeakIdKeyDictionary()  # wrapped param -> weakref(owner)
 # Parameter that was frozen when it was last wrapped -> weakref(that wrapper). A wrapper
 # reports such a parameter once it requires grad, unless a later wrapper took it over.
-_FROZEN_IN: WeakIdKeyDictionary = WeakIdKeyDictionary()
+FROZEN_IN: WeakIdKeyDictionary = WeakIdKeyDictionary()
 _OWNERS_BY_OPTIMIZER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # Wrapped param -> the handle of its re-attach hook, so a new wrapper replaces the old one's.
 _GRAD_WATCH: WeakIdKeyDictionary = WeakIdKeyDictionary()
 _hooks_installed = False
 
 
-def _watch_gradient(param: torch.Tensor, owner_ref: weakref.ref, index: int) -> None:
+def watch_gradient(param: torch.Tensor, owner_ref: weakref.ref, index: int) -> None:
     """Have autograd re-attach param's gradient before accumulating into it, if it is None.
 
     A tensor hook runs before AccumulateGrad, which then adds in place into the re-attached
@@ -60,7 +60,7 @@ def _on_parameter_registered(module: nn.Module, name: str, param: nn.Parameter) 
     old = module._parameters.get(name)
     if old is None or old is param:
         return None
-    ref = _OWNER_OF.get(old)
+    ref = OWNER_OF.get(old)
     owner = ref() if ref is not None else None
     if owner is not None:
         owner._mark_replaced(module, name)
@@ -135,7 +135,7 @@ def _with_checked_closure(owners: list[FlatOwner], args: tuple, kwargs: dict) ->
     return None
 
 
-def _install_hooks() -> None:
+def install_hooks() -> None:
     global _hooks_installed
     if _hooks_installed:
         return

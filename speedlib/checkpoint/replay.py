@@ -17,7 +17,7 @@
   returned None and left the module's tensors and the output as they were; the rerun goes without
   it. Any other hook runs in the rerun too (weight_norm's pre-hook sets the weight forward reads).
 
-Both checkpoint variants (speedlib/_checkpoint_saved.py, speedlib/_checkpoint_reentrant.py) use it.
+Both checkpoint variants (speedlib/checkpoint/recompute.py) use it.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 Every checkpoint reruns a segment's forward in backward, and a plain `nn.BatchNorm*d`
 would update its running statistics on both runs. `in_backward()` tells the rerun apart;
 speedlib's `BatchNorm1d/2d/3d` skip the update there, and `convert_batchnorm(model)` swaps
-them into an existing model. They work with any checkpoint, so they live apart from
-speedlib/checkpoint.py's autograd node; `speedlib.checkpoint` is the module to import, and
-the classes name it as their module, so `torch.save(model)` pickles them under that name.
+them into an existing model. They work with any checkpoint (torch's too), so they live apart
+from speedlib/checkpoint/recompute.py; the classes name `speedlib.checkpoint` as their module,
+so `torch.save(model)` pickles them under the name users import them by.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`HostTable`: a rows x dim table kept where its backend says, read and written by row index.
 
 The user-facing class and its input checks; the storage itself is one of the backends in
-`speedlib._transfer_backends`. Imported through `speedlib.transfer` (or `speedlib.HostTable`).
+speedlib/transfer/backends.py. Imported through `speedlib.transfer` (or `speedlib.HostTable`).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import weakref
 
 import torch
 
-from speedlib import _transfer_kernel
-from speedlib._transfer_auto import _Auto
-from speedlib._transfer_backends import _IMPLS, _MAPPABLE, BACKENDS, _sync
+from speedlib.transfer.auto import Auto
+from speedlib.transfer.backends import BACKEND_CLASSES, BACKENDS, MAPPABLE, sync_device
+from speedlib.transfer.kernel import Shape
 
 # Every backend's class; 'auto' lives in its own module, which builds on the others.
-_BUILDERS = {**_IMPLS, "auto": _Auto}
+_BUILDERS = {**BACKEND_CLASSES, "auto": Auto}
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -45,13 +45,13 @@ def last_write_wins(indices: torch.Tensor, values: torch.Tensor) -> tuple[torch.
 
 def _options(backend: str, sort_indices, huge_pages=False, whole_lines=False, bytes_in_flight=None) -> dict:
     """The backend's own keyword arguments, refused where they would do nothing. huge_pages,
-    whole_lines and bytes_in_flight are issue 52's hypotheses (`_Uva`): off by default, each
+    whole_lines and bytes_in_flight are issue 52's hypotheses (`Uva`): off by default, each
     measured by bench_transfer.RooflineHypotheses before it may become anyone's default."""
     for name, value in (("sort_indices", sort_indices), ("huge_pages", huge_pages), ("whole_lines", whole_lines)):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be True or False, got {value!r}")
     if bytes_in_flight is not None:
-        _transfer_kernel.Shape(in_flight=bytes_in_flight)  # raises for a value the kernel cannot use
+        Shape(in_flight=bytes_in_flight)  # raises for a value the kernel cannot use
     given = {"sort_indices": sort_indices, "huge_pages": huge_pages, "whole_lines": whole_lines,
              "bytes_in_flight": bytes_in_flight}
     given = {k: v for k, v in given.items() if v not in (False, None)}
@@ -81,11 +81,11 @@ class HostTable:
     Every backend but 'pageable' needs a CUDA device. The table starts as zeros.
     `writable` is False for a table mapped read-only from a file (`from_file(mode="r")`).
     backend 'auto' (the default) measures its paths at first use and keeps the fastest
-    (`chosen` says which; speedlib/_transfer_auto.py). sort_indices ('uva'): read rows in index order, the
+    (`chosen` says which; speedlib/transfer/auto.py). sort_indices ('uva'): read rows in index order, the
     caller's order restored in the same pass. Both change speed only, never a result.
     huge_pages, whole_lines, bytes_in_flight ('uva', experimental, not measured on a GPU yet):
     the table in 2 MiB pages; gathers that read whole aligned 128-byte lines; the bytes each
-    kernel program reads before writing (speedlib/_transfer_kernel.py `Shape`). Speed only too.
+    kernel program reads before writing (speedlib/transfer/kernel.py `Shape`). Speed only too.
     """
 
     def __init__(self, rows: int, dim: int, *, dtype: torch.dtype = torch.float32, backend: str = "auto",
@@ -153,9 +153,9 @@ class HostTable:
         """
         import numpy as np  # noqa: PLC0415 - only file-backed tables need it
 
-        if backend in BACKENDS and backend not in _MAPPABLE:
+        if backend in BACKENDS and backend not in MAPPABLE:
             raise ValueError(f"backend {backend!r} keeps the table in memory of its own; only "
-                             f"{', '.join(map(repr, _MAPPABLE[:-1]))} or {_MAPPABLE[-1]!r} can map a file")
+                             f"{', '.join(map(repr, MAPPABLE[:-1]))} or {MAPPABLE[-1]!r} can map a file")
         if isinstance(file, np.memmap):
             array, name = file, getattr(file, "filename", None) or "the memmap"
         elif isinstance(file, (str, os.PathLike)):
@@ -191,7 +191,7 @@ class HostTable:
     def flush(self) -> None:
         """Write the changed pages of a file-backed table to disk now (msync); otherwise nothing."""
         if self._mmap is not None and self.writable:
-            _sync(self.device)
+            sync_device(self.device)
             self._mmap.flush()
 
     def _check_writable(self) -> None:
@@ -229,7 +229,7 @@ class HostTable:
     def _storage(self) -> torch.Tensor:
         """The tensor holding the rows (host memory, or the GPU for 'device'), safe to touch
         from the host once queued GPU work on it has finished."""
-        _sync(self.device)
+        sync_device(self.device)
         return self._impl.host if self._impl.host is not None else self._impl.table
 
     def copy_(self, src: torch.Tensor, start: int = 0) -> HostTable:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from torch import nn
 
-from speedlib._contiguous_hooks import _FROZEN_IN
+from speedlib.contiguous.hooks import FROZEN_IN
 
 
-class _Problems:
+class Problems:
     """ContiguousParams' messages; a mixin, it reads the wrapper's slots, frozen parameters and replacement."""
 
     def problem(self) -> str | None:
@@ -66,7 +66,7 @@ class _Problems:
             return None
         first, count = None, 0
         for p, label in zip(self._frozen_params, self._frozen_labels, strict=True):
-            if p.requires_grad and _FROZEN_IN.get(p) is self._ref:  # not taken over by a newer wrapper
+            if p.requires_grad and FROZEN_IN.get(p) is self._ref:  # not taken over by a newer wrapper
                 count += 1
                 if first is None:
                     first = f"{label}, shape {tuple(p.shape)}"

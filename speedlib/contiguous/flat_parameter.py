@@ -1,8 +1,8 @@
-"""The types speedlib/contiguous.py and its two private modules share: a flat buffer's slice.
+"""The types the modules of speedlib/contiguous/ share: a flat buffer's slice.
 
 `FlatParameter` (what the optimizer steps), `InvalidBufferError`, and `FlatOwner` (what the hooks of
-speedlib/_contiguous_hooks.py may ask of the ContiguousParams behind it) live here, below all
-three, so that none of them imports another in a circle. `speedlib.contiguous` is the module
+speedlib/contiguous/hooks.py may ask of the ContiguousParams behind it) live here, below
+the others, so that none of them imports another in a circle. `speedlib.contiguous` is the module
 to import.
 """
 
@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-_BASE_GRAD = torch._C.TensorBase.grad  # the C-level .grad descriptor FlatParameter wraps
+BASE_GRAD = torch._C.TensorBase.grad  # the C-level .grad descriptor FlatParameter wraps
 
 
 class InvalidBufferError(ValueError):
@@ -53,16 +53,16 @@ class FlatParameter(nn.Parameter):
 
     @property
     def grad(self) -> torch.Tensor | None:
-        return _BASE_GRAD.__get__(self)
+        return BASE_GRAD.__get__(self)
 
     @grad.setter
     def grad(self, value: torch.Tensor | None) -> None:
         linked = self.__dict__.get("_linked_grad")
         if linked is None:  # an unlinked copy behaves like any tensor
-            _BASE_GRAD.__set__(self, value)
+            BASE_GRAD.__set__(self, value)
             return
         if value is None:
             linked.zero_()  # one memset; unlinking would silently stop training
         elif value is not linked:
             linked.copy_(value)
-        _BASE_GRAD.__set__(self, linked)
+        BASE_GRAD.__set__(self, linked)

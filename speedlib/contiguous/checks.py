@@ -3,7 +3,7 @@
 What `speedlib.contiguous.ContiguousParams(...)` accepts (an optimizer's parameter iterable,
 named parameters, group dicts; `align_bytes`) and refuses (a consumed generator, a lazy or
 non-leaf parameter, two parameters over the same memory) is decided here, so that
-speedlib/contiguous.py reads as the flat buffers themselves. Every error says what to pass
+speedlib/contiguous/buffers.py reads as the flat buffers themselves. Every error says what to pass
 instead. Nothing here keeps state; `speedlib.contiguous` is the module to import.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from speedlib._flat_parameter import FlatParameter
+from speedlib.contiguous.flat_parameter import FlatParameter
 
 # cuBLAS, cuDNN and the vectorised element-wise kernels want 16-byte aligned pointers;
 # unaligned views would make forward and backward slower and change which kernels run.
@@ -25,7 +25,7 @@ ALIGN_BYTES = 64
 MAX_ALIGN_BYTES = 4096
 
 
-def _dense_strides(p: torch.Tensor) -> tuple[int, ...]:
+def dense_strides(p: torch.Tensor) -> tuple[int, ...]:
     """p's strides if they describe a dense, non-overlapping layout, else contiguous strides.
 
     Keeping them means a channels_last model stays channels_last once wrapped.
@@ -40,7 +40,7 @@ def _dense_strides(p: torch.Tensor) -> tuple[int, ...]:
     return tuple(p.stride())
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
@@ -64,7 +64,7 @@ def _as_list(items: Any, expected: str) -> list:
     return list(iterator)
 
 
-def _normalise_groups(parameters: Any) -> tuple[list[dict], bool]:
+def normalise_groups(parameters: Any) -> tuple[list[dict], bool]:
     """Turn what an optimizer would accept into a list of group dicts; say if groups were given."""
     if isinstance(parameters, torch.Tensor):
         raise TypeError(
@@ -92,7 +92,7 @@ def _normalise_groups(parameters: Any) -> tuple[list[dict], bool]:
     return [{"params": items}], False
 
 
-def _split_names(params: list, where: str) -> tuple[list, list[str | None]]:
+def split_names(params: list, where: str) -> tuple[list, list[str | None]]:
     """Tensors and their names from what model.parameters() or model.named_parameters() yields."""
     named = [isinstance(p, tuple) for p in params]
     if not any(named):
@@ -106,7 +106,7 @@ def _split_names(params: list, where: str) -> tuple[list, list[str | None]]:
     return [p for _, p in params], [n for n, _ in params]
 
 
-def _check_parameter(p: Any, where: str) -> None:
+def check_parameter(p: Any, where: str) -> None:
     if not isinstance(p, torch.Tensor):
         raise TypeError(f"{where} is a {type(p).__name__}, not a tensor")
     if isinstance(p, nn.parameter.UninitializedParameter):
@@ -127,7 +127,7 @@ def _byte_span(p: torch.Tensor) -> tuple[int, int] | None:
     return p.data_ptr(), p.data_ptr() + (last + 1) * p.element_size()
 
 
-def _refuse_shared_memory(labelled: list[tuple[torch.Tensor, str]]) -> None:
+def refuse_shared_memory(labelled: list[tuple[torch.Tensor, str]]) -> None:
     """Refuse two parameters over the same memory (tied weights as two Parameter objects, or a
     parameter and a view of it) when at least one is trainable: _build copies each trainable
     one into a slot of its own, which would silently untie them.
@@ -158,7 +158,7 @@ def _refuse_shared_memory(labelled: list[tuple[torch.Tensor, str]]) -> None:
                 reach[(device, kind)] = (end, i)
 
 
-def _check_align_bytes(align_bytes: Any) -> None:
+def check_align_bytes(align_bytes: Any) -> None:
     # A power of two, because element sizes are powers of two: then align_bytes is a whole
     # number of elements of every dtype (or smaller than one element, which then sets the
     # alignment: 1 packs the parameters as contiguous_params did).

@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import torch
 
-from speedlib._transfer_backends import _GPU_INDEXED
+from speedlib.transfer.backends import GPU_INDEXED
 
 
-def _world_size() -> int:
+def world_size() -> int:
     """The default process group's size, 1 when torch.distributed is not in use."""
     dist = torch.distributed
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-class _RankSync:
+class RankSync:
     """HostEmbedding's collectives; a mixin, it reads the embedding's table, rows and group."""
 
     def _process_group(self):
-        if self._group is None and not self._group_given and _world_size() > 1:
+        if self._group is None and not self._group_given and world_size() > 1:
             raise RuntimeError("torch.distributed was initialised after this HostEmbedding was built, so its ranks "
                                "would train diverging tables: build it after init_process_group (or pass "
                                "process_group=dist.new_group([rank]) to train each rank's table on its own)")
@@ -70,7 +70,7 @@ class _RankSync:
             start += r.numel()
         summed.div_(world)
         self._combined = True
-        self._rows = union.to(self.table.device if self.table.backend in _GPU_INDEXED else "cpu")
+        self._rows = union.to(self.table.device if self.table.backend in GPU_INDEXED else "cpu")
         weight = self.table.gather(self._rows).requires_grad_()  # this rank may not have looked these rows up
         weight.grad = summed.to(weight.device)
         self._swap_rows_weight(weight)

@@ -10,7 +10,7 @@ moves rows between it and `device`:
             per device, table shape and batch size for the process, like cudnn.benchmark;
             `table.chosen` says which path runs. A file mapping, or a table the OS will not
             lock, has the pinned path alone; on a CPU device it is 'pageable'.
-            speedlib/_transfer_auto.py says why and how.
+            speedlib/transfer/auto.py says why and how.
   pageable  a plain CPU tensor; rows are indexed on the CPU and copied synchronously.
             Runs without a GPU.
   pinned    a plain CPU tensor. Rows are indexed on the CPU into a pinned staging buffer (two
@@ -46,18 +46,16 @@ SpeedTorch users loaded embeddings with `numpy.load(..., mmap_mode=...)`. Rows a
 demand and writes land in the file through the page cache; `flush()` forces them to disk.
 
 `HostEmbedding` trains such a table with any dense `torch.optim` optimizer; see its docstring.
+
+The package, one module per part: table.py (`HostTable` and its input checks), backends.py (the
+storage backends), auto.py (the default backend's measured choice of path), kernel.py (the 'uva'
+backend's row-copy kernel), embedding.py (`HostEmbedding`: the module and its lookups), with its
+training step (embedding_step.py), optimizer state (embedding_state.py) and the part that keeps
+several processes' tables in step (embedding_ranks.py).
 """
 
-from __future__ import annotations
-
-# The code lives in private modules, each readable on its own: the storage backends
-# (speedlib/_transfer_backends.py), the measured choice of 'auto' (_transfer_auto.py), the
-# 'uva' row-copy kernel (_transfer_kernel.py), the table (_host_table.py), the trainable
-# embedding (_host_embedding.py) with its step (_embedding_step.py), optimizer state
-# (_embedding_state.py) and multi-process part (_embedding_ranks.py). This module
-# stays the technique's one import, so `speedlib.transfer.HostTable` and friends keep working.
-from speedlib._host_embedding import HostEmbedding
-from speedlib._host_table import HostTable, last_write_wins
-from speedlib._transfer_backends import BACKENDS
+from speedlib.transfer.backends import BACKENDS
+from speedlib.transfer.embedding import HostEmbedding
+from speedlib.transfer.table import HostTable, last_write_wins
 
 __all__ = ["BACKENDS", "HostTable", "HostEmbedding", "last_write_wins"]
