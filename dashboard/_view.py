@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import streamlit as st
+from _query import refuse_unknown
 from _tables import md_text
 
 from speedbench.results import cache
@@ -195,6 +196,7 @@ def pick_many(label: str, options: list, key: str, default: list | None = None) 
     choice in the URL, `default` (else all)."""
     options = list(options)
     names = [str(o) for o in options]
+    refuse_unknown(label, key, names)  # a link naming values these results lack shows nothing, and says so
     wanted = [options[names.index(w)] for w in st.query_params.get_all(key) if w in names]
     if not wanted and default:
         wanted = [o for o in options if o in default]

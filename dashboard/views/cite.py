@@ -4,6 +4,7 @@ with its provenance footer, and BibTeX."""
 from dataclasses import replace
 
 import streamlit as st
+from _footer import export_footer
 from _tables import on_screen, show
 from _view import ROOT, page_data, pick, pick_many
 
@@ -52,11 +53,7 @@ st.caption("Each export carries this footer: enough to rerun every number in it.
            "numbers as numbers (ratio, low, high, value, unit, N, result ID): `pandas.read_csv(path)` or a "
            "spreadsheet opens it as it is; its footer travels beside it, as speedlib-TABLE.provenance.txt in "
            "the zip (`speedlib report --format csv --output X.csv` writes X.provenance.txt).")
-# Rendered, not shown as source: the footer is Markdown whose escapes (\[, &gt;) are for a
-# Markdown reader and read as noise in a code block. Every line was escaped by
-# speedbench.report.exports (md_escape), and st.markdown renders no raw HTML.
-with st.container(border=True):
-    st.markdown(markdown[markdown.index("\n- ") + 1:] if "\n- " in markdown else markdown)
+export_footer(t)  # as text: its lines quote the results tree, which Markdown would draw as LaTeX and links
 d1, d2, d3, d4 = st.columns(4)
 d1.download_button("Download Markdown", markdown, file_name=f"speedlib-{kind}.md", mime="text/markdown")
 d2.download_button("Download CSV + provenance (zip)", report.csv_bundle(t, f"speedlib-{kind}"),

@@ -14,9 +14,9 @@ from speedbench.run.errors import missing_torch
 ENV_EXIT_STATUS = """exit status:
   0  the record was printed; with --check, no check found anything bad (warnings may remain)
   1  --check found something bad: the machine is busy, a GPU has other processes on it, or
-     $SPEEDLIB_THREADS is not a positive integer
-  2  the record needs PyTorch, which is not installed (--check does not), or a positive
-     integer in $SPEEDLIB_THREADS where it is set"""
+     $SPEEDLIB_THREADS is not a positive integer (at most 1024, or the usable CPUs where more)
+  2  the record needs PyTorch, which is not installed (--check does not), or such an integer
+     in $SPEEDLIB_THREADS where it is set"""
 
 
 def _cmd_env(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -44,7 +44,34 @@ def settings_refused(command: str, *, device: bool = False) -> bool:
         except ValueError as e:  # its message quotes the value with repr: no control character gets through
             print(f"speedlib {command}: {e}", file=sys.stderr)
             return True
+    missing = _device_missing() if device else None
+    if missing:
+        print(f"speedlib {command}: {missing}", file=sys.stderr)
+        return True
     return False
+
+
+def _device_missing() -> str | None:
+    """Why the CUDA device $SPEEDLIB_DEVICE names is not here, or None (a CPU, no setting, or no
+    torch to ask: the run says that itself). Asked before a run, whose every benchmark would
+    otherwise fail on it with no word about the device."""
+    name = host_settings.benchmark_device()
+    if not name or not name.startswith("cuda"):
+        return None
+    import importlib.util  # noqa: PLC0415 - only where a CUDA device is asked for
+
+    if importlib.util.find_spec("torch") is None:
+        return None
+    import torch  # noqa: PLC0415 - the run loads it next anyway
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(name.partition(":")[2] or 0)
+    if index < count:
+        return None
+    seen = ("torch sees no CUDA device" if count == 0
+            else f"torch sees {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    return (f"${host_settings.DEVICE_ENV}={name} asks for a CUDA device, and {seen} here: unset it to measure on "
+            "this machine's CPU, or run where that GPU is")
 
 
 def _check() -> int:

@@ -77,6 +77,7 @@ from speedbench.run.preconditions import (  # tests patch and call them as suite
     _preflight,
     _results_dir,
     _steps,
+    check_archive,
     check_options,
     check_versions,
 )
@@ -151,6 +152,7 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
     if not options.quick:
         _check_writable(results_dir, f"the results directory {printable(str(results_dir))}",
                         "give the run another with --results-dir")
+        check_archive(options, results_dir)  # now that the tree it must stay out of is known
     if options.budget_minutes is not None:  # priced from the listing: a torn one is refused now, not mid-run
         _listing(root, root / "results" if options.quick else results_dir)
     # A quick run writes to a scratch directory of its own: nothing to lock.
