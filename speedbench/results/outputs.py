@@ -45,8 +45,15 @@ class OutputRefused(ResultsError):
     """A path named for an output cannot take it; the message is one line naming the path and why."""
 
 
+def _shown(path) -> str:
+    """`path` for a message: printable, and cut in the middle past 160 characters (a 300-character
+    name filled two screen lines with the line that refused it)."""
+    text = printable(str(path))
+    return text if len(text) <= 160 else f"{text[:90]}...{text[-60:]}"
+
+
 def _refused(option: str, path, why: str) -> OutputRefused:
-    return OutputRefused(f"{option} {printable(str(path))} {why}")
+    return OutputRefused(f"{option} {_shown(path)} {why}")
 
 
 def _mode(path: Path, option: str) -> int | None:
@@ -108,7 +115,7 @@ def _name_fits(path: Path, option: str) -> None:
 
 def _writable_parent(path: Path, option: str) -> None:
     try:
-        check_writable(path.parent, f"{option} {printable(str(path))}", "name a path in a directory you can write to")
+        check_writable(path.parent, f"{option} {_shown(path)}", "name a path in a directory you can write to")
     except ResultsError as e:
         raise OutputRefused(str(e)) from None
 
@@ -180,7 +187,7 @@ def directory_output(path, option: str, trees: Iterable[Path] = (),
         _writable_parent(real, option)
     else:
         try:
-            check_writable(real, f"{option} {printable(str(path))}", "name a directory you can write to")
+            check_writable(real, f"{option} {_shown(path)}", "name a directory you can write to")
         except ResultsError as e:
             raise OutputRefused(str(e)) from None
     return path
