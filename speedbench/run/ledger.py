@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,17 +55,58 @@ class Finding:
 
 
 def load(root: Path) -> dict:
-    """The ledger of the checkout at `root` ({} where there is none yet)."""
+    """The ledger of the checkout at `root` ({} where there is none yet); LedgerError, one
+    line, where it is not a regular file (a FIFO held every command that checks versions, a
+    run included), cannot be read, or is not the ledger's shape (`_shape`)."""
     path = Path(root) / LEDGER
-    if not path.exists():
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise LedgerError(f"{LEDGER} is a link to nothing ({os.readlink(path)}): restore it from git") from None
         return {"benchmarks": {}}
+    except OSError as e:
+        raise LedgerError(f"{LEDGER} cannot be read: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        raise LedgerError(f"{LEDGER} is not a regular file (a directory, FIFO or device): restore it from git")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise LedgerError(f"{LEDGER} cannot be read: {e}") from e
-    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), dict):
-        raise LedgerError(f"{LEDGER} holds no 'benchmarks' table")
+    except RecursionError:
+        raise LedgerError(f"{LEDGER} cannot be read: nested deeper than any ledger is") from None
+    why = _shape(data)
+    if why:
+        raise LedgerError(f"{LEDGER} {why}: restore it from git, or fix that entry by hand")
     return data
+
+
+def _shape(data) -> str | None:
+    """Why `data` is not a ledger `record` and the check can use, or None: every entry an object
+    with its version a string, its versions objects holding a why and fingerprints (digest ->
+    why), its pieces (name -> digest) an object."""
+    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), dict):
+        return "holds no 'benchmarks' table"
+
+    def strings(value) -> bool:
+        return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+    for name, entry in data["benchmarks"].items():
+        where = f"entry {name!r}"
+        if not isinstance(entry, dict):
+            return f"{where} is not an object"
+        if not isinstance(entry.get("version"), str):
+            return f"{where} has no version string"
+        versions = entry.get("versions")
+        if not isinstance(versions, dict) or entry["version"] not in versions:
+            return f"{where} does not list its version {entry['version']!r} under 'versions'"
+        for version, about in versions.items():
+            if not (isinstance(about, dict) and strings(about.get("fingerprints")) and strings(about.get("asv", {}))
+                    and isinstance(about.get("why", ""), str)):
+                return f"{where}: version {version!r} is not an object with fingerprints (digest -> why)"
+        if not strings(entry.get("pieces", {})):
+            return f"{where}: its pieces are not an object of digests"
+    return None
 
 
 def save(root: Path, data: dict) -> None:
