@@ -173,6 +173,8 @@ def record(root: Path, benchmarks: list[str], why: str, bump: bool, at: str | No
     `speedlib versions --recover`). Returns one line per change."""
     if not why.strip():
         raise LedgerError("say why (--why): it is what a reader of the ledger has to go on")
+    if not why.isprintable():  # a newline or an escape would restyle every terminal that shows the ledger
+        raise LedgerError("--why must be one line of printable text (no newline, tab or control character)")
     if at is not None and bump:
         raise LedgerError("--at names older code that measures what a version does: use it with --same")
     tree = SourceTree.directory(root)
@@ -188,7 +190,8 @@ def record(root: Path, benchmarks: list[str], why: str, bump: bool, at: str | No
             return []
     unknown = [b for b in benchmarks if b not in declared]
     if unknown:
-        raise LedgerError(f"no benchmark class {', '.join(unknown)} (known: module.Class, e.g. "
+        shown = ", ".join(b if len(b) <= 80 else f"{b[:60]}... ({len(b)} characters)" for b in unknown[:3])
+        raise LedgerError(f"no benchmark class {shown}{', ...' if len(unknown) > 3 else ''} (known: module.Class, e.g. "
                           f"{next(iter(declared), 'bench_amp.TrainingStep')})")
     said = []
     for benchmark in benchmarks:
@@ -238,6 +241,8 @@ def _set_class_version(root: Path, benchmark: str, version: str) -> None:
     statement after the docstring where it has none)."""
     module, _, name = benchmark.rpartition(".")
     path = Path(root) / "benchmarks" / f"{module}.py"
+    if path.is_symlink() or not path.is_file():  # written through a link, the bump would land outside the checkout
+        raise LedgerError(f"{path} is a link or not a regular file: set the version in {name} by hand")
     text = path.read_text(encoding="utf-8")
     node = next((n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == name), None)
     if node is None:
@@ -257,7 +262,7 @@ def _set_class_version(root: Path, benchmark: str, version: str) -> None:
         indent = " " * first.col_offset
         line = f'{indent}version = "{version}"  # bumped when what it measures changes: benchmarks/versions.json\n'
         lines[at:at] = ["\n", line] if after_doc else [line]
-    path.write_text("".join(lines), encoding="utf-8")
+    write_whole(path, "".join(lines).encode("utf-8"))
 
 
 def describe(findings: list[Finding]) -> str:

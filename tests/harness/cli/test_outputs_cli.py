@@ -29,6 +29,17 @@ def results(tmp_path) -> Path:
     return root
 
 
+@pytest.fixture
+def null_device(tmp_path) -> Path:
+    """A character device of the test's own (/dev/null's numbers): a regression that renames a
+    file over its output replaces this one, never the system's /dev/null (old code did that)."""
+    if os.geteuid() != 0:
+        pytest.skip("making a device node needs root; the system's /dev/null is never used as a stand-in")
+    path = tmp_path / "null"
+    os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    return path
+
+
 def digest(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file()}
@@ -66,15 +77,15 @@ def test_report_never_writes_a_results_trees_own_files(results, capsys):
     assert digest(results) == before
 
 
-def test_publish_writes_a_chart_to_a_device_in_place(results, capsys):
-    assert main(["publish", "--results", str(results), "--chart", "/dev/null"]) == 0
-    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)  # a regular file took its place before
+def test_publish_writes_a_chart_to_a_device_in_place(results, null_device, capsys):
+    assert main(["publish", "--results", str(results), "--chart", str(null_device)]) == 0
+    assert stat.S_ISCHR(os.stat(null_device).st_mode)  # a regular file took its place before (the system's too)
 
 
-def test_report_sends_a_csvs_provenance_to_stderr_when_the_csv_goes_to_a_device(results, capsys):
+def test_report_sends_a_csvs_provenance_to_stderr_when_the_csv_goes_to_a_device(results, null_device, capsys):
     assert main(["report", "--results", str(results), "--table", "speedup", "--format", "csv", "-o",
-                 "/dev/null"]) == 0
-    assert "Reproduce: " in capsys.readouterr().err and not Path("/dev/null.provenance.txt").exists()
+                 str(null_device)]) == 0
+    assert "Reproduce: " in capsys.readouterr().err and not null_device.with_name("null.provenance.txt").exists()
 
 
 @pytest.fixture
@@ -92,7 +103,7 @@ def unwritable(tmp_path) -> Path:
     pytest.skip("running as root, and no read-only file system (/proc/sys) to stand for a read-only directory")
 
 
-def bad_directories(tmp_path: Path, unwritable: Path) -> dict[str, tuple[Path, str]]:
+def bad_directories(tmp_path: Path, unwritable: Path, device: Path) -> dict[str, tuple[Path, str]]:
     """The directories `publish --output` ended in a traceback for (13 cases at efb4cf5)."""
     (tmp_path / "a-file").write_text("")
     os.mkfifo(tmp_path / "a-fifo")
@@ -104,7 +115,7 @@ def bad_directories(tmp_path: Path, unwritable: Path) -> dict[str, tuple[Path, s
     no_entry = tmp_path / "no-entry"
     no_entry.mkdir()
     return {"an existing file": (tmp_path / "a-file", "is a file"),
-            "/dev/null": (Path("/dev/null"), "is a device"),
+            "a device (/dev/null's numbers)": (device, "is a device"),
             "a FIFO": (tmp_path / "a-fifo", "is a FIFO"),
             "a dangling link": (tmp_path / "dangling", "is a link to nothing"),
             "a link to a file": (tmp_path / "link-to-file", "is a file"),
@@ -118,9 +129,9 @@ def bad_directories(tmp_path: Path, unwritable: Path) -> dict[str, tuple[Path, s
             "the results tree itself": (tmp_path / "R", "is inside the results tree")}
 
 
-def test_publish_refuses_every_bad_output_directory_in_one_line(results, tmp_path, unwritable, capsys):
+def test_publish_refuses_every_bad_output_directory_in_one_line(results, tmp_path, unwritable, null_device, capsys):
     before = digest(tmp_path)
-    for what, (path, why) in bad_directories(tmp_path, unwritable).items():
+    for what, (path, why) in bad_directories(tmp_path, unwritable, null_device).items():
         assert main(["publish", "--results", str(results), "--output", str(path)]) == 2, what
         assert why in one_line(capsys, "speedlib publish: --output "), what
     assert all(k in digest(tmp_path) for k in before) and (tmp_path / "holds-mine" / "notes.txt").read_text() == "mine"
