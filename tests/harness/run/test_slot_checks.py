@@ -111,3 +111,20 @@ def test_an_archive_name_too_long_is_one_line(tmp_path, capsys):
     assert cli.main(["slot", "--archive", long, "--minutes", "1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err and "bytes long, over the 255" in err
+
+
+@pytest.mark.parametrize("rel", ["benchmarks.json", "m/machine.json", "m/chunk-times.jsonl"])
+def test_a_fifo_where_the_run_writes_is_refused_before_the_gpu_tests(planted, rel):
+    tmp_path, results, archive = planted
+    os.mkfifo(results / rel)  # asv (or the chunk times) would wait on it, past the slot's end
+    assert "is a directory or special file where a file goes" in refused(tmp_path, archive)
+
+
+def test_a_listing_that_is_a_fifo_is_refused_by_the_plan_not_skipped(tmp_path):
+    from speedbench.run import plan  # noqa: PLC0415 - pandas, as the run loads it
+
+    results = tmp_path / "results"
+    results.mkdir()
+    os.mkfifo(results / "benchmarks.json")
+    with pytest.raises(plan.PlanError, match="is not a regular file"):
+        plan.benchmark_listing(tmp_path, results)  # it priced from the checkout's listing without a word
