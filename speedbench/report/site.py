@@ -7,6 +7,8 @@ static host), and plotly.js is written once into DIR (plotly's own offline bundl
 fetches nothing from the network. Every figure and table comes from the functions that give
 `speedlib report` its numbers (headline.grid, paired_table, history_table), and each carries its
 provenance and Reproduce lines. Every text is HTML-escaped: names come from result files.
+This module makes the pages (`pages`, `chart`); `speedlib publish` writes them, under the one
+output rule for a named path (speedbench.results.outputs: the site built aside, renamed whole).
 """
 
 from __future__ import annotations
