@@ -39,7 +39,7 @@ from speedbench.results.atomic import written_whole
 from speedbench.results.common import printable
 from speedbench.results.tree import ResultsError, ResultsTree
 from speedbench.run.asv_process import _SUPERVISE, _stop_supervisor
-from speedbench.run.errors import BENCHMARKS_FAILED, CHUNKS_LEFT, missing_torch
+from speedbench.run.errors import BENCHMARKS_FAILED, CHUNKS_LEFT, missing_torch, settings_refused
 from speedbench.run.slot_pytest import TALLY
 
 DEFAULT_MINUTES = 9.0
@@ -390,8 +390,6 @@ def _cmd_slot(args, argv) -> int:
         print(f"speedlib slot: --minutes must be a number of minutes above 0 and at most {MAX_MINUTES:g} (a day), "
               f"got {printable(args.minutes)}", file=sys.stderr)
         return 2
-    from speedbench.cli.env import settings_refused  # noqa: PLC0415 - the CLI's own check of the host settings
-
     if settings_refused("slot", device=True) or missing_torch("slot"):
         return 2
     if not (math.isfinite(minutes) and 0 < minutes <= MAX_MINUTES):  # before torch loads, said as _check says it

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed (pip install -e '.[dashboard]')")
-import browser_bits  # noqa: E402 - after the skip
-from dashboard_bits import app_on, frames  # noqa: E402 - after the skip
+import browser_bits
+from dashboard_bits import app_on, frames
 
 ROOT = Path(__file__).resolve().parents[2]
 sys_path = ROOT / "dashboard"
@@ -81,11 +82,9 @@ def test_the_export_footer_draws_a_planted_verdict_as_text(tmp_path, monkeypatch
 
 
 def test_only_the_served_names_and_addresses_are_answered():
-    import sys  # noqa: PLC0415 - the dashboard's own modules are imported from its directory
-
     sys.path.insert(0, str(sys_path))
     try:
-        from _host import host_allowed, host_name  # noqa: PLC0415 - from the dashboard's directory
+        from _host import host_allowed, host_name  # noqa: PLC0415 - from the dashboard's directory, put on the path
     finally:
         sys.path.remove(str(sys_path))
     assert host_name("[::1]:8501") == "::1" and host_name("LocalHost.:8501") == "localhost"

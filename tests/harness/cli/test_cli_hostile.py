@@ -541,7 +541,8 @@ def test_a_cuda_device_this_machine_lacks_is_one_line_before_a_run(value, monkey
         _one_line(out.err, f"speedlib {command[0]}: $SPEEDLIB_DEVICE={value} asks for a CUDA device, and torch sees ")
 
 
-@pytest.mark.parametrize("value", ["abc", "0", "-2", "4\x1b[2J", str(10**30), pytest.param("9" * 5000, id="nines-5000")])
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "4\x1b[2J", str(10**30),
+                                   pytest.param("9" * 5000, id="nines-5000")])
 def test_a_bad_speedlib_threads_is_one_line_from_env_and_run(value, monkeypatch, capsys):
     """Both used to end in preflight.benchmark_threads' ValueError traceback; 10**30 was taken (issue 54)."""
     from speedbench.measure import devices as measure  # noqa: PLC0415 - imports torch, which only these tests need

@@ -16,10 +16,10 @@ import pytest
 pytest.importorskip("pandas")
 pytest.importorskip("plotly")
 
-from speedbench.cli.parser import main  # noqa: E402 - after the skips: the commands need pandas and plotly
-from speedbench.report import site  # noqa: E402 - as above
-from speedbench.results import synthetic  # noqa: E402 - as above
-from speedbench.results.tree import BENCHMARKS, MACHINE_FILE  # noqa: E402 - as above
+from speedbench.cli.parser import main
+from speedbench.report import site
+from speedbench.results import synthetic
+from speedbench.results.tree import BENCHMARKS, MACHINE_FILE
 
 
 @pytest.fixture

@@ -18,9 +18,9 @@ import pytest
 
 pytest.importorskip("pandas")
 
-from speedbench import report  # noqa: E402 - after the skip: the report needs pandas
-from speedbench.report import headline  # noqa: E402 - as above
-from speedbench.results.load import load_results  # noqa: E402 - as above
+from speedbench import report
+from speedbench.report import headline
+from speedbench.results.load import load_results
 
 ROOT = Path(__file__).resolve().parents[3]
 MACHINE, COMMIT = "h200-141gb", "838236ba"
