@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import streamlit as st
+from _query import refuse_unknown
 from _tables import md_text
 
 from speedbench.results import cache
@@ -237,21 +238,8 @@ def pick_many(label: str, options: list, key: str, default: list | None = None) 
     choice in the URL, `default` (else all)."""
     options = list(options)
     names = [str(o) for o in options]
-    asked = st.query_params.get_all(key)
-    wanted = [options[names.index(w)] for w in asked if w in names]
-    # As `pick`: a link naming what these results lack (?machine=h999-fake) is a citation gone
-    # wrong; all machines in its place would be cited as its view. Say so, and show nothing
-    # until a choice is made.
-    unknown = [w for w in asked if w not in names]
-    if unknown and key not in st.session_state:
-        named = ", ".join(f"'{md_text(w)}'" for w in unknown)
-        st.error(f"This link names {label.lower()} {named}, which these "
-                 "results do not have: nothing is shown rather than other numbers. Choose below.")
-        chosen = st.multiselect(label, options, default=wanted, key=key, placeholder="choose")
-        if not chosen:
-            st.stop()
-        st.query_params[key] = [str(o) for o in chosen]
-        return chosen
+    refuse_unknown(label, key, names)  # a link naming values these results lack shows nothing, and says so
+    wanted = [options[names.index(w)] for w in st.query_params.get_all(key) if w in names]
     if not wanted and default:
         wanted = [o for o in options if o in default]
     chosen = st.multiselect(label, options, default=[] if len(wanted) == len(options) else wanted, key=key,

@@ -13,9 +13,22 @@ import streamlit as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # pages import _view, _glance and _tables from here
 
+import _host
+import _query
+import _tables
+
 from speedbench.techniques import TECHNIQUES
 
 st.set_page_config(page_title="speedlib results", layout="wide")
+# Before any page runs: a page another site rebinds to this address (its Host header says so),
+# and a link no filter could hold, get one line and nothing else.
+_asked = st.context.headers.get("Host")
+if not _host.host_allowed(_asked):
+    st.error(f"This dashboard does not answer to the address '{_tables.md_text(str(_asked)[:80])}' "
+             "(another site's name pointed at it?): open it by the address `speedlib dashboard` printed, or start it "
+             "with --allow-host NAME for a proxy's name.")
+    st.stop()
+_query.refuse_unbounded()
 
 pages = {
     "Results": [

@@ -26,7 +26,7 @@ def main() -> int:
     page, chart = ROOT / "docs" / "results.md", ROOT / "docs" / "glance.svg"
     before = {p: p.read_bytes() if p.is_file() else b"" for p in (page, chart)}
     page.write_text(writeup.writeup(measured, rerun), encoding="utf-8")
-    site.write_chart(measured, chart)
+    chart.write_text(site.chart(measured), encoding="utf-8")
     for path, old in before.items():
         print(f"{path.relative_to(ROOT)}: {'changed' if path.read_bytes() != old else 'unchanged'}")
     return 0

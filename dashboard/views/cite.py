@@ -4,6 +4,7 @@ with its provenance footer, and BibTeX."""
 from dataclasses import replace
 
 import streamlit as st
+from _footer import export_footer
 from _tables import on_screen, show
 from _view import ROOT, cached, page, pick, pick_many
 
@@ -62,8 +63,7 @@ d2.download_button("Download CSV + provenance (zip)", report.csv_bundle(t, f"spe
                    file_name=f"speedlib-{kind}.zip", mime="application/zip")
 d3.download_button("Download CSV (data only)", report.to_csv(t), file_name=f"speedlib-{kind}.csv", mime="text/csv")
 d4.download_button("Download LaTeX", report.to_latex(t), file_name=f"speedlib-{kind}.tex", mime="application/x-tex")
-footer = markdown[markdown.index("\n- ") + 1:] if "\n- " in markdown else markdown
-lines = footer.count("\n- ") + footer.startswith("- ")
+lines = len(report.footer_lines(t))
 st.caption("Each export carries the footer below: enough to rerun every number in it. Markdown and LaTeX end "
            "with it and keep only the columns that differ between rows. The CSV is plain data, every column, "
            "numbers as numbers (ratio, low, high, value, unit, N, result ID): `pandas.read_csv(path)` or a "
@@ -71,10 +71,7 @@ st.caption("Each export carries the footer below: enough to rerun every number i
            "the zip (`speedlib report --format csv --output X.csv` writes X.provenance.txt).")
 # folded under a line that counts it: two dozen notes and a dozen runs' lines made the page eight screens long
 with st.expander(f"The footer: {lines} lines of notes, provenance and Reproduce commands"):
-    # Rendered, not shown as source: the footer is Markdown whose escapes (\[, &gt;) are for a
-    # Markdown reader and read as noise in a code block. Every line was escaped by
-    # speedbench.report.exports (md_escape), and st.markdown renders no raw HTML.
-    st.markdown(footer)
+    export_footer(t)  # as text: its lines quote the results tree, which Markdown would draw as LaTeX and links
 st.subheader("BibTeX")
 cff = ROOT / "CITATION.cff"
 

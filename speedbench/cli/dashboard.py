@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import ipaddress
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -28,7 +29,8 @@ DASHBOARD_EXIT_STATUS = """exit status:
 
 
 def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    bad = _bad_port(args.port) or _bad_address(args.address)
+    bad = _bad_port(args.port) or _bad_address(args.address) or next(filter(None, map(_bad_host, args.allow_host)),
+                                                                       None)
     if bad:
         print(f"speedlib dashboard: {bad}", file=sys.stderr)
         return 2
@@ -51,8 +53,11 @@ def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(f"speedlib dashboard: cannot listen on {args.address}:{port} ({unavailable}); is a dashboard "
               "already running there? Pass another --port.", file=sys.stderr)
         return 2
-    # The results directory is fixed here, at start-up, and never read from the URL.
-    env = {**os.environ, "SPEEDLIB_RESULTS": str(results)}
+    # The results directory is fixed here, at start-up, and never read from the URL. The host
+    # names it answers to besides IP addresses, localhost and this machine's names: the app
+    # refuses a page asked for by any other (DNS rebinding: dashboard/_host.py).
+    allowed = ",".join(dict.fromkeys([args.address, *args.allow_host]))
+    env = {**os.environ, "SPEEDLIB_RESULTS": str(results), "SPEEDLIB_ALLOWED_HOSTS": allowed}
     # Always headless: a Streamlit that is not headless asks for an e-mail address on its
     # first run and, with no terminal to answer (CI, ssh -T, a batch job), exits 255 with
     # nothing served. The browser is opened from here instead, once the port is bound.
@@ -126,6 +131,13 @@ def _bad_address(address: str) -> str | None:
                 "pass one such as 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)")
 
 
+def _bad_host(name: str) -> str | None:
+    """Why `name` is no host name for --allow-host, or None: letters, digits, dots and dashes."""
+    if re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})", name) and ".." not in name:
+        return None
+    return f"--allow-host '{printable(name)}' is not a host name: letters, digits, dots and dashes, as a URL names it"
+
+
 def _dies_with(parent: int):
     """A preexec_fn for Streamlit: the kernel stops it (SIGTERM, which Streamlit handles by
     shutting down) when speedlib dies, even by SIGKILL, where speedlib cannot stop it
@@ -189,6 +201,10 @@ def add_parser(sub) -> None:
     dash.add_argument("--address", default="127.0.0.1",
                       help="address to listen on (default: 127.0.0.1, this machine only)")
     dash.add_argument("--port", default="8501", help="port (default: 8501)")
+    dash.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                      help="a host name to answer to besides --address, IP addresses, localhost and this machine's "
+                           "names: the name a proxy in front of the dashboard serves (repeatable); a page asked for "
+                           "by any other name is refused, so another site cannot read it through your browser")
     dash.add_argument("--no-browser", action="store_true",
                       help="do not open a browser window (none is opened without a display anyway)")
     dash.set_defaults(func=_cmd_dashboard)

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 
-from speedbench.measure import host_settings, preflight
+from speedbench.measure import preflight
 from speedbench.results.common import printable
-from speedbench.run.errors import missing_torch
+from speedbench.run.errors import missing_torch, settings_refused
 
 ENV_EXIT_STATUS = """exit status:
   0  the record was printed; with --check, no check found anything bad (warnings may remain)
   1  --check found something bad: the machine is busy, a GPU has other processes on it, or
-     $SPEEDLIB_THREADS is not a positive integer
-  2  the record needs PyTorch, which is not installed (--check does not), or a positive
-     integer in $SPEEDLIB_THREADS where it is set"""
+     $SPEEDLIB_THREADS is not a positive integer (at most 1024, or the usable CPUs where more)
+  2  the record needs PyTorch, which is not installed (--check does not), or such an integer
+     in $SPEEDLIB_THREADS where it is set"""
 
 
 def _cmd_env(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -30,21 +29,6 @@ def _cmd_env(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     print(json.dumps(measure.environment(), indent=2, sort_keys=True))
     return 0
-
-
-def settings_refused(command: str, *, device: bool = False) -> bool:
-    """A $SPEEDLIB_THREADS that is not a positive integer (and with `device`, a $SPEEDLIB_DEVICE
-    the benchmarks cannot measure on) said in one line (True), before the environment record
-    or a run would raise on it or file timings of nothing."""
-    readers = ((host_settings.benchmark_threads, host_settings.benchmark_device) if device
-               else (host_settings.benchmark_threads,))
-    for read in readers:
-        try:
-            read()
-        except ValueError as e:  # its message quotes the value with repr: no control character gets through
-            print(f"speedlib {command}: {e}", file=sys.stderr)
-            return True
-    return False
 
 
 def _check() -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +30,10 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
     path = Path(args.results)
     if not path.is_dir():
         print(f"speedlib report: no results directory at {path}", file=sys.stderr)
+        return 2
+    refused = _check_output(args)  # before the results load: a wrong path is said at once
+    if refused:
+        print(f"speedlib report: {refused}", file=sys.stderr)
         return 2
     loaded = cache.load(path)
     df = loaded.measured
@@ -98,27 +103,55 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return _export(report, table, args)
 
 
+def _outputs(args: argparse.Namespace) -> list[Path]:
+    """The files --output writes: the export, and beside a CSV in a file its provenance (a CSV sent
+    to a device or a pipe has its provenance on stderr, as on stdout)."""
+    if not args.output:
+        return []
+    out = Path(args.output)
+    streamed = os.path.exists(out) and not os.path.isfile(out)
+    return [out] if args.format != "csv" or streamed else [out, report.provenance_path(out)]
+
+
+def _check_output(args: argparse.Namespace) -> str | None:
+    """Why --output cannot be written (the one output rule, speedbench.results.outputs), or None."""
+    from speedbench.results import outputs  # noqa: PLC0415 - with the rest of the results package, when it runs
+
+    trees = [Path(args.results), *([Path(args.against)] if args.against else [])]
+    try:
+        for path in _outputs(args):
+            outputs.file_output(path, "--output" if path == Path(args.output) else "--output's provenance", trees)
+    except outputs.OutputRefused as e:
+        return str(e)
+    return None
+
+
 def _export(report, table, args: argparse.Namespace) -> int:
     """Print `table` in --format, or write it to --output. CSV is plain data: its provenance
     (commits, machines, run dates, the Reproduce command) goes to X.provenance.txt beside
-    --output X.csv, and to stderr where the CSV goes to stdout."""
+    --output X.csv, and to stderr where the CSV goes to stdout, a device or a pipe."""
+    from speedbench.results import outputs  # noqa: PLC0415 - with the rest of the results package, when it runs
+
     text = {"md": report.to_markdown, "csv": report.to_csv, "tex": report.to_latex}[args.format](table)
     footer = report.csv_provenance(table) if args.format == "csv" else None
-    if not args.output:
+    files = _outputs(args)
+    if not files:
         print(text, end="")
         if footer:
             print(footer, end="", file=sys.stderr)
         return 0
     try:  # each file whole or as it was: a full disk or a kill leaves no torn export
-        for path, content in ((Path(args.output), text), (report.provenance_path(args.output), footer)):
-            if content is not None:  # no footer beside md or tex
-                with safekeep.written_whole(path) as f:
-                    f.write(content.encode("utf-8"))
+        for path, content in zip(files, (text, footer), strict=False):
+            with outputs.written(path) as f:
+                f.write(content.encode("utf-8"))
     except OSError as e:
-        print(f"speedlib report: cannot write {args.output}: {e.strerror or e}{safekeep.disk_full(e)}", file=sys.stderr)
+        print(f"speedlib report: cannot write {printable(args.output)}: {e.strerror or e}{safekeep.disk_full(e)}",
+              file=sys.stderr)
         return 2
-    beside = f" and its provenance to {report.provenance_path(args.output)}" if footer else ""
-    print(f"speedlib report: wrote {args.output}{beside}", file=sys.stderr)
+    if footer and len(files) == 1:
+        print(footer, end="", file=sys.stderr)
+    beside = f" and its provenance to {printable(str(files[1]))}" if len(files) > 1 else ""
+    print(f"speedlib report: wrote {printable(args.output)}{beside}", file=sys.stderr)
     return 0
 
 

@@ -7,11 +7,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from speedbench.cli.env import settings_refused
 from speedbench.results.common import printable
 from speedbench.results.tree import BENCHMARKS
 from speedbench.run.asv_process import Interrupted, stopped_by_signals
-from speedbench.run.errors import BENCHMARKS_FAILED, CHUNKS_LEFT, missing_torch
+from speedbench.run.errors import BENCHMARKS_FAILED, CHUNKS_LEFT, missing_torch, settings_refused
 
 RUN_EXIT_STATUS = """exit status:
   0  every selected chunk ran and no benchmark failed

@@ -12,7 +12,8 @@ from speedbench.results.common import printable
 
 
 def _cmd_versions(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from speedbench.run import ledger  # noqa: PLC0415 - kept out of `speedlib --help`, like every command's work
+    from speedbench.results.tree import ResultsError  # noqa: PLC0415 - kept out of `speedlib --help`, like all work
+    from speedbench.run import ledger  # noqa: PLC0415 - as above
     from speedbench.run.checkout import find_root  # noqa: PLC0415 - as above
     from speedbench.run.errors import SuiteError  # noqa: PLC0415 - as above
 
@@ -37,7 +38,7 @@ def _cmd_versions(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 print(f"speedlib versions: {n} result(s) kept as they were: {why}")
             return 0
         findings = ledger.check(root)
-    except (ledger.LedgerError, ledger.FingerprintError, SuiteError, OSError) as e:
+    except (ledger.LedgerError, ledger.FingerprintError, SuiteError, ResultsError, OSError) as e:
         print(f"speedlib versions: {printable(str(e))}", file=sys.stderr)
         return 2
     print(ledger.describe(findings))

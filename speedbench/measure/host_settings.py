@@ -49,6 +49,9 @@ def usable_cores() -> int:
 
 # $SPEEDLIB_THREADS sets the intra-op threads the benchmarks use; by default one per usable CPU.
 THREADS_ENV = "SPEEDLIB_THREADS"
+# The most threads it may ask for where the machine has fewer usable CPUs: beyond this it is a
+# typo (10**30 overflowed torch.set_num_threads inside every benchmark, after the run started).
+MAX_THREADS = 1024
 
 
 def benchmark_threads() -> int:
@@ -56,16 +59,19 @@ def benchmark_threads() -> int:
     benchmarks/common.py) before it builds anything: torch's own default depends on its build
     and on OMP_NUM_THREADS, so a ratio would otherwise depend on how the shell that started the
     run was set up. The environment record keeps the number (speedbench.measure.devices). Raises
-    ValueError for a $SPEEDLIB_THREADS that is not a positive integer."""
+    ValueError for a $SPEEDLIB_THREADS that is not a positive integer up to MAX_THREADS (or the
+    usable CPUs, where there are more)."""
     text = os.environ.get(THREADS_ENV)
     if text is None or not text.strip():
         return usable_cores()
+    most = max(MAX_THREADS, usable_cores())
     try:
-        threads = int(text)
+        threads = int(text) if len(text) <= 20 else 0  # int() of a huge string is slow, and no count is that long
     except ValueError:
         threads = 0
-    if threads < 1:
-        raise ValueError(f"${THREADS_ENV} must be a positive integer, got {text!r}")
+    if not 1 <= threads <= most:
+        shown = repr(text) if len(text) <= 40 else f"{text[:40]!r}... ({len(text)} characters)"
+        raise ValueError(f"${THREADS_ENV} must be a positive integer, at most {most}, got {shown}")
     return threads
 
 

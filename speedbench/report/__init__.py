@@ -28,7 +28,7 @@ __all__, __getattr__ = lazy(__name__, {
     'claims': ('Claim', 'CLAIMS', 'claims_table', 'comparable', 'is_own_baseline', 'never_run', 'why_not_measured'),
     'exports': (
         'to_markdown', 'to_csv', 'to_latex', 'csv_bundle', 'csv_provenance', 'provenance', 'provenance_path',
-        'reproduce_command', 'bibtex', 'md_escape', 'md_code', 'run_state',
+        'reproduce_command', 'bibtex', 'md_escape', 'md_code', 'run_state', 'footer_lines',
     ),
     'speedbench.results.load': ('is_commit',),
     'speedbench.stats.significance': (

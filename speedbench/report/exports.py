@@ -32,7 +32,7 @@ from speedbench.results.load import is_commit, printable  # the loader's rule: o
 from speedbench.stats import contention
 
 __all__ = ["provenance", "reproduce_command", "is_commit", "to_markdown", "to_csv", "csv_provenance",
-           "provenance_path", "csv_bundle", "to_latex", "bibtex", "NO_ROWS"]
+           "provenance_path", "csv_bundle", "to_latex", "bibtex", "footer_lines", "NO_ROWS"]
 
 # --- provenance and exports --------------------------------------------------------------
 
@@ -153,6 +153,12 @@ def _footer_lines(table: Table, shared: list[str] = ()) -> list[str]:
         lines.append(f"Reproduce: {e['command']}" if e["command"] else f"Note: {_not_a_commit(e['commit'])}")
     lines.append(f"Exported by speedlib {speedlib.__version__}; cite with CITATION.cff and the lines above.")
     return lines
+
+
+def footer_lines(table: Table) -> list[str]:
+    """The footer the Markdown and LaTeX exports of `table` end with, as plain lines (not yet
+    escaped for either): for a page that draws it as text."""
+    return [printable(line) for line in _footer_lines(table, _informative(table)[1])]
 
 
 def _informative(table: Table) -> tuple[pd.DataFrame, list[str]]:

@@ -92,14 +92,18 @@ def paired(df: pd.DataFrame) -> pd.DataFrame:
                                   timed["variant"], strict=True):
         variants.setdefault((m, c, b.rsplit(".", 1)[0], shared_config(params)), set()).add(v)
 
-    def baseline(machine, commit, benchmark, technique, config) -> str:
+    def baseline(machine, commit, benchmark, technique, config, unrated) -> str:
         key = (machine, commit, benchmark.rsplit(".", 1)[0], config)
         chain = TECHNIQUES[technique].baselines if technique in TECHNIQUES else ()
-        found = variants.get(key, set())
+        # the variants timed, and those whose ratio the entry left empty (the baseline's never
+        # is stored): a selection that measured the ratios alone (--bench ...track_speedup) has
+        # its baseline there
+        found = variants.get(key, set()) | set(unrated if isinstance(unrated, (list, tuple)) else ())
         return next((b for b in chain if b in found), "")
 
-    s["baseline"] = [baseline(*k)
-                     for k in zip(s["machine"], s["commit"], s["benchmark"], s["technique"], s["config"], strict=True)]
+    unrated = s["unrated"] if "unrated" in s else [()] * len(s)  # frames built by hand may hold none
+    s["baseline"] = [baseline(*k) for k in zip(s["machine"], s["commit"], s["benchmark"], s["technique"], s["config"],
+                                               unrated, strict=True)]
     # Where none of a technique's class's variants is a baseline, its per-round speedups are
     # against a speedlib code path (transfer's classes before their plain-PyTorch variants
     # existed had speedlib's own pinned / pageable backend as baseline): a speedlib path is

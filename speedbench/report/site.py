@@ -12,15 +12,13 @@ its charts from speedbench.report.charts, each with its provenance and Reproduce
 on a cell of the at-a-glance chart lands on that cell's figure: its row in the technique page's
 table, under the machine's own section. Every text is HTML-escaped: names come from result files.
 Nothing scrolls sideways at 390 px but the at-a-glance chart, which says so there.
+This module makes the pages (`pages`, `chart`); `speedlib publish` writes them, under the one
+output rule for a named path (speedbench.results.outputs: the site built aside, renamed whole).
 """
-
 from __future__ import annotations
 
 import html
-import os
 import re
-import tempfile
-from pathlib import Path
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -29,10 +27,11 @@ from plotly.offline import get_plotlyjs
 from speedbench import report, words
 from speedbench.report import age, charts, comparisons, exports, glance, headline
 
-__all__ = ["publish", "write_chart", "PAGES", "PLOTLY_JS", "anchor"]
+__all__ = ["pages", "chart", "names", "PAGES", "CITE_FILES", "PLOTLY_JS", "anchor"]
 
 PLOTLY_JS = "plotly.min.js"  # written once; every page loads it from beside itself
 PAGES = ("index.html", "machines.html", "history.html", "cite.html")  # and <technique>.html for each technique
+CITE_FILES = ("headline.csv", "headline.provenance.txt", "headline.md", "headline.tex")  # the cite page's downloads
 
 _STYLE = """body{font-family:system-ui,sans-serif;margin:0 auto;max-width:1180px;padding:0 12px;color:#222}
 nav{display:flex;flex-wrap:wrap;gap:4px 14px;padding:10px 0;border-bottom:1px solid #ddd;font-size:14px}
@@ -303,8 +302,8 @@ def _history(df: pd.DataFrame) -> str:
 
 
 def _cite(grid: report.Table, cff_text: str | None) -> tuple[str, dict]:
-    files = {"headline.csv": report.to_csv(grid), "headline.provenance.txt": report.csv_provenance(grid),
-             "headline.md": report.to_markdown(grid), "headline.tex": report.to_latex(grid)}
+    files = dict(zip(CITE_FILES, (report.to_csv(grid), report.csv_provenance(grid), report.to_markdown(grid),
+                                  report.to_latex(grid)), strict=True))
     links = " ".join(f'<a href="{n}">{n}</a>' for n in files)
     body = (f"<p>The headline as files, the same as <code>speedlib report --table headline --format md|csv|tex"
             f"</code>: {links}. The CSV is tidy data (one row per question and machine).</p>"
@@ -318,35 +317,23 @@ def _cite(grid: report.Table, cff_text: str | None) -> tuple[str, dict]:
     return body, files
 
 
-def _write(path: Path, text: str) -> None:
-    """Atomically: a temporary file beside it, then a rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the page from a static host's server
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def chart(df: pd.DataFrame) -> str:
+    """The at-a-glance chart of `df` (the loaded results, every commit) as an SVG image."""
+    return glance.svg(headline.glance(df))
 
 
-def write_chart(df: pd.DataFrame, path: Path) -> None:
-    """The at-a-glance chart of `df` (the loaded results, every commit) as an SVG image at `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _write(path, glance.svg(headline.glance(df)))
+def names() -> list[str]:
+    """Every file the site holds, whatever the results: `speedlib publish --output` replaces a
+    directory holding these and nothing else."""
+    return [*PAGES, *(f"{n}.html" for n in report.TECHNIQUES), *CITE_FILES, PLOTLY_JS]
 
 
-def publish(df: pd.DataFrame, out: Path, cff_text: str | None = None) -> list[Path]:
-    """Write the site of `df` (the loaded results, every commit) into `out`; the files written."""
-    out.mkdir(parents=True, exist_ok=True)
+def pages(df: pd.DataFrame, cff_text: str | None = None) -> dict[str, str]:
+    """The site of `df` (the loaded results, every commit): file name -> its text (`names`)."""
     grid = headline.grid(df)
     cite, files = _cite(grid, cff_text)
-    pages = {"index.html": _page("speedlib: which PyTorch speed tricks pay off", _overview(df, grid)),
-             "machines.html": _page("Machine comparison", _machines(df)),
-             **{f"{n}.html": _page(t.title, _technique(df, grid, n)) for n, t in report.TECHNIQUES.items()},
-             "history.html": _page("History across commits", _history(df)),
-             "cite.html": _page("Cite and export", cite), **files, PLOTLY_JS: get_plotlyjs()}
-    for name, text in pages.items():
-        _write(out / name, text)
-    return [out / name for name in pages]
+    return {"index.html": _page("speedlib: which PyTorch speed tricks pay off", _overview(df, grid)),
+            "machines.html": _page("Machine comparison", _machines(df)),
+            **{f"{n}.html": _page(t.title, _technique(df, grid, n)) for n, t in report.TECHNIQUES.items()},
+            "history.html": _page("History across commits", _history(df)),
+            "cite.html": _page("Cite and export", cite), **files, PLOTLY_JS: get_plotlyjs()}

@@ -58,7 +58,7 @@ def written_whole(path: Path, streams: bool = True):
     if mode is not None and not stat.S_ISREG(mode):
         why = "not a regular file, character device or FIFO" if streams else "not a regular file"
         raise OSError(errno.EINVAL, f"{why}: refused", str(path))
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    tmp = path.with_name(_temporary_name(path.name))
     try:
         with tmp.open("wb") as f:
             yield f
@@ -69,6 +69,14 @@ def written_whole(path: Path, streams: bool = True):
         tmp.unlink(missing_ok=True)
         raise
     sync_dir(path.parent)
+
+
+def _temporary_name(name: str) -> str:
+    """The name `written_whole` writes `name`'s new content under: hidden, this process's, and
+    within the file system's 255 bytes however long `name` is (then cut: a name near the limit
+    fitted, its temporary file did not)."""
+    cut = os.fsencode(name)[:200].decode("utf-8", "ignore")
+    return f".{cut}.{os.getpid()}.partial"
 
 
 def write_whole(path: Path, data: bytes) -> None:

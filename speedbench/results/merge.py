@@ -176,6 +176,11 @@ def merge(sources: Sequence[Path], into: Path, prefer: str | None = None, rehear
 def _merge_locked(trees: list[_Tree], into: Path, prefer: str | None) -> list[str]:
     base = _read_dir(into, printable(str(into)), strict=False)
     m = _Merge(base, prefer)
+    for tree in trees:  # said, never dropped without a word
+        if tree.left_out:
+            shown = ", ".join(tree.left_out[:5]) + (", ..." if len(tree.left_out) > 5 else "")
+            m.said.append(f"left out of {tree.label}: {len(tree.left_out)} file(s) or directorie(s) no merge takes "
+                          f"({shown}): copy them by hand if they matter")
     for tree in trees:
         m.listing(tree)  # first: its start times are the tree's own and those already merged
         for name, src in tree.machines.items():

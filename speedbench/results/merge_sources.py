@@ -50,6 +50,9 @@ from speedbench.results.tree import (
 # Directories of a machine holding one whole JSON object per commit (<machine>/<dir>/<name>.json),
 # merged whole: the GPU tests' directory holds the verdict of a GPU slot's GPU-only tests.
 SIDE_DIRS = (GPU_TESTS_DIR,)
+# What a merge takes, in words, for a refusal naming something else.
+KNOWN = (f"{BENCHMARKS}, <machine>/{MACHINE_FILE}, <machine>/<commit8>-<env>.json, <machine>/{CHUNK_TIMES}, "
+         f"<machine>/{ENVIRONMENT_DIR}/*.jsonl, <machine>/{GPU_TESTS_DIR}/<commit8>.json")
 CONFLICTS, BAD_INPUT = 1, 2  # exit statuses
 _CHUNK = 1 << 20  # bytes copied at a time
 
@@ -97,6 +100,7 @@ class _Tree:
     listing: dict | None = None  # BENCHMARKS, the listing
     listing_raw: _Raw | None = None
     machines: dict[str, _Machine] = field(default_factory=dict)
+    left_out: list[str] = field(default_factory=list)  # a results tree's files no merge takes (a README)
 
 
 def _place(rel: str) -> tuple[str, str] | None:
@@ -166,6 +170,8 @@ def _add_file(tree: _Tree, rel: str, f: BinaryIO, where: str, strict: bool, raw_
     if "/" in inner:  # a side file of SIDE_DIRS
         if not isinstance(obj, dict):
             raise _bad(f"{where} is not a JSON object")
+        if strict:
+            _check_side(obj, name, inner, where)
         m.side[inner], m.raw[inner] = obj, raw
     elif inner == MACHINE_FILE:
         if not isinstance(obj, dict):
@@ -181,7 +187,26 @@ def _add_file(tree: _Tree, rel: str, f: BinaryIO, where: str, strict: bool, raw_
         if strict and obj["commit_hash"][:8] != named:
             raise _bad(f"{where} is named for commit {printable(named)} and holds results of commit "
                        f"{printable(obj['commit_hash'][:8])}")
+        recorded = obj.get("params").get("machine", name) if isinstance(obj.get("params"), dict) else name
+        if strict and recorded != name:  # asv and the dashboard would show it under one name, the tree under another
+            raise _bad(f"{where} records the machine {printable(str(recorded))} (its params), not {printable(name)} "
+                       "whose directory holds it: rerun it with speedlib run --machine, or file it under its own "
+                       "machine's directory")
         m.results[inner], m.raw[inner] = obj, raw
+
+
+def _check_side(obj: dict, machine: str, inner: str, where: str) -> None:
+    """Refuse a side file the loader would refuse (a GPU tests' verdict not filed under its
+    machine and commit, or missing what a verdict holds): merged, it would be set aside as a
+    problem on every page instead of marking its commit's figures."""
+    from speedbench.results.gpu_tests import check_verdict  # noqa: PLC0415 - pandas; `speedlib --help` imports this module
+
+    if inner.startswith(f"{GPU_TESTS_DIR}/"):
+        try:
+            check_verdict(obj, machine, PurePosixPath(inner).stem)
+        except ValueError as e:
+            raise _bad(f"{where} is not a GPU tests' verdict speedlib slot writes ({printable(str(e))}): "
+                       "refused") from None
 
 
 def _checked_name(rel: str, where: str) -> str:
@@ -229,9 +254,11 @@ def _read_archive(path: Path, label: str) -> _Tree:
                 seen.add(rel)
                 if member.size > files.MAX_FILE_BYTES:
                     raise _bad(f"{where} is larger than {files.MAX_FILE_BYTES >> 20} MiB")
-                if _place(rel) is not None:
-                    _add_file(tree, rel, tar.extractfile(member), where, True,
-                              lambda digest, at=member.name, where=where: _Raw(path, at, digest, label, where))
+                if _place(rel) is None:  # `speedlib run --archive` and `speedlib slot` pack none: nothing to guess
+                    raise _bad(f"{where} is not a file speedlib run or speedlib slot writes ({KNOWN}): refused, "
+                               "rather than left out without a word")
+                _add_file(tree, rel, tar.extractfile(member), where, True,
+                          lambda digest, at=member.name, where=where: _Raw(path, at, digest, label, where))
             # gzip checks its checksum at the end of the stream, which tarfile stops short of
             while tar.fileobj.read(_CHUNK):
                 pass
@@ -266,11 +293,15 @@ def _read_dir(root: Path, label: str, strict: bool) -> _Tree:
             descend = depth == 0 or (depth == 1 and name in (ENVIRONMENT_DIR, *SIDE_DIRS))
             if stat.S_ISLNK(st.st_mode) and (descend or _place(sub) is not None):
                 raise _bad(f"{where} is a link: refused")
-            if stat.S_ISDIR(st.st_mode):
-                if descend:
-                    entries(path, sub, depth + 1)
+            if stat.S_ISDIR(st.st_mode) and descend:
+                entries(path, sub, depth + 1)
                 continue
             if _place(sub) is None:
+                if strict and depth == 2:  # inside speedlib's own directories (gpu-tests/, environment/)
+                    raise _bad(f"{where} is not a file speedlib run or speedlib slot writes ({KNOWN}): refused, "
+                               "rather than left out without a word")
+                if strict and (depth == 1 or not stat.S_ISDIR(st.st_mode)):
+                    tree.left_out.append(printable(sub))
                 continue
             if not stat.S_ISREG(st.st_mode):
                 raise _bad(f"{where} is a link or special file: refused")

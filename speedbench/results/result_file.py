@@ -55,7 +55,7 @@ _NAMED_PARAMS = ("workload", "variant")
 COLUMNS = ("machine", "gpu", "commit", "commit_date", "run_date", "benchmark", "technique", "suite",
            "metric", "kind", "params", "workload", "variant", "value", "unit", "q25", "q75", "iqr",
            "ci99_low", "ci99_high", "n", "number", "repeat", "samples", "status", "version",
-           "earlier_version", "result_id", "file",
+           "earlier_version", "result_id", "unrated", "file",
            # speedbench.stats.contention's verdict on the run's interference counters
            "contention", "disturbed", "contention_note", "others_cpu", "preemptions", *ENV_COLUMNS,
            # the commit's GPU tests on the machine (speedbench.results.gpu_tests): status and words
@@ -314,6 +314,27 @@ def _status(value: float | None, kind: str) -> Status:
     return Status.MEASURED
 
 
+def _config(names: list[str], combo: tuple) -> tuple:
+    """`combo` without its variant: the configuration whose variants took turns."""
+    return tuple(v for n, v in zip(names, combo, strict=True) if n != "variant")
+
+
+def _unrated(names: list[str], combos: list[tuple], values: list) -> dict[tuple, tuple[str, ...]]:
+    """Per configuration of a paired class's speedups, the variants whose ratio the entry left
+    empty (NaN): its baseline is one of them (a ratio against itself is never stored). The report
+    finds the baseline by them where the selection measured no seconds of the class (`--bench
+    track_speedup`), so the ratios measured are shown, against the variant they were taken
+    against."""
+    if "variant" not in names:
+        return {}
+    where = names.index("variant")
+    out: dict[tuple, list[str]] = {}
+    for combo, value in zip(combos, values, strict=False):
+        if isinstance(value, float) and math.isnan(value):
+            out.setdefault(_config(names, combo), []).append(_strip(combo[where]))
+    return {k: tuple(v) for k, v in out.items()}
+
+
 def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], problems: list[Problem]) -> list[dict]:
     """The rows of one parsed result file. A file whose layout is not asv's raises _Malformed;
     an entry with wrong types is skipped and reported, the file's other entries kept."""
@@ -346,6 +367,7 @@ def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], 
         module, _, rest = name.partition(".")
         suite, _, metric = rest.rpartition(".")
         kind = metric_kind(meta.type, meta.unit)
+        unrated = _unrated(names, combos, values) if kind == "paired speedup" else {}
         for i, combo in enumerate(combos):
             value = values[i]
             status = _status(value, kind)
@@ -383,6 +405,7 @@ def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], 
                 "version": record.get("version"),
                 "earlier_version": stale,  # settled per machine by _settle_versions
                 "result_id": result_id(machine, data["commit_hash"], name, combo, started),
+                "unrated": unrated.get(_config(names, combo), ()),
                 "file": str(path),
             }
             rows.append(row)

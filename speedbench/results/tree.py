@@ -108,6 +108,20 @@ class MachineDir:
         return [self.environment_dir, self.environment_record(sha), self.chunk_times, self.gpu_tests_dir,
                 self.verdict(sha)]
 
+    def check_run_writes(self, sha: str) -> None:
+        """ResultsError, one line, unless every file a run or slot of `sha` writes here (asv's
+        listing, machine file and result files of `sha`, the environment record, the chunk times,
+        the GPU tests' verdict) can be written: each a regular file or missing, each directory on
+        the way a directory or missing, none of them a link (`ResultsTree.check_target`). Asked
+        before anything runs: a directory or a FIFO where the verdict goes was found only after
+        the GPU tests had spent the slot's first minutes."""
+        own = [ENVIRONMENT_DIR + "/" + self.environment_record(sha).name, CHUNK_TIMES,
+               GPU_TESTS_DIR + "/" + self.verdict(sha).name, MACHINE_FILE]
+        results = [p.name for p in self.path.glob(result_pattern(sha))] if self.path.is_dir() else []
+        self.tree.check_target(BENCHMARKS)
+        for rel in [*own, *results]:
+            self.tree.check_target(f"{self.name}/{rel}")
+
     def result_files(self, sha: str) -> list[Path]:
         """asv's result files of `sha` here (one per environment asv names)."""
         return sorted(self.path.glob(result_pattern(sha)))

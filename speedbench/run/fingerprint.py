@@ -64,7 +64,7 @@ class SourceTree:
 
         def read(path: str) -> str | None:
             f = root / path
-            return f.read_text(encoding="utf-8") if f.is_file() else None
+            return _decoded(f.read_bytes(), path, str(root)) if f.is_file() else None
 
         return cls(read, lambda package: sorted(p.stem for p in (root / package).glob("*.py")), str(root))
 
@@ -149,12 +149,20 @@ class _Blobs:
             if len(header) != 3:
                 raise FingerprintError(f"git cannot read blob {sha}")
             data = self._git.stdout.read(int(header[2]) + 1)[:-1]  # the object, then a newline
-            self._texts[sha] = data.decode("utf-8")
+            self._texts[sha] = _decoded(data, f"blob {sha}", "git")
         return self._texts[sha]
 
 
 # Parsed modules by (name, text): trees of many commits share most of their files.
 _PARSED: dict[tuple[str, str, bool], _Module] = {}
+
+
+def _decoded(data: bytes, path: str, where: str) -> str:
+    """`data` as UTF-8 text, else FingerprintError (one line): asv could not import it either."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FingerprintError(f"{where}: {path} is not UTF-8 text (byte {e.start})") from None
 
 
 def _parsed(name: str, path: str, text: str, package: bool, where: str) -> _Module:
@@ -164,6 +172,8 @@ def _parsed(name: str, path: str, text: str, package: bool, where: str) -> _Modu
             _PARSED[key] = _Module(name, ast.parse(text, filename=path), package)
         except SyntaxError as e:
             raise FingerprintError(f"{where}: {path} does not parse: {e}") from e
+        except (ValueError, MemoryError, RecursionError) as e:  # a NUL byte; nesting past what the parser holds
+            raise FingerprintError(f"{where}: {path} does not parse: {type(e).__name__} {str(e)[:100]}") from None
     return _PARSED[key]
 
 

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,17 +55,58 @@ class Finding:
 
 
 def load(root: Path) -> dict:
-    """The ledger of the checkout at `root` ({} where there is none yet)."""
+    """The ledger of the checkout at `root` ({} where there is none yet); LedgerError, one
+    line, where it is not a regular file (a FIFO held every command that checks versions, a
+    run included), cannot be read, or is not the ledger's shape (`_shape`)."""
     path = Path(root) / LEDGER
-    if not path.exists():
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise LedgerError(f"{LEDGER} is a link to nothing ({os.readlink(path)}): restore it from git") from None
         return {"benchmarks": {}}
+    except OSError as e:
+        raise LedgerError(f"{LEDGER} cannot be read: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        raise LedgerError(f"{LEDGER} is not a regular file (a directory, FIFO or device): restore it from git")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise LedgerError(f"{LEDGER} cannot be read: {e}") from e
-    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), dict):
-        raise LedgerError(f"{LEDGER} holds no 'benchmarks' table")
+    except RecursionError:
+        raise LedgerError(f"{LEDGER} cannot be read: nested deeper than any ledger is") from None
+    why = _shape(data)
+    if why:
+        raise LedgerError(f"{LEDGER} {why}: restore it from git, or fix that entry by hand")
     return data
+
+
+def _shape(data) -> str | None:
+    """Why `data` is not a ledger `record` and the check can use, or None: every entry an object
+    with its version a string, its versions objects holding a why and fingerprints (digest ->
+    why), its pieces (name -> digest) an object."""
+    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), dict):
+        return "holds no 'benchmarks' table"
+
+    def strings(value) -> bool:
+        return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+    for name, entry in data["benchmarks"].items():
+        where = f"entry {name!r}"
+        if not isinstance(entry, dict):
+            return f"{where} is not an object"
+        if not isinstance(entry.get("version"), str):
+            return f"{where} has no version string"
+        versions = entry.get("versions")
+        if not isinstance(versions, dict) or entry["version"] not in versions:
+            return f"{where} does not list its version {entry['version']!r} under 'versions'"
+        for version, about in versions.items():
+            if not (isinstance(about, dict) and strings(about.get("fingerprints")) and strings(about.get("asv", {}))
+                    and isinstance(about.get("why", ""), str)):
+                return f"{where}: version {version!r} is not an object with fingerprints (digest -> why)"
+        if not strings(entry.get("pieces", {})):
+            return f"{where}: its pieces are not an object of digests"
+    return None
 
 
 def save(root: Path, data: dict) -> None:
@@ -130,6 +173,8 @@ def record(root: Path, benchmarks: list[str], why: str, bump: bool, at: str | No
     `speedlib versions --recover`). Returns one line per change."""
     if not why.strip():
         raise LedgerError("say why (--why): it is what a reader of the ledger has to go on")
+    if not why.isprintable():  # a newline or an escape would restyle every terminal that shows the ledger
+        raise LedgerError("--why must be one line of printable text (no newline, tab or control character)")
     if at is not None and bump:
         raise LedgerError("--at names older code that measures what a version does: use it with --same")
     tree = SourceTree.directory(root)
@@ -145,7 +190,8 @@ def record(root: Path, benchmarks: list[str], why: str, bump: bool, at: str | No
             return []
     unknown = [b for b in benchmarks if b not in declared]
     if unknown:
-        raise LedgerError(f"no benchmark class {', '.join(unknown)} (known: module.Class, e.g. "
+        shown = ", ".join(b if len(b) <= 80 else f"{b[:60]}... ({len(b)} characters)" for b in unknown[:3])
+        raise LedgerError(f"no benchmark class {shown}{', ...' if len(unknown) > 3 else ''} (known: module.Class, e.g. "
                           f"{next(iter(declared), 'bench_amp.TrainingStep')})")
     said = []
     for benchmark in benchmarks:
@@ -195,6 +241,8 @@ def _set_class_version(root: Path, benchmark: str, version: str) -> None:
     statement after the docstring where it has none)."""
     module, _, name = benchmark.rpartition(".")
     path = Path(root) / "benchmarks" / f"{module}.py"
+    if path.is_symlink() or not path.is_file():  # written through a link, the bump would land outside the checkout
+        raise LedgerError(f"{path} is a link or not a regular file: set the version in {name} by hand")
     text = path.read_text(encoding="utf-8")
     node = next((n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == name), None)
     if node is None:
@@ -214,7 +262,7 @@ def _set_class_version(root: Path, benchmark: str, version: str) -> None:
         indent = " " * first.col_offset
         line = f'{indent}version = "{version}"  # bumped when what it measures changes: benchmarks/versions.json\n'
         lines[at:at] = ["\n", line] if after_doc else [line]
-    path.write_text("".join(lines), encoding="utf-8")
+    write_whole(path, "".join(lines).encode("utf-8"))
 
 
 def describe(findings: list[Finding]) -> str:

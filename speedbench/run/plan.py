@@ -11,6 +11,7 @@ import importlib.util
 import itertools
 import json
 import math
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -133,9 +134,13 @@ def benchmark_listing(root: Path, results_dir: Path) -> Path | None:
     for listing in (ResultsTree(results_dir).benchmarks, ResultsTree.in_checkout(root).benchmarks):
         try:
             found = listing.is_file()
+            there = found or os.path.lexists(listing)
         except OSError as e:  # a results directory this user cannot read
             raise PlanError(f"{printable(str(listing))} cannot be examined ({e.strerror or e}): check the "
                             f"permissions of {printable(str(listing.parent))}") from None
+        if there and not found:  # a FIFO or a directory: asv would wait on it or fail, and prices skip it
+            raise PlanError(f"{printable(str(listing))} is not a regular file (a directory, FIFO, device or a link to "
+                            "nothing): remove it; the next run writes the listing again")
         if found:
             _check_listing(listing)
             return listing

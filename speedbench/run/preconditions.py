@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from speedbench.measure import preflight
-from speedbench.results import machines
+from speedbench.results import machines, outputs
 from speedbench.results.common import printable
 from speedbench.results.tree import ResultsError, ResultsTree, machine_name_refused
 from speedbench.run import plan
@@ -81,8 +81,6 @@ def check_options(options: RunOptions) -> None:
         # git would read a leading dash as one of its own options (rev-list --all, --output=...).
         if not options.commits or any(part.startswith("-") for part in options.commits.split("..")):
             raise SuiteError(f"--commits '{printable(options.commits)}' is not a revision or a range A..B")
-    if options.archive is not None and options.archive.is_dir():
-        raise SuiteError(f"--archive {printable(str(options.archive))} is a directory: name the .tar.gz file to write")
     if options.results_dir is not None:
         try:  # a symlink loop (RuntimeError before Python 3.13), a name over 255 bytes or a path over 4096 (OSError)
             options.results_dir.resolve().exists()
@@ -97,9 +95,25 @@ def check_options(options: RunOptions) -> None:
     budget = options.budget_minutes
     if budget is not None and not (math.isfinite(budget) and budget > 0):
         raise SuiteError(f"--budget-minutes must be a positive, finite number of minutes, got {budget:g}")
-    if options.archive is not None:  # else found out only when the first chunk or the whole run is packed
-        _check_writable(options.archive.parent, f"--archive {printable(str(options.archive))}",
-                        "name a file in a directory you can write to")
+    check_archive(options, options.results_dir)
+
+
+# Why an archive may not be a FIFO: opening one waits until something reads it.
+RUN_IN_CHUNKS = "a run in chunks writes its archive after every chunk, and a FIFO's reader takes only the first"
+
+
+def check_archive(options: RunOptions, results_dir: Path | None, deadline: str | None = None) -> None:
+    """--archive checked by the one output rule (speedbench.results.outputs) before anything runs,
+    as the file written last: not among the results (`results_dir`'s or any tree's files), not a
+    directory, a FIFO only where it is written once and nothing must end by a deadline."""
+    if options.archive is None:
+        return
+    if deadline is None and (options.chunks or options.budget_minutes is not None):
+        deadline = RUN_IN_CHUNKS
+    try:
+        outputs.file_output(options.archive, "--archive", [results_dir] if results_dir is not None else [], deadline)
+    except outputs.OutputRefused as e:
+        raise SuiteError(str(e)) from None
 
 
 def _check_writable(directory: Path, what: str, instead: str) -> None:

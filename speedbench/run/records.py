@@ -43,8 +43,9 @@ def _writing(path: Path):
     try:
         yield
     except OSError as e:
+        todo = "free some space" if disk_full(e) else "move what is in its way, or give the run another place"
         raise SuiteError(f"could not write {printable(str(path))} ({e.strerror or e}){disk_full(e)}; it is as it was "
-                         "before: free some space and run again") from None
+                         f"before: {todo} and run again") from None
 
 
 def failed_benchmarks(results_dir: Path, machine: str, sha: str, since_ms: int = 0) -> list[str]:

@@ -31,6 +31,7 @@ from datetime import datetime
 from pathlib import Path
 
 from speedbench.results.atomic import write_whole
+from speedbench.results.common import printable
 from speedbench.results.tree import BENCHMARKS, ENVIRONMENT_DIR, MACHINE_FILE, ResultsTree
 from speedbench.run import ledger
 from speedbench.run.fingerprint import FingerprintError, SourceTree, fingerprint
@@ -169,6 +170,8 @@ def recover(root: Path, results: list[Path], say: Callable[[str], None] = print)
     accepted = {(name, digest): version for name, entry in book.items()
                 for version, v in entry.get("versions", {}).items() for digest in v.get("fingerprints", {})}
     known = {(name, v) for name, entry in book.items() for v in entry.get("versions", {})}
+    for tree_root in results:  # each a results tree with a listing this can rewrite, before any is touched
+        _check_tree(ResultsTree(Path(tree_root)))
     history = History(root, say)
     out = Recovered()
     for tree_root in results:
@@ -187,9 +190,43 @@ def recover(root: Path, results: list[Path], say: Callable[[str], None] = print)
     return out
 
 
+def _check_tree(tree: ResultsTree) -> None:
+    """LedgerError, one line, unless `tree` is a results tree whose listing can be read and
+    rewritten (a regular file of asv's JSON): found before any result file is rewritten."""
+    if not tree.root.is_dir():
+        raise ledger.LedgerError(f"--recover {printable(str(tree.root))} is not a results directory")
+    try:
+        listing = json.loads(tree.benchmarks.read_text(encoding="utf-8")) if tree.benchmarks.is_file() else {}
+    except (OSError, ValueError, RecursionError) as e:
+        raise ledger.LedgerError(f"--recover {printable(str(tree.root))}: its {BENCHMARKS} cannot be read "
+                                 f"({printable(str(e))[:200]}): restore it first") from None
+    if not isinstance(listing, dict):
+        raise ledger.LedgerError(f"--recover {printable(str(tree.root))}: its {BENCHMARKS} is not asv's listing")
+
+
+# Why a file's entries stay as they were where it cannot be read as asv's.
+_UNREADABLE = "in a file that is not a readable asv result file (left as it was; speedlib report names it)"
+
+
+def _result_doc(path: Path) -> dict | None:
+    """The asv result file at `path`, or None where it is not one this can rewrite safely."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8")) if path.is_file() and not path.is_symlink() else None
+    except (OSError, ValueError, RecursionError):
+        return None
+    ok = (isinstance(doc, dict) and isinstance(doc.get("result_columns"), list) and "version" in doc["result_columns"]
+          and isinstance(doc.get("results"), dict) and isinstance(doc.get("commit_hash"), str)
+          and all(isinstance(row, list) and len(row) > doc["result_columns"].index("version")
+                  for row in doc["results"].values()))
+    return doc if ok else None
+
+
 def _recover_file(path: Path, machine_dir: Path, history: History, accepted: dict, known: set, book: dict,
                   out: Recovered) -> int:
-    doc = json.loads(path.read_text(encoding="utf-8"))
+    doc = _result_doc(path)
+    if doc is None:
+        out.kept[_UNREADABLE] = out.kept.get(_UNREADABLE, 0) + 1
+        return 0
     columns = doc["result_columns"]
     at_version, at_start = columns.index("version"), columns.index("started_at") if "started_at" in columns else None
     sha = doc["commit_hash"]
@@ -197,6 +234,8 @@ def _recover_file(path: Path, machine_dir: Path, history: History, accepted: dic
     for name, row in doc["results"].items():
         benchmark_class = name.rsplit(".", 1)[0]
         version = row[at_version]
+        if not isinstance(version, str):
+            continue  # not asv's: nothing to match a hash against
         if (benchmark_class, version) in known:
             continue  # already a hand-set version
         started = row[at_start] if at_start is not None and at_start < len(row) else None

@@ -36,12 +36,18 @@ from pathlib import Path
 
 from speedbench.results import safekeep
 from speedbench.results.atomic import written_whole
-from speedbench.results.tree import ResultsTree
+from speedbench.results.common import printable
+from speedbench.results.tree import ResultsError, ResultsTree
 from speedbench.run.asv_process import _SUPERVISE, _stop_supervisor
-from speedbench.run.errors import BENCHMARKS_FAILED, CHUNKS_LEFT, missing_torch
+from speedbench.run.errors import BENCHMARKS_FAILED, CHUNKS_LEFT, missing_torch, settings_refused
 from speedbench.run.slot_pytest import TALLY
 
 DEFAULT_MINUTES = 9.0
+# The longest slot taken: a day. A GPU slot is minutes; a number past this is a typo (1e9 minutes
+# overflowed the deadline's timer, and the slot ran with none).
+MAX_MINUTES = 24 * 60.0
+# Why the slot's archive cannot be a FIFO (speedbench.results.outputs): opening one waits for a reader.
+WITHIN_MINUTES = "the slot must end within its minutes"
 # The GPU tests' limit: 146 of them took 43 s on an H200. A hung test must not eat the slot.
 TESTS_LIMIT_S = 180.0
 # Kept at the end of the slot to stop a chunk the deadline cuts short: asv's supervisor gives
@@ -118,6 +124,7 @@ def run(options: SlotOptions, root: Path | None = None, argv: list[str] | tuple 
     suite._check_machine(run_options, root, identity)  # before the verdict is filed under it
     results_dir = suite._results_dir(run_options, root, json.loads((root / suite.CONFIG).read_text()))
     machine = run_options.machine
+    _check_writes(run_options, results_dir, machine, sha)  # every write of the slot, before its first GPU second
     _say(f"{machine}, commit {sha[:8]}, {options.minutes:g} min: the GPU tests, then the headline chunks, then "
          f"the others; everything goes into {options.archive}")
     if identity.get("gpu_model") is None:
@@ -130,10 +137,12 @@ def run(options: SlotOptions, root: Path | None = None, argv: list[str] | tuple 
         verdict = gpu_tests(root, sha, machine, identity, limit)
     path = ResultsTree(results_dir).machine(machine).verdict(sha)
     with suite._locked(results_dir):
-        try:
+        try:  # checked before the tests; again now, since the tree may have changed while they ran
             safekeep.refuse_links(results_dir, machine, sha)  # a planted gpu-tests link must not take the verdict out
-        except safekeep.SnapshotError as e:
-            raise suite.SuiteError(str(e)) from None
+            ResultsTree(results_dir).machine(machine).check_run_writes(sha)
+        except (safekeep.SnapshotError, ResultsError) as e:
+            raise suite.SuiteError(f"the GPU tests ran ({_words(verdict)}), but their verdict cannot be written: "
+                                   f"{str(e).removesuffix('; nothing was run or changed')}") from None
         write_verdict(path, verdict)
         _pack_verdict(results_dir, path, options.archive)
     _say(f"step 1 took {verdict['duration_s']:.0f} s: GPU tests {_words(verdict)}; verdict in {path}, packed into "
@@ -156,8 +165,9 @@ def _check(options: SlotOptions, root: Path):
     """The run options the chunks will use, checked before anything runs; SuiteError else."""
     from speedbench.run import suite  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
 
-    if not (math.isfinite(options.minutes) and options.minutes > 0):
-        raise suite.SuiteError(f"--minutes must be a positive, finite number, got {options.minutes:g}")
+    if not (math.isfinite(options.minutes) and 0 < options.minutes <= MAX_MINUTES):
+        raise suite.SuiteError(f"--minutes must be a number of minutes above 0 and at most {MAX_MINUTES:g} (a day), "
+                               f"got {options.minutes:g}")
     missing = [name for name in ("asv", "asv_runner", "pytest") if importlib.util.find_spec(name) is None]
     if missing:  # found out now, not after the tests have spent part of the slot
         raise suite.SuiteError(f"{' and '.join(missing)} not installed here: a slot runs the GPU tests with pytest and "
@@ -169,6 +179,24 @@ def _check(options: SlotOptions, root: Path):
     suite.check_options(run_options)
     suite.check_versions(root)  # before the GPU tests: a refusal after them wastes their minutes
     return run_options
+
+
+def _check_writes(run_options, results_dir: Path, machine: str, sha: str) -> None:
+    """SuiteError, one line, where anything the slot writes cannot be written, found before the
+    GPU tests spend the slot's first minutes: the results tree (writable, not a link out of it, no
+    directory, FIFO or device where its files go, the verdict's among them) and the archive (the
+    one output rule: not among the results, not a FIFO, which would wait past the slot's end)."""
+    from speedbench.run import suite  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
+
+    suite._check_writable(results_dir, f"the results directory {printable(str(results_dir))}",
+                          "give the slot another with --results-dir")
+    suite.check_archive(run_options, results_dir, WITHIN_MINUTES)
+    try:
+        safekeep.refuse_links(results_dir, machine, sha)
+        ResultsTree(results_dir).machine(machine).check_run_writes(sha)
+    except (safekeep.SnapshotError, ResultsError) as e:
+        raise suite.SuiteError(f"{str(e).removesuffix('; nothing was run or changed')}; nothing was run or "
+                               "changed") from None
 
 
 def gpu_tests(root: Path, sha: str, machine: str, identity: dict, limit: float) -> dict:
@@ -359,9 +387,14 @@ def _cmd_slot(args, argv) -> int:
     try:
         minutes = float(args.minutes)
     except ValueError:
-        print(f"speedlib slot: --minutes must be a number, got {args.minutes!r}", file=sys.stderr)
+        print(f"speedlib slot: --minutes must be a number of minutes above 0 and at most {MAX_MINUTES:g} (a day), "
+              f"got {printable(args.minutes)}", file=sys.stderr)
         return 2
-    if missing_torch("slot"):
+    if settings_refused("slot", device=True) or missing_torch("slot"):
+        return 2
+    if not (math.isfinite(minutes) and 0 < minutes <= MAX_MINUTES):  # before torch loads, said as _check says it
+        print(f"speedlib slot: --minutes must be a number of minutes above 0 and at most {MAX_MINUTES:g} (a day), "
+              f"got {printable(args.minutes)}", file=sys.stderr)
         return 2
     options = SlotOptions(Path(args.archive), args.machine, minutes,
                           Path(args.results_dir) if args.results_dir else None, args.allow_dirty, args.show_stderr)

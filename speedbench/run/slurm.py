@@ -32,6 +32,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from speedbench.results import outputs
 from speedbench.results.atomic import disk_full, written_whole
 from speedbench.results.common import printable as _printable
 from speedbench.results.tree import BENCHMARKS, ResultsError, ResultsTree, check_writable
@@ -172,6 +173,10 @@ def prepare(req: Request, root: Path | None = None) -> Request:
         raise SlurmError(str(e)) from None
     req.shared = req.shared.absolute()
     req.into = (req.into or ResultsTree.in_checkout(req.root).root).absolute()
+    try:  # the one output rule: the scripts, archives and logs never go among the results
+        outputs.directory_output(req.shared, "--shared", [req.into])
+    except outputs.OutputRefused as e:
+        raise SlurmError(str(e)) from None
     _check_writable(req.shared, "--shared")
     _check_writable(req.into, "--into")
     _price(req)  # a bad chunk name first: it needs no git
@@ -205,15 +210,29 @@ def _folder(path: Path) -> Path:
     return path
 
 
+def _aside(archives: Path) -> Path:
+    """A new directory archives/earlier-<time>[-N] for an earlier submission's archives: two
+    submissions within one second each get their own (the second moved its archives over the
+    first's, and one was lost)."""
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("earlier-%Y%m%dT%H%M%S")
+    for n in range(1, 10_000):
+        aside = archives / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            aside.mkdir()
+            return aside
+        except FileExistsError:
+            continue
+    raise SlurmError(f"{_printable(str(archives))} holds 9999 directories named {stamp}*: move them away")
+
+
 def _write(req: Request) -> dict[str, Path]:
     _folder(req.shared / "logs")
     archives = _folder(req.shared / "archives")
     stale = [archives / f"{t.chunk}.tar.gz" for t in req.tasks if (archives / f"{t.chunk}.tar.gz").exists()]
     if stale:
-        aside = archives / _dt.datetime.now(_dt.timezone.utc).strftime("earlier-%Y%m%dT%H%M%S")
-        aside.mkdir(exist_ok=True)
+        aside = _aside(archives)
         for path in stale:
-            path.rename(aside / path.name)
+            path.rename(aside / path.name)  # a directory new to this call: nothing there to replace
         req.notes.append(f"moved {len(stale)} archive(s) of an earlier submission into {_printable(str(aside))}")
     if req.bundle is not None and req.bundle.resolve() != _shared_bundle(req).resolve():
         with req.bundle.open("rb") as src, written_whole(_shared_bundle(req)) as dst:

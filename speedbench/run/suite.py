@@ -46,7 +46,7 @@ from speedbench.measure import interference
 from speedbench.results import merge, problems, safekeep
 from speedbench.results.common import printable
 from speedbench.results.load import format_table, load_results
-from speedbench.results.tree import ResultsTree
+from speedbench.results.tree import ResultsError, ResultsTree
 from speedbench.run import plan
 from speedbench.run.asv_process import (  # noqa: F401 - re-exported: tests patch and call them as suite.X
     Interrupted,
@@ -77,6 +77,7 @@ from speedbench.run.preconditions import (  # tests patch and call them as suite
     _preflight,
     _results_dir,
     _steps,
+    check_archive,
     check_options,
     check_versions,
 )
@@ -151,6 +152,7 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
     if not options.quick:
         _check_writable(results_dir, f"the results directory {printable(str(results_dir))}",
                         "give the run another with --results-dir")
+        check_archive(options, results_dir)  # now that the tree it must stay out of is known
     if options.budget_minutes is not None:  # priced from the listing: a torn one is refused now, not mid-run
         _listing(root, root / "results" if options.quick else results_dir)
     # A quick run writes to a scratch directory of its own: nothing to lock.
@@ -168,7 +170,15 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
 def _run(options: RunOptions, root: Path, argv: Sequence[str], shas: list[str], steps: list) -> RunResult:
     from speedbench.measure import devices as measure  # noqa: PLC0415 - imports torch; keep `speedlib --help` fast
 
-    _check_machine(options, root, measure.identity())  # before the pre-flight check, which may wait
+    identity = measure.identity()
+    _check_machine(options, root, identity)  # before the pre-flight check, which may wait
+    if not options.quick:  # a FIFO where asv writes its listing held the run; a directory failed it after the work
+        tree = ResultsTree(_results_dir(options, root, json.loads((root / CONFIG).read_text())))
+        try:
+            for sha in shas:
+                tree.machine(options.machine or identity["machine"]).check_run_writes(sha)
+        except ResultsError as e:
+            raise SuiteError(f"{e}; nothing was run or changed") from None
     checked = _preflight(options)  # before anything is measured, and before asv starts
     env = measure.environment()
     env["preflight"] = checked.record()  # in every commit's environment record

@@ -252,8 +252,10 @@ def test_cite_page_offers_three_exports_and_bibtex(synthetic_tree, monkeypatch):
     at = app_on(synthetic_tree, "views/cite.py", monkeypatch, table="memory")
     assert "Memory (peak, saved activations, retained bytes)" in texts(at)
     assert "@software{speedlib2026" in texts(at) and "Reproduce:" in texts(at)
-    # The footer is rendered Markdown (a code block showed its escapes, \[ and &gt;, as text)
-    assert any("Reproduce:" in m.value for m in at.markdown) and not any("Reproduce:" in c.value for c in at.code)
+    # The footer is text: a code block showed its escapes (\[ and &gt;), and Markdown drew a planted
+    # verdict's $...$ as LaTeX and its addresses as links (issue 54, tests/dashboard/test_links_hostile.py)
+    assert any(t.value.startswith("Reproduce:") for t in at.text)
+    assert not any("Reproduce:" in m.value for m in at.markdown) and not any("Reproduce:" in c.value for c in at.code)
     assert set(frames(at)[0]["machine"]) <= {"synthetic-h100", "synthetic-h200"}  # memory: GPUs only
 
 

@@ -522,9 +522,29 @@ def test_a_noise_table_against_a_missing_directory_says_it_is_missing(tmp_path, 
 
 # --- 9. settings from the environment, a closed pipe, Ctrl+C twice, paths on the terminal -----
 
-@pytest.mark.parametrize("value", ["abc", "0", "-2", "4\x1b[2J"])
+@pytest.mark.parametrize("value", ["cuda", "cuda:0", "cuda:7"])
+def test_a_cuda_device_this_machine_lacks_is_one_line_before_a_run(value, monkeypatch, capsys):
+    """Issue 54: every benchmark failed, with no word about the device."""
+    import torch  # noqa: PLC0415 - only these tests ask torch what it sees
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if int(value.partition(":")[2] or 0) < count:
+        pytest.skip(f"this machine has {value}")
+    monkeypatch.setenv("SPEEDLIB_DEVICE", value)
+    monkeypatch.setattr(suite, "run", lambda *a, **k: pytest.fail("the run started"))
+    from speedbench.run import slot  # noqa: PLC0415 - as the CLI loads it
+
+    monkeypatch.setattr(slot, "run", lambda *a, **k: pytest.fail("the slot started"))
+    for command in (["run", "--quick"], ["slot", "--archive", "a.tar.gz"]):
+        assert cli.main(command) == 2
+        out = capsys.readouterr()
+        _one_line(out.err, f"speedlib {command[0]}: $SPEEDLIB_DEVICE={value} asks for a CUDA device, and torch sees ")
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "4\x1b[2J", str(10**30),
+                                   pytest.param("9" * 5000, id="nines-5000")])
 def test_a_bad_speedlib_threads_is_one_line_from_env_and_run(value, monkeypatch, capsys):
-    """Both used to end in preflight.benchmark_threads' ValueError traceback."""
+    """Both used to end in preflight.benchmark_threads' ValueError traceback; 10**30 was taken (issue 54)."""
     from speedbench.measure import devices as measure  # noqa: PLC0415 - imports torch, which only these tests need
 
     monkeypatch.setenv("SPEEDLIB_THREADS", value)
@@ -534,8 +554,8 @@ def test_a_bad_speedlib_threads_is_one_line_from_env_and_run(value, monkeypatch,
         assert cli.main(command) == 2
         out = capsys.readouterr()
         assert out.out == ""
-        _one_line(out.err, f"speedlib {command[0]}: $SPEEDLIB_THREADS must be a positive integer, got ")
-        assert "\x1b" not in out.err
+        _one_line(out.err, f"speedlib {command[0]}: $SPEEDLIB_THREADS must be a positive integer, at most ")
+        assert "\x1b" not in out.err and len(out.err) < 300
 
 
 @pytest.mark.parametrize("value", ["junk", "meta", "cuda:x", "CPU", "cpu\x1b[2J"])

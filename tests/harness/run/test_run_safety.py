@@ -411,7 +411,7 @@ def test_a_record_appended_after_a_torn_line_stands_on_its_own(tmp_path):
     path.parent.mkdir(parents=True)
     path.write_text('{"chunk": "c", "seco')
     plan.record_chunk_time(tmp_path, "m", "c", SHA, 42.0)
-    assert plan.chunk_cost(chunk, {"a.B.x": ["a.B.x"]}, tmp_path, "m") == (42.0, "measured chunk time")
+    assert plan.chunk_cost(chunk, {"a.B.x": ["a.B.x"]}, tmp_path, "m") == (42.0, "the longest measured run here")
     env = ResultsTree(tmp_path).machine("m").environment_record(SHA)
     env.parent.mkdir(parents=True)
     env.write_text('{"commit": "0123')

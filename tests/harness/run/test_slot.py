@@ -140,7 +140,7 @@ def test_a_verdict_is_written_whole_and_never_one_the_loader_refuses(tmp_path):
 
 
 def test_a_slot_refuses_to_start_without_what_it_needs(tmp_path, monkeypatch):
-    with pytest.raises(suite.SuiteError, match="--minutes must be a positive"):
+    with pytest.raises(suite.SuiteError, match="--minutes must be a number of minutes above 0 and at most 1440"):
         slot._check(slot.SlotOptions(tmp_path / "a.tar.gz", minutes=float("nan")), ROOT)
     find = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pytest" else find(name, *a))

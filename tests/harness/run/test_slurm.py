@@ -228,6 +228,35 @@ def test_an_earlier_archive_is_moved_aside_not_merged_again(suite_repo, tmp_path
     assert [p.read_bytes() for p in (shared / "archives").glob("earlier-*/first.tar.gz")] == [b"old"]
 
 
+def test_two_submissions_in_one_second_keep_both_earlier_archives(suite_repo, tmp_path, monkeypatch, capsys):
+    """Issue 54: both set their archives aside under earlier-<second>, and the second moved its over the first's."""
+    import datetime as dt  # noqa: PLC0415 - only this test stops the clock
+
+    class Frozen(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=tz)
+
+    monkeypatch.setattr(slurm._dt, "datetime", Frozen)
+    shared = tmp_path / "shared"
+    assert slurm_cli("--shared", str(shared), cwd=suite_repo, monkeypatch=monkeypatch, capsys=capsys)[0] == 0
+    for content in (b"first run", b"second run"):
+        (shared / "archives" / "first.tar.gz").write_bytes(content)
+        status, _, err = slurm_cli("--shared", str(shared), cwd=suite_repo, monkeypatch=monkeypatch, capsys=capsys)
+        assert status == 0 and "moved 1 archive(s)" in err, err
+    kept = {p.parent.name: p.read_bytes() for p in (shared / "archives").glob("earlier-*/first.tar.gz")}
+    assert kept == {"earlier-20260102T030405": b"first run", "earlier-20260102T030405-2": b"second run"}
+
+
+def test_a_shared_directory_among_the_results_is_refused(suite_repo, tmp_path, monkeypatch, capsys):
+    into = tmp_path / "results"
+    (into / MACHINE).mkdir(parents=True)
+    status, out, err = slurm_cli("--shared", str(into / MACHINE / "slurm"), "--into", str(into), cwd=suite_repo,
+                                 monkeypatch=monkeypatch, capsys=capsys)
+    assert status == 2 and err.count("\n") == 1 and "is inside the results tree" in err, err
+    assert not (into / MACHINE / "slurm").exists()
+
+
 def test_time_limit_comes_from_recorded_chunk_times(suite_repo, tmp_path, monkeypatch, capsys):
     into = tmp_path / "results"
     plan.record_chunk_time(into, MACHINE, "second", "0" * 40, 1200.0)

@@ -342,7 +342,7 @@ def test_an_archive_that_is_a_directory_and_a_results_dir_that_is_a_file_are_ref
 
     monkeypatch.setattr(suite, "run", lambda *a, **k: pytest.fail("the run started"))
     assert cli.main(["run", "--archive", str(tmp_path)]) == 2
-    assert "is a directory: name the .tar.gz file to write" in capsys.readouterr().err
+    assert "is a directory: name the file to write" in capsys.readouterr().err
     (tmp_path / "file").write_text("")
     assert cli.main(["run", "--results-dir", str(tmp_path / "file")]) == 2
     assert "exists and is not a directory" in capsys.readouterr().err
