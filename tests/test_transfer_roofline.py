@@ -98,7 +98,8 @@ def test_each_roofline_class_has_a_chunk_of_its_own():
     saves nothing, so a slot that runs out in the second keeps the first."""
     assert plan.how_to_measure("bench_transfer.Roofline.") == "speedlib run --chunk transfer-roofline"
     assert plan.how_to_measure("bench_transfer.RooflineHypotheses.") == "speedlib run --chunk transfer-hypotheses"
-    assert plan.how_to_measure("bench_transfer.Transfer.") == "speedlib run --chunk transfer-parallel"
+    # the paired gather is the at-a-glance transfer row's figure, so a slot's headline measures it
+    assert plan.how_to_measure("bench_transfer.Transfer.") == "speedlib run --chunk headline-transfer"
     names = [c.name for c in plan.load_chunks(plan.CHECKOUT)]
     assert names.index("transfer-roofline") + 1 == names.index("transfer-hypotheses") < names.index("transfer-parallel")
 
