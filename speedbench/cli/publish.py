@@ -23,9 +23,9 @@ EXIT_STATUS = """exit status:
   0  written: the site under --output, the image at --chart
   1  no measured results under --results: nothing written
   2  refused before anything was written (one line says why): neither --output nor --chart given,
-     no results directory, an --output or
-     --chart that cannot take what publish writes there, a --citation that cannot be read; or
-     nothing was written because the disk filled (the old site and chart are as they were)"""
+     no results directory, an --output or --chart that cannot take what publish writes there, a
+     --citation that cannot be read; or nothing was written because the disk filled (the old site
+     and chart are as they were)"""
 
 
 def _say(text: str) -> None:

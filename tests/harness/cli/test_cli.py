@@ -125,7 +125,7 @@ def test_every_command_that_reads_results_says_its_exit_statuses_and_defaults(ca
     with pytest.raises(SystemExit):
         cli.main(["publish", "--help"])
     said = " ".join(capsys.readouterr().out.split())
-    assert "(no default: publish writes only what --output and --chart name" in said  # --output's default
+    assert "no default: publish writes only what --output and --chart name" in said  # --output's default
 
 
 def test_env_prints_the_record(capsys):

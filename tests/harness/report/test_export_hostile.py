@@ -300,7 +300,7 @@ def test_the_regression_gate_through_zero(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["--fail-on-regression", "554351ba", "1f8674ca"],
-                                  ["--fail-on-regression", "151a8d3f", "6931fd01"],  # both measured RETAINED
+                                  ["--fail-on-regression", "532d5a48", "44f05f8a"],  # both measured RETAINED (on: 0)
                                   ["--table", "history", "--benchmark", RETAINED]])
 def test_report_on_the_committed_zero_values(argv, capsys):
     code = cli.main(["report", "--results", str(ROOT / "results"), *argv])

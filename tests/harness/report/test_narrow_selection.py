@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("pandas")
+pd = pytest.importorskip("pandas")
 
-from speedbench import report
-from speedbench.report import headline
-from speedbench.results.load import load_results
+from speedbench import report  # noqa: E402 - after the pandas skip above
+from speedbench.report import headline  # noqa: E402 - after the pandas skip above
+from speedbench.results.load import load_results  # noqa: E402 - after the pandas skip above
 
 ROOT = Path(__file__).resolve().parents[3]
 MACHINE, COMMIT = "h200-141gb", "838236ba"
@@ -71,14 +71,13 @@ def test_every_ratio_a_narrow_selection_measured_is_in_the_paired_table(trees):
 
 def test_the_narrow_selections_headline_and_exports_carry_it(trees):
     whole, narrow = trees
-    cell = headline.grid(narrow).data
-    cell = cell[(cell["technique"] == "contiguous") & (cell["part"] == "headline") & cell["lead"]]
-    assert len(cell) == 1 and cell["ratio"].notna().all(), cell[["status"]]
-    # against the baseline its ratios were taken against (PyTorch's default, foreach, needs the
-    # seconds this selection left out), the very figure the whole run gives against it
-    assert cell["baseline"].iloc[0] == "forloop"
-    full = headline.grid(whole).data
-    full = full[(full["technique"] == "contiguous") & (full["part"] == "headline") & (full["baseline"] == "forloop")]
-    assert cell["ratio"].iloc[0] == full["ratio"].iloc[0]
+    # the headline's row asks against PyTorch's default Adam (foreach on a GPU, issue 51): the whole
+    # run answers it; the narrow one holds only ratios against forloop, and its cell says so instead
+    # of "not measured yet"
+    row = {name: headline.grid(df).data.set_index("question").loc["contiguous-step"]
+           for name, df in (("whole", whole), ("narrow", narrow))}
+    assert row["whole"]["baseline"] == "foreach" and row["whole"]["ratio"] > 1 and row["whole"]["paired"]
+    assert pd.isna(row["narrow"]["ratio"]) and "not measured yet" not in row["narrow"]["status"]
+    assert row["narrow"]["status"] == f"not measured: its run at {COMMIT} gave no ratio of these two"
     csv = report.to_csv(report.paired_table(narrow))
     assert csv.count("AdamStep") == len(narrow[narrow["benchmark"] == f"{CLASS}.track_speedup"])
