@@ -12,11 +12,10 @@ from _glance import glance_chart
 from _tables import caption, md_text, show, table
 from _view import cached, pick, pick_many, results, say_names, show_problems, suite_listing, tabs
 
-from speedbench import report, words
+from speedbench import chunks, report, words
 from speedbench.report import charts, headline
 from speedbench.report.charts import config_label, ratio_chart, spread_chart
 from speedbench.results.environment import NoGpuModel
-from speedbench.run import plan
 
 # The line above the tabs names the machine and its GPU, the title the technique, and the page
 # shows one of each: in every table they would only push the numbers past the right edge.
@@ -201,7 +200,7 @@ def _command(name: str) -> str:
     else its headline's (transfer's headline chunk measures % of floor, not times)."""
     technique = report.TECHNIQUES[name]
     suite = technique.suite or technique.comparison.suite
-    return plan.how_to_measure(f"bench_{name}.{suite}.")
+    return chunks.how_to_measure(f"bench_{name}.{suite}.")
 
 
 def _one_device(name: str, rows: pd.DataFrame, machine: str) -> None:

@@ -22,7 +22,7 @@ from _tables import md_text
 from speedbench.results import cache
 from speedbench.results import problems as problem_text
 from speedbench.results.environment import NoGpuModel
-from speedbench.run import plan
+from speedbench.results.listing import combinations
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(os.environ.get("SPEEDLIB_RESULTS") or ROOT / "results").resolve()
@@ -120,7 +120,7 @@ def _link_time(t, ceil: bool = False) -> str | None:
 @st.cache_data(max_entries=4)
 def _listing(path: str, mtime: float) -> list[str]:  # mtime: a new listing is read afresh
     try:
-        return sorted(plan.combinations(Path(path)))
+        return sorted(combinations(Path(path)))
     except (OSError, ValueError, TypeError, AttributeError):  # unreadable or not asv's format
         return []
 

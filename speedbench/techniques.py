@@ -62,7 +62,7 @@ class Claim:
     # its own process, so the ratio of two variants' % is the ratio of their bandwidths.
     also: str | None = None
     # The class that measures `metric`, where it is not `suite`: a claim not measured yet
-    # says which `speedlib run` would measure it (speedbench.run.plan.how_to_measure).
+    # says which `speedlib run` would measure it (speedbench.chunks.how_to_measure).
     measured_by: str | None = None
     # Devices the claim is about: DDP against DataParallel means nothing on one GPU.
     devices: int = 1

@@ -14,8 +14,8 @@ import torch
 from transfer_bits import needs_cuda, needs_huge_pages
 
 from benchmarks import bench_transfer as bench
-from speedbench import measure
-from speedbench.run import plan
+from speedbench import CHECKOUT, measure
+from speedbench.chunks import how_to_measure, load_chunks
 from speedlib.transfer import HostTable
 
 HAS_CUDA = torch.cuda.is_available()
@@ -96,11 +96,11 @@ def test_on_a_cpu_every_variant_and_point_is_a_skip_and_builds_nothing(monkeypat
 def test_each_roofline_class_has_a_chunk_of_its_own():
     """Two chunks: each builds tables up to 40 GB for minutes, and a chunk killed at its limit
     saves nothing, so a slot that runs out in the second keeps the first."""
-    assert plan.how_to_measure("bench_transfer.Roofline.") == "speedlib run --chunk transfer-roofline"
-    assert plan.how_to_measure("bench_transfer.RooflineHypotheses.") == "speedlib run --chunk transfer-hypotheses"
+    assert how_to_measure("bench_transfer.Roofline.") == "speedlib run --chunk transfer-roofline"
+    assert how_to_measure("bench_transfer.RooflineHypotheses.") == "speedlib run --chunk transfer-hypotheses"
     # the paired gather is the at-a-glance transfer row's figure, so a slot's headline measures it
-    assert plan.how_to_measure("bench_transfer.Transfer.") == "speedlib run --chunk headline-transfer"
-    names = [c.name for c in plan.load_chunks(plan.CHECKOUT)]
+    assert how_to_measure("bench_transfer.Transfer.") == "speedlib run --chunk headline-transfer"
+    names = [c.name for c in load_chunks(CHECKOUT)]
     assert names.index("transfer-roofline") + 1 == names.index("transfer-hypotheses") < names.index("transfer-parallel")
 
 

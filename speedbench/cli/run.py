@@ -7,7 +7,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from speedbench.chunks import ChunkError, load_chunks
 from speedbench.results.common import printable
+from speedbench.results.listing import combinations
 from speedbench.results.tree import BENCHMARKS
 from speedbench.run.asv_process import Interrupted, stopped_by_signals
 from speedbench.run.errors import BENCHMARKS_FAILED, CHUNKS_LEFT, missing_torch, settings_refused
@@ -99,10 +101,10 @@ def _print_plan(options) -> int:
 
     try:
         root = suite.find_root()
-        chunks = plan.select_chunks(plan.load_chunks(root), list(options.chunks) or ["all"])
+        chunks = plan.select_chunks(load_chunks(root), list(options.chunks) or ["all"])
     except Interrupted:
         raise
-    except (suite.SuiteError, plan.PlanError) as e:
+    except (suite.SuiteError, ChunkError) as e:
         print(f"speedlib run: {e}", file=sys.stderr)
         return 2
     results_dir = options.results_dir or root / "results"
@@ -120,14 +122,13 @@ def _print_plan(options) -> int:
               "run the suite once", file=sys.stderr)
         return 2
     skipped: list[str] = []
-    names = plan.combinations(listing, skipped)
+    names = combinations(listing, skipped)
     for line in skipped:  # benchmarks the listing describes in a way that cannot be priced
         print(f"speedlib run: {printable(str(listing))}: {printable(line)}", file=sys.stderr)
     note = plan.chunk_times_note(results_dir, options.machine)
     if note:
         print(f"speedlib run: {note}", file=sys.stderr)
-    per_combination, basis = plan.seconds_per_combination(plan.load_chunks(root), names, results_dir,
-                                                          options.machine)
+    per_combination, basis = plan.seconds_per_combination(load_chunks(root), names, results_dir, options.machine)
     worst = max(per_combination, plan.SECONDS_PER_COMBINATION)
     print(f"chunks on {options.machine}, per commit, at the worst known: a chunk's longest measured run on this "
           f"machine where there is one, else per class {plan.SECONDS_PER_CLASS:.0f} s + {worst:.1f} s per parameter "

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pandas as pd
 
+from speedbench import chunks
 from speedbench.report.marks import CONTENDED, EARLIER, citable, contended, earlier_version, with_earlier_note
 from speedbench.report.pairs import paired
 from speedbench.report.ratios import speedups
 from speedbench.report.rows import Table, _shown, fmt_ratio
 from speedbench.results.common import Status
 from speedbench.results.environment import NoGpuModel
-from speedbench.run import plan
 from speedbench.stats import contention
 from speedbench.techniques import TECHNIQUES, Claim, SourceRow
 
@@ -27,7 +27,7 @@ __all__ = ["Claim", "CLAIMS", "SourceRow", "comparable", "how_to_measure", "clai
 def how_to_measure(claim: Claim) -> str:
     """The `speedlib run` that measures `claim`, on the devices it needs."""
     on = f"a machine with {claim.devices} or more GPUs" if claim.devices > 1 else "a GPU"
-    return f"{plan.how_to_measure(f'bench_{claim.technique}.{claim.measured_by or claim.suite}.')} on {on}"
+    return f"{chunks.how_to_measure(f'bench_{claim.technique}.{claim.measured_by or claim.suite}.')} on {on}"
 
 
 def comparable(gpu: str, claim: Claim, world=None) -> str:
@@ -87,13 +87,13 @@ def never_run(suite: list[str], rows: pd.DataFrame, technique: str, machine: str
     """The technique's benchmarks (names from asv's listing, `suite`) that `machine` has no
     row of at all, measured or not (`rows`: both frames): they never ran there, so neither
     table lists them, and the page must not say "nothing was skipped". With the command
-    that measures each (speedbench.run.plan.how_to_measure)."""
+    that measures each (speedbench.chunks.how_to_measure)."""
     ran = set(rows.loc[rows["machine"] == machine, "benchmark"])
     # the interference counters' tracks travel with the results they describe, not as rows
     counters = tuple(f".track_{m}" for m in contention.COUNTER_METRICS)
     missing = sorted(b for b in suite if b.startswith(f"bench_{technique}.") and b not in ran
                      and not b.endswith(counters))
-    return pd.DataFrame({"benchmark": missing, "measured by": [plan.how_to_measure(b) for b in missing]})
+    return pd.DataFrame({"benchmark": missing, "measured by": [chunks.how_to_measure(b) for b in missing]})
 
 
 def why_not_measured(rows: pd.DataFrame) -> pd.Series:

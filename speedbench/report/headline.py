@@ -30,9 +30,8 @@ import re
 
 import pandas as pd
 
-from speedbench import report
+from speedbench import chunks, report
 from speedbench.results.environment import NoGpuModel
-from speedbench.run import plan
 from speedbench.stats import contention
 from speedbench.techniques import TECHNIQUES, Headline, Question
 
@@ -97,7 +96,7 @@ def _tag(h: Headline, baseline: str, kind: str | None) -> str:
 
 def _command(h: Headline) -> str:
     """The `speedlib run` that measures `h`: its class's chunk."""
-    return plan.how_to_measure(f"bench_{h.technique}.{h.suite}.")
+    return chunks.how_to_measure(f"bench_{h.technique}.{h.suite}.")
 
 
 class _Found:

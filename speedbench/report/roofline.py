@@ -17,9 +17,9 @@ import re
 
 import pandas as pd
 
+from speedbench import chunks
 from speedbench.report.marks import _commit_label, contended, earlier_version, gpu_tests_failed, with_earlier_note
 from speedbench.report.rows import Table, newest_runs
-from speedbench.run import plan
 from speedbench.techniques import TECHNIQUES
 
 __all__ = ["SUITES", "AXES", "is_roofline", "point_axis", "figures", "along", "variant_order", "point_order",
@@ -36,7 +36,7 @@ METRICS = {"roofline_gather": "gather", "roofline_scatter": "scatter",
            "roofline_gather_bus_bytes": "gather_bus", "roofline_scatter_bus_bytes": "scatter_bus"}
 # The command that measures the roofline (its classes' chunks), as pages that lack it say.
 MEASURE = "speedlib run " + " ".join(dict.fromkeys(
-    plan.how_to_measure(f"bench_transfer.{suite}.").removeprefix("speedlib run ") for suite in SUITES))
+    chunks.how_to_measure(f"bench_transfer.{suite}.").removeprefix("speedlib run ") for suite in SUITES))
 _DEFAULT = re.compile(r"default \(row (\d+) B, batch (\d+), table ([\d.]+) GB, order (\w+)\)$")
 _ONE = re.compile(r"(row|batch|table|order) ([\w.]+)(?: (?:B|GB))?$")
 

@@ -7,6 +7,6 @@ from speedbench._api import lazy
 __all__, __getattr__ = lazy(__name__, {
     'suite': ('RunOptions', 'RunResult', 'run', 'check_options'),
     'errors': ('SuiteError',),
-    'plan': ('Chunk', 'PlanError', 'load_chunks', 'select_chunks'),
+    'plan': ('PlanError', 'select_chunks'),
     'slurm': ('SlurmError',),
 })

@@ -1,4 +1,4 @@
-"""The suite's chunks (benchmarks/chunks.py) as asv selections, with what each will cost.
+"""Which of the suite's chunks (speedbench.chunks) a run takes, and what each will cost.
 
 Part of the harness, not the library: no torch here, so `speedlib run --plan` answers at
 once on a machine that is about to spend its slot.
@@ -6,24 +6,19 @@ once on a machine that is about to spend its slot.
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-import itertools
 import json
 import math
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-from speedbench import CHECKOUT
-from speedbench.results import load as results
+from speedbench.chunks import Chunk, ChunkError
 from speedbench.results.common import printable
 from speedbench.results.tree import ResultsTree
 from speedbench.stats.contention import COUNTER_METRICS
 
-__all__ = ["Chunk", "CHECKOUT", "how_to_measure", "load_chunks", "benchmark_listing", "select_chunks", "combinations",
+__all__ = ["benchmark_listing", "select_chunks",
            "with_counters", "estimate_seconds",
            "SECONDS_PER_COMBINATION", "SECONDS_PER_CLASS", "SECONDS_PER_REPORT", "REPORT_SECONDS", "LAUNCH_METHOD",
            "HEADROOM", "PlanError",
@@ -59,32 +54,9 @@ SECONDS_PER_COMBINATION = 6.0
 HEADROOM = 1.5
 
 
-class PlanError(ValueError):
-    """A chunk name or definition that cannot be used; the message says which."""
-
-
-@dataclass(frozen=True)
-class Chunk:
-    name: str
-    about: str
-    regex: str  # for asv --bench: this chunk's patterns, none of an earlier chunk's
-
-
-def load_chunks(root: Path) -> list[Chunk]:
-    """The chunks of the checkout at `root`, each excluding what earlier chunks take."""
-    path = Path(root) / "benchmarks" / "chunks.py"
-    if not path.is_file():
-        raise PlanError(f"no {path}: this checkout's suite is not split into chunks")
-    spec = importlib.util.spec_from_file_location("_speedlib_chunks", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    chunks, earlier = [], []
-    for name, about, patterns in module.CHUNKS:
-        mine = "|".join(f"(?:{p})" for p in patterns)
-        exclude = f"(?!{'|'.join(earlier)})" if earlier else ""
-        chunks.append(Chunk(name, about, f"^{exclude}(?:{mine})"))
-        earlier += [f"(?:{p})" for p in patterns]
-    return chunks
+class PlanError(ChunkError):
+    """A chunk selection or a listing that cannot be used; the message says which. A ChunkError,
+    so one `except ChunkError` takes what loading the chunks and planning with them refuse."""
 
 
 def select_chunks(chunks: list[Chunk], names: list[str]) -> list[Chunk]:
@@ -102,29 +74,6 @@ def select_chunks(chunks: list[Chunk], names: list[str]) -> list[Chunk]:
     if unknown:
         raise PlanError(f"unknown chunk {unknown[0]!r}; the chunks are: {', '.join(known)} (or all)")
     return [c for c in chunks if any(picked(c, n) for n in names)]
-
-
-# The checkout this harness belongs to: its benchmarks/chunks.py names the chunks.
-
-
-def how_to_measure(benchmark: str, root: Path = CHECKOUT) -> str:
-    """The `speedlib run` command that measures `benchmark` ("bench_amp.TrainingStep." or a
-    full "module.Class.method"): its chunk where the checkout has chunks, else a --bench
-    selection of it. Pages that say "not measured yet" say this too."""
-    chunk = next((c for c in _checkout_chunks(Path(root)) if re.match(c.regex, benchmark)), None)
-    if chunk is not None:
-        return f"speedlib run --chunk {chunk.name}"
-    return f"speedlib run --bench '^{re.escape(benchmark)}'"
-
-
-@functools.lru_cache(maxsize=4)
-def _checkout_chunks(root: Path) -> tuple[Chunk, ...]:
-    """`load_chunks` once per checkout for the pages that name a chunk (a page names several,
-    each render); none for an installed copy without benchmarks/."""
-    try:
-        return tuple(load_chunks(root))
-    except (PlanError, OSError, SyntaxError):
-        return ()
 
 
 def benchmark_listing(root: Path, results_dir: Path) -> Path | None:
@@ -171,37 +120,6 @@ def _check_listing(path: Path) -> None:
     raise PlanError(f"{printable(str(path))}: {problem}: {todo}")
 
 
-def combinations(benchmarks_json: Path, skipped: list[str] | None = None) -> dict[str, list[str]]:
-    """Every benchmark's selectable names, as asv's --bench sees them: `name(p0, p1)` per
-    parameter combination (the parameters' reprs), or just `name`. A benchmark whose
-    parameters are not lists of strings, or go past the loader's limits (too many
-    combinations, too long a value: results.params_over_limits), is left out (never expanded),
-    with a line saying why appended to `skipped`."""
-    data = json.loads(Path(benchmarks_json).read_text(encoding="utf-8"))
-    names = {}
-    for name, bench in data.items():
-        if not isinstance(bench, dict):
-            if name != "version" and skipped is not None:  # the file's own "version" is a number
-                skipped.append(f"{name}: not an object describing a benchmark; left out")
-            continue
-        params = bench.get("params") or []
-        why = _unusable_params(params)
-        if why:
-            if skipped is not None:
-                skipped.append(f"{name}: {why}; left out")
-            continue
-        names[name] = [f"{name}({', '.join(c)})" for c in itertools.product(*params)] if params else [name]
-    return names
-
-
-def _unusable_params(params) -> str | None:
-    """Why a listing's `params` cannot be expanded into names, or None."""
-    if not isinstance(params, list) or not all(isinstance(p, list) and all(isinstance(v, str) for v in p)
-                                               for p in params):
-        return "'params' is not a list of lists of strings"
-    return results.params_over_limits(params)
-
-
 def _selected(chunk: Chunk, names: dict[str, list[str]]) -> tuple[dict[str, set[str]], int]:
     """({class: the parameter combinations `chunk` selects of it}, reporting processes)."""
     pattern = re.compile(chunk.regex)
@@ -225,8 +143,9 @@ def with_counters(regexes: Sequence[str], names: dict[str, list[str]]) -> list[s
     they select part of, over the parameter combinations they select. The counters are measured
     with every round whatever asv reports (benchmarks/common.py), but stored only by their own
     track_* methods: a selection of one method (`^bench_contiguous\\.AdamStep\\.track_speedup`)
-    left its figure without them, so never judged and never marked. `names`: `combinations` of
-    the listing; a class it does not list gets nothing added. No regexes: everything, counters too."""
+    left its figure without them, so never judged and never marked. `names`: the listing's
+    `combinations` (speedbench.results.listing); a class it does not list gets nothing added. No
+    regexes: everything, counters too."""
     if not regexes:
         return []
     patterns = [re.compile(regex) for regex in regexes]

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from speedbench.chunks import ChunkError, load_chunks
 from speedbench.measure import preflight
 from speedbench.results import machines, outputs
 from speedbench.results.common import printable
@@ -196,7 +197,7 @@ def _steps(options: RunOptions, root: Path) -> list:
     if options.bench:
         raise SuiteError("--bench and --chunk both select benchmarks: use one of them")
     try:
-        chunks = plan.select_chunks(plan.load_chunks(root), list(options.chunks))
-    except plan.PlanError as e:
+        chunks = plan.select_chunks(load_chunks(root), list(options.chunks))
+    except ChunkError as e:
         raise SuiteError(str(e)) from e
     return [(c, [c.regex]) for c in chunks]

@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from speedbench.chunks import load_chunks
 from speedbench.results import safekeep
 from speedbench.results.atomic import written_whole
 from speedbench.results.common import printable
@@ -305,7 +306,7 @@ def _chunks(result: SlotResult, run_options, root: Path, results_dir: Path, sha:
     time left; the deadline stops whatever runs then, and what had finished is kept."""
     from speedbench.run import plan, suite  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
 
-    names = [c.name for c in plan.select_chunks(plan.load_chunks(root), ["all"])]
+    names = [c.name for c in plan.select_chunks(load_chunks(root), ["all"])]
     headline = [n for n in names if n.startswith("headline")]
     steps = [("the headline chunks", headline), ("the other chunks", [n for n in names if n not in headline])]
     machine = run_options.machine

@@ -32,9 +32,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from speedbench.chunks import ChunkError, load_chunks
 from speedbench.results import outputs
 from speedbench.results.atomic import disk_full, written_whole
 from speedbench.results.common import printable as _printable
+from speedbench.results.listing import combinations
 from speedbench.results.tree import BENCHMARKS, ResultsError, ResultsTree, check_writable
 from speedbench.run.slurm_scripts import (  # re-exported: tests and callers use them as slurm.X
     FLOOR_MINUTES,
@@ -133,12 +135,12 @@ def _price(req: Request) -> None:
     from speedbench.run import plan  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
 
     try:
-        chunks = plan.load_chunks(req.root)
+        chunks = load_chunks(req.root)
         selected = plan.select_chunks(chunks, req.chunks)
         listing = plan.benchmark_listing(req.root, req.into)
-    except (plan.PlanError, OSError, SyntaxError) as e:
+    except (ChunkError, OSError, SyntaxError) as e:
         raise SlurmError(str(e)) from None
-    names = plan.combinations(listing) if listing is not None else {}
+    names = combinations(listing) if listing is not None else {}
     if req.machine is not None:
         recorded = plan.recorded_chunk_seconds(req.into, req.machine)
         per_combination, _ = plan.seconds_per_combination(chunks, names, req.into, req.machine)

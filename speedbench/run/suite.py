@@ -42,9 +42,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from speedbench.chunks import load_chunks
 from speedbench.measure import interference
 from speedbench.results import merge, problems, safekeep
 from speedbench.results.common import printable
+from speedbench.results.listing import combinations
 from speedbench.results.load import format_table, load_results
 from speedbench.results.tree import ResultsError, ResultsTree
 from speedbench.run import plan
@@ -256,7 +258,7 @@ def _say_what_prices_leave_out(root: Path, results_dir: Path, machine: str) -> N
         print(f"speedlib run: {note}", flush=True)
     listing, skipped = _listing(root, results_dir), []
     if listing is not None:
-        plan.combinations(listing, skipped)
+        combinations(listing, skipped)
     for line in skipped:
         print(f"speedlib run: not priced: {printable(line)}", flush=True)
 
@@ -264,8 +266,8 @@ def _say_what_prices_leave_out(root: Path, results_dir: Path, machine: str) -> N
 def _chunk_seconds(chunk, root: Path, results_dir: Path, machine: str) -> tuple[float, str]:
     """What `chunk` may take here for one commit, and why (see plan.chunk_cost)."""
     listing = _listing(root, results_dir)
-    names = plan.combinations(listing) if listing is not None else {}  # none: only a class start is known
-    per_combination, _ = plan.seconds_per_combination(plan.load_chunks(root), names, results_dir, machine)
+    names = combinations(listing) if listing is not None else {}  # none: only a class start is known
+    per_combination, _ = plan.seconds_per_combination(load_chunks(root), names, results_dir, machine)
     return plan.chunk_cost(chunk, names, results_dir, machine, per_combination)
 
 
@@ -324,11 +326,11 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
 
 
 def _listed(root: Path, results_dir: Path) -> dict[str, list[str]]:
-    """The selectable names of the benchmark listing (plan.combinations); none where there is
+    """The selectable names of the benchmark listing (speedbench.results.listing); none where there is
     no listing or it cannot be read: asv writes a new one as it starts."""
     try:
         listing = plan.benchmark_listing(root, results_dir)
-        return plan.combinations(listing) if listing is not None else {}
+        return combinations(listing) if listing is not None else {}
     except (plan.PlanError, OSError, ValueError):
         return {}
 

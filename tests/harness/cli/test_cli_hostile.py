@@ -23,6 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from speedbench.chunks import Chunk, load_chunks
 from speedbench.cli import dashboard as dashboard_cli
 from speedbench.cli import parser as cli
 from speedbench.results import safekeep
@@ -188,7 +189,7 @@ def _bad_chunk_times(results: Path, good: str, bad: str) -> Path:
 
 def test_bad_chunk_times_are_ignored_and_reported_once_by_the_plan(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
-    good, bad = (c.name for c in plan.load_chunks(ROOT)[:2])
+    good, bad = (c.name for c in load_chunks(ROOT)[:2])
     shutil.copy(ROOT / "results" / "benchmarks.json", tmp_path)
     path = _bad_chunk_times(tmp_path, good, bad)
     assert cli.main(["run", "--plan", "--chunk", "all", "--results-dir", str(tmp_path), "--machine", "m"]) == 0
@@ -201,7 +202,7 @@ def test_bad_chunk_times_are_ignored_and_reported_once_by_the_plan(tmp_path, mon
 
 
 def test_a_chunk_time_that_is_not_a_finite_positive_number_does_not_price_the_chunk(tmp_path):
-    chunk = plan.Chunk("c", "", r"^(?:a\.B\.time_x)")
+    chunk = Chunk("c", "", r"^(?:a\.B\.time_x)")
     names = {"a.B.time_x": ["a.B.time_x(1)", "a.B.time_x(2)"]}
     estimate = plan.chunk_cost(chunk, names, tmp_path, "m")
     path = ResultsTree(tmp_path).machine("m").chunk_times
@@ -223,7 +224,7 @@ def test_a_budgeted_run_is_not_driven_by_bad_chunk_times_and_says_so_once(tmp_pa
     results = tmp_path / "results"
     results.mkdir()
     shutil.copy(ROOT / "results" / "benchmarks.json", results)
-    chunks = plan.load_chunks(ROOT)
+    chunks = load_chunks(ROOT)
     path = _bad_chunk_times(results, chunks[0].name, chunks[1].name)
     ran = []
     monkeypatch.setattr(suite, "_check_machine", lambda *a: None)
@@ -241,7 +242,7 @@ def test_a_budgeted_run_is_not_driven_by_bad_chunk_times_and_says_so_once(tmp_pa
 
 def test_a_budgeted_run_names_the_benchmarks_its_prices_leave_out(tmp_path, monkeypatch, capsys):
     """A benchmark whose listed parameters multiply out past the limit is left out of every
-    chunk's price (plan.combinations): the run says so once, as --plan does."""
+    chunk's price (speedbench.results.listing.combinations): the run says so once, as --plan does."""
     from speedbench.measure import devices as measure  # noqa: PLC0415 - torch, only for this test: the rest of the file needs none
 
     results = tmp_path / "results"

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from speedbench import report, techniques, words
+from speedbench.chunks import load_chunks
 from speedbench.report import headline
-from speedbench.run import plan
 from speedbench.techniques import TECHNIQUES
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -86,7 +86,7 @@ def test_a_claim_or_headline_under_another_techniques_record_is_refused():
 def test_a_record_names_exactly_the_chunks_that_measure_its_classes_headline_first(name):
     """benchmarks/chunks.py is read without the harness (asv, a checkout of any commit), so it
     keeps its own patterns; the record names its chunks, and this holds the two together."""
-    chunks = plan.load_chunks(ROOT)
+    chunks = load_chunks(ROOT)
     t = TECHNIQUES[name]
     assert set(t.chunks) <= {c.name for c in chunks}, f"{name}: {t.chunks}"
     owner = {cls: next(c.name for c in chunks if re.match(c.regex, f"bench_{name}.{cls}.track_"))

@@ -37,11 +37,11 @@ import pandas as pd
 import pytest
 
 from speedbench import report as speedbench_report
+from speedbench.results.listing import combinations
 from speedbench.results import files as _results_files
 from speedbench.results import load as results_module
 from speedbench.results import machines, synthetic
 from speedbench.results.load import COLUMNS, format_table, load_results
-from speedbench.run import plan
 
 TIME = "bench_contiguous.OptimizerStep.time_adam_step"
 TRACK = "bench_contiguous.IterationMemory.track_peak_memory"
@@ -554,7 +554,7 @@ def test_a_plan_leaves_out_long_values_and_entries_that_describe_no_benchmark(tm
     listing["bench_x.Y.time_z"] = 5
     (tree / "benchmarks.json").write_text(json.dumps(listing))
     skipped: list[str] = []
-    names = plan.combinations(tree / "benchmarks.json", skipped)
+    names = combinations(tree / "benchmarks.json", skipped)
     assert TIME not in names and "bench_x.Y.time_z" not in names
     assert sorted(line.split(":")[0] for line in skipped) == sorted([TIME, "bench_x.Y.time_z"]), skipped
 
@@ -563,10 +563,10 @@ def test_a_plan_skips_a_benchmark_over_the_limit_and_says_so(tmp_path, template,
     tree = tmp_path / "results"
     shutil.copytree(template, tree, symlinks=True)
     _set_benchmark("params", EXPLODING_PARAMS)(tree)
-    assert TIME not in plan.combinations(tree / "benchmarks.json")  # as `speedlib run --plan` calls it
+    assert TIME not in combinations(tree / "benchmarks.json")  # as `speedlib run --plan` calls it
     skipped: list[str] = []
-    names = plan.combinations(tree / "benchmarks.json", skipped)
-    everything = plan.combinations(template / "benchmarks.json")
+    names = combinations(tree / "benchmarks.json", skipped)
+    everything = combinations(template / "benchmarks.json")
     assert names == {name: combos for name, combos in everything.items() if name != TIME}
     assert len(skipped) == 1 and re.fullmatch(rf"{TIME}: 6.56e\+11 parameter combinations, over the limit .*",
                                               skipped[0]), skipped

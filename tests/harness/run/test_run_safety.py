@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from speedbench.chunks import Chunk
 from speedbench.results.load import load_results
 from speedbench.results.tree import ResultsTree
 from speedbench.run import plan, suite
@@ -406,7 +407,7 @@ def test_a_chunk_time_that_cannot_be_written_leaves_the_old_ones(tmp_path, reque
 def test_a_record_appended_after_a_torn_line_stands_on_its_own(tmp_path):
     """A run killed by the old, appending code left a line without its end: the next record
     must not be glued to it (and lost with it)."""
-    chunk = plan.Chunk("c", "", r"^(?:a\.B\.)")
+    chunk = Chunk("c", "", r"^(?:a\.B\.)")
     path = ResultsTree(tmp_path).machine("m").chunk_times
     path.parent.mkdir(parents=True)
     path.write_text('{"chunk": "c", "seco')

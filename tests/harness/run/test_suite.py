@@ -18,7 +18,9 @@ import pytest
 
 import speedlib
 from benchmarks import common
+from speedbench.chunks import Chunk, how_to_measure, load_chunks
 from speedbench.cli import parser as cli
+from speedbench.results.listing import combinations
 from speedbench.results.tree import ResultsTree
 from speedbench.run import plan, suite
 
@@ -70,8 +72,8 @@ def test_python_dash_m_runs_the_cli_without_a_console_script(tmp_path):
 def test_every_benchmark_combination_is_in_exactly_one_chunk():
     """The chunks split the suite: nothing run twice, nothing left out, and the headline
     chunk holds a comparison of every technique."""
-    chunks = plan.load_chunks(ROOT)
-    names = plan.combinations(ROOT / "results" / "benchmarks.json")
+    chunks = load_chunks(ROOT)
+    names = combinations(ROOT / "results" / "benchmarks.json")
     assert chunks[-1].name == "rest"
     for combos in names.values():
         for combo in combos:
@@ -107,7 +109,7 @@ def test_every_measuring_class_defines_its_own_setup_cache():
 def test_chunk_estimate_counts_one_measuring_process_per_class():
     """A class's methods share one measuring process: a Paired class's track_seconds and
     track_speedup over the same two combinations are two combinations, not four."""
-    chunk = plan.Chunk("c", "", r"^(?:a\.B\.|c\.D\.track_y)")
+    chunk = Chunk("c", "", r"^(?:a\.B\.|c\.D\.track_y)")
     names = {"a.B.track_seconds": ["a.B.track_seconds(1)", "a.B.track_seconds(2)"],
              "a.B.track_speedup": ["a.B.track_speedup(1)", "a.B.track_speedup(2)"],
              "c.D.track_y": ["c.D.track_y"], "c.D.track_z": ["c.D.track_z"], "e.F.g": ["e.F.g"]}
@@ -120,7 +122,7 @@ def test_chunk_estimate_counts_one_measuring_process_per_class():
 def test_work_per_combination_comes_from_the_chunks_this_machine_measured(tmp_path):
     """What measured chunks spent beyond class starts and reporting processes, per combination,
     prices the chunks not yet measured there; with none measured, the default."""
-    chunks = [plan.Chunk("a", "", r"^(?:a\.B\.)"), plan.Chunk("c", "", r"^(?:c\.D\.)")]
+    chunks = [Chunk("a", "", r"^(?:a\.B\.)"), Chunk("c", "", r"^(?:c\.D\.)")]
     names = {"a.B.track_seconds": [f"a.B.track_seconds({i})" for i in range(4)],
              "a.B.track_speedup": [f"a.B.track_speedup({i})" for i in range(4)],
              "c.D.track_y": ["c.D.track_y(1)", "c.D.track_y(2)"]}
@@ -135,7 +137,7 @@ def test_work_per_combination_comes_from_the_chunks_this_machine_measured(tmp_pa
 
 
 def test_a_chunk_name_selects_that_chunk_and_a_prefix_its_group():
-    chunks = [plan.Chunk(n, "", "x") for n in ("head-a", "head-a-memory", "head-b", "rest")]
+    chunks = [Chunk(n, "", "x") for n in ("head-a", "head-a-memory", "head-b", "rest")]
 
     def pick(*names):
         return [c.name for c in plan.select_chunks(chunks, list(names))]
@@ -151,11 +153,11 @@ def test_what_is_not_measured_names_the_chunk_that_measures_it(tmp_path):
     """Pages that say "not measured yet" give the command: the first chunk whose patterns
     take the class, as `speedlib run --chunk` selects it; a checkout without chunks gets a
     --bench selection of the class instead."""
-    assert plan.how_to_measure("bench_checkpoint.PeakMemory.") == "speedlib run --chunk headline-checkpoint-memory"
-    assert plan.how_to_measure("bench_checkpoint.ActivationMemory.") == "speedlib run --chunk checkpoint"
-    assert plan.how_to_measure("bench_transfer.Footprint.track_host_footprint") == \
+    assert how_to_measure("bench_checkpoint.PeakMemory.") == "speedlib run --chunk headline-checkpoint-memory"
+    assert how_to_measure("bench_checkpoint.ActivationMemory.") == "speedlib run --chunk checkpoint"
+    assert how_to_measure("bench_transfer.Footprint.track_host_footprint") == \
         "speedlib run --chunk transfer-parallel"
-    assert plan.how_to_measure("bench_new.Thing.", root=tmp_path) == "speedlib run --bench '^bench_new\\.Thing\\.'"
+    assert how_to_measure("bench_new.Thing.", root=tmp_path) == "speedlib run --bench '^bench_new\\.Thing\\.'"
 
 
 def _fake_run(monkeypatch, costs: dict[str, float]) -> list[str]:
@@ -170,7 +172,7 @@ def _fake_run(monkeypatch, costs: dict[str, float]) -> list[str]:
 
 
 def test_a_budget_skips_a_chunk_that_does_not_fit_and_runs_a_cheaper_later_one(monkeypatch, capsys):
-    chunks = {c.name: c for c in plan.load_chunks(ROOT)}
+    chunks = {c.name: c for c in load_chunks(ROOT)}
     costs = {name: 60.0 for name in chunks}
     costs["contiguous-amp"] = 3600.0
     ran = _fake_run(monkeypatch, costs)
@@ -207,7 +209,7 @@ def test_each_commits_record_reads_the_gpu_state_when_it_is_written(tmp_path, mo
 
 
 def test_a_measured_chunk_time_replaces_the_estimate(tmp_path):
-    chunk = plan.Chunk("c", "", r"^(?:a\.B\.time_x)")
+    chunk = Chunk("c", "", r"^(?:a\.B\.time_x)")
     names = {"a.B.time_x": ["a.B.time_x(1)", "a.B.time_x(2)"]}
     guessed, source = plan.chunk_cost(chunk, names, tmp_path, "m")
     assert guessed == plan.estimate_seconds(chunk, names)[0] * plan.HEADROOM and source.startswith("never measured")
@@ -220,7 +222,7 @@ def test_a_measured_chunk_time_replaces_the_estimate(tmp_path):
 
 def test_the_budget_counts_every_commit_of_the_range(monkeypatch):
     """A chunk costs its time once per commit: 100 s over two commits does not fit 3 min."""
-    chunks = [c.name for c in plan.load_chunks(ROOT)]
+    chunks = [c.name for c in load_chunks(ROOT)]
     ran = _fake_run(monkeypatch, {name: 100.0 for name in chunks})
     result = suite.run(suite.RunOptions(quick=True, commits="HEAD~2..HEAD", chunks=["all"], budget_minutes=3),
                        root=ROOT)
@@ -495,7 +497,7 @@ def test_a_chunk_is_priced_at_the_worst_known_never_cut_and_never_free(tmp_path)
     processes, counted as they are now (more than then), to 40 s, and its headline-transfer to 0:
     a measured time is taken as it was measured, the longest of a chunk's runs here counts, and
     no price is ever below one class start."""
-    chunk = plan.Chunk("c", "", r"^(?:a\.B\.)")
+    chunk = Chunk("c", "", r"^(?:a\.B\.)")
     names = {"a.B.track_x": [f"a.B.track_x({i})" for i in range(300)]}
     path = ResultsTree(tmp_path).machine("m").chunk_times
     path.parent.mkdir(parents=True)
@@ -507,5 +509,5 @@ def test_a_chunk_is_priced_at_the_worst_known_never_cut_and_never_free(tmp_path)
     assert json.loads(path.read_text().splitlines()[-1])["launch"] == plan.LAUNCH_METHOD
     assert plan.chunk_cost(chunk, names, tmp_path, "m") == (80.0, "the longest measured run here")
     plan.record_chunk_time(tmp_path, "m", "z", SHA, 0.0)
-    assert plan.chunk_cost(plan.Chunk("z", "", "^$"), names, tmp_path, "m")[0] == plan.SECONDS_PER_CLASS
-    assert plan.chunk_cost(plan.Chunk("new", "", "^nothing"), {}, tmp_path, "m")[0] == plan.SECONDS_PER_CLASS
+    assert plan.chunk_cost(Chunk("z", "", "^$"), names, tmp_path, "m")[0] == plan.SECONDS_PER_CLASS
+    assert plan.chunk_cost(Chunk("new", "", "^nothing"), {}, tmp_path, "m")[0] == plan.SECONDS_PER_CLASS

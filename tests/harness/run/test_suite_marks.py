@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from speedbench.measure import preflight
+from speedbench.results.listing import combinations
 from speedbench.results.load import load_results
 from speedbench.run import plan, suite
 from speedbench.stats import contention
@@ -112,7 +113,7 @@ def test_a_selection_of_one_method_still_records_its_figures_counters(tmp_path, 
 
 def test_the_counters_added_are_those_of_the_combinations_selected(tmp_path):
     _listing(tmp_path)
-    names = plan.combinations(tmp_path / "benchmarks.json")
+    names = combinations(tmp_path / "benchmarks.json")
     one = rf"^{re.escape(CLASS)}\.track_speedup\('mlp', 'speedlib'\)"
     combo = re.escape("('mlp', 'speedlib')")
     assert plan.with_counters([one], names) == [one, *(rf"^{re.escape(CLASS)}\.{m}(?:{combo})$"

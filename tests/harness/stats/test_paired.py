@@ -369,10 +369,11 @@ def test_the_headline_checkpoint_chunk_fits_one_gpu_command():
     processes, inside one 9-minute command. Arithmetic on the definitions, not a timing: a GPU
     slower than that prints a warning per configuration instead, and only a GPU run can
     say what the chunk takes."""
+    from speedbench.chunks import load_chunks  # noqa: PLC0415 - only this test reads the checkout's chunks
     from speedbench.run import plan  # noqa: PLC0415 - pandas, only for this test: the rest of the file needs none
 
     root = Path(__file__).resolve().parents[3]
-    chunk = next(c for c in plan.load_chunks(root) if c.name == "headline-checkpoint")
+    chunk = next(c for c in load_chunks(root) if c.name == "headline-checkpoint")
     # The GPU profile is chosen at import from $SPEEDLIB_DEVICE (benchmarks.common.ON_GPU),
     # so the classes are read in a process of their own; importing them imports no torch.
     script = """
