@@ -1,6 +1,6 @@
 """The `speedlib` command: `run` the asv suite, print the `env` record, `report` results,
-open the `dashboard`, `publish` them as a static site, check benchmark `versions`; `merge`,
-`slurm` and `slot` (a short GPU slot) add their own."""
+open the `dashboard`, `publish` them as a static site, check benchmark `versions`, `merge`
+results from several hosts, run the suite on `slurm`, or in a short GPU `slot`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from speedbench.cli import dashboard, env, publish, report, run, versions
-from speedbench.results import merge
-from speedbench.run import slot, slurm
+from speedbench.cli import dashboard, env, merge, publish, report, run, slot, slurm, versions
 from speedlib import __version__
 
 

@@ -19,7 +19,6 @@ asv and the suite load when a slot runs.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import math
@@ -40,7 +39,6 @@ from speedbench.results.atomic import written_whole
 from speedbench.results.common import printable
 from speedbench.results.tree import ResultsError, ResultsTree
 from speedbench.run.asv_process import _SUPERVISE, _stop_supervisor
-from speedbench.run.errors import BENCHMARKS_FAILED, CHUNKS_LEFT, missing_torch, settings_refused
 from speedbench.run.slot_pytest import TALLY
 
 DEFAULT_MINUTES = 9.0
@@ -61,22 +59,6 @@ GPU_TESTS_FAILED = 5
 # The tests as a reader reruns them (the slot runs them with its own interpreter).
 PYTEST = ("python3", "-m", "pytest", "-m", "gpu", "-p", "speedbench.run.slot_pytest", "-p", "no:cacheprovider", "-q",
           "-rfEs")
-
-DESCRIPTION = __doc__.split("\n\n")[0] + """
-
-Runs the GPU-only tests (python3 -m pytest -m gpu), keeps their verdict in
-results/<machine>/gpu-tests/<commit8>.json, then the headline chunks, then the other chunks
-under the time left, each chunk archived as it finishes; one archive in the end, which
-`speedlib merge` takes. Offline hosts: docs/gpu-slots.md."""
-
-EXIT_STATUS = """exit status:
-  0  the GPU tests passed, every chunk ran and no benchmark failed
-  2  the slot could not start (the message says why: no asv or pytest, a dirty checkout, ...)
-  3  some benchmarks failed (listed); everything else was written and archived
-  4  chunks were left for a later command (listed, with the command to run them)
-  5  GPU tests failed or did not finish (their verdict is recorded and archived; the suite ran)
-  130, 143  stopped by Ctrl+C or SIGTERM: what was archived so far is kept"""
-
 
 @dataclass
 class SlotOptions:
@@ -359,58 +341,3 @@ def _words(verdict: dict) -> str:
     from speedbench.results.gpu_tests import describe  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
 
     return describe(verdict)
-
-
-# --- the command -----------------------------------------------------------------------------
-
-def add_parser(sub) -> None:
-    """The `slot` subcommand on `speedlib`'s subparsers."""
-    p = sub.add_parser("slot", help="a short GPU slot in one command: the GPU tests, the headline chunks, then the "
-                                    "others under the time left, all in one archive",
-                       description=DESCRIPTION, epilog=EXIT_STATUS,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--archive", required=True, metavar="FILE.tar.gz",
-                   help="the archive to carry off the machine (rewritten after the tests and after every chunk)")
-    p.add_argument("--machine", help="asv machine name (default: from the hardware, e.g. h200-141gb)")
-    p.add_argument("--minutes", default=str(DEFAULT_MINUTES), metavar="M",
-                   help=f"the slot's length: the command ends within it (default: {DEFAULT_MINUTES:g})")
-    p.add_argument("--results-dir", help="where results go (default: asv.conf.json's results_dir)")
-    p.add_argument("--allow-dirty", action="store_true",
-                   help="run although the checkout has uncommitted changes (tests, library, suite)")
-    p.add_argument("--show-stderr", action="store_true", help="show the benchmarks' stderr")
-    p.set_defaults(func=_cmd_slot)
-
-
-def _cmd_slot(args, argv) -> int:
-    from speedbench.results.gpu_tests import FAILED, INCOMPLETE, status  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
-    from speedbench.run import suite  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
-
-    try:
-        minutes = float(args.minutes)
-    except ValueError:
-        print(f"speedlib slot: --minutes must be a number of minutes above 0 and at most {MAX_MINUTES:g} (a day), "
-              f"got {printable(args.minutes)}", file=sys.stderr)
-        return 2
-    if settings_refused("slot", device=True) or missing_torch("slot"):
-        return 2
-    if not (math.isfinite(minutes) and 0 < minutes <= MAX_MINUTES):  # before torch loads, said as _check says it
-        print(f"speedlib slot: --minutes must be a number of minutes above 0 and at most {MAX_MINUTES:g} (a day), "
-              f"got {printable(args.minutes)}", file=sys.stderr)
-        return 2
-    options = SlotOptions(Path(args.archive), args.machine, minutes,
-                          Path(args.results_dir) if args.results_dir else None, args.allow_dirty, args.show_stderr)
-    try:
-        result = run(options, argv=argv)
-    except suite.Interrupted as e:
-        print(f"speedlib slot: {e}", file=sys.stderr)
-        return 128 + e.signum
-    except KeyboardInterrupt:
-        return 130
-    except suite.SuiteError as e:
-        print(f"speedlib slot: {e}", file=sys.stderr)
-        return 2
-    if status(result.verdict) in (FAILED, INCOMPLETE):  # suite.run listed failed benchmarks itself
-        return GPU_TESTS_FAILED
-    if result.failed:
-        return BENCHMARKS_FAILED
-    return CHUNKS_LEFT if result.left else 0
