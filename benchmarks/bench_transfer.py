@@ -47,7 +47,7 @@ Metrics (benchmarks.common: one process measures a class, its track_* methods re
                               the floor it was divided by (the bulk pinned copy, host->device
                               for gather, device->host for scatter), GB/s, timed in that same
                               process: the figures a reader checks against the bus. They are
-                              read with the % (speedbench.report.tables.floor_table), not compared
+                              read with the % (speedbench.report.floors.floor_table), not compared
                               across variants
   CopyBandwidth.track_copy_bandwidth
                               that floor itself, pinned and pageable, each direction; GPUs only

@@ -167,7 +167,7 @@ class TrainingStep(common.Paired):
 
 
 def _synchronised_clock() -> float:
-    """asv timer: the clock read after the GPU has caught up (speedbench.measure.devices.timer),
+    """asv timer: the clock read after the GPU has caught up (speedbench.measure.instruments.timer),
     imported on first use so that this module stays free of torch."""
     from speedbench import measure  # noqa: PLC0415 - loaded by setup already
 

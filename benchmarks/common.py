@@ -74,7 +74,7 @@ from speedbench.measure import interference  # no torch: /proc, getrusage and NV
 
 
 def _sees_a_gpu() -> bool:
-    """Whether this run measures a CUDA GPU, by speedbench.measure.devices.device()'s rule
+    """Whether this run measures a CUDA GPU, by speedbench.measure.instruments.device()'s rule
     ($SPEEDLIB_DEVICE, else CUDA when present), read without importing torch: the NVIDIA
     driver lists its GPUs under /proc. `check_profile` confirms it where torch is loaded."""
     name = os.environ.get("SPEEDLIB_DEVICE")
@@ -106,7 +106,7 @@ def check_profile(dev) -> None:
 
 
 def set_threads() -> int:
-    """Set torch's intra-op threads to speedbench.measure.devices.benchmark_threads() (one per usable
+    """Set torch's intra-op threads to speedbench.measure.host_settings.benchmark_threads() (one per usable
     CPU unless $SPEEDLIB_THREADS says otherwise) and return it. torch's own default follows
     its build and OMP_NUM_THREADS, so without this a ratio would depend on the shell the run
     was started from. Called by `check_profile`, before anything is timed."""

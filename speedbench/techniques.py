@@ -1,7 +1,7 @@
 """The techniques the suite measures, one record each: everything the harness knows of a technique.
 
 A new technique adds its record to `TECHNIQUES` (docs/adding-a-technique.md): its title,
-baseline chain and headline metric (the tables, speedbench.report.ratios and .pairs), its plain-PyTorch
+baseline chain and headline metric (the tables, speedbench.report.ratios and .paired_speedups), its plain-PyTorch
 variants, every variant in words and which one is PyTorch's default (speedbench.words), the
 sources' published claims (speedbench.report.claims), its headline comparison (the overview's
 first table, speedbench.report.headline) and the chunks of benchmarks/chunks.py that measure it.

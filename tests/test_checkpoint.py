@@ -22,8 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from benchmarks import bench_checkpoint as bench
-from speedbench.measure import ddp_launch, workloads
-from speedbench.measure import devices as measure
+from speedbench.measure import ddp_launch, instruments, workloads
 from speedlib.checkpoint import (
     BatchNorm2d,
     ForgottenParameterError,
@@ -491,8 +490,8 @@ def test_checkpointing_keeps_only_the_segment_inputs():
     net = nn.Sequential(*(nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(4)))
     x = torch.randn(32, 64, requires_grad=True)
     params = list(net.parameters())
-    full = measure.saved_tensor_bytes(lambda: net(x).sum(), exclude=params)
-    saved = measure.saved_tensor_bytes(lambda: checkpoint(net, x).sum(), exclude=params)
+    full = instruments.saved_tensor_bytes(lambda: net(x).sum(), exclude=params)
+    saved = instruments.saved_tensor_bytes(lambda: checkpoint(net, x).sum(), exclude=params)
     assert saved == x.numel() * 4
     # The input and the four ReLU outputs (each also the next Linear's saved input).
     assert full == 5 * x.numel() * 4

@@ -29,8 +29,7 @@ from transfer_bits import ALL, GPU_BACKENDS, HAS_CUDA, _backend_params, _referen
 
 from benchmarks import bench_transfer as bench
 from speedbench import words
-from speedbench.measure import devices as measure
-from speedbench.measure import workloads
+from speedbench.measure import instruments, workloads
 from speedlib.transfer import HostEmbedding, HostTable
 from speedlib.transfer.auto import Path
 
@@ -457,8 +456,8 @@ def test_benchmark_looks_up_sparse_adam_indices_on_the_tables_device(monkeypatch
     CUDA device without memory and refuses an op mixing devices, as CUDA kernels do. Autograd
     would start its CUDA worker (which needs a GPU), so backward is a no-op: the lookup is
     where devices meet."""
-    monkeypatch.setattr(measure, "device", lambda prefer=None: torch.device("cuda", 0))
-    monkeypatch.setattr(measure, "synchronize", lambda dev=None: None)
+    monkeypatch.setattr(instruments, "device", lambda prefer=None: torch.device("cuda", 0))
+    monkeypatch.setattr(instruments, "synchronize", lambda dev=None: None)
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *args, **kwargs: self)  # fake tensors cannot pin
     monkeypatch.setattr(torch.Tensor, "backward", lambda self, *args, **kwargs: None)
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -502,7 +501,7 @@ def test_fraction_of_floor_reports_the_gbps_its_percent_was_computed_from(monkey
     monkeypatch.setattr(bench, "_runs_here", runs_here)
     monkeypatch.setattr(bench, "_Table", FakeTable)
     monkeypatch.setattr(bench, "_median_bandwidth", median_bandwidth)
-    monkeypatch.setattr(measure, "host_copy_bandwidth", copy)
+    monkeypatch.setattr(instruments, "host_copy_bandwidth", copy)
 
     floor = bench.FractionOfFloor()
     cache = {("uva",): ("ok", floor.measure_one("uva")), ("cupy",): ("skip", "CuPy is not installed")}

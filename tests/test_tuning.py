@@ -21,8 +21,7 @@ from torch.utils._pytree import tree_leaves
 
 from benchmarks import bench_tuning as bench
 from benchmarks import common
-from speedbench.measure import devices as measure
-from speedbench.measure import workloads
+from speedbench.measure import instruments, workloads
 from speedbench.report import TECHNIQUES
 from speedlib import amp, tuning
 
@@ -105,9 +104,9 @@ def test_evaluation_modes_give_bitwise_equal_outputs_and_keep_no_activations():
     assert all(torch.equal(outs["off"], o) for o in outs.values())
     assert outs["off"].grad_fn is not None and outs["no_grad"].grad_fn is None and outs["inference_mode"].is_inference()
     params = list(model.parameters())
-    assert measure.saved_tensor_bytes(lambda: tuning.evaluate(model, x, "off"), params) > 0
+    assert instruments.saved_tensor_bytes(lambda: tuning.evaluate(model, x, "off"), params) > 0
     for v in ("no_grad", "inference_mode"):
-        assert measure.saved_tensor_bytes(lambda v=v: tuning.evaluate(model, x, v), params) == 0
+        assert instruments.saved_tensor_bytes(lambda v=v: tuning.evaluate(model, x, v), params) == 0
     with pytest.raises(ValueError, match="unknown inference variant"):
         tuning.evaluate(model, x, "fast")
 
@@ -350,12 +349,12 @@ def test_keeping_the_loss_tensor_retains_every_evaluation_step():
     retained = {}
     for mode in ("graph", "device"):
         meters = []
-        retained[mode] = measure.saved_tensor_bytes(
+        retained[mode] = instruments.saved_tensor_bytes(
             lambda mode=mode, meters=meters: meters.append(_meter_epoch(mode, train=False, steps=3)),
             alive_after=True)
     assert retained["device"] == 0
     assert retained["graph"] > 3 * 8 * 8 * 8 * 8 * 4, "at least one activation map per step"
-    per_step = {n: measure.saved_tensor_bytes(lambda n=n: _meter_epoch("graph", train=False, steps=n).total,
+    per_step = {n: instruments.saved_tensor_bytes(lambda n=n: _meter_epoch("graph", train=False, steps=n).total,
                                               alive_after=True) for n in (2, 4)}
     assert per_step[4] == 2 * per_step[2], "growth is linear in the number of steps"
 
@@ -374,20 +373,20 @@ def test_count_syncs_counts_torch_sync_warnings_and_restores_the_mode(monkeypatc
 
     def fn():
         for _ in range(3):
-            warnings.warn(measure.SYNC_WARNING + " (Triggered internally at ...)", UserWarning, stacklevel=1)
+            warnings.warn(instruments.SYNC_WARNING + " (Triggered internally at ...)", UserWarning, stacklevel=1)
         warnings.warn("something else", UserWarning, stacklevel=1)
 
-    assert measure.count_syncs(fn) == 3
+    assert instruments.count_syncs(fn) == 3
     assert modes == ["default", "warn", 0]
     with pytest.raises(KeyError):
-        measure.count_syncs(lambda: {}["x"])
+        instruments.count_syncs(lambda: {}["x"])
     assert modes[-1] == 0
 
 
 def test_count_syncs_needs_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(NotImplementedError, match="CUDA"):
-        measure.count_syncs(lambda: None)
+        instruments.count_syncs(lambda: None)
 
 
 class _WouldSync(TorchDispatchMode):
@@ -430,17 +429,17 @@ def test_device_meter_never_waits_for_the_gpu():
     syncs, meters = {}, {}
     for mode in ("item", "device"):
         epoch = _meter_setup("cuda")  # model and batch copies wait too: made before counting
-        syncs[mode] = measure.count_syncs(lambda mode=mode, epoch=epoch: meters.update({mode: epoch(mode)}))
+        syncs[mode] = instruments.count_syncs(lambda mode=mode, epoch=epoch: meters.update({mode: epoch(mode)}))
     # "item" waits twice per step (loss and hits); the training itself never waits.
     assert syncs == {"item": 8, "device": 0}
-    assert measure.count_syncs(meters["device"].value) == 2  # the loss and the hits, once
+    assert instruments.count_syncs(meters["device"].value) == 2  # the loss and the hits, once
 
 
 # --- create_on_device --------------------------------------------------------------------
 
 @pytest.mark.parametrize("factory,kwargs", [(torch.zeros, {}), (torch.full, None), (torch.arange, {})])
 def test_deterministic_factories_give_the_same_tensor_both_ways(factory, kwargs):
-    dev = measure.device()
+    dev = instruments.device()
     args = {"fill_value": 2.5} if kwargs is None else kwargs
     shape = (7,) if factory is torch.arange else (3, 5)
     if factory is torch.full:
@@ -491,20 +490,20 @@ def test_preallocation_stops_reallocation_on_gpu():
     _variable_length_training(True, "cuda")  # the CUDA context, kernels and cuBLAS workspace
 
     def new_segments(prealloc: bool) -> int:
-        measure.release_cached_memory("cuda")  # first: both runs build the model in an empty cache
+        instruments.release_cached_memory("cuda")  # first: both runs build the model in an empty cache
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 4)).cuda()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)  # no momentum: no state to allocate later
         if prealloc:
             tuning.preallocate(model, F.cross_entropy, torch.randn(4096, 1024, device="cuda"),
                                torch.zeros(4096, dtype=torch.long, device="cuda"))
-        before = measure.allocator_segments("cuda")
+        before = instruments.allocator_segments("cuda")
         for n in (512, 4096, 128, 2048, 4000):
             x, y = torch.randn(n, 1024, device="cuda"), torch.zeros(n, dtype=torch.long, device="cuda")
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
             opt.step()
-        return measure.allocator_segments("cuda") - before
+        return instruments.allocator_segments("cuda") - before
 
     without, with_pre = new_segments(False), new_segments(True)
     assert with_pre < without and with_pre <= 2, (with_pre, without)
@@ -562,7 +561,8 @@ def test_benchmark_module_imports_no_torch():
     """asv starts a process per benchmark and parameter set; those that only report what
     setup_cache measured, or skip, must not pay for importing torch."""
     code = ("import sys; import benchmarks.bench_tuning; "
-            "print(sorted(m for m in ('torch', 'speedbench.measure.devices') if m in sys.modules))")
+            "print(sorted(m for m in ('torch', 'speedbench.measure.instruments', 'speedbench.measure.hardware') "
+            "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

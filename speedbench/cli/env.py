@@ -25,9 +25,9 @@ def _cmd_env(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return 2
     if missing_torch("env"):
         return 2
-    from speedbench.measure import devices as measure  # noqa: PLC0415 - torch; `speedlib --help` loads none
+    from speedbench.measure import hardware  # noqa: PLC0415 - torch; `speedlib --help` loads none
 
-    print(json.dumps(measure.environment(), indent=2, sort_keys=True))
+    print(json.dumps(hardware.environment(), indent=2, sort_keys=True))
     return 0
 
 

@@ -109,9 +109,9 @@ def _print_plan(options) -> int:
         return 2
     results_dir = options.results_dir or root / "results"
     if options.machine is None:
-        from speedbench.measure import devices as measure  # noqa: PLC0415 - torch, only to name this machine
+        from speedbench.measure import hardware  # noqa: PLC0415 - torch, only to name this machine
 
-        options.machine = measure.machine_name()
+        options.machine = hardware.machine_name()
     try:
         listing = plan.benchmark_listing(root, results_dir)
     except plan.PlanError as e:

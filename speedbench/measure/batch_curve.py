@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from speedbench.measure import devices as measure
+from speedbench.measure import instruments
 
 __all__ = ["CurvePoint", "batch_size_curve"]
 
@@ -77,7 +77,7 @@ def batch_size_curve(make_step: Callable[[int], Callable[[], object]], batch_siz
         try:
             step = make_step(batch)
             step()
-            point = CurvePoint(batch, measure.best_seconds(step, dev, repeats), "ok")
+            point = CurvePoint(batch, instruments.best_seconds(step, dev, repeats), "ok")
         except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
             reason = _allocation_failure(e)
             if reason is None:
@@ -88,6 +88,6 @@ def batch_size_curve(make_step: Callable[[int], Callable[[], object]], batch_siz
         if progress is not None:
             progress(point)
         if point.status == "oom":
-            measure.release_cached_memory(dev)
+            instruments.release_cached_memory(dev)
             break
     return curve

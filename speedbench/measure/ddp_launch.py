@@ -53,8 +53,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from speedbench.measure import devices as measure
-from speedbench.measure import workloads
+from speedbench.measure import instruments, workloads
 from speedlib import tuning
 from speedlib.contiguous import ContiguousParams
 from speedlib.parallel import MODES, wrap
@@ -256,10 +255,10 @@ def train(config: RunConfig, rank: int = 0, local_rank: int = 0, recipe: Recipe 
         _inject(config, rank, step)
         if step == config.warmup:
             counter[0] = 0
-        measure.synchronize(dev)
+        instruments.synchronize(dev)
         start = time.perf_counter()
         loss = recipe.step(wrapped, optimizer, wl.loss, x, y, config.micro_batches, config.no_sync)
-        measure.synchronize(dev)
+        instruments.synchronize(dev)
         if step >= config.warmup:
             times.append(time.perf_counter() - start)
             losses.append(loss)

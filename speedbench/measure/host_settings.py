@@ -58,7 +58,7 @@ def benchmark_threads() -> int:
     """The intra-op thread count every measuring process sets (`torch.set_num_threads`,
     benchmarks/common.py) before it builds anything: torch's own default depends on its build
     and on OMP_NUM_THREADS, so a ratio would otherwise depend on how the shell that started the
-    run was set up. The environment record keeps the number (speedbench.measure.devices). Raises
+    run was set up. The environment record keeps the number (speedbench.measure.hardware). Raises
     ValueError for a $SPEEDLIB_THREADS that is not a positive integer up to MAX_THREADS (or the
     usable CPUs, where there are more)."""
     text = os.environ.get(THREADS_ENV)

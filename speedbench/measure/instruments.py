@@ -1,5 +1,5 @@
 """The measuring instruments: the device to measure on, the synchronising timer, memory, sync and
-allocator counters, and the bandwidth floors (speedbench.measure.devices re-exports them all)."""
+allocator counters, and the bandwidth floors (the package, speedbench.measure, names them)."""
 
 from __future__ import annotations
 

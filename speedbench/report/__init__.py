@@ -13,12 +13,12 @@ __all__, __getattr__ = lazy(__name__, {
         'CONTENDED', 'CONTENDED_NOTE', 'EARLIER', 'EARLIER_NOTE', 'GPU_TESTS_FAILED', 'GPU_TESTS_NOTE',
     ),
     'ratios': ('speedups', 'speedup_table', 'memory_table', 'MEMORY_NOTE'),
-    'pairs': (
+    'paired_speedups': (
         'paired', 'paired_table', 'against', 'other_baselines', 'headline_rows', 'why_wide', 'PAIRED_NOISE_TARGET',
         'PAIRED_WIDTH_TARGET',
     ),
     'reruns': ('paired_noise', 'noise', 'noise_table', 'NOISE_TARGET'),
-    'tables': ('floor_table', 'floor_figures', 'FLOOR_ABOVE_NOTE', 'FLOOR_FIGURES', 'FLOOR_ONLY', 'NOT_A_BANDWIDTH',
+    'floors': ('floor_table', 'floor_figures', 'FLOOR_ABOVE_NOTE', 'FLOOR_FIGURES', 'FLOOR_ONLY', 'NOT_A_BANDWIDTH',
                'NOT_RECORDED'),
     'roofline': ('roofline_table',),
     'commits': ('history', 'history_table', 'resolve_commit', 'compare_commits', 'change_table'),

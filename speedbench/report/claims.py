@@ -12,7 +12,7 @@ import pandas as pd
 
 from speedbench import chunks
 from speedbench.report.marks import CONTENDED, EARLIER, citable, contended, earlier_version, with_earlier_note
-from speedbench.report.pairs import paired
+from speedbench.report.paired_speedups import paired
 from speedbench.report.ratios import speedups
 from speedbench.report.rows import Table, _shown, fmt_ratio
 from speedbench.results.common import Status

@@ -20,7 +20,7 @@ nothing is changed (torch.optim.Adam is foreach where every parameter is on CUDA
 per-tensor loop on CPUs; on GPUs cuDNN convolutions run in TF32): the question is the same,
 the variant follows the machine, and the cell names it. The other baselines of a comparison
 (fused Adam, the sources' own) are in `speedlib report --table paired`, computed from the same
-rounds (speedbench.report.pairs.against), and the claims table keeps the sources' baselines.
+rounds (speedbench.report.paired_speedups.against), and the claims table keeps the sources' baselines.
 """
 
 from __future__ import annotations

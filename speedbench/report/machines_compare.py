@@ -15,7 +15,7 @@ from speedbench.report.marks import (
     gpu_tests_failed,
     with_earlier_note,
 )
-from speedbench.report.pairs import _comparison, paired
+from speedbench.report.paired_speedups import _comparison, paired
 from speedbench.report.ratios import _with_ratio
 from speedbench.report.rows import Table, fmt_ratio, fmt_value, latest
 from speedbench.results.environment import NoGpuModel

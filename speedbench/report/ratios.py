@@ -17,9 +17,9 @@ import math
 import numpy as np
 import pandas as pd
 
+from speedbench.report.floors import FLOOR_ONLY
 from speedbench.report.marks import _identity, _numbers, with_earlier_note
 from speedbench.report.rows import UNDEFINED, Table, _shown, fmt_ratio, fmt_value, param_columns
-from speedbench.report.tables import FLOOR_ONLY
 from speedbench.results.load import higher_is_better
 from speedbench.techniques import TECHNIQUES
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from speedbench.report.pairs import PAIRED_NOISE_TARGET, paired
+from speedbench.report.paired_speedups import PAIRED_NOISE_TARGET, paired
 from speedbench.report.rows import Table, fmt_ratio, fmt_value
 from speedbench.results import machines
 

@@ -7,7 +7,7 @@ A point's name says its coordinates ("row 64 B", "batch 1024", "table 40 GB", "o
 results explain themselves without the benchmark module. `figures` joins each (variant, point)'s
 eight tracks into one row; `along` lays a class's figures along one axis; `roofline_table` is
 `speedlib report --table roofline` and the transfer page's table; `not_measured` is what a page
-says before a GPU has run the chunk. The floor table (speedbench.report.tables) leaves these
+says before a GPU has run the chunk. The floor table (speedbench.report.floors) leaves these
 classes to this one: its rows are one % per variant, these a grid.
 """
 

@@ -3,8 +3,8 @@ columns, each result's newest run, a row's label and configuration, a value or r
 
 Every table is a `Table`: the frame to show, plus the result rows it was computed from, so
 each export carries a provenance footer (speedbench.report.exports writes it). The speedup and
-memory tables are in speedbench.report.ratios, the paired speedups in speedbench.report.pairs,
-the run-to-run noise in speedbench.report.reruns, the floor table in speedbench.report.tables and
+memory tables are in speedbench.report.ratios, the paired speedups in speedbench.report.paired_speedups,
+the run-to-run noise in speedbench.report.reruns, the floor table in speedbench.report.floors and
 the marks every table carries in speedbench.report.marks; the history and change tables are in
 speedbench.report.commits, the claims table in speedbench.report.claims, the GPU-vs-GPU tables in
 speedbench.report.machines_compare.

@@ -3,7 +3,7 @@
 `Problem` (what a load reports), `printable` (a name from a file made safe to print) and the
 JSON number checks. Stdlib only (the results tree and `speedlib merge`'s parser use `printable`
 too). They sit apart, below the loader's other modules (speedbench.results.files,
-speedbench.results.environment, speedbench.results.settle, speedbench.results.result_file and
+speedbench.results.environment, speedbench.results.across_rows, speedbench.results.result_file and
 speedbench.results.load itself), so that each can import them without importing
 speedbench.results.load.
 """
@@ -19,7 +19,7 @@ __all__ = ["Problem", "Status", "printable"]
 
 class Status(StrEnum):
     """A row's `status`, from its value (speedbench.results.load) and its benchmark's version
-    (speedbench.results.settle); only MEASURED rows are in the measured frame."""
+    (speedbench.results.across_rows); only MEASURED rows are in the measured frame."""
 
     MEASURED = "measured"
     SKIPPED = "skipped"  # asv's NaN: the benchmark skipped itself

@@ -61,7 +61,7 @@ from speedbench.results.result_file import (
     result_id,
     too_many_combinations,
 )
-from speedbench.results.settle import _attach_counters, _settle_versions
+from speedbench.results.across_rows import attach_counters, one_version_per_machine
 from speedbench.results.tree import BENCHMARKS, MACHINE_FILE, ResultsError, ResultsTree
 from speedbench.stats.significance import higher_is_better
 
@@ -230,8 +230,8 @@ def load_results(path: str | Path) -> LoadedResults:
                 st = None
             if st is None or _first_visit(machine_dir, (st.st_dev, st.st_ino), seen, "directory", problems):
                 rows += _machine_rows(machine_dir, root_real, benchmarks, problems, seen)
-    rows = _attach_counters(rows)
-    _settle_versions(rows, problems)
+    rows = attach_counters(rows)
+    one_version_per_machine(rows, problems)
     df = pd.DataFrame(rows)
     for col in COLUMNS:
         if col not in df:

@@ -5,7 +5,7 @@ before. That reading means something only where nothing but the code changed, an
 code gave the flat-buffer ResNet-50 headline 3.26x on a 2-core Intel Xeon VM and 4.18x on a
 2-core AMD EPYC one, both once filed as `cpu-2core`. So:
 
-- `speedbench.measure.devices.machine_name()` names a CPU-only machine after its CPU model as well as
+- `speedbench.measure.hardware.machine_name()` names a CPU-only machine after its CPU model as well as
   its cores ('cpu-2core-intel-xeon'); GPU machines keep their GPU's name, the hardware that
   decides their numbers.
 - `check_directory()` refuses a run whose hardware, or torch/CUDA build, differs from what the

@@ -403,7 +403,7 @@ def _rows_of(path: Path, data, machine: str, benchmarks: dict[str, _Benchmark], 
                 "samples": sample,
                 "status": status,
                 "version": record.get("version"),
-                "earlier_version": stale,  # settled per machine by _settle_versions
+                "earlier_version": stale,  # settled per machine by one_version_per_machine
                 "result_id": result_id(machine, data["commit_hash"], name, combo, started),
                 "unrated": unrated.get(_config(names, combo), ()),
                 "file": str(path),

@@ -86,7 +86,7 @@ def _say(text: str) -> None:
 def run(options: SlotOptions, root: Path | None = None, argv: list[str] | tuple = ()) -> SlotResult:
     """The slot; SuiteError (one line) when it cannot start, suite.Interrupted when a signal
     other than its own deadline stops it."""
-    from speedbench.measure import devices as measure  # noqa: PLC0415 - torch, asv: only when a slot runs
+    from speedbench.measure import hardware  # noqa: PLC0415 - torch, asv: only when a slot runs
     from speedbench.results.gpu_tests import NONE_RAN, status  # noqa: PLC0415 - pandas, as for suite
     from speedbench.run import suite  # noqa: PLC0415 - torch, asv: only when a slot runs
 
@@ -102,7 +102,7 @@ def run(options: SlotOptions, root: Path | None = None, argv: list[str] | tuple 
             raise suite.SuiteError(f"uncommitted changes in the checkout ({shown}): the GPU tests and "
                                    "results would be filed under a commit that did not produce them. Commit first, "
                                    "or pass --allow-dirty.")
-    identity = measure.identity()
+    identity = hardware.identity()
     run_options.machine = options.machine or identity["machine"]
     suite._check_machine(run_options, root, identity)  # before the verdict is filed under it
     results_dir = suite._results_dir(run_options, root, json.loads((root / suite.CONFIG).read_text()))

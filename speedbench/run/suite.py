@@ -170,9 +170,9 @@ def run(options: RunOptions, root: Path | None = None, argv: Sequence[str] = ())
 
 
 def _run(options: RunOptions, root: Path, argv: Sequence[str], shas: list[str], steps: list) -> RunResult:
-    from speedbench.measure import devices as measure  # noqa: PLC0415 - imports torch; keep `speedlib --help` fast
+    from speedbench.measure import hardware  # noqa: PLC0415 - imports torch; keep `speedlib --help` fast
 
-    identity = measure.identity()
+    identity = hardware.identity()
     _check_machine(options, root, identity)  # before the pre-flight check, which may wait
     if not options.quick:  # a FIFO where asv writes its listing held the run; a directory failed it after the work
         tree = ResultsTree(_results_dir(options, root, json.loads((root / CONFIG).read_text())))
@@ -182,10 +182,10 @@ def _run(options: RunOptions, root: Path, argv: Sequence[str], shas: list[str], 
         except ResultsError as e:
             raise SuiteError(f"{e}; nothing was run or changed") from None
     checked = _preflight(options)  # before anything is measured, and before asv starts
-    env = measure.environment()
+    env = hardware.environment()
     env["preflight"] = checked.record()  # in every commit's environment record
     # The verdict itself, where the loader reads it: a run that started busy has every figure
-    # marked (speedbench.results.settle), whatever its own rounds' counters say.
+    # marked (speedbench.results.across_rows), whatever its own rounds' counters say.
     env["busy_at_start"] = env["preflight"].get("busy_at_start", "")
     machine = options.machine or env["machine"]
     with tempfile.TemporaryDirectory(prefix="speedlib-run-") as tmp:
@@ -306,7 +306,7 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
         if not found:
             raise SuiteError(f"asv exited with status 2 at {sha[:8]} but recorded no failed benchmark: "
                              "see its output above")
-    from speedbench.measure import devices as measure  # noqa: PLC0415 - torch; already imported by _run()
+    from speedbench.measure import hardware  # noqa: PLC0415 - torch; already imported by _run()
 
     # What else the machine did while this commit was measured: said at once, and kept.
     counters = contention.summary(interference_counters(results_dir, machine, sha, started_ms),
@@ -318,7 +318,7 @@ def _run_commit(options: RunOptions, root: Path, conf_path: Path, results_dir: P
               "so their interference counters were not selected with them: their figures have no contention "
               "verdict; run again to measure them with their counters", flush=True)
     # Clocks and temperature as this commit's benchmarks left them, not as the run began.
-    env = {**env, "gpu_state": measure.gpu_state(), "load_start": load_start,
+    env = {**env, "gpu_state": hardware.gpu_state(), "load_start": load_start,
            "load_end": interference.load_average(), "interference": counters}
     _record_environment(ResultsTree(results_dir).machine(machine).environment_record(sha), sha, env,
                         ["speedlib", *argv])

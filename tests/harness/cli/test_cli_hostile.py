@@ -219,7 +219,7 @@ def test_a_chunk_time_that_is_not_a_finite_positive_number_does_not_price_the_ch
 def test_a_budgeted_run_is_not_driven_by_bad_chunk_times_and_says_so_once(tmp_path, monkeypatch, capsys):
     """A NaN chunk time 'fits' any budget (nan > left is False): the chunk must be priced by
     its estimate instead, and the bad lines named once, not once per chunk."""
-    from speedbench.measure import devices as measure  # noqa: PLC0415 - torch, only for this test: the rest of the file needs none
+    from speedbench.measure import hardware  # noqa: PLC0415 - torch, only for this test: the rest of the file needs none
 
     results = tmp_path / "results"
     results.mkdir()
@@ -229,7 +229,7 @@ def test_a_budgeted_run_is_not_driven_by_bad_chunk_times_and_says_so_once(tmp_pa
     ran = []
     monkeypatch.setattr(suite, "_check_machine", lambda *a: None)
     monkeypatch.setattr(suite, "_preflight", lambda options: SimpleNamespace(record=lambda: {}))
-    monkeypatch.setattr(measure, "environment", lambda: {"machine": "m"})
+    monkeypatch.setattr(hardware, "environment", lambda: {"machine": "m"})
     monkeypatch.setattr(suite, "_register_machine", lambda *a, **k: None)
     monkeypatch.setattr(suite, "_run_commit", lambda *a: ran.append(a[-1]) or [])
     monkeypatch.setattr(suite, "_print_table", lambda *a, **k: None)
@@ -243,7 +243,7 @@ def test_a_budgeted_run_is_not_driven_by_bad_chunk_times_and_says_so_once(tmp_pa
 def test_a_budgeted_run_names_the_benchmarks_its_prices_leave_out(tmp_path, monkeypatch, capsys):
     """A benchmark whose listed parameters multiply out past the limit is left out of every
     chunk's price (speedbench.results.listing.combinations): the run says so once, as --plan does."""
-    from speedbench.measure import devices as measure  # noqa: PLC0415 - torch, only for this test: the rest of the file needs none
+    from speedbench.measure import hardware  # noqa: PLC0415 - torch, only for this test: the rest of the file needs none
 
     results = tmp_path / "results"
     results.mkdir()
@@ -253,7 +253,7 @@ def test_a_budgeted_run_names_the_benchmarks_its_prices_leave_out(tmp_path, monk
     (results / "benchmarks.json").write_text(json.dumps(listing))
     monkeypatch.setattr(suite, "_check_machine", lambda *a: None)
     monkeypatch.setattr(suite, "_preflight", lambda options: SimpleNamespace(record=lambda: {}))
-    monkeypatch.setattr(measure, "environment", lambda: {"machine": "m"})
+    monkeypatch.setattr(hardware, "environment", lambda: {"machine": "m"})
     monkeypatch.setattr(suite, "_register_machine", lambda *a, **k: None)
     monkeypatch.setattr(suite, "_run_commit", lambda *a: [])
     monkeypatch.setattr(suite, "_print_table", lambda *a, **k: None)
@@ -546,10 +546,10 @@ def test_a_cuda_device_this_machine_lacks_is_one_line_before_a_run(value, monkey
                                    pytest.param("9" * 5000, id="nines-5000")])
 def test_a_bad_speedlib_threads_is_one_line_from_env_and_run(value, monkeypatch, capsys):
     """Both used to end in preflight.benchmark_threads' ValueError traceback; 10**30 was taken (issue 54)."""
-    from speedbench.measure import devices as measure  # noqa: PLC0415 - imports torch, which only these tests need
+    from speedbench.measure import hardware  # noqa: PLC0415 - imports torch, which only these tests need
 
     monkeypatch.setenv("SPEEDLIB_THREADS", value)
-    monkeypatch.setattr(measure, "environment", lambda: pytest.fail("the record was made"))
+    monkeypatch.setattr(hardware, "environment", lambda: pytest.fail("the record was made"))
     monkeypatch.setattr(suite, "run", lambda *a, **k: pytest.fail("the run started"))
     for command in (["env"], ["run", "--quick"]):
         assert cli.main(command) == 2
@@ -563,7 +563,7 @@ def test_a_bad_speedlib_threads_is_one_line_from_env_and_run(value, monkeypatch,
 def test_a_device_the_benchmarks_cannot_measure_on_is_refused_before_the_run(value, monkeypatch, capsys):
     """junk failed every benchmark without a reason (status 3); meta measured nothing and
     exited 0, filing timings of no-op kernels."""
-    from speedbench.measure import devices as measure  # noqa: PLC0415 - imports torch, which only these tests need
+    from speedbench.measure import instruments  # noqa: PLC0415 - imports torch, which only these tests need
 
     monkeypatch.setenv("SPEEDLIB_DEVICE", value)
     monkeypatch.setattr(suite, "run", lambda *a, **k: pytest.fail("the run started"))
@@ -572,10 +572,10 @@ def test_a_device_the_benchmarks_cannot_measure_on_is_refused_before_the_run(val
     _one_line(err, f"speedlib run: $SPEEDLIB_DEVICE must be cpu, cuda or cuda:N (the device to measure on), "
                    f"got {value!r}")
     with pytest.raises(ValueError, match="SPEEDLIB_DEVICE must be cpu, cuda or cuda:N"):
-        measure.device()  # a benchmark started some other way refuses it too
+        instruments.device()  # a benchmark started some other way refuses it too
     for good in ("cpu", " "):
         monkeypatch.setenv("SPEEDLIB_DEVICE", good)
-        assert measure.device().type in ("cpu", "cuda")
+        assert instruments.device().type in ("cpu", "cuda")
 
 
 def test_a_reader_that_has_gone_ends_report_quietly_as_cat_does(tmp_path):

@@ -204,15 +204,15 @@ def test_a_governor_no_kernel_writes_is_recorded_escaped_and_never_raises(tmp_pa
 
 
 def test_a_cpu_model_line_that_is_not_utf8_does_not_end_the_run(monkeypatch):
-    from speedbench.measure import devices  # noqa: PLC0415 - imports torch, which this file needs nowhere else
+    from speedbench.measure import hardware  # noqa: PLC0415 - imports torch, which this file needs nowhere else
 
     def fake_open(path, encoding=None, errors=None):
         assert path == "/proc/cpuinfo"
         return io.TextIOWrapper(io.BytesIO(b"processor\t: 0\nmodel name\t: Xeon \xff Gold\n"), encoding=encoding,
                                 errors=errors)
 
-    monkeypatch.setattr(devices, "open", fake_open, raising=False)  # found before the builtin
-    assert devices.cpu_model() == "Xeon \ufffd Gold"
+    monkeypatch.setattr(hardware, "open", fake_open, raising=False)  # found before the builtin
+    assert hardware.cpu_model() == "Xeon \ufffd Gold"
 
 
 # --- GPUs, through a fake NVML ---------------------------------------------------------
@@ -375,12 +375,12 @@ def test_help_names_the_new_options_and_exit_status(capsys):
 def measuring(monkeypatch):
     """`speedlib run --quick` in this checkout with asv stood in: the env each commit would
     record. Nothing is measured, no stale scratch is pruned."""
-    from speedbench.measure import devices as measure  # noqa: PLC0415 - torch, only for this test: the rest of the file needs none
+    from speedbench.measure import hardware  # noqa: PLC0415 - torch, only for this test: the rest of the file needs none
 
     recorded = []
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(suite, "prune_stale", lambda root: [])
-    monkeypatch.setattr(measure, "environment", lambda: {"machine": "m"})
+    monkeypatch.setattr(hardware, "environment", lambda: {"machine": "m"})
     monkeypatch.setattr(suite, "_register_machine", lambda *a, **k: None)
     monkeypatch.setattr(suite, "_run_commit",
                         lambda options, root, conf, results, machine, env, *a: recorded.append(env) or [])

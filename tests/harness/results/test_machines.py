@@ -103,14 +103,14 @@ def test_unknown_fields_and_torn_lines_refuse_nothing(tmp_path):
 
 
 def test_speedlib_run_refuses_before_the_preflight_or_asv(tmp_path, monkeypatch):
-    from speedbench.measure import devices as measure  # noqa: PLC0415 - imports torch: only this test needs it
+    from speedbench.measure import hardware  # noqa: PLC0415 - imports torch: only this test needs it
 
     records(tmp_path, "cpu-2core", AMD)
-    monkeypatch.setattr(measure, "identity", lambda: dict(HERE))
+    monkeypatch.setattr(hardware, "identity", lambda: dict(HERE))
     for step in ("_preflight", "_register_machine", "_run_commit"):
         monkeypatch.setattr(suite, step, lambda *a, **k: pytest.fail("the run went past the machine check"),
                             raising=False)
-    monkeypatch.setattr(measure, "environment", lambda *a, **k: pytest.fail("the environment was recorded"))
+    monkeypatch.setattr(hardware, "environment", lambda *a, **k: pytest.fail("the environment was recorded"))
     options = suite.RunOptions(machine="cpu-2core", results_dir=tmp_path)
     with pytest.raises(suite.SuiteError, match="a machine name stands for one kind of hardware"):
         suite._run(options, ROOT, [], [SHA], [(None, [])])
@@ -275,11 +275,11 @@ def test_each_committed_machine_directory_holds_one_kind_of_hardware():
 
 
 def test_committed_cpu_directories_are_named_as_their_hardware_names_itself():
-    measure = pytest.importorskip("speedbench.measure.devices")  # needs torch
+    hardware = pytest.importorskip("speedbench.measure.hardware")  # needs torch
     for directory in (ROOT / "results").glob("cpu-*"):
         models = {r.get("cpu_model") for r in machines.directory_records(directory)}
         assert len(models) == 1
-        assert directory.name == f"cpu-2core-{measure.cpu_slug(models.pop())}"
+        assert directory.name == f"cpu-2core-{hardware.cpu_slug(models.pop())}"
 
 
 def test_the_committed_history_and_rerun_compare_like_with_like():

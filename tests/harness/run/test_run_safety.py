@@ -172,9 +172,9 @@ def test_a_full_disk_before_asv_starts_runs_nothing_and_changes_nothing(small_di
 
 
 def test_asvs_files_are_kept_when_it_succeeds(checkout, fake_asv, tmp_path, monkeypatch):
-    from speedbench.measure import devices as measure  # noqa: PLC0415 - torch: the file's other tests need none
+    from speedbench.measure import hardware  # noqa: PLC0415 - torch: the file's other tests need none
 
-    monkeypatch.setattr(measure, "gpu_state", lambda: [])
+    monkeypatch.setattr(hardware, "gpu_state", lambda: [])
     root, sha = checkout
     results = _results(tmp_path, sha)
     before = _files(results)

@@ -310,7 +310,7 @@ def test_an_offline_slot_archives_its_verdict_and_the_chunks_before_its_deadline
 
 def test_a_slot_refuses_a_gpu_tests_link_out_of_the_tree_before_it_writes_the_verdict(tmp_path, monkeypatch):
     """The verdict is the slot's first write: a planted gpu-tests link must not take it out of the tree."""
-    from speedbench.measure import devices  # noqa: PLC0415 - torch: only this test needs the identity stubbed
+    from speedbench.measure import hardware  # noqa: PLC0415 - torch: only this test needs the identity stubbed
 
     sha = "a" * 40
     results, outside = tmp_path / "results", tmp_path / "outside"
@@ -322,7 +322,7 @@ def test_a_slot_refuses_a_gpu_tests_link_out_of_the_tree_before_it_writes_the_ve
     monkeypatch.setattr(suite, "resolve_commits", lambda root, commits: [sha])
     monkeypatch.setattr(suite, "_check_machine", lambda *a: None)
     monkeypatch.setattr(suite, "_results_dir", lambda *a: results)
-    monkeypatch.setattr(devices, "identity", lambda: {"machine": "m"})
+    monkeypatch.setattr(hardware, "identity", lambda: {"machine": "m"})
     monkeypatch.setattr(slot, "gpu_tests", lambda *a: slot.verdict_from_tally(
         {"passed": 1, "finished": True, "exit_status": 0}, False, 0, **ABOUT))
     with pytest.raises(suite.SuiteError, match=r"gpu-tests is a link .* nothing was run or changed"):

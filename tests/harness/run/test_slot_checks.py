@@ -23,7 +23,7 @@ ABOUT = {"commit": SHA, "machine": "m", "started_at": 1, "duration_s": 1.0, "com
 @pytest.fixture
 def planted(tmp_path, monkeypatch):
     """A slot on a results tree `results/` (machine m, commit SHA) whose GPU tests fail the test if they start."""
-    from speedbench.measure import devices  # noqa: PLC0415 - torch: only these tests need the identity stubbed
+    from speedbench.measure import hardware  # noqa: PLC0415 - torch: only these tests need the identity stubbed
 
     results = tmp_path / "results"
     (results / "m").mkdir(parents=True)
@@ -34,7 +34,7 @@ def planted(tmp_path, monkeypatch):
     monkeypatch.setattr(suite, "resolve_commits", lambda root, commits: [SHA])
     monkeypatch.setattr(suite, "_check_machine", lambda *a: None)
     monkeypatch.setattr(suite, "_results_dir", lambda *a: results)
-    monkeypatch.setattr(devices, "identity", lambda: {"machine": "m"})
+    monkeypatch.setattr(hardware, "identity", lambda: {"machine": "m"})
     monkeypatch.setattr(slot, "gpu_tests", lambda *a: pytest.fail("the GPU tests started"))
     return tmp_path, results, archive
 

@@ -197,10 +197,10 @@ def test_chunk_options_are_checked_before_any_work(monkeypatch):
 def test_each_commits_record_reads_the_gpu_state_when_it_is_written(tmp_path, monkeypatch):
     """Clocks and temperature drift during a run: the record made after a commit's
     benchmarks must hold the state then, not the snapshot taken when the run started."""
-    from speedbench.measure import devices as measure  # noqa: PLC0415 - torch: only the tests that run a commit load it
+    from speedbench.measure import hardware  # noqa: PLC0415 - torch: only the tests that run a commit load it
 
     monkeypatch.setattr(suite, "_asv", lambda *a, **k: 0)
-    monkeypatch.setattr(measure, "gpu_state", lambda: [{"index": 0, "temperature_c": 71}])
+    monkeypatch.setattr(hardware, "gpu_state", lambda: [{"index": 0, "temperature_c": 71}])
     head = suite.resolve_commits(ROOT, None)[0]
     suite._run_commit(suite.RunOptions(), ROOT, tmp_path / "asv.conf.json", tmp_path, "m",
                       {"gpu_state": [{"index": 0, "temperature_c": 30}]}, [], head, "[1/1]", [])
@@ -309,12 +309,12 @@ def test_a_quick_setting_left_in_the_environment_is_refused_by_a_real_run(monkey
 def test_only_quick_makes_the_benchmarks_quick(tmp_path, monkeypatch, quick, setting, passed):
     """What the benchmark processes get: SPEEDLIB_QUICK=1 from --quick alone, never a blank or
     other value from the shell."""
-    from speedbench.measure import devices as measure  # noqa: PLC0415 - torch: only the tests that run a commit load it
+    from speedbench.measure import hardware  # noqa: PLC0415 - torch: only the tests that run a commit load it
 
     seen = []
     monkeypatch.setenv("SPEEDLIB_QUICK", setting)
     monkeypatch.setattr(suite, "_asv", lambda args, env=None, **k: seen.append(env) or 0)
-    monkeypatch.setattr(measure, "gpu_state", lambda: [])
+    monkeypatch.setattr(hardware, "gpu_state", lambda: [])
     head = suite.resolve_commits(ROOT, None)[0]
     suite._run_commit(suite.RunOptions(quick=quick), ROOT, tmp_path / "asv.conf.json", tmp_path, "m", {}, [], head,
                       "[1/1]", [])

@@ -80,12 +80,12 @@ def _asv_measuring(results: Path, others: list[float], asked: list[list[str]]):
 
 def _run_commit(tmp_path: Path, monkeypatch, others: list[float], bench: list[str], env: dict | None = None):
     """One commit of a run selecting `bench`, measured with `others`; the regexes asv was given."""
-    from speedbench.measure import devices  # noqa: PLC0415 - torch: only the tests that run a commit need it
+    from speedbench.measure import hardware  # noqa: PLC0415 - torch: only the tests that run a commit need it
 
     results, asked = tmp_path / "results", []
     _listing(results)
     monkeypatch.setattr(suite, "_asv", _asv_measuring(results, others, asked))
-    monkeypatch.setattr(devices, "gpu_state", lambda: [])
+    monkeypatch.setattr(hardware, "gpu_state", lambda: [])
     head = suite.resolve_commits(ROOT, None)[0]
     suite._run_commit(suite.RunOptions(bench=bench), ROOT, tmp_path / "asv.conf.json", results, "m",
                       {**ENV, **(env or {})}, [], head, "[1/1]", bench)
@@ -135,10 +135,10 @@ def test_a_class_the_listing_did_not_name_is_said_to_have_no_counters(tmp_path, 
         (results / "benchmarks.json").write_text(json.dumps(listing))
         return measure(args, **kwargs)
 
-    from speedbench.measure import devices  # noqa: PLC0415 - torch: only the tests that run a commit need it
+    from speedbench.measure import hardware  # noqa: PLC0415 - torch: only the tests that run a commit need it
 
     monkeypatch.setattr(suite, "_asv", asv)
-    monkeypatch.setattr(devices, "gpu_state", lambda: [])
+    monkeypatch.setattr(hardware, "gpu_state", lambda: [])
     monkeypatch.setattr(plan, "benchmark_listing", lambda root, results_dir: results / "benchmarks.json")
     head = suite.resolve_commits(ROOT, None)[0]
     suite._run_commit(suite.RunOptions(bench=[NARROW]), ROOT, tmp_path / "c.json", results, "m", ENV, [], head,
@@ -161,13 +161,13 @@ def test_a_run_that_started_busy_has_its_figures_marked_whatever_its_rounds_say(
 
 
 def test_the_run_stores_the_pre_flight_verdict_in_every_commits_record(tmp_path, monkeypatch, capsys):
-    from speedbench.measure import devices  # noqa: PLC0415 - torch: only the tests that run a commit need it
+    from speedbench.measure import hardware  # noqa: PLC0415 - torch: only the tests that run a commit need it
 
     busy = preflight.Finding("busy", "bad", "other processes used 90 % of the machine's 2 CPU(s) over 1.0 s",
                              "stop them", True)
     monkeypatch.setattr(preflight, "check", lambda: preflight.Report([busy]))
-    monkeypatch.setattr(devices, "identity", lambda: {"machine": "m"})
-    monkeypatch.setattr(devices, "environment", lambda: {**ENV, "machine": "m", "os": "Linux", "cpu_model": "x"})
+    monkeypatch.setattr(hardware, "identity", lambda: {"machine": "m"})
+    monkeypatch.setattr(hardware, "environment", lambda: {**ENV, "machine": "m", "os": "Linux", "cpu_model": "x"})
     monkeypatch.setattr(suite, "_check_machine", lambda *a: None)
     monkeypatch.setattr(suite, "_register_machine", lambda *a: None)
     monkeypatch.setattr(suite, "_print_table", lambda *a, **k: None)

@@ -1,4 +1,5 @@
-"""speedbench.measure.devices: the timer, memory counters, environment record and machine names."""
+"""speedbench.measure.instruments (the timer, memory counters, bandwidth floors) and speedbench.measure.hardware
+(the environment record and machine names)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,15 @@ from importlib import metadata
 import pytest
 import torch
 
-from speedbench.measure import devices as measure
+from speedbench.measure import hardware, host_settings, instruments
 from speedbench.results.tree import machine_name_refused
 
 requires_cuda = pytest.mark.gpu(reason="needs a CUDA GPU; CPU tests cover the logic")
 
 
 def test_timer_is_monotonic_seconds():
-    a = measure.timer()
-    b = measure.timer()
+    a = instruments.timer()
+    b = instruments.timer()
     assert isinstance(a, float) and b >= a
 
 
@@ -30,20 +31,20 @@ def test_timer_waits_for_the_gpu(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda dev=None: calls.append(dev))
-    measure.timer()
+    instruments.timer()
     assert calls == [None]
 
 
 def test_device_selection(monkeypatch):
     monkeypatch.delenv("SPEEDLIB_DEVICE", raising=False)
     expected = "cuda" if torch.cuda.is_available() else "cpu"
-    assert measure.device().type == expected
-    assert measure.device("cpu") == torch.device("cpu")
+    assert instruments.device().type == expected
+    assert instruments.device("cpu") == torch.device("cpu")
     monkeypatch.setenv("SPEEDLIB_DEVICE", "cpu")
-    assert measure.device() == torch.device("cpu")
+    assert instruments.device() == torch.device("cpu")
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="no CUDA device"):
-            measure.device("cuda")
+            instruments.device("cuda")
 
 
 def test_saved_tensor_bytes_counts_each_storage_once():
@@ -55,20 +56,20 @@ def test_saved_tensor_bytes_counts_each_storage_once():
         (y * w).sum()  # mul saves y again (same storage: not counted twice) and w; sum saves nothing
         return y
 
-    assert measure.saved_tensor_bytes(fn) == 4000 + 4000
-    assert measure.saved_tensor_bytes(fn, exclude=[w]) == 4000
+    assert instruments.saved_tensor_bytes(fn) == 4000 + 4000
+    assert instruments.saved_tensor_bytes(fn, exclude=[w]) == 4000
 
 
 def test_saved_tensor_bytes_of_a_linear_layer_is_its_input():
     layer = torch.nn.Linear(64, 32)
     x = torch.randn(8, 64)
-    got = measure.saved_tensor_bytes(lambda: layer(x).sum(), exclude=layer.parameters())
+    got = instruments.saved_tensor_bytes(lambda: layer(x).sum(), exclude=layer.parameters())
     assert got == 8 * 64 * 4  # the input is saved for the weight gradient; weights excluded
 
 
 def test_peak_memory_is_a_skip_off_gpu():
     with pytest.raises(NotImplementedError, match="only tracked on CUDA"):
-        measure.peak_memory(lambda: None, "cpu")
+        instruments.peak_memory(lambda: None, "cpu")
 
 
 @requires_cuda
@@ -76,17 +77,18 @@ def test_peak_memory_resets_the_counter():
     big = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
     del big
     # above_start: tensors that earlier tests of the process left alive are not this call's.
-    peak = measure.peak_memory(lambda: torch.empty(1 << 20, dtype=torch.uint8, device="cuda"), "cuda", above_start=True)
+    peak = instruments.peak_memory(lambda: torch.empty(1 << 20, dtype=torch.uint8, device="cuda"), "cuda",
+                                   above_start=True)
     assert (1 << 20) <= peak < (1 << 28)
 
 
 def test_memory_bandwidth_is_plausible():
-    bw = measure.memory_bandwidth("cpu", nbytes=1 << 22, repeats=2)
+    bw = instruments.memory_bandwidth("cpu", nbytes=1 << 22, repeats=2)
     assert 1e8 < bw < 1e13  # between 100 MB/s and 10 TB/s
 
 
 def test_environment_record_is_json_ready():
-    env = measure.environment()
+    env = hardware.environment()
     json.dumps(env)
     for key in ("gpu_model", "gpu_count", "driver", "cuda", "cudnn", "nccl", "torch", "torchvision",
                 "cupy", "cpu_model", "cpu_cores", "machine"):
@@ -98,8 +100,8 @@ def test_environment_record_is_json_ready():
 def test_machine_name_on_cpu():
     if torch.cuda.is_available():
         pytest.skip("a GPU machine is named after its GPU")
-    name = measure.machine_name()
-    assert name == f"cpu-{os.cpu_count()}core-{measure.cpu_slug(measure.cpu_model())}"
+    name = hardware.machine_name()
+    assert name == f"cpu-{os.cpu_count()}core-{hardware.cpu_slug(hardware.cpu_model())}"
     assert machine_name_refused(name) is None  # the name --machine would accept
 
 
@@ -117,20 +119,20 @@ def test_machine_name_on_cpu():
 ])
 def test_a_cpu_model_gives_a_short_stable_name(model, slug):
     """Vendor, family and model number; trademarks, 'CPU', the clock and the core count go."""
-    assert measure.cpu_slug(model) == slug
+    assert hardware.cpu_slug(model) == slug
 
 
 def test_a_long_cpu_model_is_cut_at_a_word():
-    slug = measure.cpu_slug("Intel(R) Xeon(R) Some Very Long Marketing Name With Many Words 12345")
+    slug = hardware.cpu_slug("Intel(R) Xeon(R) Some Very Long Marketing Name With Many Words 12345")
     assert slug == "intel-xeon-some-very-long-marketing-name"
-    assert len(measure.cpu_slug("x" * 80)) == 40
-    assert machine_name_refused(f"cpu-2core-{measure.cpu_slug('x' * 200)}") is None
+    assert len(hardware.cpu_slug("x" * 80)) == 40
+    assert machine_name_refused(f"cpu-2core-{hardware.cpu_slug('x' * 200)}") is None
 
 
 def test_the_quick_identity_agrees_with_the_environment_record():
     """`speedlib run` checks the machine directory with identity() before the slow record is
     taken; the two must name the same machine, hardware and build."""
-    ident, env = measure.identity(), measure.environment()
+    ident, env = hardware.identity(), hardware.environment()
     assert ident == {k: env[k] for k in ident}
     assert set(ident) == {"machine", "gpu_model", "gpu_count", "cpu_model", "torch", "cuda"}
 
@@ -142,30 +144,30 @@ def test_the_quick_identity_agrees_with_the_environment_record():
     ("NVIDIA L4", 24 * 2**30, "l4-24gb"),
 ])
 def test_gpu_machine_names(name, mem, slug):
-    assert measure._gpu_slug(name, mem) == slug
+    assert hardware._gpu_slug(name, mem) == slug
 
 
 def test_host_memory_grows_with_touched_memory():
-    before = measure.host_memory()
+    before = instruments.host_memory()
     block = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MiB, every page written
-    assert measure.host_memory() - before >= 48 << 20
+    assert instruments.host_memory() - before >= 48 << 20
     del block
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU behaviour")
 def test_host_copy_floors_are_skips_without_a_gpu():
     with pytest.raises(NotImplementedError):
-        measure.host_copy_bandwidth("cpu")
+        instruments.host_copy_bandwidth("cpu")
     with pytest.raises(NotImplementedError):
-        measure.device_memory_in_use("cpu")
+        instruments.device_memory_in_use("cpu")
 
 
 @pytest.mark.gpu(reason="needs a CUDA GPU")
 def test_host_copy_bandwidth_is_positive_on_gpu():
     for direction in ("h2d", "d2h"):
-        assert measure.host_copy_bandwidth("cuda", direction, pinned=True, nbytes=1 << 24) > 0
+        assert instruments.host_copy_bandwidth("cuda", direction, pinned=True, nbytes=1 << 24) > 0
     with pytest.raises(ValueError, match="direction"):
-        measure.host_copy_bandwidth("cuda", "sideways")
+        instruments.host_copy_bandwidth("cuda", "sideways")
 
 
 # --- environment: asv versions, GPU operating state, CPU frequency policy -------------------
@@ -221,11 +223,11 @@ if unknown:
 for row in rows:
     print(", ".join(row[f] for f in fields))
 """)
-    env = measure.environment()
+    env = hardware.environment()
     assert env["gpu_state"] == _EXPECTED_STATE
     json.dumps(env)
     # Any bracketed placeholder, text fields included: a value nvidia-smi could not read.
-    assert measure._smi_value("[Insufficient Permissions]", str) is None
+    assert hardware._smi_value("[Insufficient Permissions]", str) is None
 
 
 def _fake_pynvml():
@@ -266,7 +268,7 @@ def test_gpu_state_from_pynvml(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi: the values can only come from NVML
     nv = _fake_pynvml()
     monkeypatch.setitem(sys.modules, "pynvml", nv)
-    env = measure.environment()
+    env = hardware.environment()
     assert env["gpu_state"] == _EXPECTED_STATE  # the same record, whichever source
     assert nv.calls == ["init", "shutdown"]
     json.dumps(env)
@@ -275,7 +277,7 @@ def test_gpu_state_from_pynvml(tmp_path, monkeypatch):
 def test_gpu_state_without_nvml_or_nvidia_smi(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    env = measure.environment()
+    env = hardware.environment()
     assert env["gpu_state"] is None
 
 
@@ -289,7 +291,7 @@ def test_gpu_state_when_nvml_has_no_driver(tmp_path, monkeypatch):
     nv.nvmlInit = no_driver
     monkeypatch.setitem(sys.modules, "pynvml", nv)
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert measure.gpu_state() is None
+    assert hardware.gpu_state() is None
 
 
 @pytest.mark.parametrize("body", [
@@ -298,13 +300,13 @@ def test_gpu_state_when_nvml_has_no_driver(tmp_path, monkeypatch):
 ])
 def test_gpu_state_when_nvidia_smi_hangs_or_fails(tmp_path, monkeypatch, body):
     _fake_smi(tmp_path, monkeypatch, body)
-    monkeypatch.setattr(measure, "NVIDIA_SMI_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(hardware, "NVIDIA_SMI_TIMEOUT_S", 1.0)
     start = time.monotonic()
-    assert measure.gpu_state() is None
+    assert hardware.gpu_state() is None
     # Only the query is timed: environment() also starts CUDA on GPU machines, which alone
     # took 21 s on a busy H100 host.
     assert time.monotonic() - start < 20
-    assert measure.environment()["gpu_state"] is None
+    assert hardware.environment()["gpu_state"] is None
 
 
 def test_cpu_frequency_policy_from_sysfs(tmp_path):
@@ -314,30 +316,30 @@ def test_cpu_frequency_policy_from_sysfs(tmp_path):
     (tmp_path / "cpu3").mkdir()  # a CPU without cpufreq (offline, or not exposed)
     (tmp_path / "intel_pstate").mkdir()
     (tmp_path / "intel_pstate" / "no_turbo").write_text("1\n")
-    env = measure.environment(cpu_sysfs=tmp_path)
+    env = hardware.environment(cpu_sysfs=tmp_path)
     assert env["cpu_governors"] == ["performance", "powersave"]
     assert env["cpu_boost"] is False
     (tmp_path / "intel_pstate" / "no_turbo").write_text("0\n")
-    assert measure.cpu_frequency_policy(tmp_path)["cpu_boost"] is True
+    assert host_settings.cpu_frequency_policy(tmp_path)["cpu_boost"] is True
 
 
 def test_cpu_frequency_policy_without_cpufreq(tmp_path):
     """As in most VMs: CPUs listed, no cpufreq directory, no boost file."""
     (tmp_path / "cpu0").mkdir()
-    assert measure.cpu_frequency_policy(tmp_path) == {"cpu_governors": None, "cpu_boost": None}
+    assert host_settings.cpu_frequency_policy(tmp_path) == {"cpu_governors": None, "cpu_boost": None}
     (tmp_path / "cpufreq").mkdir()
     (tmp_path / "cpufreq" / "boost").write_text("1\n")  # acpi-cpufreq / amd-pstate
-    assert measure.cpu_frequency_policy(tmp_path)["cpu_boost"] is True
+    assert host_settings.cpu_frequency_policy(tmp_path)["cpu_boost"] is True
 
 
 def test_environment_records_asv_versions(monkeypatch):
-    env = measure.environment()
+    env = hardware.environment()
     assert env["asv"] == metadata.version("asv")
     assert env["asv_runner"] == metadata.version("asv-runner")
 
     def not_installed(name):
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(measure.metadata, "version", not_installed)
-    env = measure.environment()
+    monkeypatch.setattr(hardware.metadata, "version", not_installed)
+    env = hardware.environment()
     assert env["asv"] is None and env["asv_runner"] is None

@@ -1,24 +1,13 @@
-"""Everything that touches the device for measuring, and the only place that branches on it.
+"""The machine a measurement ran on: its environment record and its names.
 
-- `device()` picks where benchmarks and tests run (one rule, used everywhere).
-- `timer()` is an asv `timer`: it waits for queued GPU work before reading the clock, so
-  asv's samples, confidence intervals and significance tests stay meaningful on GPUs.
-- `peak_memory()` resets the allocator's peak counter before running, so the number is
-  the peak of that call, not of the process so far.
-- `saved_tensor_bytes()` counts what autograd keeps for backward, exactly and on any
-  device, through `torch.autograd.graph.saved_tensors_hooks` (or what it still keeps
-  afterwards: a leaked graph).
-- `count_syncs()` counts host-device synchronisations (torch's sync debug mode), and
-  `allocator_segments()` the caching allocator's cudaMalloc calls.
 - `environment()` is the JSON-ready record that travels with every result file, with
-  `gpu_state()` (clocks, power limits, modes, temperature) and `cpu_frequency_policy()`.
-- `memory_bandwidth()` measures the bandwidth that physical floors are computed from, and
-  `host_copy_bandwidth()` the bus's: bulk pinned or pageable copies between host and GPU.
-- `host_memory()` and `device_memory_in_use()` read the footprints that tables leave.
+  `gpu_state()` (clocks, power limits, modes, temperature) and the CPU frequency policy
+  (speedbench.measure.host_settings).
+- `identity()` is what makes two machines one kind of hardware; `machine_name()` names this
+  one after its GPU (`h200-141gb`) or, on a CPU-only machine, its CPU model (`cpu_slug()`).
 
-The measuring instruments (`device()` to `device_memory_in_use()`) live in
-speedbench.measure.instruments and are re-exported here; this module keeps the environment
-record and the machine's names.
+The measuring instruments (the device rule, the synchronising timer, memory counters and
+bandwidth floors) are speedbench.measure.instruments; the package (`speedbench.measure`) names both.
 """
 
 from __future__ import annotations
@@ -33,49 +22,10 @@ from importlib import metadata
 import torch
 
 # The CPU frequency reader and the thread rule live in host_settings, which must work without
-# torch (the pre-flight check reads them too); the benchmarks and the environment record read them from here.
+# torch (the pre-flight check reads them too); the environment record keeps what they say.
 from speedbench.measure.host_settings import CPU_SYSFS, benchmark_threads, cpu_frequency_policy, usable_cores
-from speedbench.measure.instruments import (  # noqa: F401 - re-exported: benchmarks and tests use them as devices.X
-    SYNC_WARNING,
-    allocator_segments,
-    best_seconds,
-    count_syncs,
-    device,
-    device_memory_in_use,
-    host_copy_bandwidth,
-    host_memory,
-    memory_bandwidth,
-    peak_memory,
-    release_cached_memory,
-    saved_tensor_bytes,
-    synchronize,
-    timer,
-)
 
-__all__ = [
-    "device",
-    "synchronize",
-    "timer",
-    "peak_memory",
-    "saved_tensor_bytes",
-    "count_syncs",
-    "allocator_segments",
-    "release_cached_memory",
-    "best_seconds",
-    "memory_bandwidth",
-    "host_copy_bandwidth",
-    "host_memory",
-    "device_memory_in_use",
-    "environment",
-    "gpu_state",
-    "cpu_frequency_policy",
-    "machine_name",
-    "cpu_model",
-    "cpu_slug",
-    "identity",
-    "benchmark_threads",
-    "usable_cores",
-]
+__all__ = ["environment", "gpu_state", "machine_name", "cpu_model", "cpu_slug", "identity"]
 
 
 def cpu_model() -> str:

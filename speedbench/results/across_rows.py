@@ -22,7 +22,7 @@ from speedbench.stats import contention
 _SAME_RUN_S = 3600
 
 
-def _attach_counters(rows: list[dict]) -> list[dict]:
+def attach_counters(rows: list[dict]) -> list[dict]:
     """The rows without the interference counters' own rows, each other row with the
     verdict on the counters of its run (speedbench.stats.contention): its class, parameters and
     result file, started within the same run, one counter per round it measured. Rows with
@@ -69,7 +69,7 @@ def _count(value) -> float | None:
     return float(value) if _is_number(value) and math.isfinite(_to_float(value)) and value > 0 else None
 
 
-def _settle_versions(rows: list[dict], problems: list[Problem]) -> None:
+def one_version_per_machine(rows: list[dict], problems: list[Problem]) -> None:
     """One version of each benchmark per machine. Rows of the version benchmarks.json names
     stand; where a machine has none of them, its rows of the version it measured last stand
     instead, flagged `earlier_version` (the benchmark's code has changed since, so they do not
