@@ -9,7 +9,6 @@ from pathlib import Path
 
 from speedbench.chunks import ChunkError, load_chunks
 from speedbench.results.common import printable
-from speedbench.results.listing import combinations
 from speedbench.results.tree import BENCHMARKS
 from speedbench.run.asv_process import Interrupted, stopped_by_signals
 from speedbench.run.errors import BENCHMARKS_FAILED, CHUNKS_LEFT, missing_torch, settings_refused
@@ -97,7 +96,8 @@ def _number(text: str | None, option: str, unit: str) -> float | None:
 
 
 def _print_plan(options) -> int:
-    from speedbench.run import plan, suite  # noqa: PLC0415 - pandas; `speedlib --help` loads none
+    from speedbench.results.listing import combinations  # noqa: PLC0415 - pandas; `speedlib --help` loads none
+    from speedbench.run import plan, suite  # noqa: PLC0415 - as above
 
     try:
         root = suite.find_root()

@@ -34,7 +34,6 @@ from speedbench.chunks import ChunkError, load_chunks
 from speedbench.results import outputs
 from speedbench.results.atomic import disk_full, written_whole
 from speedbench.results.common import printable as _printable
-from speedbench.results.listing import combinations
 from speedbench.results.tree import BENCHMARKS, ResultsError, ResultsTree, check_writable
 from speedbench.run.slurm_scripts import (  # re-exported: tests and callers use them as slurm.X
     FLOOR_MINUTES,
@@ -130,7 +129,8 @@ def _commit(req: Request) -> str:
 
 def _price(req: Request) -> None:
     """req.tasks and req.minutes from the chunks' recorded times or estimates."""
-    from speedbench.run import plan  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
+    from speedbench.results.listing import combinations  # noqa: PLC0415 - pandas: `speedlib --help` builds this command's parser
+    from speedbench.run import plan  # noqa: PLC0415 - as above
 
     try:
         chunks = load_chunks(req.root)
