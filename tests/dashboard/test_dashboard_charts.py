@@ -87,7 +87,7 @@ def test_boxes_keep_classes_and_parameters_apart():
 @pytest.mark.parametrize("machine", ["cpu-2core-intel-xeon", "cpu-2core-amd-epyc", "h100-sxm-80gb"])
 @pytest.mark.parametrize("name", list(report.TECHNIQUES))
 def test_technique_pages_draw_one_bar_per_configuration(name, machine, monkeypatch):
-    for fig in figures(ROOT / "results", f"views/{name}.py", monkeypatch, machine=machine):
+    for fig in figures(ROOT / "results", f"/{name}", monkeypatch, machine=machine):
         for trace in fig["data"]:
             if trace.get("type") == "bar":
                 xs = labels(trace)
@@ -95,7 +95,7 @@ def test_technique_pages_draw_one_bar_per_configuration(name, machine, monkeypat
 
 
 def test_the_tuning_page_shows_one_paired_bar_per_knob(monkeypatch):
-    charts = figures(ROOT / "results", "views/tuning.py", monkeypatch, machine="h100-sxm-80gb")
+    charts = figures(ROOT / "results", "/tuning", monkeypatch, machine="h100-sxm-80gb")
     paired = next(f for f in charts if "paired" in f["layout"]["title"]["text"])
     xs = [x for trace in paired["data"] for x in labels(trace)]
     knobs = [x for x in xs if x.startswith("knob=")]
@@ -115,7 +115,7 @@ def test_the_tuning_page_shows_one_paired_bar_per_knob(monkeypatch):
 def test_a_page_defaults_to_the_baseline_that_ran_there(monkeypatch):
     """On CPUs DataParallel cannot run: the parallel page compares against one process, the
     technique's fallback, not against whichever variant sorts first (ddp)."""
-    at = app_on(ROOT / "results", "views/parallel.py", monkeypatch, machine="cpu-2core-intel-xeon")
+    at = app_on(ROOT / "results", "/parallel", monkeypatch, machine="cpu-2core-intel-xeon")
     assert not at.exception
     assert next(s for s in at.selectbox if s.label == "Baseline").value == "single"
     assert "driver n/a" in "\n".join(t.value for t in at.text)  # a CPU machine has no driver: not "nan"
@@ -381,9 +381,9 @@ def test_a_cpu_against_a_gpu_gets_no_chart_of_time_ratios(monkeypatch):
 
 def test_a_technique_page_opens_on_a_tab_with_results(monkeypatch):
     """The H100's transfer results are bandwidth only: the page opened on an empty Time tab."""
-    at = app_on(ROOT / "results", "views/transfer.py", monkeypatch, machine="h100-sxm-80gb")
+    at = app_on(ROOT / "results", "/transfer", monkeypatch, machine="h100-sxm-80gb")
     assert not at.exception and at.query_params["tab"] == "Bandwidth and floor"
-    at = app_on(ROOT / "results", "views/transfer.py", monkeypatch, machine="h100-sxm-80gb", tab="Memory")
+    at = app_on(ROOT / "results", "/transfer", monkeypatch, machine="h100-sxm-80gb", tab="Memory")
     assert at.query_params["tab"] == "Memory"  # a link's tab wins
     assert any("its run did not include them" in i.value for i in at.info)
 
@@ -391,7 +391,7 @@ def test_a_technique_page_opens_on_a_tab_with_results(monkeypatch):
 def test_the_floor_tab_draws_one_chart_per_reference(monkeypatch):
     """Gather (% of host->device) and write-back (% of device->host) once shared one axis,
     labelled with the first one's reference."""
-    charts = figures(ROOT / "results", "views/transfer.py", monkeypatch, machine="h100-sxm-80gb",
+    charts = figures(ROOT / "results", "/transfer", monkeypatch, machine="h100-sxm-80gb",
                      tab="Bandwidth and floor")
     titles = [c["layout"]["yaxis"]["title"]["text"] for c in charts if "% of" in c["layout"]["yaxis"]["title"]["text"]]
     assert len(titles) == len(set(titles)) >= 2
@@ -430,7 +430,7 @@ def test_a_column_is_as_wide_as_its_longest_text_up_to_a_limit():
 def test_every_technique_chart_names_the_machine(monkeypatch):
     """A technique page's charts had the benchmark class as their legend ("TrainingStep") and
     nothing about the machine: a screenshot of one lost which GPU it was."""
-    charts = figures(ROOT / "results", "views/tuning.py", monkeypatch, machine="h100-sxm-80gb")
+    charts = figures(ROOT / "results", "/tuning", monkeypatch, machine="h100-sxm-80gb")
     assert charts
     for chart in charts:
         title = chart["layout"]["title"]["text"]
@@ -471,14 +471,14 @@ def test_the_overview_claims_table_shows_every_cell_whole(monkeypatch):
 
 
 def test_a_single_device_run_of_a_several_device_comparison_says_so_on_its_page(monkeypatch):
-    at = app_on(ROOT / "results", "views/parallel.py", monkeypatch, machine="h100-sxm-80gb")
+    at = app_on(ROOT / "results", "/parallel", monkeypatch, machine="h100-sxm-80gb")
     assert any("one device only" in i.value and "headline-parallel" in i.value for i in at.info)
 
 
 def test_a_technique_page_lists_what_never_ran_on_the_machine_and_how_to_run_it(monkeypatch):
     """The H100 transfer page's Not measured tab said "Nothing was skipped or failed" while its
     Time tab was empty: the classes its run never selected were listed nowhere."""
-    at = app_on(ROOT / "results", "views/transfer.py", monkeypatch, machine="h100-sxm-80gb", tab="Not measured")
+    at = app_on(ROOT / "results", "/transfer", monkeypatch, machine="h100-sxm-80gb", tab="Not measured")
     never = [d for d in frames(at) if "measured by" in d.columns]
     assert len(never) == 1
     by_chunk = never[0].groupby("measured by")["benchmark"].apply(set).to_dict()
@@ -497,7 +497,7 @@ def test_a_technique_page_lists_what_never_ran_on_the_machine_and_how_to_run_it(
         <= by_chunk["speedlib run --chunk headline-transfer"]
     # and the Time tab names the chunk that times the variants taking turns; a page draws its open tab alone
     assert not any("speedlib run --chunk headline-transfer" in i.value for i in at.info)
-    at = app_on(ROOT / "results", "views/transfer.py", monkeypatch, machine="h100-sxm-80gb", tab="Time")
+    at = app_on(ROOT / "results", "/transfer", monkeypatch, machine="h100-sxm-80gb", tab="Time")
     assert any("speedlib run --chunk headline-transfer" in i.value for i in at.info)
 
 
@@ -559,7 +559,7 @@ def _floor_gbps_tree(tmp_path: Path) -> Path:
 def test_the_floor_tab_shows_the_gbps_beside_each_percent(tmp_path, monkeypatch):
     """The floor table and each bar's hover give the GB/s achieved and the floor's GB/s, in the
     same words; those GB/s are no second table of speedups below it."""
-    at = app_on(_floor_gbps_tree(tmp_path), "views/transfer.py", monkeypatch, machine="h100-sxm-80gb",
+    at = app_on(_floor_gbps_tree(tmp_path), "/transfer", monkeypatch, machine="h100-sxm-80gb",
                 tab="Bandwidth and floor")
     assert not at.exception, at.exception
     (floor,) = [f for f in frames(at) if "floor GB/s" in f.columns]
@@ -586,7 +586,7 @@ def test_the_floor_tab_shows_the_gbps_beside_each_percent(tmp_path, monkeypatch)
 def test_the_floor_tab_says_not_recorded_where_a_run_kept_only_the_percent(monkeypatch):
     """The committed H100 run predates FractionOfFloor's GB/s: the page says so, and shows no
     number it did not measure; a CPU machine's floor tab (Adam's step bandwidth) still draws."""
-    at = app_on(ROOT / "results", "views/transfer.py", monkeypatch, machine="h100-sxm-80gb", tab="Bandwidth and floor")
+    at = app_on(ROOT / "results", "/transfer", monkeypatch, machine="h100-sxm-80gb", tab="Bandwidth and floor")
     assert not at.exception, at.exception
     (floor,) = [f for f in frames(at) if "achieved" in f.columns]
     # no column of "not recorded": the columns are left out, and one note says why
@@ -596,14 +596,14 @@ def test_the_floor_tab_says_not_recorded_where_a_run_kept_only_the_percent(monke
     for chart in (c for c in drawn(at) if not is_glance(c)):
         for trace in chart["data"]:
             assert [len(row) for row in trace["customdata"]] == [1] and "GB/s" not in trace["hovertemplate"]
-    at = app_on(ROOT / "results", "views/contiguous.py", monkeypatch, machine="cpu-2core-intel-xeon",
+    at = app_on(ROOT / "results", "/contiguous", monkeypatch, machine="cpu-2core-intel-xeon",
                 tab="Bandwidth and floor")
     assert not at.exception, at.exception
     (floor,) = [f for f in frames(at) if "achieved" in f.columns]
     assert floor["GB/s"].str.endswith(" GB/s").all() and "floor GB/s" not in floor.columns
     assert any(c.value.startswith(f"floor GB/s {report.NOT_RECORDED} for bench_contiguous.AdamStep")
                for c in at.caption)
-    at = app_on(ROOT / "results", "views/transfer.py", monkeypatch, machine="cpu-2core-intel-xeon",
+    at = app_on(ROOT / "results", "/transfer", monkeypatch, machine="cpu-2core-intel-xeon",
                 tab="Bandwidth and floor")
     assert not at.exception, at.exception
 
