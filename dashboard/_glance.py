@@ -4,6 +4,8 @@ page at that machine, commit, baseline and class."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pandas as pd
 import streamlit as st
 from _tables import caption
@@ -65,11 +67,12 @@ _NARROW = ("<style>@media (max-width: {w}px) {{ .st-key-glance-{key} {{ overflow
            "{n} machines across.</div>")
 
 
-def glance_chart(grid: report.Table, key: str, technique: str | None = None) -> None:
+def glance_chart(grid: report.Table, key: str, page: Callable[[str], st.Page], technique: str | None = None) -> None:
     """The at-a-glance chart of `grid` (speedbench.report.headline.grid; `technique`: its rows
     only), the marks it uses said above it, how old its figures are below it, a click on a
-    cell opening its figure on its technique's page, and a row of links to the technique pages
-    (a touch screen has no hover)."""
+    cell opening its figure on its technique's page (`page(name)`: _technique.page, passed in
+    since that page draws this chart), and a row of links to the technique pages (a touch
+    screen has no hover)."""
     rows = grid.data
     if technique is not None:
         rows = rows[rows["technique"] == technique]
@@ -96,8 +99,8 @@ def glance_chart(grid: report.Table, key: str, technique: str | None = None) -> 
             link = cell_link(next(cell.itertuples()), st.query_params.get(UNTIL))
             for k in [*link, "workload", "metric", "_tab_default"]:  # the page's filters start from the link
                 st.session_state.pop(k, None)
-            st.switch_page(f"views/{name}.py", query_params=link)
+            st.switch_page(page(name), query_params=link)
     if technique is None:
         cols = st.columns(3)  # two rows of three: six in one row cut every title short
         for i, (name, t) in enumerate(report.TECHNIQUES.items()):
-            cols[i % 3].page_link(f"views/{name}.py", label=t.title)
+            cols[i % 3].page_link(page(name), label=t.title)

@@ -117,7 +117,7 @@ def comparison_index(t: report.Table) -> str:
     lines = ["| " + " | ".join(report.md_escape(h) for h in head) + " |", "|" + "---|" * len(head)]
     previous = None
     for row in t.frame.to_dict("records"):  # not itertuples: machine columns are no identifiers
-        # pages are views/<name>.py, served at ./<name>; the name is a TECHNIQUES key, not file text
+        # technique pages are served at ./<name> (_technique.page); the name is a TECHNIQUES key, not file text
         name = f"[{report.md_escape(row['technique'])}](./{row['page']})" if row["page"] != previous else ""
         previous = row["page"]
         cells = [name, report.md_escape(row["comparison"]),

@@ -1,19 +1,22 @@
-"""The page every technique gets: time, memory and floor tables for one machine and commit,
-charts that show every sample, and what was not measured."""
+"""The page every technique gets, one template for every record in TECHNIQUES: time, memory and
+floor tables for one machine and commit, charts that show every sample, and what was not measured.
+`page(name)` is technique `name`'s page, served at /<name>."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
 import streamlit as st
 from _glance import glance_chart
+from _roofline import roofline_tab
 from _tables import caption, md_text, show, table
 from _view import cached, pick, pick_many, results, say_names, show_problems, suite_listing, tabs
 
 from speedbench import chunks, report, words
-from speedbench.report import charts, headline
+from speedbench.report import charts, headline, roofline
 from speedbench.report.charts import config_label, ratio_chart, spread_chart
 from speedbench.results.environment import NoGpuModel
 
@@ -34,8 +37,21 @@ class OwnTab:
     show: Callable[[pd.DataFrame, str, str, str, tuple[str, ...]], None]
 
 
-def technique_page(name: str, own: OwnTab | None = None) -> None:
+# The tabs a technique's page adds for classes it draws its own way, by technique (dashboard-only:
+# the record is harness data and knows no Streamlit); tests/dashboard/test_dashboard.py holds the keys to TECHNIQUES.
+OWN_TABS = {"transfer": OwnTab("Roofline", roofline.is_roofline, roofline_tab)}
+
+
+def page(name: str) -> st.Page:
+    """Technique `name`'s page at /<name> (the address its own file views/<name>.py once gave it).
+    Streamlit knows a page by its url_path, so a page built here again (a link, a click) is the
+    one app.py registered."""
+    return st.Page(functools.partial(technique_page, name), title=report.TECHNIQUES[name].title, url_path=name)
+
+
+def technique_page(name: str) -> None:
     technique = report.TECHNIQUES[name]
+    own = OWN_TABS.get(name)
     st.title(technique.title)
     data = results()
     show_problems(data)
@@ -47,7 +63,7 @@ def technique_page(name: str, own: OwnTab | None = None) -> None:
         _not_measured(data, name)
         return
     # The page opens with its chart: this technique's rows on every machine, as the overview draws them.
-    glance_chart(cached(data, "headline", lambda: headline.grid(df), *sorted(df["machine"].unique())), name,
+    glance_chart(cached(data, "headline", lambda: headline.grid(df), *sorted(df["machine"].unique())), name, page,
                  technique=name)
     c1, c2, c3, c4, c5 = st.columns(5)
     with c1:

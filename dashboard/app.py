@@ -1,9 +1,10 @@
 """speedlib dashboard: `speedlib dashboard` (or `streamlit run dashboard/app.py`).
 
-Pages are files under views/ so each is testable on its own (Streamlit AppTest); every
-filter is kept in the URL, so a copied link reopens the same view. Not pages/: Streamlit
-serves a pages/ directory by itself to the first visitor of a deep link on a fresh server,
-before app.py sets up the navigation (file names in the sidebar, no wide layout).
+Pages are files under views/ so each is testable on its own (Streamlit AppTest), but for the
+technique pages: one template (_technique.page) for every record in TECHNIQUES, served at
+/<name>. Every filter is kept in the URL, so a copied link reopens the same view. Not pages/:
+Streamlit serves a pages/ directory by itself to the first visitor of a deep link on a fresh
+server, before app.py sets up the navigation (file names in the sidebar, no wide layout).
 """
 
 import sys
@@ -11,11 +12,12 @@ from pathlib import Path
 
 import streamlit as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # pages import _view, _glance and _tables from here
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the pages import _view, _technique and the rest from here
 
 import _host
 import _query
 import _tables
+import _technique
 
 from speedbench.techniques import TECHNIQUES
 
@@ -37,6 +39,6 @@ pages = {
         st.Page("views/machines.py", title="Machine comparison"),
         st.Page("views/cite.py", title="Cite and export"),
     ],
-    "Techniques": [st.Page(f"views/{name}.py", title=t.title) for name, t in TECHNIQUES.items()],
+    "Techniques": [_technique.page(name) for name in TECHNIQUES],
 }
 st.navigation(pages).run()

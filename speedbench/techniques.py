@@ -5,7 +5,9 @@ baseline chain and headline metric (the tables, speedbench.report.ratios and .pa
 variants, every variant in words and which one is PyTorch's default (speedbench.words), the
 sources' published claims (speedbench.report.claims), its headline comparison (the overview's
 first table, speedbench.report.headline) and the chunks of benchmarks/chunks.py that measure it.
-Those modules read the record; tests/harness/report/test_techniques.py holds the rest of the checkout to it.
+Those modules read the record, as do the dashboard's technique pages (dashboard/_technique.page)
+and the tests' lists of techniques; tests/harness/report/test_techniques.py and tests/test_docs.py
+hold the rest of the checkout (benchmarks/chunks.py, the README's and docs/benchmarks.md's tables) to it.
 This module imports nothing else of the harness, so any package can import it.
 
 A baseline is plain PyTorch: a variant written with torch alone in its benchmark

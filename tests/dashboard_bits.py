@@ -10,18 +10,30 @@ from pathlib import Path
 import pandas as pd
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1.element_tree import Dataframe, Table
+from streamlit.util import calc_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "dashboard" / "app.py"
 
 
+def open_page(at: AppTest, page: str) -> AppTest:
+    """Point `at` (not run yet, so no other page's widgets hold state) at `page`: a file under views/
+    ("views/cite.py"), or a technique's address ("/amp"), where dashboard/_technique.page serves it."""
+    if not page.startswith("/"):
+        return at.switch_page(page)  # a file page: its url_path is its file name
+    # AppTest switches only to file pages, and a technique page is one template (a callable) per
+    # address: ask for the address's page as a browser's /<name> does, by the hash Streamlit keys
+    # a page by (its url_path). Tests check the title drawn, so a Streamlit that stops reading it fails them.
+    at._page_hash = calc_hash(page.removeprefix("/"))
+    return at
+
+
 def app_on(results: Path, page: str, monkeypatch, **query) -> AppTest:
-    """Run `page` of the app on `results` (fixed at start-up, like `speedlib dashboard`)."""
+    """Run `page` of the app (open_page) on `results` (fixed at start-up, like `speedlib dashboard`)."""
     monkeypatch.setenv("SPEEDLIB_RESULTS", str(results))
     for module in ("_view", "_technique"):  # re-read the start-up setting
         sys.modules.pop(module, None)
-    at = AppTest.from_file(str(APP), default_timeout=60)
-    at.switch_page(page)  # before the first run, so no other page's widgets hold state (pages use no url_path)
+    at = open_page(AppTest.from_file(str(APP), default_timeout=60), page)
     for key, value in query.items():
         at.query_params[key] = value
     return at.run()

@@ -122,9 +122,9 @@ def techniques() -> list[str]:
 
 
 def test_every_benchmarked_technique_has_all_its_parts():
-    """A technique is a library module or package, its equivalence test, its dashboard page, its
-    docs page and its record in speedbench/techniques.py's TECHNIQUES (docs/adding-a-technique.md).
-    Files are read as text: nothing is imported."""
+    """A technique is a library module or package, its equivalence test, its docs page and its
+    record in speedbench/techniques.py's TECHNIQUES (docs/adding-a-technique.md); its dashboard
+    page comes from the record. Files are read as text: nothing is imported."""
     names = techniques()
     assert names, "no benchmarks/bench_<name>.py found"
     registry = (ROOT / "speedbench" / "techniques.py").read_text(encoding="utf-8")
@@ -132,7 +132,7 @@ def test_every_benchmarked_technique_has_all_its_parts():
     for name in names:
         if not (ROOT / f"speedlib/{name}.py").is_file() and not (ROOT / f"speedlib/{name}/__init__.py").is_file():
             missing.append(f"speedlib/{name}.py or speedlib/{name}/__init__.py")
-        for part in (f"tests/test_{name}.py", f"dashboard/views/{name}.py", f"docs/techniques/{name}.md"):
+        for part in (f"tests/test_{name}.py", f"docs/techniques/{name}.md"):
             if not (ROOT / part).is_file():
                 missing.append(part)
         if f'"{name}": Technique(' not in registry:
@@ -184,3 +184,55 @@ def test_the_results_page_is_generated_from_the_committed_results():
                                load_results(ROOT / "results-rerun").measured)
     assert (ROOT / "docs" / "results.md").read_text() == expected, \
         f"regenerate it: {writeup.REGENERATE} (or {writeup.COMMAND})"
+
+
+def table_rows(text: str, header: str) -> list[list[str]]:
+    """The rows of the Markdown table whose header line starts with `header`, as cell texts."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:  # after the header and its |---| line
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+def _code(cell: str, bold: bool = False) -> set[str]:
+    """The names in code spans of a cell (`bold`: only those in **bold**)."""
+    return set(re.findall(r"\*\*`([^`]+)`\*\*" if bold else r"`([^`]+)`", cell))
+
+
+# These tables are checked against TECHNIQUES, not generated from it: their cells say where each
+# name applies ("(GPUs)", "(Packing, up to 838236b)") and how to enter the library, which the record does not hold.
+
+
+def test_the_readmes_technique_table_lists_every_record_and_its_page():
+    from speedbench.techniques import TECHNIQUES  # noqa: PLC0415 - the records import nothing; tests here read text
+
+    rows = table_rows((ROOT / "README.md").read_text(encoding="utf-8"), "| technique | entry point |")
+    assert sorted(row[0].strip("`") for row in rows) == sorted(TECHNIQUES), "README.md's technique table"
+    for row in rows:
+        name = row[0].strip("`")
+        assert f"(docs/techniques/{name}.md)" in row[-1], row
+
+
+def test_the_baselines_table_says_each_records_variants():
+    """docs/benchmarks.md's table of variants: every record's plain variants (its baselines in
+    bold) and the others, none more and none less."""
+    from speedbench.techniques import TECHNIQUES  # noqa: PLC0415 - the records import nothing; tests here read text
+
+    rows = table_rows(REFERENCE.read_text(encoding="utf-8"), "| Technique | Plain PyTorch")
+    assert sorted(row[0] for row in rows) == sorted(TECHNIQUES), "docs/benchmarks.md's variant table"
+    for name, plain, speedlib, other in rows:
+        t = TECHNIQUES[name]
+        assert _code(plain, bold=True) == set(t.baselines), f"{name}: baselines in bold"
+        assert _code(plain) == set(t.plain), f"{name}: plain PyTorch variants"
+        assert _code(speedlib) | _code(other) == set(t.variants) - set(t.plain), f"{name}: the other variants"
+
+
+def test_the_chunk_table_lists_every_chunk_in_order():
+    from speedbench.run import plan  # noqa: PLC0415 - reads benchmarks/chunks.py as text
+
+    rows = table_rows(REFERENCE.read_text(encoding="utf-8"), "| Chunk | Classes |")
+    assert [row[0].strip("`") for row in rows] == [c.name for c in plan.load_chunks(ROOT)]

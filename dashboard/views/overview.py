@@ -5,6 +5,7 @@ screens in all. What is computed from the results is computed once per tree and 
 import streamlit as st
 from _glance import glance_chart
 from _tables import caption, comparison_index, on_screen, table_text
+from _technique import page as technique_page
 from _view import cached, note_missing_gpu, page, pick_many
 
 from speedbench import report
@@ -18,7 +19,7 @@ with st.sidebar:  # the chart first: the filter would push it below the fold
 mine = df[df["machine"].isin(machines)]
 # all commits: where a machine's latest result was contended, the grid cites its newest clean one
 glance = cached(data, "headline", lambda: headline.grid(mine), *machines)
-glance_chart(glance, "overview")
+glance_chart(glance, "overview", technique_page)
 note_missing_gpu(df)
 # the same notes as every export of the grid (`speedlib report --table headline`, the static site), counted alike
 with st.expander(f"Notes on the chart ({len(glance.notes)}): baselines, scope, marks, wide intervals"):

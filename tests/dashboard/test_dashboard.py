@@ -37,7 +37,7 @@ from speedbench.results.load import load_results
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = ["views/overview.py", "views/history.py", "views/machines.py", "views/cite.py",
-         *[f"views/{name}.py" for name in report.TECHNIQUES]]
+         *[f"/{name}" for name in report.TECHNIQUES]]
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +58,17 @@ def test_every_page_on_committed_results(page, monkeypatch):
     at = app_on(ROOT / "results", page, monkeypatch)
     assert not at.exception, at.exception
     assert at.title, "every page has a title"
+    if page.startswith("/"):  # a technique's address opens its page of the template, not the default page
+        assert at.title[0].value == report.TECHNIQUES[page[1:]].title
+
+
+def test_a_pages_own_tab_is_a_recorded_techniques():
+    """The technique pages come from TECHNIQUES through one template (each address opens its
+    record's title: the test above); the tabs some pages add are keyed by a technique with a record."""
+    sys.path.insert(0, str(ROOT / "dashboard"))
+    import _technique  # noqa: PLC0415 - the dashboard's module, on the path above
+
+    assert _technique.OWN_TABS and set(_technique.OWN_TABS) <= set(report.TECHNIQUES)
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -65,7 +76,7 @@ def test_every_page_on_synthetic_results_with_several_gpus(page, synthetic_tree,
     at = app_on(synthetic_tree, page, monkeypatch)
     assert not at.exception, at.exception
     assert not at.warning  # nothing was skipped
-    if page in ("views/overview.py", "views/contiguous.py", "views/machines.py", "views/cite.py"):
+    if page in ("views/overview.py", "/contiguous", "views/machines.py", "views/cite.py"):
         assert frames(at), "the page shows a table"
 
 
@@ -154,7 +165,7 @@ def test_a_machine_name_is_text_on_every_page_even_where_two_are_compared(page, 
     at = app_on(tmp_path, page, monkeypatch, a="synthetic-h100", b=IMAGE, machine=IMAGE)
     assert not at.exception, at.exception
     shown = _rendered(at)
-    if page in ("views/machines.py", "views/contiguous.py"):
+    if page in ("views/machines.py", "/contiguous"):
         assert any("x.png" in v or "x\\.png" in v for v in shown), "the name is on the page (as text)"
     if page == "views/machines.py":  # its machines table is static (too wide for a grid): Markdown cells
         assert any(read(t.value).isin([IMAGE]).any().any() for t in at.table)  # read as written
@@ -178,7 +189,7 @@ def test_the_committed_gpu_run_is_on_the_overview(monkeypatch):
 
 
 def test_filter_from_the_url(synthetic_tree, monkeypatch):
-    at = app_on(synthetic_tree, "views/contiguous.py", monkeypatch, machine="synthetic-h200", workload="mlp")
+    at = app_on(synthetic_tree, "/contiguous", monkeypatch, machine="synthetic-h200", workload="mlp")
     shown = frames(at)[0]
     assert any(t.value.startswith("synthetic-h200: NVIDIA H200") for t in at.text) and set(shown["workload"]) == {"mlp"}
     assert "machine" not in shown and "GPU" not in shown  # the line above the tables states them
@@ -189,11 +200,11 @@ def test_filter_from_the_url(synthetic_tree, monkeypatch):
 def test_a_filter_value_that_does_not_exist_is_said_escaped_and_nothing_else_shown(synthetic_tree, monkeypatch):
     """Issue 44: a link naming a machine the results lack no longer shows another machine's
     numbers in its place; the value is said, escaped, never rendered."""
-    at = app_on(synthetic_tree, "views/contiguous.py", monkeypatch, machine="<script>alert(1)</script>")
+    at = app_on(synthetic_tree, "/contiguous", monkeypatch, machine="<script>alert(1)</script>")
     assert not at.exception and not any(t.value.startswith("synthetic-h100: ") for t in at.text)
     assert any("&lt;script&gt;alert(1)&lt;/script&gt;" in e.value for e in at.error)
     # without a choice in the link, the default: a GPU machine (a CPU runs small workloads)
-    at = app_on(synthetic_tree, "views/contiguous.py", monkeypatch)
+    at = app_on(synthetic_tree, "/contiguous", monkeypatch)
     assert at.query_params["machine"] in ("synthetic-h100", "synthetic-h200")
 
 
@@ -205,10 +216,10 @@ def test_a_technique_page_opens_on_the_newest_gpu_machine_with_current_results_a
     gpus = rows[rows["gpu"] != "CPU only"]
     current = gpus[~report.earlier_version(gpus)]
     newest = (current if not current.empty else gpus).sort_values("run_date")["machine"].iloc[-1]
-    at = app_on(ROOT / "results", "views/contiguous.py", monkeypatch)
+    at = app_on(ROOT / "results", "/contiguous", monkeypatch)
     assert not at.exception and at.query_params["machine"] == newest
     assert at.query_params["baseline"] == "foreach"  # torch.optim.Adam's own choice on CUDA
-    at = app_on(ROOT / "results", "views/contiguous.py", monkeypatch, machine="cpu-2core-intel-xeon")
+    at = app_on(ROOT / "results", "/contiguous", monkeypatch, machine="cpu-2core-intel-xeon")
     assert at.query_params["baseline"] == "forloop"  # and on a CPU
 
 
@@ -226,7 +237,7 @@ def test_a_cells_link_opens_the_page_on_its_figure(monkeypatch):
         r = next(rows.itertuples())
         link = _glance.cell_link(r)
         assert {"machine", "commit", "baseline", "suite", "tab"} <= set(link)
-        at = app_on(ROOT / "results", f"views/{r.technique}.py", monkeypatch, **link)
+        at = app_on(ROOT / "results", f"/{r.technique}", monkeypatch, **link)
         assert not at.exception and not at.error, (r.question, at.exception)
         assert dict(at.query_params)["machine"] == r.machine and dict(at.query_params)["baseline"] == r.baseline
         figure = report.fmt_ratio(r.ratio, r.low, r.high) if r.measure == "speed" else f"{r.ratio:.3g}x"
@@ -281,9 +292,10 @@ def test_cite_page_lists_techniques_only_and_offers_the_headline_grid(monkeypatc
     at = app_on(ROOT / "results", "views/cite.py", monkeypatch, table="headline", technique="amp")
     amp = [q.label for q in headline.QUESTIONS if q.technique == "amp"]
     assert list(frames(at)[0]["question"]) == amp and len(amp) == 2
-    footer = " ".join(m.value for m in at.markdown)
-    assert "Note: " + report.md_escape(amp[0]) in footer  # its notes stay, the other rows' go
-    assert not any("Note: " + report.md_escape(q.label) in footer for q in headline.QUESTIONS if q.technique != "amp")
+    footer = [t.value for t in at.text]  # drawn as text, one element a line (dashboard/_footer.py)
+    assert any(line.startswith("Note: " + amp[0]) for line in footer)  # its notes stay, the other rows' go
+    assert not any(line.startswith("Note: " + q.label) for line in footer for q in headline.QUESTIONS
+                   if q.technique != "amp")
 
 
 def free_port() -> int:
@@ -408,7 +420,7 @@ def _view_of(at: AppTest) -> list[pd.DataFrame]:
     return [d.reset_index(drop=True) for d in frames(at)]
 
 
-@pytest.mark.parametrize("page, query", [("views/contiguous.py", {}), ("views/overview.py", {}),
+@pytest.mark.parametrize("page, query", [("/contiguous", {}), ("views/overview.py", {}),
                                          ("views/cite.py", {"table": "speedup"}), ("views/history.py", {})])
 def test_a_copied_link_shows_the_same_numbers_after_new_results_land(page, query, tmp_path, monkeypatch):
     """The URL holds every filter, defaults and the open tab included, and pins the view to
@@ -420,7 +432,7 @@ def test_a_copied_link_shows_the_same_numbers_after_new_results_land(page, query
     link = dict(first.query_params)
     assert "until" in link and not first.exception
     assert not first.button or "newer" not in " ".join(b.label for b in first.button)  # pinned to the newest
-    if page == "views/contiguous.py":
+    if page == "/contiguous":
         assert {"machine", "commit", "workload", "baseline", "tab", "metric"} <= set(link)
     _land_a_newer_commit(tree, tmp_path / "newer")
     later = app_on(tree, page, monkeypatch, **link)
@@ -436,7 +448,7 @@ def test_a_copied_link_shows_the_same_numbers_after_new_results_land(page, query
 
 
 def test_the_open_tab_comes_from_the_link(synthetic_tree, monkeypatch):
-    at = app_on(synthetic_tree, "views/contiguous.py", monkeypatch, machine="synthetic-h100", tab="Memory")
+    at = app_on(synthetic_tree, "/contiguous", monkeypatch, machine="synthetic-h100", tab="Memory")
     assert not at.exception and dict(at.query_params)["tab"] == "Memory"
     assert dict(at.query_params)["machine"] == "synthetic-h100"
 
@@ -645,7 +657,7 @@ def test_no_static_table_shows_the_loaders_row_numbers(page, monkeypatch):
 @pytest.mark.parametrize("query", [{"machine": "h100-typo"}, {"machine": "h100-sxm-80gb", "commit": "deadbeef"}])
 def test_a_link_naming_what_the_results_lack_says_so_and_shows_no_other_numbers(query, monkeypatch):
     """?machine=h100-typo silently showed another machine's numbers and rewrote the link."""
-    at = app_on(ROOT / "results", "views/contiguous.py", monkeypatch, **query)
+    at = app_on(ROOT / "results", "/contiguous", monkeypatch, **query)
     assert not at.exception
     (wanted,) = [v for v in query.values() if v in ("h100-typo", "deadbeef")]
     assert any(f"'{wanted}', which these results do not have" in e.value for e in at.error)

@@ -87,7 +87,7 @@ def test_boxes_keep_classes_and_parameters_apart():
 @pytest.mark.parametrize("machine", ["cpu-2core-intel-xeon", "cpu-2core-amd-epyc", "h100-sxm-80gb"])
 @pytest.mark.parametrize("name", list(report.TECHNIQUES))
 def test_technique_pages_draw_one_bar_per_configuration(name, machine, monkeypatch):
-    for fig in figures(ROOT / "results", f"views/{name}.py", monkeypatch, machine=machine):
+    for fig in figures(ROOT / "results", f"/{name}", monkeypatch, machine=machine):
         for trace in fig["data"]:
             if trace.get("type") == "bar":
                 xs = labels(trace)
@@ -95,7 +95,7 @@ def test_technique_pages_draw_one_bar_per_configuration(name, machine, monkeypat
 
 
 def test_the_tuning_page_shows_one_paired_bar_per_knob(monkeypatch):
-    charts = figures(ROOT / "results", "views/tuning.py", monkeypatch, machine="h100-sxm-80gb")
+    charts = figures(ROOT / "results", "/tuning", monkeypatch, machine="h100-sxm-80gb")
     paired = next(f for f in charts if "paired" in f["layout"]["title"]["text"])
     xs = [x for trace in paired["data"] for x in labels(trace)]
     knobs = [x for x in xs if x.startswith("knob=")]
@@ -115,7 +115,7 @@ def test_the_tuning_page_shows_one_paired_bar_per_knob(monkeypatch):
 def test_a_page_defaults_to_the_baseline_that_ran_there(monkeypatch):
     """On CPUs DataParallel cannot run: the parallel page compares against one process, the
     technique's fallback, not against whichever variant sorts first (ddp)."""
-    at = app_on(ROOT / "results", "views/parallel.py", monkeypatch, machine="cpu-2core-intel-xeon")
+    at = app_on(ROOT / "results", "/parallel", monkeypatch, machine="cpu-2core-intel-xeon")
     assert not at.exception
     assert next(s for s in at.selectbox if s.label == "Baseline").value == "single"
     assert "driver n/a" in "\n".join(t.value for t in at.text)  # a CPU machine has no driver: not "nan"
@@ -286,11 +286,15 @@ def test_a_machine_is_described_by_every_environment_it_ran_in(monkeypatch):
     which repeated the machine (issue 51). One row per machine, described by the environment
     of its newest technique results, every other environment named in a column with its counts."""
     measured = load_results(ROOT / "results").measured
-    cpu = measured[measured["machine"] == "cpu-2core-amd-epyc"]
+    # a machine the committed results hold under two torch builds (the Xeon timed the dashboard
+    # under 2.15.0, then everything under 2.14.1); its older-version runs stay aside on the AMD
+    builds = measured.groupby("machine")["torch"].nunique()
+    machine = builds[builds > 1].index[0]
+    cpu = measured[measured["machine"] == machine]
     at = app_on(ROOT / "results", "views/machines.py", monkeypatch)
     table = frames(at)[0]
     assert table["machine"].is_unique
-    (row,) = table[table["machine"] == "cpu-2core-amd-epyc"].to_dict("records")
+    (row,) = table[table["machine"] == machine].to_dict("records")
     techniques = cpu[cpu["technique"].isin(report.TECHNIQUES)]
     assert row["torch"] == techniques.sort_values("commit_date")["torch"].iloc[-1]
     others = row["other environments"]
@@ -347,18 +351,23 @@ def test_history_writes_out_its_log_ticks(tmp_path, monkeypatch):
 
 
 def test_history_draws_one_line_per_environment(monkeypatch):
-    """cpu-2core-amd-epyc timed the dashboard with torch 2.15.0 and then 2.14.1: no line joins
+    """cpu-2core-intel-xeon timed the dashboard with torch 2.15.0 and then 2.14.1: no line joins
     the two builds, and the table flags the boundary instead of a change."""
-    query = {"benchmark": "bench_dashboard.FirstView.time_load_results", "machine": ["cpu-2core-amd-epyc"],
-             "params": ["files=5000, cache=warm"]}
-    at = app_on(ROOT / "results", "views/history.py", monkeypatch, **query)
+    benchmark, machine, params = ("bench_dashboard.FirstView.time_load_results", "cpu-2core-intel-xeon",
+                                  "files=5000, cache=warm")
+    at = app_on(ROOT / "results", "views/history.py", monkeypatch, benchmark=benchmark, machine=[machine],
+                params=[params])
     (fig,) = [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
     lines = {trace["name"]: [x.split()[0] for x in values(trace["x"])] for trace in fig["data"]}
-    assert lines == {
-        "cpu-2core-amd-epyc: files=5000, cache=warm (CPU AMD EPYC, torch 2.15.0+cu132, CUDA 13.2, torch threads 2)":
-            ["e8d01db5", "45485792", "4f4bb77a"],
-        "cpu-2core-amd-epyc: files=5000, cache=warm (CPU AMD EPYC, torch 2.14.1+cu130, CUDA 13.0, torch threads 2)":
-            ["3929b54b"]}
+    measured = load_results(ROOT / "results").measured
+    rows = measured[(measured["benchmark"] == benchmark) & (measured["machine"] == machine)
+                    & (measured["params"] == params)].sort_values("commit_date")
+    builds = {t: [c[:8] for c in its["commit"]] for t, its in rows.groupby("torch", sort=False)}
+    assert builds.keys() == {"2.15.0+cu132", "2.14.1+cu130"}  # what the committed results hold
+    assert sorted(lines.values()) == sorted(builds.values())
+    for name, commits in lines.items():  # each line named for its build
+        (torch,) = [t for t, cs in builds.items() if cs == commits]
+        assert name.startswith(f"{machine}: {params} (") and f"torch {torch}," in name
     assert any("One line per environment" in c.value for c in at.caption)
     (table,) = [d for d in frames(at) if "flag" in d.columns]
     assert table["flag"].iloc[-1] == "torch 2.15.0+cu132 -> 2.14.1+cu130, CUDA 13.2 -> 13.0: not compared"
@@ -372,9 +381,9 @@ def test_a_cpu_against_a_gpu_gets_no_chart_of_time_ratios(monkeypatch):
 
 def test_a_technique_page_opens_on_a_tab_with_results(monkeypatch):
     """The H100's transfer results are bandwidth only: the page opened on an empty Time tab."""
-    at = app_on(ROOT / "results", "views/transfer.py", monkeypatch, machine="h100-sxm-80gb")
+    at = app_on(ROOT / "results", "/transfer", monkeypatch, machine="h100-sxm-80gb")
     assert not at.exception and at.query_params["tab"] == "Bandwidth and floor"
-    at = app_on(ROOT / "results", "views/transfer.py", monkeypatch, machine="h100-sxm-80gb", tab="Memory")
+    at = app_on(ROOT / "results", "/transfer", monkeypatch, machine="h100-sxm-80gb", tab="Memory")
     assert at.query_params["tab"] == "Memory"  # a link's tab wins
     assert any("its run did not include them" in i.value for i in at.info)
 
@@ -382,7 +391,7 @@ def test_a_technique_page_opens_on_a_tab_with_results(monkeypatch):
 def test_the_floor_tab_draws_one_chart_per_reference(monkeypatch):
     """Gather (% of host->device) and write-back (% of device->host) once shared one axis,
     labelled with the first one's reference."""
-    charts = figures(ROOT / "results", "views/transfer.py", monkeypatch, machine="h100-sxm-80gb",
+    charts = figures(ROOT / "results", "/transfer", monkeypatch, machine="h100-sxm-80gb",
                      tab="Bandwidth and floor")
     titles = [c["layout"]["yaxis"]["title"]["text"] for c in charts if "% of" in c["layout"]["yaxis"]["title"]["text"]]
     assert len(titles) == len(set(titles)) >= 2
@@ -421,7 +430,7 @@ def test_a_column_is_as_wide_as_its_longest_text_up_to_a_limit():
 def test_every_technique_chart_names_the_machine(monkeypatch):
     """A technique page's charts had the benchmark class as their legend ("TrainingStep") and
     nothing about the machine: a screenshot of one lost which GPU it was."""
-    charts = figures(ROOT / "results", "views/tuning.py", monkeypatch, machine="h100-sxm-80gb")
+    charts = figures(ROOT / "results", "/tuning", monkeypatch, machine="h100-sxm-80gb")
     assert charts
     for chart in charts:
         title = chart["layout"]["title"]["text"]
@@ -462,14 +471,14 @@ def test_the_overview_claims_table_shows_every_cell_whole(monkeypatch):
 
 
 def test_a_single_device_run_of_a_several_device_comparison_says_so_on_its_page(monkeypatch):
-    at = app_on(ROOT / "results", "views/parallel.py", monkeypatch, machine="h100-sxm-80gb")
+    at = app_on(ROOT / "results", "/parallel", monkeypatch, machine="h100-sxm-80gb")
     assert any("one device only" in i.value and "headline-parallel" in i.value for i in at.info)
 
 
 def test_a_technique_page_lists_what_never_ran_on_the_machine_and_how_to_run_it(monkeypatch):
     """The H100 transfer page's Not measured tab said "Nothing was skipped or failed" while its
     Time tab was empty: the classes its run never selected were listed nowhere."""
-    at = app_on(ROOT / "results", "views/transfer.py", monkeypatch, machine="h100-sxm-80gb", tab="Not measured")
+    at = app_on(ROOT / "results", "/transfer", monkeypatch, machine="h100-sxm-80gb", tab="Not measured")
     never = [d for d in frames(at) if "measured by" in d.columns]
     assert len(never) == 1
     by_chunk = never[0].groupby("measured by")["benchmark"].apply(set).to_dict()
@@ -488,7 +497,7 @@ def test_a_technique_page_lists_what_never_ran_on_the_machine_and_how_to_run_it(
         <= by_chunk["speedlib run --chunk headline-transfer"]
     # and the Time tab names the chunk that times the variants taking turns; a page draws its open tab alone
     assert not any("speedlib run --chunk headline-transfer" in i.value for i in at.info)
-    at = app_on(ROOT / "results", "views/transfer.py", monkeypatch, machine="h100-sxm-80gb", tab="Time")
+    at = app_on(ROOT / "results", "/transfer", monkeypatch, machine="h100-sxm-80gb", tab="Time")
     assert any("speedlib run --chunk headline-transfer" in i.value for i in at.info)
 
 
@@ -550,7 +559,7 @@ def _floor_gbps_tree(tmp_path: Path) -> Path:
 def test_the_floor_tab_shows_the_gbps_beside_each_percent(tmp_path, monkeypatch):
     """The floor table and each bar's hover give the GB/s achieved and the floor's GB/s, in the
     same words; those GB/s are no second table of speedups below it."""
-    at = app_on(_floor_gbps_tree(tmp_path), "views/transfer.py", monkeypatch, machine="h100-sxm-80gb",
+    at = app_on(_floor_gbps_tree(tmp_path), "/transfer", monkeypatch, machine="h100-sxm-80gb",
                 tab="Bandwidth and floor")
     assert not at.exception, at.exception
     (floor,) = [f for f in frames(at) if "floor GB/s" in f.columns]
@@ -577,7 +586,7 @@ def test_the_floor_tab_shows_the_gbps_beside_each_percent(tmp_path, monkeypatch)
 def test_the_floor_tab_says_not_recorded_where_a_run_kept_only_the_percent(monkeypatch):
     """The committed H100 run predates FractionOfFloor's GB/s: the page says so, and shows no
     number it did not measure; a CPU machine's floor tab (Adam's step bandwidth) still draws."""
-    at = app_on(ROOT / "results", "views/transfer.py", monkeypatch, machine="h100-sxm-80gb", tab="Bandwidth and floor")
+    at = app_on(ROOT / "results", "/transfer", monkeypatch, machine="h100-sxm-80gb", tab="Bandwidth and floor")
     assert not at.exception, at.exception
     (floor,) = [f for f in frames(at) if "achieved" in f.columns]
     # no column of "not recorded": the columns are left out, and one note says why
@@ -587,19 +596,19 @@ def test_the_floor_tab_says_not_recorded_where_a_run_kept_only_the_percent(monke
     for chart in (c for c in drawn(at) if not is_glance(c)):
         for trace in chart["data"]:
             assert [len(row) for row in trace["customdata"]] == [1] and "GB/s" not in trace["hovertemplate"]
-    at = app_on(ROOT / "results", "views/contiguous.py", monkeypatch, machine="cpu-2core-intel-xeon",
+    at = app_on(ROOT / "results", "/contiguous", monkeypatch, machine="cpu-2core-intel-xeon",
                 tab="Bandwidth and floor")
     assert not at.exception, at.exception
     (floor,) = [f for f in frames(at) if "achieved" in f.columns]
     assert floor["GB/s"].str.endswith(" GB/s").all() and "floor GB/s" not in floor.columns
     assert any(c.value.startswith(f"floor GB/s {report.NOT_RECORDED} for bench_contiguous.AdamStep")
                for c in at.caption)
-    at = app_on(ROOT / "results", "views/transfer.py", monkeypatch, machine="cpu-2core-intel-xeon",
+    at = app_on(ROOT / "results", "/transfer", monkeypatch, machine="cpu-2core-intel-xeon",
                 tab="Bandwidth and floor")
     assert not at.exception, at.exception
 
 
-def test_history_opens_on_a_gpu_series_and_flags_no_cpu_noise(monkeypatch):
+def test_history_opens_on_a_gpu_series_and_flags_no_cpu_noise(tmp_path, monkeypatch):
     """Issue 44: the History page opened on a contended 2-core CPU's amp step, flagging tf32's
     "+282.9 %" at 6931fd01 as a regression while the two runs' 99 % intervals overlapped. It opens
     on a GPU machine's series measured at two commits, and that jump is no longer a flag."""
@@ -607,7 +616,16 @@ def test_history_opens_on_a_gpu_series_and_flags_no_cpu_noise(monkeypatch):
     assert not at.exception, at.exception
     assert (at.query_params["benchmark"], at.query_params["machine"]) == (
         "bench_contiguous.AdamStep.track_seconds", "h200-141gb")
-    measured = load_results(ROOT / "results").measured
+    # the AMD's runs of that version, alone in a tree (newer versions set them aside in results/)
+    tree = tmp_path / "results"
+    amd = ROOT / "results" / "cpu-2core-amd-epyc"
+    (tree / amd.name / "environment").mkdir(parents=True)
+    shutil.copy(ROOT / "results" / "benchmarks.json", tree)
+    shutil.copy(amd / "machine.json", tree / amd.name)
+    for commit in ("151a8d3f", "a4218466", "6931fd01"):
+        shutil.copy(next(amd.glob(f"{commit}-*.json")), tree / amd.name)
+        shutil.copy(amd / "environment" / f"{commit}.jsonl", tree / amd.name / "environment")
+    measured = load_results(tree).measured
     h = report.history(measured[measured["benchmark"] == "bench_amp.TrainingStep.track_seconds"])
     tf32 = h[(h["machine"] == "cpu-2core-amd-epyc") & (h["params"] == "workload=resnet50, variant=tf32")
              & h["commit"].str.startswith("6931fd01")].iloc[0]

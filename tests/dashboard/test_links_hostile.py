@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys_path = ROOT / "dashboard"
 
 
-@pytest.mark.parametrize("page", ["views/contiguous.py", "views/cite.py", "views/overview.py"])
+@pytest.mark.parametrize("page", ["/contiguous", "views/cite.py", "views/overview.py"])
 def test_a_value_no_filter_holds_is_refused_in_one_line_before_any_work(page, monkeypatch):
     began = time.monotonic()
     at = app_on(ROOT / "results", page, monkeypatch, machine="a" * 100_000)

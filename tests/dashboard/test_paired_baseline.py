@@ -26,7 +26,7 @@ NONE_AGAINST = "None was paired against"
 def _page(monkeypatch, **query):
     """The contiguous page on MACHINE: its paired table, the labels of its paired chart, its captions and
     the `speedlib report --table paired` rows of the commit it shows (the report's latest there)."""
-    at = app_on(ROOT / "results", "views/contiguous.py", monkeypatch, machine=MACHINE, **query)
+    at = app_on(ROOT / "results", "/contiguous", monkeypatch, machine=MACHINE, **query)
     assert not at.exception, at.exception
     (paired,) = [f for f in frames(at) if "comparison" in f.columns]  # the separately timed tables name benchmarks
     charts = [json.loads(e.proto.spec) for e in at.get("plotly_chart")]

@@ -21,7 +21,7 @@ from speedbench.results import synthetic
 from speedbench.results.load import load_results
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = "views/transfer.py"
+PAGE = "/transfer"
 
 
 @pytest.fixture(scope="module")

@@ -404,7 +404,7 @@ def test_the_history_page_of_a_zero_value(app):
 
 
 PAGES = ["views/overview.py", "views/history.py", "views/machines.py", "views/cite.py",
-         *[f"views/{name}.py" for name in report.TECHNIQUES]]
+         *[f"/{name}" for name in report.TECHNIQUES]]
 
 
 @pytest.fixture(scope="module")
@@ -434,7 +434,7 @@ def test_the_latest_results_hold_each_case_once(two_files_of_one_commit):
 
 @pytest.mark.parametrize("until", ["-1", "-99999999999", "99999-01-01", "1e30", "garbage",
                                    "0000-01-01T00:00:00Z", "10000-01-01T00:00:00Z"])
-@pytest.mark.parametrize("page", ["views/overview.py", "views/amp.py"])
+@pytest.mark.parametrize("page", ["views/overview.py", "/amp"])
 def test_an_unreadable_or_out_of_range_until_says_so_and_shows_nothing(app, tree, until, page):
     """Issue 51: a link whose until= is no time silently became the newest date, and its
     numbers passed for the pinned ones. It is a citation gone wrong: said, nothing shown, the
@@ -454,7 +454,7 @@ def test_an_empty_until_is_no_pin_at_all(app, tree):
     assert dict(at.query_params)["until"] == newest
 
 
-@pytest.mark.parametrize("page", ["views/overview.py", "views/amp.py", "views/machines.py"])
+@pytest.mark.parametrize("page", ["views/overview.py", "/amp", "views/machines.py"])
 def test_a_link_pinned_before_the_first_result_says_so_not_that_there_are_none(app, tree, page):
     """On every page (a technique page said "No measured results for this technique yet")."""
     at = app(tree, page, until="2000-01-01T00:00:00Z")
@@ -551,7 +551,7 @@ def test_a_variant_name_on_a_technique_page_stays_in_its_code_span(app, tree, tm
     shutil.copytree(tree, evil_tree)
     for path in evil_tree.rglob("*.json"):  # the variant `fused`, renamed in the results and in asv's listing
         path.write_text(path.read_text().replace("'fused'", json.dumps(repr(name))[1:-1]))
-    at = app(evil_tree, "views/contiguous.py", machine="synthetic-h100", baseline=name)
+    at = app(evil_tree, "/contiguous", machine="synthetic-h100", baseline=name)
     assert not at.exception, at.exception
     (line,) = [m.value for m in at.markdown if "Separately timed" in m.value]
     spans, outside = _code_spans(line)

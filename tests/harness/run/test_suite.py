@@ -23,6 +23,7 @@ from speedbench.cli import parser as cli
 from speedbench.results.listing import combinations
 from speedbench.results.tree import ResultsTree
 from speedbench.run import plan, suite
+from speedbench.techniques import TECHNIQUES
 
 ROOT = Path(__file__).resolve().parents[3]
 SHA = "0123456789abcdef" * 2 + "01234567"
@@ -87,7 +88,7 @@ def test_every_benchmark_combination_is_in_exactly_one_chunk():
                for cls in ast.parse(path.read_text()).body
                if isinstance(cls, ast.ClassDef) and not cls.name.startswith("_")]
     covered = {c.split(".")[0] for c in defined if any(re.search(h.regex, c) for h in headline)}
-    assert covered == {f"bench_{t}" for t in ("contiguous", "transfer", "checkpoint", "amp", "parallel", "tuning")}
+    assert covered == {f"bench_{t}" for t in TECHNIQUES}
 
 
 def test_every_measuring_class_defines_its_own_setup_cache():

@@ -1,5 +1,0 @@
-"""Technique page: parallel (time, memory and floor tables, with the spread of every sample)."""
-
-from _technique import technique_page
-
-technique_page("parallel")
