@@ -232,7 +232,7 @@ def test_the_baselines_table_says_each_records_variants():
 
 
 def test_the_chunk_table_lists_every_chunk_in_order():
-    from speedbench.run import plan  # noqa: PLC0415 - reads benchmarks/chunks.py as text
+    from speedbench.chunks import load_chunks  # noqa: PLC0415 - reads benchmarks/chunks.py as text
 
     rows = table_rows(REFERENCE.read_text(encoding="utf-8"), "| Chunk | Classes |")
-    assert [row[0].strip("`") for row in rows] == [c.name for c in plan.load_chunks(ROOT)]
+    assert [row[0].strip("`") for row in rows] == [c.name for c in load_chunks(ROOT)]
