@@ -20,6 +20,8 @@ __all__ = ["every_comparison", "MAX_CASES_NAMED"]
 # Cases named one by one in a cell; past this a cell gives the range and the count, which keeps
 # each line one line at 1440 px (checkpointing has six workload-batch cases per variant).
 MAX_CASES_NAMED = 3
+# what `_cell` and the marks it keeps read of a paired row
+_CELL_COLUMNS = ("config", "ratio", "ratio_low", "ratio_high", "n", "contention", "contention_base", "earlier_version")
 
 
 def _case(config: str, knob) -> str:
@@ -65,15 +67,18 @@ def every_comparison(df: pd.DataFrame) -> report.Table:
     columns = {m: f"{m} ({gpus[m]})" for m in machines}
     order = {name: i for i, name in enumerate(report.TECHNIQUES)}
     keys = ["technique", "suite", "knob", "variant", "baseline"]
+    # the columns a cell reads: each per-machine cut of the wide frame copied all of them (1.4 s
+    # of the Overview's cold view)
+    cells = s[keys + ["machine", *(c for c in _CELL_COLUMNS if c in s)]]
     lines = []
     for (technique, suite, knob, variant, baseline), rows in sorted(
-            s.groupby(keys, dropna=False, sort=False),
+            cells.groupby(keys, dropna=False, sort=False),
             key=lambda kv: (order[kv[0][0]], str(kv[0][1]), str(kv[0][2]), str(kv[0][3]))):
         what = f"{suite}" + (f" ({knob})" if isinstance(knob, str) and knob else "") + f": {variant} vs {baseline}"
         line = {"technique": report.TECHNIQUES[technique].title, "page": technique, "comparison": what}
+        mine = dict(tuple(rows.groupby("machine", sort=False)))
         for m in machines:
-            mine = rows[rows["machine"] == m]
-            line[columns[m]] = _cell(mine) if not mine.empty else ""
+            line[columns[m]] = _cell(mine[m]) if m in mine else ""
         lines.append(line)
     notes = [f"x faster than the baseline, paired (the variants took turns in one process); latest commit per "
              f"machine; a cell with one case gives its 99 % interval and N, with up to {MAX_CASES_NAMED} cases "

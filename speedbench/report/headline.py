@@ -107,6 +107,7 @@ class _Found:
         self.last = last
         self._paired: dict[tuple, pd.DataFrame] = {}
         self._ratios: dict[tuple, pd.DataFrame] = {}
+        self._by_machine: dict[tuple, dict[str, pd.DataFrame]] = {}
 
     def mine(self, h: Headline, suite: str) -> pd.DataFrame:
         """`h`'s class's rows at its fixed parameters: the ratios are estimated for these alone
@@ -138,6 +139,15 @@ class _Found:
             own = self.mine(h, h.suite)
             self._ratios[key] = self._headline(report.speedups(own[own["metric"] == h.metric], baseline=baseline), h)
         return self._ratios[key]
+
+    def on(self, h: Headline, measure: str, baseline: str, machine: str) -> pd.DataFrame:
+        """`rows` on one machine, the frame cut by machine once per comparison: a cut of the wide
+        frame copies every column, and the grid asks every machine of every question."""
+        key = (id(h), measure, baseline)
+        if key not in self._by_machine:
+            rows = self.rows(h, measure, baseline)
+            self._by_machine[key] = dict(tuple(rows.groupby("machine", sort=False))) if not rows.empty else {}
+        return self._by_machine[key].get(machine, self.last.iloc[0:0])
 
     @staticmethod
     def _headline(rows: pd.DataFrame, h: Headline) -> pd.DataFrame:
@@ -199,11 +209,9 @@ def _answer(found: _Found, q: Question, machine: str, gpu: str) -> dict:
             "paired": False, "contended": False, "earlier_version": False, "gpu_tests_failed": False}
     if (h.gpu_only or q.measure == "peak memory") and kind == "cpu":  # peak memory is the GPU's
         return {**base, "status": f"needs {h.devices} or more GPUs" if h.devices > 1 else "needs a GPU"}
-    source, rows = h, found.rows(h, q.measure, baseline)
-    rows = rows[rows["machine"] == machine] if not rows.empty else rows
+    source, rows = h, found.on(h, q.measure, baseline, machine)
     if rows.empty and h.fallback is not None and q.measure == "speed":
-        source, rows = h.fallback, found.rows(h.fallback, q.measure, baseline)
-        rows = rows[rows["machine"] == machine] if not rows.empty else rows
+        source, rows = h.fallback, found.on(h.fallback, q.measure, baseline, machine)
     if rows.empty:
         return {**base, "status": _why_not(found, q, machine, baseline)}
     r = _largest(rows, source)
