@@ -47,23 +47,6 @@ def checkout(tiny_checkout) -> Path:
     return tiny_checkout  # tests/conftest.py's
 
 
-@pytest.fixture
-def unwritable(tmp_path) -> Path:
-    """A directory this user cannot write to: a read-only one of our own, or, for root (whom
-    permissions do not stop), the read-only /proc/sys."""
-    if os.geteuid() != 0:
-        ro = tmp_path / "read-only"
-        ro.mkdir()
-        ro.chmod(0o555)
-        yield ro
-        ro.chmod(0o755)
-        return
-    if Path("/proc/sys").is_dir() and not os.access("/proc/sys", os.W_OK):
-        yield Path("/proc/sys")
-        return
-    pytest.skip("running as root, and no read-only file system (/proc/sys) to stand for a read-only directory")
-
-
 def _one_line(err: str, prefix: str) -> None:
     assert err.count("\n") == 1 and err.startswith(prefix) and "Traceback" not in err, err
 

@@ -29,17 +29,6 @@ def results(tmp_path) -> Path:
     return root
 
 
-@pytest.fixture
-def null_device(tmp_path) -> Path:
-    """A character device of the test's own (/dev/null's numbers): a regression that renames a
-    file over its output replaces this one, never the system's /dev/null (old code did that)."""
-    if os.geteuid() != 0:
-        pytest.skip("making a device node needs root; the system's /dev/null is never used as a stand-in")
-    path = tmp_path / "null"
-    os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
-    return path
-
-
 def digest(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file()}
@@ -86,21 +75,6 @@ def test_report_sends_a_csvs_provenance_to_stderr_when_the_csv_goes_to_a_device(
     assert main(["report", "--results", str(results), "--table", "speedup", "--format", "csv", "-o",
                  str(null_device)]) == 0
     assert "Reproduce: " in capsys.readouterr().err and not null_device.with_name("null.provenance.txt").exists()
-
-
-@pytest.fixture
-def unwritable(tmp_path) -> Path:
-    if os.geteuid() != 0:
-        ro = tmp_path / "read-only"
-        ro.mkdir()
-        ro.chmod(0o555)
-        yield ro
-        ro.chmod(0o755)
-        return
-    if Path("/proc/sys").is_dir() and not os.access("/proc/sys", os.W_OK):
-        yield Path("/proc/sys")
-        return
-    pytest.skip("running as root, and no read-only file system (/proc/sys) to stand for a read-only directory")
 
 
 def bad_directories(tmp_path: Path, unwritable: Path, device: Path) -> dict[str, tuple[Path, str]]:

@@ -16,34 +16,6 @@ from speedbench.results import outputs
 from speedbench.results.tree import BENCHMARKS, MACHINE_FILE
 
 
-@pytest.fixture
-def unwritable_dir(tmp_path) -> Path:
-    """A directory this user cannot write to: a read-only one of our own, or, for root (whom
-    permissions do not stop), the read-only /proc/sys."""
-    if os.geteuid() != 0:
-        ro = tmp_path / "read-only"
-        ro.mkdir()
-        ro.chmod(0o555)
-        yield ro
-        ro.chmod(0o755)
-        return
-    if Path("/proc/sys").is_dir() and not os.access("/proc/sys", os.W_OK):
-        yield Path("/proc/sys")
-        return
-    pytest.skip("running as root, and no read-only file system (/proc/sys) to stand for a read-only directory")
-
-
-@pytest.fixture
-def null_device(tmp_path) -> Path:
-    """A character device of the test's own (/dev/null's numbers): a regression that renames a
-    file over its output replaces this one, never the system's /dev/null (old code did that)."""
-    if os.geteuid() != 0:
-        pytest.skip("making a device node needs root; the system's /dev/null is never used as a stand-in")
-    path = tmp_path / "null"
-    os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
-    return path
-
-
 def tree(root: Path) -> Path:
     """A results tree: the listing, a machine directory with its machine file and a result file."""
     (root / "m" / "gpu-tests").mkdir(parents=True)
@@ -101,7 +73,7 @@ def test_a_fifo_is_written_in_place_unless_a_deadline_could_pass_while_it_waits(
                     "within its minutes; name a file")
 
 
-def test_what_a_file_cannot_be(tmp_path, unwritable_dir):
+def test_what_a_file_cannot_be(tmp_path, unwritable):
     (tmp_path / "dir").mkdir()
     (tmp_path / "file").write_text("")
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
@@ -109,7 +81,7 @@ def test_what_a_file_cannot_be(tmp_path, unwritable_dir):
              tmp_path / "file" / "x.svg": "is not a directory",
              tmp_path / "dangling": "is a link to nothing",
              tmp_path / ("n" * 300 + ".svg"): "a name in it is 304 bytes long, over the 255 this file system takes",
-             unwritable_dir / "x.svg": "cannot be written"}
+             unwritable / "x.svg": "cannot be written"}
     for path, why in cases.items():
         assert why in refused(outputs.file_output, path, "--chart"), path
 
@@ -125,7 +97,7 @@ def site_names(name: str, is_dir: bool) -> bool:
     return name in ("index.html", "plotly.min.js") and not is_dir
 
 
-def test_what_a_directory_output_cannot_be(tmp_path, unwritable_dir, null_device):
+def test_what_a_directory_output_cannot_be(tmp_path, unwritable, null_device):
     root = tree(tmp_path / "R")
     (tmp_path / "file").write_text("")
     os.mkfifo(tmp_path / "fifo")
@@ -141,7 +113,7 @@ def test_what_a_directory_output_cannot_be(tmp_path, unwritable_dir, null_device
              tmp_path / "dangling": "is a link to nothing",
              tmp_path / "file" / "site": "is not a directory",
              tmp_path / ("d" * 300): "a name in it is 300 bytes long",
-             unwritable_dir / "site": "cannot be written",
+             unwritable / "site": "cannot be written",
              root: "is inside the results tree",
              root / "m": "is inside the results tree",
              tmp_path / "R2": "is inside the machine directory",
