@@ -12,24 +12,20 @@ from _tables import caption
 from _view import ROOT, UNTIL
 
 from speedbench import report
-from speedbench.report import age, glance
-from speedbench.report.headline import MEASURED
+from speedbench.report import age, first_view, glance
 
 
-@st.cache_data(max_entries=256)
-def _behind(commit: str, technique: str) -> age.Behind | None:  # git, twice per commit and technique
-    return age.behind(commit, technique, ROOT)
+@st.cache_data(max_entries=64)
+def _behind(grid: pd.DataFrame) -> dict:  # git, a few runs per commit and technique (kept on disk)
+    return first_view.cells_behind(grid, ROOT)
 
 
-def ages(rows: pd.DataFrame) -> dict[tuple[str, str], age.Behind]:
-    """How far behind the checkout's HEAD each cell's commit is (speedbench.report.age), by
-    (question, machine); none where the checkout or its git history is missing."""
-    out = {}
-    for r in rows[rows["status"] == MEASURED].itertuples():
-        found = _behind(r.commit, r.technique) if isinstance(r.commit, str) and r.commit else None
-        if found is not None:
-            out[r.question, r.machine] = found
-    return out
+def ages(grid: pd.DataFrame, rows: pd.DataFrame) -> dict[tuple[str, str], age.Behind]:
+    """How far behind the checkout's HEAD each cell of `rows` (some of `grid`'s) is
+    (speedbench.report.age), by (question, machine); none where the checkout or its git history
+    is missing. Asked for the whole grid, whichever page draws which rows: one answer to keep."""
+    cells = set(zip(rows["question"], rows["machine"], strict=True))
+    return {k: b for k, b in _behind(grid).items() if k in cells}
 
 
 def _age_note(behind: dict) -> str:
@@ -82,7 +78,7 @@ def glance_chart(grid: report.Table, key: str, page: Callable[[str], st.Page], t
     st.markdown(_NARROW.format(w=glance.MIN_WIDTH, key=key, n=rows["machine"].nunique()), unsafe_allow_html=True)
     # the marks' meaning above the chart: below it, it fell past the first screen (the dagger is on every H100 cell)
     caption(glance.LEGEND)
-    behind = ages(rows)
+    behind = ages(grid.data, rows)
     event = st.plotly_chart(glance.figure(rows, ages={k: str(b) for k, b in behind.items()}),
                             key=f"glance-{key}", on_select="rerun", selection_mode="points",
                             config={"displayModeBar": False})

@@ -63,8 +63,8 @@ def technique_page(name: str) -> None:
         _not_measured(data, name)
         return
     # The page opens with its chart: this technique's rows on every machine, as the overview draws them.
-    glance_chart(cached(data, "headline", lambda: headline.grid(df), *sorted(df["machine"].unique())), name, page,
-                 technique=name)
+    glance_chart(cached(data, "headline", lambda: headline.grid(df), *sorted(df["machine"].unique()), rows=df), name,
+                 page, technique=name)
     c1, c2, c3, c4, c5 = st.columns(5)
     with c1:
         machine = pick("Machine", sorted(rows["machine"].unique()), key="machine", default=report.opening_machine(rows))
@@ -98,6 +98,10 @@ def technique_page(name: str) -> None:
     # Charts name the machine too: a screenshot of one loses the line above.
     where = f"{machine} ({first['gpu']})"
     _one_device(name, rows, machine)
+    view = (name, machine, commit, *workloads, "|", *classes, "|", baseline)  # what `rows` and the tables follow
+
+    def keep(label: str, compute, *more):  # a table of this view, computed once for every reader of it
+        return cached(data, f"{name} {label}", compute, *view, *more)
 
     names = ["Time", "Memory", "Bandwidth and floor", "Not measured", *([own.title] if own else [])]
     has = [not rows[rows["kind"] == "time"].empty, not rows[rows["kind"] == "memory"].empty,
@@ -119,13 +123,13 @@ def technique_page(name: str) -> None:
                         f"{md_text(commit)}: its run did not "
                         f"include them. `{_command(name)}` measures its main comparison.")
             else:
-                _paired(rows, where, baseline)
+                _paired(keep("paired", lambda: report.paired_table(rows, baseline)), where, baseline)
                 metrics = sorted(timed["metric"].unique())
                 # The paired classes' per-variant times are "seconds"; older benchmarks' the headline.
                 metric = pick("Timed metric", metrics, key="metric",
                               default="seconds" if "seconds" in metrics else technique.headline, words=words.metric)
                 timed = timed[timed["metric"] == metric]
-                speedup = report.speedup_table(timed, "time", baseline)
+                speedup = keep("speedup", lambda: report.speedup_table(timed, "time", baseline), metric)
                 # names from result files: escaped, and in code spans that no backtick of theirs can close
                 said = f"{report.md_escape(words.metric(metric))} ({report.md_code(metric)})"
                 st.markdown(f"**Separately timed**: {said}, medians against {report.md_code(baseline)}{against} "
@@ -147,7 +151,7 @@ def technique_page(name: str) -> None:
                             f"{md_text(commit)}: its run did "
                             "not include them (`speedlib run --plan` lists what each chunk measures).")
             else:
-                table(report.memory_table(memory, baseline), hide=STATED)
+                table(keep("memory", lambda: report.memory_table(memory, baseline)), hide=STATED)
                 for _, same in memory.groupby("metric", sort=True):  # one chart per metric: peak, activations
                     st.plotly_chart(charts.bars(same, "bytes", where))
                 say_names(glossary)
@@ -162,7 +166,7 @@ def technique_page(name: str) -> None:
                 st.info("No bandwidth or floor results here.")
             if not floors.empty:
                 # every kind: the table finds each %'s GB/s among the bandwidth rows of its run
-                floor = report.floor_table(rows)
+                floor = keep("floor", lambda: report.floor_table(rows))
                 table(floor, hide=STATED)
                 # One chart per reference: gather is a % of the host->device copy, write-back of
                 # device->host; one axis named after the first mislabelled the other. Each bar's
@@ -174,7 +178,7 @@ def technique_page(name: str) -> None:
                     st.plotly_chart(charts.bars(same, str(unit), where, hover=hover))
                 say_names(glossary)
             if not bandwidth.empty:
-                table(report.speedup_table(bandwidth, "bandwidth", baseline), hide=STATED)
+                table(keep("bandwidth", lambda: report.speedup_table(bandwidth, "bandwidth", baseline)), hide=STATED)
     with missing_tab:
         if _open(missing_tab):
             _not_measured(data, name, machine)
@@ -190,10 +194,10 @@ def _open(tab) -> bool:
     return getattr(tab, "open", None) is not False
 
 
-def _paired(rows: pd.DataFrame, where: str, baseline: str) -> None:
-    """The comparisons measured with the variants taking turns: the numbers to cite. Those
-    against the baseline picked above, else (a variant picked to compare with) all of them."""
-    paired = report.paired_table(rows, baseline)
+def _paired(paired: report.Table, where: str, baseline: str) -> None:
+    """The comparisons measured with the variants taking turns (`report.paired_table` of the
+    page's rows): the numbers to cite. Those against the baseline picked above, else (a variant
+    picked to compare with) all of them."""
     s = paired.sources  # speedups only: the baseline has times but no speedup of its own
     if s.empty:
         return

@@ -11,6 +11,7 @@ plotly labels are HTML-escaped, so nothing from a file is rendered as Markdown o
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import streamlit as st
 from _query import refuse_unknown
 from _tables import md_text
 
+from speedbench.report import kept
 from speedbench.results import cache
 from speedbench.results import problems as problem_text
 from speedbench.results.environment import NoGpuModel
@@ -98,9 +100,13 @@ def _kept(signature: str, until: str, name: str, key: tuple, _compute):
     return _compute()
 
 
-def cached(data: dict, name: str, compute, *key):
+def cached(data: dict, name: str, compute, *key, rows: pd.DataFrame | None = None):
     """`compute()`, once per results tree, link pin, `name` and `key` (the filters it depends
-    on, as text). The result is shared between readers: callers never change it in place."""
+    on, as text). The result is shared between readers: callers never change it in place.
+    With `rows` (what `compute` reads), it is kept on disk too (speedbench.report.kept), so a
+    new server's first view reads it back rather than compute it."""
+    if rows is not None:
+        compute = functools.partial(kept.table, RESULTS, data["signature"], name, rows, compute)
     return _kept(data["signature"], str(data.get("until")), name, tuple(str(k) for k in key), compute)
 
 

@@ -55,10 +55,12 @@ def _free_port() -> int:
 def serving(results: Path, cache: Path):
     """`speedlib dashboard` on `results`, its parsed-results cache in `cache`."""
     port = _free_port()
+    # cwd too: `python -m` puts the working directory first on sys.path, so from inside another
+    # checkout that checkout's speedbench would be measured in this one's name
     env = {**os.environ, "SPEEDLIB_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "speedbench.cli", "dashboard", "--results", str(results),
                              "--port", str(port), "--no-browser"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+                            stderr=subprocess.DEVNULL, start_new_session=True, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -132,7 +134,7 @@ def headline_seconds(results: Path, cache: Path) -> float:
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "speedbench.cli", "report", "--results", str(results), "--table", "headline"],
                    env={**os.environ, "SPEEDLIB_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)},
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, cwd=ROOT)
     return time.perf_counter() - start
 
 

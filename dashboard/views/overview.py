@@ -18,7 +18,7 @@ with st.sidebar:  # the chart first: the filter would push it below the fold
     machines = pick_many("Machines", sorted(df["machine"].unique()), key="machine")
 mine = df[df["machine"].isin(machines)]
 # all commits: where a machine's latest result was contended, the grid cites its newest clean one
-glance = cached(data, "headline", lambda: headline.grid(mine), *machines)
+glance = cached(data, "headline", lambda: headline.grid(mine), *machines, rows=mine)
 glance_chart(glance, "overview", technique_page)
 note_missing_gpu(df)
 # the same notes as every export of the grid (`speedlib report --table headline`, the static site), counted alike
@@ -28,7 +28,7 @@ with st.expander(f"Notes on the chart ({len(glance.notes)}): baselines, scope, m
 st.caption(f"{df['machine'].nunique()} machines, {df['commit'].nunique()} commits, {len(df)} measured values. "
            "Every page's filters live in the URL.")
 st.subheader("Every paired comparison (latest commit per machine)")
-every = cached(data, "every", lambda: comparisons.every_comparison(mine), *machines)
+every = cached(data, "every", lambda: comparisons.every_comparison(mine), *machines, rows=mine)
 if every.frame.empty:
     st.info("None of the selected machines has a paired comparison yet.")
 else:
@@ -39,7 +39,7 @@ else:
         for n in every.notes:
             caption(n)
 st.subheader("Claims of the sources versus measured")
-claims = cached(data, "claims", lambda: report.claims_table(mine), *machines)
+claims = cached(data, "claims", lambda: report.claims_table(mine), *machines, rows=mine)
 with st.expander(f"{len(claims.frame)} published figures set beside what the suite measured"):
     # A static table: every cell whole and wrapped (in a grid the comparability and the machine
     # sat past the right edge, so a CPU figure stood beside a GPU claim with no warning in view).

@@ -65,8 +65,17 @@ def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
            "--server.port", str(port), "--browser.gatherUsageStats", "false",
            "--server.headless", "true",
            # a results viewer, not an app being developed: no "Deploy" button, no developer menu
-           "--client.toolbarMode", "viewer"]
+           "--client.toolbarMode", "viewer",
+           # nor one whose source is watched: after every page view Streamlit resolved the path of
+           # each of the thousands of modules loaded (a second on 2 cores, holding the GIL the pages need)
+           "--server.fileWatcherType", "none", "--server.runOnSave", "false"]
     url = _url(args.address, port)
+    # The Overview's tables computed ahead while Streamlit starts, in a process of its own (the
+    # other core), so the first view reads them back (speedbench.report.first_view); it ends
+    # with this process too, and where it fails the page computes them itself.
+    warm = subprocess.Popen([sys.executable, "-m", "speedbench.report.first_view", str(results)], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=_dies_with(os.getpid()))
     proc = subprocess.Popen(cmd, env=env, preexec_fn=_dies_with(os.getpid()))
     # A SIGTERM to speedlib (kill, a service manager) must stop Streamlit too, not orphan it.
 
@@ -93,6 +102,9 @@ def _cmd_dashboard(args: argparse.Namespace, argv: Sequence[str]) -> int:
         proc.wait()
         return 0
     finally:
+        if warm.poll() is None:
+            warm.terminate()
+        warm.wait()
         signal.signal(signal.SIGTERM, previous)
 
 

@@ -35,7 +35,9 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if refused:
         print(f"speedlib report: {refused}", file=sys.stderr)
         return 2
-    loaded = cache.load(path)
+    root = path.resolve()  # as the dashboard names it: both read back what the other kept
+    signature = cache.fingerprint(root)
+    loaded = cache.load(root, key=signature)
     df = loaded.measured
     if args.machine:
         known = sorted(set(df["machine"]))
@@ -93,9 +95,9 @@ def _cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if args.table == "claims":  # all commits: a contended latest result gives way to an earlier quiet one
             rows = df
         if args.table == "headline":  # the overview's "At a glance" grid: it picks each machine's results itself
-            from speedbench.report import headline  # noqa: PLC0415 - pandas; `speedlib --help` loads none
+            from speedbench.report import headline, kept  # noqa: PLC0415 - pandas; `speedlib --help` loads none
 
-            table = headline.grid(df)
+            table = kept.table(root, signature, "headline", df, lambda: headline.grid(df))  # the dashboard's too
         else:
             table = {"paired": report.paired_table, "speedup": report.speedup_table, "memory": report.memory_table,
                      "floor": report.floor_table, "claims": report.claims_table,

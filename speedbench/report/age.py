@@ -11,13 +11,20 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
 import io
+import os
 import subprocess
 import tarfile
+import threading
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Behind", "behind", "technique_files", "ROOT"]
+from speedbench.results import pickled
+
+__all__ = ["Behind", "behind", "behind_all", "technique_files", "ROOT"]
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout speedbench runs from
 
@@ -41,15 +48,31 @@ class Behind:
         return f"measured at {self.commit[:8]}, {self.commits} commits behind HEAD; {code} {since}"
 
 
+# one parse at a time: CPython 3.11's parser keeps its recursion depth per interpreter, and two
+# threads parsing at once (behind_all's) fail with "AST constructor recursion depth mismatch"
+_PARSING = threading.Lock()
+
+
+def _statements(tree: ast.AST):
+    """Every statement of `tree`, nested ones included: an import is a statement, and no
+    expression holds one, so the expressions (most of a file's nodes) are never walked."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        todo += [c for c in ast.iter_child_nodes(node) if isinstance(c, (ast.stmt, ast.excepthandler, ast.match_case))]
+
+
 @functools.lru_cache(maxsize=1024)
 def _imports(text: str) -> frozenset[str]:
     """The top-level speedlib modules a file imports (speedlib.x, `from speedlib import x`, relative)."""
     found: set[str] = set()
     try:
-        tree = ast.parse(text)
+        with _PARSING:
+            tree = ast.parse(text)
     except SyntaxError:  # an old commit's broken file: nothing to follow
         return frozenset()
-    for node in ast.walk(tree):
+    for node in _statements(tree):
         if isinstance(node, ast.Import):
             found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("speedlib.")}
         elif isinstance(node, ast.ImportFrom):
@@ -115,21 +138,32 @@ def _git(root: Path, *args: str) -> str | None:
 
 
 @functools.lru_cache(maxsize=512)
+def _since(root: Path, head: str, commit: str) -> str | None:  # one per commit, whichever technique asks
+    return _git(root, "rev-list", "--count", f"{commit}..{head}")
+
+
+@functools.lru_cache(maxsize=512)
 def _count(root: Path, head: str, commit: str, files: tuple[str, ...]) -> tuple[int, int] | None:
-    since = _git(root, "rev-list", "--count", f"{commit}..{head}")
+    since = _since(root, head, commit)
     changed = _git(root, "rev-list", "--count", f"{commit}..{head}", "--", *files)
     return None if since is None or changed is None else (int(since), int(changed))
 
 
-def behind(commit: str, technique: str, root: Path = ROOT) -> Behind | None:
-    """How far `commit` is behind `root`'s HEAD for `technique`'s figures, or None where git,
-    the checkout or the commit is missing (the commit must be a full or abbreviated hash)."""
+@functools.lru_cache(maxsize=512)
+def _known(root: Path, commit: str) -> bool:  # a commit object stays one: asked once per commit
+    return _git(root, "cat-file", "-e", f"{commit}^{{commit}}") is not None
+
+
+def behind(commit: str, technique: str, root: Path = ROOT, head: str | None = None) -> Behind | None:
+    """How far `commit` is behind `root`'s HEAD (`head`: its hash, where the caller has just read
+    it) for `technique`'s figures, or None where git, the checkout or the commit is missing (the
+    commit must be a full or abbreviated hash)."""
     files = technique_files(technique, root)
     # a hash only: nothing from a result file may reach git as an option or a revision range
     if not files or not commit or not all(c in "0123456789abcdef" for c in commit.lower()):
         return None
-    head = _git(root, "rev-parse", "HEAD")
-    if head is None or _git(root, "cat-file", "-e", f"{commit}^{{commit}}") is None:
+    head = head or _git(root, "rev-parse", "HEAD")
+    if head is None or not _known(root, commit):
         return None
     # The files now, at the figure's commit and just before each commit since that removed or
     # renamed files of speedlib/: a commit that changed the technique's code under paths it no
@@ -138,3 +172,47 @@ def behind(commit: str, technique: str, root: Path = ROOT) -> Behind | None:
             for f in technique_files(technique, root, c)}
     counted = _count(root, head, commit, tuple(sorted({*files, *then})))
     return None if counted is None else Behind(commit, *counted, files)
+
+
+def behind_all(pairs: Iterable[tuple[str, str]], root: Path = ROOT) -> dict[tuple[str, str], Behind | None]:
+    """`behind(commit, technique)` for every (commit, technique) of `pairs`, against one reading
+    of HEAD. Each answer is a few `git` runs that wait on git, not on Python: they run side by
+    side (a chart's 19 cells took a second one after another on 2 cores). The answers are kept
+    on disk for the next process, keyed by HEAD, the pairs and the checkout's speedlib/ files
+    (the code a figure is compared with)."""
+    pairs = list(dict.fromkeys(pairs))
+    head = _git(root, "rev-parse", "HEAD")
+    if head is None or not pairs:
+        return dict.fromkeys(pairs)
+    path, key = _kept_as(root, head, pairs)
+    found = pickled.read(path, key, dict)
+    if found is not None:
+        return found
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        # what each commit needs whatever the technique first, once (two threads asking for the
+        # same commit's tree would both run `git archive`), then each pair's own count
+        list(pool.map(lambda c: _per_commit(root, head, c), dict.fromkeys(c for c, _ in pairs)))
+        found = dict(zip(pairs, pool.map(lambda p: behind(*p, root, head), pairs), strict=True))
+    pickled.write(path, key, found)
+    pickled.trim(path.parent, "behind-*.pickle", 16)
+    return found
+
+
+def _kept_as(root: Path, head: str, pairs: list[tuple[str, str]]) -> tuple[Path, str]:
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    h.update(f"{os.path.realpath(root)}\0{head}\0{pairs!r}\0".encode(errors="surrogateescape"))
+    for f in sorted((root / "speedlib").rglob("*.py")):  # uncommitted edits move the files' answers too
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        h.update(f"{f.relative_to(root)} {st.st_size} {st.st_mtime_ns}\n".encode(errors="surrogateescape"))
+    key = h.hexdigest()
+    return pickled.cache_dir() / f"behind-{key[:32]}.pickle", key
+
+
+def _per_commit(root: Path, head: str, commit: str) -> None:
+    if commit and all(c in "0123456789abcdef" for c in commit.lower()) and _known(root, commit):
+        _since(root, head, commit)
+        for c in (commit, *(f"{m}^" for m in _moves(root, commit, head))):
+            _tree_at(root, c)

@@ -146,10 +146,11 @@ def _against_others(df: pd.DataFrame, pairs: pd.DataFrame) -> list[pd.DataFrame]
                    rows["variant"], rows["baseline"], strict=True)
 
     held = set(comparisons(pairs))
+    present = set(zip(df["technique"], df["suite"], strict=True))  # a frame of one class: its comparisons alone
     out = []
     for t in TECHNIQUES.values():
         for h in (t.comparison, t.comparison.whole if t.comparison else None):
-            if h is None or not h.paired:
+            if h is None or not h.paired or (h.technique, h.suite) not in present:
                 continue
             own = df[(df["technique"] == h.technique) & (df["suite"] == h.suite)]
             for other in other_baselines(h):

@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from speedbench import report, words
-from speedbench.report import age, charts, comparisons, exports, glance, headline
+from speedbench.report import charts, comparisons, exports, first_view, glance, headline
 
 __all__ = ["pages", "chart", "names", "PAGES", "CITE_FILES", "PLOTLY_JS", "anchor"]
 
@@ -125,14 +125,7 @@ def _figure(fig, div_id: str, clickable: bool = False, wide: bool = False) -> st
 
 def _ages(rows: pd.DataFrame) -> dict:
     """(question, machine) -> how far behind the checkout's HEAD its commit is, as the dashboard's hover says."""
-    out, seen = {}, {}
-    for r in rows[rows["status"] == headline.MEASURED].itertuples():
-        key = (r.commit, r.technique)
-        if key not in seen:
-            seen[key] = age.behind(r.commit, r.technique, age.ROOT) if isinstance(r.commit, str) and r.commit else None
-        if seen[key] is not None:
-            out[r.question, r.machine] = str(seen[key])
-    return out
+    return {cell: str(b) for cell, b in first_view.cells_behind(rows).items()}
 
 
 def _glance(rows: pd.DataFrame, div_id: str) -> str:

@@ -21,24 +21,19 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pickle
 import stat
-import tempfile
 from pathlib import Path
 
 import pandas
 
 from speedbench.results import load as results
+from speedbench.results import pickled
+from speedbench.results.pickled import cache_dir
 from speedbench.stats import contention
 
+__all__ = ["cache_dir", "fingerprint", "load", "place"]
+
 _FORMAT = 1  # bump when what is pickled changes shape
-
-
-def cache_dir() -> Path:
-    if os.environ.get("SPEEDLIB_CACHE_DIR"):
-        return Path(os.environ["SPEEDLIB_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "speedlib"
 
 
 def _loader_digest() -> bytes:
@@ -82,57 +77,32 @@ def fingerprint(root: Path) -> str:
     return h.hexdigest()
 
 
-def _cache_file(root: Path) -> Path | None:
-    """Where `root`'s cache goes; None if that would be inside `root` itself."""
+def place(root: Path, kind: str = "results", suffix: str = ".pickle") -> Path | None:
+    """Where `root`'s cached `kind` goes (its parsed frames; "tables", a directory of tables
+    computed from them); None if that would be inside `root` itself."""
     real = Path(os.path.realpath(root))
     directory = Path(os.path.realpath(cache_dir()))
     if directory == real or real in directory.parents:
         return None
-    return directory / f"results-{hashlib.sha256(str(real).encode(errors='surrogateescape')).hexdigest()[:16]}.pickle"
-
-
-def _trusted(path: Path) -> bool:
-    """Ours and writable by us alone: unpickling runs code, so a file someone else could
-    have written is never read."""
-    try:
-        st = os.stat(path, follow_symlinks=False)
-    except OSError:
-        return False
-    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+    return directory / f"{kind}-{hashlib.sha256(str(real).encode(errors='surrogateescape')).hexdigest()[:16]}{suffix}"
 
 
 def load(root: str | Path, key: str | None = None) -> results.LoadedResults:
     """`results.load_results(root)`, from the cache when nothing under `root` changed.
-    `key`: `fingerprint(root)` if the caller has just computed it."""
+    `key`: `fingerprint(root)` if the caller has just computed it. Two processes loading the
+    same tree at once (the dashboard's warm-up and its first page) parse it once."""
     root = Path(root)
-    path = _cache_file(root)
+    path = place(root)
     if path is None or not hasattr(os, "getuid"):
         return results.load_results(root)
     key = key or fingerprint(root)
-    if _trusted(path):
-        try:
-            with path.open("rb") as f:
-                stored_key, loaded = pickle.load(f)
-            if stored_key == key and isinstance(loaded, results.LoadedResults):
-                return loaded
-        except Exception:  # noqa: BLE001 - a truncated or foreign file: load afresh, rewrite it
-            pass
-    loaded = results.load_results(root)
-    if fingerprint(root) == key:  # not changed while it loaded: safe to keep
-        _store(path, key, loaded)
+    loaded = pickled.read(path, key, results.LoadedResults)
+    if loaded is not None:
+        return loaded
+    with pickled.computing(path):
+        loaded = pickled.read(path, key, results.LoadedResults)  # the other process's, if it just wrote it
+        if loaded is None:
+            loaded = results.load_results(root)
+            if fingerprint(root) == key:  # not changed while it loaded: safe to keep
+                pickled.write(path, key, loaded)
     return loaded
-
-
-def _store(path: Path, key: str, loaded: results.LoadedResults) -> None:
-    try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                pickle.dump((key, loaded), f, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(tmp, path)  # atomic: a reader sees the old file or the new one
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError:
-        pass  # a read-only home or a full disk: the results load anyway, only slower

@@ -75,3 +75,22 @@ def test_nothing_where_git_the_checkout_or_the_commit_is_missing(tmp_path):
     (tmp_path / "speedlib").mkdir()
     (tmp_path / "speedlib" / "foo.py").write_text("")
     assert age.behind("deadbeef", "foo", tmp_path) is None  # no git repository there
+
+
+def test_every_cell_at_once_answers_as_one_at_a_time(tmp_path):
+    """behind_all (the chart's cells side by side, one HEAD) gives what behind gives for each,
+    a commit that is not a hash or not in the history included."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    first = _commit(repo, {"speedlib/__init__.py": "", "speedlib/foo.py": "def f():\n    from speedlib import _foo_x\n",
+                           "speedlib/_foo_x.py": "x = 1\n", "speedlib/bar.py": "x = 1\n"}, "measured here")
+    second = _commit(repo, {"speedlib/_foo_x.py": "x = 2\n"}, "foo's code, imported inside a function")
+    _commit(repo, {"speedlib/bar.py": "x = 2\n"}, "another technique")
+    pairs = [(c, t) for c in (first, second[:8], "--all", "0" * 40) for t in ("foo", "bar", "no_such_technique")]
+    together = age.behind_all(pairs + pairs[:2], repo)  # a pair asked twice is answered once
+    assert list(together) == pairs
+    assert together == {p: age.behind(*p, repo) for p in pairs}
+    assert (together[first, "foo"].commits, together[first, "foo"].changed) == (2, 1)  # the import in a function counts
+    assert together["--all", "foo"] is None and together["0" * 40, "bar"] is None
+    assert age.behind_all([(first, "foo")], tmp_path) == {(first, "foo"): None}  # no repository there
