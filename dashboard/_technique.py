@@ -123,7 +123,7 @@ def technique_page(name: str) -> None:
                         f"{md_text(commit)}: its run did not "
                         f"include them. `{_command(name)}` measures its main comparison.")
             else:
-                _paired(keep("paired", lambda: report.paired_table(rows, baseline)), where, baseline)
+                _paired(rows, where, baseline, keep)
                 metrics = sorted(timed["metric"].unique())
                 # The paired classes' per-variant times are "seconds"; older benchmarks' the headline.
                 metric = pick("Timed metric", metrics, key="metric",
@@ -135,10 +135,13 @@ def technique_page(name: str) -> None:
                 st.markdown(f"**Separately timed**: {said}, medians against {report.md_code(baseline)}{against} "
                             "(worst-case bounds)")
                 table(speedup, hide=STATED)
-                st.plotly_chart(spread_chart(timed, f"{words.metric(metric)}: every sample, {where}"))
+                # a figure too is the same for every reader of the view: built once (plotly's checks are slow)
+                st.plotly_chart(keep("spread", lambda: spread_chart(timed, f"{words.metric(metric)}: every sample, "
+                                                                           f"{where}"), metric))
                 s = speedup.sources
                 s = s.assign(case=config_label(s) + " / " + s["variant"].astype(str), where=where)
-                st.plotly_chart(ratio_chart(s, "case", "where", f"{words.metric(metric)}: speedup over {baseline}"))
+                st.plotly_chart(keep("ratios", lambda: ratio_chart(s, "case", "where", f"{words.metric(metric)}: "
+                                                                   f"speedup over {baseline}"), metric))
             say_names(glossary)
     with memory_tab:
         if _open(memory_tab):
@@ -194,10 +197,11 @@ def _open(tab) -> bool:
     return getattr(tab, "open", None) is not False
 
 
-def _paired(paired: report.Table, where: str, baseline: str) -> None:
-    """The comparisons measured with the variants taking turns (`report.paired_table` of the
-    page's rows): the numbers to cite. Those against the baseline picked above, else (a variant
-    picked to compare with) all of them."""
+def _paired(rows: pd.DataFrame, where: str, baseline: str, keep) -> None:
+    """The comparisons measured with the variants taking turns: the numbers to cite. Those
+    against the baseline picked above, else (a variant picked to compare with) all of them.
+    `keep(label, compute)`: the page's cache of what its view computes."""
+    paired = keep("paired", lambda: report.paired_table(rows, baseline))
     s = paired.sources  # speedups only: the baseline has times but no speedup of its own
     if s.empty:
         return
@@ -212,7 +216,8 @@ def _paired(paired: report.Table, where: str, baseline: str) -> None:
     table(paired, hide=STATED)
     s = s.assign(case=config_label(s) + " / " + s["variant"].astype(str) + " vs " + s["baseline"].astype(str),
                  where=where)
-    st.plotly_chart(ratio_chart(s, "case", "where", "paired speedup: x faster than the baseline"))
+    st.plotly_chart(keep("paired chart", lambda: ratio_chart(s, "case", "where",
+                                                             "paired speedup: x faster than the baseline")))
 
 
 def _command(name: str) -> str:

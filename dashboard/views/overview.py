@@ -17,7 +17,8 @@ df = data["measured"]
 with st.sidebar:  # the chart first: the filter would push it below the fold
     machines = pick_many("Machines", sorted(df["machine"].unique()), key="machine")
 mine = df[df["machine"].isin(machines)]
-# all commits: where a machine's latest result was contended, the grid cites its newest clean one
+# all commits: where a machine's latest result was contended, the grid cites its newest clean one. The
+# three tables' names are those `speedlib dashboard` computes ahead (speedbench.report.first_view)
 glance = cached(data, "headline", lambda: headline.grid(mine), *machines, rows=mine)
 glance_chart(glance, "overview", technique_page)
 note_missing_gpu(df)
