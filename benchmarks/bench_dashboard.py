@@ -34,7 +34,7 @@ def _scratch() -> Path:
 
 
 class FirstView:
-    version = "1"  # bumped when what it measures changes: benchmarks/versions.json
+    version = "2"  # bumped when what it measures changes: benchmarks/versions.json
     timeout = 900
     number = 1
     repeat = 5
@@ -77,8 +77,13 @@ class FirstView:
         os.environ["SPEEDLIB_CACHE_DIR"] = str(_scratch() / f"cache-{files}")
         if cache == "cold":
             shutil.rmtree(os.environ["SPEEDLIB_CACHE_DIR"], ignore_errors=True)
-        else:
-            results_cache.load(roots[files])  # written once; later samples find it
+        else:  # what a restarted dashboard finds: the parsed frames and the Overview's kept tables
+            try:
+                from speedbench.report import first_view  # noqa: PLC0415 - pandas: the measuring process only
+            except ImportError:  # a commit before the tables were kept: the parsed frames alone
+                results_cache.load(roots[files])
+            else:
+                first_view.warm(roots[files])  # written once; later samples find them
         # A freshly started server: no Streamlit cache, the dashboard's modules not imported.
         st.cache_data.clear()
         st.cache_resource.clear()
