@@ -149,6 +149,10 @@ def _count(root: Path, head: str, commit: str, files: tuple[str, ...]) -> tuple[
     return None if since is None or changed is None else (int(since), int(changed))
 
 
+def _is_hash(commit: str) -> bool:  # nothing from a result file may reach git as an option or a range
+    return bool(commit) and all(c in "0123456789abcdef" for c in commit.lower())
+
+
 @functools.lru_cache(maxsize=512)
 def _known(root: Path, commit: str) -> bool:  # a commit object stays one: asked once per commit
     return _git(root, "cat-file", "-e", f"{commit}^{{commit}}") is not None
@@ -159,8 +163,7 @@ def behind(commit: str, technique: str, root: Path = ROOT, head: str | None = No
     it) for `technique`'s figures, or None where git, the checkout or the commit is missing (the
     commit must be a full or abbreviated hash)."""
     files = technique_files(technique, root)
-    # a hash only: nothing from a result file may reach git as an option or a revision range
-    if not files or not commit or not all(c in "0123456789abcdef" for c in commit.lower()):
+    if not files or not _is_hash(commit):
         return None
     head = head or _git(root, "rev-parse", "HEAD")
     if head is None or not _known(root, commit):
@@ -212,7 +215,7 @@ def _kept_as(root: Path, head: str, pairs: list[tuple[str, str]]) -> tuple[Path,
 
 
 def _per_commit(root: Path, head: str, commit: str) -> None:
-    if commit and all(c in "0123456789abcdef" for c in commit.lower()) and _known(root, commit):
+    if _is_hash(commit) and _known(root, commit):
         _since(root, head, commit)
         for c in (commit, *(f"{m}^" for m in _moves(root, commit, head))):
             _tree_at(root, c)

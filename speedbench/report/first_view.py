@@ -49,7 +49,8 @@ def warm(results: str | Path) -> None:
     ages = threading.Thread(target=cells_behind, args=(grid.data,))
     ages.start()
     for name, compute in TABLES.items():
-        kept.table(root, signature, name, rows, lambda compute=compute: compute(rows))
+        if name != "headline":  # the grid above
+            kept.table(root, signature, name, rows, lambda compute=compute: compute(rows))
     ages.join()
 
 

@@ -144,14 +144,12 @@ class _Found:
         return self._ratios[key]
 
     def _all_paired(self) -> pd.DataFrame:
-        """`report.paired` of every paired class at once: each row's ratio is its own class's
-        (its baseline found among its class's rows, the other baselines from its own rounds), so
-        one call gives what a call per class gave, without the fixed cost of each."""
+        """`report.paired` of every class at once (`last` holds the questions' classes alone): each
+        row's ratio is its own class's (its baseline found among its class's rows, the other
+        baselines from its own rounds), so one call gives what a call per class gave, without the
+        fixed cost of each."""
         if self._every_paired is None:
-            paired = {(q.technique, h.suite) for q in QUESTIONS for h in (q.comparison, q.comparison.fallback)
-                      if h is not None and h.paired}
-            keep = [(t, s) in paired for t, s in zip(self.last["technique"], self.last["suite"], strict=True)]
-            self._every_paired = report.paired(self.last[keep]) if any(keep) else self.last.iloc[0:0]
+            self._every_paired = report.paired(self.last)
         return self._every_paired
 
     def on(self, h: Headline, measure: str, baseline: str, machine: str) -> pd.DataFrame:
