@@ -155,8 +155,9 @@ def technique_page(name: str) -> None:
                             "not include them (`speedlib run --plan` lists what each chunk measures).")
             else:
                 table(keep("memory", lambda: report.memory_table(memory, baseline)), hide=STATED)
-                for _, same in memory.groupby("metric", sort=True):  # one chart per metric: peak, activations
-                    st.plotly_chart(charts.bars(same, "bytes", where))
+                # one chart per metric (peak, activations), built once for every reader of the view
+                for metric, same in memory.groupby("metric", sort=True):
+                    st.plotly_chart(keep("memory chart", lambda same=same: charts.bars(same, "bytes", where), metric))
                 say_names(glossary)
     with floor_tab:
         if _open(floor_tab):
@@ -174,11 +175,8 @@ def technique_page(name: str) -> None:
                 # One chart per reference: gather is a % of the host->device copy, write-back of
                 # device->host; one axis named after the first mislabelled the other. Each bar's
                 # hover gives the table's own words for it: the %, and the GB/s columns the table shows.
-                shown = report.floor_figures(rows)
-                # as the table orders them: gather first
-                for unit, same in shown.sort_values("benchmark", kind="stable").groupby("unit", sort=False):
-                    hover = tuple(h for h in charts.FLOOR_HOVER if h[0] in floor.frame.columns)
-                    st.plotly_chart(charts.bars(same, str(unit), where, hover=hover))
+                for figure in keep("floor charts", lambda: _floor_charts(rows, floor, where)):
+                    st.plotly_chart(figure)
                 say_names(glossary)
             if not bandwidth.empty:
                 table(keep("bandwidth", lambda: report.speedup_table(bandwidth, "bandwidth", baseline)), hide=STATED)
@@ -218,6 +216,15 @@ def _paired(rows: pd.DataFrame, where: str, baseline: str, keep) -> None:
                  where=where)
     st.plotly_chart(keep("paired chart", lambda: ratio_chart(s, "case", "where",
                                                              "paired speedup: x faster than the baseline")))
+
+
+def _floor_charts(rows: pd.DataFrame, floor: report.Table, where: str) -> list:
+    """The floor tab's charts, gather's first as the table orders them, each bar's hover the
+    table's own words for it (the %, and the GB/s columns `floor` shows)."""
+    shown = report.floor_figures(rows)
+    hover = tuple(h for h in charts.FLOOR_HOVER if h[0] in floor.frame.columns)
+    return [charts.bars(same, str(unit), where, hover=hover)
+            for unit, same in shown.sort_values("benchmark", kind="stable").groupby("unit", sort=False)]
 
 
 def _command(name: str) -> str:

@@ -47,7 +47,7 @@ def test_regenerate_docs_writes_the_committed_pages_again(tmp_path):
 
 
 def test_page_times_times_one_page_of_a_small_results_tree(tmp_path):
-    """One page (cite) of a one-machine, one-commit tree, cold and warm, with its screenshot:
+    """One page (cite) of a one-machine, one-commit tree, cold, warm and moved to, with its screenshot:
     the tool starts the dashboard, drives the browser and prints a line per figure."""
     browser()  # Debian's chromium and playwright, or the skip (CI: the failure) that says so
     from speedbench.results.synthetic import write_results  # noqa: PLC0415 - pandas, for this test alone
@@ -60,8 +60,10 @@ def test_page_times_times_one_page_of_a_small_results_tree(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     cite = next(line.split() for line in lines if line.startswith("cite "))
-    assert len(cite) == 3 and all(float(x) > 0 for x in cite[1:]), lines
+    assert len(cite) == 4 and all(float(x) > 0 for x in cite[1:]), lines
     assert any(re.fullmatch(r"speedlib report --table headline: [\d.]+ s cold, [\d.]+ s warm", line) for line in lines)
+    assert any(re.fullmatch(r"floor: a Streamlit page with one three-bar plotly chart, again: [\d.]+ s \(median of 3\)",
+                            line) for line in lines)
     assert re.fullmatch(r"cite-390: \d+ px tall", lines[-2]) and lines[-1].startswith("load average after: ")
     assert [p.name for p in shots.iterdir()] == ["cite-390.png"] and (shots / "cite-390.png").stat().st_size > 0
 

@@ -3,10 +3,13 @@
 Starts `speedlib dashboard` on a free localhost port with an empty cache directory (so the
 first view parses every result file: cold), opens every page in headless Chromium (Debian's
 `chromium`, driven by Playwright) and times each from the request to the page drawn: its
-title shown, Streamlit's "running" indicator gone and every chart on it drawn. Then it opens
-each page again in a fresh tab of the same server (a new session: warm, as a second reader
-finds it), and times `speedlib report --table headline` the same way, cold and warm. Prints one
-line per page and the machine's load average before and after: measure on an idle machine,
+title shown, its script ended and every element on it drawn, charts included. Then it opens
+each page again in a fresh tab of the same server (again: a new session on a warm server, as a
+second reader opening a link finds it; the tab loads Streamlit's code and plotly.js anew), then
+reaches each in one tab by its link in the sidebar (moved to: how a reader goes from page to
+page, the code already loaded), and times `speedlib report --table headline` cold and warm.
+The floor under the again figures is timed too: a Streamlit page with one small plotly chart.
+Prints one line per page and the machine's load average before and after: measure on an idle machine,
 since other processes on its cores slow every figure (issue 51's targets: each page <= 3 s
 warm, the Overview <= 5 s cold, the headline table <= 3 s). The first view's time is also
 given from the moment `speedlib dashboard` was started: the dashboard computes the Overview's
@@ -26,6 +29,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,11 +62,40 @@ def _free_port() -> int:
 def serving(results: Path, cache: Path):
     """`speedlib dashboard` on `results`, its parsed-results cache in `cache`."""
     port = _free_port()
+    with _served([sys.executable, "-m", "speedbench.cli", "dashboard", "--results", str(results), "--port", str(port),
+                  "--no-browser"], port, {"SPEEDLIB_CACHE_DIR": str(cache)}) as url:
+        yield url
+
+
+# The reference page: Streamlit's own cost with one plotly chart, which no page of ours can go below.
+_FLOOR_APP = """import plotly.graph_objects as go
+import streamlit as st
+
+st.title("One chart")
+st.plotly_chart(go.Figure(go.Bar(x=[1, 2, 3], y=[3, 1, 2])))
+"""
+
+
+def floor_seconds(browser, width: int, times: int = 3) -> float:
+    """The median of `times` fresh tabs of a page with a title and one three-bar plotly chart on
+    a warm Streamlit server: what any Streamlit page with a chart takes on this machine (its
+    code and plotly.js loaded and run in a new tab), the floor under every page's again figure."""
+    with tempfile.TemporaryDirectory() as d:
+        app = Path(d) / "one_chart.py"
+        app.write_text(_FLOOR_APP, encoding="utf-8")
+        port = _free_port()
+        with _served([sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port),
+                      "--server.headless", "true", "--server.fileWatcherType", "none"], port, {}) as url:
+            timed_visit(browser, url, "One chart", width)  # the server's first run
+            return statistics.median(timed_visit(browser, url, "One chart", width) for _ in range(times))
+
+
+@contextlib.contextmanager
+def _served(argv: list[str], port: int, env: dict[str, str]):
+    """`argv`, a Streamlit server on `port`, until it answers; its URL. Stopped on leaving."""
     # cwd too: `python -m` puts the working directory first on sys.path, so from inside another
     # checkout that checkout's speedbench would be measured in this one's name
-    env = {**os.environ, "SPEEDLIB_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "speedbench.cli", "dashboard", "--results", str(results),
-                             "--port", str(port), "--no-browser"], env=env, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(argv, env={**os.environ, **env, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     since[url] = time.perf_counter()  # the command's start: the first view's wait counts from here too
@@ -75,7 +108,7 @@ def serving(results: Path, cache: Path):
             except OSError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the dashboard did not start (status {proc.poll()})")
+                raise SystemExit(f"{' '.join(argv[2:4])} did not start (status {proc.poll()})")
             time.sleep(0.3)
         since[f"{url} answering"] = time.perf_counter()
         yield url
@@ -84,14 +117,50 @@ def serving(results: Path, cache: Path):
         proc.wait(timeout=30)
 
 
+# Streamlit marks its root with the script's state ("notRunning" once the page's script has
+# ended) and draws a skeleton where an element's code is still loading: a chart is no
+# stPlotlyChart at all until plotly.js (4.7 MB, fetched on the first chart of a tab) has run,
+# and a check for charts without an SVG alone passed 1-2 s before any chart was on screen.
+_DRAWN = ("() => document.querySelector('[data-testid=\"stApp\"]')?.getAttribute('data-test-script-state')"
+          " === 'notRunning' && !document.querySelector('[data-testid=\"stSkeleton\"]')"
+          " && [...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')]"
+          ".every(c => c.querySelector('.main-svg'))"
+          " && (window.__ran ?? true)")
+
+
 def drawn(page, title: str) -> None:
-    """The title is shown, the page's script has ended, and every chart on the page is drawn."""
+    """The title is shown, the page's script has ended (since a move, if one was made), and
+    every element on the page is drawn, charts included."""
     page.get_by_role("heading", name=title).first.wait_for(timeout=180_000)
-    # Streamlit marks its root with the script's state: "notRunning" once the page's script has ended
-    page.wait_for_function("() => document.querySelector('[data-testid=\"stApp\"]')"
-                           "?.getAttribute('data-test-script-state') === 'notRunning'", timeout=180_000)
-    page.wait_for_function("() => [...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')]"
-                           ".every(c => c.querySelector('.main-svg'))", timeout=180_000)
+    page.wait_for_function(_DRAWN, timeout=180_000)
+
+
+# Set before a move: flags the new page's script starting, so the old page's ended state is no answer.
+_WATCH = ("() => { window.__ran = false; const app = document.querySelector('[data-testid=\"stApp\"]');"
+          " new MutationObserver(() => { if (app.getAttribute('data-test-script-state') === 'running')"
+          " window.__ran = true; }).observe(app, {attributes: true}); }")
+
+
+def moved_times(browser, url: str, pages: list[tuple[str, str]], width: int, query: str) -> dict[str, float]:
+    """Each page reached as a reader moves through the dashboard in one tab: a click on its
+    link in the sidebar, which Streamlit serves without loading the page again (its code and
+    plotly.js are already in the tab). Starts on a page not timed first, so every page is a move."""
+    start = next(path for path, _ in PAGES if path != pages[0][0])
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    try:
+        page.goto(f"{url}/{start}{query}")
+        drawn(page, dict(PAGES)[start])
+        times = {}
+        for path, title in pages:
+            page.evaluate(_WATCH)
+            t = time.perf_counter()
+            # dispatched, not clicked: at 390 px the sidebar is folded away, its links still in the page
+            page.locator(f'[data-testid="stSidebarNavLink"][href="{url}/{path}"]').dispatch_event("click")
+            drawn(page, title)
+            times[path] = time.perf_counter() - t
+        return times
+    finally:
+        page.close()
 
 
 def screenshot(page, path: Path) -> int:
@@ -184,6 +253,8 @@ def main() -> int:
                 warm = {path: timed_visit(browser, f"{url}/{path}{query}", title, args.width,
                                           shots / f"{path or 'overview'}-{args.width}.png" if shots else None)
                         for path, title in pages}
+                moved = moved_times(browser, url, pages, args.width, query)
+                floor = floor_seconds(browser, args.width)
             finally:
                 browser.close()
         # a new server on the same results: what it kept on disk is read back (the everyday restart)
@@ -194,12 +265,13 @@ def main() -> int:
                 restarted = timed_visit(browser, f"{url}/{path}{query}", title, args.width)
             finally:
                 browser.close()
-    print(f"{'page':<12} {'first view (s)':>15} {'again (s)':>10}")
+    print(f"{'page':<12} {'first view (s)':>15} {'again (s)':>10} {'moved to (s)':>13}")
     for path, _ in pages:
-        print(f"{path or 'overview':<12} {cold[path]:>15.2f} {warm[path]:>10.2f}")
+        print(f"{path or 'overview':<12} {cold[path]:>15.2f} {warm[path]:>10.2f} {moved[path]:>13.2f}")
     print(f"first view drawn {first[0]:.2f} s after `speedlib dashboard` started (it answered after {first[1]:.2f} s, "
           "the browser's own start left out); "
           f"{restarted:.2f} s on a restarted server (its cache kept)")
+    print(f"floor: a Streamlit page with one three-bar plotly chart, again: {floor:.2f} s (median of 3)")
     print(f"speedlib report --table headline: {report_cold:.2f} s cold, {report_warm:.2f} s warm")
     for name, tall in heights.items():
         print(f"{name}: {tall} px tall")
