@@ -135,10 +135,13 @@ def drawn(page, title: str) -> None:
     page.wait_for_function(_DRAWN, timeout=180_000)
 
 
-# Set before a move: flags the new page's script starting, so the old page's ended state is no answer.
+# Set before a move: flags the new page's script starting, so the old page's ended state is no
+# answer; from the old values too, since a quick run can start and end before the observer looks.
 _WATCH = ("() => { window.__ran = false; const app = document.querySelector('[data-testid=\"stApp\"]');"
-          " new MutationObserver(() => { if (app.getAttribute('data-test-script-state') === 'running')"
-          " window.__ran = true; }).observe(app, {attributes: true}); }")
+          " new MutationObserver(records => { if (records.some(r => r.oldValue === 'running')"
+          " || app.getAttribute('data-test-script-state') === 'running') window.__ran = true; })"
+          ".observe(app, {attributes: true, attributeOldValue: true,"
+          " attributeFilter: ['data-test-script-state']}); }")
 
 
 def moved_times(browser, url: str, pages: list[tuple[str, str]], width: int, query: str) -> dict[str, float]:
