@@ -156,8 +156,9 @@ def technique_page(name: str) -> None:
             else:
                 table(keep("memory", lambda: report.memory_table(memory, baseline)), hide=STATED)
                 # one chart per metric (peak, activations), built once for every reader of the view
-                for metric, same in memory.groupby("metric", sort=True):
-                    st.plotly_chart(keep("memory chart", lambda same=same: charts.bars(same, "bytes", where), metric))
+                for figure in keep("memory charts", lambda: [charts.bars(same, "bytes", where)
+                                                             for _, same in memory.groupby("metric", sort=True)]):
+                    st.plotly_chart(figure)
                 say_names(glossary)
     with floor_tab:
         if _open(floor_tab):
@@ -173,8 +174,7 @@ def technique_page(name: str) -> None:
                 floor = keep("floor", lambda: report.floor_table(rows))
                 table(floor, hide=STATED)
                 # One chart per reference: gather is a % of the host->device copy, write-back of
-                # device->host; one axis named after the first mislabelled the other. Each bar's
-                # hover gives the table's own words for it: the %, and the GB/s columns the table shows.
+                # device->host; one axis named after the first mislabelled the other.
                 for figure in keep("floor charts", lambda: _floor_charts(rows, floor, where)):
                     st.plotly_chart(figure)
                 say_names(glossary)

@@ -137,7 +137,9 @@ def drawn(page, title: str) -> None:
 
 # Set before a move: flags the new page's script starting, so the old page's ended state is no
 # answer; from the old values too, since a quick run can start and end before the observer looks.
-_WATCH = ("() => { window.__ran = false; const app = document.querySelector('[data-testid=\"stApp\"]');"
+# One observer per tab, set on the first move.
+_WATCH = ("() => { window.__ran = false; if (window.__watching) return; window.__watching = true;"
+          " const app = document.querySelector('[data-testid=\"stApp\"]');"
           " new MutationObserver(records => { if (records.some(r => r.oldValue === 'running')"
           " || app.getAttribute('data-test-script-state') === 'running') window.__ran = true; })"
           ".observe(app, {attributes: true, attributeOldValue: true,"
