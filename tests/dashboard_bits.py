@@ -56,3 +56,19 @@ def frames(at: AppTest) -> list[pd.DataFrame]:
     draws a table too wide for 1440 px as a static one (its Markdown escaped), and a test must not
     depend on which it was."""
     return [read(e.value) if isinstance(e, Table) else e.value for e in at.main if isinstance(e, (Dataframe, Table))]
+
+
+def glance_cells(at: AppTest) -> pd.DataFrame:
+    """The at-a-glance chart's cells as the page sent them (speedbench.report.glance.spec: one row
+    per question and machine); Streamlit moves a Vega-Lite chart's values into an Arrow table."""
+    import pyarrow as pa  # noqa: PLC0415 - Streamlit's own dependency, needed here alone
+
+    (chart,) = at.get("vega_lite_chart")
+    return pa.ipc.open_stream(chart.proto.data.data).read_pandas()
+
+
+def cell_text(cell) -> str:
+    """A glance cell's text as read on screen, line by line: each line is in one of three marks
+    (bold, plain, italic), a zero-width space in the other two."""
+    lines = zip(*(str(getattr(cell, f)).split("\n") for f in ("bold", "plain", "italic")), strict=True)
+    return " ".join(t for t in ("".join(piece.strip("\u200b") for piece in line) for line in lines) if t)

@@ -125,6 +125,8 @@ _DRAWN = ("() => document.querySelector('[data-testid=\"stApp\"]')?.getAttribute
           " === 'notRunning' && !document.querySelector('[data-testid=\"stSkeleton\"]')"
           " && [...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')]"
           ".every(c => c.querySelector('.main-svg'))"
+          " && [...document.querySelectorAll('[data-testid=\"stVegaLiteChart\"]')]"
+          ".every(c => c.querySelector('svg.marks [role=\"graphics-symbol\"], canvas'))"
           " && (window.__ran ?? true)")
 
 

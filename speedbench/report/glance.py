@@ -1,7 +1,7 @@
 """The at-a-glance chart: one row per question, one column per machine, one figure per cell
-(headline.glance). The dashboard's Overview, the static site (speedlib publish) and the docs'
-image all draw this one figure, so every copy shows the numbers of `speedlib report --table
-headline`.
+(headline.glance). The dashboard (Vega-Lite: `spec`), the static site (plotly: `figure`) and
+the docs' image (`svg`) draw the same cells from the same lines (`lines`, `tip`), so every copy
+shows the numbers of `speedlib report --table headline`.
 
 Each row is one comparison (the same scope, baseline and measure in every cell). A cell: the
 ratio in bold, its interval below, the marks (‡ contended, † earlier benchmark version, § GPU
@@ -24,8 +24,8 @@ import pandas as pd
 from speedbench import report
 from speedbench.report.headline import MEASURED, order_machines
 
-__all__ = ["figure", "svg", "lines", "figure_text", "colour", "ink", "GAIN_CAP", "LEGEND", "CLICK", "IMAGE_COMMAND",
-           "MIN_WIDTH", "COLOUR_WORDS"]
+__all__ = ["figure", "spec", "tip", "SELECTION", "SELECTED", "svg", "lines", "figure_text", "colour", "ink",
+           "GAIN_CAP", "LEGEND", "CLICK", "IMAGE_COMMAND", "MIN_WIDTH", "COLOUR_WORDS"]
 
 # Colour saturates at 4x either way: the flat-buffer step's 47.8x must not wash every 1.3x out.
 GAIN_CAP = 4.0
@@ -106,21 +106,36 @@ def _cell(r) -> str:
                        for line in lines(r))
 
 
-def _hover(r, age: str = "") -> str:
-    e = html.escape
-    head = f"<b>{e(r.label)}</b><br>{e(r.machine)} ({e(str(r.gpu))})"
+def tip(r, age: str = "") -> list[tuple[str, str]]:
+    """What hovering cell `r` says, (title, text) in order: the comparison, the machine, then
+    the figure with its scope and baseline in words, or why the cell has none; `age`: how far
+    behind the checkout's HEAD its commit is. Both charts' hovers are written from it."""
+    said = [("comparison", str(r.label)), ("machine", f"{r.machine} ({r.gpu})")]
+    case = str(r.case) if isinstance(r.case, str) and r.case else ""
     if r.status != MEASURED:
-        shown = ""
+        said.append(("no answer", str(r.status)))
         if pd.notna(r.ratio):  # measured, but not this row's comparison: said as such
-            shown = (f"<br>measured: {e(report.fmt_ratio(r.ratio, None, None))} vs {e(str(r.baseline_name))}"
-                     f"{' ' + e(str(r.case)) if isinstance(r.case, str) and r.case else ''}, not a result for this row")
-        return f"{head}<br>{_wrap_hover(str(r.status))}{shown}"
+            said.append(("measured", f"{report.fmt_ratio(r.ratio, None, None)} vs {r.baseline_name}"
+                                     f"{' ' + case if case else ''}, not a result for this row"))
+        return said
     what = "memory, variant / baseline (exact count)" if r.measure == "peak memory" else "x faster than the baseline"
     n = "" if pd.isna(r.N) else f" N={r.N}" + ("" if r.paired else " each, not paired")
-    case = f"<br>case: {e(str(r.case))}" if isinstance(r.case, str) and r.case else ""
-    words = f" ({e(str(r.baseline_words))})" if isinstance(r.baseline_words, str) and r.baseline_words else ""
-    return (f"{head}<br>scope: {e(str(r.scope))} ({e(str(r.suite))})<br>{e(figure_text(r))}{n} ({what})<br>"
-            f"vs {e(str(r.baseline_name))}{words}{case}" + (f"<br>{_wrap_hover(age)}" if age else ""))
+    words = f" ({r.baseline_words})" if isinstance(r.baseline_words, str) and r.baseline_words else ""
+    said += [("scope", f"{r.scope} ({r.suite})"), ("figure", f"{figure_text(r)}{n} ({what})"),
+             ("baseline", f"vs {r.baseline_name}{words}")]
+    return said + ([("case", case)] if case else []) + ([("age", age)] if age else [])
+
+
+# The hover's lines that read without their title ("vs ...", the figure, the reason, the age).
+_BARE = {"figure", "baseline", "no answer", "age"}
+
+
+def _hover(r, age: str = "") -> str:
+    (_, label), (_, machine), *rest = tip(r, age)
+    said = [_wrap_hover(text) if title in ("no answer", "age") else html.escape(text if title in _BARE
+                                                                               else f"{title}: {text}")
+            for title, text in rest]
+    return "<br>".join([f"<b>{html.escape(label)}</b>", html.escape(machine), *said])
 
 
 def _wrap_hover(text: str) -> str:
@@ -211,6 +226,89 @@ def figure(rows: pd.DataFrame, height: int | None = None, ages: dict | None = No
         yaxis=dict(fixedrange=True, type="category", tickfont=dict(size=12), range=[len(questions) - 0.5, -0.5]),
         plot_bgcolor="white", dragmode=False, clickmode="event+select", hoverlabel=dict(align="left"))
     return fig
+
+
+# The Vega-Lite chart's cells: a row's height and its text's (px), and what a click names.
+_ROW_H, _TEXT_LINE = 42, 12
+SELECTION = "cell"
+SELECTED = ("technique", "machine_id", "question_id")
+
+
+def spec(rows: pd.DataFrame, ages: dict | None = None) -> dict:
+    """The chart of `figure` as a Vega-Lite spec (the dashboard draws it: Streamlit's Vega-Lite
+    code loads in a fraction of the time plotly.js takes, issue 51): the same cells, lines,
+    colours and hover, a click selecting the cell's technique, machine and question
+    (`SELECTION`, its fields `SELECTED`). `ages`: as for `figure`."""
+    ages = ages or {}
+    questions, machines, at = _layout(rows)
+    labels = dict(zip(rows["question"], rows["label"], strict=False))
+    gpus = dict(zip(rows["machine"], rows["gpu"].astype(str), strict=False))
+    depth = max([len(lines(r)) for r in at.values()] or [1])
+    # a machine's name over its GPU's, wrapped: at a phone's MIN_WIDTH a column is about 140 px
+    heads = {m: "\n".join([m, *textwrap.wrap(gpus[m], 20)]) for m in machines}
+    cells = []
+    for q in questions:
+        for m in machines:
+            r = at.get((q, m))
+            said = lines(r) if r is not None else []
+            blank = [[("", "-")]] * ((depth - len(said)) // 2)  # a shorter text centred in its cell
+            said = blank + said + [[("", "-")]] * (depth - len(said) - len(blank))
+            cell = {"row": "\n".join(textwrap.wrap(labels[q], 34, break_long_words=False)), "column": heads[m],
+                    "gain": None if r is None or math.isnan(_gain(r)) else _gain(r)}
+            cell["ink"] = ink(colour(math.nan if cell["gain"] is None else cell["gain"]))
+            # one text mark per style, their lines aligned: a line in another style is a zero-width space in this
+            # one (Vega trims a blank line to an empty tspan, whose offset the browser drops)
+            for style, field in (("b", "bold"), ("", "plain"), ("i", "italic")):
+                cell[field] = "\n".join(("".join(t for t, _ in line) if line[0][1] == style else "\u200b")
+                                        for line in said)
+            if r is not None:
+                cell.update(dict(tip(r, ages.get((q, m), ""))), technique=r.technique, machine_id=m, question_id=q)
+            cells.append(cell)
+    titles = list(dict.fromkeys(t for r in at.values() for t, _ in tip(r, "x")))
+    # The hover: the comparison as its heading, then the lines this cell has. Streamlit sends the
+    # values as one table, so a line another cell has is null here; `|| datum._` makes it undefined,
+    # which the tooltip leaves out (it printed "null").
+    hover = "{" + ", ".join(f"{_quoted('title' if t == 'comparison' else t)}: datum[{_quoted(t)}] || datum._"
+                            for t in titles) + "}"
+    # from the top, the block centred by hand: centred, a mark whose last lines were blank sat half a line low
+    text = {"type": "text", "fontSize": 11, "lineHeight": _TEXT_LINE, "lineBreak": "\n", "baseline": "top",
+            "dy": -depth * _TEXT_LINE / 2}
+    scale = {"domain": [-1, -0.5, 0, 0.5, 1], "range": [c for _, c in _SCALE], "interpolate": "rgb"}
+    ticks = [math.log(g) / math.log(GAIN_CAP) for g, _ in _TICKS]
+    words = " : ".join(f"datum.value <= {t + 1e-9:.6g} ? {_quoted(w)}" for t, (_, w) in zip(ticks, _TICKS, strict=True))
+    return {
+        "$schema": "https://vega.github.io/schema/vega-lite/v6.json",
+        "data": {"values": cells}, "width": "container", "height": {"step": _ROW_H},
+        "resolve": {"scale": {"color": "independent"}},  # the cells' scale and the text's own colours, apart
+        "config": {"view": {"stroke": None}, "axis": {"domain": False, "ticks": False, "labelFontSize": 12,
+                                                       "labelColor": "#111"}},
+        "encoding": {
+            "x": {"field": "column", "type": "nominal", "sort": [heads[m] for m in machines], "title": None,
+                  "axis": {"orient": "top", "labelAngle": 0, "labelExpr": "split(datum.label, '\\n')",
+                           "labelLimit": 150, "labelOverlap": False}},
+            "y": {"field": "row", "type": "nominal", "sort": None, "title": None,
+                  "axis": {"labelExpr": "split(datum.label, '\\n')", "labelLimit": 240, "labelPadding": 6}}},
+        "layer": [
+            # grey where a cell has no answer (an invalid value is kept, not dropped, and meets the condition)
+            {"mark": {"type": "rect", "invalid": None, "stroke": "white", "strokeWidth": 3},
+             "encoding": {"color": {"field": "gain", "type": "quantitative", "scale": scale,
+                                    "condition": {"test": "!isValid(datum.gain)", "value": _NO_NUMBER},
+                                    "legend": {"title": "vs baseline", "values": ticks, "labelExpr": f"{words} : ''",
+                                               "gradientLength": 160, "orient": "right"}}}},
+            *({"mark": {**text, **style}, "encoding": {"text": {"field": field},
+                                                        "color": {"field": "ink", "type": "nominal", "scale": None}}}
+              for field, style in (("bold", {"fontWeight": "bold"}), ("plain", {}),
+                                   ("italic", {"fontStyle": "italic"}))),
+            # on top, unseen: what a click selects and what a hover says (text marks would catch the pointer)
+            {"name": "hits", "mark": {"type": "rect", "opacity": 0, "cursor": "pointer", "tooltip": {"expr": hover}},
+             "params": [{"name": SELECTION, "select": {"type": "point", "fields": list(SELECTED)}}]},
+        ],
+    }
+
+
+def _quoted(text: str) -> str:
+    """`text` as a Vega expression's string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 # The image's geometry (px): the question column, a machine's column, a text line, the margin.

@@ -27,7 +27,7 @@ import pytest
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed (pip install -e '.[dashboard]')")
 import browser_bits
-from dashboard_bits import app_on, frames, read
+from dashboard_bits import app_on, cell_text, frames, glance_cells, read
 from streamlit.testing.v1 import AppTest
 
 from speedbench import report
@@ -256,7 +256,7 @@ def test_a_machine_the_results_lack_in_a_multiselect_link_is_said_and_nothing_sh
     assert not frames(at) and not at.get("download_button")
     assert at.query_params["machine"] in ("h999-fake", ["h999-fake"])  # the link is left as it was
     at = app_on(ROOT / "results", "views/overview.py", monkeypatch, machine="h999-fake")
-    assert any("'h999-fake'" in e.value for e in at.error) and not at.get("plotly_chart")
+    assert any("'h999-fake'" in e.value for e in at.error) and not at.get("vega_lite_chart")  # no glance chart
 
 
 def test_cite_page_offers_three_exports_and_bibtex(synthetic_tree, monkeypatch):
@@ -347,7 +347,7 @@ def test_browser_end_to_end(served, tmp_path):
         try:
             page = browser.new_page(accept_downloads=True)
             page.goto(served)
-            page.locator("#glance, .js-plotly-plot").first.wait_for(timeout=60_000)  # the at-a-glance chart
+            page.locator(f"{GLANCE} path").first.wait_for(timeout=60_000)  # the at-a-glance chart
             page.get_by_role("link", name="History across commits").click()
             page.get_by_role("heading", name="History across commits").wait_for(timeout=30_000)
             assert urllib.parse.urlsplit(page.url).path.rstrip("/").endswith("/history")
@@ -382,21 +382,20 @@ def test_the_overview_leads_with_the_at_a_glance_chart(monkeypatch):
     at = app_on(ROOT / "results", "views/overview.py", monkeypatch)
     assert not at.exception
     measured = load_results(ROOT / "results").measured
-    (first, *_) = [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
-    (cells,) = [t for t in first["data"] if t["type"] == "scatter"]
+    cells = glance_cells(at).dropna(subset=["technique"])  # a cell with no row at all is blank grey
     picks = headline.glance(measured)
     at_cell = {(r.question, r.machine): r for r in picks.itertuples()}
-    assert sorted((c[2], c[1]) for c in cells["customdata"]) == sorted(at_cell)
+    assert sorted(zip(cells["question_id"], cells["machine_id"], strict=True)) == sorted(at_cell)
     gpus = glance.order_machines(picks)[:2]
-    assert [c[1] for c in cells["customdata"][:2]] == gpus and all("CPU" not in at_cell[("amp-fp32", m)].gpu
-                                                                   for m in gpus)  # GPUs first
-    for text, c in zip(cells["text"], cells["customdata"], strict=True):
-        r = at_cell[(c[2], c[1])]
+    assert list(cells["machine_id"][:2]) == gpus and all("CPU" not in at_cell[("amp-fp32", m)].gpu
+                                                         for m in gpus)  # GPUs first
+    for c in cells.itertuples():
+        r, text = at_cell[(c.question_id, c.machine_id)], cell_text(c)
         figure = glance.figure_text(r)
         assert (figure.split()[0] in text) if figure else (r.status.partition(": ")[0] in text)
-    first_cell = at_cell[(cells["customdata"][0][2], cells["customdata"][0][1])]
-    assert glance.figure_text(first_cell).split(" †")[0] in cells["text"][0].replace("<b>", "").replace(
-        "</b><br>", " ")
+        assert c.comparison == r.label and (c.figure.startswith(figure) if figure else pd.isna(c.figure))  # the hover
+    first_cell = at_cell[(cells["question_id"].iloc[0], cells["machine_id"].iloc[0])]
+    assert cell_text(cells.iloc[0]).startswith(glance.figure_text(first_cell).split(" †")[0])
     every = comparisons.every_comparison(measured)
     (index,) = [e for e in at.expander if "comparisons of" in e.label]
     shown = " ".join(m.value for m in index.markdown)
@@ -476,6 +475,26 @@ def _screenshot_dir() -> Path:
     return target
 
 
+# The glance chart's cells as drawn: Vega-Lite's unseen top layer (hits), one rectangle per cell
+# named by its axes' values, and the text of the three text marks inside it, in line order.
+GLANCE = "[data-testid='stVegaLiteChart'] .hits_marks"
+_CELLS = ("() => { const svg = document.querySelector(\"[data-testid='stVegaLiteChart'] svg.marks\");"
+          " const texts = [...svg.querySelectorAll('.mark-text.role-mark text')];"
+          " return [...svg.querySelectorAll('.hits_marks path')].map(p => { const box = p.getBoundingClientRect();"
+          " const inside = texts.filter(t => { const b = t.getBoundingClientRect(); const x = b.x + b.width / 2,"
+          " y = b.y + b.height / 2; return x > box.x && x < box.right && y > box.y && y < box.bottom; });"
+          " const lines = inside.map(t => [...t.querySelectorAll('tspan')].map(s => s.textContent));"
+          " return [p.getAttribute('aria-label'), lines[0].map((_, k) => lines.map(l => l[k]).join(''))]; }); }")
+
+
+def _cell_on_screen(aria: str, lines: list[str]) -> tuple[str, str, str]:
+    """(question's label, machine, text) of a cell drawn: its axes' values in its label, wrapped
+    on the chart; its lines without the zero-width spaces that hold the marks' lines apart."""
+    column, row = re.fullmatch(r"column: (.*); row: (.*)", aria, re.S).groups()
+    text = " ".join(t for t in (line.replace("\u200b", "") for line in lines) if t)
+    return row.replace("\n", " "), column.split("\n")[0], text
+
+
 CLICKED = "h200-141gb"  # the committed GPU run that measured mixed precision against PyTorch's default
 TITLES = {"overview": "speedlib: which PyTorch speed tricks pay off", "history": "History across commits",
           "machines": "Machine comparison", "cite": "Cite and export",
@@ -532,11 +551,9 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
                 too_wide[name] = _scrolling_sideways(page)
             page.goto(url)
             _settled(page, TITLES["overview"])
-            chart = page.locator(".js-plotly-plot").first
-            chart.wait_for(timeout=60_000)
-            cells_on_screen = page.evaluate(
-                "() => { const t = document.querySelector('.js-plotly-plot').data.find(t => t.type === 'scatter');"
-                " return t.text.map((x, i) => [x, t.customdata[i]]); }")
+            chart = page.locator("[data-testid='stVegaLiteChart']").first
+            page.locator(f"{GLANCE} path").first.wait_for(timeout=60_000)
+            cells_on_screen = [_cell_on_screen(*c) for c in page.evaluate(_CELLS)]
             # The chart and the marks' meaning: whole on the first screen, the marks said above the chart.
             legend = page.get_by_text(glance.LEGEND).first.bounding_box()
             chart_box = chart.bounding_box()
@@ -558,12 +575,12 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
             # commit, baseline and class, whose paired table shows the cell's figure.
             page.goto(url)
             _settled(page, TITLES["overview"])
-            page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)
-            target = next(i for i, (_, c) in enumerate(cells_on_screen) if c[2] == "amp-default" and c[1] == CLICKED)
-            point = page.locator(".js-plotly-plot .scatterlayer .point").nth(target).bounding_box()
-            x, y = point["x"] + point["width"] / 2, point["y"] + point["height"] / 2
-            page.mouse.move(x, y)  # plotly selects what it hovers
-            page.mouse.click(x, y)
+            page.locator(f"{GLANCE} path").first.wait_for(timeout=60_000)
+            amp = next(q.label for q in headline.QUESTIONS if q.key == "amp-default")
+            target = next(i for i, (label, machine, _) in enumerate(cells_on_screen)
+                          if (label, machine) == (amp, CLICKED))
+            point = page.locator(f"{GLANCE} path").nth(target).bounding_box()
+            page.mouse.click(point["x"] + point["width"] / 2, point["y"] + point["height"] / 2)
             page.wait_for_url(lambda u: "/amp?" in u and f"machine={CLICKED}" in u, timeout=60_000)
             _settled(page, TITLES["amp"])
             landed = urllib.parse.parse_qs(urllib.parse.urlsplit(page.url).query)
@@ -581,9 +598,14 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
     measured = load_results(ROOT / "results").measured
     picks = headline.glance(measured)
     at_cell = {(r.question, r.machine): r for r in picks.itertuples()}
-    assert len(cells_on_screen) == len(picks)
-    for text, c in cells_on_screen:
-        r = at_cell[(c[2], c[1])]
+    by_label = {(r.label, r.machine): r for r in picks.itertuples()}
+    assert len(cells_on_screen) == picks["question"].nunique() * picks["machine"].nunique()  # blank ones too
+    assert {(label, machine) for label, machine, _ in cells_on_screen} >= set(by_label)
+    for label, machine, text in cells_on_screen:
+        if (label, machine) not in by_label:
+            assert not text  # no row for that machine: blank grey
+            continue
+        r = by_label[label, machine]
         figure = glance.figure_text(r)
         assert (figure.split()[0] in text) if figure else (r.status.partition(": ")[0] in text)
     clicked = at_cell[("amp-default", CLICKED)]

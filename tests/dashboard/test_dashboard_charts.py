@@ -21,7 +21,7 @@ pytest.importorskip("streamlit")
 pytest.importorskip("plotly")
 
 import numpy as np  # noqa: E402 - after the skips: the dashboard extra may be missing
-from dashboard_bits import app_on, frames, read  # noqa: E402 - after the skips: it needs streamlit
+from dashboard_bits import app_on, cell_text, frames, glance_cells, read  # noqa: E402 - after the skips: it needs streamlit
 
 from speedbench import report  # noqa: E402 - after the skips: the report needs pandas
 from speedbench.report import charts as _charts  # noqa: E402 - after the skips: it needs plotly
@@ -33,20 +33,16 @@ sys.path.insert(0, str(ROOT / "dashboard"))
 import _tables  # noqa: E402 - from dashboard/, put on the path just above
 
 
-def figures(results: Path, page: str, monkeypatch, glance: bool = False, **query) -> list[dict]:
-    """Every plotly figure `page` draws on `results`, as plotly JSON; the at-a-glance chart
-    (speedbench.report.glance, which opens the overview and every technique page) only if `glance`."""
+def figures(results: Path, page: str, monkeypatch, **query) -> list[dict]:
+    """Every plotly figure `page` draws on `results`, as plotly JSON (the at-a-glance chart that
+    opens the overview and every technique page is a Vega-Lite chart: glance_cells reads it)."""
     at = app_on(results, page, monkeypatch, **query)
     assert not at.exception, at.exception
-    return [f for f in drawn(at) if is_glance(f) == glance]
+    return drawn(at)
 
 
 def drawn(at) -> list[dict]:
     return [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
-
-
-def is_glance(figure: dict) -> bool:
-    return any(t.get("type") == "heatmap" for t in figure["data"])
 
 
 def values(array) -> list:
@@ -442,9 +438,8 @@ def test_the_overview_draws_checkpointings_memory_in_a_row_of_its_own(monkeypatc
     """Checkpointing is about memory: its GPU cells were peak-memory ratios beside the CPUs' step
     times, in one row and one colour scale. Peak memory has its row (variant / baseline, exact,
     at the largest batch), the step time its own, and a CPU's memory cell says why it has none."""
-    (chart,) = figures(ROOT / "results", "views/overview.py", monkeypatch, glance=True)
-    (cells,) = [t for t in chart["data"] if t["type"] == "scatter"]
-    said = {(c[2], c[1]): text for c, text in zip(cells["customdata"], cells["text"], strict=True)}
+    at = app_on(ROOT / "results", "views/overview.py", monkeypatch)
+    said = {(c.question_id, c.machine_id): c for c in glance_cells(at).dropna(subset=["technique"]).itertuples()}
     last = report.latest(load_results(ROOT / "results").measured)
     for machine in ("h100-sxm-80gb", "h200-141gb"):
         rows = last[(last["machine"] == machine) & (last["suite"] == "PeakMemory")
@@ -453,11 +448,11 @@ def test_the_overview_draws_checkpointings_memory_in_a_row_of_its_own(monkeypatc
         expected = expected[(expected["metric"] == "peak_memory") & (expected["workload"] == "densenet_bc")
                             & (expected["variant"] == "speedlib")]
         row = expected[expected["batch"].astype(int) == expected["batch"].astype(int).max()].iloc[0]
-        text = said["checkpoint-memory", machine]
-        assert f"<b>{row['ratio']:.3g}x</b>" in text and f"batch={row['batch']}" in text and row["ratio"] < 1
-        assert "x</b>" not in said["checkpoint-time", machine]  # no step time measured there: said, no number
-    assert "needs a GPU" in said["checkpoint-memory", "cpu-2core-intel-xeon"]
-    assert "x</b>" in said["checkpoint-time", "cpu-2core-intel-xeon"]
+        cell = said["checkpoint-memory", machine]  # the ratio in bold, the case in italics
+        assert f"{row['ratio']:.3g}x" in cell.bold and f"batch={row['batch']}" in cell.italic and row["ratio"] < 1
+        assert not re.search(r"\dx", said["checkpoint-time", machine].bold)  # no step time measured there: no number
+    assert "needs a GPU" in cell_text(said["checkpoint-memory", "cpu-2core-intel-xeon"])
+    assert re.search(r"\dx", said["checkpoint-time", "cpu-2core-intel-xeon"].bold)
 
 
 def test_the_overview_claims_table_shows_every_cell_whole(monkeypatch):
@@ -569,7 +564,7 @@ def test_the_floor_tab_shows_the_gbps_beside_each_percent(tmp_path, monkeypatch)
     scatter = floor[floor["benchmark"].str.contains("write-back") & (floor["variant"] == "cupy")]
     assert scatter[["achieved", "GB/s", "floor GB/s"]].values.tolist() == [["40.0 %", "8.0 GB/s", "20.0 GB/s"]]
     assert not (floor[["GB/s", "floor GB/s"]] == report.NOT_RECORDED).any().any()
-    charts = [c for c in drawn(at) if not is_glance(c)]
+    charts = drawn(at)
     hovers = {}
     for chart in charts:
         for trace in chart["data"]:
@@ -593,7 +588,7 @@ def test_the_floor_tab_says_not_recorded_where_a_run_kept_only_the_percent(monke
     assert len(floor) == 10 and "GB/s" not in floor.columns and "floor GB/s" not in floor.columns
     assert any(c.value.startswith(f"{report.NOT_RECORDED}: no GB/s result exists for bdb0cb6d FractionOfFloor")
                for c in at.caption)
-    for chart in (c for c in drawn(at) if not is_glance(c)):
+    for chart in drawn(at):
         for trace in chart["data"]:
             assert [len(row) for row in trace["customdata"]] == [1] and "GB/s" not in trace["hovertemplate"]
     at = app_on(ROOT / "results", "/contiguous", monkeypatch, machine="cpu-2core-intel-xeon",

@@ -8,9 +8,11 @@ issue 50 rewrites the committed results' benchmark versions, so a dagger may com
 
 from __future__ import annotations
 
+import html
 import importlib
 import io
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -161,6 +163,53 @@ def test_peak_memory_has_its_own_row_coloured_less_is_better(grid, measured):
     assert bar["colorbar"]["ticktext"] == ["≥4x worse", "2x worse", "same", "2x better", "≥4x better"]
     assert "Blue better (faster, or less memory), red worse" in glance.LEGEND
     assert "better (blue) or worse (red) than the row's baseline" in glance.IMAGE_LEGEND
+
+
+def test_the_dashboards_vega_lite_chart_is_the_sites_plotly_chart_cell_for_cell(grid):
+    """The dashboard draws the at-a-glance chart with Vega-Lite (plotly.js cost a new tab 1.5 s),
+    the static site with plotly: the same cells, text, colours, hover, and what a click names."""
+    rows = grid.data
+    ages = {(r.question, r.machine): f"{i} commits behind HEAD" for i, r in enumerate(rows.itertuples())}
+    spec = glance.spec(rows, ages)
+    fig = glance.figure(rows, ages=ages).to_dict()
+    (points,) = [t for t in fig["data"] if t["type"] == "scatter"]
+    plotly = {(c[2], c[1]): (text, hover) for c, text, hover in
+              zip(points["customdata"], points["text"], points["hovertext"], strict=True)}
+    cells = spec["data"]["values"]
+    answered = {(c["question_id"], c["machine_id"]): c for c in cells if "technique" in c}
+    assert set(answered) == set(plotly) and len(cells) == rows["question"].nunique() * rows["machine"].nunique()
+    at = {(r.question, r.machine): r for r in rows.itertuples()}
+    depth = max(len(glance.lines(r)) for r in at.values())
+    for key, c in answered.items():
+        r, (text, hover) = at[key], plotly[key]
+        lines = [line.split("\n") for line in (c["bold"], c["plain"], c["italic"])]
+        assert {len(line) for line in lines} == {depth}  # the three marks' lines stay aligned
+        shown = [[p for p in pieces if p != "\u200b"] for pieces in zip(*lines, strict=True)]
+        assert all(len(p) <= 1 for p in shown)  # each line in one mark only
+        words = [p[0] for p in shown if p]
+        assert words == ["".join(t for t, _ in line) for line in glance.lines(r)]
+        assert " ".join(words) == re.sub(r"</?[bi]>", "", text).replace("<br>", " ").replace("&gt;", ">") \
+            .replace("&#x27;", "'").replace("&amp;", "&")
+        assert (c["gain"] is None) == math.isnan(glance._gain(r)) and c["ink"] == glance.ink(glance.colour(
+            math.nan if c["gain"] is None else c["gain"]))
+        tip = glance.tip(r, ages[key])
+        assert [(t, c[t]) for t, _ in tip] == tip and c["technique"] == r.technique  # the hover's lines, in order
+        assert hover.startswith(f"<b>{html.escape(r.label)}</b>")
+        assert (ages[key] in hover) == (r.status == headline.MEASURED) == ("age" in c)  # a figure's age only
+    # the colour: plotly's scale (glance.colour) stop for stop, linear in RGB between them
+    (cell_layer, *texts, hits) = spec["layer"]
+    colour = cell_layer["encoding"]["color"]
+    assert colour["scale"] == {"domain": [-1, -0.5, 0, 0.5, 1], "range": [c for _, c in glance._SCALE],
+                               "interpolate": "rgb"}
+    assert [glance.colour(g) for g in colour["scale"]["domain"]] == colour["scale"]["range"]
+    legend = colour["legend"]["labelExpr"]
+    assert [legend.index(w) for w in ("≥4x worse", "2x worse", "same", "2x better", "≥4x better")] == sorted(
+        legend.index(w) for w in ("≥4x worse", "2x worse", "same", "2x better", "≥4x better"))
+    assert colour["condition"]["value"] == glance.colour(math.nan)  # grey: no answer
+    assert [(t["encoding"]["text"]["field"], t["mark"].get("fontWeight"), t["mark"].get("fontStyle")) for t in texts] \
+        == [("bold", "bold", None), ("plain", None, None), ("italic", None, "italic")]
+    assert hits["params"][0]["name"] == glance.SELECTION
+    assert hits["params"][0]["select"]["fields"] == list(glance.SELECTED)
 
 
 def test_ddp_on_one_gpu_is_not_coloured_as_a_result(grid, measured):

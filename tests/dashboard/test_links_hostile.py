@@ -30,7 +30,7 @@ def test_a_value_no_filter_holds_is_refused_in_one_line_before_any_work(page, mo
     assert [e.value for e in at.error] == [
         "This link gives machine a value 100,000 characters long ('aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa...'), "
         "longer than any name a filter takes (2,000): nothing is shown. Open the page from the menu, or fix the link."]
-    assert not frames(at) and not at.title and not at.get("plotly_chart")  # nothing loaded or drawn
+    assert not frames(at) and not at.title and not at.get("plotly_chart") and not at.get("vega_lite_chart")
 
 
 def test_too_many_values_are_refused_too(monkeypatch):
