@@ -3,6 +3,7 @@ a page of the app run under Streamlit's AppTest on a results tree, and the table
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -58,13 +59,20 @@ def frames(at: AppTest) -> list[pd.DataFrame]:
     return [read(e.value) if isinstance(e, Table) else e.value for e in at.main if isinstance(e, (Dataframe, Table))]
 
 
-def glance_cells(at: AppTest) -> pd.DataFrame:
-    """The at-a-glance chart's cells as the page sent them (speedbench.report.glance.spec: one row
-    per question and machine); Streamlit moves a Vega-Lite chart's values into an Arrow table."""
+def vega_charts(at: AppTest) -> list[tuple[dict, pd.DataFrame]]:
+    """Every Vega-Lite chart on the page: its spec, and its values, which Streamlit moves out of
+    the spec into an Arrow table."""
     import pyarrow as pa  # noqa: PLC0415 - Streamlit's own dependency, needed here alone
 
-    (chart,) = at.get("vega_lite_chart")
-    return pa.ipc.open_stream(chart.proto.data.data).read_pandas()
+    return [(json.loads(e.proto.spec), pa.ipc.open_stream(e.proto.data.data).read_pandas())
+            for e in at.get("vega_lite_chart")]
+
+
+def glance_cells(at: AppTest) -> pd.DataFrame:
+    """The at-a-glance chart's cells as the page sent them (speedbench.report.glance.spec: one row
+    per question and machine)."""
+    (cells,) = [values for spec, values in vega_charts(at) if "technique" in values]
+    return cells
 
 
 def cell_text(cell) -> str:

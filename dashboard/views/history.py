@@ -1,17 +1,14 @@
 """History: one benchmark across commits, with significant changes flagged."""
 
-import html
-
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 from _tables import caption, table
 from _view import page_data, pick, pick_many
 
 from speedbench import report, words
-from speedbench.report.charts import log_axis
+from speedbench.report import history_chart
 from speedbench.results.environment import NoGpuModel
-from speedbench.results.machines import describe, environment_keys
+from speedbench.results.machines import environment_keys
 from speedbench.stats import contention
 
 st.title("History across commits")
@@ -54,49 +51,19 @@ if h["commit"].nunique() < 2:
             "(`speedlib run --commits A..B` measures a range).")
 
 scale, unit = (1e3, "ms") if (h["unit"] == "seconds").all() else (1.0, str(h["unit"].iloc[0]))
-# Commits on the x-axis, one category each in commit-date order and labelled with hash and
-# date: a time axis would spread same-day commits over hours and draw lines through gaps.
-# (A result file may carry no date; such a commit is labelled "date unknown" and goes last.)
-order = h.drop_duplicates("commit").sort_values("commit_date", kind="stable", na_position="last")
-label = {c: html.escape(f"{c[:8]} " + ("date unknown" if pd.isna(d) else f"{d:%Y-%m-%d}"))
-         for c, d in zip(order["commit"], order["commit_date"], strict=True)}
-fig = go.Figure()
-# A line joins one environment's results (CPU, GPU, torch/CUDA build): history computes no
-# change across another, and a line drawn across it would read as the code's doing.
-h = h.assign(_environment=environment_keys(h))
-environments = h.groupby("machine")["_environment"].nunique()
-for (machine, params, _), g in h.groupby(["machine", "params", "_environment"], sort=True):
-    g = g.assign(_order=g["commit"].map(list(label).index)).sort_values("_order")
-    where = f" ({describe(g.iloc[0])})" if environments[machine] > 1 else ""
-    fig.add_trace(go.Scatter(
-        x=[label[c] for c in g["commit"]], y=g["value"] * scale, mode="lines+markers",
-        name=html.escape(f"{machine}: {params}{where}"),
-        marker={"symbol": [("diamond-x" if s else "diamond") if step else "x" if s else "circle"
-                           for s, step in zip(g["significant"], g["step"], strict=True)],
-                "size": [12 if s or step else 7 for s, step in zip(g["significant"], g["step"], strict=True)]},
-        error_y={"type": "data", "symmetric": False, "array": ((g["ci99_high"] - g["value"]) * scale).fillna(0),
-                 "arrayminus": ((g["value"] - g["ci99_low"]) * scale).fillna(0)}))
-# Log y: a 10 % change looks the same at 1 ms as at 1 s.
-# The legend under the chart, never over it: beside it, on a phone's width it covered the lines.
-fig.update_layout(height=460 + 20 * h.groupby(["machine", "params"]).ngroups, margin={"t": 30},
-                  legend={"orientation": "h", "yanchor": "top", "y": -0.25, "x": 0},
-                  xaxis={"title": "commit (oldest left)", "type": "category", "categoryorder": "array",
-                         "categoryarray": list(label.values())},
-                  yaxis=log_axis(list(h["ci99_low"].fillna(h["value"]) * scale)
-                                 + list(h["ci99_high"].fillna(h["value"]) * scale)
-                                 + list(h["value"] * scale), f"{unit} (log scale)"))
-st.plotly_chart(fig)
+st.vega_lite_chart(None, history_chart.spec(h, scale, unit), width="stretch")
+environments = h.assign(_environment=environment_keys(h)).groupby("machine")["_environment"].nunique()
 # A log axis has no 0 (a variant that retains no bytes): such a line is in the legend but not
 # drawn, which reads as missing data unless said.
 off_axis = sorted(set(h.loc[h["value"] <= 0, "machine"] + ": " + h.loc[h["value"] <= 0, "params"]))
 if off_axis:
     caption(f"Not drawn on the log scale, which has no 0 or below: {'; '.join(off_axis)} (values of 0 or less "
             "at some commits; the table below lists every value).")
-st.caption(f"x markers: significant change against the previous commit (beyond {report.SIGNIFICANCE_FACTOR:.2f}x, and "
+st.caption(f"x: significant change against the previous commit (beyond {report.SIGNIFICANCE_FACTOR:.2f}x, and "
            f"Mann-Whitney U p < {report.P_THRESHOLD} on the stored samples, else disjoint 99 % confidence intervals: "
            "asv compare's rule; and the two 99 % intervals apart, so a median that jumps inside them, run-to-run "
            "drift, is no flag). Diamonds: first commit of a sustained step (a new level over at least "
-           f"{report.MIN_SEGMENT} commits). Error bars: asv's 99 % confidence interval."
+           f"{report.MIN_SEGMENT} commits); squares: both. Error bars: asv's 99 % confidence interval."
            + (" One line per environment: where the CPU, GPU or torch/CUDA build changed, a new line starts and no "
               "change or step is computed across it (the table's flag says 'not compared')."
               if (environments > 1).any() else ""))

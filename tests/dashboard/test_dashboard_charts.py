@@ -21,10 +21,11 @@ pytest.importorskip("streamlit")
 pytest.importorskip("plotly")
 
 import numpy as np  # noqa: E402 - after the skips: the dashboard extra may be missing
-from dashboard_bits import app_on, cell_text, frames, glance_cells, read  # noqa: E402 - after the skips: it needs streamlit
+from dashboard_bits import app_on, cell_text, frames, glance_cells, read, vega_charts  # noqa: E402 - after the skips: it needs streamlit
 
 from speedbench import report  # noqa: E402 - after the skips: the report needs pandas
 from speedbench.report import charts as _charts  # noqa: E402 - after the skips: it needs plotly
+from speedbench.report import history_chart  # noqa: E402 - after the skips: it needs pandas
 from speedbench.results import synthetic  # noqa: E402 - after the skips: it needs pandas
 from speedbench.results.load import load_results  # noqa: E402 - after the skips: it needs pandas
 
@@ -197,14 +198,15 @@ def test_ticks_reach_both_ends_of_the_axis_at_any_magnitude(low, high):
 def test_history_puts_commits_on_the_x_axis_in_date_order_with_log_y(tmp_path, monkeypatch):
     tree = tmp_path / "results"
     synthetic.write_results(tree, commits=3, machines=1)
-    (fig,) = figures(tree, "views/history.py", monkeypatch)
+    ((chart, points),) = vega_charts(app_on(tree, "views/history.py", monkeypatch))
     loaded = load_results(tree).measured
     dates = loaded.drop_duplicates("commit").sort_values("commit_date")
     expected = [f"{c[:8]} {d:%Y-%m-%d}" for c, d in zip(dates["commit"], dates["commit_date"], strict=True)]
-    assert fig["layout"]["xaxis"]["type"] == "category" and fig["layout"]["xaxis"]["categoryarray"] == expected
-    assert fig["layout"]["yaxis"]["type"] == "log"
-    for trace in fig["data"]:
-        assert values(trace["x"]) == expected  # every commit, oldest first, never a time of day
+    x = chart["encoding"]["x"]
+    assert x["type"] == "nominal" and x["sort"] == expected  # one category per commit, oldest first
+    assert all(layer["encoding"]["y"]["scale"]["type"] == "log" for layer in chart["layer"])
+    for _, line in points.groupby("line"):
+        assert list(line["commit"]) == expected  # every commit, never a time of day
 
 
 def test_history_opens_on_one_machine(tmp_path, monkeypatch):
@@ -214,13 +216,13 @@ def test_history_opens_on_one_machine(tmp_path, monkeypatch):
     synthetic.write_results(tree, commits=3, machines=3)
     at = app_on(tree, "views/history.py", monkeypatch)
     assert not at.exception
-    (fig,) = [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
-    machines = {t["name"].split(":")[0] for t in fig["data"]}
+    ((_, points),) = vega_charts(at)
+    machines = {line.split(":")[0] for line in points["line"]}
     assert len(machines) == 1 and at.query_params["machine"] == machines.pop()
     # asked for two, it draws both
     at = app_on(tree, "views/history.py", monkeypatch, machine=["synthetic-cpu", "synthetic-h100"])
-    (fig,) = [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
-    assert {t["name"].split(":")[0] for t in fig["data"]} == {"synthetic-cpu", "synthetic-h100"}
+    ((_, points),) = vega_charts(at)
+    assert {line.split(":")[0] for line in points["line"]} == {"synthetic-cpu", "synthetic-h100"}
 
 
 @pytest.mark.parametrize("low, high", [(0.8, 1.1), (0.97, 1.04), (0.5, 1.0), (0.02, 3.5)])
@@ -340,10 +342,34 @@ def test_a_narrow_sample_axis_gets_a_few_even_ticks_not_dozens(values, expected)
 def test_history_writes_out_its_log_ticks(tmp_path, monkeypatch):
     tree = tmp_path / "results"
     synthetic.write_results(tree, commits=3, machines=1)
-    (fig,) = figures(tree, "views/history.py", monkeypatch)
-    axis = fig["layout"]["yaxis"]
-    assert axis["type"] == "log" and len(values(axis["tickvals"])) >= 3
-    assert values(axis["ticktext"]) == [f"{t:g}" for t in values(axis["tickvals"])]
+    ((chart, points),) = vega_charts(app_on(tree, "views/history.py", monkeypatch))
+    (y,) = {json.dumps(layer["encoding"]["y"], sort_keys=True) for layer in chart["layer"] if layer["encoding"]["y"]
+            ["field"] == "value"}
+    y = json.loads(y)
+    low, high = y["scale"]["domain"]
+    ticks = y["axis"]["values"]
+    assert y["scale"]["type"] == "log" and len(ticks) >= 3 and y["axis"]["format"] == "~g"  # 0.5, 1, 20: no "5e-1"
+    assert low <= min(ticks) and max(ticks) <= high and low <= points["low"].min() and points["high"].max() <= high
+
+
+def test_history_marks_each_point_as_the_history_flags_it(monkeypatch):
+    """Each point's mark is what report.history found at that commit (the caption's x, diamond,
+    square), drawn in the shape the chart's scale gives that mark."""
+    at = app_on(ROOT / "results", "views/history.py", monkeypatch)
+    ((chart, points),) = vega_charts(at)
+    benchmark, machine = at.query_params["benchmark"], at.query_params["machine"]
+    measured = load_results(ROOT / "results").measured
+    h = report.history_table(measured[(measured["benchmark"] == benchmark) & (measured["machine"] == machine)],
+                             benchmark).sources
+    labels = history_chart.commit_labels(h)
+    drawn_marks = {(r.line.split(": ", 1)[1], r.commit): r.mark for r in points.itertuples()}
+    expected = {(r.params, labels[r.commit]): ("significant change" if r.significant else "no change")
+                if not r.step else ("significant change and first commit of a step" if r.significant
+                                    else "first commit of a step") for r in h.itertuples()}
+    assert drawn_marks == expected and "significant change" in drawn_marks.values()  # the H200's d93fd5c1 gains
+    (shape,) = [layer["encoding"]["shape"] for layer in chart["layer"] if "shape" in layer["encoding"]]
+    assert dict(zip(shape["scale"]["domain"], shape["scale"]["range"], strict=True)) == history_chart.MARKS
+    assert history_chart.MARKS["first commit of a step"] == "diamond"
 
 
 def test_history_draws_one_line_per_environment(monkeypatch):
@@ -353,8 +379,8 @@ def test_history_draws_one_line_per_environment(monkeypatch):
                                   "files=5000, cache=warm")
     at = app_on(ROOT / "results", "views/history.py", monkeypatch, benchmark=benchmark, machine=[machine],
                 params=[params])
-    (fig,) = [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
-    lines = {trace["name"]: [x.split()[0] for x in values(trace["x"])] for trace in fig["data"]}
+    ((_, points),) = vega_charts(at)
+    lines = {name: [x.split()[0] for x in line["commit"]] for name, line in points.groupby("line", sort=False)}
     measured = load_results(ROOT / "results").measured
     rows = measured[(measured["benchmark"] == benchmark) & (measured["machine"] == machine)
                     & (measured["params"] == params)].sort_values("commit_date")

@@ -1,0 +1,88 @@
+"""The History page's chart as a Vega-Lite spec: one benchmark's value at each commit, a line per
+machine, parameters and environment, its 99 % interval as an error bar, significant changes and
+the first commits of sustained steps marked (report.history computes both). Vega-Lite, not
+plotly: a new tab loads Streamlit's Vega-Lite code in a fraction of plotly.js's 1.5 s (issue 51).
+No Streamlit."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from speedbench.report.charts import ratio_ticks
+from speedbench.results.machines import describe, environment_keys
+
+__all__ = ["spec", "commit_labels", "MARKS"]
+
+# A point's mark: what report.history found at that commit, and its shape (an x as an SVG path in
+# a unit square: Vega-Lite's "cross" is a plus).
+MARKS = {"no change": "circle",
+         "significant change": "M-.35,-.5L0,-.15L.35,-.5L.5,-.35L.15,0L.5,.35L.35,.5L0,.15L-.35,.5L-.5,.35L-.15,0"
+                               "L-.5,-.35Z",
+         "first commit of a step": "diamond", "significant change and first commit of a step": "square"}
+
+
+def commit_labels(h: pd.DataFrame) -> dict[str, str]:
+    """Each commit's label, "hash date", in commit-date order (a result file without a date is
+    labelled "date unknown" and goes last): one category each, so same-day commits are not spread
+    over hours and no line is drawn through a gap in time."""
+    order = h.drop_duplicates("commit").sort_values("commit_date", kind="stable", na_position="last")
+    return {c: f"{c[:8]} " + ("date unknown" if pd.isna(d) else f"{d:%Y-%m-%d}")
+            for c, d in zip(order["commit"], order["commit_date"], strict=True)}
+
+
+def _mark(significant: bool, step: bool) -> str:
+    return list(MARKS)[int(significant) + 2 * int(step)]
+
+
+def spec(h: pd.DataFrame, scale: float, unit: str) -> dict:
+    """The chart of `h` (report.history_table(...).sources), values times `scale` in `unit`, on a
+    log axis (a 10 % change looks the same at 1 ms as at 1 s) with its ticks written out."""
+    labels = commit_labels(h)
+    # A line joins one environment's results (CPU, GPU, torch/CUDA build): history computes no
+    # change across another, and a line drawn across it would read as the code's doing.
+    h = h.assign(_environment=environment_keys(h))
+    environments = h.groupby("machine")["_environment"].nunique()
+    points = []
+    for (machine, params, _), g in h.groupby(["machine", "params", "_environment"], sort=True):
+        where = f" ({describe(g.iloc[0])})" if environments[machine] > 1 else ""
+        for r in g.itertuples():
+            low = r.ci99_low if pd.notna(r.ci99_low) else r.value
+            high = r.ci99_high if pd.notna(r.ci99_high) else r.value
+            points.append({"commit": labels[r.commit], "line": f"{machine}: {params}{where}",
+                           "value": r.value * scale, "low": low * scale, "high": high * scale,
+                           "mark": _mark(bool(r.significant), bool(r.step))})
+    shown = [v for p in points for v in (p["value"], p["low"], p["high"]) if v > 0 and math.isfinite(v)]
+    low, high = (min(shown) / 1.2, max(shown) * 1.2) if shown else (0.1, 10.0)
+    ticks = ratio_ticks(low, high)
+    x = {"field": "commit", "type": "nominal", "sort": list(labels.values()), "title": "commit (oldest left)",
+         "axis": {"labelAngle": -30, "labelLimit": 160}}
+    y = {"field": "value", "type": "quantitative", "title": f"{unit} (log scale)",
+         "scale": {"type": "log", "domain": [low, high], "clamp": True},
+         "axis": {"values": ticks, "format": "~g", "grid": True}}
+    line = {"field": "line", "type": "nominal", "title": None,
+            # under the chart, never over it: beside it, on a phone's width it covered the lines
+            # the machine over its parameters: on one line a phone cut the parameters off
+            "legend": {"orient": "bottom", "direction": "vertical", "labelLimit": 0, "columns": 1,
+                       "labelExpr": "split(replace(datum.label, ': ', ':\\n'), '\\n')"}}
+    tooltip = [{"field": "line"}, {"field": "commit"}, {"field": "value", "format": ".4g", "title": unit},
+               {"field": "low", "format": ".4g", "title": "99 % interval from"},
+               {"field": "high", "format": ".4g", "title": "to"}, {"field": "mark"}]
+    return {
+        "$schema": "https://vega.github.io/schema/vega-lite/v6.json",
+        "data": {"values": points}, "width": "container", "height": 380,
+        # the page's width, and the plot's own height with the legend below it (Streamlit's default, "fit",
+        # took the legend's lines out of the 380 px and left a flat plot)
+        "autosize": {"type": "fit-x", "contains": "padding"},
+        "encoding": {"x": x, "color": line},
+        "layer": [
+            {"mark": {"type": "rule"}, "encoding": {"y": {**y, "field": "low"}, "y2": {"field": "high"}}},
+            {"mark": {"type": "line"}, "encoding": {"y": y, "detail": {"field": "line"}}},
+            {"mark": {"type": "point", "filled": True, "opacity": 1},
+             "encoding": {"y": y, "tooltip": tooltip,
+                          "shape": {"field": "mark", "type": "nominal", "legend": None,
+                                    "scale": {"domain": list(MARKS), "range": list(MARKS.values())}},
+                          "size": {"condition": {"test": "datum.mark == 'no change'", "value": 40}, "value": 150}}},
+        ],
+    }
