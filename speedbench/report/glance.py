@@ -244,8 +244,9 @@ def spec(rows: pd.DataFrame, ages: dict | None = None) -> dict:
     labels = dict(zip(rows["question"], rows["label"], strict=False))
     gpus = dict(zip(rows["machine"], rows["gpu"].astype(str), strict=False))
     depth = max([len(lines(r)) for r in at.values()] or [1])
-    # a machine's name over its GPU's, wrapped: at a phone's MIN_WIDTH a column is about 140 px
-    heads = {m: "\n".join([m, *textwrap.wrap(gpus[m], 20)]) for m in machines}
+    # a machine's name over its GPU's ("NVIDIA H100 80GB HBM3" fits a phone's 140 px column; a third
+    # line ran into the cells)
+    heads = {m: "\n".join([m, *textwrap.wrap(gpus[m], 24)]) for m in machines}
     cells = []
     for q in questions:
         for m in machines:
@@ -275,6 +276,10 @@ def spec(rows: pd.DataFrame, ages: dict | None = None) -> dict:
             "dy": -depth * _TEXT_LINE / 2}
     scale = {"domain": [-1, -0.5, 0, 0.5, 1], "range": [c for _, c in _SCALE], "interpolate": "rgb"}
     ticks = [math.log(g) / math.log(GAIN_CAP) for g, _ in _TICKS]
+    # beside the chart where its rows are tall enough for the five labels, else under it (a technique
+    # page's two rows cut it short)
+    legend = ({"orient": "right", "gradientLength": 160} if len(questions) * _ROW_H >= 200
+              else {"orient": "bottom", "direction": "horizontal", "gradientLength": 440, "labelOverlap": False})
     words = " : ".join(f"datum.value <= {t + 1e-9:.6g} ? {_quoted(w)}" for t, (_, w) in zip(ticks, _TICKS, strict=True))
     return {
         "$schema": "https://vega.github.io/schema/vega-lite/v6.json",
@@ -294,7 +299,7 @@ def spec(rows: pd.DataFrame, ages: dict | None = None) -> dict:
              "encoding": {"color": {"field": "gain", "type": "quantitative", "scale": scale,
                                     "condition": {"test": "!isValid(datum.gain)", "value": _NO_NUMBER},
                                     "legend": {"title": "vs baseline", "values": ticks, "labelExpr": f"{words} : ''",
-                                               "gradientLength": 160, "orient": "right"}}}},
+                                               **legend}}}},
             *({"mark": {**text, **style}, "encoding": {"text": {"field": field},
                                                         "color": {"field": "ink", "type": "nominal", "scale": None}}}
               for field, style in (("bold", {"fontWeight": "bold"}), ("plain", {}),
