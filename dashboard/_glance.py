@@ -90,7 +90,7 @@ def glance_chart(grid: report.Table, key: str, page: Callable[[str], st.Page], t
     # whose own row was clicked would switch to itself forever.
     if clicked and clicked[0][0] in report.TECHNIQUES and clicked[0] != st.session_state.get(f"_followed-{key}"):
         st.session_state[f"_followed-{key}"] = clicked[0]
-        name, machine, question = clicked[0][:3]
+        name, machine, question = clicked[0]
         cell = rows[(rows["question"] == question) & (rows["machine"] == machine)]
         if not cell.empty:
             link = cell_link(next(cell.itertuples()), st.query_params.get(UNTIL))

@@ -5,10 +5,11 @@ first view parses every result file: cold), opens every page in headless Chromiu
 `chromium`, driven by Playwright) and times each from the request to the page drawn: its
 title shown, its script ended and every element on it drawn, charts included. Then it opens
 each page again in a fresh tab of the same server (again: a new session on a warm server, as a
-second reader opening a link finds it; the tab loads Streamlit's code and plotly.js anew), then
+second reader opening a link finds it; the tab loads Streamlit's code and its charts' code,
+plotly.js or Vega-Lite, anew), then
 reaches each in one tab by its link in the sidebar (moved to: how a reader goes from page to
 page, the code already loaded), and times `speedlib report --table headline` cold and warm.
-The floor under the again figures is timed too: a Streamlit page with one small plotly chart.
+The floor under a plotly page's again figure is timed too: a Streamlit page with one small plotly chart.
 Prints one line per page and the machine's load average before and after: measure on an idle machine,
 since other processes on its cores slow every figure (issue 51's targets: each page <= 3 s
 warm, the Overview <= 5 s cold, the headline table <= 3 s). The first view's time is also
@@ -67,7 +68,7 @@ def serving(results: Path, cache: Path):
         yield url
 
 
-# The reference page: Streamlit's own cost with one plotly chart, which no page of ours can go below.
+# The reference page: Streamlit's own cost with one plotly chart, which no page with a plotly chart can go below.
 _FLOOR_APP = """import plotly.graph_objects as go
 import streamlit as st
 

@@ -8,7 +8,6 @@ from _view import page_data, pick, pick_many
 from speedbench import report, words
 from speedbench.report import history_chart
 from speedbench.results.environment import NoGpuModel
-from speedbench.results.machines import environment_keys
 from speedbench.stats import contention
 
 st.title("History across commits")
@@ -52,7 +51,6 @@ if h["commit"].nunique() < 2:
 
 scale, unit = (1e3, "ms") if (h["unit"] == "seconds").all() else (1.0, str(h["unit"].iloc[0]))
 st.vega_lite_chart(None, history_chart.spec(h, scale, unit), width="stretch")
-environments = h.assign(_environment=environment_keys(h)).groupby("machine")["_environment"].nunique()
 # A log axis has no 0 (a variant that retains no bytes): such a line is in the legend but not
 # drawn, which reads as missing data unless said.
 off_axis = sorted(set(h.loc[h["value"] <= 0, "machine"] + ": " + h.loc[h["value"] <= 0, "params"]))
@@ -66,5 +64,5 @@ st.caption(f"x: significant change against the previous commit (beyond {report.S
            f"{report.MIN_SEGMENT} commits); squares: both. Error bars: asv's 99 % confidence interval."
            + (" One line per environment: where the CPU, GPU or torch/CUDA build changed, a new line starts and no "
               "change or step is computed across it (the table's flag says 'not compared')."
-              if (environments > 1).any() else ""))
+              if (history_chart.environments(h) > 1).any() else ""))
 table(history)

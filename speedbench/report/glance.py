@@ -16,6 +16,7 @@ row's question (DDP on one GPU) included. Plotly is imported inside: no Streamli
 from __future__ import annotations
 
 import html
+import json
 import math
 import textwrap
 
@@ -24,8 +25,8 @@ import pandas as pd
 from speedbench import report
 from speedbench.report.headline import MEASURED, order_machines
 
-__all__ = ["figure", "spec", "tip", "SELECTION", "SELECTED", "svg", "lines", "figure_text", "colour", "ink",
-           "GAIN_CAP", "LEGEND", "CLICK", "IMAGE_COMMAND", "MIN_WIDTH", "COLOUR_WORDS"]
+__all__ = ["figure", "spec", "tip", "TIP_TITLES", "SELECTION", "SELECTED", "svg", "lines", "figure_text", "colour",
+           "ink", "GAIN_CAP", "LEGEND", "CLICK", "IMAGE_COMMAND", "MIN_WIDTH", "COLOUR_WORDS"]
 
 # Colour saturates at 4x either way: the flat-buffer step's 47.8x must not wash every 1.3x out.
 GAIN_CAP = 4.0
@@ -106,6 +107,10 @@ def _cell(r) -> str:
                        for line in lines(r))
 
 
+# The hover's lines in the order shown, each cell having some (a figure, or the reason it has none).
+TIP_TITLES = ("comparison", "machine", "no answer", "measured", "scope", "figure", "baseline", "case", "age")
+
+
 def tip(r, age: str = "") -> list[tuple[str, str]]:
     """What hovering cell `r` says, (title, text) in order: the comparison, the machine, then
     the figure with its scope and baseline in words, or why the cell has none; `age`: how far
@@ -126,8 +131,8 @@ def tip(r, age: str = "") -> list[tuple[str, str]]:
     return said + ([("case", case)] if case else []) + ([("age", age)] if age else [])
 
 
-# The hover's lines that read without their title ("vs ...", the figure, the reason, the age).
-_BARE = {"figure", "baseline", "no answer", "age"}
+# The hover's lines that read without their title (the figure, "vs ..."; the reason and the age are wrapped).
+_BARE = {"figure", "baseline"}
 
 
 def _hover(r, age: str = "") -> str:
@@ -244,9 +249,8 @@ def spec(rows: pd.DataFrame, ages: dict | None = None) -> dict:
     labels = dict(zip(rows["question"], rows["label"], strict=False))
     gpus = dict(zip(rows["machine"], rows["gpu"].astype(str), strict=False))
     depth = max([len(lines(r)) for r in at.values()] or [1])
-    # a machine's name over its GPU's ("NVIDIA H100 80GB HBM3" fits a phone's 140 px column; a third
-    # line ran into the cells)
-    heads = {m: "\n".join([m, *textwrap.wrap(gpus[m], 24)]) for m in machines}
+    # the GPU's name on one line: a third line ran into the cells
+    heads = {m: f"{m}\n{_line(gpus[m], 24)}" for m in machines}
     cells = []
     for q in questions:
         for m in machines:
@@ -257,30 +261,28 @@ def spec(rows: pd.DataFrame, ages: dict | None = None) -> dict:
             cell = {"row": "\n".join(textwrap.wrap(labels[q], 34, break_long_words=False)), "column": heads[m],
                     "gain": None if r is None or math.isnan(_gain(r)) else _gain(r)}
             cell["ink"] = ink(colour(math.nan if cell["gain"] is None else cell["gain"]))
-            # one text mark per style, their lines aligned: a line in another style is a zero-width space in this
-            # one (Vega trims a blank line to an empty tspan, whose offset the browser drops)
+            # a mark per style, lines aligned by zero-width spaces (Vega trims blank lines, and empty tspans move none)
             for style, field in (("b", "bold"), ("", "plain"), ("i", "italic")):
                 cell[field] = "\n".join(("".join(t for t, _ in line) if line[0][1] == style else "\u200b")
                                         for line in said)
             if r is not None:
                 cell.update(dict(tip(r, ages.get((q, m), ""))), technique=r.technique, machine_id=m, question_id=q)
             cells.append(cell)
-    titles = list(dict.fromkeys(t for r in at.values() for t, _ in tip(r, "x")))
-    # The hover: the comparison as its heading, then the lines this cell has. Streamlit sends the
-    # values as one table, so a line another cell has is null here; `|| datum._` makes it undefined,
-    # which the tooltip leaves out (it printed "null").
-    hover = "{" + ", ".join(f"{_quoted('title' if t == 'comparison' else t)}: datum[{_quoted(t)}] || datum._"
-                            for t in titles) + "}"
+    # `|| datum._`: undefined, which the tooltip leaves out; Streamlit's one table gives other cells' lines as null
+    hover = "isValid(datum.technique) ? {" + ", ".join(
+        f"{json.dumps('title' if t == 'comparison' else t)}: datum[{json.dumps(t)}] || datum._" for t in TIP_TITLES) \
+        + "} : null"  # a blank cell (no row for that machine): no hover
     # from the top, the block centred by hand: centred, a mark whose last lines were blank sat half a line low
     text = {"type": "text", "fontSize": 11, "lineHeight": _TEXT_LINE, "lineBreak": "\n", "baseline": "top",
             "dy": -depth * _TEXT_LINE / 2}
     scale = {"domain": [-1, -0.5, 0, 0.5, 1], "range": [c for _, c in _SCALE], "interpolate": "rgb"}
     ticks = [math.log(g) / math.log(GAIN_CAP) for g, _ in _TICKS]
-    # beside the chart where its rows are tall enough for the five labels, else under it (a technique
-    # page's two rows cut it short)
+    # under a chart of few rows: beside a technique page's two rows, the gradient was cut short
     legend = ({"orient": "right", "gradientLength": 160} if len(questions) * _ROW_H >= 200
               else {"orient": "bottom", "direction": "horizontal", "gradientLength": 440, "labelOverlap": False})
-    words = " : ".join(f"datum.value <= {t + 1e-9:.6g} ? {_quoted(w)}" for t, (_, w) in zip(ticks, _TICKS, strict=True))
+    # each label at its own tick, a hair above it so that a float's last bit cannot move it to the next
+    words = " : ".join(f"datum.value <= {t + 1e-9:.12g} ? {json.dumps(w, ensure_ascii=False)}"
+                       for t, (_, w) in zip(ticks, _TICKS, strict=True))
     return {
         "$schema": "https://vega.github.io/schema/vega-lite/v6.json",
         "data": {"values": cells}, "width": "container", "height": {"step": _ROW_H},
@@ -309,11 +311,6 @@ def spec(rows: pd.DataFrame, ages: dict | None = None) -> dict:
              "params": [{"name": SELECTION, "select": {"type": "point", "fields": list(SELECTED)}}]},
         ],
     }
-
-
-def _quoted(text: str) -> str:
-    """`text` as a Vega expression's string literal."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 # The image's geometry (px): the question column, a machine's column, a text line, the margin.

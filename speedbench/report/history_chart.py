@@ -6,17 +6,17 @@ No Streamlit."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pandas as pd
 
-from speedbench.report.charts import ratio_ticks
+from speedbench.report.ticks import log_span
 from speedbench.results.machines import describe, environment_keys
 
-__all__ = ["spec", "commit_labels", "MARKS"]
+__all__ = ["spec", "commit_labels", "environments", "MARKS"]
 
-# A point's mark: what report.history found at that commit, and its shape (an x as an SVG path in
-# a unit square: Vega-Lite's "cross" is a plus).
+# What report.history found at a commit, and its shape (an SVG path for the x: Vega-Lite's "cross" is a plus).
 MARKS = {"no change": "circle",
          "significant change": "M-.35,-.5L0,-.15L.35,-.5L.5,-.35L.15,0L.5,.35L.35,.5L0,.15L-.35,.5L-.5,.35L-.15,0"
                                "L-.5,-.35Z",
@@ -36,53 +36,61 @@ def _mark(significant: bool, step: bool) -> str:
     return list(MARKS)[int(significant) + 2 * int(step)]
 
 
+def environments(h: pd.DataFrame) -> pd.Series:
+    """How many environments (CPU, GPU, torch/CUDA build) each machine of `h` was measured in."""
+    return h.assign(_environment=environment_keys(h)).groupby("machine")["_environment"].nunique()
+
+
+def _number(v: float) -> float | None:
+    return float(v) if pd.notna(v) and math.isfinite(v) else None  # JSON has no NaN
+
+
 def spec(h: pd.DataFrame, scale: float, unit: str) -> dict:
     """The chart of `h` (report.history_table(...).sources), values times `scale` in `unit`, on a
     log axis (a 10 % change looks the same at 1 ms as at 1 s) with its ticks written out."""
     labels = commit_labels(h)
-    # A line joins one environment's results (CPU, GPU, torch/CUDA build): history computes no
-    # change across another, and a line drawn across it would read as the code's doing.
-    h = h.assign(_environment=environment_keys(h))
-    environments = h.groupby("machine")["_environment"].nunique()
+    several = environments(h) > 1
     points = []
-    for (machine, params, _), g in h.groupby(["machine", "params", "_environment"], sort=True):
-        where = f" ({describe(g.iloc[0])})" if environments[machine] > 1 else ""
+    # a line per environment: one drawn across a new build would read as the code's doing
+    for k, ((machine, params, _), g) in enumerate(h.assign(_environment=environment_keys(h)).groupby(
+            ["machine", "params", "_environment"], sort=True)):
+        where = f" ({describe(g.iloc[0])})" if several[machine] else ""
         for r in g.itertuples():
             low = r.ci99_low if pd.notna(r.ci99_low) else r.value
             high = r.ci99_high if pd.notna(r.ci99_high) else r.value
-            points.append({"commit": labels[r.commit], "line": f"{machine}: {params}{where}",
-                           "value": r.value * scale, "low": low * scale, "high": high * scale,
-                           "mark": _mark(bool(r.significant), bool(r.step))})
-    shown = [v for p in points for v in (p["value"], p["low"], p["high"]) if v > 0 and math.isfinite(v)]
-    low, high = (min(shown) / 1.2, max(shown) * 1.2) if shown else (0.1, 10.0)
-    ticks = ratio_ticks(low, high)
+            points.append({"commit": labels[r.commit], "line": f"{machine}: {params}{where}", "series": k,
+                           "value": _number(r.value * scale), "low": _number(low * scale),
+                           "high": _number(high * scale), "mark": _mark(bool(r.significant), bool(r.step))})
+    span = log_span([v for p in points for v in (p["value"], p["low"], p["high"]) if v is not None])
+    low, high, ticks = span or (0.1, 10.0, [0.1, 1.0, 10.0])
     x = {"field": "commit", "type": "nominal", "sort": list(labels.values()), "title": "commit (oldest left)",
          "axis": {"labelAngle": -30, "labelLimit": 160}}
     y = {"field": "value", "type": "quantitative", "title": f"{unit} (log scale)",
          "scale": {"type": "log", "domain": [low, high], "clamp": True},
          "axis": {"values": ticks, "format": "~g", "grid": True}}
     line = {"field": "line", "type": "nominal", "title": None,
-            # under the chart, never over it: beside it, on a phone's width it covered the lines
-            # the machine over its parameters: on one line a phone cut the parameters off
+            # under the chart, the machine over its parameters: beside it or on one line, a phone cut them off
             "legend": {"orient": "bottom", "direction": "vertical", "labelLimit": 0, "columns": 1,
                        "labelExpr": "split(replace(datum.label, ': ', ':\\n'), '\\n')"}}
     tooltip = [{"field": "line"}, {"field": "commit"}, {"field": "value", "format": ".4g", "title": unit},
                {"field": "low", "format": ".4g", "title": "99 % interval from"},
                {"field": "high", "format": ".4g", "title": "to"}, {"field": "mark"}]
+    on_axis = {"filter": "datum.value > 0"}  # a log axis has no 0: clamped, it sat on the floor as a value
     return {
         "$schema": "https://vega.github.io/schema/vega-lite/v6.json",
         "data": {"values": points}, "width": "container", "height": 380,
-        # the page's width, and the plot's own height with the legend below it (Streamlit's default, "fit",
-        # took the legend's lines out of the 380 px and left a flat plot)
+        # Streamlit's default ("fit") took the legend's lines out of the 380 px and left a flat plot
         "autosize": {"type": "fit-x", "contains": "padding"},
         "encoding": {"x": x, "color": line},
         "layer": [
-            {"mark": {"type": "rule"}, "encoding": {"y": {**y, "field": "low"}, "y2": {"field": "high"}}},
-            {"mark": {"type": "line"}, "encoding": {"y": y, "detail": {"field": "line"}}},
-            {"mark": {"type": "point", "filled": True, "opacity": 1},
+            {"mark": {"type": "rule"}, "transform": [{"filter": "datum.high > 0"}],
+             "encoding": {"y": {**y, "field": "low"}, "y2": {"field": "high"}, "detail": {"field": "series"}}},
+            {"mark": {"type": "line"}, "transform": [on_axis], "encoding": {"y": y, "detail": {"field": "series"}}},
+            {"mark": {"type": "point", "filled": True, "opacity": 1}, "transform": [on_axis],
              "encoding": {"y": y, "tooltip": tooltip,
                           "shape": {"field": "mark", "type": "nominal", "legend": None,
                                     "scale": {"domain": list(MARKS), "range": list(MARKS.values())}},
-                          "size": {"condition": {"test": "datum.mark == 'no change'", "value": 40}, "value": 150}}},
+                          "size": {"condition": {"test": f"datum.mark == {json.dumps(list(MARKS)[0])}", "value": 40},
+                                   "value": 150}}},
         ],
     }

@@ -143,6 +143,39 @@ def test_nothing_from_a_result_file_reaches_markdown(page, tmp_path, monkeypatch
     assert not any(re.search(r"(?<!\\)\]\(javascript:", str(v)) or "<img" in str(v) for v in rendered)
 
 
+def test_a_name_that_is_html_is_text_in_the_glance_chart_and_its_hover(tmp_path):
+    """The at-a-glance chart is Vega-Lite: a machine and GPU named with a tag are drawn as SVG
+    text and said as text in the hover, never made an element (no image is requested)."""
+    synthetic.write_results(tmp_path / "results", commits=2, machines=1)
+    tree = tmp_path / "results"
+    (tree / "synthetic-h100").rename(tree / EVIL)
+    for record in (tree / EVIL / "environment").glob("*.jsonl"):
+        record.write_text(record.read_text().replace("NVIDIA H100 80GB HBM3 (synthetic)", EVIL))
+    chromium, sync_playwright = _browser()
+    with _serving(tree, tmp_path) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            asked = []
+            page.on("request", lambda r: asked.append(r.url))
+            page.goto(url)
+            cell = page.locator(f"{GLANCE} path").first
+            cell.wait_for(timeout=60_000)
+            box = cell.bounding_box()
+            page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            page.locator("#vg-tooltip-element").wait_for(timeout=30_000)
+            tooltip = page.locator("#vg-tooltip-element").inner_text()
+            labels = page.locator("[data-testid='stVegaLiteChart'] svg.marks").first.inner_html()
+            images = page.evaluate("() => document.querySelectorAll('[data-testid=\"stVegaLiteChart\"] img, "
+                                   "#vg-tooltip-element img').length")
+        finally:
+            browser.close()
+    assert EVIL in tooltip and images == 0  # said whole, as text
+    assert "&lt;img src=x onerror=alert(2)&gt;" in labels and "<img" not in labels  # SVG text, escaped
+    assert not [u for u in asked if u.rstrip("/").endswith("/x")]  # no image requested from the name
+
+
 IMAGE = "![t](x.png)<img src=y>"
 
 

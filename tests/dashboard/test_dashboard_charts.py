@@ -368,8 +368,31 @@ def test_history_marks_each_point_as_the_history_flags_it(monkeypatch):
                                     else "first commit of a step") for r in h.itertuples()}
     assert drawn_marks == expected and "significant change" in drawn_marks.values()  # the H200's d93fd5c1 gains
     (shape,) = [layer["encoding"]["shape"] for layer in chart["layer"] if "shape" in layer["encoding"]]
-    assert dict(zip(shape["scale"]["domain"], shape["scale"]["range"], strict=True)) == history_chart.MARKS
-    assert history_chart.MARKS["first commit of a step"] == "diamond"
+    assert shape["scale"]["domain"] == list(history_chart.MARKS) and len(set(shape["scale"]["range"])) == 4
+    caption = " ".join(c.value for c in at.caption)  # what the shapes mean, said under the chart
+    assert "x: significant change" in caption and "Diamonds: first commit" in caption and "squares: both" in caption
+    assert [history_chart.MARKS[k] for k in list(history_chart.MARKS)[2:]] == ["diamond", "square"]
+
+
+def test_history_draws_no_value_at_or_below_zero_and_sends_no_nan(tmp_path, monkeypatch):
+    """A log axis has no 0: such a value is left out of the lines and points (clamped, it sat on
+    the axis's floor as if measured there), and a missing interval is no NaN in the JSON."""
+    tree = tmp_path / "results"
+    synthetic.write_results(tree, commits=3, machines=1)
+    measured = load_results(tree).measured
+    benchmark = measured["benchmark"].iloc[0]
+    h = report.history_table(measured[measured["benchmark"] == benchmark], benchmark).sources.reset_index(drop=True)
+    h.loc[0, "value"], h.loc[1, "ci99_low"] = 0.0, math.nan
+    chart = history_chart.spec(h, 1e3, "ms")
+    assert json.dumps(chart, allow_nan=False)
+    points = pd.DataFrame(chart["data"]["values"])
+    assert points.loc[0, "value"] == 0 and points.loc[1, "low"] == points.loc[1, "value"]  # no interval: the value
+    for layer in chart["layer"]:
+        if layer["encoding"]["y"]["field"] == "value":
+            assert layer["transform"] == [{"filter": "datum.value > 0"}]
+    assert chart["layer"][0]["transform"] == [{"filter": "datum.high > 0"}]  # an interval wholly off the axis
+    low, high = chart["layer"][1]["encoding"]["y"]["scale"]["domain"]
+    assert low <= points.loc[points["value"] > 0, "value"].min() and high >= points["high"].max()
 
 
 def test_history_draws_one_line_per_environment(monkeypatch):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import importlib
 import io
+import json
 import math
 import re
 import sys
@@ -192,10 +193,15 @@ def test_the_dashboards_vega_lite_chart_is_the_sites_plotly_chart_cell_for_cell(
             .replace("&#x27;", "'").replace("&amp;", "&")
         assert (c["gain"] is None) == math.isnan(glance._gain(r)) and c["ink"] == glance.ink(glance.colour(
             math.nan if c["gain"] is None else c["gain"]))
-        tip = glance.tip(r, ages[key])
-        assert [(t, c[t]) for t, _ in tip] == tip and c["technique"] == r.technique  # the hover's lines, in order
+        titles = [t for t, _ in glance.tip(r, ages[key])]
+        assert titles == [t for t in glance.TIP_TITLES if t in titles]  # the order the Vega-Lite hover lists them in
+        for _, text in glance.tip(r, ages[key]):  # both hovers say every line, plotly's wrapped
+            assert html.escape(text) in hover.replace("<br>", " ")
         assert hover.startswith(f"<b>{html.escape(r.label)}</b>")
         assert (ages[key] in hover) == (r.status == headline.MEASURED) == ("age" in c)  # a figure's age only
+    blank = [c for c in cells if "technique" not in c]
+    assert all(set(c) == {"row", "column", "gain", "ink", "bold", "plain", "italic"} for c in blank)
+    assert json.dumps(spec, allow_nan=False)  # Streamlit sends it as JSON: a NaN would stop the chart
     # the colour: plotly's scale (glance.colour) stop for stop, linear in RGB between them
     (cell_layer, *texts, hits) = spec["layer"]
     colour = cell_layer["encoding"]["color"]
@@ -209,6 +215,11 @@ def test_the_dashboards_vega_lite_chart_is_the_sites_plotly_chart_cell_for_cell(
     assert [(t["encoding"]["text"]["field"], t["mark"].get("fontWeight"), t["mark"].get("fontStyle")) for t in texts] \
         == [("bold", "bold", None), ("plain", None, None), ("italic", None, "italic")]
     assert hits["params"][0]["name"] == glance.SELECTION
+    # the hover: the comparison as its heading, every line in TIP_TITLES' order, none on a blank cell
+    hover = hits["mark"]["tooltip"]["expr"]
+    assert hover.startswith("isValid(datum.technique) ? {") and hover.endswith("} : null")
+    assert re.findall(r'"([^"]+)": datum\["([^"]+)"\]', hover) == [
+        ("title" if t == "comparison" else t, t) for t in glance.TIP_TITLES]
     assert hits["params"][0]["select"]["fields"] == list(glance.SELECTED)
 
 
