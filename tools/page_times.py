@@ -131,11 +131,24 @@ _DRAWN = ("() => document.querySelector('[data-testid=\"stApp\"]')?.getAttribute
           " && (window.__ran ?? true)")
 
 
+# What _DRAWN waits for, counted: said when a page is never drawn.
+_STATE = ("() => ({script: document.querySelector('[data-testid=\"stApp\"]')?.getAttribute('data-test-script-state'),"
+          " skeletons: document.querySelectorAll('[data-testid=\"stSkeleton\"]').length,"
+          " plotly_without_svg: [...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')]"
+          ".filter(c => !c.querySelector('.main-svg')).length,"
+          " vega_without_marks: [...document.querySelectorAll('[data-testid=\"stVegaLiteChart\"]')]"
+          ".filter(c => !c.querySelector('svg.marks [role=\"graphics-symbol\"], canvas')).length,"
+          " ran_since_move: window.__ran ?? null})")
+
+
 def drawn(page, title: str) -> None:
     """The title is shown, the page's script has ended (since a move, if one was made), and
     every element on the page is drawn, charts included."""
     page.get_by_role("heading", name=title).first.wait_for(timeout=180_000)
-    page.wait_for_function(_DRAWN, timeout=180_000)
+    try:
+        page.wait_for_function(_DRAWN, timeout=180_000)
+    except Exception as e:  # Playwright's TimeoutError: say which part never came
+        raise RuntimeError(f"{title!r} not drawn after 180 s: {page.evaluate(_STATE)}") from e
 
 
 # Set before a move: flags the new page's script starting, so the old page's ended state is no
