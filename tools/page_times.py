@@ -122,16 +122,6 @@ def _served(argv: list[str], port: int, env: dict[str, str]):
 # ended) and draws a skeleton where an element's code is still loading: a chart is no
 # stPlotlyChart at all until plotly.js (4.7 MB, fetched on the first chart of a tab) has run,
 # and a check for charts without an SVG alone passed 1-2 s before any chart was on screen.
-_DRAWN = ("() => document.querySelector('[data-testid=\"stApp\"]')?.getAttribute('data-test-script-state')"
-          " === 'notRunning' && !document.querySelector('[data-testid=\"stSkeleton\"]')"
-          " && [...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')]"
-          ".every(c => c.querySelector('.main-svg'))"
-          " && [...document.querySelectorAll('[data-testid=\"stVegaLiteChart\"]')]"
-          ".every(c => c.querySelector('svg.marks [role=\"graphics-symbol\"], canvas'))"
-          " && (window.__ran ?? true)")
-
-
-# What _DRAWN waits for, counted: said when a page is never drawn.
 _STATE = ("() => ({script: document.querySelector('[data-testid=\"stApp\"]')?.getAttribute('data-test-script-state'),"
           " skeletons: document.querySelectorAll('[data-testid=\"stSkeleton\"]').length,"
           " plotly_without_svg: [...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')]"
@@ -139,6 +129,9 @@ _STATE = ("() => ({script: document.querySelector('[data-testid=\"stApp\"]')?.ge
           " vega_without_marks: [...document.querySelectorAll('[data-testid=\"stVegaLiteChart\"]')]"
           ".filter(c => !c.querySelector('svg.marks [role=\"graphics-symbol\"], canvas')).length,"
           " ran_since_move: window.__ran ?? null})")
+# the same counts, all met (and said when a page is never drawn)
+_DRAWN = (f"() => {{ const s = ({_STATE})(); return s.script === 'notRunning' && !s.skeletons"
+          " && !s.plotly_without_svg && !s.vega_without_marks && (s.ran_since_move ?? true); }")
 
 
 def drawn(page, title: str) -> None:

@@ -183,12 +183,15 @@ def ink(fill: str) -> str:
     return "#fff" if 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.45 else "#111"
 
 
-def _layout(rows: pd.DataFrame) -> tuple[list[str], list[str], dict]:
+def _layout(rows: pd.DataFrame) -> tuple[list[str], list[str], dict, dict[str, str], dict[str, str]]:
     """Questions down (in the records' order), machines across (GPU machines first, as
-    `order_machines` gives them), and each cell's row by (question, machine)."""
+    `order_machines` gives them), each cell's row by (question, machine), each question's
+    label and each machine's GPU."""
     questions = list(dict.fromkeys(rows["question"]))
     machines = order_machines(rows)
-    return questions, machines, {(r.question, r.machine): r for r in rows.itertuples()}
+    labels = dict(zip(rows["question"], rows["label"], strict=False))
+    gpus = dict(zip(rows["machine"], rows["gpu"].astype(str), strict=False))
+    return questions, machines, {(r.question, r.machine): r for r in rows.itertuples()}, labels, gpus
 
 
 def figure(rows: pd.DataFrame, height: int | None = None, ages: dict | None = None, links: dict | None = None):
@@ -199,9 +202,7 @@ def figure(rows: pd.DataFrame, height: int | None = None, ages: dict | None = No
     import plotly.graph_objects as go  # noqa: PLC0415 - a viewer's import, kept out of `import speedbench`
 
     ages, links = ages or {}, links or {}
-    questions, machines, at = _layout(rows)
-    labels = dict(zip(rows["question"], rows["label"], strict=False))
-    gpus = dict(zip(rows["machine"], rows["gpu"].astype(str), strict=False))
+    questions, machines, at, labels, gpus = _layout(rows)
     y = [_wrap(labels[q]) for q in questions]
     x = [f"{html.escape(m)}<br>{html.escape(gpus[m])}" for m in machines]
     z = [[_gain(at[q, m]) if (q, m) in at else math.nan for m in machines] for q in questions]
@@ -245,22 +246,22 @@ def spec(rows: pd.DataFrame, ages: dict | None = None) -> dict:
     colours and hover, a click selecting the cell's technique, machine and question
     (`SELECTION`, its fields `SELECTED`). `ages`: as for `figure`."""
     ages = ages or {}
-    questions, machines, at = _layout(rows)
-    labels = dict(zip(rows["question"], rows["label"], strict=False))
-    gpus = dict(zip(rows["machine"], rows["gpu"].astype(str), strict=False))
-    depth = max([len(lines(r)) for r in at.values()] or [1])
+    questions, machines, at, labels, gpus = _layout(rows)
+    written = {k: lines(r) for k, r in at.items()}
+    depth = max([len(said) for said in written.values()] or [1])
     # the GPU's name on one line: a third line ran into the cells
     heads = {m: f"{m}\n{_line(gpus[m], 24)}" for m in machines}
+    names = {q: "\n".join(textwrap.wrap(labels[q], 34, break_long_words=False)) for q in questions}
     cells = []
     for q in questions:
         for m in machines:
             r = at.get((q, m))
-            said = lines(r) if r is not None else []
+            said = written.get((q, m), [])
             blank = [[("", "-")]] * ((depth - len(said)) // 2)  # a shorter text centred in its cell
             said = blank + said + [[("", "-")]] * (depth - len(said) - len(blank))
-            cell = {"row": "\n".join(textwrap.wrap(labels[q], 34, break_long_words=False)), "column": heads[m],
-                    "gain": None if r is None or math.isnan(_gain(r)) else _gain(r)}
-            cell["ink"] = ink(colour(math.nan if cell["gain"] is None else cell["gain"]))
+            gain = math.nan if r is None else _gain(r)
+            cell = {"row": names[q], "column": heads[m], "gain": None if math.isnan(gain) else gain,
+                    "ink": ink(colour(gain))}
             # a mark per style, lines aligned by zero-width spaces (Vega trims blank lines, and empty tspans move none)
             for style, field in (("b", "bold"), ("", "plain"), ("i", "italic")):
                 cell[field] = "\n".join(("".join(t for t, _ in line) if line[0][1] == style else "\u200b")
@@ -330,9 +331,7 @@ def svg(rows: pd.DataFrame) -> str:
     show it: `IMAGE_COMMAND` writes it from results/): the same cells, numbers, marks and
     colours, without hover or clicks. Written by hand, not by plotly's image export (kaleido
     needs a browser), so the same results give the same bytes anywhere."""
-    questions, machines, at = _layout(rows)
-    labels = dict(zip(rows["question"], rows["label"], strict=False))
-    gpus = dict(zip(rows["machine"], rows["gpu"].astype(str), strict=False))
+    questions, machines, at, labels, gpus = _layout(rows)
     width = 2 * _PAD + _NAMES_W + _CELL_W * len(machines)
     out, y = [], _PAD + 16
     out.append(_svg_text(_PAD, y, [("speedlib at a glance: what each technique gains, per machine", "b")], size=15,

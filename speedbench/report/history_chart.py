@@ -38,7 +38,11 @@ def _mark(significant: bool, step: bool) -> str:
 
 def environments(h: pd.DataFrame) -> pd.Series:
     """How many environments (CPU, GPU, torch/CUDA build) each machine of `h` was measured in."""
-    return h.assign(_environment=environment_keys(h)).groupby("machine")["_environment"].nunique()
+    return _counted(h.assign(_environment=environment_keys(h)))
+
+
+def _counted(keyed: pd.DataFrame) -> pd.Series:
+    return keyed.groupby("machine")["_environment"].nunique()
 
 
 def _number(v: float) -> float | None:
@@ -49,11 +53,11 @@ def spec(h: pd.DataFrame, scale: float, unit: str) -> dict:
     """The chart of `h` (report.history_table(...).sources), values times `scale` in `unit`, on a
     log axis (a 10 % change looks the same at 1 ms as at 1 s) with its ticks written out."""
     labels = commit_labels(h)
-    several = environments(h) > 1
+    keyed = h.assign(_environment=environment_keys(h))
+    several = _counted(keyed) > 1
     points = []
     # a line per environment: one drawn across a new build would read as the code's doing
-    for k, ((machine, params, _), g) in enumerate(h.assign(_environment=environment_keys(h)).groupby(
-            ["machine", "params", "_environment"], sort=True)):
+    for k, ((machine, params, _), g) in enumerate(keyed.groupby(["machine", "params", "_environment"], sort=True)):
         where = f" ({describe(g.iloc[0])})" if several[machine] else ""
         for r in g.itertuples():
             low = r.ci99_low if pd.notna(r.ci99_low) else r.value
