@@ -5,17 +5,14 @@ command that measures it."""
 
 from __future__ import annotations
 
-import html
+import json
 
 import pandas as pd
-import plotly.colors
-import plotly.graph_objects as go
 import streamlit as st
 from _tables import caption, md_text, table
-from plotly.subplots import make_subplots
 
 from speedbench.report import roofline
-from speedbench.report.charts import esc
+from speedbench.report.vega import SCHEMA
 
 # Gather above write-back in every chart: each has its own floor (host->device, device->host).
 DIRECTIONS = (("gather", "gather: % of the h2d pinned copy", "gather_gbps", "h2d_floor", "gather_bus", "useful_gather"),
@@ -47,61 +44,75 @@ def roofline_tab(rows: pd.DataFrame, machine: str, commit: str, where: str, hide
                 f"axis). Dotted: {GOAL:.0f} %, the target. Hover a point for its GB/s, the floor's, and the bytes "
                 "a row costs on the bus.")
     paths = here[here["suite"] == "Roofline"]
-    colours = _colours(here["variant"])
+    colours = {"domain": roofline.variant_order(here["variant"]), "scheme": "tableau10"}  # one colour a path, tab-wide
     axes = [a for a in roofline.AXES if not roofline.along(paths, a).empty]
     for pair in (axes[i:i + 2] for i in range(0, len(axes), 2)):  # side by side; one under the other on a phone
         for column, axis in zip(st.columns(2), pair, strict=False):
             with column:
-                st.plotly_chart(_axis_chart(roofline.along(paths, axis), axis, where, colours), key=f"roofline-{axis}")
+                for direction in DIRECTIONS:
+                    st.vega_lite_chart(None, _axis_spec(roofline.along(paths, axis), axis, where, colours, direction),
+                                       width="stretch", key=f"roofline-{axis}-{direction[0]}")
     hypotheses = here[here["suite"] == "RooflineHypotheses"]
     if not hypotheses.empty:
         st.markdown("**The uva kernel's hypotheses** beside plain uva, measured in the same process: sorted indices, "
                     "the table in 2 MiB pages, whole-line reads, 4 KiB and 64 KiB in flight per program.")
-        st.plotly_chart(_hypotheses_chart(hypotheses, where, colours), key="roofline-hypotheses")
+        for direction in DIRECTIONS:
+            st.vega_lite_chart(None, _hypotheses_spec(hypotheses, where, colours, direction), width="stretch",
+                               key=f"roofline-hypotheses-{direction[0]}")
     table(roofline.roofline_table(rows[rows["commit"].str[:8] == commit]), hide=hide)
 
 
-def _hover(g: pd.DataFrame, gbps: str, floor: str, bus: str, useful: str) -> dict:
-    """A point's hover: the table's own words for it (GB/s, floor GB/s, bus bytes, row's share)."""
-    texts = [[html.escape(f"{a:.1f} GB/s"), html.escape(f"{b:.1f} GB/s"), html.escape(f"{c:.4g} B"),
-              html.escape(f"{d:.1f} %")] for a, b, c, d in zip(g[gbps], g[floor], g[bus], g[useful], strict=True)]
-    return {"customdata": texts,
-            "hovertemplate": "%{x}: %{y:.1f} %<br>%{customdata[0]} of a %{customdata[1]} floor<br>"
-                             "bus bytes a row %{customdata[2]} (row's share %{customdata[3]})<extra></extra>"}
+def _points(g: pd.DataFrame, x, direction: tuple) -> list[dict]:
+    """A chart's points, each with its hover in the table's own words (GB/s, the floor's, the bus
+    bytes a row costs and the row's share of them)."""
+    column, _, gbps, floor, bus, useful = direction
+    return [{"x": x_, "variant": str(v), "value": float(y), "gbps": f"{a:.1f} GB/s", "floor": f"{b:.1f} GB/s",
+             "bus": f"{c:.4g} B", "share": f"{d:.1f} %"}
+            for x_, v, y, a, b, c, d in zip(x, g["variant"], g[column], g[gbps], g[floor], g[bus], g[useful],
+                                            strict=True) if pd.notna(y)]
 
 
-def _colours(variants) -> dict[str, str]:
-    """One colour per variant in every chart of the tab, in the record's order."""
-    palette = plotly.colors.qualitative.Dark24
-    return {v: palette[k % len(palette)] for k, v in enumerate(roofline.variant_order(variants))}
+_TIP = [{"field": "variant", "title": "path"}, {"field": "value", "format": ".1f", "title": "% of floor"},
+        {"field": "gbps", "title": "achieved"}, {"field": "floor", "title": "floor"},
+        {"field": "bus", "title": "bus bytes a row"}, {"field": "share", "title": "row's share"}]
 
 
-def _title(what: str, where: str) -> str:
-    """A chart's title: what, and the machine in smaller type under it (a phone cuts one long line)."""
-    return f"{html.escape(what)}<br><sup>{html.escape(where)}</sup>"
+def _spec(title: str, where: str, direction: tuple, points: list[dict], x: dict, mark: list[dict],
+          colours: dict) -> dict:
+    """A chart of one direction: `mark`'s layers over `points`, the goal dotted across, a colour per path."""
+    y = {"field": "value", "type": "quantitative", "title": "% of floor", "scale": {"zero": True}}
+    goal = {"mark": {"type": "rule", "strokeDash": [2, 3], "color": "gray"}, "encoding": {"y": {"datum": GOAL}}}
+    return {"$schema": SCHEMA, "data": {"values": points}, "width": "container", "height": 240,
+            "autosize": {"type": "fit-x", "contains": "padding"},
+            # what, the direction and the machine on lines of their own: a phone cuts one long line
+            "title": {"text": title, "subtitle": [direction[1], where], "anchor": "start", "limit": 0},
+            "config": {"legend": {"orient": "bottom", "direction": "horizontal", "title": None, "labelLimit": 0}},
+            "encoding": {"x": x},
+            "layer": [{**m, "encoding": {"y": y, "color": {"field": "variant", "type": "nominal", "sort":
+                                                           colours["domain"], "scale": colours},
+                                         "tooltip": [{"field": "x", "title": x["title"] or "point"}, *_TIP], **m["encoding"]}}
+                      for m in mark] + [goal]}
 
 
-def _axis_chart(on: pd.DataFrame, axis: str, where: str, colours: dict[str, str]) -> go.Figure:
-    """One axis: gather (top) and write-back (bottom), a line per path."""
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12,
-                        subplot_titles=[html.escape(d[1]) for d in DIRECTIONS])
-    for variant in roofline.variant_order(on["variant"]):
-        g = on[on["variant"] == variant]
-        x = esc(g["x"]) if axis == "order" else list(g["x"])
-        for r, (column, _, gbps, floor, bus, useful) in enumerate(DIRECTIONS, start=1):
-            fig.add_trace(go.Scatter(x=x, y=g[column], mode="lines+markers", name=html.escape(str(variant)),
-                                     legendgroup=str(variant), showlegend=r == 1, line={"color": colours[variant]},
-                                     **_hover(g, gbps, floor, bus, useful)), row=r, col=1)
-    for r in (1, 2):
-        fig.add_hline(y=GOAL, line_dash="dot", line_color="gray", row=r, col=1)
-        fig.update_yaxes(title_text="% of floor", rangemode="tozero", row=r, col=1)
-    if axis != "order":  # rows, bytes and GB over decades
-        fig.update_xaxes(type="log", tickvals=sorted(set(on["x"])), ticktext=[_tick(axis, v) for v in
-                                                                                sorted(set(on["x"]))])
-    fig.update_xaxes(title_text=html.escape(roofline.AXES[axis]), row=2, col=1)
-    fig.update_layout(title=_title(roofline.AXES[axis].split(" (")[0], where), height=540,
-                      margin={"t": 90}, legend={"orientation": "h", "y": -0.25})
-    return fig
+def _axis_spec(on: pd.DataFrame, axis: str, where: str, colours: dict, direction: tuple) -> dict:
+    """One axis in one direction: a line per path."""
+    title = roofline.AXES[axis]
+    if axis == "order":
+        x = {"field": "x", "type": "nominal", "sort": list(roofline.ORDERS), "title": title, "axis": {"labelAngle": 0}}
+        xs = [str(v) for v in on["x"]]
+    else:  # rows, bytes and GB over decades, each tick the value measured
+        ticks = sorted(set(on["x"]))
+        said = {_key(v): _tick(axis, v) for v in ticks}
+        x = {"field": "x", "type": "quantitative", "title": title, "scale": {"type": "log"},
+             "axis": {"values": ticks, "labelExpr": f"{json.dumps(said)}[toString(datum.value)] || datum.label"}}
+        xs = [float(v) for v in on["x"]]
+    lines = [{"mark": {"type": "line", "point": True}, "encoding": {}}]
+    return _spec(title.split(" (")[0], where, direction, _points(on, xs, direction), x, lines, colours)
+
+
+def _key(value: float) -> str:
+    """A number as JavaScript's toString writes it (an integer without its '.0')."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 def _tick(axis: str, value: float) -> str:
@@ -112,22 +123,13 @@ def _tick(axis: str, value: float) -> str:
     return f"{value:g}"
 
 
-def _hypotheses_chart(h: pd.DataFrame, where: str, colours: dict[str, str]) -> go.Figure:
-    """Each hypothesis at each of its points: grouped bars, gather (top) and write-back (bottom)."""
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12,
-                        subplot_titles=[html.escape(d[1]) for d in DIRECTIONS])
+def _hypotheses_spec(h: pd.DataFrame, where: str, colours: dict, direction: tuple) -> dict:
+    """Each hypothesis at each of its points, in one direction: grouped bars."""
     points = sorted(dict.fromkeys(h["point"]), key=roofline.point_order)
     label = {p: ("default" if p.startswith("default") else p) for p in points}
-    for variant in roofline.variant_order(h["variant"]):
-        g = h[h["variant"] == variant].set_index("point").reindex(points).dropna(subset=["gather", "scatter"],
-                                                                                 how="all").reset_index()
-        for r, (column, _, gbps, floor, bus, useful) in enumerate(DIRECTIONS, start=1):
-            fig.add_trace(go.Bar(x=esc(g["point"].map(label)), y=g[column], name=html.escape(str(variant)),
-                                 legendgroup=str(variant), showlegend=r == 1, marker_color=colours[variant],
-                                 **_hover(g, gbps, floor, bus, useful)), row=r, col=1)
-    for r in (1, 2):
-        fig.add_hline(y=GOAL, line_dash="dot", line_color="gray", row=r, col=1)
-        fig.update_yaxes(title_text="% of floor", rangemode="tozero", row=r, col=1)
-    fig.update_layout(title=_title("the uva kernel's hypotheses", where), barmode="group", height=580,
-                      margin={"t": 90}, legend={"orientation": "h", "y": -0.15})
-    return fig
+    rows = h[h[direction[0]].notna()]
+    x = {"field": "x", "type": "nominal", "sort": [label[p] for p in points], "title": None,
+         "axis": {"labelAngle": -30, "labelLimit": 200}}
+    bars = [{"mark": {"type": "bar"}, "encoding": {"xOffset": {"field": "variant", "sort": colours["domain"]}}}]
+    return _spec("the uva kernel's hypotheses", where, direction, _points(rows, [label[p] for p in rows["point"]],
+                                                                          direction), x, bars, colours)

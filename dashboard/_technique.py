@@ -16,8 +16,9 @@ from _tables import caption, md_text, show, table
 from _view import cached, pick, pick_many, results, say_names, show_problems, suite_listing, tabs
 
 from speedbench import chunks, report, words
-from speedbench.report import charts, headline, roofline
-from speedbench.report.charts import config_label, ratio_chart, spread_chart
+from speedbench.report import headline, roofline
+from speedbench.report.chart_rows import FLOOR_HOVER, config_label
+from speedbench.report.vega import bars_spec, ratio_spec, spread_spec
 from speedbench.results.environment import NoGpuModel
 
 # The line above the tabs names the machine and its GPU, the title the technique, and the page
@@ -135,13 +136,13 @@ def technique_page(name: str) -> None:
                 st.markdown(f"**Separately timed**: {said}, medians against {report.md_code(baseline)}{against} "
                             "(worst-case bounds)")
                 table(speedup, hide=STATED)
-                # a figure too is the same for every reader of the view: built once (plotly's checks are slow)
-                st.plotly_chart(keep("spread", lambda: spread_chart(timed, f"{words.metric(metric)}: every sample, "
-                                                                           f"{where}"), metric))
+                # a chart too is the same for every reader of the view: built once
+                st.vega_lite_chart(None, keep("spread", lambda: spread_spec(
+                    timed, f"{words.metric(metric)}: every sample, {where}"), metric), width="stretch")
                 s = speedup.sources
                 s = s.assign(case=config_label(s) + " / " + s["variant"].astype(str), where=where)
-                st.plotly_chart(keep("ratios", lambda: ratio_chart(s, "case", "where", f"{words.metric(metric)}: "
-                                                                   f"speedup over {baseline}"), metric))
+                st.vega_lite_chart(None, keep("ratios", lambda: ratio_spec(
+                    s, "case", "where", f"{words.metric(metric)}: speedup over {baseline}"), metric), width="stretch")
             say_names(glossary)
     with memory_tab:
         if _open(memory_tab):
@@ -156,9 +157,9 @@ def technique_page(name: str) -> None:
             else:
                 table(keep("memory", lambda: report.memory_table(memory, baseline)), hide=STATED)
                 # one chart per metric (peak, activations), built once for every reader of the view
-                for figure in keep("memory charts", lambda: [charts.bars(same, "bytes", where)
-                                                             for _, same in memory.groupby("metric", sort=True)]):
-                    st.plotly_chart(figure)
+                for chart in keep("memory charts", lambda: [bars_spec(same, "bytes", where)
+                                                            for _, same in memory.groupby("metric", sort=True)]):
+                    st.vega_lite_chart(None, chart, width="stretch")
                 say_names(glossary)
     with floor_tab:
         if _open(floor_tab):
@@ -175,8 +176,8 @@ def technique_page(name: str) -> None:
                 table(floor, hide=STATED)
                 # One chart per reference: gather is a % of the host->device copy, write-back of
                 # device->host; one axis named after the first mislabelled the other.
-                for figure in keep("floor charts", lambda: _floor_charts(rows, floor, where)):
-                    st.plotly_chart(figure)
+                for chart in keep("floor charts", lambda: _floor_charts(rows, floor, where)):
+                    st.vega_lite_chart(None, chart, width="stretch")
                 say_names(glossary)
             if not bandwidth.empty:
                 table(keep("bandwidth", lambda: report.speedup_table(bandwidth, "bandwidth", baseline)), hide=STATED)
@@ -214,16 +215,16 @@ def _paired(rows: pd.DataFrame, where: str, baseline: str, keep) -> None:
     table(paired, hide=STATED)
     s = s.assign(case=config_label(s) + " / " + s["variant"].astype(str) + " vs " + s["baseline"].astype(str),
                  where=where)
-    st.plotly_chart(keep("paired chart", lambda: ratio_chart(s, "case", "where",
-                                                             "paired speedup: x faster than the baseline")))
+    st.vega_lite_chart(None, keep("paired chart", lambda: ratio_spec(
+        s, "case", "where", "paired speedup: x faster than the baseline")), width="stretch")
 
 
 def _floor_charts(rows: pd.DataFrame, floor: report.Table, where: str) -> list:
     """The floor tab's charts, gather's first as the table orders them, each bar's hover the
     table's own words for it (the %, and the GB/s columns `floor` shows)."""
     shown = report.floor_figures(rows)
-    hover = tuple(h for h in charts.FLOOR_HOVER if h[0] in floor.frame.columns)
-    return [charts.bars(same, str(unit), where, hover=hover)
+    hover = tuple(h for h in FLOOR_HOVER if h[0] in floor.frame.columns)
+    return [bars_spec(same, str(unit), where, hover=hover)
             for unit, same in shown.sort_values("benchmark", kind="stable").groupby("unit", sort=False)]
 
 

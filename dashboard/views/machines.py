@@ -6,7 +6,8 @@ from _tables import caption, md_text, show, table
 from _view import cached, older_results, page, pick
 
 from speedbench import report
-from speedbench.report.charts import config_label, ratio_chart
+from speedbench.report.chart_rows import config_label
+from speedbench.report.vega import ratio_spec
 
 st.title("Machine comparison")
 data = page()
@@ -71,9 +72,10 @@ if not cpu_and_gpu:
             # Benchmarks without variants (the dashboard's own timings) are labelled by their
             # configuration alone: two CPU machines both ran them, and "nan" labels collided.
             variant = timed["variant"].map(lambda v: f" / {v}" if isinstance(v, str) and v else "")
-            st.plotly_chart(ratio_chart(timed.assign(case=config_label(timed) + variant
-                                                     + " (" + timed["metric"].astype(str) + ")", pair=f"{b} vs {a}"),
-                                        "case", "pair", f"times: {b} against {a} (above 1: {b} is faster)"))
+            st.vega_lite_chart(None, ratio_spec(timed.assign(case=config_label(timed) + variant + " ("
+                                                             + timed["metric"].astype(str) + ")", pair=f"{b} vs {a}"),
+                                                "case", "pair", f"times: {b} against {a} (above 1: {b} is faster)"),
+                               width="stretch")
         with st.expander(f"{len(t.frame)} values measured on both (times, memory, bandwidth)"):
             table(t)
 older_results(data)  # a maintainer's detail, at the foot of the page

@@ -1,60 +1,53 @@
-"""The plotly charts the dashboard's pages and the static site share: every sample as boxes, ratios as
-bars from the 1x line, values as bars grouped by configuration, log axes with their ticks written out
-(the at-a-glance chart: speedbench.report.glance); every label from a result file HTML-escaped. No
-Streamlit: `speedlib publish` draws the same figures into its pages."""
+"""The static site's plotly charts: every sample as boxes, ratios as bars from the 1x line, values
+as bars grouped by configuration, log axes with their ticks written out (the at-a-glance chart:
+speedbench.report.glance); every label from a result file HTML-escaped. What each chart draws
+comes from speedbench.report.chart_rows, as the dashboard's Vega-Lite charts' does
+(speedbench.report.vega): the same bars, marks and notes in both."""
 
 from __future__ import annotations
 
 import html
 import math
-import re
 
-import numpy as np
 import pandas as pd
 import plotly.colors
 import plotly.graph_objects as go
 
-from speedbench import report, words
+from speedbench.report.chart_rows import (
+    FLOOR_HOVER,
+    config_label,
+    ratio_bars,
+    ratio_notes,
+    ratio_span,
+    sample_scale,
+    samples,
+    value_rows,
+)
 from speedbench.report.ticks import log_span, ratio_ticks
+
+# used by the site and the tests under these names
+__all__ = ["esc", "config_label", "spread_chart", "ratio_chart", "log_axis", "bars", "FLOOR_HOVER", "ratio_ticks"]
+
+# How plotly draws each marked ratio bar, in the words of the note under the chart.
+LOOKS = {"unsure": "hollow dotted bar, outlined in its colour", "lone": "hatched bar", "busy": "cross-hatched bar"}
 
 
 def esc(values) -> list[str]:
     return [html.escape(str(v)) for v in values]
 
 
-def config_label(rows: pd.DataFrame) -> pd.Series:
-    """A row's configuration without its variant, in the words a chart label needs: its
-    benchmark class where the rows span several (they share metric names), and every
-    parameter ("AdamStep: resnet50", "densenet_bc, batch=4"), so that no chart pools two
-    configurations. A class every row shares is left out: a page of TrainingStep rows labelled
-    each box "TrainingStep workload=..." and the labels overlapped."""
-    one_class = rows["suite"].nunique() <= 1
-
-    def label(suite, params) -> str:
-        parts = ", ".join(p.removeprefix("workload=") for p in report.shared_config(params).split(", ") if p)
-        return parts or str(suite) if one_class else f"{suite}: {parts}".rstrip(": ")
-
-    return pd.Series([label(s, p) for s, p in zip(rows["suite"], rows["params"], strict=True)], index=rows.index,
-                     dtype=object)
-
-
 def spread_chart(rows: pd.DataFrame, title: str) -> go.Figure:
     """Every timed sample per variant (box + points), one box per configuration, so the spread is
     visible, not just a bar. Log scale: workloads differ by orders of magnitude."""
     fig = go.Figure()
-    scale, unit = (1e3, "ms") if (rows["unit"] == "seconds").all() else (1.0, str(rows["unit"].iloc[0]))
-    rows = rows.assign(_config=config_label(rows))
-    for variant, g in rows.groupby("variant", sort=True):
-        xs, ys = [], []
-        for config, samples, value in zip(g["_config"], g["samples"], g["value"], strict=True):
-            samples = samples or [value]
-            xs += [config] * len(samples)
-            ys += [v * scale for v in samples]
-        fig.add_trace(go.Box(x=esc(xs), y=ys, name=html.escape(str(variant)), boxpoints="all", jitter=0.3))
+    _, unit = sample_scale(rows)
+    every = samples(rows)
+    for variant, g in every.groupby("variant", sort=True):
+        fig.add_trace(go.Box(x=esc(g["config"]), y=list(g["value"]), name=html.escape(str(variant)), boxpoints="all",
+                             jitter=0.3))
     # Ticks written out (plotly's own log ticks read "1000, 5, 2, 100, 5, 2, 10").
-    shown = [v * scale for s, v in zip(rows["samples"], rows["value"], strict=True) for v in (s or [v])]
     fig.update_layout(title=html.escape(title), boxmode="group", height=420, margin={"t": 50},
-                      yaxis=log_axis(shown, unit))
+                      yaxis=log_axis(list(every["value"]), unit))
     return fig
 
 
@@ -75,10 +68,8 @@ def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x 
     four knobs' 0.43x-1.29x as one 3.9x bar), so the caller's labels must tell every row apart,
     and a repeat is refused."""
     fig = go.Figure()
-    groups = list(s.groupby(color, sort=True))
+    groups = ratio_bars(s, y, color, exact)
     for i, (name, g) in enumerate(groups):
-        if g[y].duplicated().any():
-            raise ValueError(f"chart labels repeat within {name!r}: {sorted(set(g[y][g[y].duplicated()]))}")
         # Each bar grows from the 1x line (right: faster, left: slower), not from the edge of a
         # log axis, where a 0.7x bar would look as long as a win.
         # Hollow, dotted and outlined in its trace's colour: the interval includes 1x, so the bar
@@ -88,59 +79,31 @@ def ratio_chart(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x 
         # Cross-hatched: contended, measured while other work kept the machine busy; shown, never
         # as solid as a clean figure (the tables carry the same mark, ‡, and its counters). A
         # commit whose GPU tests failed there is marked § beside its bar, as in the tables.
-        unsure = ((g["ratio_low"] <= 1.0) & (g["ratio_high"] >= 1.0)).tolist()
-        lone = [False] * len(g) if exact else (g["ratio_low"].isna() | g["ratio_high"].isna()).tolist()
-        busy = report.contended(g).tolist()
-        n = g["n"] if "n" in g else pd.Series([math.nan] * len(g), index=g.index)
+        unsure, lone, busy = g["unsure"].tolist(), g["lone"].tolist(), g["busy"].tolist()
         ink = _PALETTE[i % len(_PALETTE)]  # set, not left to plotly: a hollow bar is outlined in it
-        said = [("contended, not a clean figure; " if b else "")
-                + ("interval includes 1x" if u else "single value, no interval" if x else "")
-                for u, x, b in zip(unsure, lone, busy, strict=True)]
         fig.add_trace(go.Bar(
-            # no bar for a ratio over 0 (`report.UNDEFINED`): it has no length
-            y=esc(g[y]), x=g["ratio"].where(np.isfinite(g["ratio"])) - 1.0, base=1.0, orientation="h",
-            name=html.escape(str(name)),
+            y=esc(g["label"]), x=g["ratio"] - 1.0, base=1.0, orientation="h", name=html.escape(name),
             marker={"color": ["white" if u else ink for u in unsure],
                     "line": {"color": ink, "width": [2 if u else 0 for u in unsure]},
                     "pattern": {"shape": ["x" if b else "/" if x else "." if u else ""
                                           for x, b, u in zip(lone, busy, unsure, strict=True)],
                                 "fgcolor": [ink if u else "#444" for u in unsure], "solidity": 0.3}},
             # the mark itself beside a contended bar: a faded, hatched bar alone can be hard to see
-            text=[" ".join(m for m, on in ((report.CONTENDED, b), (report.GPU_TESTS_FAILED, f)) if on)
-                  for b, f in zip(busy, report.gpu_tests_failed(g), strict=True)],
-            textposition="outside", cliponaxis=False,
-            customdata=list(zip(g["ratio"], [report.fmt_ratio(r, lo, hi).partition(" ")[2] for r, lo, hi in
-                                             zip(g["ratio"], g["ratio_low"], g["ratio_high"], strict=True)],
-                                ["" if pd.isna(k) else f"N={k:g}" for k in n], said, strict=True)),
+            text=list(g["marks"]), textposition="outside", cliponaxis=False,
+            customdata=list(zip(g["ratio"], g["interval"], g["n"], g["said"], strict=True)),
             hovertemplate="%{y}: %{customdata[0]:.3g}x %{customdata[1]} %{customdata[2]} %{customdata[3]}"
                           "<extra>%{fullData.name}</extra>",
-            error_x={"type": "data", "symmetric": False, "array": (g["ratio_high"] - g["ratio"]).fillna(0),
-                     "arrayminus": (g["ratio"] - g["ratio_low"]).fillna(0)}))
+            error_x={"type": "data", "symmetric": False, "array": (g["high"] - g["ratio"]).fillna(0),
+                     "arrayminus": (g["ratio"] - g["low"]).fillna(0)}))
     fig.add_vline(x=1.0, line_dash="dash")
-    legend = []
-    if ((s["ratio_low"] <= 1.0) & (s["ratio_high"] >= 1.0)).any():
-        legend.append("hollow dotted bar, outlined in its colour: its 99 % interval includes 1x (not told apart "
-                      "from the baseline)")
-    if not exact and (s["ratio_low"].isna() | s["ratio_high"].isna()).any():
-        legend.append("hatched bar: a single value per variant, no interval (how sure it is is unknown)")
-    if report.contended(s).any():
-        legend.append(f"cross-hatched bar ({report.CONTENDED}): contended, other work kept the machine busy; "
-                      "not a clean figure")
-    if report.gpu_tests_failed(s).any():
-        legend.append(f"{report.GPU_TESTS_FAILED}: the GPU tests failed on that machine at that commit")
+    legend = ratio_notes(s, exact, LOOKS)
     if legend:
         # Below the axis title: above the bars, the legend's row sits (and the title above it).
         fig.add_annotation(text="<br>".join(legend), xref="paper", yref="paper", x=0, y=0, yanchor="top",
                            yshift=-48, showarrow=False, xanchor="left", align="left")
-    # Log scale, so that 0.5x and 2x lie equally far from the 1x line, with ticks at 1-2-5
-    # steps written as ratios (plotly's own log ticks read "1, 2, 5, 10, 2, 5, 100").
-    values = pd.concat([s["ratio"], s["ratio_low"], s["ratio_high"]]).dropna()
-    values = values[(values > 0) & np.isfinite(values)]  # a ratio over 0 has no value and no place on the axis
-    low, high = (min(values.min(), 1.0), max(values.max(), 1.0)) if len(values) else (0.5, 2.0)
-    # The axis spans the data and a little more, and the ticks are chosen inside that span:
-    # plotly hides ticks outside its range, so ticks picked over a wider one left a lone "1x".
-    low, high = low / 1.1, high * 1.1
-    ticks = ratio_ticks(low, high)
+    # Log scale with ticks at 1-2-5 steps written as ratios (plotly's own log ticks read "1, 2,
+    # 5, 10, 2, 5, 100"); plotly hides ticks outside its range.
+    low, high, ticks = ratio_span(s)
     labels = sorted({html.escape(str(v)) for v in s[y]})
     # A bar slot per label and trace, so that a chart of 24 configurations is as legible as one of 2.
     # showlegend: plotly hides the legend of a single trace, and the trace names the machine:
@@ -167,22 +130,13 @@ def log_axis(values, title: str) -> dict:
             "range": [math.log10(low), math.log10(high)]}
 
 
-# A floor chart's hover: (label, column of report.floor_figures), the floor table's text.
-FLOOR_HOVER = (("achieved", "achieved_text"), ("GB/s", "gbps_text"), ("floor GB/s", "floor_gbps_text"))
-
-
 def bars(rows, unit: str, where: str = "", hover: tuple[tuple[str, str], ...] = ()) -> go.Figure:
     """One bar per variant, grouped by configuration (metric, workload, batch) so that each
     variant stands beside its own baseline; never two configurations in one bar. Titled
     with what is measured (gather and write-back charts looked alike without one). `hover`:
     (label, column) pairs whose text each bar's hover shows, as the table beside it does."""
     fig = go.Figure()
-    scale, unit = (2**-30, "GiB") if unit == "bytes" and rows["value"].max() >= 2**30 else \
-        (2**-20, "MiB") if unit == "bytes" else (1.0, unit)  # as the tables write them
-    several = rows["metric"].nunique() > 1
-    rows = rows.assign(_config=((rows["metric"].map(words.metric) + ": ") if several else "") + config_label(rows))
-    # batch=64 before batch=256: numbers in a label compare as numbers
-    rows = rows.iloc[sorted(range(len(rows)), key=lambda i: _natural(rows["_config"].iloc[i]))]
+    rows, scale, unit, metrics = value_rows(rows, unit)
     # plotly's default palette has ten colours; checkpointing has five variants, transfer six.
     palette = plotly.colors.qualitative.Dark24
     for i, (variant, g) in enumerate(rows.groupby("variant", sort=True)):
@@ -202,13 +156,9 @@ def bars(rows, unit: str, where: str = "", hover: tuple[tuple[str, str], ...] = 
     # against a transformer at 64), and on a linear axis the small ones vanish. Linear for a %
     # (of a floor): a bar's length is then its share, where on a log axis 11 % against 38.8 %
     # was drawn about 1:10.
-    title = ", ".join(dict.fromkeys(words.metric(m) for m in rows["metric"])) + (f", {where}" if where else "")
+    title = metrics + (f", {where}" if where else "")
     axis = {"title": html.escape(unit), "rangemode": "tozero"} if "%" in unit else \
         log_axis(list(rows["value"] * scale), f"{unit} (log scale)")
     fig.update_layout(title=html.escape(title), barmode="group", height=420, margin={"t": 50}, showlegend=True,
                       yaxis=axis)
     return fig
-
-
-def _natural(text: str) -> list:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(text))]

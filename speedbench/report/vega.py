@@ -1,0 +1,207 @@
+"""The dashboard's ratio, sample and value charts as Vega-Lite specs: ratios as bars from the 1x
+line, every sample as boxes and points, values as bars grouped by configuration. Vega-Lite, not
+plotly: a page with one plotly chart loads all of plotly.js, 1.5-2 s of a new tab (issue 51). The
+bars, marks and notes are speedbench.report.chart_rows', as the static site's plotly charts'
+(speedbench.report.charts). Labels are SVG text, never markup. No Streamlit."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+
+import pandas as pd
+
+from speedbench.report.chart_rows import ratio_bars, ratio_notes, ratio_span, sample_scale, samples, value_rows
+from speedbench.report.ticks import log_span
+
+__all__ = ["ratio_spec", "spread_spec", "bars_spec", "LOOKS", "SCHEMA"]
+
+SCHEMA = "https://vega.github.io/schema/vega-lite/v6.json"
+# How these charts draw each marked ratio bar, in the words of the note under the chart: Vega-Lite
+# has no hatching, so a pale fill and a dashed outline stand for it.
+LOOKS = {"unsure": "hollow bar, a dotted outline in its colour", "lone": "pale bar, dashed outline",
+         "busy": "palest bar, dashed outline"}
+# A chart's width is its container's; the legend and notes take what they need under it.
+_FIT = {"type": "fit-x", "contains": "padding"}
+
+
+def _number(v) -> float | None:
+    return float(v) if pd.notna(v) and math.isfinite(v) else None  # JSON has no NaN
+
+
+def _title(text: str) -> dict:
+    return {"text": text, "anchor": "start", "fontSize": 15, "limit": 0}
+
+
+def _notes_lines(notes: list[str]) -> list[str]:
+    """Notes wrapped to a phone's width: Vega-Lite draws a title line as one unbroken line."""
+    return [line for note in notes for line in textwrap.wrap(note, 56, subsequent_indent="  ")]
+
+
+def ratio_spec(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x faster than the baseline",
+               exact: bool = False) -> dict:
+    """Ratios with their interval as error bars, one horizontal bar per row of `s` labelled by its
+    `y` column, one colour per `color` value; the dashed line at 1x is the baseline. `axis` says
+    what a ratio is; `exact`: counts (bytes), which need no interval. Each bar grows from the 1x
+    line (right: faster, left: slower), not from the edge of the log axis, where a 0.7x bar would
+    look as long as a win. Horizontal: labels name a configuration in words, and two dozen under
+    a vertical chart overlapped."""
+    groups = ratio_bars(s, y, color, exact)
+    bars = []
+    for name, g in groups:
+        for r in g.itertuples():
+            ratio, low, high = _number(r.ratio), _number(r.low), _number(r.high)
+            bars.append({"label": r.label, "group": name, "ratio": ratio, "low": low, "high": high,
+                         "unsure": bool(r.unsure), "lone": bool(r.lone), "busy": bool(r.busy), "marks": r.marks,
+                         # the marks beside the bar's far end, or beside the 1x line for a slowdown
+                         "marks_at": max(v for v in (ratio, high, 1.0) if v is not None),
+                         "figure": "" if ratio is None else f"{ratio:.3g}x", "interval": r.interval, "n": r.n,
+                         "said": r.said})
+    low, high, ticks = ratio_span(s)
+    labels = sorted({b["label"] for b in bars})  # first label on top, as a table reads
+    names = [name for name, _ in groups]
+    along = {"field": "label", "type": "nominal", "sort": labels, "title": None,
+             "axis": {"labelLimit": 320, "labelFontSize": 12}}
+    offset = {"field": "group", "type": "nominal", "sort": names}
+    # one colour per group, in fill and outline alike: a hollow bar is outlined in its group's colour
+    ink = {"field": "group", "type": "nominal", "scale": {"domain": names, "scheme": "tableau10"}}
+    x = {"field": "ratio", "type": "quantitative", "title": [f"{axis} (log scale)", *_notes_lines(
+        ratio_notes(s, exact, LOOKS))],
+         "scale": {"type": "log", "domain": [low, high], "clamp": True, "nice": False},
+         "axis": {"values": ticks, "format": "~g", "labelExpr": "datum.label + 'x'", "grid": True,
+                  "titleAnchor": "start", "titleAlign": "left", "titleFontWeight": "normal"}}
+    tooltip = [{"field": "group", "title": "where"}, {"field": "label", "title": "comparison"},
+               {"field": "figure", "title": "ratio"}, {"field": "interval", "title": "99 % interval"},
+               {"field": "n", "title": "rounds"}, {"field": "said", "title": "note"}]
+    has = {"filter": "isValid(datum.ratio)"}  # a ratio over 0 (report.UNDEFINED) has no length
+    return {
+        "$schema": SCHEMA, "title": _title(title), "data": {"values": bars}, "width": "container",
+        "height": {"step": 22 * max(len(groups), 1)}, "autosize": _FIT,
+        # The legend names the machine even when one group is drawn: a CPU-only chart beside a
+        # CPU-and-GPU one read as GPU results.
+        "config": {"legend": {"orient": "top", "direction": "horizontal", "title": None, "labelLimit": 0}},
+        "layer": [
+            {"mark": {"type": "bar", "strokeWidth": 2}, "transform": [has],
+             "encoding": {
+                 "y": along, "yOffset": offset, "x": x, "x2": {"datum": 1.0},
+                 "fill": {"condition": {"test": "datum.unsure", "value": "white"}, **ink},
+                 "stroke": ink,
+                 "fillOpacity": {"condition": [{"test": "datum.busy", "value": 0.18},
+                                               {"test": "datum.lone", "value": 0.4}], "value": 1.0},
+                 "strokeDash": {"condition": [{"test": "datum.unsure", "value": [2, 2]},
+                                              {"test": "datum.busy || datum.lone", "value": [6, 3]}],
+                                "value": [1, 0]},
+                 "strokeOpacity": {"condition": {"test": "datum.unsure || datum.busy || datum.lone", "value": 1},
+                                   "value": 0},
+                 "tooltip": tooltip}},
+            {"mark": {"type": "rule", "color": "#333", "strokeWidth": 1.5},
+             "transform": [{"filter": "isValid(datum.low) && isValid(datum.high)"}],
+             "encoding": {"y": along, "yOffset": offset, "x": {**x, "field": "low"}, "x2": {"field": "high"}}},
+            # the mark itself beside a contended bar: a pale bar alone can be hard to see
+            {"mark": {"type": "text", "align": "left", "dx": 4, "fontSize": 13},
+             "transform": [{"filter": "datum.marks != ''"}],
+             "encoding": {"y": along, "yOffset": offset, "x": {**x, "field": "marks_at"},
+                          "text": {"field": "marks"}}},
+            {"mark": {"type": "rule", "strokeDash": [5, 4], "color": "#444"}, "encoding": {"x": {"datum": 1.0}}},
+        ],
+    }
+
+
+def spread_spec(rows: pd.DataFrame, title: str) -> dict:
+    """Every timed sample per variant, one box per configuration and variant with every sample a
+    point on it, so the spread is visible, not just a bar. Log scale: workloads differ by orders
+    of magnitude. The box: quartiles, median and the extremes (every point is drawn, so no point
+    is called an outlier)."""
+    _, unit = sample_scale(rows)
+    every = samples(rows)
+    boxes = every.groupby(["config", "variant"], sort=True)["value"].describe()
+    values = [{"kind": "box", "config": c, "variant": str(v), "low": _number(b["min"]), "q1": _number(b["25%"]),
+               "median": _number(b["50%"]), "q3": _number(b["75%"]), "high": _number(b["max"]),
+               "n": int(b["count"])} for (c, v), b in boxes.iterrows()]
+    values += [{"kind": "sample", "config": c, "variant": str(v), "value": _number(x)}
+               for c, v, x in every.itertuples(index=False)]
+    span = log_span(list(every["value"]))
+    low, high, ticks = span or (0.1, 10.0, [0.1, 1.0, 10.0])
+    configs = list(dict.fromkeys(every["config"]))
+    variants = sorted({str(v) for v in every["variant"]})
+    x = {"field": "config", "type": "nominal", "sort": configs, "title": None,
+         "axis": {"labelAngle": -30, "labelLimit": 220}}
+    offset = {"field": "variant", "type": "nominal", "sort": variants}
+    ink = {"field": "variant", "type": "nominal", "title": None, "scale": {"domain": variants, "scheme": "tableau10"}}
+    y = {"type": "quantitative", "title": f"{unit} (log scale)", "scale": {"type": "log", "domain": [low, high],
+                                                                          "clamp": True, "nice": False},
+         "axis": {"values": ticks, "format": "~g", "grid": True}}
+    box = {"filter": "datum.kind == 'box'"}
+    box_tip = [{"field": "variant"}, {"field": "config", "title": "configuration"},
+               {"field": "median", "format": ".4g", "title": f"median, {unit}"},
+               {"field": "q1", "format": ".4g", "title": "lower quartile"},
+               {"field": "q3", "format": ".4g", "title": "upper quartile"},
+               {"field": "low", "format": ".4g", "title": "fastest"}, {"field": "high", "format": ".4g",
+                                                                       "title": "slowest"},
+               {"field": "n", "title": "samples"}]
+    return {
+        "$schema": SCHEMA, "title": _title(title), "data": {"values": values}, "width": "container", "height": 380,
+        "autosize": _FIT, "config": {"legend": {"orient": "top", "direction": "horizontal", "labelLimit": 0}},
+        "encoding": {"x": x, "xOffset": offset},
+        "layer": [
+            {"mark": {"type": "rule"}, "transform": [box],
+             "encoding": {"y": {**y, "field": "low"}, "y2": {"field": "high"}, "color": ink}},
+            {"mark": {"type": "bar", "fillOpacity": 0.25, "strokeWidth": 1.5, "width": {"band": 0.8}},
+             "transform": [box],
+             "encoding": {"y": {**y, "field": "q1"}, "y2": {"field": "q3"}, "fill": ink,
+                          "stroke": ink, "tooltip": box_tip}},
+            {"mark": {"type": "tick", "thickness": 2, "width": {"band": 0.8}}, "transform": [box],
+             "encoding": {"y": {**y, "field": "median"}, "color": ink}},
+            {"mark": {"type": "circle", "size": 22, "opacity": 0.7},
+             "transform": [{"filter": "datum.kind == 'sample'"}],
+             "encoding": {"y": {**y, "field": "value"}, "color": ink,
+                          "tooltip": [{"field": "variant"}, {"field": "config", "title": "configuration"},
+                                      {"field": "value", "format": ".4g", "title": unit}]}},
+        ],
+    }
+
+
+def bars_spec(rows: pd.DataFrame, unit: str, where: str = "", hover: tuple[tuple[str, str], ...] = ()) -> dict:
+    """One bar per variant, grouped by configuration (metric, workload, batch) so that each variant
+    stands beside its own baseline; never two configurations in one bar. Titled with what is
+    measured. `hover`: (label, column) pairs whose text each bar's hover shows, as the table beside
+    it does. Log axis for bytes (configurations differ by orders of magnitude); linear from zero
+    for a % of a floor, each bar's figure written on it (on a log axis 11 % against 38.8 % was
+    drawn about 1:10)."""
+    rows, scale, unit, metrics = value_rows(rows, unit)
+    share = "%" in unit
+    values = [{"config": str(c), "variant": str(v), "value": _number(x * scale),
+               "figure": (str(t) if t is not None else f"{x * scale:.1f} %") if share else f"{x * scale:.4g} {unit}",
+               **{label: str(r[column]) for label, column in hover}}
+              for (_, r), c, v, x, t in zip(rows.iterrows(), rows["_config"], rows["variant"], rows["value"],
+                                            rows["achieved_text"] if "achieved_text" in rows else [None] * len(rows),
+                                            strict=True)]
+    configs = list(dict.fromkeys(rows["_config"].astype(str)))
+    variants = sorted({str(v) for v in rows["variant"]})
+    if share:
+        y = {"field": "value", "type": "quantitative", "title": unit, "scale": {"zero": True}}
+        start = {"datum": 0}
+    else:
+        span = log_span([v["value"] for v in values if v["value"] is not None and v["value"] > 0])
+        low, high, ticks = span or (0.1, 10.0, [0.1, 1.0, 10.0])
+        y = {"field": "value", "type": "quantitative", "title": f"{unit} (log scale)",
+             "scale": {"type": "log", "domain": [low, high], "clamp": True, "nice": False},
+             "axis": {"values": ticks, "format": "~g", "grid": True}}
+        start = {"datum": low}  # a log axis has no 0: a bar stands on the axis's floor
+    encoding = {"x": {"field": "config", "type": "nominal", "sort": configs, "title": None,
+                      "axis": {"labelAngle": -30, "labelLimit": 220}},
+                "xOffset": {"field": "variant", "type": "nominal", "sort": variants}}
+    layers = [{"mark": {"type": "bar"}, "transform": [{"filter": "isValid(datum.value) && datum.value > 0"}],
+               "encoding": {"y": y, "y2": start,
+                            "color": {"field": "variant", "type": "nominal", "title": None,
+                                      "scale": {"domain": variants, "scheme": "tableau20"}},
+                            "tooltip": [{"field": "variant"}, {"field": "config", "title": "configuration"},
+                                        {"field": "figure", "title": unit},
+                                        *({"field": label} for label, _ in hover)]}}]
+    if share:
+        layers.append({"mark": {"type": "text", "baseline": "bottom", "dy": -3, "fontSize": 11},
+                       "encoding": {"y": y, "text": {"field": "figure"}}})
+    return {"$schema": SCHEMA, "title": _title(metrics + (f", {where}" if where else "")),
+            "data": {"values": values}, "width": "container", "height": 380, "autosize": _FIT,
+            "config": {"legend": {"orient": "top", "direction": "horizontal", "labelLimit": 0}},
+            "encoding": encoding, "layer": layers}
