@@ -82,15 +82,17 @@ def _spec(title: str, where: str, direction: tuple, points: list[dict], x: dict,
     """A chart of one direction: `mark`'s layers over `points`, the goal dotted across, a colour per path."""
     y = {"field": "value", "type": "quantitative", "title": "% of floor", "scale": {"zero": True}}
     goal = {"mark": {"type": "rule", "strokeDash": [2, 3], "color": "gray"}, "encoding": {"y": {"datum": GOAL}}}
+    drawn = {p["variant"] for p in points}  # the legend names this chart's paths, coloured as in the others
+    colour = {"field": "variant", "type": "nominal", "sort": colours["domain"], "scale": colours,
+              "legend": {"values": [v for v in colours["domain"] if v in drawn]}}
+    tip = [{"field": "x", "title": x["title"] or "point"}, *_TIP]
     return {"$schema": SCHEMA, "data": {"values": points}, "width": "container", "height": 240,
             "autosize": {"type": "fit-x", "contains": "padding"},
             # what, the direction and the machine on lines of their own: a phone cuts one long line
             "title": {"text": title, "subtitle": [direction[1], where], "anchor": "start", "limit": 0},
             "config": {"legend": {"orient": "bottom", "direction": "horizontal", "title": None, "labelLimit": 0}},
-            "encoding": {"x": x},
-            "layer": [{**m, "encoding": {"y": y, "color": {"field": "variant", "type": "nominal", "sort":
-                                                           colours["domain"], "scale": colours},
-                                         "tooltip": [{"field": "x", "title": x["title"] or "point"}, *_TIP], **m["encoding"]}}
+            # x in each layer, not shared: the goal's line crosses the whole chart
+            "layer": [{**m, "encoding": {"x": x, "y": y, "color": colour, "tooltip": tip, **m["encoding"]}}
                       for m in mark] + [goal]}
 
 

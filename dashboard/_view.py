@@ -6,8 +6,8 @@ Safety: the results directory comes from `SPEEDLIB_RESULTS` (set by `speedlib da
 when the server starts) or the repository's `results/`, never from the URL; text from result
 files is shown through st.dataframe, st.text, st.code, st.table and Markdown with every such text
 escaped (`_tables.table_text`, `_tables.md_text`: st.table draws its cells as Markdown too),
-plotly labels are HTML-escaped, and Vega-Lite draws text as SVG text and escapes its tooltips'
-HTML, so nothing from a file is rendered as Markdown or HTML.
+and every chart is Vega-Lite's, which draws text as SVG text and escapes its tooltips' HTML, so
+nothing from a file is rendered as Markdown or HTML.
 """
 
 from __future__ import annotations

@@ -6,10 +6,10 @@ first view parses every result file: cold), opens every page in headless Chromiu
 title shown, its script ended and every element on it drawn, charts included. Then it opens
 each page again in a fresh tab of the same server (again: a new session on a warm server, as a
 second reader opening a link finds it; the tab loads Streamlit's code and its charts' code,
-plotly.js or Vega-Lite, anew), then
+Vega-Lite's, anew), then
 reaches each in one tab by its link in the sidebar (moved to: how a reader goes from page to
 page, the code already loaded), and times `speedlib report --table headline` cold and warm.
-The floor under a plotly page's again figure is timed too: a Streamlit page with one small plotly chart.
+The floor under a page's again figure is timed too: a Streamlit page with one small Vega-Lite chart.
 Prints one line per page and the machine's load average before and after: measure on an idle machine,
 since other processes on its cores slow every figure (issue 51's targets: each page <= 3 s
 warm, the Overview <= 5 s cold, the headline table <= 3 s). The first view's time is also
@@ -68,19 +68,21 @@ def serving(results: Path, cache: Path):
         yield url
 
 
-# The reference page: Streamlit's own cost with one plotly chart, which no page with a plotly chart can go below.
-_FLOOR_APP = """import plotly.graph_objects as go
-import streamlit as st
+# The reference page: Streamlit's own cost with one Vega-Lite chart, which no page with a chart can go below.
+_FLOOR_APP = """import streamlit as st
 
 st.title("One chart")
-st.plotly_chart(go.Figure(go.Bar(x=[1, 2, 3], y=[3, 1, 2])))
+st.vega_lite_chart(None, {"data": {"values": [{"x": 1, "y": 3}, {"x": 2, "y": 1}, {"x": 3, "y": 2}]},
+                          "mark": "bar", "encoding": {"x": {"field": "x", "type": "ordinal"},
+                                                      "y": {"field": "y", "type": "quantitative"}}},
+                   width="stretch")
 """
 
 
 def floor_seconds(browser, width: int, times: int = 3) -> float:
-    """The median of `times` fresh tabs of a page with a title and one three-bar plotly chart on
-    a warm Streamlit server: what any Streamlit page with a chart takes on this machine (its
-    code and plotly.js loaded and run in a new tab), the floor under every page's again figure."""
+    """The median of `times` fresh tabs of a page with a title and one three-bar Vega-Lite chart
+    on a warm Streamlit server: what any Streamlit page with a chart takes on this machine (its
+    code and Vega-Lite's loaded and run in a new tab), the floor under every page's again figure."""
     with tempfile.TemporaryDirectory() as d:
         app = Path(d) / "one_chart.py"
         app.write_text(_FLOOR_APP, encoding="utf-8")
@@ -120,8 +122,8 @@ def _served(argv: list[str], port: int, env: dict[str, str]):
 
 # Streamlit marks its root with the script's state ("notRunning" once the page's script has
 # ended) and draws a skeleton where an element's code is still loading: a chart is no
-# stPlotlyChart at all until plotly.js (4.7 MB, fetched on the first chart of a tab) has run,
-# and a check for charts without an SVG alone passed 1-2 s before any chart was on screen.
+# chart at all until its library has run (plotly.js, 4.7 MB, which no page draws with now, or
+# Vega-Lite), and a check for charts without an SVG alone passed 1-2 s before any was on screen.
 _STATE = ("() => ({script: document.querySelector('[data-testid=\"stApp\"]')?.getAttribute('data-test-script-state'),"
           " skeletons: document.querySelectorAll('[data-testid=\"stSkeleton\"]').length,"
           " plotly_without_svg: [...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')]"
@@ -186,7 +188,7 @@ def screenshot(page, path: Path) -> int:
     main = "document.querySelector('[data-testid=\"stMain\"]')"
     tall = page.evaluate(f"() => {main}.scrollHeight")
     screen = page.viewport_size["height"]
-    page.wait_for_timeout(1500)  # plotly fills a chart's SVG after creating it
+    page.wait_for_timeout(1500)  # a chart fills its SVG after creating it
     parts, top = [], 0
     while True:
         page.evaluate(f"y => {main}.scrollTo(0, y)", top)
@@ -285,7 +287,7 @@ def main() -> int:
     print(f"first view drawn {first[0]:.2f} s after `speedlib dashboard` started (it answered after {first[1]:.2f} s, "
           "the browser's own start left out); "
           f"{restarted:.2f} s on a restarted server (its cache kept)")
-    print(f"floor: a Streamlit page with one three-bar plotly chart, again: {floor:.2f} s (median of 3)")
+    print(f"floor: a Streamlit page with one three-bar Vega-Lite chart, again: {floor:.2f} s (median of 3)")
     print(f"speedlib report --table headline: {report_cold:.2f} s cold, {report_warm:.2f} s warm")
     for name, tall in heights.items():
         print(f"{name}: {tall} px tall")

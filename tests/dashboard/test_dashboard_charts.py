@@ -1,7 +1,9 @@
 """The dashboard's charts draw one bar or box per configuration, never two stacked or pooled.
 
 A tuning page once drew four knobs (0.43x-1.29x) as one 3.9x bar, and checkpointing's batch 4
-and 16 as one 1.4x bar where both were 0.7x: a label repeated within a plotly trace stacks.
+and 16 as one 1.4x bar where both were 0.7x: a label repeated within a plotly trace stacks. The
+dashboard draws them with Vega-Lite (speedbench.report.vega), the static site with plotly
+(speedbench.report.charts); both from speedbench.report.chart_rows, and both are checked here.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dashboard_bits import app_on, cell_text, frames, glance_cells, read, vega_c
 
 from speedbench import report  # noqa: E402 - after the skips: the report needs pandas
 from speedbench.report import charts as _charts  # noqa: E402 - after the skips: it needs plotly
-from speedbench.report import history_chart  # noqa: E402 - after the skips: it needs pandas
+from speedbench.report import history_chart, vega  # noqa: E402 - after the skips: it needs pandas
 from speedbench.results import synthetic  # noqa: E402 - after the skips: it needs pandas
 from speedbench.results.load import load_results  # noqa: E402 - after the skips: it needs pandas
 
@@ -34,16 +36,31 @@ sys.path.insert(0, str(ROOT / "dashboard"))
 import _tables  # noqa: E402 - from dashboard/, put on the path just above
 
 
-def figures(results: Path, page: str, monkeypatch, **query) -> list[dict]:
-    """Every plotly figure `page` draws on `results`, as plotly JSON (the at-a-glance chart that
-    opens the overview and every technique page is a Vega-Lite chart: glance_cells reads it)."""
+def figures(results: Path, page: str, monkeypatch, **query) -> list[tuple[dict, pd.DataFrame]]:
+    """Every chart `page` draws on `results` but its at-a-glance row (glance_cells reads that): its
+    Vega-Lite spec and values."""
     at = app_on(results, page, monkeypatch, **query)
     assert not at.exception, at.exception
     return drawn(at)
 
 
-def drawn(at) -> list[dict]:
-    return [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
+def drawn(at) -> list[tuple[dict, pd.DataFrame]]:
+    assert not at.get("plotly_chart")  # plotly.js alone cost a new tab 1.5-2 s
+    return [(spec, values) for spec, values in vega_charts(at) if "technique" not in values]
+
+
+def title(spec: dict) -> str:
+    return spec.get("title", {}).get("text", "")
+
+
+def bars_of(values: pd.DataFrame) -> list[tuple[str, str]]:
+    """A chart's bars or boxes, each as (its colour's group, its label): a ratio chart's bars, a value
+    chart's, a sample chart's boxes."""
+    if "label" in values:
+        return list(zip(values["group"], values["label"], strict=True))
+    if "kind" in values:
+        values = values[values["kind"] == "box"]
+    return list(zip(values["variant"], values["config"], strict=True))
 
 
 def values(array) -> list:
@@ -84,26 +101,24 @@ def test_boxes_keep_classes_and_parameters_apart():
 @pytest.mark.parametrize("machine", ["cpu-2core-intel-xeon", "cpu-2core-amd-epyc", "h100-sxm-80gb"])
 @pytest.mark.parametrize("name", list(report.TECHNIQUES))
 def test_technique_pages_draw_one_bar_per_configuration(name, machine, monkeypatch):
-    for fig in figures(ROOT / "results", f"/{name}", monkeypatch, machine=machine):
-        for trace in fig["data"]:
-            if trace.get("type") == "bar":
-                xs = labels(trace)
-                assert len(xs) == len(set(xs)), (name, machine, trace["name"], xs)
+    for spec, values in figures(ROOT / "results", f"/{name}", monkeypatch, machine=machine):
+        bars = bars_of(values)
+        assert bars and len(bars) == len(set(bars)), (name, machine, title(spec), bars)
 
 
 def test_the_tuning_page_shows_one_paired_bar_per_knob(monkeypatch):
     charts = figures(ROOT / "results", "/tuning", monkeypatch, machine="h100-sxm-80gb")
-    paired = next(f for f in charts if "paired" in f["layout"]["title"]["text"])
-    xs = [x for trace in paired["data"] for x in labels(trace)]
-    knobs = [x for x in xs if x.startswith("knob=")]
+    paired, bars = next((s, v) for s, v in charts if "paired" in title(s))
+    knobs = [x for x in bars["label"] if x.startswith("knob=")]
     assert sorted(knobs) == [f"knob={k} / on vs off" for k in
                              ("accumulation", "channels_last", "conv_bias", "zero_grad")]
     last = report.paired(report.latest(load_results(ROOT / "results").measured))
     expected = last[(last["machine"] == "h100-sxm-80gb") & (last["suite"] == "TrainingStep")
                     & (last["technique"] == "tuning")].set_index("knob")["ratio"]
-    # Bars grow from the 1x line: base 1, height ratio - 1; the ratio itself rides along.
-    assert all(trace["base"] == 1.0 for trace in paired["data"])
-    ys = {x: 1.0 + y for trace in paired["data"] for x, y in zip(labels(trace), lengths(trace), strict=True)}
+    # Bars grow from the 1x line to the ratio.
+    (bar,) = [layer for layer in paired["layer"] if layer["mark"]["type"] == "bar"]
+    assert bar["encoding"]["x"]["field"] == "ratio" and bar["encoding"]["x2"] == {"datum": 1.0}
+    ys = dict(zip(bars["label"], bars["ratio"], strict=True))
     assert len(expected) == 4
     for knob, ratio in expected.items():
         assert ys[f"knob={knob} / on vs off"] == pytest.approx(ratio)
@@ -122,9 +137,9 @@ def test_machines_chart_compares_times_only(tmp_path, monkeypatch):
     tree = tmp_path / "results"
     synthetic.write_results(tree, commits=1, machines=3)
     charts = figures(tree, "views/machines.py", monkeypatch, a="synthetic-h100", b="synthetic-h200")
-    (chart,) = charts
-    assert chart["layout"]["title"]["text"].startswith("times: ")
-    names = [x for trace in chart["data"] for x in labels(trace)]
+    ((chart, bars),) = charts
+    assert title(chart).startswith("times: ")
+    names = list(bars["label"])
     assert names and all(x.endswith(")") for x in names)
     assert not [x for x in names if "(speedup)" in x or "fraction" in x or "bandwidth" in x]
 
@@ -438,12 +453,13 @@ def test_the_floor_tab_draws_one_chart_per_reference(monkeypatch):
     labelled with the first one's reference."""
     charts = figures(ROOT / "results", "/transfer", monkeypatch, machine="h100-sxm-80gb",
                      tab="Bandwidth and floor")
-    titles = [c["layout"]["yaxis"]["title"]["text"] for c in charts if "% of" in c["layout"]["yaxis"]["title"]["text"]]
+    axes = [layer["encoding"]["y"] for c, _ in charts for layer in c["layer"] if layer["mark"]["type"] == "bar"]
+    titles = [y["title"] for y in axes if "% of" in y["title"]]
     assert len(titles) == len(set(titles)) >= 2
     # A % of a floor on a linear axis from 0, so that a bar's length is its share (issue 44: on a log
     # axis 11 % against 38.8 % was drawn about 1:10); bytes keep their log axis.
-    for chart in (c for c in charts if c["layout"]["yaxis"]["title"]["text"] in titles):
-        assert chart["layout"]["yaxis"].get("type") != "log" and chart["layout"]["yaxis"]["rangemode"] == "tozero"
+    for y in (y for y in axes if y["title"] in titles):
+        assert y["scale"] == {"zero": True}
 
 
 def test_tables_on_screen_put_the_numbers_beside_what_they_compare():
@@ -477,10 +493,9 @@ def test_every_technique_chart_names_the_machine(monkeypatch):
     nothing about the machine: a screenshot of one lost which GPU it was."""
     charts = figures(ROOT / "results", "/tuning", monkeypatch, machine="h100-sxm-80gb")
     assert charts
-    for chart in charts:
-        title = chart["layout"]["title"]["text"]
-        names = {t.get("name", "") for t in chart["data"]}
-        assert "h100-sxm-80gb" in title or any("h100-sxm-80gb" in n for n in names), title
+    for chart, values in charts:
+        names = set(values["group"]) if "group" in values else set()
+        assert "h100-sxm-80gb" in title(chart) or any("h100-sxm-80gb" in n for n in names), title(chart)
 
 
 def test_the_overview_draws_checkpointings_memory_in_a_row_of_its_own(monkeypatch):
@@ -613,15 +628,15 @@ def test_the_floor_tab_shows_the_gbps_beside_each_percent(tmp_path, monkeypatch)
     scatter = floor[floor["benchmark"].str.contains("write-back") & (floor["variant"] == "cupy")]
     assert scatter[["achieved", "GB/s", "floor GB/s"]].values.tolist() == [["40.0 %", "8.0 GB/s", "20.0 GB/s"]]
     assert not (floor[["GB/s", "floor GB/s"]] == report.NOT_RECORDED).any().any()
-    charts = drawn(at)
     hovers = {}
-    for chart in charts:
-        for trace in chart["data"]:
-            if trace.get("name") == "cupy" and "customdata" in trace:
-                hovers[chart["layout"]["yaxis"]["title"]["text"]] = (trace["customdata"], trace["hovertemplate"])
-    (gather_hover,) = [h for axis, h in hovers.items() if "host-&gt;device" in axis or "host->device" in axis]
-    assert gather_hover[0] == [["50.0 %", "12.5 GB/s", "25.0 GB/s"]]  # the table's own text
-    assert "GB/s: %{customdata[1]}" in gather_hover[1] and "floor GB/s: %{customdata[2]}" in gather_hover[1]
+    for chart, values in drawn(at):
+        (bar,) = [layer for layer in chart["layer"] if layer["mark"]["type"] == "bar"]
+        tip = [f["field"] for f in bar["encoding"]["tooltip"]]
+        if "floor GB/s" in tip:
+            hovers[bar["encoding"]["y"]["title"]] = (values[values["variant"] == "cupy"], tip)
+    (gather, tip), = [h for axis, h in hovers.items() if "host->device" in axis]
+    assert gather[["achieved", "GB/s", "floor GB/s"]].values.tolist() == [["50.0 %", "12.5 GB/s", "25.0 GB/s"]]
+    assert tip[-3:] == ["achieved", "GB/s", "floor GB/s"]  # the table's own text, in its order
     shown = pd.concat(frames(at)).astype(str)
     assert not shown.apply(lambda c: c.str.contains("gather bandwidth, random rows|copy, the gather's floor")) \
         .any().any()
@@ -637,9 +652,10 @@ def test_the_floor_tab_says_not_recorded_where_a_run_kept_only_the_percent(monke
     assert len(floor) == 10 and "GB/s" not in floor.columns and "floor GB/s" not in floor.columns
     assert any(c.value.startswith(f"{report.NOT_RECORDED}: no GB/s result exists for bdb0cb6d FractionOfFloor")
                for c in at.caption)
-    for chart in drawn(at):
-        for trace in chart["data"]:
-            assert [len(row) for row in trace["customdata"]] == [1] and "GB/s" not in trace["hovertemplate"]
+    for chart, values in drawn(at):
+        (bar,) = [layer for layer in chart["layer"] if layer["mark"]["type"] == "bar"]
+        assert [f["field"] for f in bar["encoding"]["tooltip"]][-1] == "achieved"  # no GB/s it did not measure
+        assert "GB/s" not in values and "floor GB/s" not in values
     at = app_on(ROOT / "results", "/contiguous", monkeypatch, machine="cpu-2core-intel-xeon",
                 tab="Bandwidth and floor")
     assert not at.exception, at.exception
@@ -674,3 +690,106 @@ def test_history_opens_on_a_gpu_series_and_flags_no_cpu_noise(tmp_path, monkeypa
     tf32 = h[(h["machine"] == "cpu-2core-amd-epyc") & (h["params"] == "workload=resnet50, variant=tf32")
              & h["commit"].str.startswith("6931fd01")].iloc[0]
     assert tf32["change"] > 2.8 and not tf32["significant"] and "intervals overlap" in tf32["test"]
+
+
+def _marked() -> pd.DataFrame:
+    """Ratios of every kind a bar can be: sure, unsure (interval includes 1x), lone (no interval),
+    contended, and one with no length (a ratio over 0), on two machines."""
+    s = pd.DataFrame({"case": ["sure win", "unsure", "sure loss", "no interval", "over zero"], "suite": ["S"] * 5,
+                      "ratio": [2.0, 1.05, 0.5, 1.3, math.inf], "ratio_low": [1.8, 0.9, 0.4, math.nan, math.nan],
+                      "ratio_high": [2.2, 1.2, 0.6, math.nan, math.nan], "n": [30, 30, 30, math.nan, 30]})
+    return pd.concat([s, s.assign(suite="T")], ignore_index=True)
+
+
+def test_the_dashboards_ratio_bars_are_the_sites_bar_for_bar():
+    """The dashboard's Vega-Lite ratio chart and the site's plotly one draw the same bars: labels,
+    lengths from 1x, which are hollow or pale, the hover's interval and N, and the notes."""
+    s = _marked()
+    fig = _charts.ratio_chart(s, "case", "suite", "t")
+    spec = vega.ratio_spec(s, "case", "suite", "t")
+    values = pd.DataFrame(spec["data"]["values"])
+    assert json.dumps(spec, allow_nan=False)  # no NaN reaches the browser
+    for trace in fig.data:
+        mine = values[values["group"] == trace.name]
+        assert list(mine["label"]) == list(trace.y)
+        plotly_ratio = [None if pd.isna(x) else 1.0 + x for x in trace.x]
+        assert [None if pd.isna(r) else r for r in mine["ratio"]] == pytest.approx(plotly_ratio)
+        assert list(mine["unsure"]) == [c == "white" for c in trace.marker.color]
+        assert list(mine["lone"]) == [p == "/" for p in trace.marker.pattern.shape]
+        assert list(mine["interval"]) == [c[1] for c in trace.customdata]
+        assert list(mine["n"]) == [c[2] for c in trace.customdata] and list(mine["said"]) == [c[3] for c in
+                                                                                             trace.customdata]
+    (note,) = fig.layout.annotations
+    x = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "bar")["encoding"]["x"]
+    said = " ".join(x["title"])
+    assert note.text.count("<br>") + 1 == 2 and "includes 1x" in said and "single value per variant" in said
+    assert vega.LOOKS["unsure"] in said and vega.LOOKS["lone"] in said  # in the words of what this chart draws
+    sure = s[s["case"].isin(["sure win", "sure loss"])]
+    assert vega.ratio_spec(sure, "case", "suite", "t")["layer"][0]["encoding"]["x"]["title"] == [
+        "x faster than the baseline (log scale)"]  # no note without a marked bar
+
+
+def test_a_vega_ratio_bar_is_drawn_as_the_note_says():
+    """Hollow with a dotted outline where the interval includes 1x, pale with a dashed outline
+    where there is no interval; every colour from one scale over the groups, fill and outline alike;
+    no bar for a ratio over 0; the error bar only where there is an interval."""
+    spec = vega.ratio_spec(_marked(), "case", "suite", "t")
+    bar, rule, marks, one = spec["layer"]
+    e = bar["encoding"]
+    assert e["fill"]["condition"] == {"test": "datum.unsure", "value": "white"} and e["fill"]["field"] == "group"
+    assert e["stroke"]["scale"] == e["fill"]["scale"] and e["fill"]["scale"]["domain"] == ["S", "T"]
+    assert e["strokeDash"]["condition"][0] == {"test": "datum.unsure", "value": [2, 2]}
+    assert {c["test"]: c["value"] for c in e["fillOpacity"]["condition"]}["datum.lone"] < 1
+    assert bar["transform"] == [{"filter": "isValid(datum.ratio)"}]
+    assert rule["encoding"]["x"]["field"] == "low" and rule["encoding"]["x2"] == {"field": "high"}
+    assert one["encoding"] == {"x": {"datum": 1.0}} and one["mark"]["strokeDash"]
+    values = pd.DataFrame(spec["data"]["values"])
+    assert values.loc[values["label"] == "over zero", "ratio"].isna().all()
+    assert spec["height"] == {"step": 44}  # a slot per label and machine
+
+
+def test_a_vega_ratio_axis_is_logarithmic_with_ratio_ticks_inside_it():
+    s = pd.DataFrame({"case": ["a", "b"], "suite": ["S", "S"], "ratio": [0.03, 3.2],
+                      "ratio_low": [0.025, 3.0], "ratio_high": [0.04, 3.4]})
+    x = vega.ratio_spec(s, "case", "suite", "t")["layer"][0]["encoding"]["x"]
+    low, high = x["scale"]["domain"]
+    ticks = x["axis"]["values"]
+    assert x["scale"]["type"] == "log" and x["scale"]["nice"] is False and 1 in ticks
+    assert low <= 0.025 and high >= 3.4 and all(low <= t <= high for t in ticks)
+    assert ticks == list(_charts.ratio_chart(s, "case", "suite", "t").layout.xaxis.tickvals)  # the site's ticks
+    assert x["axis"]["labelExpr"] == "datum.label + 'x'" and x["axis"]["format"] == "~g"
+
+
+def test_vega_sample_boxes_hold_every_sample_and_keep_configurations_apart():
+    rows = pd.DataFrame({"suite": ["AdamStep", "Iteration", "AdamStep"], "variant": ["speedlib"] * 3,
+                         "params": ["workload=mlp, variant=speedlib"] * 2 + ["workload=resnet50, variant=speedlib"],
+                         "workload": ["mlp", "mlp", "resnet50"], "unit": "seconds", "value": [1.0, 2.0, 3.0],
+                         "samples": [[1.0, 1.1, 1.4, 0.9], [2.0], []]})
+    spec = vega.spread_spec(rows, "t")
+    values = pd.DataFrame(spec["data"]["values"])
+    boxes, points = values[values["kind"] == "box"], values[values["kind"] == "sample"]
+    assert sorted(boxes["config"]) == ["AdamStep: mlp", "AdamStep: resnet50", "Iteration: mlp"]
+    mlp = boxes[boxes["config"] == "AdamStep: mlp"].iloc[0]
+    assert (mlp["low"], mlp["median"], mlp["high"], mlp["n"]) == pytest.approx((900.0, 1050.0, 1400.0, 4))  # ms
+    assert sorted(points["value"]) == pytest.approx([900.0, 1000.0, 1100.0, 1400.0, 2000.0, 3000.0])  # none lost
+    y = spec["layer"][-1]["encoding"]["y"]
+    assert y["scale"]["type"] == "log" and y["title"] == "ms (log scale)"
+    assert y["axis"]["values"] == list(_charts.spread_chart(rows, "t").layout.yaxis.tickvals)  # the site's ticks
+
+
+def test_vega_memory_bars_put_each_variant_beside_its_own_baseline():
+    rows = pd.DataFrame([{"metric": m, "suite": "PeakMemory", "params": f"workload={w}, batch={b}, variant={v}",
+                          "variant": v, "value": 3 * 2**30 if v == "none" else 2**30}
+                         for m in ("peak_memory", "peak_activation_memory") for w in ("a", "b", "c")
+                         for b in (4, 64, 16) for v in ("none", "speedlib")])
+    spec = vega.bars_spec(rows, "bytes")
+    values = pd.DataFrame(spec["data"]["values"])
+    assert len(values) == 36 and not values.duplicated(["config", "variant"]).any()  # never two in one bar
+    assert set(values.loc[values["variant"] == "none", "value"]) == {3.0}  # GiB, as the tables say
+    assert spec["encoding"]["xOffset"]["field"] == "variant"  # each variant beside its baseline
+    order = spec["encoding"]["x"]["sort"]
+    assert order.index("peak GPU memory: a, batch=4") < order.index("peak GPU memory: a, batch=16") \
+        < order.index("peak GPU memory: a, batch=64")  # numbers compare as numbers
+    y = spec["layer"][0]["encoding"]["y"]
+    assert y["title"] == "GiB (log scale)" and "peak GPU memory" in spec["title"]["text"]
+    assert spec["layer"][0]["encoding"]["y2"] == {"datum": y["scale"]["domain"][0]}  # a bar stands on the floor

@@ -3,16 +3,13 @@ picked, as `speedlib report --table paired` holds them; all of them, said so, wh
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 pd = pytest.importorskip("pandas")
 pytest.importorskip("streamlit")
-pytest.importorskip("plotly")
-
-from dashboard_bits import app_on, frames  # noqa: E402 - after the skips: it needs streamlit
+from dashboard_bits import app_on, frames, vega_charts  # noqa: E402 - after the skips: it needs streamlit
 
 from speedbench import report  # noqa: E402 - after the skips: the report needs pandas
 from speedbench.results.load import load_results  # noqa: E402 - after the skips: it needs pandas
@@ -29,9 +26,9 @@ def _page(monkeypatch, **query):
     at = app_on(ROOT / "results", "/contiguous", monkeypatch, machine=MACHINE, **query)
     assert not at.exception, at.exception
     (paired,) = [f for f in frames(at) if "comparison" in f.columns]  # the separately timed tables name benchmarks
-    charts = [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
-    (chart,) = [c for c in charts if c["layout"].get("title", {}).get("text", "").startswith("paired speedup")]
-    labels = [y for trace in chart["data"] for y in trace["y"]]
+    (bars,) = [values for spec, values in vega_charts(at) if spec.get("title", {}).get("text", "")
+               .startswith("paired speedup")]
+    labels = list(bars["label"])
     commit = next(s for s in at.selectbox if s.label.startswith("Commit")).value
     t = report.paired_table(report.latest(load_results(ROOT / "results").measured)).frame
     t = t[(t["machine"] == MACHINE) & (t["technique"] == "contiguous") & t["commit"].str.startswith(commit)]

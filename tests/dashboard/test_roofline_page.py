@@ -5,16 +5,13 @@ has run the chunk. Results: the committed tree (no roofline yet) and synthetic o
 
 from __future__ import annotations
 
-import base64
-import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed (pip install -e '.[dashboard]')")
-from dashboard_bits import app_on, frames
+from dashboard_bits import app_on, frames, vega_charts
 
 from speedbench.report import roofline
 from speedbench.results import synthetic
@@ -37,32 +34,44 @@ def _infos(at) -> list[str]:
     return [str(e.value) for e in at.info]
 
 
-def _values(array) -> list:
-    """A plotly JSON array: a list, or a typed array ({"dtype", "bdata"}) for numbers."""
-    if isinstance(array, dict):
-        return np.frombuffer(base64.b64decode(array["bdata"]), dtype=array["dtype"]).tolist()
-    return list(array)
-
-
-def _charts(at) -> list[dict]:
-    return [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
+def _charts(at) -> list[tuple[dict, object]]:
+    """The tab's charts, the page's at-a-glance row left out: each Vega-Lite spec and its points."""
+    assert not at.get("plotly_chart")  # plotly.js alone cost a new tab 1.5-2 s
+    return [(spec, values) for spec, values in vega_charts(at) if "technique" not in values]
 
 
 def test_the_roofline_tab_draws_each_axis_the_hypotheses_and_the_reports_table(tree, monkeypatch):
     at = app_on(tree, PAGE, monkeypatch, machine="synthetic-h200", tab="Roofline")
     assert not at.exception, at.exception
     assert [t.label for t in at.tabs][-1] == "Roofline"
-    titles = [c["layout"].get("title", {}).get("text", "").split("<br>")[0] for c in _charts(at)]
-    # the page's own at-a-glance chart first, then the tab's
-    assert titles[-5:] == ["row width", "batch", "table size", "index order", "the uva kernel&#x27;s hypotheses"]
-    row_chart = _charts(at)[-5]
-    paths = [t["name"] for t in row_chart["data"] if t.get("showlegend", True)]
-    assert paths == ["torch_pinned", "uva", "auto"]
+    charts = _charts(at)
+    # each axis (two side by side), then the hypotheses; gather above write-back in each
+    titles = [(c["title"]["text"], c["title"]["subtitle"][0].split(":")[0]) for c, _ in charts]
+    assert titles == [(what, direction) for what in ("row width", "batch", "table size", "index order",
+                                                     "the uva kernel's hypotheses")
+                      for direction in ("gather", "write-back")]
+    assert all(c["title"]["subtitle"][1] == "synthetic-h200 (NVIDIA H200 (synthetic))" for c, _ in charts)
+    (gather, points), (write_back, back) = charts[:2]
+    colour = gather["layer"][0]["encoding"]["color"]  # one colour a path tab-wide, in the record's order
+    assert colour["legend"]["values"] == ["torch_pinned", "uva", "auto"] and set(points["variant"]) == {
+        "torch_pinned", "uva", "auto"}  # the legend names the chart's own paths
+    assert colour["scale"]["domain"] == roofline.variant_order(load_results(tree).measured.query(
+        "machine == 'synthetic-h200' and suite.str.startswith('Roofline')")["variant"])  # the hypotheses' too
+    assert gather["layer"][0]["encoding"]["color"]["scale"] == write_back["layer"][0]["encoding"]["color"]["scale"]
     measured = load_results(tree).measured
     expected = roofline.roofline_table(measured[measured["machine"] == "synthetic-h200"])
-    uva = next(t for t in row_chart["data"] if t["name"] == "uva")
     on_row = roofline.along(roofline.figures(measured).query("suite == 'Roofline' and variant == 'uva'"), "row")
-    assert _values(uva["x"]) == [64, 256, 512, 4096] and _values(uva["y"]) == pytest.approx(list(on_row["gather"]))
+    uva = points[points["variant"] == "uva"]
+    assert list(uva["x"]) == [64, 256, 512, 4096] and list(uva["value"]) == pytest.approx(list(on_row["gather"]))
+    assert list(back.loc[back["variant"] == "uva", "value"]) == pytest.approx(list(on_row["scatter"]))
+    # the hover: the table's GB/s, its floor's and the bus bytes a row costs
+    assert list(uva["gbps"]) == [f"{v:.1f} GB/s" for v in on_row["gather_gbps"]]
+    assert list(uva["bus"]) == [f"{v:.4g} B" for v in on_row["gather_bus"]]
+    x = gather["layer"][0]["encoding"]["x"]
+    assert x["scale"]["type"] == "log" and x["axis"]["values"] == [64, 256, 512, 4096]
+    assert '"4096": "4 KiB"' in x["axis"]["labelExpr"] and '"64": "64 B"' in x["axis"]["labelExpr"]
+    goal = gather["layer"][-1]
+    assert goal["encoding"] == {"y": {"datum": 80.0}} and goal["mark"]["strokeDash"]  # the target, dotted across
     shown = frames(at)[-1]
     assert list(shown["gather"]) == list(expected.frame["gather"])  # the numbers `speedlib report` prints
     assert list(shown["bus bytes a row"]) == list(expected.frame["bus bytes a row"])
