@@ -60,8 +60,9 @@ def ratio_spec(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x f
     low, high, ticks = ratio_span(s)
     labels = sorted({b["label"] for b in bars})  # first label on top, as a table reads
     names = [name for name, _ in groups]
+    # labels up to 320 px, and under half the chart's width: on a phone 320 px left no room for the bars
     along = {"field": "label", "type": "nominal", "sort": labels, "title": None,
-             "axis": {"labelLimit": 320, "labelFontSize": 12}}
+             "axis": {"labelLimit": {"expr": "clamp(containerSize()[0] * 0.45, 100, 320)"}, "labelFontSize": 12}}
     offset = {"field": "group", "type": "nominal", "sort": names}
     # one colour per group, in fill and outline alike: a hollow bar is outlined in its group's colour
     ink = {"field": "group", "type": "nominal", "scale": {"domain": names, "scheme": "tableau10"}}
