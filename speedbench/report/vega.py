@@ -29,13 +29,12 @@ def _number(v) -> float | None:
     return float(v) if pd.notna(v) and math.isfinite(v) else None  # JSON has no NaN
 
 
-def _title(text: str) -> dict:
-    return {"text": text, "anchor": "start", "fontSize": 15, "limit": 0}
-
-
-def _notes_lines(notes: list[str]) -> list[str]:
-    """Notes wrapped to a phone's width: Vega-Lite draws a title line as one unbroken line."""
-    return [line for note in notes for line in textwrap.wrap(note, 56, subsequent_indent="  ")]
+def _title(text: str, notes: tuple[str, ...] = ()) -> dict:
+    """A chart's title over its whole width, labels included, in lines a phone's width holds (Vega-Lite
+    neither wraps a title nor an axis title: at 390 px both were cut off), `notes` under it."""
+    return {"text": textwrap.wrap(text, 48), "anchor": "start", "frame": "bounds", "fontSize": 15,
+            "subtitle": [line for note in notes for line in textwrap.wrap(note, 56, subsequent_indent="  ")],
+            "subtitleFontSize": 12, "subtitlePadding": 6}
 
 
 def ratio_spec(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x faster than the baseline",
@@ -66,17 +65,17 @@ def ratio_spec(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x f
     offset = {"field": "group", "type": "nominal", "sort": names}
     # one colour per group, in fill and outline alike: a hollow bar is outlined in its group's colour
     ink = {"field": "group", "type": "nominal", "scale": {"domain": names, "scheme": "tableau10"}}
-    x = {"field": "ratio", "type": "quantitative", "title": [f"{axis} (log scale)", *_notes_lines(
-        ratio_notes(s, exact, LOOKS))],
+    x = {"field": "ratio", "type": "quantitative", "title": f"{axis} (log scale)",
          "scale": {"type": "log", "domain": [low, high], "clamp": True, "nice": False},
-         "axis": {"values": ticks, "format": "~g", "labelExpr": "datum.label + 'x'", "grid": True,
-                  "titleAnchor": "start", "titleAlign": "left", "titleFontWeight": "normal"}}
+         "axis": {"values": ticks, "format": "~g", "labelExpr": "datum.label + 'x'", "grid": True}}
     tooltip = [{"field": "group", "title": "where"}, {"field": "label", "title": "comparison"},
                {"field": "figure", "title": "ratio"}, {"field": "interval", "title": "99 % interval"},
                {"field": "n", "title": "rounds"}, {"field": "said", "title": "note"}]
     has = {"filter": "isValid(datum.ratio)"}  # a ratio over 0 (report.UNDEFINED) has no length
     return {
-        "$schema": SCHEMA, "title": _title(title), "data": {"values": bars}, "width": "container",
+        # what each marked bar means, above the bars: read before them
+        "$schema": SCHEMA, "title": _title(title, tuple(ratio_notes(s, exact, LOOKS))), "data": {"values": bars},
+        "width": "container",
         "height": {"step": 22 * max(len(groups), 1)}, "autosize": _FIT,
         # The legend names the machine even when one group is drawn: a CPU-only chart beside a
         # CPU-and-GPU one read as GPU results.

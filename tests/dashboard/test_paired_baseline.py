@@ -26,7 +26,7 @@ def _page(monkeypatch, **query):
     at = app_on(ROOT / "results", "/contiguous", monkeypatch, machine=MACHINE, **query)
     assert not at.exception, at.exception
     (paired,) = [f for f in frames(at) if "comparison" in f.columns]  # the separately timed tables name benchmarks
-    (bars,) = [values for spec, values in vega_charts(at) if spec.get("title", {}).get("text", "")
+    (bars,) = [values for spec, values in vega_charts(at) if " ".join(spec.get("title", {}).get("text", []))
                .startswith("paired speedup")]
     labels = list(bars["label"])
     commit = next(s for s in at.selectbox if s.label.startswith("Commit")).value
