@@ -21,6 +21,8 @@ SCHEMA = "https://vega.github.io/schema/vega-lite/v6.json"
 # has no hatching, so a pale fill and a dashed outline stand for it.
 LOOKS = {"unsure": "hollow bar, a dotted outline in its colour", "lone": "pale bar, dashed outline",
          "busy": "palest bar, dashed outline"}
+# Above the chart, four entries a row: eight transfer paths in one row ran off a phone's screen.
+_LEGEND = {"orient": "top", "direction": "horizontal", "columns": 4, "title": None, "labelLimit": 0}
 # A chart's width is its container's; the legend and notes take what they need under it.
 _FIT = {"type": "fit-x", "contains": "padding"}
 
@@ -65,7 +67,7 @@ def ratio_spec(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x f
     offset = {"field": "group", "type": "nominal", "sort": names}
     # one colour per group, in fill and outline alike: a hollow bar is outlined in its group's colour
     ink = {"field": "group", "type": "nominal", "scale": {"domain": names, "scheme": "tableau10"}}
-    x = {"field": "ratio", "type": "quantitative", "title": f"{axis} (log scale)",
+    x = {"field": "ratio", "type": "quantitative", "title": [axis, "(log scale)"],  # one line was cut at 390 px
          "scale": {"type": "log", "domain": [low, high], "clamp": True, "nice": False},
          "axis": {"values": ticks, "format": "~g", "labelExpr": "datum.label + 'x'", "grid": True}}
     tooltip = [{"field": "group", "title": "where"}, {"field": "label", "title": "comparison"},
@@ -79,7 +81,7 @@ def ratio_spec(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x f
         "height": {"step": 22 * max(len(groups), 1)}, "autosize": _FIT,
         # The legend names the machine even when one group is drawn: a CPU-only chart beside a
         # CPU-and-GPU one read as GPU results.
-        "config": {"legend": {"orient": "top", "direction": "horizontal", "title": None, "labelLimit": 0}},
+        "config": {"legend": _LEGEND},
         "layer": [
             {"mark": {"type": "bar", "strokeWidth": 2}, "transform": [has],
              "encoding": {
@@ -141,7 +143,7 @@ def spread_spec(rows: pd.DataFrame, title: str) -> dict:
                {"field": "n", "title": "samples"}]
     return {
         "$schema": SCHEMA, "title": _title(title), "data": {"values": values}, "width": "container", "height": 380,
-        "autosize": _FIT, "config": {"legend": {"orient": "top", "direction": "horizontal", "labelLimit": 0}},
+        "autosize": _FIT, "config": {"legend": _LEGEND},
         "encoding": {"x": x, "xOffset": offset},
         "layer": [
             {"mark": {"type": "rule"}, "transform": [box],
@@ -203,5 +205,5 @@ def bars_spec(rows: pd.DataFrame, unit: str, where: str = "", hover: tuple[tuple
                        "encoding": {"y": y, "text": {"field": "figure"}}})
     return {"$schema": SCHEMA, "title": _title(metrics + (f", {where}" if where else "")),
             "data": {"values": values}, "width": "container", "height": 380, "autosize": _FIT,
-            "config": {"legend": {"orient": "top", "direction": "horizontal", "labelLimit": 0}},
+            "config": {"legend": _LEGEND},
             "encoding": encoding, "layer": layers}
