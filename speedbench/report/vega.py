@@ -21,8 +21,9 @@ SCHEMA = "https://vega.github.io/schema/vega-lite/v6.json"
 # has no hatching, so a pale fill and a dashed outline stand for it.
 LOOKS = {"unsure": "hollow bar, a dotted outline in its colour", "lone": "pale bar, dashed outline",
          "busy": "palest bar, dashed outline"}
-# Above the chart, four entries a row: eight transfer paths in one row ran off a phone's screen.
-_LEGEND = {"orient": "top", "direction": "horizontal", "columns": 4, "title": None, "labelLimit": 0}
+_LEGEND = {"orient": "top", "direction": "horizontal", "title": None, "labelLimit": 0}  # above the chart
+# Entries a row: four, two on a phone (eight transfer paths in one row, then four, ran off its screen).
+_COLUMNS = {"columns": {"expr": "containerSize()[0] < 700 ? 2 : 4"}}
 # A chart's width is its container's; the legend and notes take what they need under it.
 _FIT = {"type": "fit-x", "contains": "padding"}
 
@@ -66,7 +67,10 @@ def ratio_spec(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x f
              "axis": {"labelLimit": {"expr": "clamp(containerSize()[0] * 0.45, 100, 320)"}, "labelFontSize": 12}}
     offset = {"field": "group", "type": "nominal", "sort": names}
     # one colour per group, in fill and outline alike: a hollow bar is outlined in its group's colour
-    ink = {"field": "group", "type": "nominal", "scale": {"domain": names, "scheme": "tableau10"}}
+    # Every chart names its machine: a CPU-only chart beside a CPU-and-GPU one read as GPU results. One
+    # group (a page's machine) is named under the title: a legend beside the labels ran off a phone.
+    ink = {"field": "group", "type": "nominal", "scale": {"domain": names, "scheme": "tableau10"},
+           "legend": _COLUMNS if len(names) > 1 else None}
     x = {"field": "ratio", "type": "quantitative", "title": [axis, "(log scale)"],  # one line was cut at 390 px
          "scale": {"type": "log", "domain": [low, high], "clamp": True, "nice": False},
          "axis": {"values": ticks, "format": "~g", "labelExpr": "datum.label + 'x'", "grid": True}}
@@ -76,11 +80,10 @@ def ratio_spec(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x f
     has = {"filter": "isValid(datum.ratio)"}  # a ratio over 0 (report.UNDEFINED) has no length
     return {
         # what each marked bar means, above the bars: read before them
-        "$schema": SCHEMA, "title": _title(title, tuple(ratio_notes(s, exact, LOOKS))), "data": {"values": bars},
+        "$schema": SCHEMA, "title": _title(title, (*(names if len(names) == 1 else ()), *ratio_notes(s, exact, LOOKS))),
+        "data": {"values": bars},
         "width": "container",
         "height": {"step": 22 * max(len(groups), 1)}, "autosize": _FIT,
-        # The legend names the machine even when one group is drawn: a CPU-only chart beside a
-        # CPU-and-GPU one read as GPU results.
         "config": {"legend": _LEGEND},
         "layer": [
             {"mark": {"type": "bar", "strokeWidth": 2}, "transform": [has],
@@ -129,7 +132,8 @@ def spread_spec(rows: pd.DataFrame, title: str) -> dict:
     x = {"field": "config", "type": "nominal", "sort": configs, "title": None,
          "axis": {"labelAngle": -30, "labelLimit": 220}}
     offset = {"field": "variant", "type": "nominal", "sort": variants}
-    ink = {"field": "variant", "type": "nominal", "title": None, "scale": {"domain": variants, "scheme": "tableau10"}}
+    ink = {"field": "variant", "type": "nominal", "title": None, "scale": {"domain": variants, "scheme": "tableau10"},
+           "legend": _COLUMNS}
     y = {"type": "quantitative", "title": f"{unit} (log scale)", "scale": {"type": "log", "domain": [low, high],
                                                                           "clamp": True, "nice": False},
          "axis": {"values": ticks, "format": "~g", "grid": True}}
@@ -195,7 +199,7 @@ def bars_spec(rows: pd.DataFrame, unit: str, where: str = "", hover: tuple[tuple
                 "xOffset": {"field": "variant", "type": "nominal", "sort": variants}}
     layers = [{"mark": {"type": "bar"}, "transform": [{"filter": "isValid(datum.value) && datum.value > 0"}],
                "encoding": {"y": y, "y2": start,
-                            "color": {"field": "variant", "type": "nominal", "title": None,
+                            "color": {"field": "variant", "type": "nominal", "title": None, "legend": _COLUMNS,
                                       "scale": {"domain": variants, "scheme": "tableau20"}},
                             "tooltip": [{"field": "variant"}, {"field": "config", "title": "configuration"},
                                         {"field": "figure", "title": unit},
