@@ -12,7 +12,7 @@ import streamlit as st
 from _tables import caption, md_text, table
 
 from speedbench.report import roofline
-from speedbench.report.vega import SCHEMA
+from speedbench.report.vega import COLUMNS, FIT, LEGEND, SCHEMA, heading
 
 # Gather above write-back in every chart: each has its own floor (host->device, device->host).
 DIRECTIONS = (("gather", "gather: % of the h2d pinned copy", "gather_gbps", "h2d_floor", "gather_bus", "useful_gather"),
@@ -84,13 +84,11 @@ def _spec(title: str, where: str, direction: tuple, points: list[dict], x: dict,
     goal = {"mark": {"type": "rule", "strokeDash": [2, 3], "color": "gray"}, "encoding": {"y": {"datum": GOAL}}}
     drawn = {p["variant"] for p in points}  # the legend names this chart's paths, coloured as in the others
     colour = {"field": "variant", "type": "nominal", "sort": colours["domain"], "scale": colours,
-              "legend": {"values": [v for v in colours["domain"] if v in drawn]}}
+              "legend": {"values": [v for v in colours["domain"] if v in drawn], **COLUMNS}}
     tip = [{"field": "x", "title": x["title"] or "point"}, *_TIP]
-    return {"$schema": SCHEMA, "data": {"values": points}, "width": "container", "height": 240,
-            "autosize": {"type": "fit-x", "contains": "padding"},
+    return {"$schema": SCHEMA, "data": {"values": points}, "width": "container", "height": 240, "autosize": FIT,
             # what, the direction and the machine on lines of their own: a phone cuts one long line
-            "title": {"text": title, "subtitle": [direction[1], where], "anchor": "start", "limit": 0},
-            "config": {"legend": {"orient": "bottom", "direction": "horizontal", "title": None, "labelLimit": 0}},
+            "title": heading(title, (direction[1], where)), "config": {"legend": {**LEGEND, "orient": "bottom"}},
             # x in each layer, not shared: the goal's line crosses the whole chart
             "layer": [{**m, "encoding": {"x": x, "y": y, "color": colour, "tooltip": tip, **m["encoding"]}}
                       for m in mark] + [goal]}

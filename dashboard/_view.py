@@ -1,6 +1,6 @@
 """What every page shares: the results (fixed at start-up, cached), URL-bound filters and the
-problems banner; the charts are in speedbench.report.charts, the tables and escaped text in _tables. All numbers
-come from `speedbench.report`.
+problems banner; the charts are in speedbench.report.vega, glance and history_chart, the tables and
+escaped text in _tables. All numbers come from `speedbench.report`.
 
 Safety: the results directory comes from `SPEEDLIB_RESULTS` (set by `speedlib dashboard`
 when the server starts) or the repository's `results/`, never from the URL; text from result

@@ -122,18 +122,16 @@ def _served(argv: list[str], port: int, env: dict[str, str]):
 
 # Streamlit marks its root with the script's state ("notRunning" once the page's script has
 # ended) and draws a skeleton where an element's code is still loading: a chart is no
-# chart at all until its library has run (plotly.js, 4.7 MB, which no page draws with now, or
-# Vega-Lite), and a check for charts without an SVG alone passed 1-2 s before any was on screen.
+# chart at all until Vega-Lite's code has run, and a check for charts without an SVG alone passed
+# 1-2 s before any was on screen (under plotly.js, 4.7 MB, which no page draws with now).
 _STATE = ("() => ({script: document.querySelector('[data-testid=\"stApp\"]')?.getAttribute('data-test-script-state'),"
           " skeletons: document.querySelectorAll('[data-testid=\"stSkeleton\"]').length,"
-          " plotly_without_svg: [...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')]"
-          ".filter(c => !c.querySelector('.main-svg')).length,"
           " vega_without_marks: [...document.querySelectorAll('[data-testid=\"stVegaLiteChart\"]')]"
           ".filter(c => !c.querySelector('svg.marks [role=\"graphics-symbol\"], canvas')).length,"
           " ran_since_move: window.__ran ?? null})")
 # the same counts, all met (and said when a page is never drawn)
 _DRAWN = (f"() => {{ const s = ({_STATE})(); return s.script === 'notRunning' && !s.skeletons"
-          " && !s.plotly_without_svg && !s.vega_without_marks && (s.ran_since_move ?? true); }")
+          " && !s.vega_without_marks && (s.ran_since_move ?? true); }")
 
 
 def drawn(page, title: str) -> None:

@@ -7,11 +7,11 @@ No Streamlit."""
 from __future__ import annotations
 
 import json
-import math
 
 import pandas as pd
 
 from speedbench.report.ticks import log_span
+from speedbench.report.vega import FIT, SCHEMA, number
 from speedbench.results.machines import describe, environment_keys
 
 __all__ = ["spec", "commit_labels", "environments", "MARKS"]
@@ -45,10 +45,6 @@ def _counted(keyed: pd.DataFrame) -> pd.Series:
     return keyed.groupby("machine")["_environment"].nunique()
 
 
-def _number(v: float) -> float | None:
-    return float(v) if pd.notna(v) and math.isfinite(v) else None  # JSON has no NaN
-
-
 def spec(h: pd.DataFrame, scale: float, unit: str) -> dict:
     """The chart of `h` (report.history_table(...).sources), values times `scale` in `unit`, on a
     log axis (a 10 % change looks the same at 1 ms as at 1 s) with its ticks written out."""
@@ -63,8 +59,8 @@ def spec(h: pd.DataFrame, scale: float, unit: str) -> dict:
             low = r.ci99_low if pd.notna(r.ci99_low) else r.value
             high = r.ci99_high if pd.notna(r.ci99_high) else r.value
             points.append({"commit": labels[r.commit], "line": f"{machine}: {params}{where}", "series": k,
-                           "value": _number(r.value * scale), "low": _number(low * scale),
-                           "high": _number(high * scale), "mark": _mark(bool(r.significant), bool(r.step))})
+                           "value": number(r.value * scale), "low": number(low * scale),
+                           "high": number(high * scale), "mark": _mark(bool(r.significant), bool(r.step))})
     span = log_span([v for p in points for v in (p["value"], p["low"], p["high"]) if v is not None])
     low, high, ticks = span or (0.1, 10.0, [0.1, 1.0, 10.0])
     x = {"field": "commit", "type": "nominal", "sort": list(labels.values()), "title": "commit (oldest left)",
@@ -81,10 +77,10 @@ def spec(h: pd.DataFrame, scale: float, unit: str) -> dict:
                {"field": "high", "format": ".4g", "title": "to"}, {"field": "mark"}]
     on_axis = {"filter": "datum.value > 0"}  # a log axis has no 0: clamped, it sat on the floor as a value
     return {
-        "$schema": "https://vega.github.io/schema/vega-lite/v6.json",
+        "$schema": SCHEMA,
         "data": {"values": points}, "width": "container", "height": 380,
         # Streamlit's default ("fit") took the legend's lines out of the 380 px and left a flat plot
-        "autosize": {"type": "fit-x", "contains": "padding"},
+        "autosize": FIT,
         "encoding": {"x": x, "color": line},
         "layer": [
             {"mark": {"type": "rule"}, "transform": [{"filter": "datum.high > 0"}],

@@ -1,7 +1,7 @@
 """Ticks of a log axis, written out: the coarsest 1-2-5 (or finer) steps that leave neither end
-of the axis bare, and a tick each side of 1x on a ratio axis. Plotly's charts
-(speedbench.report.charts) and the Vega-Lite ones (speedbench.report.history_chart) use them;
-no chart library here."""
+of the axis bare, and a tick each side of 1x on a ratio axis. The site's plotly charts
+(speedbench.report.charts) and the dashboard's Vega-Lite ones (speedbench.report.vega,
+history_chart) use them; no chart library here."""
 
 from __future__ import annotations
 

@@ -9,30 +9,32 @@ from __future__ import annotations
 import math
 import textwrap
 
+import numpy as np
 import pandas as pd
 
 from speedbench.report.chart_rows import ratio_bars, ratio_notes, ratio_span, sample_scale, samples, value_rows
 from speedbench.report.ticks import log_span
 
-__all__ = ["ratio_spec", "spread_spec", "bars_spec", "LOOKS", "SCHEMA"]
+__all__ = ["ratio_spec", "spread_spec", "bars_spec", "LOOKS", "SCHEMA", "FIT", "LEGEND", "COLUMNS", "heading",
+           "number"]
 
 SCHEMA = "https://vega.github.io/schema/vega-lite/v6.json"
-# How these charts draw each marked ratio bar, in the words of the note under the chart: Vega-Lite
+# How these charts draw each marked ratio bar, in the words of the notes above the bars: Vega-Lite
 # has no hatching, so a pale fill and a dashed outline stand for it.
 LOOKS = {"unsure": "hollow bar, a dotted outline in its colour", "lone": "pale bar, dashed outline",
          "busy": "palest bar, dashed outline"}
-_LEGEND = {"orient": "top", "direction": "horizontal", "title": None, "labelLimit": 0}  # above the chart
+LEGEND = {"orient": "top", "direction": "horizontal", "title": None, "labelLimit": 0}  # above the chart
 # Entries a row: four, two on a phone (eight transfer paths in one row, then four, ran off its screen).
-_COLUMNS = {"columns": {"expr": "containerSize()[0] < 700 ? 2 : 4"}}
+COLUMNS = {"columns": {"expr": "containerSize()[0] < 700 ? 2 : 4"}}
 # A chart's width is its container's; the legend and notes take what they need under it.
-_FIT = {"type": "fit-x", "contains": "padding"}
+FIT = {"type": "fit-x", "contains": "padding"}
 
 
-def _number(v) -> float | None:
+def number(v) -> float | None:
     return float(v) if pd.notna(v) and math.isfinite(v) else None  # JSON has no NaN
 
 
-def _title(text: str, notes: tuple[str, ...] = ()) -> dict:
+def heading(text: str, notes: tuple[str, ...] = ()) -> dict:
     """A chart's title over its whole width, labels included, in lines a phone's width holds (Vega-Lite
     neither wraps a title nor an axis title: at 390 px both were cut off), `notes` under it."""
     return {"text": textwrap.wrap(text, 48), "anchor": "start", "frame": "bounds", "fontSize": 15,
@@ -52,7 +54,7 @@ def ratio_spec(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x f
     bars = []
     for name, g in groups:
         for r in g.itertuples():
-            ratio, low, high = _number(r.ratio), _number(r.low), _number(r.high)
+            ratio, low, high = number(r.ratio), number(r.low), number(r.high)
             bars.append({"label": r.label, "group": name, "ratio": ratio, "low": low, "high": high,
                          "unsure": bool(r.unsure), "lone": bool(r.lone), "busy": bool(r.busy), "marks": r.marks,
                          # the marks beside the bar's far end, or beside the 1x line for a slowdown
@@ -63,28 +65,29 @@ def ratio_spec(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x f
     labels = sorted({b["label"] for b in bars})  # first label on top, as a table reads
     names = [name for name, _ in groups]
     # labels up to 320 px, and under half the chart's width: on a phone 320 px left no room for the bars
-    along = {"field": "label", "type": "nominal", "sort": labels, "title": None,
+    # the domain: every label keeps its row, a ratio over 0 (no bar) too, as in the site's chart
+    along = {"field": "label", "type": "nominal", "sort": labels, "scale": {"domain": labels}, "title": None,
              "axis": {"labelLimit": {"expr": "clamp(containerSize()[0] * 0.45, 100, 320)"}, "labelFontSize": 12}}
     offset = {"field": "group", "type": "nominal", "sort": names}
     # one colour per group, in fill and outline alike: a hollow bar is outlined in its group's colour
     # Every chart names its machine: a CPU-only chart beside a CPU-and-GPU one read as GPU results. One
     # group (a page's machine) is named under the title: a legend beside the labels ran off a phone.
     ink = {"field": "group", "type": "nominal", "scale": {"domain": names, "scheme": "tableau10"},
-           "legend": _COLUMNS if len(names) > 1 else None}
+           "legend": COLUMNS if len(names) > 1 else None}
     x = {"field": "ratio", "type": "quantitative", "title": [axis, "(log scale)"],  # one line was cut at 390 px
          "scale": {"type": "log", "domain": [low, high], "clamp": True, "nice": False},
          "axis": {"values": ticks, "format": "~g", "labelExpr": "datum.label + 'x'", "grid": True}}
     tooltip = [{"field": "group", "title": "where"}, {"field": "label", "title": "comparison"},
                {"field": "figure", "title": "ratio"}, {"field": "interval", "title": "99 % interval"},
                {"field": "n", "title": "rounds"}, {"field": "said", "title": "note"}]
-    has = {"filter": "isValid(datum.ratio)"}  # a ratio over 0 (report.UNDEFINED) has no length
+    has = {"filter": "isValid(datum.ratio) && datum.ratio > 0"}  # a ratio over 0 (report.UNDEFINED) has no length
     return {
         # what each marked bar means, above the bars: read before them
-        "$schema": SCHEMA, "title": _title(title, (*(names if len(names) == 1 else ()), *ratio_notes(s, exact, LOOKS))),
-        "data": {"values": bars},
-        "width": "container",
-        "height": {"step": 22 * max(len(groups), 1)}, "autosize": _FIT,
-        "config": {"legend": _LEGEND},
+        "$schema": SCHEMA, "title": heading(title, (*(names if len(names) == 1 else ()),
+                                                    *ratio_notes(s, exact, LOOKS))),
+        "data": {"values": bars}, "width": "container",
+        "height": {"step": 22 * max(len(groups), 1)}, "autosize": FIT,
+        "config": {"legend": LEGEND},
         "layer": [
             {"mark": {"type": "bar", "strokeWidth": 2}, "transform": [has],
              "encoding": {
@@ -112,6 +115,19 @@ def ratio_spec(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x f
     }
 
 
+def _log_axis(values: list[float]) -> tuple[float, float, list[float]]:
+    """A log axis's ends and ticks over `values` (report.ticks.log_span), a decade each side of 1 where none is."""
+    return log_span(values) or (0.1, 10.0, [0.1, 1.0, 10.0])
+
+
+def _box(v: np.ndarray) -> dict:
+    """A box's figures: extremes, median and quartiles as plotly's box (its default "linear" quartiles, which
+    numpy calls "hazen"), so that the dashboard's boxes are the site's."""
+    q1, median, q3 = np.percentile(v, [25, 50, 75], method="hazen")
+    return {"low": number(v.min()), "q1": number(q1), "median": number(median), "q3": number(q3),
+            "high": number(v.max()), "n": len(v)}
+
+
 def spread_spec(rows: pd.DataFrame, title: str) -> dict:
     """Every timed sample per variant, one box per configuration and variant with every sample a
     point on it, so the spread is visible, not just a bar. Log scale: workloads differ by orders
@@ -119,21 +135,19 @@ def spread_spec(rows: pd.DataFrame, title: str) -> dict:
     is called an outlier)."""
     _, unit = sample_scale(rows)
     every = samples(rows)
-    boxes = every.groupby(["config", "variant"], sort=True)["value"].describe()
-    values = [{"kind": "box", "config": c, "variant": str(v), "low": _number(b["min"]), "q1": _number(b["25%"]),
-               "median": _number(b["50%"]), "q3": _number(b["75%"]), "high": _number(b["max"]),
-               "n": int(b["count"])} for (c, v), b in boxes.iterrows()]
-    values += [{"kind": "sample", "config": c, "variant": str(v), "value": _number(x)}
+    every = every[every["variant"].notna()]  # as in the site's chart, which draws a box per variant
+    values = [{"kind": "box", "config": c, "variant": str(v), **_box(g.to_numpy())}
+              for (c, v), g in every.groupby(["config", "variant"], sort=True)["value"]]
+    values += [{"kind": "sample", "config": c, "variant": str(v), "value": number(x)}
                for c, v, x in every.itertuples(index=False)]
-    span = log_span(list(every["value"]))
-    low, high, ticks = span or (0.1, 10.0, [0.1, 1.0, 10.0])
+    low, high, ticks = _log_axis(list(every["value"]))
     configs = list(dict.fromkeys(every["config"]))
     variants = sorted({str(v) for v in every["variant"]})
     x = {"field": "config", "type": "nominal", "sort": configs, "title": None,
          "axis": {"labelAngle": -30, "labelLimit": 220}}
     offset = {"field": "variant", "type": "nominal", "sort": variants}
     ink = {"field": "variant", "type": "nominal", "title": None, "scale": {"domain": variants, "scheme": "tableau10"},
-           "legend": _COLUMNS}
+           "legend": COLUMNS}
     y = {"type": "quantitative", "title": f"{unit} (log scale)", "scale": {"type": "log", "domain": [low, high],
                                                                           "clamp": True, "nice": False},
          "axis": {"values": ticks, "format": "~g", "grid": True}}
@@ -146,8 +160,8 @@ def spread_spec(rows: pd.DataFrame, title: str) -> dict:
                                                                        "title": "slowest"},
                {"field": "n", "title": "samples"}]
     return {
-        "$schema": SCHEMA, "title": _title(title), "data": {"values": values}, "width": "container", "height": 380,
-        "autosize": _FIT, "config": {"legend": _LEGEND},
+        "$schema": SCHEMA, "title": heading(title), "data": {"values": values}, "width": "container", "height": 380,
+        "autosize": FIT, "config": {"legend": LEGEND},
         "encoding": {"x": x, "xOffset": offset},
         "layer": [
             {"mark": {"type": "rule"}, "transform": [box],
@@ -175,8 +189,9 @@ def bars_spec(rows: pd.DataFrame, unit: str, where: str = "", hover: tuple[tuple
     for a % of a floor, each bar's figure written on it (on a log axis 11 % against 38.8 % was
     drawn about 1:10)."""
     rows, scale, unit, metrics = value_rows(rows, unit)
+    rows = rows[rows["variant"].notna()]  # as in the site's chart, which draws a bar per variant
     share = "%" in unit
-    values = [{"config": str(c), "variant": str(v), "value": _number(x * scale),
+    values = [{"config": str(c), "variant": str(v), "value": number(x * scale),
                "figure": (str(t) if t is not None else f"{x * scale:.1f} %") if share else f"{x * scale:.4g} {unit}",
                **{label: str(r[column]) for label, column in hover}}
               for (_, r), c, v, x, t in zip(rows.iterrows(), rows["_config"], rows["variant"], rows["value"],
@@ -188,8 +203,7 @@ def bars_spec(rows: pd.DataFrame, unit: str, where: str = "", hover: tuple[tuple
         y = {"field": "value", "type": "quantitative", "title": unit, "scale": {"zero": True}}
         start = {"datum": 0}
     else:
-        span = log_span([v["value"] for v in values if v["value"] is not None and v["value"] > 0])
-        low, high, ticks = span or (0.1, 10.0, [0.1, 1.0, 10.0])
+        low, high, ticks = _log_axis([v["value"] for v in values if v["value"] is not None and v["value"] > 0])
         y = {"field": "value", "type": "quantitative", "title": f"{unit} (log scale)",
              "scale": {"type": "log", "domain": [low, high], "clamp": True, "nice": False},
              "axis": {"values": ticks, "format": "~g", "grid": True}}
@@ -199,15 +213,17 @@ def bars_spec(rows: pd.DataFrame, unit: str, where: str = "", hover: tuple[tuple
                 "xOffset": {"field": "variant", "type": "nominal", "sort": variants}}
     layers = [{"mark": {"type": "bar"}, "transform": [{"filter": "isValid(datum.value) && datum.value > 0"}],
                "encoding": {"y": y, "y2": start,
-                            "color": {"field": "variant", "type": "nominal", "title": None, "legend": _COLUMNS,
-                                      "scale": {"domain": variants, "scheme": "tableau20"}},
+                            "color": {"field": "variant", "type": "nominal", "title": None, "legend": COLUMNS,
+                                      "scale": {"domain": variants, "scheme": "tableau10"}},
                             "tooltip": [{"field": "variant"}, {"field": "config", "title": "configuration"},
-                                        {"field": "figure", "title": unit},
+                                        # the figure once: a floor's hover gives it as "achieved"
+                                        *([] if "achieved_text" in dict(hover).values() else
+                                          [{"field": "figure", "title": unit}]),
                                         *({"field": label} for label, _ in hover)]}}]
     if share:
         layers.append({"mark": {"type": "text", "baseline": "bottom", "dy": -3, "fontSize": 11},
                        "encoding": {"y": y, "text": {"field": "figure"}}})
-    return {"$schema": SCHEMA, "title": _title(metrics + (f", {where}" if where else "")),
-            "data": {"values": values}, "width": "container", "height": 380, "autosize": _FIT,
-            "config": {"legend": _LEGEND},
+    return {"$schema": SCHEMA, "title": heading(metrics + (f", {where}" if where else "")),
+            "data": {"values": values}, "width": "container", "height": 380, "autosize": FIT,
+            "config": {"legend": LEGEND},
             "encoding": encoding, "layer": layers}

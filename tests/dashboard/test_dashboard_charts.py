@@ -739,8 +739,11 @@ def test_a_vega_ratio_bar_is_drawn_as_the_note_says():
     assert e["fill"]["condition"] == {"test": "datum.unsure", "value": "white"} and e["fill"]["field"] == "group"
     assert e["stroke"]["scale"] == e["fill"]["scale"] and e["fill"]["scale"]["domain"] == ["S", "T"]
     assert e["strokeDash"]["condition"][0] == {"test": "datum.unsure", "value": [2, 2]}
-    assert {c["test"]: c["value"] for c in e["fillOpacity"]["condition"]}["datum.lone"] < 1
-    assert bar["transform"] == [{"filter": "isValid(datum.ratio)"}]
+    pale = {c["test"]: c["value"] for c in e["fillOpacity"]["condition"]}
+    assert pale["datum.busy"] < pale["datum.lone"] < 1  # contended: paler than a lone bar
+    assert bar["transform"] == [{"filter": "isValid(datum.ratio) && datum.ratio > 0"}]
+    # a ratio over 0 keeps its row, empty, as in the site's chart (its label had vanished with its bar)
+    assert e["y"]["scale"]["domain"] == e["y"]["sort"] and "over zero" in e["y"]["scale"]["domain"]
     assert rule["encoding"]["x"]["field"] == "low" and rule["encoding"]["x2"] == {"field": "high"}
     assert one["encoding"] == {"x": {"datum": 1.0}} and one["mark"]["strokeDash"]
     values = pd.DataFrame(spec["data"]["values"])
@@ -771,6 +774,7 @@ def test_vega_sample_boxes_hold_every_sample_and_keep_configurations_apart():
     assert sorted(boxes["config"]) == ["AdamStep: mlp", "AdamStep: resnet50", "Iteration: mlp"]
     mlp = boxes[boxes["config"] == "AdamStep: mlp"].iloc[0]
     assert (mlp["low"], mlp["median"], mlp["high"], mlp["n"]) == pytest.approx((900.0, 1050.0, 1400.0, 4))  # ms
+    assert (mlp["q1"], mlp["q3"]) == pytest.approx((950.0, 1250.0))  # plotly's default quartiles, as on the site
     assert sorted(points["value"]) == pytest.approx([900.0, 1000.0, 1100.0, 1400.0, 2000.0, 3000.0])  # none lost
     y = spec["layer"][-1]["encoding"]["y"]
     assert y["scale"]["type"] == "log" and y["title"] == "ms (log scale)"
@@ -808,3 +812,15 @@ def test_a_vega_ratio_chart_names_its_one_machine_under_its_title_and_several_in
     assert not any("cpu-2core" in line for line in two["title"]["subtitle"])
     legend = two["layer"][0]["encoding"]["fill"]["legend"]
     assert legend["columns"] == {"expr": "containerSize()[0] < 700 ? 2 : 4"}
+
+
+def test_vega_charts_draw_no_row_without_a_variant_as_the_site_does():
+    """The site's plotly charts draw a trace per variant, so a row without one draws nothing; the
+    Vega-Lite ones drew it as a variant named "nan"."""
+    rows = pd.DataFrame({"suite": ["S"] * 2, "variant": ["on", None], "params": ["variant=on", "x=1"],
+                         "metric": ["peak_memory"] * 2, "workload": [None, None], "unit": "seconds",
+                         "value": [1.0, 2.0], "samples": [[1.0, 1.1], [2.0]]})
+    spread = pd.DataFrame(vega.spread_spec(rows, "t")["data"]["values"])
+    bars = pd.DataFrame(vega.bars_spec(rows.assign(unit="bytes"), "bytes")["data"]["values"])
+    assert set(spread["variant"]) == {"on"} and len(spread) == 3  # its box and two samples
+    assert list(bars["variant"]) == ["on"]

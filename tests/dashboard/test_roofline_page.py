@@ -46,7 +46,7 @@ def test_the_roofline_tab_draws_each_axis_the_hypotheses_and_the_reports_table(t
     assert [t.label for t in at.tabs][-1] == "Roofline"
     charts = _charts(at)
     # each axis (two side by side), then the hypotheses; gather above write-back in each
-    titles = [(c["title"]["text"], c["title"]["subtitle"][0].split(":")[0]) for c, _ in charts]
+    titles = [(" ".join(c["title"]["text"]), c["title"]["subtitle"][0].split(":")[0]) for c, _ in charts]
     assert titles == [(what, direction) for what in ("row width", "batch", "table size", "index order",
                                                      "the uva kernel's hypotheses")
                       for direction in ("gather", "write-back")]
