@@ -7,6 +7,7 @@ from _view import page_data, pick, pick_many
 
 from speedbench import report, words
 from speedbench.report import history_chart
+from speedbench.report.chart_rows import sample_scale
 from speedbench.results.environment import NoGpuModel
 from speedbench.stats import contention
 
@@ -49,7 +50,7 @@ if h["commit"].nunique() < 2:
     st.info("Only one commit is measured for this selection: a history needs two or more "
             "(`speedlib run --commits A..B` measures a range).")
 
-scale, unit = (1e3, "ms") if (h["unit"] == "seconds").all() else (1.0, str(h["unit"].iloc[0]))
+scale, unit = sample_scale(h)
 st.vega_lite_chart(None, history_chart.spec(h, scale, unit), width="stretch")
 # A log axis has no 0 (a variant that retains no bytes): such a line is in the legend but not
 # drawn, which reads as missing data unless said.

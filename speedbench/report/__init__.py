@@ -6,8 +6,8 @@ write-up. The dashboard, `speedlib report` and the tests use `report.X`. No Stre
 from speedbench._api import lazy
 
 __all__, __getattr__ = lazy(__name__, {
-    'rows': ('Table', 'param_columns', 'latest', 'newest_runs', 'case_label', 'shared_config', 'fmt_ratio', 'fmt_value',
-             'UNDEFINED'),
+    'rows': ('Table', 'param_columns', 'latest', 'newest_runs', 'case_label', 'shared_config', 'natural', 'fmt_ratio',
+             'fmt_value', 'UNDEFINED'),
     'marks': (
         'citable', 'contended', 'earlier_version', 'machine_state', 'gpu_tests_failed', 'with_earlier_note',
         'CONTENDED', 'CONTENDED_NOTE', 'EARLIER', 'EARLIER_NOTE', 'GPU_TESTS_FAILED', 'GPU_TESTS_NOTE',

@@ -6,7 +6,6 @@ and span. No chart library here."""
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 import pandas as pd
@@ -14,7 +13,7 @@ import pandas as pd
 from speedbench import report, words
 from speedbench.report.ticks import ratio_ticks
 
-__all__ = ["config_label", "natural", "ratio_bars", "ratio_notes", "ratio_span", "samples", "sample_scale",
+__all__ = ["config_label", "ratio_bars", "ratio_notes", "ratio_span", "samples", "sample_scale",
            "value_rows", "FLOOR_HOVER"]
 
 # A floor chart's hover: (label, column of report.floor_figures), the floor table's text.
@@ -35,11 +34,6 @@ def config_label(rows: pd.DataFrame) -> pd.Series:
 
     return pd.Series([label(s, p) for s, p in zip(rows["suite"], rows["params"], strict=True)], index=rows.index,
                      dtype=object)
-
-
-def natural(text: str) -> list:
-    """A sort key in which numbers compare as numbers: batch=64 before batch=256."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(text))]
 
 
 def ratio_bars(s: pd.DataFrame, y: str, color: str, exact: bool = False) -> list[tuple[str, pd.DataFrame]]:
@@ -124,5 +118,5 @@ def value_rows(rows: pd.DataFrame, unit: str) -> tuple[pd.DataFrame, float, str,
         (2**-20, "MiB") if unit == "bytes" else (1.0, unit)
     several = rows["metric"].nunique() > 1
     rows = rows.assign(_config=((rows["metric"].map(words.metric) + ": ") if several else "") + config_label(rows))
-    rows = rows.iloc[sorted(range(len(rows)), key=lambda i: natural(rows["_config"].iloc[i]))]
+    rows = rows.iloc[sorted(range(len(rows)), key=lambda i: report.natural(rows["_config"].iloc[i]))]
     return rows, scale, unit, ", ".join(dict.fromkeys(words.metric(m) for m in rows["metric"]))

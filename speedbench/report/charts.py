@@ -13,20 +13,10 @@ import pandas as pd
 import plotly.colors
 import plotly.graph_objects as go
 
-from speedbench.report.chart_rows import (
-    FLOOR_HOVER,
-    config_label,
-    ratio_bars,
-    ratio_notes,
-    ratio_span,
-    sample_scale,
-    samples,
-    value_rows,
-)
-from speedbench.report.ticks import log_span, ratio_ticks
+from speedbench.report.chart_rows import ratio_bars, ratio_notes, ratio_span, sample_scale, samples, value_rows
+from speedbench.report.ticks import log_span
 
-# used by the site and the tests under these names
-__all__ = ["esc", "config_label", "spread_chart", "ratio_chart", "log_axis", "bars", "FLOOR_HOVER", "ratio_ticks"]
+__all__ = ["esc", "spread_chart", "ratio_chart", "log_axis", "bars"]
 
 # How plotly draws each marked ratio bar, in the words of the note under the chart.
 LOOKS = {"unsure": "hollow dotted bar, outlined in its colour", "lone": "hatched bar", "busy": "cross-hatched bar"}

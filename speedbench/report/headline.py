@@ -26,7 +26,6 @@ rounds (speedbench.report.paired_speedups.against), and the claims table keeps t
 from __future__ import annotations
 
 import math
-import re
 
 import pandas as pd
 
@@ -77,10 +76,6 @@ def _others(row, h: Headline) -> str:
     parts = [p for p in str(getattr(row, "params", "") or "").split(", ")
              if p and not p.startswith("variant=") and p.split("=", 1)[0] not in fixed]
     return ", ".join(parts)
-
-
-def _natural(text: str) -> list:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
 def _tag(h: Headline, baseline: str, kind: str | None) -> str:
@@ -200,7 +195,7 @@ def _largest(rows: pd.DataFrame, h: Headline):
     the largest, the one the technique is for (every case is on the technique's page)."""
     if len(rows) == 1:
         return rows.iloc[0]
-    cases = [(_natural(_others(r, h)), i) for i, r in enumerate(rows[["params"]].itertuples())]
+    cases = [(report.natural(_others(r, h)), i) for i, r in enumerate(rows[["params"]].itertuples())]
     return rows.iloc[max(cases)[1]]
 
 

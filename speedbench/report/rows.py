@@ -13,6 +13,7 @@ speedbench.report.machines_compare.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,7 +21,7 @@ import pandas as pd
 
 from speedbench.results.load import COLUMNS
 
-__all__ = ["Table", "param_columns", "latest", "newest_runs", "case_label", "shared_config", "fmt_ratio",
+__all__ = ["Table", "param_columns", "latest", "newest_runs", "case_label", "shared_config", "natural", "fmt_ratio",
            "fmt_value", "UNDEFINED"]
 
 
@@ -111,6 +112,11 @@ def shared_config(params: str) -> str:
 # bytes) has no value: said so, where "infx" read as a figure.
 UNDEFINED = "undefined (divides by 0)"
 
+
+
+def natural(text) -> list:
+    """A sort key in which numbers compare as numbers: batch=64 before batch=256."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(text))]
 
 def fmt_ratio(ratio: float, low: float, high: float) -> str:
     if pd.isna(ratio):

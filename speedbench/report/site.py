@@ -26,6 +26,7 @@ from plotly.offline import get_plotlyjs
 
 from speedbench import report, words
 from speedbench.report import charts, comparisons, exports, first_view, glance, headline
+from speedbench.report.chart_rows import FLOOR_HOVER, config_label
 
 __all__ = ["pages", "chart", "names", "PAGES", "CITE_FILES", "PLOTLY_JS", "anchor"]
 
@@ -197,7 +198,7 @@ def _machine_section(rows: pd.DataFrame, name: str, machine: str, opened: bool =
     paired = report.paired_table(rows)
     if not paired.frame.empty:
         s = paired.sources
-        s = s.assign(case=charts.config_label(s) + " / " + s["variant"].astype(str) + " vs "
+        s = s.assign(case=config_label(s) + " / " + s["variant"].astype(str) + " vs "
                      + s["baseline"].astype(str), where=where)
         out += ["<h3>Paired speedups (the variants took turns in one process)</h3>",
                 _shown(paired, hide=("machine", "GPU", "technique")),
@@ -208,7 +209,7 @@ def _machine_section(rows: pd.DataFrame, name: str, machine: str, opened: bool =
         metric = "seconds" if (timed["metric"] == "seconds").any() else sorted(timed["metric"].unique())[0]
         timed = timed[timed["metric"] == metric]
         speedup = report.speedup_table(timed, "time", baseline)
-        s = speedup.sources.assign(case=lambda x: charts.config_label(x) + " / " + x["variant"].astype(str),
+        s = speedup.sources.assign(case=lambda x: config_label(x) + " / " + x["variant"].astype(str),
                                    where=where)
         out += [f"<h3>Separately timed: {_e(words.metric(metric))}, medians against {_e(baseline)}</h3>",
                 _shown(speedup, hide=("machine", "GPU", "technique")),
@@ -226,7 +227,7 @@ def _machine_section(rows: pd.DataFrame, name: str, machine: str, opened: bool =
         floor = report.floor_table(rows)
         out += ["<h3>Bandwidth and floor</h3>", _shown(floor, hide=("machine", "GPU", "technique"))]
         shown = report.floor_figures(rows).sort_values("benchmark", kind="stable")
-        out += [_figure(charts.bars(same, str(unit), where, hover=tuple(x for x in charts.FLOOR_HOVER
+        out += [_figure(charts.bars(same, str(unit), where, hover=tuple(x for x in FLOOR_HOVER
                                                                        if x[0] in floor.frame.columns)),
                         f"floor-{key}-{i}") for i, (unit, same) in enumerate(shown.groupby("unit", sort=False))]
     bandwidth = rows[(rows["kind"] == "bandwidth") & ~rows["metric"].isin(report.FLOOR_ONLY)]
@@ -261,7 +262,7 @@ def _machines(df: pd.DataFrame) -> str:
         body += f"<h2>{_e(b)} against {_e(a)}, value by value</h2>"
         if not timed.empty:
             variant = timed["variant"].map(lambda v: f" / {v}" if isinstance(v, str) and v else "")
-            body += _figure(charts.ratio_chart(timed.assign(case=charts.config_label(timed) + variant + " ("
+            body += _figure(charts.ratio_chart(timed.assign(case=config_label(timed) + variant + " ("
                                                             + timed["metric"].astype(str) + ")", pair=f"{b} vs {a}"),
                                                "case", "pair", f"times: {b} against {a} (above 1: {b} is faster)"),
                             "machines-times")

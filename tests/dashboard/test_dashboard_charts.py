@@ -28,6 +28,7 @@ from dashboard_bits import app_on, cell_text, frames, glance_cells, read, vega_c
 from speedbench import report  # noqa: E402 - after the skips: the report needs pandas
 from speedbench.report import charts as _charts  # noqa: E402 - after the skips: it needs plotly
 from speedbench.report import history_chart, vega  # noqa: E402 - after the skips: it needs pandas
+from speedbench.report.ticks import ratio_ticks  # noqa: E402 - with its neighbours
 from speedbench.results import synthetic  # noqa: E402 - after the skips: it needs pandas
 from speedbench.results.load import load_results  # noqa: E402 - after the skips: it needs pandas
 
@@ -204,7 +205,7 @@ def test_a_chart_of_one_machine_still_names_it():
 def test_ticks_reach_both_ends_of_the_axis_at_any_magnitude(low, high):
     """0.37x-1.44x once got "0.5x, 0.7x, 1x" with three of four bars past the last tick, and a
     38,000 MiB memory axis stopped at 5000 (ticks were only generated up to 9000)."""
-    ticks = _charts.ratio_ticks(low, high)
+    ticks = ratio_ticks(low, high)
     span = math.log(high / low)
     assert math.log(ticks[0] / low) <= span / 4 and math.log(high / ticks[-1]) <= span / 4
     if low < 0.9 and high > 1.2:
@@ -244,7 +245,7 @@ def test_history_opens_on_one_machine(tmp_path, monkeypatch):
 @pytest.mark.parametrize("low, high", [(0.8, 1.1), (0.97, 1.04), (0.5, 1.0), (0.02, 3.5)])
 def test_a_ratio_axis_has_at_least_three_ticks_inside_its_range(low, high):
     """A narrow range (every knob within 0.8x-1.1x) once got a lone "1x" tick."""
-    ticks = _charts.ratio_ticks(low, high)
+    ticks = ratio_ticks(low, high)
     assert len(ticks) >= 3 and all(low <= t <= high for t in ticks) and ticks == sorted(ticks)
     if high / low > 20:  # a wide range keeps the plain 1-2-5 steps
         assert {round(t / 10 ** math.floor(math.log10(t)), 6) for t in ticks} <= {1, 2, 5}
