@@ -1,6 +1,6 @@
 """Overview: the at-a-glance chart (one comparison per row, machines across) on the first screen,
-its notes folded under it, then every paired comparison and the sources' claims; about three
-screens in all. What is computed from the results is computed once per tree and view (`cached`)."""
+its notes folded under it, then every paired comparison and the sources' claims, folded: under
+two screens as it opens. What is computed from the results is computed once per tree and view (`cached`)."""
 
 import streamlit as st
 from _glance import glance_chart

@@ -540,6 +540,26 @@ def _settled(page, title: str) -> None:
     page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=90_000)
 
 
+def _height_settled(page) -> int:
+    """The main column's height once it has stopped changing for half a second, px."""
+    heights = [-1]
+    while len(heights) < 3 or heights[-1] != heights[-2]:
+        page.wait_for_timeout(250)
+        heights.append(page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]').scrollHeight"))
+        assert len(heights) < 120, heights  # 30 s
+    return heights[-1]
+
+
+# Each row of the comparison index: its tallest cell's height in lines of its text.
+_LINES_PER_ROW = """() => {
+    const t = [...document.querySelectorAll('[data-testid="stMarkdownContainer"] table')]
+        .find(t => t.querySelector('th') && t.querySelector('th').innerText.trim() === 'technique');
+    return [...t.querySelectorAll('tr')].map(r => Math.max(...[...r.querySelectorAll('th, td')].map(c => {
+        const s = getComputedStyle(c);
+        const text = c.clientHeight - parseFloat(s.paddingTop) - parseFloat(s.paddingBottom);
+        return Math.round(text / parseFloat(s.lineHeight)); }))); }"""
+
+
 def _scrolling_sideways(page) -> list:
     """What scrolls sideways on the page: the page itself, a grid whose columns are wider than
     its frame (Streamlit's grid scrolls inside .dvn-scroller), a static table past the right edge."""
@@ -590,13 +610,15 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
             # The chart and the marks' meaning: whole on the first screen, the marks said above the chart.
             legend = page.get_by_text(glance.LEGEND).first.bounding_box()
             chart_box = chart.bounding_box()
+            folded_height = _height_settled(page)
             page.get_by_text("comparisons of").first.click()  # the index, folded under its count
             page.locator("[data-testid='stMarkdownContainer'] table").first.wait_for(timeout=60_000)
+            _height_settled(page)  # the expander slides open: measured mid-way, the index looked short
+            index_lines = page.evaluate(_LINES_PER_ROW)
             index_on_screen = page.evaluate(
                 "() => [...document.querySelectorAll('[data-testid=\"stMarkdownContainer\"] table')].map(t =>"
                 " [...t.querySelectorAll('tr')].map(r => [...r.querySelectorAll('th, td')]"
                 ".map(c => c.innerText.trim())))")
-            overview_height = page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
             for name, title in TITLES.items():  # by navigation: the sidebar's links
                 if name == "overview":
                     continue
@@ -649,10 +671,12 @@ def test_every_page_in_a_real_browser_fresh_and_by_navigation(tmp_path):
         "tab": "Time"}  # what that page shows there: test_a_cells_link_opens_the_page_on_its_figure
     assert {n: w for n, w in too_wide.items() if w} == {}, "a table scrolls sideways at 1440 px"
     assert legend is not None and legend["y"] < chart_box["y"] and chart_box["y"] + chart_box["height"] <= 900
-    assert overview_height <= 3 * 900 + 300, overview_height  # about three screens, the index open
+    # The page as it opens, its tables folded, is under two screens; opened, the index grows by its
+    # rows alone, none wrapped past four lines (48 rows make it some six screens: hence the fold).
+    assert folded_height <= 2 * 900, folded_height
     # Every paired comparison, one line each, as speedbench.report.comparisons computes it.
-
     every = comparisons.every_comparison(measured).frame
+    assert len(index_lines) == len(every) + 1 and 1 <= min(index_lines) <= max(index_lines) <= 4, index_lines
     index = [t for t in index_on_screen if t and t[0][:2] == ["technique", "comparison"]]
     assert len(index) == 1 and [r[1] for r in index[0][1:]] == list(every["comparison"])
     assert len(every) >= 30 and {"FusedPointwise: compile vs off", "Iteration: speedlib vs forloop",
