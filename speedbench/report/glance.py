@@ -92,10 +92,13 @@ def lines(r) -> list[list[tuple[str, str]]]:
         return [[(head, "")], *([[(w, "i")] for w in more])]
     ratio, marks = report.fmt_ratio(r.ratio, None, None), _marks(r)
     said = [[(_line(_said(r)), "i")]]
-    if pd.isna(r.low):  # no interval (an exact count, or one value each): the marks beside the ratio
-        first = [[(ratio, "b"), *([(f" {marks}", "")] if marks else [])]]
+    if pd.isna(r.low):  # no interval (an exact count, or one value each): the marks where it would be
+        # a line in one style: the chart draws each style as its own mark, so a bold line bolded its marks
+        first = [[(ratio, "b")]]
         if r.measure == "speed" and r.paired is not True:  # separately timed: said under it, in place of brackets
-            said.append([("not paired", "i")])
+            said.append([(f"not paired {marks}".rstrip(), "i")])
+        elif marks:
+            first.append([(marks, "")])
     else:
         first = [[(ratio, "b")], [(f"[{r.low:.3g}, {r.high:.3g}] {marks}".rstrip(), "")]]
     return first + said

@@ -187,6 +187,7 @@ def test_the_dashboards_vega_lite_chart_is_the_sites_plotly_chart_cell_for_cell(
         assert {len(line) for line in lines} == {depth}  # the three marks' lines stay aligned
         shown = [[p for p in pieces if p != "\u200b"] for pieces in zip(*lines, strict=True)]
         assert all(len(p) <= 1 for p in shown)  # each line in one mark only
+        assert all(len({style for _, style in line}) == 1 for line in glance.lines(r))  # so in one style
         words = [p[0] for p in shown if p]
         assert words == ["".join(t for t, _ in line) for line in glance.lines(r)]
         assert " ".join(words) == re.sub(r"</?[bi]>", "", text).replace("<br>", " ").replace("&gt;", ">") \
