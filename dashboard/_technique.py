@@ -246,7 +246,8 @@ def _one_device(name: str, rows: pd.DataFrame, machine: str) -> None:
 
 
 def _not_measured(data: dict, name: str, machine: str | None = None) -> None:
-    rows = data["not_measured"]
+    # what each benchmark's newest run left without a number: an outdated result measured again since is not missing
+    rows = report.still_missing(data["not_measured"], data["measured"])
     rows = rows[(rows["technique"] == name) & ~report.is_own_baseline(rows)]
     if machine is not None:
         rows = rows[rows["machine"] == machine]
@@ -260,8 +261,9 @@ def _not_measured(data: dict, name: str, machine: str | None = None) -> None:
     if rows.empty:
         st.caption("Nothing that ran was skipped or failed.")
         return
-    st.caption("Each row says why it has no number: skipped (the benchmark does not apply on this machine), "
-               "failed (it raised), outdated (measured with an earlier version of the benchmark).")
+    st.caption("Each row says why it has no number at its newest run: skipped (the benchmark does not apply on "
+               "this machine), failed (it raised), outdated (measured with an earlier version of the benchmark, "
+               "and not since).")
     # The machine is the page's (stated above the tabs) unless none was chosen (no results at all).
     frame = rows.assign(commit=rows["commit"].str[:8], why=report.why_not_measured(rows),
                         benchmark=rows["benchmark"].str.replace(r"^bench_\w+\.", "", regex=True))[

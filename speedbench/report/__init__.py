@@ -25,7 +25,8 @@ __all__, __getattr__ = lazy(__name__, {
     'machines_compare': ('compare_machines', 'machine_comparison', 'same_work', 'speedup_comparison', 'machines_table',
                          'gpu_tests_table'),
     'opening': ('opening_machine', 'opening_pair', 'opening_baseline'),
-    'claims': ('Claim', 'CLAIMS', 'claims_table', 'comparable', 'is_own_baseline', 'never_run', 'why_not_measured'),
+    'claims': ('Claim', 'CLAIMS', 'claims_table', 'comparable', 'is_own_baseline', 'never_run', 'still_missing',
+               'why_not_measured'),
     'exports': (
         'to_markdown', 'to_csv', 'to_latex', 'csv_bundle', 'csv_provenance', 'provenance', 'provenance_path',
         'reproduce_command', 'bibtex', 'md_escape', 'md_code', 'run_state', 'footer_lines',

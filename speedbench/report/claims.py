@@ -21,7 +21,7 @@ from speedbench.stats import contention
 from speedbench.techniques import TECHNIQUES, Claim, SourceRow
 
 __all__ = ["Claim", "CLAIMS", "SourceRow", "comparable", "how_to_measure", "claims_table", "is_own_baseline",
-           "never_run", "why_not_measured"]
+           "never_run", "still_missing", "why_not_measured"]
 
 
 def how_to_measure(claim: Claim) -> str:
@@ -94,6 +94,19 @@ def never_run(suite: list[str], rows: pd.DataFrame, technique: str, machine: str
     missing = sorted(b for b in suite if b.startswith(f"bench_{technique}.") and b not in ran
                      and not b.endswith(counters))
     return pd.DataFrame({"benchmark": missing, "measured by": [chunks.how_to_measure(b) for b in missing]})
+
+
+def still_missing(not_measured: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:
+    """The rows of `not_measured` that are their benchmark's newest state on their machine (same
+    benchmark and parameters): one outdated at an old commit but measured at a later one is no
+    longer missing, and a benchmark skipped at every commit is listed once, at its newest."""
+    key, when = ["machine", "benchmark", "params"], ["commit_date", "run_date"]
+    both = pd.concat([measured[key + when].assign(_row=None),
+                      not_measured[key + when].assign(_row=list(not_measured.index))], ignore_index=True)
+    # an undated commit counts as oldest; a commit run twice, by its run
+    both[when] = both[when].fillna(pd.Timestamp(0, tz="UTC"))
+    newest = both.sort_values(when, kind="stable").groupby(key, dropna=False).tail(1)
+    return not_measured.loc[[r for r in newest["_row"] if r is not None and not pd.isna(r)]]
 
 
 def why_not_measured(rows: pd.DataFrame) -> pd.Series:

@@ -570,6 +570,40 @@ def test_never_run_leaves_out_what_ran_or_was_skipped():
     assert report.never_run(suite, rows, "t", "m")["benchmark"].tolist() == ["bench_t.C.track_z"]
 
 
+def test_still_missing_is_each_benchmarks_newest_state_without_a_number():
+    """An outdated result measured again at a later commit is no longer missing; a skip at every
+    commit is listed once, at its newest; a later skip after a measurement is missing again."""
+    day = pd.Timestamp("2026-11-01", tz="UTC")
+    run = {"params": "v=a", "run_date": day}
+
+    def rows(*at):
+        return pd.DataFrame([{**run, "machine": m, "benchmark": b, "commit_date": day + pd.Timedelta(days=d),
+                              "status": status} for m, b, d, status in at])
+    measured = rows(("m", "bench_t.A.track_x", 2, "measured"), ("m", "bench_t.C.track_z", 1, "measured"),
+                    ("other", "bench_t.B.track_y", 9, "measured"))
+    missing = rows(("m", "bench_t.A.track_x", 1, "outdated"),  # measured again since
+                   ("m", "bench_t.B.track_y", 1, "skipped"), ("m", "bench_t.B.track_y", 3, "skipped"),
+                   ("m", "bench_t.C.track_z", 4, "failed"))  # failed after it was measured
+    left = report.still_missing(missing, measured)
+    assert [(r.benchmark, r.commit_date.day, r.status) for r in left.itertuples()] == [
+        ("bench_t.B.track_y", 4, "skipped"), ("bench_t.C.track_z", 5, "failed")]
+
+
+def test_the_not_measured_tab_leaves_out_what_a_later_run_measured(monkeypatch):
+    """The H200's mixed-precision tab listed TrainingStep resnet50 fp32 as outdated at 838236ba while
+    its Time tab showed that figure at d93fd5c1: an old result superseded is not missing."""
+    measured = load_results(ROOT / "results").measured
+    again = measured[(measured["machine"] == "h200-141gb") & (measured["benchmark"] == "bench_amp.TrainingStep"
+                                                             ".track_seconds") & (measured["params"] == "workload="
+                                                                                  "resnet50, variant=fp32")]
+    assert again["commit"].str[:8].tolist() == ["d93fd5c1"]  # the case this guards
+    at = app_on(ROOT / "results", "/amp", monkeypatch, machine="h200-141gb", tab="Not measured")
+    (listed,) = [d for d in frames(at) if "why" in d.columns]
+    assert not listed.empty and "outdated" not in set(listed["status"])
+    assert not ((listed["benchmark"] == "TrainingStep.track_seconds")
+                & (listed["params"] == "workload=resnet50, variant=fp32")).any()
+
+
 def test_a_table_too_wide_for_1440px_becomes_a_static_table_that_wraps():
     """Streamlit's grid cannot wrap a cell, so a table whose columns do not fit scrolled
     sideways at 1440 px and hid its right-hand columns: _tables.show draws it as a static table."""
