@@ -42,6 +42,16 @@ def heading(text: str, notes: tuple[str, ...] = ()) -> dict:
             "subtitleFontSize": 12, "subtitlePadding": 6}
 
 
+# A ratio chart's labels: up to 320 px, and under half its width (on a phone 320 px left the bars no room).
+_LABEL_PX = "clamp(containerSize()[0] * 0.45, 100, 320)"
+# On a phone a label goes on two lines at its first " / ", its configuration over its variant, in a smaller
+# font: cut at the end, labels that differ in their variant alone read alike (Machines at 390 px).
+_NARROW = "containerSize()[0] < 700"
+_SLASH = "indexof(datum.label, ' / ')"
+_TWO_LINES = (f"{_NARROW} && {_SLASH} > 0 ? [substring(datum.label, 0, {_SLASH}), "
+              f"substring(datum.label, {_SLASH} + 3)] : datum.label")
+
+
 def ratio_spec(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x faster than the baseline",
                exact: bool = False) -> dict:
     """Ratios with their interval as error bars, one horizontal bar per row of `s` labelled by its
@@ -67,7 +77,8 @@ def ratio_spec(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x f
     # labels up to 320 px, and under half the chart's width: on a phone 320 px left no room for the bars
     # the domain: every label keeps its row, a ratio over 0 (no bar) too, as in the site's chart
     along = {"field": "label", "type": "nominal", "sort": labels, "scale": {"domain": labels}, "title": None,
-             "axis": {"labelLimit": {"expr": "clamp(containerSize()[0] * 0.45, 100, 320)"}, "labelFontSize": 12}}
+             "axis": {"labelLimit": {"expr": _LABEL_PX}, "labelExpr": _TWO_LINES,
+                      "labelFontSize": {"expr": f"{_NARROW} ? 10 : 12"}}}
     offset = {"field": "group", "type": "nominal", "sort": names}
     # one colour per group, in fill and outline alike: a hollow bar is outlined in its group's colour
     # Every chart names its machine: a CPU-only chart beside a CPU-and-GPU one read as GPU results. One
@@ -86,7 +97,7 @@ def ratio_spec(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x f
         "$schema": SCHEMA, "title": heading(title, (*(names if len(names) == 1 else ()),
                                                     *ratio_notes(s, exact, LOOKS))),
         "data": {"values": bars}, "width": "container",
-        "height": {"step": 22 * max(len(groups), 1)}, "autosize": FIT,
+        "height": {"step": 24 * max(len(groups), 1)}, "autosize": FIT,  # two lines of a phone's label
         "config": {"legend": LEGEND},
         "layer": [
             {"mark": {"type": "bar", "strokeWidth": 2}, "transform": [has],

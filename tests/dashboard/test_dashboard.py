@@ -722,6 +722,43 @@ def test_a_deep_link_is_the_first_request_of_a_fresh_server(tmp_path):
     assert "app" not in sidebar.split()
 
 
+# Each ratio chart's axis labels as drawn: a label's lines (tspans) in order.
+_RATIO_LABELS = """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')]
+    .filter(c => c.innerText.includes('x faster than the baseline'))
+    .map(c => [...c.querySelectorAll('.role-axis-label text')]
+        .map(t => t.querySelectorAll('tspan').length
+             ? [...t.querySelectorAll('tspan')].map(s => s.textContent) : [t.textContent])
+        .filter(lines => !/^[0-9.]+x$/.test(lines.join(''))))"""
+
+
+def test_a_ratio_charts_labels_tell_its_bars_apart_on_a_phone(tmp_path):
+    """At 390 px the Machines chart's labels were cut at the end, so "TrainingStep: knob=accumula…"
+    named two bars (off and on): on a phone a label is its configuration over its variant; wider, one line."""
+    chromium, sync_playwright = _browser()
+    drawn = {}
+    with _serving(ROOT / "results", tmp_path) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        try:
+            for width in (390, 1440):
+                page = browser.new_page(viewport={"width": width, "height": 900})
+                page.goto(f"{url}/machines")
+                _settled(page, TITLES["machines"])
+                page.locator("[data-testid='stVegaLiteChart'] .role-axis-label text").first.wait_for(timeout=60_000)
+                drawn[width] = page.evaluate(_RATIO_LABELS)
+                page.close()
+        finally:
+            browser.close()
+    for width, charts in drawn.items():
+        assert charts and all(charts), width
+        for labels in charts:
+            assert len({tuple(lines) for lines in labels}) == len(labels), (width, labels)  # none alike
+    phone = [lines for labels in drawn[390] for lines in labels]
+    assert all(len(lines) == 2 and "…" not in lines[1] for lines in phone if len(lines) > 1)
+    assert any(len(lines) == 2 for lines in phone)
+    assert all(len(lines) == 1 for labels in drawn[1440] for lines in labels)
+
+
 @pytest.mark.parametrize("page", ["views/machines.py", "views/overview.py"])
 def test_no_static_table_shows_the_loaders_row_numbers(page, monkeypatch):
     """The Machine comparison's value-by-value table showed a raw pandas index with gaps

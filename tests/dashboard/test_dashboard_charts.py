@@ -783,7 +783,7 @@ def test_a_vega_ratio_bar_is_drawn_as_the_note_says():
     assert one["encoding"] == {"x": {"datum": 1.0}} and one["mark"]["strokeDash"]
     values = pd.DataFrame(spec["data"]["values"])
     assert values.loc[values["label"] == "over zero", "ratio"].isna().all()
-    assert spec["height"] == {"step": 44}  # a slot per label and machine
+    assert spec["height"] == {"step": 48}  # a slot per label and machine, two lines of a phone's label in each
 
 
 def test_a_vega_ratio_axis_is_logarithmic_with_ratio_ticks_inside_it():
