@@ -325,7 +325,8 @@ TECHNIQUES = _named({
         "Flat-buffer (contiguous) parameters", "forloop", "adam_step", suite="AdamStep",
         plain=("forloop", "foreach", "fused"),
         variants={
-            "forloop": "torch.optim.Adam(foreach=False), one kernel chain per tensor (plain PyTorch; the baseline)",
+            "forloop": "torch.optim.Adam(foreach=False), one kernel chain per tensor (plain PyTorch; the "
+                       "source write-up's baseline, and what Adam runs on CPU tensors)",
             "foreach": "torch.optim.Adam(foreach=True), multi-tensor kernels (plain PyTorch; what Adam picks by "
                        "itself on CUDA)",
             "fused": "torch.optim.Adam(fused=True) (plain PyTorch)",
@@ -477,7 +478,8 @@ TECHNIQUES = _named({
             "on": "DDP inside no_sync() for all but the last micro-batch (speedlib.tuning.accumulation_step)",
         },
         default="PyTorch's default: single, one device; for several GPUs there is none (its documentation "
-                "recommends DDP over DataParallel); off, an all-reduce every backward, is DDP's default",
+                "recommends DDP over DataParallel); within DDP, an all-reduce after every backward (NoSync's "
+                "off) is the default",
         claims=(
             Claim("parallel", "PyTorch Tuning Guide; Lightning speed-up guide",
                   "DistributedDataParallel much faster than DataParallel", None, None, "speedup", "step", "ddp",
