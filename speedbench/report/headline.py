@@ -215,7 +215,11 @@ def _answer(found: _Found, q: Question, machine: str, gpu: str) -> dict:
             "scope": _scope(q), "suite": h.memory_suite if q.measure == "peak memory" else h.suite,
             "paired": False, "contended": False, "earlier_version": False, "gpu_tests_failed": False}
     if (h.gpu_only or q.measure == "peak memory") and kind == "cpu":  # peak memory is the GPU's
-        return {**base, "status": f"needs {h.devices} or more GPUs" if h.devices > 1 else "needs a GPU"}
+        needs = f"needs {h.devices} or more GPUs" if h.devices > 1 else "needs a GPU"
+        # its class may run on a CPU too (a gather with no device to copy to): why that figure is not the row's
+        ran = q.measure == "speed" and not found.on(h, q.measure, baseline, machine).empty
+        said = "this CPU's figure (on the technique page) is measured without one: another comparison"
+        return {**base, "status": f"{needs}: {said}" if ran else needs}
     source, rows = h, found.on(h, q.measure, baseline, machine)
     if rows.empty and h.fallback is not None and q.measure == "speed":
         source, rows = h.fallback, found.on(h.fallback, q.measure, baseline, machine)

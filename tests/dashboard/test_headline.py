@@ -166,6 +166,17 @@ def test_peak_memory_has_its_own_row_coloured_less_is_better(grid, measured):
     assert "better (blue) or worse (red) than the row's baseline" in glance.IMAGE_LEGEND
 
 
+def test_a_gpu_rows_cpu_cell_says_why_the_cpus_own_figure_is_not_its_answer(grid, measured):
+    """The AMD CPU's transfer page shows auto vs torch_pageable 1.75x (a gather with no device to copy
+    to) beside a grid cell that said only "needs a GPU": the cell now says that figure is another comparison."""
+    cpu_gather = measured[(measured["machine"] == "cpu-2core-amd-epyc") & (measured["suite"] == "Transfer")
+                          & (measured["op"] == "gather")]
+    assert not cpu_gather.empty  # the case this guards
+    a = answer(grid.data, "transfer-gather", "cpu-2core-amd-epyc")
+    assert pd.isna(a["ratio"]) and a["status"].startswith("needs a GPU: this CPU's figure (on the technique page)")
+    assert answer(grid.data, "checkpoint-memory", "cpu-2core-amd-epyc")["status"] == "needs a GPU"  # none ran
+
+
 def test_the_dashboards_vega_lite_chart_is_the_sites_plotly_chart_cell_for_cell(grid):
     """The dashboard draws the at-a-glance chart with Vega-Lite (plotly.js cost a new tab 1.5 s),
     the static site with plotly: the same cells, text, colours, hover, and what a click names."""
