@@ -101,12 +101,13 @@ def still_missing(not_measured: pd.DataFrame, measured: pd.DataFrame) -> pd.Data
     benchmark and parameters): one outdated at an old commit but measured at a later one is no
     longer missing, and a benchmark skipped at every commit is listed once, at its newest."""
     key, when = ["machine", "benchmark", "params"], ["commit_date", "run_date"]
-    both = pd.concat([measured[key + when].assign(_row=None),
-                      not_measured[key + when].assign(_row=list(not_measured.index))], ignore_index=True)
+    # _row: a not-measured row's position, -1 for a measured one
+    both = pd.concat([measured[key + when].assign(_row=-1),
+                      not_measured[key + when].assign(_row=range(len(not_measured)))], ignore_index=True)
     # an undated commit counts as oldest; a commit run twice, by its run
     both[when] = both[when].fillna(pd.Timestamp(0, tz="UTC"))
-    newest = both.sort_values(when, kind="stable").groupby(key, dropna=False).tail(1)
-    return not_measured.loc[[r for r in newest["_row"] if r is not None and not pd.isna(r)]]
+    newest = both.sort_values(when, kind="stable").groupby(key, dropna=False).tail(1)["_row"]
+    return not_measured.iloc[newest[newest >= 0].to_numpy()]
 
 
 def why_not_measured(rows: pd.DataFrame) -> pd.Series:

@@ -74,7 +74,6 @@ def ratio_spec(s: pd.DataFrame, y: str, color: str, title: str, axis: str = "x f
     low, high, ticks = ratio_span(s)
     labels = sorted({b["label"] for b in bars})  # first label on top, as a table reads
     names = [name for name, _ in groups]
-    # labels up to 320 px, and under half the chart's width: on a phone 320 px left no room for the bars
     # the domain: every label keeps its row, a ratio over 0 (no bar) too, as in the site's chart
     along = {"field": "label", "type": "nominal", "sort": labels, "scale": {"domain": labels}, "title": None,
              "axis": {"labelLimit": {"expr": _LABEL_PX}, "labelExpr": _TWO_LINES,
